@@ -1,0 +1,26 @@
+use anyhow::Context as _;
+use aya_build::{Package, Toolchain};
+
+/// Compiles the eBPF programs (ebpf/probes) for the bpf target and embeds them in the agent.
+///
+/// Toolchain: `INFERSCOPE_BPF_TOOLCHAIN` names the rustup toolchain that has the core library
+/// source (default `bpf`, which scripts/setup.sh links to Debian's rustc + rust-src). Building
+/// core for the bpf target needs `-Z build-std`, hence RUSTC_BOOTSTRAP for that child build.
+fn main() -> anyhow::Result<()> {
+    println!("cargo:rerun-if-env-changed=INFERSCOPE_BPF_TOOLCHAIN");
+    let toolchain = std::env::var("INFERSCOPE_BPF_TOOLCHAIN").unwrap_or_else(|_| "bpf".into());
+    if std::env::var_os("RUSTC_BOOTSTRAP").is_none() {
+        // SAFETY: build scripts are single-threaded.
+        unsafe { std::env::set_var("RUSTC_BOOTSTRAP", "1") };
+    }
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../ebpf/probes");
+    aya_build::build_ebpf(
+        [Package {
+            name: "inferscope-ebpf",
+            root_dir: root,
+            ..Default::default()
+        }],
+        Toolchain::Custom(&toolchain),
+    )
+    .context("building the eBPF programs failed; run scripts/setup.sh (bpf-linker, rust-src)")
+}

@@ -1,0 +1,12 @@
+//! Capture stage: loads the eBPF programs, finds the processes to trace, and hands raw records to
+//! the decoders. Nothing here interprets payload bytes.
+pub mod discovery;
+pub mod fd_class;
+pub mod probes;
+pub mod procfs;
+pub mod records;
+
+pub use discovery::{Discovery, DiscoveryChange, TargetSelector, TracedProcess};
+pub use fd_class::{FdClass, FdClassifier};
+pub use probes::{CaptureConfig, CaptureError, SocketProbes};
+pub use records::{CapturedEvent, RecordError, Segment, SyscallEvent};

@@ -1,0 +1,253 @@
+//! Loads and attaches the socket programs and owns their maps. Dropping [`SocketProbes`] detaches
+//! every program (aya closes the links with the object).
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, MapData, PerCpuArray, RingBuf},
+    programs::TracePoint,
+};
+use aya_log::EbpfLogger;
+use inferscope_common::{COUNTER_SLOTS, Counter, FD_IGNORE, MAX_CAPTURE_BYTES, fd_key};
+use tracing::{debug, warn};
+
+/// Sizes of the kernel-side buffers.
+#[derive(Debug, Clone, Copy)]
+pub struct CaptureConfig {
+    /// Payload prefix copied per syscall (at most [`MAX_CAPTURE_BYTES`]).
+    pub capture_bytes: u32,
+    /// Ring buffer size in bytes (a power of two, at least one page).
+    pub ring_buffer_bytes: u32,
+}
+
+impl Default for CaptureConfig {
+    fn default() -> Self {
+        Self {
+            capture_bytes: 4096,
+            ring_buffer_bytes: 16 * 1024 * 1024,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    #[error(
+        "loading the eBPF programs failed: {0}. inferscope needs root (or CAP_BPF + CAP_PERFMON) and a kernel with BTF"
+    )]
+    Load(#[from] aya::EbpfError),
+    #[error("eBPF program {name} is missing from the embedded object (a build problem)")]
+    MissingProgram { name: &'static str },
+    #[error("eBPF map {name} is missing or has the wrong type: {source}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("attaching {program} to tracepoint {category}:{tracepoint} failed: {source}. Is tracefs mounted (mount -t tracefs nodev /sys/kernel/tracing)?")]
+    Attach {
+        program: &'static str,
+        category: &'static str,
+        tracepoint: &'static str,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    #[error("invalid capture configuration: {0}")]
+    Config(String),
+}
+
+/// (program, tracepoint category, tracepoint name). read/recvfrom and write/sendto share a
+/// program because their first two arguments (fd, buffer) have the same shape.
+const ATTACHMENTS: &[(&str, &str, &str)] = &[
+    ("enter_read", "syscalls", "sys_enter_read"),
+    ("enter_read", "syscalls", "sys_enter_recvfrom"),
+    ("enter_readv", "syscalls", "sys_enter_readv"),
+    ("enter_recvmsg", "syscalls", "sys_enter_recvmsg"),
+    ("enter_write", "syscalls", "sys_enter_write"),
+    ("enter_write", "syscalls", "sys_enter_sendto"),
+    ("enter_writev", "syscalls", "sys_enter_writev"),
+    ("enter_sendmsg", "syscalls", "sys_enter_sendmsg"),
+    ("enter_accept", "syscalls", "sys_enter_accept"),
+    ("enter_accept", "syscalls", "sys_enter_accept4"),
+    ("enter_close", "syscalls", "sys_enter_close"),
+    ("exit_syscall", "syscalls", "sys_exit_read"),
+    ("exit_syscall", "syscalls", "sys_exit_recvfrom"),
+    ("exit_syscall", "syscalls", "sys_exit_readv"),
+    ("exit_syscall", "syscalls", "sys_exit_recvmsg"),
+    ("exit_syscall", "syscalls", "sys_exit_write"),
+    ("exit_syscall", "syscalls", "sys_exit_sendto"),
+    ("exit_syscall", "syscalls", "sys_exit_writev"),
+    ("exit_syscall", "syscalls", "sys_exit_sendmsg"),
+    ("exit_syscall", "syscalls", "sys_exit_accept"),
+    ("exit_syscall", "syscalls", "sys_exit_accept4"),
+    ("tcp_probe", "tcp", "tcp_probe"),
+];
+
+static PROGRAM_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/inferscope"));
+
+pub struct SocketProbes {
+    // Keeps programs and links alive; dropping it detaches everything.
+    _ebpf: Ebpf,
+    events: RingBuf<MapData>,
+    targets: HashMap<MapData, u32, u8>,
+    ports: HashMap<MapData, u16, u8>,
+    fd_verdicts: HashMap<MapData, u64, u8>,
+    counters: PerCpuArray<MapData, u64>,
+    logger: Option<EbpfLogger<&'static dyn log::Log>>,
+}
+
+fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, CaptureError> {
+    ebpf.take_map(name).ok_or(CaptureError::Map {
+        name,
+        source: aya::maps::MapError::InvalidName {
+            name: name.to_string(),
+        },
+    })
+}
+
+impl SocketProbes {
+    pub fn load(config: CaptureConfig) -> Result<Self, CaptureError> {
+        if config.capture_bytes as usize > MAX_CAPTURE_BYTES {
+            return Err(CaptureError::Config(format!(
+                "capture size {} exceeds the maximum of {MAX_CAPTURE_BYTES} bytes",
+                config.capture_bytes
+            )));
+        }
+        if !config.ring_buffer_bytes.is_power_of_two() || config.ring_buffer_bytes < 4096 {
+            return Err(CaptureError::Config(format!(
+                "ring buffer size {} must be a power of two of at least 4096",
+                config.ring_buffer_bytes
+            )));
+        }
+        raise_memlock_limit();
+        let mut ebpf = EbpfLoader::new()
+            .override_global("CAPTURE_BYTES", &config.capture_bytes, true)
+            .map_max_entries("EVENTS", config.ring_buffer_bytes)
+            .load(PROGRAM_OBJECT)?;
+
+        let mut loaded: Vec<&str> = Vec::new();
+        for &(program, category, tracepoint) in ATTACHMENTS {
+            let prog: &mut TracePoint = ebpf
+                .program_mut(program)
+                .ok_or(CaptureError::MissingProgram { name: program })?
+                .try_into()
+                .map_err(|source| CaptureError::Attach {
+                    program,
+                    category,
+                    tracepoint,
+                    source,
+                })?;
+            if !loaded.contains(&program) {
+                prog.load().map_err(|source| CaptureError::Attach {
+                    program,
+                    category,
+                    tracepoint,
+                    source,
+                })?;
+                loaded.push(program);
+            }
+            prog.attach(category, tracepoint)
+                .map_err(|source| CaptureError::Attach {
+                    program,
+                    category,
+                    tracepoint,
+                    source,
+                })?;
+        }
+        // Must come after loading (it looks up the programs' log map).
+        let logger = match EbpfLogger::init(&mut ebpf) {
+            Ok(logger) => Some(logger),
+            Err(e) => {
+                debug!("eBPF logging unavailable: {e}");
+                None
+            }
+        };
+
+        let map_err = |name: &'static str| move |source| CaptureError::Map { name, source };
+        let events = RingBuf::try_from(take_map(&mut ebpf, "EVENTS")?).map_err(map_err("EVENTS"))?;
+        let targets =
+            HashMap::try_from(take_map(&mut ebpf, "TARGETS")?).map_err(map_err("TARGETS"))?;
+        let ports = HashMap::try_from(take_map(&mut ebpf, "PORTS")?).map_err(map_err("PORTS"))?;
+        let fd_verdicts = HashMap::try_from(take_map(&mut ebpf, "FD_VERDICT")?)
+            .map_err(map_err("FD_VERDICT"))?;
+        let counters =
+            PerCpuArray::try_from(take_map(&mut ebpf, "COUNTERS")?).map_err(map_err("COUNTERS"))?;
+        Ok(Self {
+            _ebpf: ebpf,
+            events,
+            targets,
+            ports,
+            fd_verdicts,
+            counters,
+            logger,
+        })
+    }
+
+    pub fn events(&mut self) -> &mut RingBuf<MapData> {
+        &mut self.events
+    }
+
+    pub fn events_fd(&self) -> RawFd {
+        self.events.as_fd().as_raw_fd()
+    }
+
+    pub fn trace_process(&mut self, tgid: u32) {
+        if let Err(e) = self.targets.insert(tgid, 1, 0) {
+            warn!("cannot trace pid {tgid}: {e} (the target map holds 1024 processes)");
+        }
+    }
+
+    pub fn untrace_process(&mut self, tgid: u32) {
+        let _ = self.targets.remove(&tgid);
+    }
+
+    pub fn watch_port(&mut self, port: u16) {
+        if let Err(e) = self.ports.insert(port, 1, 0) {
+            warn!("cannot watch port {port}: {e}");
+        }
+    }
+
+    pub fn unwatch_port(&mut self, port: u16) {
+        let _ = self.ports.remove(&port);
+    }
+
+    /// Stops payload capture for one fd until the process closes it.
+    pub fn ignore_fd(&mut self, tgid: u32, fd: i32) {
+        let _ = self.fd_verdicts.insert(fd_key(tgid, fd), FD_IGNORE, 0);
+    }
+
+    /// Kernel-side counters summed over CPUs.
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        Counter::ALL
+            .iter()
+            .map(|&c| {
+                let total = self
+                    .counters
+                    .get(&(c as u32), 0)
+                    .map(|per_cpu| per_cpu.iter().sum())
+                    .unwrap_or(0);
+                (c.name(), total)
+            })
+            .collect()
+    }
+
+    /// Forwards eBPF-side log lines into the agent's log.
+    pub fn flush_logs(&mut self) {
+        if let Some(logger) = self.logger.as_mut() {
+            logger.flush();
+        }
+    }
+}
+
+const _: () = assert!(COUNTER_SLOTS as usize >= Counter::ALL.len());
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; raising it is harmless on newer ones.
+fn raise_memlock_limit() {
+    let limit = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: plain syscall with a valid struct.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) } != 0 {
+        debug!("setrlimit(RLIMIT_MEMLOCK) failed; fine on kernels >= 5.11");
+    }
+}

@@ -1,0 +1,195 @@
+//! Ring-buffer bytes → typed events. The kernel wrote them, but lengths are still checked: a
+//! layout mismatch must surface as a counted error, never as a panic or an out-of-bounds read.
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use inferscope_common::{
+    FLAG_COPY_FAILED, FLAG_TRUNCATED, RecordType, SegmentRecord, SyscallKind, SyscallRecord,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    #[error("ring-buffer record shorter than its header")]
+    Short,
+    #[error("unknown ring-buffer record type")]
+    UnknownType,
+    #[error("unknown syscall kind")]
+    UnknownKind,
+    #[error("payload length disagrees with the record size")]
+    BadLength,
+}
+
+impl RecordError {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RecordError::Short => "record_short",
+            RecordError::UnknownType => "record_unknown_type",
+            RecordError::UnknownKind => "record_unknown_kind",
+            RecordError::BadLength => "record_bad_length",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct SyscallEvent<'a> {
+    pub kind: SyscallKind,
+    pub tgid: u32,
+    pub tid: u32,
+    pub fd: i32,
+    pub ts_enter_ns: u64,
+    pub ts_exit_ns: u64,
+    /// Bytes moved, the accepted fd, 0 for EOF, or -errno.
+    pub ret: i64,
+    pub truncated: bool,
+    pub copy_failed: bool,
+    pub payload: &'a [u8],
+}
+
+impl SyscallEvent<'_> {
+    /// Bytes the syscall moved that are not in `payload`.
+    pub fn lost_bytes(&self) -> u64 {
+        if self.ret > 0 {
+            (self.ret as u64).saturating_sub(self.payload.len() as u64)
+        } else {
+            0
+        }
+    }
+}
+
+/// A TCP segment with payload arriving on a traced port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    pub ts_ns: u64,
+    pub local_port: u16,
+    pub remote: IpAddr,
+    pub remote_port: u16,
+    pub data_len: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum CapturedEvent<'a> {
+    Syscall(SyscallEvent<'a>),
+    Segment(Segment),
+}
+
+fn read_struct<T: Copy>(bytes: &[u8]) -> Option<T> {
+    if bytes.len() < std::mem::size_of::<T>() {
+        return None;
+    }
+    // SAFETY: length checked above; T is a repr(C) plain-old-data record and the read is
+    // unaligned-tolerant.
+    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
+}
+
+pub fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
+    let record_type = *bytes.first().ok_or(RecordError::Short)?;
+    if record_type == RecordType::Syscall as u8 {
+        let header: SyscallRecord = read_struct(bytes).ok_or(RecordError::Short)?;
+        let kind = SyscallKind::from_u8(header.kind).ok_or(RecordError::UnknownKind)?;
+        let start = std::mem::size_of::<SyscallRecord>();
+        let end = start
+            .checked_add(header.captured as usize)
+            .ok_or(RecordError::BadLength)?;
+        let payload = bytes.get(start..end).ok_or(RecordError::BadLength)?;
+        Ok(CapturedEvent::Syscall(SyscallEvent {
+            kind,
+            tgid: header.tgid,
+            tid: header.tid,
+            fd: header.fd,
+            ts_enter_ns: header.ts_enter_ns,
+            ts_exit_ns: header.ts_exit_ns,
+            ret: header.ret,
+            truncated: header.flags & FLAG_TRUNCATED != 0,
+            copy_failed: header.flags & FLAG_COPY_FAILED != 0,
+            payload,
+        }))
+    } else if record_type == RecordType::Segment as u8 {
+        let record: SegmentRecord = read_struct(bytes).ok_or(RecordError::Short)?;
+        Ok(CapturedEvent::Segment(Segment {
+            ts_ns: record.ts_ns,
+            local_port: record.local_port,
+            remote: sockaddr_ip(record.family, &record.remote_sockaddr),
+            remote_port: record.remote_port,
+            data_len: record.data_len,
+        }))
+    } else {
+        Err(RecordError::UnknownType)
+    }
+}
+
+const AF_INET: u16 = 2;
+
+/// IP of a kernel `sockaddr_in`/`sockaddr_in6`; IPv4-mapped IPv6 folds to IPv4 so both views
+/// of a dual-stack connection compare equal.
+pub fn sockaddr_ip(family: u16, raw: &[u8; 28]) -> IpAddr {
+    if family == AF_INET {
+        IpAddr::V4(Ipv4Addr::new(raw[4], raw[5], raw[6], raw[7]))
+    } else {
+        let mut octets = [0u8; 16];
+        octets.copy_from_slice(&raw[8..24]);
+        canonical_ip(IpAddr::V6(Ipv6Addr::from(octets)))
+    }
+}
+
+pub fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
+        v4 => v4,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn syscall_bytes(captured: u32, payload: &[u8]) -> Vec<u8> {
+        let header = SyscallRecord {
+            record_type: RecordType::Syscall as u8,
+            kind: SyscallKind::Write as u8,
+            flags: FLAG_TRUNCATED,
+            tgid: 7,
+            tid: 8,
+            fd: 3,
+            ts_enter_ns: 10,
+            ts_exit_ns: 20,
+            ret: 100,
+            captured,
+            _pad: 0,
+        };
+        let mut bytes = vec![0u8; std::mem::size_of::<SyscallRecord>()];
+        unsafe { std::ptr::write_unaligned(bytes.as_mut_ptr().cast(), header) };
+        bytes.extend_from_slice(payload);
+        bytes
+    }
+
+    #[test]
+    fn parses_syscall_with_payload() {
+        let bytes = syscall_bytes(5, b"hello");
+        let CapturedEvent::Syscall(ev) = parse(&bytes).unwrap() else {
+            panic!("expected syscall")
+        };
+        assert_eq!(ev.payload, b"hello");
+        assert_eq!(ev.kind, SyscallKind::Write);
+        assert!(ev.truncated);
+        assert_eq!(ev.lost_bytes(), 95);
+    }
+
+    #[test]
+    fn rejects_lying_lengths_and_garbage() {
+        assert_eq!(parse(&syscall_bytes(50, b"hi")).unwrap_err(), RecordError::BadLength);
+        assert_eq!(parse(&[]).unwrap_err(), RecordError::Short);
+        assert_eq!(parse(&[9, 1, 2]).unwrap_err(), RecordError::UnknownType);
+        assert_eq!(parse(&[1, 1, 2]).unwrap_err(), RecordError::Short);
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_fold_to_ipv4() {
+        let mut raw = [0u8; 28];
+        raw[18] = 0xff;
+        raw[19] = 0xff;
+        raw[20..24].copy_from_slice(&[127, 0, 0, 1]);
+        assert_eq!(sockaddr_ip(10, &raw), IpAddr::V4(Ipv4Addr::LOCALHOST));
+        let mut raw4 = [0u8; 28];
+        raw4[4..8].copy_from_slice(&[10, 1, 2, 3]);
+        assert_eq!(sockaddr_ip(2, &raw4), IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3)));
+    }
+}

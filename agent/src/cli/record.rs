@@ -1,0 +1,87 @@
+//! `inferscope record`: one JSON line per finished request.
+use std::{
+    io::IsTerminal,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use clap::Args;
+use inferscope::{
+    capture::DiscoveryChange,
+    correlate::RequestRecord,
+    export::{jsonl::JsonlWriter, live},
+    pipeline::{Observer, Pipeline},
+};
+use tracing::{error, info};
+
+use super::{signals, target::TargetArgs};
+
+#[derive(Args, Debug)]
+pub struct RecordArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// Stop after this long (e.g. 30s, 5m); without it, record until Ctrl-C.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+    /// Where to write the records (JSON Lines).
+    #[arg(long, short)]
+    pub out: PathBuf,
+}
+
+struct RecordObserver {
+    writer: JsonlWriter,
+    live: bool,
+    write_failed: bool,
+}
+
+impl Observer for RecordObserver {
+    fn on_record(&mut self, record: RequestRecord) {
+        if self.live {
+            println!("{}", live::line(&record));
+        }
+        if let Err(e) = self.writer.write(&record) {
+            if !self.write_failed {
+                error!("writing a record failed: {e}; later records are lost too");
+            }
+            self.write_failed = true;
+        }
+    }
+
+    fn on_discovery(&mut self, change: &DiscoveryChange) {
+        for p in &change.added {
+            info!(pid = p.tgid, engine = p.engine, ports = ?p.ports, "attached");
+        }
+    }
+}
+
+pub fn run(args: RecordArgs) -> anyhow::Result<()> {
+    signals::install();
+    let mut pipeline = Pipeline::new(args.target.pipeline_config())
+        .context("starting the socket probes failed")?;
+    let writer = JsonlWriter::create(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let live = std::io::stdout().is_terminal();
+    if live {
+        println!("{}", live::header());
+    }
+    let mut observer = RecordObserver {
+        writer,
+        live,
+        write_failed: false,
+    };
+    info!(out = %args.out.display(), "recording");
+    pipeline
+        .run(
+            &mut observer,
+            &signals::STOP,
+            args.duration.map(|d| Instant::now() + d),
+        )
+        .context("the capture loop failed")?;
+    pipeline.log_counters();
+    info!(records = observer.writer.written, "done");
+    if observer.write_failed {
+        anyhow::bail!("some records could not be written to {}", args.out.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,55 @@
+//! Target selection flags shared by the commands that attach to engines.
+use std::time::Duration;
+
+use clap::Args;
+use inferscope::{
+    capture::{CaptureConfig, TargetSelector},
+    decode::http::Limits,
+    pipeline::PipelineConfig,
+};
+
+#[derive(Args, Debug, Clone)]
+pub struct TargetArgs {
+    /// Trace this process.
+    #[arg(long, group = "target")]
+    pub pid: Option<u32>,
+    /// Trace the process listening on this TCP port.
+    #[arg(long, group = "target")]
+    pub port: Option<u16>,
+    /// Trace every recognised engine that listens on TCP (the default).
+    #[arg(long, group = "target")]
+    pub auto: bool,
+    /// With --auto, also trace processes whose command line or mapped libraries contain this.
+    #[arg(long = "pattern", value_name = "TEXT")]
+    pub patterns: Vec<String>,
+    /// Payload bytes captured per syscall (at most 8192).
+    #[arg(long, default_value_t = 4096)]
+    pub capture_bytes: u32,
+    /// Kernel ring buffer size in MiB (a power of two).
+    #[arg(long, default_value_t = 16)]
+    pub ring_buffer_mb: u32,
+}
+
+impl TargetArgs {
+    pub fn selector(&self) -> TargetSelector {
+        match (self.pid, self.port) {
+            (Some(pid), _) => TargetSelector::Pid(pid),
+            (None, Some(port)) => TargetSelector::Port(port),
+            _ => TargetSelector::Auto {
+                patterns: self.patterns.clone(),
+            },
+        }
+    }
+
+    pub fn pipeline_config(&self) -> PipelineConfig {
+        PipelineConfig {
+            selector: self.selector(),
+            capture: CaptureConfig {
+                capture_bytes: self.capture_bytes,
+                ring_buffer_bytes: self.ring_buffer_mb.saturating_mul(1024 * 1024),
+            },
+            limits: Limits::default(),
+            discovery_interval: Duration::from_millis(500),
+        }
+    }
+}

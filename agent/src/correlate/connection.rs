@@ -1,0 +1,272 @@
+//! One TCP connection of a traced server: requests read in order, responses written in the same
+//! order (HTTP/1.1 keep-alive and pipelining).
+use std::collections::VecDeque;
+
+use crate::{
+    capture::SyscallEvent,
+    decode::http::{
+        Chunk, Limits, RequestDecoder, RequestEvent, ResponseDecoder, ResponseEvent,
+    },
+};
+
+use super::{
+    Peer, RequestRecord, Stats,
+    arrivals::ArrivalIndex,
+    request::{RecordContext, RequestProgress},
+};
+
+/// Requests read but not yet answered, per connection.
+const MAX_WAITING: usize = 64;
+
+pub struct Connection {
+    pub id: u64,
+    pub peer: Peer,
+    requests: RequestDecoder,
+    responses: ResponseDecoder,
+    /// The request whose bytes are being read.
+    reading: Option<RequestProgress>,
+    /// Fully read requests, oldest first; the front one owns the response being written.
+    waiting: VecDeque<RequestProgress>,
+    next_seq: u32,
+    /// When the previous response ended: the next request's bytes arrived after it.
+    last_response_end_ns: u64,
+    /// Not HTTP, or framing lost: nothing more is decoded on this connection.
+    failed: bool,
+    request_events: Vec<RequestEvent>,
+    response_events: Vec<ResponseEvent>,
+}
+
+impl Connection {
+    pub fn new(id: u64, peer: Peer, limits: Limits) -> Self {
+        Self {
+            id,
+            peer,
+            requests: RequestDecoder::new(limits.clone()),
+            responses: ResponseDecoder::new(limits),
+            reading: None,
+            waiting: VecDeque::new(),
+            next_seq: 0,
+            last_response_end_ns: 0,
+            failed: false,
+            request_events: Vec::new(),
+            response_events: Vec::new(),
+        }
+    }
+
+    pub fn learn_peer(&mut self, peer: Peer) {
+        if self.peer.remote.is_none() {
+            self.peer.remote = peer.remote;
+        }
+        if self.peer.local_port.is_none() {
+            self.peer.local_port = peer.local_port;
+        }
+    }
+
+    pub fn on_read(
+        &mut self,
+        ev: &SyscallEvent<'_>,
+        arrivals: &mut ArrivalIndex,
+        stats: &mut Stats,
+        ctx: RecordContext<'_>,
+        out: &mut Vec<RequestRecord>,
+        to_ignore: &mut Vec<(u32, i32)>,
+    ) {
+        if ev.ret <= 0 {
+            // EOF or reset from the peer: whatever is still being answered was abandoned.
+            self.abort_all(ev.ts_exit_ns, stats, ctx, out);
+            return;
+        }
+        if self.failed {
+            return;
+        }
+        let chunk = Chunk {
+            bytes: ev.payload,
+            lost: ev.lost_bytes(),
+            ts_ns: ev.ts_exit_ns,
+        };
+        let mut events = std::mem::take(&mut self.request_events);
+        self.requests.feed(chunk, &mut events);
+        for event in events.drain(..) {
+            match event {
+                RequestEvent::Started { ts_ns } => {
+                    let wire_ns = match (self.peer.local_port, self.peer.remote) {
+                        (Some(port), Some(remote)) => {
+                            arrivals.first_arrival(port, remote, self.last_response_end_ns, ts_ns)
+                        }
+                        _ => None,
+                    };
+                    if wire_ns.is_none() {
+                        stats.bump("arrival_wire_unknown");
+                    }
+                    let mut progress = RequestProgress::new(self.next_seq, ev.tid, ts_ns, wire_ns);
+                    self.next_seq += 1;
+                    progress.truncated = ev.truncated && ev.lost_bytes() > 0;
+                    if let Some(old) = self.reading.replace(progress) {
+                        drop(old);
+                        stats.bump("requests_incomplete");
+                    }
+                }
+                RequestEvent::Complete(summary) => {
+                    let Some(mut progress) = self.reading.take() else {
+                        stats.bump("request_complete_without_start");
+                        continue;
+                    };
+                    progress.request_bytes = summary.head_bytes + summary.body_bytes;
+                    progress.truncated |= summary.body_truncated;
+                    if summary.body_json_error {
+                        stats.bump("request_body_json_error");
+                    }
+                    progress.summary = Some(summary);
+                    if self.waiting.len() >= MAX_WAITING {
+                        stats.bump("requests_waiting_over_limit");
+                        continue;
+                    }
+                    self.waiting.push_back(progress);
+                }
+                RequestEvent::Error(e) => {
+                    stats.bump(e.as_str());
+                    if self.reading.take().is_some() {
+                        stats.bump("requests_unparsed");
+                    }
+                    self.fail(ev, to_ignore);
+                }
+            }
+        }
+        self.request_events = events;
+    }
+
+    pub fn on_write(
+        &mut self,
+        ev: &SyscallEvent<'_>,
+        stats: &mut Stats,
+        ctx: RecordContext<'_>,
+        out: &mut Vec<RequestRecord>,
+        to_ignore: &mut Vec<(u32, i32)>,
+    ) {
+        if ev.ret < 0 {
+            // EPIPE/ECONNRESET: the client went away mid-response.
+            self.abort_all(ev.ts_enter_ns, stats, ctx, out);
+            return;
+        }
+        if self.failed {
+            return;
+        }
+        let Some(target) = self.waiting.front_mut().or(self.reading.as_mut()) else {
+            stats.bump("response_without_request");
+            return;
+        };
+        target.response_bytes += ev.ret as u64;
+        if target.first_byte_ns.is_none() {
+            target.first_byte_ns = Some(ev.ts_enter_ns);
+        }
+        let chunk = Chunk {
+            bytes: ev.payload,
+            lost: ev.lost_bytes(),
+            ts_ns: ev.ts_enter_ns,
+        };
+        let mut events = std::mem::take(&mut self.response_events);
+        self.responses.feed(chunk, &mut events);
+        for event in events.drain(..) {
+            self.apply_response_event(event, ev, stats, ctx, out, to_ignore);
+        }
+        self.response_events = events;
+    }
+
+    fn apply_response_event(
+        &mut self,
+        event: ResponseEvent,
+        ev: &SyscallEvent<'_>,
+        stats: &mut Stats,
+        ctx: RecordContext<'_>,
+        out: &mut Vec<RequestRecord>,
+        to_ignore: &mut Vec<(u32, i32)>,
+    ) {
+        let Some(target) = self.waiting.front_mut().or(self.reading.as_mut()) else {
+            stats.bump("response_without_request");
+            return;
+        };
+        match event {
+            ResponseEvent::Head { ts_ns, status, .. } => {
+                target.status = Some(status);
+                target.first_byte_ns.get_or_insert(ts_ns);
+            }
+            ResponseEvent::Sse(sse) => {
+                if sse.json_error {
+                    stats.bump("sse_json_error");
+                }
+                target.on_sse(&sse);
+            }
+            ResponseEvent::Body(body) => {
+                if body.json_error {
+                    stats.bump("response_body_json_error");
+                }
+                if target.response_id.is_none() {
+                    target.response_id = body.id;
+                }
+                target.usage = body.usage.or(target.usage.take());
+                target.timings = body.timings.or(target.timings.take());
+            }
+            ResponseEvent::End { ts_ns, .. } => {
+                self.last_response_end_ns = ts_ns;
+                if let Some(done) = self.pop_answered() {
+                    out.push(done.into_record(ctx, ts_ns, false));
+                }
+            }
+            ResponseEvent::Error(e) => {
+                stats.bump(e.as_str());
+                // Framing is lost: report what we have, marked truncated, and stop decoding.
+                if let Some(mut done) = self.pop_answered() {
+                    done.truncated = true;
+                    out.push(done.into_record(ctx, ev.ts_enter_ns, false));
+                }
+                self.fail(ev, to_ignore);
+            }
+        }
+    }
+
+    fn pop_answered(&mut self) -> Option<RequestProgress> {
+        self.waiting.pop_front().or_else(|| self.reading.take())
+    }
+
+    fn fail(&mut self, ev: &SyscallEvent<'_>, to_ignore: &mut Vec<(u32, i32)>) {
+        if !self.failed {
+            self.failed = true;
+            to_ignore.push((ev.tgid, ev.fd));
+        }
+    }
+
+    /// Requests that were read completely but not fully answered end as aborted; a request
+    /// still being read was never complete and yields no record.
+    fn abort_all(
+        &mut self,
+        ts_ns: u64,
+        stats: &mut Stats,
+        ctx: RecordContext<'_>,
+        out: &mut Vec<RequestRecord>,
+    ) {
+        for progress in self.waiting.drain(..) {
+            stats.bump("requests_aborted");
+            out.push(progress.into_record(ctx, ts_ns, true));
+        }
+        if let Some(progress) = self.reading.take() {
+            if progress.response_started() {
+                stats.bump("requests_aborted");
+                out.push(progress.into_record(ctx, ts_ns, true));
+            } else {
+                stats.bump("requests_incomplete");
+            }
+        }
+        self.requests.reset();
+        self.responses.reset();
+    }
+
+    pub fn close(
+        mut self,
+        ts_ns: u64,
+        stats: &mut Stats,
+        ctx: RecordContext<'_>,
+        out: &mut Vec<RequestRecord>,
+    ) {
+        self.abort_all(ts_ns, stats, ctx, out);
+    }
+}

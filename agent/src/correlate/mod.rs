@@ -1,0 +1,219 @@
+//! Correlate stage: per-connection state machines turn decoded HTTP events into one
+//! [`RequestRecord`] per request, joined with TCP arrival times.
+mod arrivals;
+mod connection;
+pub mod percentile;
+pub mod record;
+mod request;
+pub mod stats;
+
+use std::{collections::HashMap, net::SocketAddr};
+
+pub use arrivals::ArrivalIndex;
+pub use record::RequestRecord;
+pub use stats::Stats;
+
+use crate::{
+    capture::{Segment, SyscallEvent},
+    decode::http::Limits,
+};
+use connection::Connection;
+
+/// Connections tracked at once; beyond it new connections are counted and skipped.
+pub const MAX_CONNECTIONS: usize = 65536;
+
+/// Where a server connection's bytes came from, as far as capture could tell.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Peer {
+    pub local_port: Option<u16>,
+    pub remote: Option<SocketAddr>,
+}
+
+pub struct Tracker {
+    connections: HashMap<(u32, i32), Connection>,
+    next_connection_id: u64,
+    arrivals: ArrivalIndex,
+    engines: HashMap<u32, &'static str>,
+    limits: Limits,
+    stats: Stats,
+    unix_offset_ns: u64,
+    /// Connections that turned out not to be HTTP: capture should stop copying their bytes.
+    to_ignore: Vec<(u32, i32)>,
+}
+
+impl Tracker {
+    pub fn new(limits: Limits) -> Self {
+        Self {
+            connections: HashMap::new(),
+            next_connection_id: 1,
+            arrivals: ArrivalIndex::default(),
+            engines: HashMap::new(),
+            limits,
+            stats: Stats::default(),
+            unix_offset_ns: unix_offset_ns(),
+            to_ignore: Vec::new(),
+        }
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    pub fn set_engine(&mut self, tgid: u32, engine: &'static str) {
+        self.engines.insert(tgid, engine);
+    }
+
+    /// The process exited or is no longer traced: its open requests end as aborted.
+    pub fn forget_process(&mut self, tgid: u32, now_ns: u64, out: &mut Vec<RequestRecord>) {
+        let keys: Vec<(u32, i32)> = self
+            .connections
+            .keys()
+            .filter(|(t, _)| *t == tgid)
+            .copied()
+            .collect();
+        for key in keys {
+            self.finish_connection(key, now_ns, out);
+        }
+        self.engines.remove(&tgid);
+    }
+
+    pub fn on_segment(&mut self, segment: &Segment) {
+        self.arrivals.on_segment(segment);
+    }
+
+    pub fn on_accept(&mut self, ev: &SyscallEvent<'_>, peer: Peer, out: &mut Vec<RequestRecord>) {
+        let key = (ev.tgid, ev.ret as i32);
+        // The fd number came back without us seeing its close: end the old connection first.
+        self.finish_connection(key, ev.ts_exit_ns, out);
+        self.open_connection(key, peer);
+    }
+
+    pub fn on_close(&mut self, ev: &SyscallEvent<'_>, out: &mut Vec<RequestRecord>) {
+        self.finish_connection((ev.tgid, ev.fd), ev.ts_enter_ns, out);
+    }
+
+    pub fn on_read(&mut self, ev: &SyscallEvent<'_>, peer: Peer, out: &mut Vec<RequestRecord>) {
+        let mut ctx = self.context(ev.tgid, 0);
+        if !self.ensure_connection((ev.tgid, ev.fd), peer) {
+            return;
+        }
+        let Some(conn) = self.connections.get_mut(&(ev.tgid, ev.fd)) else {
+            return;
+        };
+        ctx.connection_id = conn.id;
+        conn.on_read(
+            ev,
+            &mut self.arrivals,
+            &mut self.stats,
+            ctx,
+            out,
+            &mut self.to_ignore,
+        );
+    }
+
+    pub fn on_write(&mut self, ev: &SyscallEvent<'_>, peer: Peer, out: &mut Vec<RequestRecord>) {
+        let mut ctx = self.context(ev.tgid, 0);
+        if !self.ensure_connection((ev.tgid, ev.fd), peer) {
+            return;
+        }
+        let Some(conn) = self.connections.get_mut(&(ev.tgid, ev.fd)) else {
+            return;
+        };
+        ctx.connection_id = conn.id;
+        conn.on_write(ev, &mut self.stats, ctx, out, &mut self.to_ignore);
+    }
+
+    /// fds whose capture should stop (not HTTP, or framing lost for good).
+    pub fn take_ignored(&mut self) -> Vec<(u32, i32)> {
+        std::mem::take(&mut self.to_ignore)
+    }
+
+    /// Periodic upkeep: old segments, the wall-clock offset.
+    pub fn sweep(&mut self, now_ns: u64) {
+        self.arrivals.sweep(now_ns);
+        self.stats.add("arrival_segments_dropped", std::mem::take(&mut self.arrivals.dropped));
+        self.unix_offset_ns = unix_offset_ns();
+    }
+
+    pub fn open_connections(&self) -> usize {
+        self.connections.len()
+    }
+
+    /// Ends every connection (agent shutdown): open requests are reported as aborted.
+    pub fn finish_all(&mut self, now_ns: u64, out: &mut Vec<RequestRecord>) {
+        let keys: Vec<(u32, i32)> = self.connections.keys().copied().collect();
+        for key in keys {
+            self.finish_connection(key, now_ns, out);
+        }
+    }
+
+    /// Opens the connection on first sight (one that predates the agent) and fills in its peer.
+    fn ensure_connection(&mut self, key: (u32, i32), peer: Peer) -> bool {
+        match self.connections.get_mut(&key) {
+            Some(conn) => {
+                conn.learn_peer(peer);
+                true
+            }
+            None => self.open_connection(key, peer),
+        }
+    }
+
+    fn open_connection(&mut self, key: (u32, i32), peer: Peer) -> bool {
+        if self.connections.len() >= MAX_CONNECTIONS {
+            self.stats.bump("connections_over_limit");
+            return false;
+        }
+        let id = self.next_connection_id;
+        self.next_connection_id += 1;
+        self.connections
+            .insert(key, Connection::new(id, peer, self.limits.clone()));
+        self.stats.bump("connections_opened");
+        true
+    }
+
+    fn finish_connection(&mut self, key: (u32, i32), ts_ns: u64, out: &mut Vec<RequestRecord>) {
+        let Some(conn) = self.connections.remove(&key) else {
+            return;
+        };
+        let ctx = self.context(key.0, conn.id);
+        if let (Some(port), Some(remote)) = (conn.peer.local_port, conn.peer.remote) {
+            self.arrivals.forget_peer(port, remote);
+        }
+        conn.close(ts_ns, &mut self.stats, ctx, out);
+    }
+
+    fn context(&self, tgid: u32, connection_id: u64) -> request::RecordContext<'static> {
+        request::RecordContext {
+            pid: tgid,
+            engine: self.engines.get(&tgid).copied().unwrap_or("unknown"),
+            connection_id,
+            unix_offset_ns: self.unix_offset_ns,
+        }
+    }
+}
+
+/// CLOCK_REALTIME − CLOCK_MONOTONIC: records keep monotonic times (the eBPF clock) and convert
+/// to wall time only at the edge.
+pub fn unix_offset_ns() -> u64 {
+    let read = |clock| {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: valid pointer to a timespec.
+        unsafe { libc::clock_gettime(clock, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    };
+    read(libc::CLOCK_REALTIME).saturating_sub(read(libc::CLOCK_MONOTONIC))
+}
+
+/// CLOCK_MONOTONIC now, in ns (the clock bpf_ktime_get_ns reads).
+pub fn monotonic_now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

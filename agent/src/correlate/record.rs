@@ -1,0 +1,63 @@
+//! The per-request record: what `inferscope record` writes, one JSON object per finished request.
+//! Sizes, counts, ids and times only — never prompt or completion text.
+use serde::Serialize;
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RequestRecord {
+    /// The agent's id: `<pid>-<connection>-<sequence on the connection>`.
+    pub request_id: String,
+    /// The stream's own id (`chatcmpl-…`), from the response.
+    pub response_id: Option<String>,
+    pub x_request_id: Option<String>,
+    pub traceparent: Option<String>,
+    pub pid: u32,
+    pub engine: String,
+    pub method: String,
+    pub path: String,
+    pub status: Option<u16>,
+    pub model: Option<String>,
+    pub stream: Option<bool>,
+    pub max_tokens: Option<u64>,
+    /// Bytes of prompt text in the body (the text itself is never kept).
+    pub prompt_bytes: Option<u64>,
+
+    /// Earliest known arrival: the first TCP segment of the request, else the server's read.
+    pub arrival_mono_ns: u64,
+    pub arrival_unix_ns: u64,
+    /// When the server read the request's first bytes.
+    pub arrival_read_mono_ns: u64,
+    /// When the request's first TCP segment reached the socket, where the kernel saw it.
+    pub arrival_wire_mono_ns: Option<u64>,
+    /// Read time minus wire arrival: how long the request sat in the socket buffer.
+    pub read_delay_ms: Option<f64>,
+    pub request_complete_mono_ns: Option<u64>,
+    pub first_byte_mono_ns: Option<u64>,
+    pub first_token_mono_ns: Option<u64>,
+    pub last_token_mono_ns: Option<u64>,
+    pub end_mono_ns: u64,
+
+    pub ttft_ms: Option<f64>,
+    pub tpot_ms: Option<f64>,
+    pub itl_p50_ms: Option<f64>,
+    pub itl_p99_ms: Option<f64>,
+    pub itl_max_ms: Option<f64>,
+    pub e2e_ms: f64,
+
+    /// SSE events that carried generated content.
+    pub output_chunks: u64,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    /// The engine's own prefill and decode times, where its final chunk reports them.
+    pub engine_prompt_ms: Option<f64>,
+    pub engine_predicted_ms: Option<f64>,
+    pub request_bytes: u64,
+    pub response_bytes: u64,
+    pub aborted: bool,
+    /// Some bytes of this request or response were not captured; fields may be missing.
+    pub capture_truncated: bool,
+
+    pub connection_id: u64,
+    pub seq_on_connection: u32,
+    /// Thread that read the request (joins to the engine's scheduler events).
+    pub reader_tid: u32,
+}

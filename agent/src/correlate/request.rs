@@ -1,0 +1,182 @@
+//! One request's progress from its first byte read to the end of its response.
+use crate::decode::http::{RequestSummary, SseEvent, Timings, Usage};
+
+use super::{percentile::percentile, record::RequestRecord};
+
+/// Inter-token gaps kept per request; a longer stream keeps its first gaps and counts the rest.
+pub const MAX_GAPS: usize = 65536;
+
+#[derive(Debug, Default)]
+pub struct RequestProgress {
+    pub seq: u32,
+    pub reader_tid: u32,
+    pub read_ns: u64,
+    pub wire_ns: Option<u64>,
+    pub summary: Option<RequestSummary>,
+    pub request_bytes: u64,
+    pub status: Option<u16>,
+    pub first_byte_ns: Option<u64>,
+    pub first_token_ns: Option<u64>,
+    pub last_token_ns: Option<u64>,
+    pub output_chunks: u64,
+    pub gaps_ns: Vec<u64>,
+    pub gaps_dropped: u64,
+    pub response_id: Option<String>,
+    pub usage: Option<Usage>,
+    pub timings: Option<Timings>,
+    pub response_bytes: u64,
+    pub truncated: bool,
+}
+
+impl RequestProgress {
+    pub fn new(seq: u32, reader_tid: u32, read_ns: u64, wire_ns: Option<u64>) -> Self {
+        Self {
+            seq,
+            reader_tid,
+            read_ns,
+            wire_ns,
+            ..Default::default()
+        }
+    }
+
+    pub fn response_started(&self) -> bool {
+        self.first_byte_ns.is_some()
+    }
+
+    pub fn on_content(&mut self, ts_ns: u64) {
+        if let Some(last) = self.last_token_ns {
+            if self.gaps_ns.len() < MAX_GAPS {
+                self.gaps_ns.push(ts_ns.saturating_sub(last));
+            } else {
+                self.gaps_dropped += 1;
+            }
+        } else {
+            self.first_token_ns = Some(ts_ns);
+        }
+        self.last_token_ns = Some(ts_ns);
+        self.output_chunks += 1;
+    }
+
+    pub fn on_sse(&mut self, event: &SseEvent) {
+        if event.content {
+            self.on_content(event.ts_ns);
+        }
+        if self.response_id.is_none() {
+            self.response_id.clone_from(&event.id);
+        }
+        if event.usage.is_some() {
+            self.usage.clone_from(&event.usage);
+        }
+        if event.timings.is_some() {
+            self.timings.clone_from(&event.timings);
+        }
+    }
+
+    pub fn arrival_ns(&self) -> u64 {
+        self.wire_ns.map_or(self.read_ns, |w| w.min(self.read_ns))
+    }
+
+    pub fn into_record(
+        mut self,
+        base: RecordContext<'_>,
+        end_ns: u64,
+        aborted: bool,
+    ) -> RequestRecord {
+        let arrival = self.arrival_ns();
+        let ms = |from: u64, to: u64| to.saturating_sub(from) as f64 / 1e6;
+        let summary = self.summary.take().unwrap_or_default();
+        let completion_tokens = self.usage.as_ref().and_then(|u| u.completion_tokens);
+        let prompt_tokens = self.usage.as_ref().and_then(|u| u.prompt_tokens);
+        // TPOT over tokens where the engine reports them: one SSE event may carry several.
+        let tokens = completion_tokens.unwrap_or(self.output_chunks);
+        let tpot_ms = match (self.first_token_ns, self.last_token_ns) {
+            (Some(first), Some(last)) if tokens > 1 => Some(ms(first, last) / (tokens - 1) as f64),
+            _ => None,
+        };
+        let mut gaps: Vec<f64> = self.gaps_ns.iter().map(|&g| g as f64 / 1e6).collect();
+        gaps.sort_unstable_by(f64::total_cmp);
+        RequestRecord {
+            request_id: format!("{}-{}-{}", base.pid, base.connection_id, self.seq),
+            response_id: self.response_id,
+            x_request_id: summary.x_request_id,
+            traceparent: summary.traceparent,
+            pid: base.pid,
+            engine: base.engine.to_string(),
+            method: summary.method,
+            path: summary.path,
+            status: self.status,
+            model: summary.model,
+            stream: summary.stream,
+            max_tokens: summary.max_tokens,
+            prompt_bytes: summary.prompt_bytes,
+            arrival_mono_ns: arrival,
+            arrival_unix_ns: base.unix_offset_ns.saturating_add_signed(arrival as i64),
+            arrival_read_mono_ns: self.read_ns,
+            arrival_wire_mono_ns: self.wire_ns,
+            read_delay_ms: self.wire_ns.map(|w| ms(w, self.read_ns)),
+            request_complete_mono_ns: (summary.ts_ns != 0).then_some(summary.ts_ns),
+            first_byte_mono_ns: self.first_byte_ns,
+            first_token_mono_ns: self.first_token_ns,
+            last_token_mono_ns: self.last_token_ns,
+            end_mono_ns: end_ns,
+            ttft_ms: self.first_token_ns.map(|t| ms(arrival, t)),
+            tpot_ms,
+            itl_p50_ms: percentile(&gaps, 0.5),
+            itl_p99_ms: percentile(&gaps, 0.99),
+            itl_max_ms: gaps.last().copied(),
+            e2e_ms: ms(arrival, end_ns),
+            output_chunks: self.output_chunks,
+            prompt_tokens,
+            completion_tokens,
+            engine_prompt_ms: self.timings.as_ref().and_then(|t| t.prompt_ms),
+            engine_predicted_ms: self.timings.as_ref().and_then(|t| t.predicted_ms),
+            request_bytes: self.request_bytes,
+            response_bytes: self.response_bytes,
+            aborted,
+            capture_truncated: self.truncated || summary.body_truncated || self.gaps_dropped > 0,
+            connection_id: base.connection_id,
+            seq_on_connection: self.seq,
+            reader_tid: self.reader_tid,
+        }
+    }
+}
+
+/// What a record needs from its connection and the agent.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordContext<'a> {
+    pub pid: u32,
+    pub engine: &'a str,
+    pub connection_id: u64,
+    /// CLOCK_REALTIME − CLOCK_MONOTONIC, in ns.
+    pub unix_offset_ns: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derives_latencies_from_token_times() {
+        let mut p = RequestProgress::new(0, 11, 1_000_000, Some(900_000));
+        p.first_byte_ns = Some(2_000_000);
+        for t in [10_000_000u64, 12_000_000, 14_000_000, 20_000_000] {
+            p.on_content(t);
+        }
+        let ctx = RecordContext {
+            pid: 1,
+            engine: "llamacpp",
+            connection_id: 3,
+            unix_offset_ns: 1_000,
+        };
+        let r = p.into_record(ctx, 21_000_000, false);
+        assert_eq!(r.arrival_mono_ns, 900_000);
+        assert_eq!(r.ttft_ms, Some(9.1));
+        assert_eq!(r.tpot_ms, Some(10.0 / 3.0));
+        assert_eq!(r.itl_p50_ms, Some(2.0));
+        assert_eq!(r.itl_max_ms, Some(6.0));
+        assert_eq!(r.output_chunks, 4);
+        assert_eq!(r.e2e_ms, 20.1);
+        assert_eq!(r.request_id, "1-3-0");
+        assert_eq!(r.read_delay_ms, Some(0.1));
+    }
+}

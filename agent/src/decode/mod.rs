@@ -1,0 +1,3 @@
+//! Decode stage: captured bytes → protocol events. Parsers here see untrusted bytes: they
+//! never panic, keep bounded buffers and report what they could not parse.
+pub mod http;

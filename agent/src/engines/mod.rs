@@ -1,0 +1,104 @@
+//! Engine plugins. Each engine module says how to recognise its processes; later stages (scheduler
+//! probes, IPC decoders, metric names) hang off the same trait. Nothing engine-specific lives
+//! outside these modules.
+mod llamacpp;
+mod sglang;
+mod tensorrt_llm;
+mod triton;
+mod vllm;
+
+/// What discovery knows about a process when it asks the engines to claim it.
+#[derive(Debug, Clone, Default)]
+pub struct ProcessInfo {
+    pub tgid: u32,
+    pub cmdline: String,
+    /// Executable and shared libraries mapped into the process.
+    pub mapped_files: Vec<String>,
+}
+
+impl ProcessInfo {
+    fn cmdline_has(&self, needle: &str) -> bool {
+        self.cmdline.contains(needle)
+    }
+
+    /// A mapped file whose name (not directory) contains `needle`.
+    fn maps_file(&self, needle: &str) -> bool {
+        self.mapped_files.iter().any(|path| {
+            path.rsplit('/')
+                .next()
+                .is_some_and(|name| name.contains(needle))
+        })
+    }
+}
+
+pub trait Engine: Sync {
+    /// Stable name used in records and metrics ("llamacpp", "vllm", ...).
+    fn name(&self) -> &'static str;
+    /// Whether `process` is this engine's serving process.
+    fn claims(&self, process: &ProcessInfo) -> bool;
+}
+
+static ENGINES: &[&dyn Engine] = &[
+    &llamacpp::LlamaCpp,
+    &vllm::Vllm,
+    &sglang::Sglang,
+    &tensorrt_llm::TensorRtLlm,
+    &triton::Triton,
+];
+
+pub fn all() -> &'static [&'static dyn Engine] {
+    ENGINES
+}
+
+/// The engine that claims `process`, else a user pattern that matches it (reported as "custom").
+pub fn identify(process: &ProcessInfo, user_patterns: &[String]) -> Option<&'static str> {
+    if let Some(engine) = ENGINES.iter().find(|e| e.claims(process)) {
+        return Some(engine.name());
+    }
+    user_patterns
+        .iter()
+        .any(|p| process.cmdline_has(p) || process.maps_file(p))
+        .then_some("custom")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn process(cmdline: &str, maps: &[&str]) -> ProcessInfo {
+        ProcessInfo {
+            tgid: 1,
+            cmdline: cmdline.into(),
+            mapped_files: maps.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn identifies_each_engine() {
+        let cases = [
+            (process("/usr/bin/llama-server -m m.gguf", &[]), Some("llamacpp")),
+            (
+                process("python3 serve.py", &["/v/lib/xllamacpp/xllamacpp.abi3.so"]),
+                Some("llamacpp"),
+            ),
+            (process("python3 app.py", &["/usr/lib/libllama.so"]), Some("llamacpp")),
+            (process("/venv/bin/python3 /venv/bin/vllm serve m", &[]), Some("vllm")),
+            (process("python -m vllm.entrypoints.openai.api_server", &[]), Some("vllm")),
+            (process("python -m sglang.launch_server --model m", &[]), Some("sglang")),
+            (process("trtllm-serve m", &[]), Some("tensorrt-llm")),
+            (process("python x.py", &["/x/libtensorrt_llm.so"]), Some("tensorrt-llm")),
+            (process("/opt/tritonserver/bin/tritonserver --model-repository=/m", &[]), Some("triton")),
+            (process("nginx: worker process", &["/usr/lib/libssl.so"]), None),
+        ];
+        for (p, expected) in cases {
+            assert_eq!(identify(&p, &[]), expected, "{}", p.cmdline);
+        }
+    }
+
+    #[test]
+    fn user_patterns_claim_unknown_servers() {
+        let p = process("/opt/my-llm-server --port 9000", &[]);
+        assert_eq!(identify(&p, &["my-llm-server".into()]), Some("custom"));
+        assert_eq!(identify(&p, &["other".into()]), None);
+    }
+}

@@ -1,0 +1,31 @@
+//! The one-line-per-request view printed while recording to a terminal.
+use crate::correlate::RequestRecord;
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.1}"))
+}
+
+pub fn header() -> String {
+    format!(
+        "{:<16} {:>7} {:>5} {:>9} {:>8} {:>9} {:>6} {:>6} {:>6}  {}",
+        "request", "pid", "status", "ttft_ms", "tpot_ms", "e2e_ms", "chunks", "p_tok", "c_tok", "id"
+    )
+}
+
+pub fn line(r: &RequestRecord) -> String {
+    let opt = |v: Option<u64>| v.map_or_else(|| "-".into(), |v| v.to_string());
+    format!(
+        "{:<16} {:>7} {:>5} {:>9} {:>8} {:>9.1} {:>6} {:>6} {:>6}  {}{}",
+        r.request_id,
+        r.pid,
+        r.status.map_or_else(|| "-".into(), |s| s.to_string()),
+        ms(r.ttft_ms),
+        ms(r.tpot_ms),
+        r.e2e_ms,
+        r.output_chunks,
+        opt(r.prompt_tokens),
+        opt(r.completion_tokens),
+        r.response_id.as_deref().unwrap_or("-"),
+        if r.aborted { "  (aborted)" } else { "" },
+    )
+}

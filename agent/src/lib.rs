@@ -1,0 +1,11 @@
+//! inferscope: per-request timelines of LLM inference servers, from outside the engine.
+//!
+//! Data flows one way: [`capture`] (eBPF, process discovery) → [`decode`] (HTTP/SSE) →
+//! [`correlate`] (connections, requests) → [`export`] (JSONL, terminal). [`engines`] holds the
+//! per-engine knowledge; [`pipeline`] wires the stages together.
+pub mod capture;
+pub mod correlate;
+pub mod decode;
+pub mod engines;
+pub mod export;
+pub mod pipeline;

@@ -1,0 +1,260 @@
+//! Wires capture → decode → correlate → export on one thread: a ring-buffer record is decoded
+//! and correlated where it is read, with no queue between stages to size or drop from.
+use std::{
+    collections::HashMap,
+    sync::atomic::{AtomicBool, Ordering},
+    time::{Duration, Instant},
+};
+
+use inferscope_common::SyscallKind;
+use tracing::{info, warn};
+
+use crate::{
+    capture::{
+        CaptureConfig, CaptureError, CapturedEvent, Discovery, DiscoveryChange, FdClass,
+        FdClassifier, SocketProbes, TargetSelector, records,
+    },
+    correlate::{Peer, RequestRecord, Stats, Tracker, monotonic_now_ns},
+    decode::http::Limits,
+};
+
+#[derive(Debug, Clone)]
+pub struct PipelineConfig {
+    pub selector: TargetSelector,
+    pub capture: CaptureConfig,
+    pub limits: Limits,
+    /// How often /proc is scanned for engines that started, restarted or exited.
+    pub discovery_interval: Duration,
+}
+
+impl PipelineConfig {
+    pub fn new(selector: TargetSelector) -> Self {
+        Self {
+            selector,
+            capture: CaptureConfig::default(),
+            limits: Limits::default(),
+            discovery_interval: Duration::from_millis(500),
+        }
+    }
+}
+
+/// What the pipeline reports as it runs.
+pub trait Observer {
+    fn on_record(&mut self, record: RequestRecord);
+    /// Discovery attached to or detached from processes.
+    fn on_discovery(&mut self, _change: &DiscoveryChange) {}
+}
+
+pub struct Pipeline {
+    config: PipelineConfig,
+    probes: SocketProbes,
+    discovery: Discovery,
+    classifier: FdClassifier,
+    tracker: Tracker,
+    ports: HashMap<u32, Vec<u16>>,
+    stats: Stats,
+    records: Vec<RequestRecord>,
+}
+
+impl Pipeline {
+    pub fn new(config: PipelineConfig) -> Result<Self, CaptureError> {
+        let probes = SocketProbes::load(config.capture)?;
+        Ok(Self {
+            discovery: Discovery::new(config.selector.clone()),
+            tracker: Tracker::new(config.limits.clone()),
+            config,
+            probes,
+            classifier: FdClassifier::default(),
+            ports: HashMap::new(),
+            stats: Stats::default(),
+            records: Vec::new(),
+        })
+    }
+
+    /// Runs until `stop` is set or `deadline` passes, then reports open requests as aborted.
+    pub fn run(
+        &mut self,
+        observer: &mut dyn Observer,
+        stop: &AtomicBool,
+        deadline: Option<Instant>,
+    ) -> std::io::Result<()> {
+        let mut last_scan: Option<Instant> = None;
+        let mut last_sweep = Instant::now();
+        loop {
+            if stop.load(Ordering::Relaxed) || deadline.is_some_and(|d| Instant::now() >= d) {
+                break;
+            }
+            if last_scan.is_none_or(|t| t.elapsed() >= self.config.discovery_interval) {
+                let change = self.discovery.scan();
+                self.apply_discovery(&change, observer);
+                last_scan = Some(Instant::now());
+            }
+            wait_readable(self.probes.events_fd(), Duration::from_millis(50))?;
+            self.drain(observer);
+            if last_sweep.elapsed() >= Duration::from_secs(1) {
+                self.probes.flush_logs();
+                self.tracker.sweep(monotonic_now_ns());
+                last_sweep = Instant::now();
+            }
+        }
+        self.drain(observer);
+        self.tracker
+            .finish_all(monotonic_now_ns(), &mut self.records);
+        for record in self.records.drain(..) {
+            observer.on_record(record);
+        }
+        Ok(())
+    }
+
+    fn apply_discovery(&mut self, change: &DiscoveryChange, observer: &mut dyn Observer) {
+        for gone in &change.removed {
+            info!(pid = gone.tgid, engine = gone.engine, "engine process gone; detaching");
+            self.probes.untrace_process(gone.tgid);
+            for port in &gone.ports {
+                self.probes.unwatch_port(*port);
+            }
+            self.ports.remove(&gone.tgid);
+            self.classifier.forget_process(gone.tgid);
+            self.tracker
+                .forget_process(gone.tgid, monotonic_now_ns(), &mut self.records);
+        }
+        for (now, before) in &change.ports_changed {
+            for port in before {
+                self.probes.unwatch_port(*port);
+            }
+            for port in &now.ports {
+                self.probes.watch_port(*port);
+            }
+            self.ports.insert(now.tgid, now.ports.clone());
+        }
+        for new in &change.added {
+            info!(pid = new.tgid, engine = new.engine, ports = ?new.ports, "tracing engine process");
+            for port in &new.ports {
+                self.probes.watch_port(*port);
+            }
+            self.ports.insert(new.tgid, new.ports.clone());
+            self.tracker.set_engine(new.tgid, new.engine);
+            self.probes.trace_process(new.tgid);
+        }
+        if !change.added.is_empty() || !change.removed.is_empty() || !change.ports_changed.is_empty()
+        {
+            observer.on_discovery(change);
+        }
+        for record in self.records.drain(..) {
+            observer.on_record(record);
+        }
+    }
+
+    fn drain(&mut self, observer: &mut dyn Observer) {
+        let Self {
+            probes,
+            classifier,
+            tracker,
+            ports,
+            stats,
+            records,
+            ..
+        } = self;
+        let mut ignore: Vec<(u32, i32)> = Vec::new();
+        let ring = probes.events();
+        // Bound one drain so discovery and shutdown still run under a flood.
+        for _ in 0..1_000_000 {
+            let Some(item) = ring.next() else { break };
+            stats.bump("ringbuf_records");
+            match records::parse(&item) {
+                Err(e) => stats.bump(e.as_str()),
+                Ok(CapturedEvent::Segment(segment)) => tracker.on_segment(&segment),
+                Ok(CapturedEvent::Syscall(ev)) => {
+                    let Some(listening) = ports.get(&ev.tgid) else {
+                        // A record from a process detached a moment ago.
+                        stats.bump("records_untraced_process");
+                        continue;
+                    };
+                    match ev.kind {
+                        SyscallKind::Accept => {
+                            classifier.on_accept(ev.tgid, ev.ret as i32);
+                            tracker.on_accept(&ev, Peer::default(), records);
+                        }
+                        SyscallKind::Close => {
+                            tracker.on_close(&ev, records);
+                            classifier.on_close(ev.tgid, ev.fd);
+                        }
+                        SyscallKind::Read | SyscallKind::Write => {
+                            match classifier.classify(ev.tgid, ev.fd, listening) {
+                                FdClass::Other => {
+                                    stats.bump("records_not_server_connection");
+                                    ignore.push((ev.tgid, ev.fd));
+                                }
+                                FdClass::Server { local_port, remote } => {
+                                    let peer = Peer { local_port, remote };
+                                    if ev.kind == SyscallKind::Read {
+                                        tracker.on_read(&ev, peer, records);
+                                    } else {
+                                        tracker.on_write(&ev, peer, records);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        ignore.extend(tracker.take_ignored());
+        for (tgid, fd) in ignore {
+            probes.ignore_fd(tgid, fd);
+        }
+        for record in records.drain(..) {
+            observer.on_record(record);
+        }
+    }
+
+    /// Every counter: kernel side (`kernel_*`), capture and decode/correlate.
+    pub fn counters(&self) -> Vec<(String, u64)> {
+        let mut all: Vec<(String, u64)> = self
+            .probes
+            .counters()
+            .into_iter()
+            .map(|(k, v)| (format!("kernel_{k}"), v))
+            .collect();
+        all.extend(self.stats.iter().map(|(k, v)| (k.to_string(), v)));
+        all.extend(self.tracker.stats().iter().map(|(k, v)| (k.to_string(), v)));
+        all.push(("fd_lookups".into(), self.classifier.lookups));
+        all.push(("open_connections".into(), self.tracker.open_connections() as u64));
+        all
+    }
+
+    pub fn log_counters(&self) {
+        for (name, value) in self.counters() {
+            if value > 0 {
+                info!(counter = name.as_str(), value, "counter");
+            }
+        }
+        let dropped: u64 = self
+            .probes
+            .counters()
+            .iter()
+            .filter(|(k, _)| *k == "ringbuf_full_drops")
+            .map(|(_, v)| *v)
+            .sum();
+        if dropped > 0 {
+            warn!("{dropped} kernel records were dropped because the ring buffer was full; raise --ring-buffer-mb");
+        }
+    }
+}
+
+fn wait_readable(fd: i32, timeout: Duration) -> std::io::Result<()> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let rc = unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as i32) };
+    if rc < 0 {
+        let err = std::io::Error::last_os_error();
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,163 @@
+//! Records that cross the kernel/user boundary. Both sides compile this crate, so a layout change
+//! breaks the build instead of silently corrupting the stream. Every record starts with a
+//! one-byte [`RecordType`] so the reader can dispatch on the ring buffer's raw bytes.
+#![no_std]
+
+/// Largest payload prefix one syscall record can carry. The per-CPU scratch buffer is twice this
+/// so that the verifier can prove `offset < MAX && len <= MAX` stays in bounds.
+pub const MAX_CAPTURE_BYTES: usize = 8192;
+/// iovec entries copied per readv/writev/sendmsg/recvmsg (later entries are counted as truncated).
+pub const MAX_IOV: usize = 8;
+
+/// Leading byte of every ring-buffer record.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordType {
+    Syscall = 1,
+    Segment = 2,
+}
+
+/// Which socket operation a [`SyscallRecord`] describes.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyscallKind {
+    Accept = 1,
+    Read = 2,
+    Write = 3,
+    Close = 4,
+}
+
+impl SyscallKind {
+    pub fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(Self::Accept),
+            2 => Some(Self::Read),
+            3 => Some(Self::Write),
+            4 => Some(Self::Close),
+            _ => None,
+        }
+    }
+}
+
+/// The payload prefix is shorter than what the syscall moved (capture limit or iovec limit).
+pub const FLAG_TRUNCATED: u16 = 1;
+/// Copying from user memory failed; the payload is absent though the syscall moved bytes.
+pub const FLAG_COPY_FAILED: u16 = 2;
+
+/// One socket syscall of a traced process, followed in the ring buffer by `captured` payload bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SyscallRecord {
+    pub record_type: u8,
+    pub kind: u8,
+    pub flags: u16,
+    pub tgid: u32,
+    pub tid: u32,
+    pub fd: i32,
+    /// CLOCK_MONOTONIC at syscall entry (bpf_ktime_get_ns).
+    pub ts_enter_ns: u64,
+    /// CLOCK_MONOTONIC at syscall exit.
+    pub ts_exit_ns: u64,
+    /// The syscall's return value: bytes moved, the new fd for accept, or -errno.
+    pub ret: i64,
+    /// Payload bytes that follow this header.
+    pub captured: u32,
+    pub _pad: u32,
+}
+
+/// A TCP segment with payload that reached a traced listening port (tcp:tcp_probe). It tells
+/// when a request's bytes arrived, before a busy server got around to reading them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SegmentRecord {
+    pub record_type: u8,
+    pub _pad0: u8,
+    /// AF_INET or AF_INET6.
+    pub family: u16,
+    pub data_len: u32,
+    pub ts_ns: u64,
+    pub local_port: u16,
+    pub remote_port: u16,
+    pub _pad1: u32,
+    /// The remote address as the tracepoint gives it: a `sockaddr_in` or `sockaddr_in6`.
+    pub remote_sockaddr: [u8; 28],
+    pub _pad2: u32,
+}
+
+/// Indices into the per-CPU counter array. Every drop and truncation in the kernel lands here.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// Records written to the ring buffer.
+    RecordsEmitted = 0,
+    /// Records lost because the ring buffer was full.
+    RingbufFull = 1,
+    /// Syscall records whose payload was cut at the capture limit.
+    PayloadTruncated = 2,
+    /// bpf_probe_read_user failed.
+    CopyFailed = 3,
+    /// The in-flight syscall map was full at entry; that syscall is not captured.
+    InflightMapFull = 4,
+    /// Segment records emitted.
+    Segments = 5,
+}
+
+pub const COUNTER_SLOTS: u32 = 8;
+
+impl Counter {
+    pub const ALL: [Counter; 6] = [
+        Counter::RecordsEmitted,
+        Counter::RingbufFull,
+        Counter::PayloadTruncated,
+        Counter::CopyFailed,
+        Counter::InflightMapFull,
+        Counter::Segments,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Counter::RecordsEmitted => "records_emitted",
+            Counter::RingbufFull => "ringbuf_full_drops",
+            Counter::PayloadTruncated => "payload_truncated",
+            Counter::CopyFailed => "copy_failed",
+            Counter::InflightMapFull => "inflight_map_full",
+            Counter::Segments => "segments",
+        }
+    }
+}
+
+/// Verdict user space stores per (tgid, fd) so the kernel stops copying bytes of fds that are not
+/// HTTP server connections (files, pipes, client sockets, other protocols).
+pub const FD_IGNORE: u8 = 1;
+
+/// Key for per-(process, fd) maps.
+#[inline(always)]
+pub fn fd_key(tgid: u32, fd: i32) -> u64 {
+    ((tgid as u64) << 32) | (fd as u32 as u64)
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: plain repr(C) integers and byte arrays with explicit padding fields.
+    unsafe impl aya::Pod for super::SyscallRecord {}
+    unsafe impl aya::Pod for super::SegmentRecord {}
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+
+    #[test]
+    fn layouts_are_stable() {
+        assert_eq!(core::mem::size_of::<SyscallRecord>(), 48);
+        assert_eq!(core::mem::size_of::<SegmentRecord>(), 64);
+        assert_eq!(core::mem::offset_of!(SegmentRecord, remote_sockaddr), 24);
+    }
+
+    #[test]
+    fn fd_key_keeps_process_and_fd_apart() {
+        assert_ne!(fd_key(1, 2), fd_key(2, 1));
+        assert_eq!(fd_key(7, 3) >> 32, 7);
+    }
+}

@@ -1,0 +1,11 @@
+use inferscope_common::Counter;
+
+use crate::maps::COUNTERS;
+
+#[inline(always)]
+pub fn bump(counter: Counter) {
+    if let Some(slot) = COUNTERS.get_ptr_mut(counter as u32) {
+        // Per-CPU slot: no other writer can race with us.
+        unsafe { *slot += 1 };
+    }
+}

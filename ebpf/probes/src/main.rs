@@ -1,0 +1,21 @@
+//! Kernel side of inferscope: socket syscalls of traced processes and TCP segment arrivals on
+//! traced ports, into one ring buffer. Everything is filtered in the kernel (process, fd verdict,
+//! port) so untraced work pays one hash lookup.
+#![no_std]
+#![no_main]
+
+mod counters;
+mod maps;
+mod socket;
+mod tcp;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // The verifier rejects any reachable panic path, so this is never executed.
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

@@ -1,0 +1,81 @@
+//! Every map has a fixed size; user space may resize EVENTS at load time.
+use aya_ebpf::{
+    macros::map,
+    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
+};
+use inferscope_common::{COUNTER_SLOTS, MAX_CAPTURE_BYTES, SyscallRecord};
+
+/// Processes (tgid) whose socket syscalls are captured; written by user-space discovery.
+#[map]
+pub static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(1024, 0);
+
+/// Local TCP ports whose incoming segments are timestamped (the traced servers' listen ports).
+#[map]
+pub static PORTS: HashMap<u16, u8> = HashMap::with_max_entries(1024, 0);
+
+/// Per (tgid, fd) verdicts from user space; an fd that is not an HTTP server connection is
+/// ignored until it is closed. LRU so a leak of verdicts can never fill it.
+#[map]
+pub static FD_VERDICT: LruHashMap<u64, u8> = LruHashMap::with_max_entries(65536, 0);
+
+/// Syscall arguments saved at entry, keyed by pid_tgid, consumed at exit.
+#[map]
+pub static INFLIGHT: HashMap<u64, Inflight> = HashMap::with_max_entries(16384, 0);
+
+/// One record being assembled per CPU: header plus room for two capture windows, so the
+/// verifier can prove `offset < MAX` plus `len <= MAX` stays inside.
+#[map]
+pub static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(16 * 1024 * 1024, 0);
+
+#[map]
+pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
+
+/// How the syscall passes its buffer.
+#[repr(u8)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// read/recvfrom/write/sendto: one buffer.
+    Buffer = 0,
+    /// readv/writev: an iovec array and its length.
+    Iovec = 1,
+    /// recvmsg/sendmsg: a user_msghdr that holds the iovec array.
+    Msghdr = 2,
+    /// accept/accept4: no payload.
+    None = 3,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Inflight {
+    pub ts_enter_ns: u64,
+    /// Buffer, iovec array or msghdr pointer, per `shape`.
+    pub ptr: u64,
+    pub iovcnt: u64,
+    pub fd: i32,
+    pub kind: u8,
+    pub shape: Shape,
+    pub _pad: u16,
+}
+
+#[repr(C)]
+pub struct Scratch {
+    pub header: SyscallRecord,
+    pub payload: [u8; 2 * MAX_CAPTURE_BYTES],
+}
+
+/// Payload prefix captured per syscall; user space overrides it at load time.
+#[unsafe(no_mangle)]
+pub static CAPTURE_BYTES: u32 = 4096;
+
+#[inline(always)]
+pub fn capture_limit() -> usize {
+    let configured = unsafe { core::ptr::read_volatile(&CAPTURE_BYTES) } as usize;
+    if configured > MAX_CAPTURE_BYTES {
+        MAX_CAPTURE_BYTES
+    } else {
+        configured
+    }
+}

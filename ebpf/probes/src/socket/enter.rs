@@ -1,0 +1,116 @@
+use aya_log_ebpf::warn;
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::tracepoint,
+    programs::TracePointContext,
+};
+use inferscope_common::{Counter, FD_IGNORE, RecordType, SyscallKind, SyscallRecord, fd_key};
+
+use crate::{
+    counters::bump,
+    maps::{EVENTS, FD_VERDICT, INFLIGHT, Inflight, Shape, TARGETS},
+};
+
+// syscalls:sys_enter_* layout: 8 bytes of common fields, the syscall number, then 8-byte args.
+const ARG0: usize = 16;
+const ARG1: usize = 24;
+const ARG2: usize = 32;
+
+#[inline(always)]
+fn traced_tgid() -> Option<(u64, u32)> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    unsafe { TARGETS.get(&tgid) }.map(|_| (pid_tgid, tgid))
+}
+
+#[inline(always)]
+fn save(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), i32> {
+    let Some((pid_tgid, tgid)) = traced_tgid() else {
+        return Ok(());
+    };
+    let fd: i64 = unsafe { ctx.read_at(ARG0)? };
+    let fd = fd as i32;
+    if kind != SyscallKind::Accept
+        && unsafe { FD_VERDICT.get(&fd_key(tgid, fd)) }.copied() == Some(FD_IGNORE)
+    {
+        return Ok(());
+    }
+    let ptr: u64 = unsafe { ctx.read_at(ARG1)? };
+    let iovcnt: u64 = if shape == Shape::Iovec {
+        unsafe { ctx.read_at(ARG2)? }
+    } else {
+        0
+    };
+    let inflight = Inflight {
+        ts_enter_ns: unsafe { bpf_ktime_get_ns() },
+        ptr,
+        iovcnt,
+        fd,
+        kind: kind as u8,
+        shape,
+        _pad: 0,
+    };
+    if INFLIGHT.insert(&pid_tgid, &inflight, 0).is_err() {
+        bump(Counter::InflightMapFull);
+        warn!(ctx, "in-flight syscall map full: fd {} of pid {} not captured", fd, tgid);
+    }
+    Ok(())
+}
+
+macro_rules! entry_program {
+    ($name:ident, $kind:expr, $shape:expr) => {
+        #[tracepoint]
+        pub fn $name(ctx: TracePointContext) -> u32 {
+            let _ = save(&ctx, $kind, $shape);
+            0
+        }
+    };
+}
+
+entry_program!(enter_read, SyscallKind::Read, Shape::Buffer);
+entry_program!(enter_readv, SyscallKind::Read, Shape::Iovec);
+entry_program!(enter_recvmsg, SyscallKind::Read, Shape::Msghdr);
+entry_program!(enter_write, SyscallKind::Write, Shape::Buffer);
+entry_program!(enter_writev, SyscallKind::Write, Shape::Iovec);
+entry_program!(enter_sendmsg, SyscallKind::Write, Shape::Msghdr);
+entry_program!(enter_accept, SyscallKind::Accept, Shape::None);
+
+/// close() needs no exit: the fd is gone either way, and the verdict must not outlive it.
+#[tracepoint]
+pub fn enter_close(ctx: TracePointContext) -> u32 {
+    let _ = try_close(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_close(ctx: &TracePointContext) -> Result<(), i32> {
+    let Some((pid_tgid, tgid)) = traced_tgid() else {
+        return Ok(());
+    };
+    let fd: i64 = unsafe { ctx.read_at(ARG0)? };
+    let fd = fd as i32;
+    let key = fd_key(tgid, fd);
+    if unsafe { FD_VERDICT.get(&key) }.copied() == Some(FD_IGNORE) {
+        let _ = FD_VERDICT.remove(&key);
+        return Ok(());
+    }
+    let ts = unsafe { bpf_ktime_get_ns() };
+    let record = SyscallRecord {
+        record_type: RecordType::Syscall as u8,
+        kind: SyscallKind::Close as u8,
+        flags: 0,
+        tgid,
+        tid: pid_tgid as u32,
+        fd,
+        ts_enter_ns: ts,
+        ts_exit_ns: ts,
+        ret: 0,
+        captured: 0,
+        _pad: 0,
+    };
+    match EVENTS.output::<SyscallRecord>(&record, 0) {
+        Ok(()) => bump(Counter::RecordsEmitted),
+        Err(_) => bump(Counter::RingbufFull),
+    }
+    Ok(())
+}

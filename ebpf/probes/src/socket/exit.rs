@@ -1,0 +1,84 @@
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::tracepoint,
+    programs::TracePointContext,
+};
+use inferscope_common::{
+    Counter, FLAG_COPY_FAILED, FLAG_TRUNCATED, RecordType, SyscallKind, SyscallRecord, fd_key,
+};
+
+use super::copy::copy_payload;
+use crate::{
+    counters::bump,
+    maps::{FD_VERDICT, INFLIGHT, SCRATCH},
+};
+
+// syscalls:sys_exit_* layout: 8 bytes of common fields, the syscall number, then `long ret`.
+const RET: usize = 16;
+const EAGAIN: i64 = 11;
+const EINTR: i64 = 4;
+
+/// Shared by every traced syscall's exit: the entry state says what kind of call it was.
+#[tracepoint]
+pub fn exit_syscall(ctx: TracePointContext) -> u32 {
+    let _ = try_exit(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let Some(inflight) = (unsafe { INFLIGHT.get(&pid_tgid) }).copied() else {
+        return Ok(());
+    };
+    let _ = INFLIGHT.remove(&pid_tgid);
+    let ret: i64 = unsafe { ctx.read_at(RET)? };
+    // Non-blocking sockets return EAGAIN constantly; it carries no information.
+    if ret == -EAGAIN || ret == -EINTR {
+        return Ok(());
+    }
+    let tgid = (pid_tgid >> 32) as u32;
+    let kind = inflight.kind;
+    let mut fd = inflight.fd;
+    if kind == SyscallKind::Accept as u8 {
+        if ret < 0 {
+            return Ok(());
+        }
+        fd = ret as i32;
+        // A new connection on a reused fd number: forget the old fd's verdict.
+        let _ = FD_VERDICT.remove(&fd_key(tgid, fd));
+    }
+
+    let scratch = SCRATCH.get_ptr_mut(0).ok_or(0)?;
+    let scratch = unsafe { &mut *scratch };
+    let mut captured = 0usize;
+    let mut flags = 0u16;
+    if ret > 0 && kind != SyscallKind::Accept as u8 {
+        let copy = copy_payload(&inflight, ret as u64, &mut scratch.payload);
+        captured = copy.captured;
+        if copy.truncated {
+            flags |= FLAG_TRUNCATED;
+            bump(Counter::PayloadTruncated);
+        }
+        if copy.failed {
+            flags |= FLAG_COPY_FAILED;
+            bump(Counter::CopyFailed);
+        }
+    }
+    let ts_exit = unsafe { bpf_ktime_get_ns() };
+    scratch.header = SyscallRecord {
+        record_type: RecordType::Syscall as u8,
+        kind,
+        flags,
+        tgid,
+        tid: pid_tgid as u32,
+        fd,
+        ts_enter_ns: inflight.ts_enter_ns,
+        ts_exit_ns: ts_exit,
+        ret,
+        captured: captured as u32,
+        _pad: 0,
+    };
+    super::copy::emit(scratch, captured);
+    Ok(())
+}

@@ -1,0 +1,55 @@
+//! tcp:tcp_probe fires in tcp_rcv_established for every segment a socket receives, before the
+//! data is queued, so it stamps when a request's bytes reached the server, however late the
+//! server then reads them.
+use aya_ebpf::{
+    helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext,
+};
+use inferscope_common::{Counter, RecordType, SegmentRecord};
+
+use crate::{
+    counters::bump,
+    maps::{EVENTS, PORTS},
+};
+
+// Field offsets from /sys/kernel/tracing/events/tcp/tcp_probe/format (stable since 5.x).
+const DADDR: usize = 36;
+const SPORT: usize = 64;
+const DPORT: usize = 66;
+const FAMILY: usize = 68;
+const DATA_LEN: usize = 76;
+
+#[tracepoint]
+pub fn tcp_probe(ctx: TracePointContext) -> u32 {
+    let _ = try_tcp_probe(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_tcp_probe(ctx: &TracePointContext) -> Result<(), i32> {
+    let data_len: u16 = unsafe { ctx.read_at(DATA_LEN)? };
+    if data_len == 0 {
+        return Ok(());
+    }
+    // sport is the receiving socket's own (local) port, in host order.
+    let local_port: u16 = unsafe { ctx.read_at(SPORT)? };
+    if unsafe { PORTS.get(&local_port) }.is_none() {
+        return Ok(());
+    }
+    let record = SegmentRecord {
+        record_type: RecordType::Segment as u8,
+        _pad0: 0,
+        family: unsafe { ctx.read_at(FAMILY)? },
+        data_len: data_len as u32,
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        local_port,
+        remote_port: unsafe { ctx.read_at(DPORT)? },
+        _pad1: 0,
+        remote_sockaddr: unsafe { ctx.read_at(DADDR)? },
+        _pad2: 0,
+    };
+    match EVENTS.output::<SegmentRecord>(&record, 0) {
+        Ok(()) => bump(Counter::Segments),
+        Err(_) => bump(Counter::RingbufFull),
+    }
+    Ok(())
+}
