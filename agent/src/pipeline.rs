@@ -155,7 +155,7 @@ impl Pipeline {
             records,
             ..
         } = self;
-        let mut ignore: Vec<(u32, i32)> = Vec::new();
+        let mut ignore: Vec<(u32, i32, u64)> = Vec::new();
         let ring = probes.events();
         // Bound one drain so discovery and shutdown still run under a flood.
         for _ in 0..1_000_000 {
@@ -183,7 +183,7 @@ impl Pipeline {
                             match classifier.classify(ev.tgid, ev.fd, listening) {
                                 FdClass::Other => {
                                     stats.bump("records_not_server_connection");
-                                    ignore.push((ev.tgid, ev.fd));
+                                    ignore.push((ev.tgid, ev.fd, ev.conn_gen));
                                 }
                                 FdClass::Server { local_port, remote } => {
                                     let peer = Peer { local_port, remote };
@@ -200,8 +200,8 @@ impl Pipeline {
             }
         }
         ignore.extend(tracker.take_ignored());
-        for (tgid, fd) in ignore {
-            probes.ignore_fd(tgid, fd);
+        for (tgid, fd, conn_gen) in ignore {
+            probes.ignore_connection(tgid, fd, conn_gen);
         }
         for record in records.drain(..) {
             observer.on_record(record);

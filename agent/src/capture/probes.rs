@@ -8,7 +8,7 @@ use aya::{
     programs::TracePoint,
 };
 use aya_log::EbpfLogger;
-use inferscope_common::{COUNTER_SLOTS, Counter, FD_IGNORE, MAX_CAPTURE_BYTES, fd_key};
+use inferscope_common::{COUNTER_SLOTS, Counter, MAX_CAPTURE_BYTES, fd_key};
 use tracing::{debug, warn};
 
 /// Sizes of the kernel-side buffers.
@@ -90,7 +90,7 @@ pub struct SocketProbes {
     events: RingBuf<MapData>,
     targets: HashMap<MapData, u32, u8>,
     ports: HashMap<MapData, u16, u8>,
-    fd_verdicts: HashMap<MapData, u64, u8>,
+    fd_verdicts: HashMap<MapData, u64, u64>,
     counters: PerCpuArray<MapData, u64>,
     logger: Option<EbpfLogger<&'static dyn log::Log>>,
 }
@@ -210,9 +210,10 @@ impl SocketProbes {
         let _ = self.ports.remove(&port);
     }
 
-    /// Stops payload capture for one fd until the process closes it.
-    pub fn ignore_fd(&mut self, tgid: u32, fd: i32) {
-        let _ = self.fd_verdicts.insert(fd_key(tgid, fd), FD_IGNORE, 0);
+    /// Stops payload capture for the connection generation `conn_gen` of one fd; a connection
+    /// that reuses the fd number later is captured again.
+    pub fn ignore_connection(&mut self, tgid: u32, fd: i32, conn_gen: u64) {
+        let _ = self.fd_verdicts.insert(fd_key(tgid, fd), conn_gen, 0);
     }
 
     /// Kernel-side counters summed over CPUs.

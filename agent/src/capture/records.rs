@@ -41,6 +41,8 @@ pub struct SyscallEvent<'a> {
     pub ret: i64,
     pub truncated: bool,
     pub copy_failed: bool,
+    /// The fd's connection generation (0: accepted before the agent started).
+    pub conn_gen: u64,
     pub payload: &'a [u8],
 }
 
@@ -100,6 +102,7 @@ pub fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
             ret: header.ret,
             truncated: header.flags & FLAG_TRUNCATED != 0,
             copy_failed: header.flags & FLAG_COPY_FAILED != 0,
+            conn_gen: header.conn_gen,
             payload,
         }))
     } else if record_type == RecordType::Segment as u8 {
@@ -154,6 +157,7 @@ mod tests {
             ret: 100,
             captured,
             _pad: 0,
+            conn_gen: 0,
         };
         let mut bytes = vec![0u8; std::mem::size_of::<SyscallRecord>()];
         unsafe { std::ptr::write_unaligned(bytes.as_mut_ptr().cast(), header) };

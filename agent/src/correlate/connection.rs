@@ -69,7 +69,7 @@ impl Connection {
         stats: &mut Stats,
         ctx: RecordContext<'_>,
         out: &mut Vec<RequestRecord>,
-        to_ignore: &mut Vec<(u32, i32)>,
+        to_ignore: &mut Vec<(u32, i32, u64)>,
     ) {
         if ev.ret <= 0 {
             // EOF or reset from the peer: whatever is still being answered was abandoned.
@@ -141,7 +141,7 @@ impl Connection {
         stats: &mut Stats,
         ctx: RecordContext<'_>,
         out: &mut Vec<RequestRecord>,
-        to_ignore: &mut Vec<(u32, i32)>,
+        to_ignore: &mut Vec<(u32, i32, u64)>,
     ) {
         if ev.ret < 0 {
             // EPIPE/ECONNRESET: the client went away mid-response.
@@ -179,7 +179,7 @@ impl Connection {
         stats: &mut Stats,
         ctx: RecordContext<'_>,
         out: &mut Vec<RequestRecord>,
-        to_ignore: &mut Vec<(u32, i32)>,
+        to_ignore: &mut Vec<(u32, i32, u64)>,
     ) {
         let Some(target) = self.waiting.front_mut().or(self.reading.as_mut()) else {
             stats.bump("response_without_request");
@@ -228,10 +228,10 @@ impl Connection {
         self.waiting.pop_front().or_else(|| self.reading.take())
     }
 
-    fn fail(&mut self, ev: &SyscallEvent<'_>, to_ignore: &mut Vec<(u32, i32)>) {
+    fn fail(&mut self, ev: &SyscallEvent<'_>, to_ignore: &mut Vec<(u32, i32, u64)>) {
         if !self.failed {
             self.failed = true;
-            to_ignore.push((ev.tgid, ev.fd));
+            to_ignore.push((ev.tgid, ev.fd, ev.conn_gen));
         }
     }
 

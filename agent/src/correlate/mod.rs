@@ -38,7 +38,7 @@ pub struct Tracker {
     stats: Stats,
     unix_offset_ns: u64,
     /// Connections that turned out not to be HTTP: capture should stop copying their bytes.
-    to_ignore: Vec<(u32, i32)>,
+    to_ignore: Vec<(u32, i32, u64)>,
 }
 
 impl Tracker {
@@ -124,7 +124,7 @@ impl Tracker {
     }
 
     /// fds whose capture should stop (not HTTP, or framing lost for good).
-    pub fn take_ignored(&mut self) -> Vec<(u32, i32)> {
+    pub fn take_ignored(&mut self) -> Vec<(u32, i32, u64)> {
         std::mem::take(&mut self.to_ignore)
     }
 

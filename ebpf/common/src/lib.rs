@@ -63,6 +63,9 @@ pub struct SyscallRecord {
     /// Payload bytes that follow this header.
     pub captured: u32,
     pub _pad: u32,
+    /// Connection generation of this fd: set when the kernel saw it accepted, 0 for fds that
+    /// predate the agent. Verdicts name it, so a late verdict never hits a reused fd number.
+    pub conn_gen: u64,
 }
 
 /// A TCP segment with payload that reached a traced listening port (tcp:tcp_probe). It tells
@@ -126,9 +129,6 @@ impl Counter {
     }
 }
 
-/// Verdict user space stores per (tgid, fd) so the kernel stops copying bytes of fds that are not
-/// HTTP server connections (files, pipes, client sockets, other protocols).
-pub const FD_IGNORE: u8 = 1;
 
 /// Key for per-(process, fd) maps.
 #[inline(always)]
@@ -150,7 +150,7 @@ mod tests {
 
     #[test]
     fn layouts_are_stable() {
-        assert_eq!(core::mem::size_of::<SyscallRecord>(), 48);
+        assert_eq!(core::mem::size_of::<SyscallRecord>(), 56);
         assert_eq!(core::mem::size_of::<SegmentRecord>(), 64);
         assert_eq!(core::mem::offset_of!(SegmentRecord, remote_sockaddr), 24);
     }

@@ -13,10 +13,29 @@ pub static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(1024, 0);
 #[map]
 pub static PORTS: HashMap<u16, u8> = HashMap::with_max_entries(1024, 0);
 
-/// Per (tgid, fd) verdicts from user space; an fd that is not an HTTP server connection is
-/// ignored until it is closed. LRU so a leak of verdicts can never fill it.
+/// Per (tgid, fd): the connection generation user space wants ignored (not an HTTP server
+/// connection). It applies only while the fd still holds that generation. LRU so leaked
+/// entries can never fill it.
 #[map]
-pub static FD_VERDICT: LruHashMap<u64, u8> = LruHashMap::with_max_entries(65536, 0);
+pub static FD_VERDICT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
+
+/// Per (tgid, fd): the generation of the connection the fd holds (its accept time).
+#[map]
+pub static FD_GEN: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
+
+#[inline(always)]
+pub fn conn_gen(key: u64) -> u64 {
+    unsafe { FD_GEN.get(&key) }.copied().unwrap_or(0)
+}
+
+/// Whether user space asked to ignore the connection `key` holds now.
+#[inline(always)]
+pub fn ignored(key: u64) -> bool {
+    match unsafe { FD_VERDICT.get(&key) } {
+        Some(ignored_gen) => *ignored_gen == conn_gen(key),
+        None => false,
+    }
+}
 
 /// Syscall arguments saved at entry, keyed by pid_tgid, consumed at exit.
 #[map]

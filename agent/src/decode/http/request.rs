@@ -303,7 +303,13 @@ impl RequestDecoder {
         } = *inflight;
         summary.ts_ns = ts;
         let body = whole_body.unwrap_or(&self.body);
-        if json_body && !summary.body_truncated && !body.is_empty() {
+        // Servers such as llama.cpp take JSON whatever the Content-Type says (curl -d sends
+        // form-urlencoded), so a body that opens like a JSON object is parsed as one.
+        let looks_json = body
+            .iter()
+            .find(|b| !b.is_ascii_whitespace())
+            .is_some_and(|&b| b == b'{');
+        if (json_body || looks_json) && !summary.body_truncated && !body.is_empty() {
             match json::parse_request(body) {
                 Some(f) => {
                     summary.model = f.model;

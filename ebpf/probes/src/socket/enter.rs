@@ -4,11 +4,11 @@ use aya_ebpf::{
     macros::tracepoint,
     programs::TracePointContext,
 };
-use inferscope_common::{Counter, FD_IGNORE, RecordType, SyscallKind, SyscallRecord, fd_key};
+use inferscope_common::{Counter, RecordType, SyscallKind, SyscallRecord, fd_key};
 
 use crate::{
     counters::bump,
-    maps::{EVENTS, FD_VERDICT, INFLIGHT, Inflight, Shape, TARGETS},
+    maps::{EVENTS, FD_GEN, FD_VERDICT, INFLIGHT, Inflight, Shape, TARGETS, conn_gen, ignored},
 };
 
 // syscalls:sys_enter_* layout: 8 bytes of common fields, the syscall number, then 8-byte args.
@@ -30,9 +30,7 @@ fn save(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), 
     };
     let fd: i64 = unsafe { ctx.read_at(ARG0)? };
     let fd = fd as i32;
-    if kind != SyscallKind::Accept
-        && unsafe { FD_VERDICT.get(&fd_key(tgid, fd)) }.copied() == Some(FD_IGNORE)
-    {
+    if kind != SyscallKind::Accept && ignored(fd_key(tgid, fd)) {
         return Ok(());
     }
     let ptr: u64 = unsafe { ctx.read_at(ARG1)? };
@@ -90,8 +88,11 @@ fn try_close(ctx: &TracePointContext) -> Result<(), i32> {
     let fd: i64 = unsafe { ctx.read_at(ARG0)? };
     let fd = fd as i32;
     let key = fd_key(tgid, fd);
-    if unsafe { FD_VERDICT.get(&key) }.copied() == Some(FD_IGNORE) {
-        let _ = FD_VERDICT.remove(&key);
+    let was_ignored = ignored(key);
+    let generation = conn_gen(key);
+    let _ = FD_VERDICT.remove(&key);
+    let _ = FD_GEN.remove(&key);
+    if was_ignored {
         return Ok(());
     }
     let ts = unsafe { bpf_ktime_get_ns() };
@@ -107,6 +108,7 @@ fn try_close(ctx: &TracePointContext) -> Result<(), i32> {
         ret: 0,
         captured: 0,
         _pad: 0,
+        conn_gen: generation,
     };
     match EVENTS.output::<SyscallRecord>(&record, 0) {
         Ok(()) => bump(Counter::RecordsEmitted),

@@ -10,7 +10,7 @@ use inferscope_common::{
 use super::copy::copy_payload;
 use crate::{
     counters::bump,
-    maps::{FD_VERDICT, INFLIGHT, SCRATCH},
+    maps::{FD_GEN, FD_VERDICT, INFLIGHT, SCRATCH, conn_gen},
 };
 
 // syscalls:sys_exit_* layout: 8 bytes of common fields, the syscall number, then `long ret`.
@@ -45,8 +45,10 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
             return Ok(());
         }
         fd = ret as i32;
-        // A new connection on a reused fd number: forget the old fd's verdict.
-        let _ = FD_VERDICT.remove(&fd_key(tgid, fd));
+        // A new connection on a reused fd number: a new generation, and no old verdict.
+        let key = fd_key(tgid, fd);
+        let _ = FD_VERDICT.remove(&key);
+        let _ = FD_GEN.insert(&key, &unsafe { bpf_ktime_get_ns() }, 0);
     }
 
     let scratch = SCRATCH.get_ptr_mut(0).ok_or(0)?;
@@ -78,6 +80,7 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
         ret,
         captured: captured as u32,
         _pad: 0,
+        conn_gen: conn_gen(fd_key(tgid, fd)),
     };
     super::copy::emit(scratch, captured);
     Ok(())

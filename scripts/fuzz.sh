@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Runs every cargo-fuzz target for N seconds (default 30). Needs a nightly toolchain (rustup).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds="${1:-30}"
+export PATH="$HOME/.cargo/bin:$PATH"
+if ! rustup run nightly rustc --version >/dev/null 2>&1; then
+  echo "fuzz.sh: no nightly toolchain; cargo-fuzz needs one" >&2
+  exit 1
+fi
+command -v cargo-fuzz >/dev/null || cargo install -q --locked cargo-fuzz || cargo install -q cargo-fuzz
+for target in $(cargo +nightly fuzz list); do
+  echo "fuzzing $target for ${seconds}s"
+  cargo +nightly fuzz run "$target" -- -max_total_time="$seconds" -rss_limit_mb=2048
+done

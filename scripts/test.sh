@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: formatting, lints, unit tests, the eBPF integration tests
+# against the real engine (root required), and a short fuzzing run of every parser.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+export PATH="$HOME/.cargo/bin:$PATH"
+
+if [ "$(id -u)" != 0 ]; then
+  echo "test.sh: the eBPF integration tests need root" >&2
+  exit 1
+fi
+
+echo "== rustfmt"
+cargo fmt --all --check
+echo "== clippy"
+cargo clippy --all-targets -q -- -D warnings
+echo "== build"
+cargo build --release -q -p inferscope
+export INFERSCOPE_BIN="$PWD/target/release/inferscope"
+export INFERSCOPE_PYTHON="$PWD/.venv/bin/python3"
+echo "== tests (unit + eBPF integration against the real engine)"
+# One test thread: the integration tests each run an engine and the agent on 2 cores.
+cargo test --workspace -- --test-threads=1
+
+echo "== fuzz (short run per target)"
+scripts/fuzz.sh "${FUZZ_SECONDS:-30}"

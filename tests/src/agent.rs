@@ -1,0 +1,113 @@
+//! The real `inferscope` binary, run as a child process the way a user runs it.
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+pub fn binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("INFERSCOPE_BIN") {
+        return PathBuf::from(p);
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    for profile in ["release", "debug"] {
+        let p = root.join("target").join(profile).join("inferscope");
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!("inferscope binary not built: run `cargo build --release -p inferscope` or set INFERSCOPE_BIN");
+}
+
+pub struct Recorder {
+    child: Child,
+    pub out: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Recorder {
+    /// `inferscope record <target args> --out DIR/records.jsonl`, logs to DIR/agent.log.
+    pub fn start(dir: &Path, target: &[&str]) -> Recorder {
+        let out = dir.join("records.jsonl");
+        let log = dir.join("agent.log");
+        let child = Command::new(binary())
+            .arg("record")
+            .args(target)
+            .arg("--out")
+            .arg(&out)
+            .env("INFERSCOPE_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).expect("creating the agent log"))
+            .spawn()
+            .expect("starting inferscope");
+        Recorder { child, out, log }
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the agent reports it attached to `pid`.
+    pub fn wait_attached(&mut self, pid: u32, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let needle = format!("attached pid={pid}");
+        while Instant::now() < deadline {
+            if self.log_text().contains(&needle) {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("inferscope exited early ({status}):\n{}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("inferscope did not attach to pid {pid}:\n{}", self.log_text());
+    }
+
+    /// SIGINT, as a user's Ctrl-C; returns the records written.
+    pub fn stop(mut self) -> Vec<Value> {
+        unsafe_sigint(self.child.id());
+        let status = self.child.wait().expect("waiting for inferscope");
+        assert!(status.success(), "inferscope failed ({status}):\n{}", self.log_text());
+        read_records(&self.out)
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn read_records(path: &Path) -> Vec<Value> {
+    fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every record line is JSON"))
+        .collect()
+}
+
+pub fn unsafe_sigint(pid: u32) {
+    let status = Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .expect("running kill");
+    assert!(status.success());
+}
+
+/// A counter's value from the agent's closing log lines (`counter="NAME" value=N`).
+pub fn counter(log: &str, name: &str) -> u64 {
+    let needle = format!("counter=\"{name}\" value=");
+    log.lines()
+        .filter_map(|l| l.split_once(&needle))
+        .filter_map(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+        .last()
+        .unwrap_or(0)
+}

@@ -1,0 +1,151 @@
+//! A streaming chat client with its own, deliberately simple view of the response (independent
+//! of the agent's decoder), so the tests compare two implementations.
+use std::{
+    io::{Read, Write},
+    net::TcpStream,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+#[derive(Debug, Clone, Default)]
+pub struct ClientStream {
+    pub local_port: u16,
+    pub response_id: Option<String>,
+    pub client_ttft_ms: Option<f64>,
+    pub content_chunks: u64,
+    pub completed: bool,
+}
+
+pub struct Client {
+    stream: TcpStream,
+    port: u16,
+}
+
+impl Client {
+    pub fn connect(port: u16) -> Client {
+        let stream = TcpStream::connect(("127.0.0.1", port)).expect("connecting to the engine");
+        stream.set_nodelay(true).expect("TCP_NODELAY");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(180)))
+            .expect("read timeout");
+        Client { stream, port }
+    }
+
+    /// Sends one streaming chat completion and reads it to the end (or, with `abort_after`,
+    /// closes the connection after that many content chunks).
+    pub fn chat(&mut self, prompt: &str, max_tokens: u32, abort_after: Option<u64>) -> ClientStream {
+        let body = serde_json::json!({
+            "model": "smollm2",
+            "messages": [{"role": "user", "content": prompt}],
+            "stream": true,
+            "stream_options": {"include_usage": true},
+            "max_tokens": max_tokens,
+        })
+        .to_string();
+        let request = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            self.port,
+            body.len()
+        );
+        let mut result = ClientStream {
+            local_port: self.stream.local_addr().map(|a| a.port()).unwrap_or(0),
+            ..Default::default()
+        };
+        let start = Instant::now();
+        self.stream.write_all(request.as_bytes()).expect("sending the request");
+        let mut raw: Vec<u8> = Vec::new();
+        let mut scanned = 0usize;
+        let mut buf = [0u8; 16384];
+        loop {
+            let n = self.stream.read(&mut buf).expect("reading the response");
+            assert!(n > 0, "server closed the connection mid-response");
+            let now_ms = start.elapsed().as_secs_f64() * 1e3;
+            raw.extend_from_slice(&buf[..n]);
+            // Events end with a blank line; chunk-size lines sit between events.
+            while let Some(end) = find(&raw[scanned..], b"\n\n") {
+                let piece = &raw[scanned..scanned + end];
+                scanned += end + 2;
+                let Some(at) = find(piece, b"data: ") else { continue };
+                let data = &piece[at + 6..];
+                if data == b"[DONE]" {
+                    continue;
+                }
+                let Ok(json) = serde_json::from_slice::<Value>(data) else { continue };
+                if result.response_id.is_none() {
+                    result.response_id = json["id"].as_str().map(str::to_owned);
+                }
+                let has_content = json["choices"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["delta"]["content"].as_str().is_some_and(|s| !s.is_empty()));
+                if has_content {
+                    result.content_chunks += 1;
+                    result.client_ttft_ms.get_or_insert(now_ms);
+                    if abort_after.is_some_and(|n| result.content_chunks >= n) {
+                        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+                        return result;
+                    }
+                }
+            }
+            if raw.ends_with(b"\r\n0\r\n\r\n") {
+                result.completed = true;
+                return result;
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ClientResponse {
+    pub local_port: u16,
+    pub response_id: Option<String>,
+    pub completion_tokens: Option<u64>,
+}
+
+impl Client {
+    /// One non-streaming chat completion on this (keep-alive) connection.
+    pub fn complete(&mut self, prompt: &str, max_tokens: u32) -> ClientResponse {
+        let body = serde_json::json!({
+            "model": "smollm2",
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+        })
+        .to_string();
+        let request = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            self.port,
+            body.len()
+        );
+        self.stream.write_all(request.as_bytes()).expect("sending the request");
+        let mut raw: Vec<u8> = Vec::new();
+        let mut buf = [0u8; 16384];
+        loop {
+            let n = self.stream.read(&mut buf).expect("reading the response");
+            assert!(n > 0, "server closed the connection mid-response");
+            raw.extend_from_slice(&buf[..n]);
+            let Some(head_end) = find(&raw, b"\r\n\r\n") else { continue };
+            let head = String::from_utf8_lossy(&raw[..head_end]).to_ascii_lowercase();
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .expect("a Content-Length on the non-streaming response");
+            let body = &raw[head_end + 4..];
+            if body.len() < length {
+                continue;
+            }
+            let json: Value = serde_json::from_slice(&body[..length]).expect("JSON body");
+            return ClientResponse {
+                local_port: self.stream.local_addr().map(|a| a.port()).unwrap_or(0),
+                response_id: json["id"].as_str().map(str::to_owned),
+                completion_tokens: json["usage"]["completion_tokens"].as_u64(),
+            };
+        }
+    }
+}
+
+pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}

@@ -1,0 +1,219 @@
+//! The agent, with real eBPF, against the real llama.cpp server: every request recorded once,
+//! TTFT equal to the wire's, chunk counts equal to the client's, keep-alive and aborts right.
+use std::{
+    collections::HashMap,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use inferscope_integration_tests::{
+    agent::{self, Recorder},
+    client::{Client, ClientResponse, ClientStream},
+    engine::Engine,
+    free_port, pcap,
+};
+use serde_json::Value;
+
+const TOPICS: &[&str] = &[
+    "rivers", "kites", "pianos", "cacti", "lanterns", "otters", "canyons", "violins", "harbors",
+    "meteors", "gardens", "islands",
+];
+
+fn tempdir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("inferscope-it-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("creating a temp dir");
+    dir
+}
+
+fn by_response_id(records: &[Value]) -> HashMap<String, Vec<&Value>> {
+    let mut map: HashMap<String, Vec<&Value>> = HashMap::new();
+    for r in records {
+        if let Some(id) = r["response_id"].as_str() {
+            map.entry(id.to_owned()).or_default().push(r);
+        }
+    }
+    map
+}
+
+#[test]
+fn records_match_the_wire_for_concurrent_keep_alive_streams() {
+    let dir = tempdir("wire");
+    let port = free_port();
+    let engine = Engine::start(port, 2);
+
+    let pcap_path = dir.join("lo.pcap");
+    let mut tcpdump = Command::new("tcpdump")
+        .args(["-i", "lo", "-s", "0", "-U", "--time-stamp-precision=nano", "-w"])
+        .arg(&pcap_path)
+        .args(["tcp", "port", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting tcpdump (apt-get install tcpdump)");
+
+    let mut recorder = Recorder::start(&dir, &["--port", &port.to_string()]);
+    recorder.wait_attached(engine.pid(), Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(500)); // tcpdump's capture is open by now
+
+    // 3 concurrent clients on 2 slots. llama.cpp closes a connection after a streamed response,
+    // so keep-alive is exercised as a non-streaming request followed by a streaming one on the
+    // same connection; each client does that 3 times.
+    let workers: Vec<_> = (0..3)
+        .map(|w| {
+            std::thread::spawn(move || {
+                (0..3)
+                    .map(|i| {
+                        let mut client = Client::connect(port);
+                        let topic = TOPICS[(w * 3 + i) % TOPICS.len()];
+                        let plain = client.complete(&format!("({w}.{i}) One word for {topic}?"), 4);
+                        let prompt = format!("({w}.{i}) Tell me two facts about {topic}.");
+                        (plain, client.chat(&prompt, 12 + 4 * i as u32, None))
+                    })
+                    .collect::<Vec<(ClientResponse, ClientStream)>>()
+            })
+        })
+        .collect();
+    let (plain, streams): (Vec<ClientResponse>, Vec<ClientStream>) = workers
+        .into_iter()
+        .flat_map(|w| w.join().expect("client thread"))
+        .unzip();
+    // A client that hangs up after the second token.
+    let aborted = Client::connect(port).chat("Write a long story about a robot.", 200, Some(2));
+    std::thread::sleep(Duration::from_millis(800));
+
+    let records = recorder.stop();
+    agent::unsafe_sigint(tcpdump.id());
+    tcpdump.wait().expect("tcpdump");
+    drop(engine);
+
+    let ids = by_response_id(&records);
+    let packets = pcap::read(&pcap_path);
+    let wire = pcap::wire_ttfts(&packets, port);
+
+    let mut within_1ms = 0;
+    let mut compared = 0;
+    for s in &streams {
+        assert!(s.completed);
+        let id = s.response_id.as_deref().expect("the stream carried an id");
+        let matching = ids.get(id).map(Vec::as_slice).unwrap_or_default();
+        assert_eq!(matching.len(), 1, "exactly one record for {id}: {records:#?}");
+        let r = matching[0];
+        assert_eq!(r["aborted"], false);
+        assert_eq!(r["status"], 200);
+        assert_eq!(r["engine"], "llamacpp");
+        assert_eq!(
+            r["output_chunks"].as_u64(),
+            Some(s.content_chunks),
+            "content chunks for {id}"
+        );
+        let ttft = r["ttft_ms"].as_f64().expect("ttft_ms");
+        let client_ttft = s.client_ttft_ms.expect("client saw a token");
+        assert!(ttft <= client_ttft, "agent TTFT {ttft} > client TTFT {client_ttft} for {id}");
+        assert!(r["arrival_wire_mono_ns"].is_u64(), "wire arrival known for {id}");
+        assert!(r["prompt_tokens"].as_u64().unwrap_or(0) > 0);
+        assert!(r["completion_tokens"].as_u64().unwrap_or(0) > 0);
+        assert_eq!(r["stream"], true);
+        assert!(r["prompt_bytes"].as_u64().unwrap_or(0) > 10);
+        // The wire: which request on this connection was it?
+        let seq = r["seq_on_connection"].as_u64().expect("seq") as usize;
+        let wire_ttft = wire
+            .get(&s.local_port)
+            .and_then(|v| v.get(seq).copied().flatten())
+            .unwrap_or_else(|| panic!("wire TTFT for port {} seq {seq}", s.local_port));
+        compared += 1;
+        if (ttft - wire_ttft).abs() <= 1.0 {
+            within_1ms += 1;
+        } else {
+            eprintln!("{id}: agent TTFT {ttft:.3} ms vs wire {wire_ttft:.3} ms");
+        }
+    }
+    assert_eq!(compared, 9);
+    // 99% of 9 requests is all of them.
+    assert_eq!(within_1ms, compared, "agent TTFT within 1 ms of the wire");
+
+    // Keep-alive: the non-streaming request is 0 and the stream 1 on the same connection.
+    for (p, s) in plain.iter().zip(&streams) {
+        let id = p.response_id.as_deref().expect("non-streaming id");
+        let rp = ids.get(id).map(Vec::as_slice).unwrap_or_default();
+        assert_eq!(rp.len(), 1, "exactly one record for {id}");
+        let rp = rp[0];
+        assert_eq!(rp["aborted"], false);
+        assert_eq!(rp["stream"], Value::Null);
+        assert_eq!(rp["completion_tokens"].as_u64(), p.completion_tokens);
+        assert_eq!(rp["seq_on_connection"], 0);
+        let rs = ids[s.response_id.as_deref().unwrap()][0];
+        assert_eq!(rs["seq_on_connection"], 1);
+        assert_eq!(rs["connection_id"], rp["connection_id"]);
+        assert_eq!(p.local_port, s.local_port);
+    }
+
+    // The abandoned stream is recorded once, as aborted, with the tokens it got.
+    let id = aborted.response_id.expect("aborted stream id");
+    let r = ids.get(&id).expect("a record for the aborted stream");
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0]["aborted"], true, "{:#?}", r[0]);
+    assert!(r[0]["output_chunks"].as_u64().unwrap() >= 2);
+
+    // Nothing else was invented.
+    assert_eq!(records.len(), 19, "{records:#?}");
+}
+
+#[test]
+fn engine_started_after_the_agent_and_bad_input_on_its_port() {
+    let dir = tempdir("late");
+    let port = free_port();
+    // --auto: the agent has to recognise llama.cpp (xllamacpp mapped into a Python process).
+    let mut recorder = Recorder::start(&dir, &["--auto"]);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(recorder.is_running());
+    let engine = Engine::start(port, 2);
+    recorder.wait_attached(engine.pid(), Duration::from_secs(30));
+
+    use std::io::{Read, Write};
+    let send_raw = |bytes: &[u8]| {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        let _ = s.write_all(bytes);
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+        let mut sink = Vec::new();
+        let _ = s.read_to_end(&mut sink);
+    };
+    // Garbage, a TLS ClientHello-like binary blob, a truncated head, and headers over the
+    // capture size: none of them is a request the agent may invent a record for.
+    send_raw(b"\x00\x01\x02garbage that is not HTTP\r\n\r\n");
+    send_raw(&[0x16, 0x03, 0x01, 0x00, 0xa5, 0x01, 0x00, 0x00, 0xa1, 0x03, 0x03]);
+    send_raw(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Le");
+    let mut huge = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Padding: ".to_vec();
+    huge.extend(std::iter::repeat_n(b'a', 20_000));
+    huge.extend_from_slice(b"\r\n\r\n");
+    send_raw(&huge);
+
+    // A good request afterwards is still recorded.
+    let good = Client::connect(port).chat("Name a color.", 8, None);
+    std::thread::sleep(Duration::from_millis(800));
+    assert!(recorder.is_running(), "the agent survived bad input");
+    let log_path = recorder.log.clone();
+    let records = recorder.stop();
+    drop(engine);
+
+    let ids = by_response_id(&records);
+    let id = good.response_id.expect("stream id");
+    assert_eq!(ids.get(&id).map(Vec::len), Some(1), "{records:#?}");
+    let log = std::fs::read_to_string(log_path).unwrap_or_default();
+    assert!(
+        agent::counter(&log, "not_http") >= 2,
+        "garbage counted as not_http:\n{log}"
+    );
+    // The 20 KB head (over the 16 KiB head limit) is counted, not invented into a record. The
+    // only other records are the launcher's readiness probes (GET /health, short).
+    assert!(agent::counter(&log, "head_too_large") >= 1, "{log}");
+    for r in &records {
+        assert!(r["request_bytes"].as_u64().unwrap() < 1000, "{r:#?}");
+        if r["path"] != "/v1/chat/completions" {
+            assert_eq!(r["path"], "/health", "{r:#?}");
+        }
+    }
+    let chats = records.iter().filter(|r| r["path"] == "/v1/chat/completions").count();
+    assert_eq!(chats, 1, "{records:#?}");
+}
