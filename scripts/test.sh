@@ -21,7 +21,7 @@ export INFERSCOPE_BIN="$PWD/target/release/inferscope"
 export INFERSCOPE_PYTHON="$PWD/.venv/bin/python3"
 echo "== tests (unit + eBPF integration against the real engine)"
 # One test thread: the integration tests each run an engine and the agent on 2 cores.
-cargo test --workspace -- --test-threads=1
+cargo test -- --test-threads=1
 
 echo "== fuzz (short run per target)"
 scripts/fuzz.sh "${FUZZ_SECONDS:-30}"

@@ -61,7 +61,7 @@ impl Pipeline {
         let probes = SocketProbes::load(config.capture)?;
         Ok(Self {
             discovery: Discovery::new(config.selector.clone()),
-            tracker: Tracker::new(config.limits.clone()),
+            tracker: Tracker::new(config.limits),
             config,
             probes,
             classifier: FdClassifier::default(),
@@ -108,7 +108,11 @@ impl Pipeline {
 
     fn apply_discovery(&mut self, change: &DiscoveryChange, observer: &mut dyn Observer) {
         for gone in &change.removed {
-            info!(pid = gone.tgid, engine = gone.engine, "engine process gone; detaching");
+            info!(
+                pid = gone.tgid,
+                engine = gone.engine,
+                "engine process gone; detaching"
+            );
             self.probes.untrace_process(gone.tgid);
             for port in &gone.ports {
                 self.probes.unwatch_port(*port);
@@ -136,7 +140,9 @@ impl Pipeline {
             self.tracker.set_engine(new.tgid, new.engine);
             self.probes.trace_process(new.tgid);
         }
-        if !change.added.is_empty() || !change.removed.is_empty() || !change.ports_changed.is_empty()
+        if !change.added.is_empty()
+            || !change.removed.is_empty()
+            || !change.ports_changed.is_empty()
         {
             observer.on_discovery(change);
         }
@@ -219,7 +225,10 @@ impl Pipeline {
         all.extend(self.stats.iter().map(|(k, v)| (k.to_string(), v)));
         all.extend(self.tracker.stats().iter().map(|(k, v)| (k.to_string(), v)));
         all.push(("fd_lookups".into(), self.classifier.lookups));
-        all.push(("open_connections".into(), self.tracker.open_connections() as u64));
+        all.push((
+            "open_connections".into(),
+            self.tracker.open_connections() as u64,
+        ));
         all
     }
 
@@ -237,7 +246,9 @@ impl Pipeline {
             .map(|(_, v)| *v)
             .sum();
         if dropped > 0 {
-            warn!("{dropped} kernel records were dropped because the ring buffer was full; raise --ring-buffer-mb");
+            warn!(
+                "{dropped} kernel records were dropped because the ring buffer was full; raise --ring-buffer-mb"
+            );
         }
     }
 }

@@ -19,7 +19,9 @@ pub fn binary() -> PathBuf {
             return p;
         }
     }
-    panic!("inferscope binary not built: run `cargo build --release -p inferscope` or set INFERSCOPE_BIN");
+    panic!(
+        "inferscope binary not built: run `cargo build --release -p inferscope` or set INFERSCOPE_BIN"
+    );
 }
 
 pub struct Recorder {
@@ -63,14 +65,21 @@ impl Recorder {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        panic!("inferscope did not attach to pid {pid}:\n{}", self.log_text());
+        panic!(
+            "inferscope did not attach to pid {pid}:\n{}",
+            self.log_text()
+        );
     }
 
     /// SIGINT, as a user's Ctrl-C; returns the records written.
     pub fn stop(mut self) -> Vec<Value> {
         unsafe_sigint(self.child.id());
         let status = self.child.wait().expect("waiting for inferscope");
-        assert!(status.success(), "inferscope failed ({status}):\n{}", self.log_text());
+        assert!(
+            status.success(),
+            "inferscope failed ({status}):\n{}",
+            self.log_text()
+        );
         read_records(&self.out)
     }
 
@@ -106,8 +115,8 @@ pub fn unsafe_sigint(pid: u32) {
 pub fn counter(log: &str, name: &str) -> u64 {
     let needle = format!("counter=\"{name}\" value=");
     log.lines()
+        .rev()
         .filter_map(|l| l.split_once(&needle))
-        .filter_map(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
-        .last()
+        .find_map(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
 }

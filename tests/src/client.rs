@@ -34,7 +34,12 @@ impl Client {
 
     /// Sends one streaming chat completion and reads it to the end (or, with `abort_after`,
     /// closes the connection after that many content chunks).
-    pub fn chat(&mut self, prompt: &str, max_tokens: u32, abort_after: Option<u64>) -> ClientStream {
+    pub fn chat(
+        &mut self,
+        prompt: &str,
+        max_tokens: u32,
+        abort_after: Option<u64>,
+    ) -> ClientStream {
         let body = serde_json::json!({
             "model": "smollm2",
             "messages": [{"role": "user", "content": prompt}],
@@ -53,7 +58,9 @@ impl Client {
             ..Default::default()
         };
         let start = Instant::now();
-        self.stream.write_all(request.as_bytes()).expect("sending the request");
+        self.stream
+            .write_all(request.as_bytes())
+            .expect("sending the request");
         let mut raw: Vec<u8> = Vec::new();
         let mut scanned = 0usize;
         let mut buf = [0u8; 16384];
@@ -66,20 +73,24 @@ impl Client {
             while let Some(end) = find(&raw[scanned..], b"\n\n") {
                 let piece = &raw[scanned..scanned + end];
                 scanned += end + 2;
-                let Some(at) = find(piece, b"data: ") else { continue };
+                let Some(at) = find(piece, b"data: ") else {
+                    continue;
+                };
                 let data = &piece[at + 6..];
                 if data == b"[DONE]" {
                     continue;
                 }
-                let Ok(json) = serde_json::from_slice::<Value>(data) else { continue };
+                let Ok(json) = serde_json::from_slice::<Value>(data) else {
+                    continue;
+                };
                 if result.response_id.is_none() {
                     result.response_id = json["id"].as_str().map(str::to_owned);
                 }
-                let has_content = json["choices"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|c| c["delta"]["content"].as_str().is_some_and(|s| !s.is_empty()));
+                let has_content = json["choices"].as_array().into_iter().flatten().any(|c| {
+                    c["delta"]["content"]
+                        .as_str()
+                        .is_some_and(|s| !s.is_empty())
+                });
                 if has_content {
                     result.content_chunks += 1;
                     result.client_ttft_ms.get_or_insert(now_ms);
@@ -118,14 +129,18 @@ impl Client {
             self.port,
             body.len()
         );
-        self.stream.write_all(request.as_bytes()).expect("sending the request");
+        self.stream
+            .write_all(request.as_bytes())
+            .expect("sending the request");
         let mut raw: Vec<u8> = Vec::new();
         let mut buf = [0u8; 16384];
         loop {
             let n = self.stream.read(&mut buf).expect("reading the response");
             assert!(n > 0, "server closed the connection mid-response");
             raw.extend_from_slice(&buf[..n]);
-            let Some(head_end) = find(&raw, b"\r\n\r\n") else { continue };
+            let Some(head_end) = find(&raw, b"\r\n\r\n") else {
+                continue;
+            };
             let head = String::from_utf8_lossy(&raw[..head_end]).to_ascii_lowercase();
             let length: usize = head
                 .lines()

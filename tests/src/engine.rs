@@ -50,7 +50,8 @@ impl Engine {
             );
             if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
                 let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-                let _ = s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+                let _ =
+                    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
                 let mut text = String::new();
                 let _ = s.read_to_string(&mut text);
                 if text.starts_with("HTTP/1.1 200") {

@@ -29,7 +29,9 @@ pub fn read(path: &Path) -> Vec<Packet> {
         let frac = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as u64;
         let caplen = u32::from_le_bytes(bytes[at + 8..at + 12].try_into().unwrap()) as usize;
         at += 16;
-        let Some(frame) = bytes.get(at..at + caplen) else { break };
+        let Some(frame) = bytes.get(at..at + caplen) else {
+            break;
+        };
         at += caplen;
         let ts_ns = sec * 1_000_000_000 + if nano { frac } else { frac * 1000 };
         // DLT_EN10MB (1) on lo has a 14-byte all-zero Ethernet header; DLT_LINUX_SLL (113) 16.

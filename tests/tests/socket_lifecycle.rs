@@ -44,7 +44,15 @@ fn records_match_the_wire_for_concurrent_keep_alive_streams() {
 
     let pcap_path = dir.join("lo.pcap");
     let mut tcpdump = Command::new("tcpdump")
-        .args(["-i", "lo", "-s", "0", "-U", "--time-stamp-precision=nano", "-w"])
+        .args([
+            "-i",
+            "lo",
+            "-s",
+            "0",
+            "-U",
+            "--time-stamp-precision=nano",
+            "-w",
+        ])
         .arg(&pcap_path)
         .args(["tcp", "port", &port.to_string()])
         .stdout(Stdio::null())
@@ -97,7 +105,11 @@ fn records_match_the_wire_for_concurrent_keep_alive_streams() {
         assert!(s.completed);
         let id = s.response_id.as_deref().expect("the stream carried an id");
         let matching = ids.get(id).map(Vec::as_slice).unwrap_or_default();
-        assert_eq!(matching.len(), 1, "exactly one record for {id}: {records:#?}");
+        assert_eq!(
+            matching.len(),
+            1,
+            "exactly one record for {id}: {records:#?}"
+        );
         let r = matching[0];
         assert_eq!(r["aborted"], false);
         assert_eq!(r["status"], 200);
@@ -109,8 +121,14 @@ fn records_match_the_wire_for_concurrent_keep_alive_streams() {
         );
         let ttft = r["ttft_ms"].as_f64().expect("ttft_ms");
         let client_ttft = s.client_ttft_ms.expect("client saw a token");
-        assert!(ttft <= client_ttft, "agent TTFT {ttft} > client TTFT {client_ttft} for {id}");
-        assert!(r["arrival_wire_mono_ns"].is_u64(), "wire arrival known for {id}");
+        assert!(
+            ttft <= client_ttft,
+            "agent TTFT {ttft} > client TTFT {client_ttft} for {id}"
+        );
+        assert!(
+            r["arrival_wire_mono_ns"].is_u64(),
+            "wire arrival known for {id}"
+        );
         assert!(r["prompt_tokens"].as_u64().unwrap_or(0) > 0);
         assert!(r["completion_tokens"].as_u64().unwrap_or(0) > 0);
         assert_eq!(r["stream"], true);
@@ -182,7 +200,9 @@ fn engine_started_after_the_agent_and_bad_input_on_its_port() {
     // Garbage, a TLS ClientHello-like binary blob, a truncated head, and headers over the
     // capture size: none of them is a request the agent may invent a record for.
     send_raw(b"\x00\x01\x02garbage that is not HTTP\r\n\r\n");
-    send_raw(&[0x16, 0x03, 0x01, 0x00, 0xa5, 0x01, 0x00, 0x00, 0xa1, 0x03, 0x03]);
+    send_raw(&[
+        0x16, 0x03, 0x01, 0x00, 0xa5, 0x01, 0x00, 0x00, 0xa1, 0x03, 0x03,
+    ]);
     send_raw(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Le");
     let mut huge = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Padding: ".to_vec();
     huge.extend(std::iter::repeat_n(b'a', 20_000));
@@ -214,6 +234,9 @@ fn engine_started_after_the_agent_and_bad_input_on_its_port() {
             assert_eq!(r["path"], "/health", "{r:#?}");
         }
     }
-    let chats = records.iter().filter(|r| r["path"] == "/v1/chat/completions").count();
+    let chats = records
+        .iter()
+        .filter(|r| r["path"] == "/v1/chat/completions")
+        .count();
     assert_eq!(chats, 1, "{records:#?}");
 }

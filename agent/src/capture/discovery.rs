@@ -189,7 +189,10 @@ mod tests {
 
     #[test]
     fn pid_selector_traces_the_process_and_notices_its_exit() {
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
         let pid = child.id();
         let mut discovery = Discovery::new(TargetSelector::Pid(pid));
         let change = discovery.scan();

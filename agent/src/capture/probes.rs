@@ -34,22 +34,24 @@ pub enum CaptureError {
     #[error(
         "loading the eBPF programs failed: {0}. inferscope needs root (or CAP_BPF + CAP_PERFMON) and a kernel with BTF"
     )]
-    Load(#[from] aya::EbpfError),
+    Load(#[source] Box<aya::EbpfError>),
     #[error("eBPF program {name} is missing from the embedded object (a build problem)")]
     MissingProgram { name: &'static str },
     #[error("eBPF map {name} is missing or has the wrong type: {source}")]
     Map {
         name: &'static str,
         #[source]
-        source: aya::maps::MapError,
+        source: Box<aya::maps::MapError>,
     },
-    #[error("attaching {program} to tracepoint {category}:{tracepoint} failed: {source}. Is tracefs mounted (mount -t tracefs nodev /sys/kernel/tracing)?")]
+    #[error(
+        "attaching {program} to tracepoint {category}:{tracepoint} failed: {source}. Is tracefs mounted (mount -t tracefs nodev /sys/kernel/tracing)?"
+    )]
     Attach {
         program: &'static str,
         category: &'static str,
         tracepoint: &'static str,
         #[source]
-        source: aya::programs::ProgramError,
+        source: Box<aya::programs::ProgramError>,
     },
     #[error("invalid capture configuration: {0}")]
     Config(String),
@@ -98,9 +100,9 @@ pub struct SocketProbes {
 fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, CaptureError> {
     ebpf.take_map(name).ok_or(CaptureError::Map {
         name,
-        source: aya::maps::MapError::InvalidName {
+        source: Box::new(aya::maps::MapError::InvalidName {
             name: name.to_string(),
-        },
+        }),
     })
 }
 
@@ -122,7 +124,8 @@ impl SocketProbes {
         let mut ebpf = EbpfLoader::new()
             .override_global("CAPTURE_BYTES", &config.capture_bytes, true)
             .map_max_entries("EVENTS", config.ring_buffer_bytes)
-            .load(PROGRAM_OBJECT)?;
+            .load(PROGRAM_OBJECT)
+            .map_err(|e| CaptureError::Load(Box::new(e)))?;
 
         let mut loaded: Vec<&str> = Vec::new();
         for &(program, category, tracepoint) in ATTACHMENTS {
@@ -134,14 +137,14 @@ impl SocketProbes {
                     program,
                     category,
                     tracepoint,
-                    source,
+                    source: Box::new(source),
                 })?;
             if !loaded.contains(&program) {
                 prog.load().map_err(|source| CaptureError::Attach {
                     program,
                     category,
                     tracepoint,
-                    source,
+                    source: Box::new(source),
                 })?;
                 loaded.push(program);
             }
@@ -150,7 +153,7 @@ impl SocketProbes {
                     program,
                     category,
                     tracepoint,
-                    source,
+                    source: Box::new(source),
                 })?;
         }
         // Must come after loading (it looks up the programs' log map).
@@ -162,13 +165,19 @@ impl SocketProbes {
             }
         };
 
-        let map_err = |name: &'static str| move |source| CaptureError::Map { name, source };
-        let events = RingBuf::try_from(take_map(&mut ebpf, "EVENTS")?).map_err(map_err("EVENTS"))?;
+        let map_err = |name: &'static str| {
+            move |source| CaptureError::Map {
+                name,
+                source: Box::new(source),
+            }
+        };
+        let events =
+            RingBuf::try_from(take_map(&mut ebpf, "EVENTS")?).map_err(map_err("EVENTS"))?;
         let targets =
             HashMap::try_from(take_map(&mut ebpf, "TARGETS")?).map_err(map_err("TARGETS"))?;
         let ports = HashMap::try_from(take_map(&mut ebpf, "PORTS")?).map_err(map_err("PORTS"))?;
-        let fd_verdicts = HashMap::try_from(take_map(&mut ebpf, "FD_VERDICT")?)
-            .map_err(map_err("FD_VERDICT"))?;
+        let fd_verdicts =
+            HashMap::try_from(take_map(&mut ebpf, "FD_VERDICT")?).map_err(map_err("FD_VERDICT"))?;
         let counters =
             PerCpuArray::try_from(take_map(&mut ebpf, "COUNTERS")?).map_err(map_err("COUNTERS"))?;
         Ok(Self {

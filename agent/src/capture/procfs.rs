@@ -17,7 +17,10 @@ pub fn socket_inode(tgid: u32, fd: i32) -> Option<u64> {
 }
 
 fn parse_socket_link(link: &str) -> Option<u64> {
-    link.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+    link.strip_prefix("socket:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +65,9 @@ fn parse_hex_addr(text: &str) -> Option<SocketAddr> {
     let (addr, port) = text.split_once(':')?;
     let port = u16::from_str_radix(port, 16).ok()?;
     let ip = match addr.len() {
-        8 => IpAddr::V4(Ipv4Addr::from(u32::from_str_radix(addr, 16).ok()?.swap_bytes())),
+        8 => IpAddr::V4(Ipv4Addr::from(
+            u32::from_str_radix(addr, 16).ok()?.swap_bytes(),
+        )),
         32 => {
             let mut octets = [0u8; 16];
             for (i, chunk) in octets.chunks_mut(4).enumerate() {
@@ -166,7 +171,7 @@ mod tests {
         assert_eq!(e.inode, 123456);
         let v6 = "   1: 0000000000000000FFFF00000100007F:1F99 0000000000000000FFFF00000100007F:D2F0 01 00000000:00000000 00:00000000 00000000     0        0 99 1 0000000000000000 20 4 30 10 -1";
         let e = parse_tcp_line(v6).unwrap();
-        assert_eq!(e.remote, "127.0.0.1:53999".parse().unwrap());
+        assert_eq!(e.remote, "127.0.0.1:54000".parse().unwrap());
         assert_eq!(e.inode, 99);
         assert!(parse_tcp_line("garbage").is_none());
     }

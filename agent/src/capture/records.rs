@@ -135,7 +135,10 @@ pub fn sockaddr_ip(family: u16, raw: &[u8; 28]) -> IpAddr {
 
 pub fn canonical_ip(ip: IpAddr) -> IpAddr {
     match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map(IpAddr::V4)
+            .unwrap_or(IpAddr::V6(v6)),
         v4 => v4,
     }
 }
@@ -179,7 +182,10 @@ mod tests {
 
     #[test]
     fn rejects_lying_lengths_and_garbage() {
-        assert_eq!(parse(&syscall_bytes(50, b"hi")).unwrap_err(), RecordError::BadLength);
+        assert_eq!(
+            parse(&syscall_bytes(50, b"hi")).unwrap_err(),
+            RecordError::BadLength
+        );
         assert_eq!(parse(&[]).unwrap_err(), RecordError::Short);
         assert_eq!(parse(&[9, 1, 2]).unwrap_err(), RecordError::UnknownType);
         assert_eq!(parse(&[1, 1, 2]).unwrap_err(), RecordError::Short);
@@ -194,6 +200,9 @@ mod tests {
         assert_eq!(sockaddr_ip(10, &raw), IpAddr::V4(Ipv4Addr::LOCALHOST));
         let mut raw4 = [0u8; 28];
         raw4[4..8].copy_from_slice(&[10, 1, 2, 3]);
-        assert_eq!(sockaddr_ip(2, &raw4), IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3)));
+        assert_eq!(
+            sockaddr_ip(2, &raw4),
+            IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3))
+        );
     }
 }

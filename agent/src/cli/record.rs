@@ -81,7 +81,10 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
     pipeline.log_counters();
     info!(records = observer.writer.written, "done");
     if observer.write_failed {
-        anyhow::bail!("some records could not be written to {}", args.out.display());
+        anyhow::bail!(
+            "some records could not be written to {}",
+            args.out.display()
+        );
     }
     Ok(())
 }

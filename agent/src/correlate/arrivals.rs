@@ -64,7 +64,8 @@ impl ArrivalIndex {
     }
 
     pub fn forget_peer(&mut self, local_port: u16, remote: SocketAddr) {
-        self.by_peer.remove(&(local_port, remote.ip(), remote.port()));
+        self.by_peer
+            .remove(&(local_port, remote.ip(), remote.port()));
     }
 
     pub fn sweep(&mut self, now_ns: u64) {

@@ -4,9 +4,7 @@ use std::collections::VecDeque;
 
 use crate::{
     capture::SyscallEvent,
-    decode::http::{
-        Chunk, Limits, RequestDecoder, RequestEvent, ResponseDecoder, ResponseEvent,
-    },
+    decode::http::{Chunk, Limits, RequestDecoder, RequestEvent, ResponseDecoder, ResponseEvent},
 };
 
 use super::{
@@ -41,7 +39,7 @@ impl Connection {
         Self {
             id,
             peer,
-            requests: RequestDecoder::new(limits.clone()),
+            requests: RequestDecoder::new(limits),
             responses: ResponseDecoder::new(limits),
             reading: None,
             waiting: VecDeque::new(),

@@ -131,7 +131,10 @@ impl Tracker {
     /// Periodic upkeep: old segments, the wall-clock offset.
     pub fn sweep(&mut self, now_ns: u64) {
         self.arrivals.sweep(now_ns);
-        self.stats.add("arrival_segments_dropped", std::mem::take(&mut self.arrivals.dropped));
+        self.stats.add(
+            "arrival_segments_dropped",
+            std::mem::take(&mut self.arrivals.dropped),
+        );
         self.unix_offset_ns = unix_offset_ns();
     }
 
@@ -166,7 +169,7 @@ impl Tracker {
         let id = self.next_connection_id;
         self.next_connection_id += 1;
         self.connections
-            .insert(key, Connection::new(id, peer, self.limits.clone()));
+            .insert(key, Connection::new(id, peer, self.limits));
         self.stats.bump("connections_opened");
         true
     }

@@ -4,7 +4,9 @@ pub fn percentile(sorted: &[f64], q: f64) -> Option<f64> {
         return None;
     }
     let rank = (q.clamp(0.0, 1.0) * sorted.len() as f64).ceil() as usize;
-    sorted.get(rank.saturating_sub(1).min(sorted.len() - 1)).copied()
+    sorted
+        .get(rank.saturating_sub(1).min(sorted.len() - 1))
+        .copied()
 }
 
 #[cfg(test)]

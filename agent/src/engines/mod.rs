@@ -76,19 +76,46 @@ mod tests {
     #[test]
     fn identifies_each_engine() {
         let cases = [
-            (process("/usr/bin/llama-server -m m.gguf", &[]), Some("llamacpp")),
+            (
+                process("/usr/bin/llama-server -m m.gguf", &[]),
+                Some("llamacpp"),
+            ),
             (
                 process("python3 serve.py", &["/v/lib/xllamacpp/xllamacpp.abi3.so"]),
                 Some("llamacpp"),
             ),
-            (process("python3 app.py", &["/usr/lib/libllama.so"]), Some("llamacpp")),
-            (process("/venv/bin/python3 /venv/bin/vllm serve m", &[]), Some("vllm")),
-            (process("python -m vllm.entrypoints.openai.api_server", &[]), Some("vllm")),
-            (process("python -m sglang.launch_server --model m", &[]), Some("sglang")),
+            (
+                process("python3 app.py", &["/usr/lib/libllama.so"]),
+                Some("llamacpp"),
+            ),
+            (
+                process("/venv/bin/python3 /venv/bin/vllm serve m", &[]),
+                Some("vllm"),
+            ),
+            (
+                process("python -m vllm.entrypoints.openai.api_server", &[]),
+                Some("vllm"),
+            ),
+            (
+                process("python -m sglang.launch_server --model m", &[]),
+                Some("sglang"),
+            ),
             (process("trtllm-serve m", &[]), Some("tensorrt-llm")),
-            (process("python x.py", &["/x/libtensorrt_llm.so"]), Some("tensorrt-llm")),
-            (process("/opt/tritonserver/bin/tritonserver --model-repository=/m", &[]), Some("triton")),
-            (process("nginx: worker process", &["/usr/lib/libssl.so"]), None),
+            (
+                process("python x.py", &["/x/libtensorrt_llm.so"]),
+                Some("tensorrt-llm"),
+            ),
+            (
+                process(
+                    "/opt/tritonserver/bin/tritonserver --model-repository=/m",
+                    &[],
+                ),
+                Some("triton"),
+            ),
+            (
+                process("nginx: worker process", &["/usr/lib/libssl.so"]),
+                None,
+            ),
         ];
         for (p, expected) in cases {
             assert_eq!(identify(&p, &[]), expected, "{}", p.cmdline);

@@ -8,7 +8,16 @@ fn ms(v: Option<f64>) -> String {
 pub fn header() -> String {
     format!(
         "{:<16} {:>7} {:>5} {:>9} {:>8} {:>9} {:>6} {:>6} {:>6}  {}",
-        "request", "pid", "status", "ttft_ms", "tpot_ms", "e2e_ms", "chunks", "p_tok", "c_tok", "id"
+        "request",
+        "pid",
+        "status",
+        "ttft_ms",
+        "tpot_ms",
+        "e2e_ms",
+        "chunks",
+        "p_tok",
+        "c_tok",
+        "id"
     )
 }
 

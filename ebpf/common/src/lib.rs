@@ -129,7 +129,6 @@ impl Counter {
     }
 }
 
-
 /// Key for per-(process, fd) maps.
 #[inline(always)]
 pub fn fd_key(tgid: u32, fd: i32) -> u64 {

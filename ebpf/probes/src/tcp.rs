@@ -1,9 +1,7 @@
 //! tcp:tcp_probe fires in tcp_rcv_established for every segment a socket receives, before the
 //! data is queued, so it stamps when a request's bytes reached the server, however late the
 //! server then reads them.
-use aya_ebpf::{
-    helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext,
-};
+use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext};
 use inferscope_common::{Counter, RecordType, SegmentRecord};
 
 use crate::{

@@ -69,7 +69,9 @@ impl Engine {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if let Some(status) = self.child.try_wait()? {
-                bail!("the engine exited during start-up ({status}); run its launcher by hand to see why");
+                bail!(
+                    "the engine exited during start-up ({status}); run its launcher by hand to see why"
+                );
             }
             if health_ok(self.port) {
                 return Ok(());

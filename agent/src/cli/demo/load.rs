@@ -13,9 +13,22 @@ use std::{
 use inferscope::decode::http::{Chunk, Limits, ResponseDecoder, ResponseEvent};
 
 const TOPICS: &[&str] = &[
-    "lighthouses", "volcanoes", "tea ceremonies", "honeybees", "glaciers", "chess openings",
-    "coral reefs", "bridges", "comets", "sourdough", "owls", "deserts", "jazz", "maple trees",
-    "submarines", "origami",
+    "lighthouses",
+    "volcanoes",
+    "tea ceremonies",
+    "honeybees",
+    "glaciers",
+    "chess openings",
+    "coral reefs",
+    "bridges",
+    "comets",
+    "sourdough",
+    "owls",
+    "deserts",
+    "jazz",
+    "maple trees",
+    "submarines",
+    "origami",
 ];
 
 #[derive(Debug, Clone)]

@@ -80,7 +80,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let attached = Arc::new(AtomicBool::new(false));
     let writer = match &args.out {
         Some(path) => Some(
-            JsonlWriter::create(path).with_context(|| format!("cannot create {}", path.display()))?,
+            JsonlWriter::create(path)
+                .with_context(|| format!("cannot create {}", path.display()))?,
         ),
         None => None,
     };
@@ -115,7 +116,10 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         .context("the agent thread died")?
         .context("starting the socket probes failed (run as root)")?;
 
-    println!("starting llama.cpp server (SmolLM2-135M) on 127.0.0.1:{} with {} slots", args.port, args.slots);
+    println!(
+        "starting llama.cpp server (SmolLM2-135M) on 127.0.0.1:{} with {} slots",
+        args.port, args.slots
+    );
     let mut engine = engine::Engine::start(&python, args.port, args.slots)?;
     engine.wait_ready(Duration::from_secs(120))?;
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -124,7 +128,10 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     }
     if !attached.load(Ordering::Relaxed) {
         signals::STOP.store(true, Ordering::Relaxed);
-        bail!("the agent did not attach to the engine (pid {})", engine.pid());
+        bail!(
+            "the agent did not attach to the engine (pid {})",
+            engine.pid()
+        );
     }
     println!(
         "agent attached to pid {}; sending {} streaming requests from {} clients\n",
@@ -173,7 +180,10 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         .collect();
     println!("agent counters: {}", interesting.join(" "));
     if matched < client.len() {
-        bail!("{} client streams had no matching record", client.len() - matched);
+        bail!(
+            "{} client streams had no matching record",
+            client.len() - matched
+        );
     }
     Ok(())
 }

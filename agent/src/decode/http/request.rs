@@ -619,10 +619,16 @@ mod tests {
         let c = completes(&out);
         assert!(c[0].body_json_error && c[0].model.is_none());
         let out = feed_all(&[chunk(
-            b"POST /x HTTP/1.1\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\n{bad}",
+            b"POST /x HTTP/1.1\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello",
             1,
         )]);
         assert!(!completes(&out)[0].body_json_error);
+        // A JSON-looking body is parsed whatever the Content-Type (curl -d sends form-urlencoded).
+        let out = feed_all(&[chunk(
+            b"POST /x HTTP/1.1\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 15\r\n\r\n{\"model\":\"abc\"}",
+            1,
+        )]);
+        assert_eq!(completes(&out)[0].model.as_deref(), Some("abc"));
         let out = feed_all(&[chunk(b"POST /x HTTP/1.1\r\nContent-Length: zz\r\n\r\n", 1)]);
         assert_eq!(out.last(), Some(&RequestEvent::Error(ParseError::NotHttp)));
     }

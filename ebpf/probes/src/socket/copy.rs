@@ -72,7 +72,11 @@ pub fn copy_payload(
     };
     let (iov_addr, iovcnt) = match inflight.shape {
         Shape::Buffer => {
-            let len = if moved > limit as u64 { limit } else { moved as usize };
+            let len = if moved > limit as u64 {
+                limit
+            } else {
+                moved as usize
+            };
             if copy_at(payload, 0, inflight.ptr, len) {
                 out.captured = len;
             } else {
@@ -124,7 +128,11 @@ pub fn copy_payload(
             offset += len as usize;
         }
         // Bytes of this iovec past the capture window still count as moved.
-        remaining -= if iov.len > remaining { remaining } else { iov.len };
+        remaining -= if iov.len > remaining {
+            remaining
+        } else {
+            iov.len
+        };
     }
     out.captured = offset;
     out.truncated = (offset as u64) < moved;
@@ -140,7 +148,8 @@ pub fn emit(scratch: &Scratch, captured: usize) {
         captured
     };
     let size = core::mem::size_of::<SyscallRecord>() + len;
-    let bytes = unsafe { core::slice::from_raw_parts((scratch as *const Scratch).cast::<u8>(), size) };
+    let bytes =
+        unsafe { core::slice::from_raw_parts((scratch as *const Scratch).cast::<u8>(), size) };
     match EVENTS.output::<[u8]>(bytes, 0) {
         Ok(()) => bump(Counter::RecordsEmitted),
         Err(_) => bump(Counter::RingbufFull),

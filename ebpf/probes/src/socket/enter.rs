@@ -1,9 +1,9 @@
-use aya_log_ebpf::warn;
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::tracepoint,
     programs::TracePointContext,
 };
+use aya_log_ebpf::warn;
 use inferscope_common::{Counter, RecordType, SyscallKind, SyscallRecord, fd_key};
 
 use crate::{
@@ -50,7 +50,10 @@ fn save(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), 
     };
     if INFLIGHT.insert(&pid_tgid, &inflight, 0).is_err() {
         bump(Counter::InflightMapFull);
-        warn!(ctx, "in-flight syscall map full: fd {} of pid {} not captured", fd, tgid);
+        warn!(
+            ctx,
+            "in-flight syscall map full: fd {} of pid {} not captured", fd, tgid
+        );
     }
     Ok(())
 }
