@@ -150,7 +150,7 @@ mod tests {
     #[test]
     fn layouts_are_stable() {
         assert_eq!(core::mem::size_of::<SyscallRecord>(), 56);
-        assert_eq!(core::mem::size_of::<SegmentRecord>(), 64);
+        assert_eq!(core::mem::size_of::<SegmentRecord>(), 56);
         assert_eq!(core::mem::offset_of!(SegmentRecord, remote_sockaddr), 24);
     }
 
