@@ -1,5 +1,6 @@
-//! A small streaming load for the demo: workers on keep-alive connections send chat completions
-//! with varied prompts (the engine caches prompt prefixes) and read the SSE streams.
+//! A small streaming load for the demo: workers send chat completions with varied prompts (the
+//! engine caches prompt prefixes) and read the SSE streams. llama.cpp's server closes the
+//! connection after a streamed response, so each request gets its own connection.
 use std::{
     io::{Read as _, Write as _},
     net::TcpStream,
@@ -54,7 +55,6 @@ pub fn run(spec: &LoadSpec) -> Vec<ClientResult> {
             let (port, total, max_tokens) = (spec.port, spec.requests, spec.max_tokens);
             std::thread::spawn(move || {
                 let mut results = Vec::new();
-                let mut conn: Option<TcpStream> = None;
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     if i >= total {
@@ -64,12 +64,9 @@ pub fn run(spec: &LoadSpec) -> Vec<ClientResult> {
                         "({salt}-{i}) Write three short sentences about {}.",
                         TOPICS[i % TOPICS.len()]
                     );
-                    match one_request(&mut conn, port, &prompt, max_tokens) {
+                    match one_request(port, &prompt, max_tokens) {
                         Ok(r) => results.push(r),
-                        Err(e) => {
-                            eprintln!("demo request {i} failed: {e}");
-                            conn = None;
-                        }
+                        Err(e) => eprintln!("demo request {i} failed: {e}"),
                     }
                 }
                 results
@@ -82,21 +79,10 @@ pub fn run(spec: &LoadSpec) -> Vec<ClientResult> {
         .collect()
 }
 
-fn one_request(
-    conn: &mut Option<TcpStream>,
-    port: u16,
-    prompt: &str,
-    max_tokens: u32,
-) -> std::io::Result<ClientResult> {
-    if conn.is_none() {
-        let stream = TcpStream::connect(("127.0.0.1", port))?;
-        stream.set_read_timeout(Some(Duration::from_secs(120)))?;
-        stream.set_nodelay(true)?;
-        *conn = Some(stream);
-    }
-    let Some(stream) = conn.as_mut() else {
-        return Err(std::io::Error::other("no connection"));
-    };
+fn one_request(port: u16, prompt: &str, max_tokens: u32) -> std::io::Result<ClientResult> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(120)))?;
+    stream.set_nodelay(true)?;
     let body = serde_json::json!({
         "model": "smollm2",
         "messages": [{"role": "user", "content": prompt}],

@@ -28,7 +28,7 @@ pub struct DemoArgs {
     /// Requests to send.
     #[arg(long, default_value_t = 12)]
     pub requests: usize,
-    /// Concurrent clients (keep-alive connections).
+    /// Concurrent clients.
     #[arg(long, default_value_t = 3)]
     pub concurrency: usize,
     /// Engine slots (sequences decoded together); fewer slots than clients makes requests queue.

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Benchmarks on the real engine (root): kernel-side cost per captured syscall (bpf_stats), the
+agent's CPU time and peak RSS per 1,000 requests, and engine throughput with the agent attached
+divided by without it, over alternating A/B pairs. Results go to stdout as Markdown rows.
+
+    python3 scripts/bench.py --pairs 10 --requests 8
+"""
+import argparse, json, os, random, socket, statistics, subprocess, sys, threading, time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PY = os.path.join(ROOT, ".venv/bin/python3")
+BIN = os.environ.get("INFERSCOPE_BIN", os.path.join(ROOT, "target/release/inferscope"))
+
+
+def free_port():
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
+
+
+def wait_ready(port):
+    for _ in range(600):
+        try:
+            c = socket.create_connection(("127.0.0.1", port), timeout=2)
+            c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            if c.recv(100).startswith(b"HTTP/1.1 200"):
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    sys.exit("engine not ready")
+
+
+def stream(port, prompt, max_tokens):
+    body = json.dumps({"messages": [{"role": "user", "content": prompt}], "stream": True,
+                       "max_tokens": max_tokens, "stream_options": {"include_usage": True}})
+    c = socket.create_connection(("127.0.0.1", port), timeout=120)
+    c.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+    data = b""
+    while not data.endswith(b"\r\n0\r\n\r\n"):
+        d = c.recv(65536)
+        if not d:
+            break
+        data += d
+    c.close()
+
+
+def load(port, requests, concurrency, max_tokens, tag):
+    """Wall time of a fixed load: `requests` streams, `concurrency` at a time."""
+    todo = list(range(requests)); lock = threading.Lock()
+    def worker():
+        while True:
+            with lock:
+                if not todo:
+                    return
+                i = todo.pop()
+            stream(port, f"({tag}-{i}-{random.random()}) Describe a city in two sentences.", max_tokens)
+    t0 = time.monotonic()
+    ts = [threading.Thread(target=worker) for _ in range(concurrency)]
+    [t.start() for t in ts]; [t.join() for t in ts]
+    return time.monotonic() - t0
+
+
+def proc_cpu_s(pid):
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_hwm_kb(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+def start_agent(port, out):
+    p = subprocess.Popen([BIN, "record", "--port", str(port), "--out", out],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    for line in p.stderr:
+        if "attached" in line:
+            break
+    threading.Thread(target=lambda: p.stderr.read(), daemon=True).start()
+    return p
+
+
+def bpf_prog_stats():
+    progs = json.loads(subprocess.check_output(["bpftool", "prog", "show", "--json"]))
+    return {p["name"]: (p.get("run_time_ns", 0), p.get("run_cnt", 0)) for p in progs
+            if p.get("name", "").startswith(("enter_", "exit_", "tcp_probe"))}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pairs", type=int, default=10)
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    args = ap.parse_args()
+    port = free_port()
+    engine = subprocess.Popen([PY, os.path.join(ROOT, "tests/engine/llamacpp_server.py"),
+                               "--port", str(port), "--slots", "2"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(port)
+        load(port, 2, 2, 8, "warm")
+        # Kernel cost and agent cost, with bpf_stats on.
+        subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=1"], check=True)
+        agent = start_agent(port, "/tmp/inferscope-bench.jsonl")
+        cpu0 = proc_cpu_s(agent.pid)
+        n = 40
+        load(port, n, args.concurrency, args.max_tokens, "cost")
+        time.sleep(0.5)
+        stats = bpf_prog_stats()
+        cpu = proc_cpu_s(agent.pid) - cpu0
+        hwm = proc_hwm_kb(agent.pid)
+        agent.send_signal(2); agent.wait()
+        subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=0"], check=True)
+        print("| program | invocations | ns per invocation |\n| --- | --- | --- |")
+        for name, (ns, cnt) in sorted(stats.items()):
+            if cnt:
+                print(f"| {name} | {cnt} | {ns / cnt:.0f} |")
+        print(f"\nagent CPU: {cpu:.3f} s for {n} requests ({cpu / n * 1000:.2f} s per 1,000 requests); peak RSS {hwm / 1024:.1f} MiB")
+        # Throughput ratio: alternating pairs, order flipped each pair.
+        ratios = []
+        for i in range(args.pairs):
+            order = ["off", "on"] if i % 2 == 0 else ["on", "off"]
+            t = {}
+            for mode in order:
+                agent = start_agent(port, "/tmp/inferscope-bench.jsonl") if mode == "on" else None
+                t[mode] = load(port, args.requests, args.concurrency, args.max_tokens, f"ab{i}{mode}")
+                if agent:
+                    agent.send_signal(2); agent.wait()
+            ratios.append(t["off"] / t["on"])
+            print(f"pair {i}: off {t['off']:.3f} s, on {t['on']:.3f} s, throughput ratio on/off {ratios[-1]:.4f}", flush=True)
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        print(f"\nthroughput ratio (agent on / off): median {statistics.median(ratios):.4f}, IQR {q[0]:.4f}–{q[2]:.4f}, n={len(ratios)}")
+    finally:
+        engine.terminate(); engine.wait()
+
+
+if __name__ == "__main__":
+    main()
