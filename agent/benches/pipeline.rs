@@ -12,7 +12,15 @@ use inferscope::{
 };
 use inferscope_common::SyscallKind;
 
-const REQUEST: &[u8] = b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8089\r\nContent-Type: application/json\r\nContent-Length: 132\r\n\r\n{\"model\":\"smollm2\",\"messages\":[{\"role\":\"user\",\"content\":\"Write three short sentences about honeybees.\"}],\"stream\":true,\"max_tokens\":32}";
+const BODY: &str = r#"{"model":"smollm2","messages":[{"role":"user","content":"Write three short sentences about honeybees."}],"stream":true,"max_tokens":32}"#;
+
+fn request() -> Vec<u8> {
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8089\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{BODY}",
+        BODY.len()
+    )
+    .into_bytes()
+}
 const HEAD: &[u8] = b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n";
 
 fn sse_chunk(token: &str) -> Vec<u8> {
@@ -45,7 +53,8 @@ fn main() {
     let tokens_per_request = 32;
     let requests = 200_000;
     let token = sse_chunk(" hello");
-    let done = b"19\r\ndata: [DONE]\n\n\r\n0\r\n\r\n".to_vec();
+    let done = b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n".to_vec();
+    let request = request();
     let mut tracker = Tracker::new(Limits::default());
     tracker.set_engine(1, "llamacpp");
     let peer = Peer {
@@ -53,12 +62,14 @@ fn main() {
         remote: Some("127.0.0.1:40000".parse().unwrap()),
     };
     let mut out = Vec::new();
+    let mut records = 0usize;
+    let mut content_chunks = 0u64;
     let mut events = 0u64;
     let mut ts = 1_000u64;
     let start = Instant::now();
     for r in 0..requests {
         let fd = 10 + (r % 64) as i32;
-        tracker.on_read(&event(SyscallKind::Read, fd, ts, REQUEST), peer, &mut out);
+        tracker.on_read(&event(SyscallKind::Read, fd, ts, &request), peer, &mut out);
         tracker.on_write(
             &event(SyscallKind::Write, fd, ts + 10, HEAD),
             peer,
@@ -81,9 +92,18 @@ fn main() {
         );
         events += 1;
         ts += 10_000;
+        records += out.len();
+        content_chunks += out.iter().map(|r| r.output_chunks).sum::<u64>();
         out.clear();
     }
     let elapsed = start.elapsed().as_secs_f64();
+    // The work must really have happened: one record per request with every token seen.
+    assert_eq!(records as u64, requests as u64, "records");
+    assert_eq!(
+        content_chunks,
+        requests as u64 * tokens_per_request as u64,
+        "content chunks"
+    );
     println!(
         "{events} syscall events ({requests} requests x {tokens_per_request} tokens) in {elapsed:.3} s: {:.2} M events/s, {:.0} ns/event",
         events as f64 / elapsed / 1e6,
