@@ -48,19 +48,12 @@ impl Client {
             "max_tokens": max_tokens,
         })
         .to_string();
-        let request = format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            self.port,
-            body.len()
-        );
         let mut result = ClientStream {
             local_port: self.stream.local_addr().map(|a| a.port()).unwrap_or(0),
             ..Default::default()
         };
         let start = Instant::now();
-        self.stream
-            .write_all(request.as_bytes())
-            .expect("sending the request");
+        self.post_chat(&body);
         let mut raw: Vec<u8> = Vec::new();
         let mut scanned = 0usize;
         let mut buf = [0u8; 16384];
@@ -116,14 +109,9 @@ pub struct ClientResponse {
 }
 
 impl Client {
-    /// One non-streaming chat completion on this (keep-alive) connection.
-    pub fn complete(&mut self, prompt: &str, max_tokens: u32) -> ClientResponse {
-        let body = serde_json::json!({
-            "model": "smollm2",
-            "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens,
-        })
-        .to_string();
+    /// Writes one chat-completions request with `body` in a single write (the wire reference
+    /// takes a request's first packet as its start).
+    fn post_chat(&mut self, body: &str) {
         let request = format!(
             "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             self.port,
@@ -132,6 +120,17 @@ impl Client {
         self.stream
             .write_all(request.as_bytes())
             .expect("sending the request");
+    }
+
+    /// One non-streaming chat completion on this (keep-alive) connection.
+    pub fn complete(&mut self, prompt: &str, max_tokens: u32) -> ClientResponse {
+        let body = serde_json::json!({
+            "model": "smollm2",
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+        })
+        .to_string();
+        self.post_chat(&body);
         let mut raw: Vec<u8> = Vec::new();
         let mut buf = [0u8; 16384];
         loop {
