@@ -3,7 +3,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::engines::{self, ProcessInfo};
 
-use super::procfs;
+use super::{procfs, sockets};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TargetSelector {
@@ -73,7 +73,7 @@ impl Discovery {
             let Some(start_time) = procfs::start_time(tgid) else {
                 continue;
             };
-            let ports = procfs::listening_ports(tgid);
+            let ports = sockets::listening_ports(tgid);
             if ports.is_empty() && !matches!(self.selector, TargetSelector::Pid(_)) {
                 continue;
             }
@@ -127,7 +127,7 @@ impl Discovery {
             TargetSelector::Port(port) => {
                 let port = *port;
                 self.scan_processes(|tgid| {
-                    procfs::listening_ports(tgid)
+                    sockets::listening_ports(tgid)
                         .contains(&port)
                         .then(|| engine_name(tgid, &[]).unwrap_or("unknown"))
                 })

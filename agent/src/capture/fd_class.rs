@@ -6,7 +6,7 @@ use std::{
     net::SocketAddr,
 };
 
-use super::procfs;
+use super::sockets;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FdClass {
@@ -54,10 +54,10 @@ impl FdClassifier {
             return *class;
         }
         self.lookups += 1;
-        let class = match procfs::tcp_connection(tgid, fd) {
-            Some(conn) if listening_ports.contains(&conn.local.port()) => FdClass::Server {
-                local_port: Some(conn.local.port()),
-                remote: Some(conn.remote),
+        let class = match sockets::tcp_connection(tgid, fd) {
+            Some((local, peer)) if listening_ports.contains(&local.port()) => FdClass::Server {
+                local_port: Some(local.port()),
+                remote: Some(peer),
             },
             None if self.accepted.contains(&(tgid, fd)) => FdClass::Server {
                 local_port: None,

@@ -5,6 +5,7 @@ pub mod fd_class;
 pub mod probes;
 pub mod procfs;
 pub mod records;
+pub mod sockets;
 
 pub use discovery::{Discovery, DiscoveryChange, TargetSelector, TracedProcess};
 pub use fd_class::{FdClass, FdClassifier};

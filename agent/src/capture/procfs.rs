@@ -1,4 +1,5 @@
-//! /proc lookups: which fds are sockets, which TCP connection a socket is, what a process listens on.
+//! /proc lookups: processes, their command lines and mappings, which fds are sockets. The TCP
+//! tables here are the slow fallback for [`super::sockets`].
 //! Everything read here can vanish between calls (processes exit), so every function returns
 //! `Option`/empty rather than an error.
 use std::{
@@ -79,6 +80,20 @@ fn parse_hex_addr(text: &str) -> Option<SocketAddr> {
         _ => return None,
     };
     Some(SocketAddr::new(canonical_ip(ip), port))
+}
+
+/// fds of `tgid` that are sockets.
+pub fn socket_fds(tgid: u32) -> Vec<i32> {
+    let Ok(dir) = fs::read_dir(format!("/proc/{tgid}/fd")) else {
+        return Vec::new();
+    };
+    dir.filter_map(|entry| {
+        let entry = entry.ok()?;
+        let link = fs::read_link(entry.path()).ok()?;
+        parse_socket_link(link.to_str()?)?;
+        entry.file_name().to_str()?.parse().ok()
+    })
+    .collect()
 }
 
 /// Socket inodes held open by `tgid`.
