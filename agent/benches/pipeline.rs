@@ -50,8 +50,8 @@ fn event(kind: SyscallKind, fd: i32, ts: u64, payload: &[u8]) -> SyscallEvent<'_
 }
 
 fn main() {
-    let tokens_per_request = 32;
-    let requests = 200_000;
+    let tokens_per_request: u64 = 32;
+    let requests: u64 = 200_000;
     let token = sse_chunk(" hello");
     let done = b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n".to_vec();
     let request = request();
@@ -98,10 +98,10 @@ fn main() {
     }
     let elapsed = start.elapsed().as_secs_f64();
     // The work must really have happened: one record per request with every token seen.
-    assert_eq!(records as u64, requests as u64, "records");
+    assert_eq!(records as u64, requests, "records");
     assert_eq!(
         content_chunks,
-        requests as u64 * tokens_per_request as u64,
+        requests * tokens_per_request,
         "content chunks"
     );
     println!(
