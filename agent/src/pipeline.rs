@@ -1,12 +1,12 @@
 //! Wires capture → decode → correlate → export on one thread: a ring-buffer record is decoded
 //! and correlated where it is read, with no queue between stages to size or drop from.
 use std::{
-    collections::HashMap,
     sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
 use inferscope_common::SyscallKind;
+use rustc_hash::FxHashMap;
 use tracing::{info, warn};
 
 use crate::{
@@ -51,7 +51,8 @@ pub struct Pipeline {
     discovery: Discovery,
     classifier: FdClassifier,
     tracker: Tracker,
-    ports: HashMap<u32, Vec<u16>>,
+    /// Listening ports per traced process; looked up per record.
+    ports: FxHashMap<u32, Vec<u16>>,
     stats: Stats,
     records: Vec<RequestRecord>,
 }
@@ -65,7 +66,7 @@ impl Pipeline {
             config,
             probes,
             classifier: FdClassifier::default(),
-            ports: HashMap::new(),
+            ports: FxHashMap::default(),
             stats: Stats::default(),
             records: Vec::new(),
         })

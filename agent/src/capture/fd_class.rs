@@ -1,10 +1,9 @@
 //! Decides which fds of a traced process are HTTP server connections worth decoding. Files,
 //! pipes, Unix sockets and the process's own outgoing connections are not; the kernel is told to
 //! stop copying their bytes.
-use std::{
-    collections::{HashMap, HashSet},
-    net::SocketAddr,
-};
+use std::net::SocketAddr;
+
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::sockets;
 
@@ -24,9 +23,10 @@ const MAX_CACHED: usize = 65536;
 
 #[derive(Default)]
 pub struct FdClassifier {
-    cache: HashMap<(u32, i32), FdClass>,
+    /// Looked up once per captured syscall, hence FxHash.
+    cache: FxHashMap<(u32, i32), FdClass>,
     /// fds we saw being accepted: server side even if /proc has already lost them.
-    accepted: HashSet<(u32, i32)>,
+    accepted: FxHashSet<(u32, i32)>,
     pub lookups: u64,
 }
 

@@ -18,6 +18,8 @@ const MAX_WAITING: usize = 64;
 
 pub struct Connection {
     pub id: u64,
+    pid: u32,
+    engine: &'static str,
     pub peer: Peer,
     requests: RequestDecoder,
     responses: ResponseDecoder,
@@ -35,9 +37,11 @@ pub struct Connection {
 }
 
 impl Connection {
-    pub fn new(id: u64, peer: Peer, limits: Limits) -> Self {
+    pub fn new(id: u64, pid: u32, engine: &'static str, peer: Peer, limits: Limits) -> Self {
         Self {
             id,
+            pid,
+            engine,
             peer,
             requests: RequestDecoder::new(limits),
             responses: ResponseDecoder::new(limits),
@@ -48,6 +52,15 @@ impl Connection {
             failed: false,
             request_events: Vec::new(),
             response_events: Vec::new(),
+        }
+    }
+
+    pub fn context(&self, unix_offset_ns: u64) -> RecordContext<'static> {
+        RecordContext {
+            pid: self.pid,
+            engine: self.engine,
+            connection_id: self.id,
+            unix_offset_ns,
         }
     }
 

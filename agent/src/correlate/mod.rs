@@ -7,7 +7,10 @@ pub mod record;
 mod request;
 pub mod stats;
 
-use std::{collections::HashMap, net::SocketAddr};
+use std::{
+    collections::{HashMap, hash_map::Entry},
+    net::SocketAddr,
+};
 
 pub use arrivals::ArrivalIndex;
 pub use record::RequestRecord;
@@ -18,6 +21,7 @@ use crate::{
     decode::http::Limits,
 };
 use connection::Connection;
+use rustc_hash::FxHashMap;
 
 /// Connections tracked at once; beyond it new connections are counted and skipped.
 pub const MAX_CONNECTIONS: usize = 65536;
@@ -30,11 +34,9 @@ pub struct Peer {
 }
 
 pub struct Tracker {
-    connections: HashMap<(u32, i32), Connection>,
-    next_connection_id: u64,
+    connections: ConnectionTable,
     arrivals: ArrivalIndex,
     engines: HashMap<u32, &'static str>,
-    limits: Limits,
     stats: Stats,
     unix_offset_ns: u64,
     /// Connections that turned out not to be HTTP: capture should stop copying their bytes.
@@ -44,11 +46,13 @@ pub struct Tracker {
 impl Tracker {
     pub fn new(limits: Limits) -> Self {
         Self {
-            connections: HashMap::new(),
-            next_connection_id: 1,
+            connections: ConnectionTable {
+                map: FxHashMap::default(),
+                next_id: 1,
+                limits,
+            },
             arrivals: ArrivalIndex::default(),
             engines: HashMap::new(),
-            limits,
             stats: Stats::default(),
             unix_offset_ns: unix_offset_ns(),
             to_ignore: Vec::new(),
@@ -67,6 +71,7 @@ impl Tracker {
     pub fn forget_process(&mut self, tgid: u32, now_ns: u64, out: &mut Vec<RequestRecord>) {
         let keys: Vec<(u32, i32)> = self
             .connections
+            .map
             .keys()
             .filter(|(t, _)| *t == tgid)
             .copied()
@@ -85,7 +90,8 @@ impl Tracker {
         let key = (ev.tgid, ev.ret as i32);
         // The fd number came back without us seeing its close: end the old connection first.
         self.finish_connection(key, ev.ts_exit_ns, out);
-        self.open_connection(key, peer);
+        self.connections
+            .get_or_open(key, peer, &self.engines, &mut self.stats);
     }
 
     pub fn on_close(&mut self, ev: &SyscallEvent<'_>, out: &mut Vec<RequestRecord>) {
@@ -93,14 +99,13 @@ impl Tracker {
     }
 
     pub fn on_read(&mut self, ev: &SyscallEvent<'_>, peer: Peer, out: &mut Vec<RequestRecord>) {
-        let mut ctx = self.context(ev.tgid, 0);
-        if !self.ensure_connection((ev.tgid, ev.fd), peer) {
-            return;
-        }
-        let Some(conn) = self.connections.get_mut(&(ev.tgid, ev.fd)) else {
+        let Some(conn) =
+            self.connections
+                .get_or_open((ev.tgid, ev.fd), peer, &self.engines, &mut self.stats)
+        else {
             return;
         };
-        ctx.connection_id = conn.id;
+        let ctx = conn.context(self.unix_offset_ns);
         conn.on_read(
             ev,
             &mut self.arrivals,
@@ -112,14 +117,13 @@ impl Tracker {
     }
 
     pub fn on_write(&mut self, ev: &SyscallEvent<'_>, peer: Peer, out: &mut Vec<RequestRecord>) {
-        let mut ctx = self.context(ev.tgid, 0);
-        if !self.ensure_connection((ev.tgid, ev.fd), peer) {
-            return;
-        }
-        let Some(conn) = self.connections.get_mut(&(ev.tgid, ev.fd)) else {
+        let Some(conn) =
+            self.connections
+                .get_or_open((ev.tgid, ev.fd), peer, &self.engines, &mut self.stats)
+        else {
             return;
         };
-        ctx.connection_id = conn.id;
+        let ctx = conn.context(self.unix_offset_ns);
         conn.on_write(ev, &mut self.stats, ctx, out, &mut self.to_ignore);
     }
 
@@ -139,58 +143,65 @@ impl Tracker {
     }
 
     pub fn open_connections(&self) -> usize {
-        self.connections.len()
+        self.connections.map.len()
     }
 
     /// Ends every connection (agent shutdown): open requests are reported as aborted.
     pub fn finish_all(&mut self, now_ns: u64, out: &mut Vec<RequestRecord>) {
-        let keys: Vec<(u32, i32)> = self.connections.keys().copied().collect();
+        let keys: Vec<(u32, i32)> = self.connections.map.keys().copied().collect();
         for key in keys {
             self.finish_connection(key, now_ns, out);
         }
     }
 
-    /// Opens the connection on first sight (one that predates the agent) and fills in its peer.
-    fn ensure_connection(&mut self, key: (u32, i32), peer: Peer) -> bool {
-        match self.connections.get_mut(&key) {
-            Some(conn) => {
-                conn.learn_peer(peer);
-                true
-            }
-            None => self.open_connection(key, peer),
-        }
-    }
-
-    fn open_connection(&mut self, key: (u32, i32), peer: Peer) -> bool {
-        if self.connections.len() >= MAX_CONNECTIONS {
-            self.stats.bump("connections_over_limit");
-            return false;
-        }
-        let id = self.next_connection_id;
-        self.next_connection_id += 1;
-        self.connections
-            .insert(key, Connection::new(id, peer, self.limits));
-        self.stats.bump("connections_opened");
-        true
-    }
-
     fn finish_connection(&mut self, key: (u32, i32), ts_ns: u64, out: &mut Vec<RequestRecord>) {
-        let Some(conn) = self.connections.remove(&key) else {
+        let Some(conn) = self.connections.map.remove(&key) else {
             return;
         };
-        let ctx = self.context(key.0, conn.id);
+        let ctx = conn.context(self.unix_offset_ns);
         if let (Some(port), Some(remote)) = (conn.peer.local_port, conn.peer.remote) {
             self.arrivals.forget_peer(port, remote);
         }
         conn.close(ts_ns, &mut self.stats, ctx, out);
     }
+}
 
-    fn context(&self, tgid: u32, connection_id: u64) -> request::RecordContext<'static> {
-        request::RecordContext {
-            pid: tgid,
-            engine: self.engines.get(&tgid).copied().unwrap_or("unknown"),
-            connection_id,
-            unix_offset_ns: self.unix_offset_ns,
+/// Open connections by (tgid, fd). FxHash: the key is two small integers chosen by the kernel,
+/// and this lookup runs once per captured syscall.
+struct ConnectionTable {
+    map: FxHashMap<(u32, i32), Connection>,
+    next_id: u64,
+    limits: Limits,
+}
+
+impl ConnectionTable {
+    /// The connection for `key`, opened on first sight (one that predates the agent), with its
+    /// peer filled in.
+    fn get_or_open(
+        &mut self,
+        key: (u32, i32),
+        peer: Peer,
+        engines: &HashMap<u32, &'static str>,
+        stats: &mut Stats,
+    ) -> Option<&mut Connection> {
+        let at_limit = self.map.len() >= MAX_CONNECTIONS;
+        match self.map.entry(key) {
+            Entry::Occupied(entry) => {
+                let conn = entry.into_mut();
+                conn.learn_peer(peer);
+                Some(conn)
+            }
+            Entry::Vacant(entry) => {
+                if at_limit {
+                    stats.bump("connections_over_limit");
+                    return None;
+                }
+                let id = self.next_id;
+                self.next_id += 1;
+                stats.bump("connections_opened");
+                let engine = engines.get(&key.0).copied().unwrap_or("unknown");
+                Some(entry.insert(Connection::new(id, key.0, engine, peer, self.limits)))
+            }
         }
     }
 }

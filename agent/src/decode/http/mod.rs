@@ -144,6 +144,10 @@ pub(crate) fn parse_content_length(v: &[u8]) -> Option<u64> {
 /// Overwrites and empties a buffer that may have held request/response text,
 /// so it does not linger in long-lived per-connection state.
 pub(crate) fn wipe(buf: &mut Vec<u8>) {
+    // Called once per SSE event, usually on an empty buffer: skip the memset call then.
+    if buf.is_empty() {
+        return;
+    }
     buf.fill(0);
     buf.clear();
     if buf.capacity() > 4096 {

@@ -117,6 +117,17 @@ impl SseFramer {
 /// The event's data field per the SSE spec: `data` lines (one optional space
 /// after the colon), joined with '\n'. `None` if the event has no data line.
 fn extract_data<'a>(event: &'a [u8], joined: &'a mut Vec<u8>) -> Option<&'a [u8]> {
+    // The common shape, one `data: {...}` line, without a per-byte split.
+    let single = event.strip_suffix(b"\n").unwrap_or(event);
+    if memchr::memchr(b'\n', single).is_none() {
+        let line = single.strip_suffix(b"\r").unwrap_or(single);
+        return if line == b"data" {
+            Some(&b""[..])
+        } else {
+            line.strip_prefix(b"data:")
+                .map(|v| v.strip_prefix(b" ").unwrap_or(v))
+        };
+    }
     let mut first: Option<&'a [u8]> = None;
     let mut many = false;
     for raw in event.split(|&b| b == b'\n') {
