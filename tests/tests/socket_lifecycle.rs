@@ -19,6 +19,16 @@ const TOPICS: &[&str] = &[
     "meteors", "gardens", "islands",
 ];
 
+/// A helper process that must not outlive a failed test.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn tempdir(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("inferscope-it-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -43,7 +53,7 @@ fn records_match_the_wire_for_concurrent_keep_alive_streams() {
     let engine = Engine::start(port, 2);
 
     let pcap_path = dir.join("lo.pcap");
-    let mut tcpdump = Command::new("tcpdump")
+    let tcpdump = Command::new("tcpdump")
         .args([
             "-i",
             "lo",
@@ -59,6 +69,7 @@ fn records_match_the_wire_for_concurrent_keep_alive_streams() {
         .stderr(Stdio::null())
         .spawn()
         .expect("starting tcpdump (apt-get install tcpdump)");
+    let mut tcpdump = KillOnDrop(tcpdump);
 
     let mut recorder = Recorder::start(&dir, &["--port", &port.to_string()]);
     recorder.wait_attached(engine.pid(), Duration::from_secs(30));
@@ -91,8 +102,8 @@ fn records_match_the_wire_for_concurrent_keep_alive_streams() {
     std::thread::sleep(Duration::from_millis(800));
 
     let records = recorder.stop();
-    agent::unsafe_sigint(tcpdump.id());
-    tcpdump.wait().expect("tcpdump");
+    agent::unsafe_sigint(tcpdump.0.id());
+    tcpdump.0.wait().expect("tcpdump");
     drop(engine);
 
     let ids = by_response_id(&records);

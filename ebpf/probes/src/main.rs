@@ -5,7 +5,9 @@
 #![no_main]
 
 mod counters;
+mod ctx;
 mod maps;
+mod ringbuf;
 mod socket;
 mod tcp;
 

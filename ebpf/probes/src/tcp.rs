@@ -4,10 +4,7 @@
 use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext};
 use inferscope_common::{Counter, RecordType, SegmentRecord};
 
-use crate::{
-    counters::bump,
-    maps::{EVENTS, PORTS},
-};
+use crate::{ctx::field, maps::PORTS, ringbuf::output};
 
 // Field offsets from /sys/kernel/tracing/events/tcp/tcp_probe/format (stable since 5.x).
 const DADDR: usize = 36;
@@ -24,30 +21,27 @@ pub fn tcp_probe(ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn try_tcp_probe(ctx: &TracePointContext) -> Result<(), i32> {
-    let data_len: u16 = unsafe { ctx.read_at(DATA_LEN)? };
+    let data_len: u16 = field(ctx, DATA_LEN);
     if data_len == 0 {
         return Ok(());
     }
     // sport is the receiving socket's own (local) port, in host order.
-    let local_port: u16 = unsafe { ctx.read_at(SPORT)? };
+    let local_port: u16 = field(ctx, SPORT);
     if unsafe { PORTS.get(&local_port) }.is_none() {
         return Ok(());
     }
     let record = SegmentRecord {
         record_type: RecordType::Segment as u8,
         _pad0: 0,
-        family: unsafe { ctx.read_at(FAMILY)? },
+        family: field(ctx, FAMILY),
         data_len: data_len as u32,
         ts_ns: unsafe { bpf_ktime_get_ns() },
         local_port,
-        remote_port: unsafe { ctx.read_at(DPORT)? },
+        remote_port: field(ctx, DPORT),
         _pad1: 0,
         remote_sockaddr: unsafe { ctx.read_at(DADDR)? },
         _pad2: 0,
     };
-    match EVENTS.output::<SegmentRecord>(&record, 0) {
-        Ok(()) => bump(Counter::Segments),
-        Err(_) => bump(Counter::RingbufFull),
-    }
+    output::<SegmentRecord>(&record, Counter::Segments);
     Ok(())
 }

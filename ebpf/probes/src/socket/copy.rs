@@ -2,8 +2,8 @@ use aya_ebpf::helpers::generated::bpf_probe_read_user;
 use inferscope_common::{Counter, MAX_CAPTURE_BYTES, MAX_IOV, SyscallRecord};
 
 use crate::{
-    counters::bump,
-    maps::{EVENTS, Inflight, Scratch, Shape, capture_limit},
+    maps::{Inflight, Scratch, Shape, capture_limit},
+    ringbuf::output,
 };
 
 pub struct Copied {
@@ -150,8 +150,5 @@ pub fn emit(scratch: &Scratch, captured: usize) {
     let size = core::mem::size_of::<SyscallRecord>() + len;
     let bytes =
         unsafe { core::slice::from_raw_parts((scratch as *const Scratch).cast::<u8>(), size) };
-    match EVENTS.output::<[u8]>(bytes, 0) {
-        Ok(()) => bump(Counter::RecordsEmitted),
-        Err(_) => bump(Counter::RingbufFull),
-    }
+    output::<[u8]>(bytes, Counter::RecordsEmitted);
 }

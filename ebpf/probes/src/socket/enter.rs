@@ -8,7 +8,9 @@ use inferscope_common::{Counter, RecordType, SyscallKind, SyscallRecord, fd_key}
 
 use crate::{
     counters::bump,
-    maps::{EVENTS, FD_GEN, FD_VERDICT, INFLIGHT, Inflight, Shape, TARGETS, conn_gen, ignored},
+    ctx::field,
+    maps::{FD_GEN, FD_VERDICT, INFLIGHT, Inflight, Shape, TARGETS, conn_gen, ignored},
+    ringbuf::output,
 };
 
 // syscalls:sys_enter_* layout: 8 bytes of common fields, the syscall number, then 8-byte args.
@@ -28,14 +30,14 @@ fn save(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), 
     let Some((pid_tgid, tgid)) = traced_tgid() else {
         return Ok(());
     };
-    let fd: i64 = unsafe { ctx.read_at(ARG0)? };
+    let fd: i64 = field(ctx, ARG0);
     let fd = fd as i32;
     if kind != SyscallKind::Accept && ignored(fd_key(tgid, fd)) {
         return Ok(());
     }
-    let ptr: u64 = unsafe { ctx.read_at(ARG1)? };
+    let ptr: u64 = field(ctx, ARG1);
     let iovcnt: u64 = if shape == Shape::Iovec {
-        unsafe { ctx.read_at(ARG2)? }
+        field(ctx, ARG2)
     } else {
         0
     };
@@ -88,7 +90,7 @@ fn try_close(ctx: &TracePointContext) -> Result<(), i32> {
     let Some((pid_tgid, tgid)) = traced_tgid() else {
         return Ok(());
     };
-    let fd: i64 = unsafe { ctx.read_at(ARG0)? };
+    let fd: i64 = field(ctx, ARG0);
     let fd = fd as i32;
     let key = fd_key(tgid, fd);
     let was_ignored = ignored(key);
@@ -113,9 +115,6 @@ fn try_close(ctx: &TracePointContext) -> Result<(), i32> {
         _pad: 0,
         conn_gen: generation,
     };
-    match EVENTS.output::<SyscallRecord>(&record, 0) {
-        Ok(()) => bump(Counter::RecordsEmitted),
-        Err(_) => bump(Counter::RingbufFull),
-    }
+    output::<SyscallRecord>(&record, Counter::RecordsEmitted);
     Ok(())
 }

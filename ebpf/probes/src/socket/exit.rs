@@ -10,6 +10,7 @@ use inferscope_common::{
 use super::copy::copy_payload;
 use crate::{
     counters::bump,
+    ctx::field,
     maps::{FD_GEN, FD_VERDICT, INFLIGHT, SCRATCH, conn_gen},
 };
 
@@ -32,7 +33,7 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
         return Ok(());
     };
     let _ = INFLIGHT.remove(&pid_tgid);
-    let ret: i64 = unsafe { ctx.read_at(RET)? };
+    let ret: i64 = field(ctx, RET);
     // Non-blocking sockets return EAGAIN constantly; it carries no information.
     if ret == -EAGAIN || ret == -EINTR {
         return Ok(());
