@@ -5,7 +5,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use inferscope_common::SyscallKind;
+use inferscope_common::{Counter, SyscallKind};
 use rustc_hash::FxHashMap;
 use tracing::{info, warn};
 
@@ -55,6 +55,8 @@ pub struct Pipeline {
     ports: FxHashMap<u32, Vec<u16>>,
     stats: Stats,
     records: Vec<RequestRecord>,
+    /// Kernel ring-buffer drops seen so far.
+    ringbuf_drops: u64,
 }
 
 impl Pipeline {
@@ -69,6 +71,7 @@ impl Pipeline {
             ports: FxHashMap::default(),
             stats: Stats::default(),
             records: Vec::new(),
+            ringbuf_drops: 0,
         })
     }
 
@@ -160,13 +163,21 @@ impl Pipeline {
             ports,
             stats,
             records,
+            ringbuf_drops,
             ..
         } = self;
         let mut ignore: Vec<(u32, i32, u64)> = Vec::new();
-        let ring = probes.events();
         // Bound one drain so discovery and shutdown still run under a flood.
-        for _ in 0..1_000_000 {
-            let Some(item) = ring.next() else { break };
+        for n in 0..1_000_000u32 {
+            // A drop happened before the records that follow it: look before reading them.
+            if n % 1024 == 0 {
+                let drops = probes.counter(Counter::RingbufFull);
+                if drops > *ringbuf_drops {
+                    *ringbuf_drops = drops;
+                    tracker.note_capture_loss(monotonic_now_ns());
+                }
+            }
+            let Some(item) = probes.events().next() else { break };
             stats.bump("ringbuf_records");
             match records::parse(&item) {
                 Err(e) => stats.bump(e.as_str()),
@@ -239,13 +250,7 @@ impl Pipeline {
                 info!(counter = name.as_str(), value, "counter");
             }
         }
-        let dropped: u64 = self
-            .probes
-            .counters()
-            .iter()
-            .filter(|(k, _)| *k == "ringbuf_full_drops")
-            .map(|(_, v)| *v)
-            .sum();
+        let dropped = self.probes.counter(Counter::RingbufFull);
         if dropped > 0 {
             warn!(
                 "{dropped} kernel records were dropped because the ring buffer was full; raise --ring-buffer-mb"

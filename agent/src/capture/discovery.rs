@@ -207,34 +207,28 @@ mod tests {
 
     #[test]
     fn port_selector_finds_the_listener() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        // Our own process is excluded on purpose (the agent must never trace itself), so a child
-        // has to hold the port: spawn one that inherits nothing and listens itself.
+        use std::io::BufRead;
+        // Our own process is excluded on purpose (the agent must never trace itself), so a
+        // child holds the port: it binds an ephemeral one and tells us which.
         let mut child = std::process::Command::new("python3")
             .args([
                 "-c",
-                &format!(
-                    "import socket,time;s=socket.socket();s.bind(('127.0.0.1',{}));s.listen();time.sleep(30)",
-                    port + 1
-                ),
+                "import socket,time;s=socket.socket();s.bind(('127.0.0.1',0));s.listen();print(s.getsockname()[1],flush=True);time.sleep(30)",
             ])
+            .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        drop(listener);
-        let mut discovery = Discovery::new(TargetSelector::Port(port + 1));
-        let mut added = Vec::new();
-        for _ in 0..50 {
-            added = discovery.scan().added;
-            if !added.is_empty() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port: u16 = line.trim().parse().unwrap();
+        let mut discovery = Discovery::new(TargetSelector::Port(port));
+        let added = discovery.scan().added;
         child.kill().unwrap();
         child.wait().unwrap();
         assert_eq!(added.len(), 1);
         assert_eq!(added[0].tgid, child.id());
-        assert_eq!(added[0].ports, vec![port + 1]);
+        assert_eq!(added[0].ports, vec![port]);
     }
 }

@@ -229,15 +229,16 @@ impl SocketProbes {
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
         Counter::ALL
             .iter()
-            .map(|&c| {
-                let total = self
-                    .counters
-                    .get(&(c as u32), 0)
-                    .map(|per_cpu| per_cpu.iter().sum())
-                    .unwrap_or(0);
-                (c.name(), total)
-            })
+            .map(|&c| (c.name(), self.counter(c)))
             .collect()
+    }
+
+    /// One kernel counter, summed over CPUs.
+    pub fn counter(&self, counter: Counter) -> u64 {
+        self.counters
+            .get(&(counter as u32), 0)
+            .map(|per_cpu| per_cpu.iter().sum())
+            .unwrap_or(0)
     }
 
     /// Forwards eBPF-side log lines into the agent's log.

@@ -8,12 +8,13 @@ use crate::{
 };
 
 use super::{
-    Peer, RequestRecord, Stats,
+    Peer, RequestRecord, Stats, Work,
     arrivals::ArrivalIndex,
     request::{RecordContext, RequestProgress},
 };
 
-/// Requests read but not yet answered, per connection.
+/// Requests read but not yet answered, per connection. Requests and connections are boxed so
+/// that idle table slots and queue capacity cost a pointer, not a whole struct (10k in flight).
 const MAX_WAITING: usize = 64;
 
 pub struct Connection {
@@ -24,16 +25,14 @@ pub struct Connection {
     requests: RequestDecoder,
     responses: ResponseDecoder,
     /// The request whose bytes are being read.
-    reading: Option<RequestProgress>,
+    reading: Option<Box<RequestProgress>>,
     /// Fully read requests, oldest first; the front one owns the response being written.
-    waiting: VecDeque<RequestProgress>,
+    waiting: VecDeque<Box<RequestProgress>>,
     next_seq: u32,
     /// When the previous response ended: the next request's bytes arrived after it.
     last_response_end_ns: u64,
     /// Not HTTP, or framing lost: nothing more is decoded on this connection.
     failed: bool,
-    request_events: Vec<RequestEvent>,
-    response_events: Vec<ResponseEvent>,
 }
 
 impl Connection {
@@ -50,17 +49,16 @@ impl Connection {
             next_seq: 0,
             last_response_end_ns: 0,
             failed: false,
-            request_events: Vec::new(),
-            response_events: Vec::new(),
         }
     }
 
-    pub fn context(&self, unix_offset_ns: u64) -> RecordContext<'static> {
+    pub fn context(&self, unix_offset_ns: u64, last_loss_ns: u64) -> RecordContext<'static> {
         RecordContext {
             pid: self.pid,
             engine: self.engine,
             connection_id: self.id,
             unix_offset_ns,
+            last_loss_ns,
         }
     }
 
@@ -77,14 +75,12 @@ impl Connection {
         &mut self,
         ev: &SyscallEvent<'_>,
         arrivals: &mut ArrivalIndex,
-        stats: &mut Stats,
         ctx: RecordContext<'_>,
-        out: &mut Vec<RequestRecord>,
-        to_ignore: &mut Vec<(u32, i32, u64)>,
+        work: &mut Work<'_>,
     ) {
         if ev.ret <= 0 {
             // EOF or reset from the peer: whatever is still being answered was abandoned.
-            self.abort_all(ev.ts_exit_ns, stats, ctx, out);
+            self.abort_all(ev.ts_exit_ns, work.stats, ctx, work.out);
             return;
         }
         if self.failed {
@@ -95,7 +91,7 @@ impl Connection {
             lost: ev.lost_bytes(),
             ts_ns: ev.ts_exit_ns,
         };
-        let mut events = std::mem::take(&mut self.request_events);
+        let mut events = std::mem::take(work.request_events);
         self.requests.feed(chunk, &mut events);
         for event in events.drain(..) {
             match event {
@@ -107,63 +103,62 @@ impl Connection {
                         _ => None,
                     };
                     if wire_ns.is_none() {
-                        stats.bump("arrival_wire_unknown");
+                        work.stats.bump("arrival_wire_unknown");
                     }
-                    let mut progress = RequestProgress::new(self.next_seq, ev.tid, ts_ns, wire_ns);
+                    let mut progress =
+                        Box::new(RequestProgress::new(self.next_seq, ev.tid, ts_ns, wire_ns));
                     self.next_seq += 1;
                     progress.truncated = ev.truncated && ev.lost_bytes() > 0;
                     if let Some(old) = self.reading.replace(progress) {
                         drop(old);
-                        stats.bump("requests_incomplete");
+                        work.stats.bump("requests_incomplete");
                     }
                 }
                 RequestEvent::Complete(summary) => {
                     let Some(mut progress) = self.reading.take() else {
-                        stats.bump("request_complete_without_start");
+                        work.stats.bump("request_complete_without_start");
                         continue;
                     };
                     progress.request_bytes = summary.head_bytes + summary.body_bytes;
                     progress.truncated |= summary.body_truncated;
                     if summary.body_json_error {
-                        stats.bump("request_body_json_error");
+                        work.stats.bump("request_body_json_error");
                     }
                     progress.summary = Some(summary);
                     if self.waiting.len() >= MAX_WAITING {
-                        stats.bump("requests_waiting_over_limit");
+                        work.stats.bump("requests_waiting_over_limit");
                         continue;
                     }
                     self.waiting.push_back(progress);
                 }
                 RequestEvent::Error(e) => {
-                    stats.bump(e.as_str());
+                    work.stats.bump(e.as_str());
                     if self.reading.take().is_some() {
-                        stats.bump("requests_unparsed");
+                        work.stats.bump("requests_unparsed");
                     }
-                    self.fail(ev, to_ignore);
+                    self.fail(ev, work.to_ignore);
                 }
             }
         }
-        self.request_events = events;
+        *work.request_events = events;
     }
 
     pub fn on_write(
         &mut self,
         ev: &SyscallEvent<'_>,
-        stats: &mut Stats,
         ctx: RecordContext<'_>,
-        out: &mut Vec<RequestRecord>,
-        to_ignore: &mut Vec<(u32, i32, u64)>,
+        work: &mut Work<'_>,
     ) {
         if ev.ret < 0 {
             // EPIPE/ECONNRESET: the client went away mid-response.
-            self.abort_all(ev.ts_enter_ns, stats, ctx, out);
+            self.abort_all(ev.ts_enter_ns, work.stats, ctx, work.out);
             return;
         }
         if self.failed {
             return;
         }
         let Some(target) = self.waiting.front_mut().or(self.reading.as_mut()) else {
-            stats.bump("response_without_request");
+            work.stats.bump("response_without_request");
             return;
         };
         target.response_bytes += ev.ret as u64;
@@ -175,25 +170,23 @@ impl Connection {
             lost: ev.lost_bytes(),
             ts_ns: ev.ts_enter_ns,
         };
-        let mut events = std::mem::take(&mut self.response_events);
+        let mut events = std::mem::take(work.response_events);
         self.responses.feed(chunk, &mut events);
         for event in events.drain(..) {
-            self.apply_response_event(event, ev, stats, ctx, out, to_ignore);
+            self.apply_response_event(event, ev, ctx, work);
         }
-        self.response_events = events;
+        *work.response_events = events;
     }
 
     fn apply_response_event(
         &mut self,
         event: ResponseEvent,
         ev: &SyscallEvent<'_>,
-        stats: &mut Stats,
         ctx: RecordContext<'_>,
-        out: &mut Vec<RequestRecord>,
-        to_ignore: &mut Vec<(u32, i32, u64)>,
+        work: &mut Work<'_>,
     ) {
         let Some(target) = self.waiting.front_mut().or(self.reading.as_mut()) else {
-            stats.bump("response_without_request");
+            work.stats.bump("response_without_request");
             return;
         };
         match event {
@@ -203,13 +196,13 @@ impl Connection {
             }
             ResponseEvent::Sse(sse) => {
                 if sse.json_error {
-                    stats.bump("sse_json_error");
+                    work.stats.bump("sse_json_error");
                 }
                 target.on_sse(&sse);
             }
             ResponseEvent::Body(body) => {
                 if body.json_error {
-                    stats.bump("response_body_json_error");
+                    work.stats.bump("response_body_json_error");
                 }
                 if target.response_id.is_none() {
                     target.response_id = body.id;
@@ -220,22 +213,22 @@ impl Connection {
             ResponseEvent::End { ts_ns, .. } => {
                 self.last_response_end_ns = ts_ns;
                 if let Some(done) = self.pop_answered() {
-                    out.push(done.into_record(ctx, ts_ns, false));
+                    work.out.push(done.into_record(ctx, ts_ns, false));
                 }
             }
             ResponseEvent::Error(e) => {
-                stats.bump(e.as_str());
+                work.stats.bump(e.as_str());
                 // Framing is lost: report what we have, marked truncated, and stop decoding.
                 if let Some(mut done) = self.pop_answered() {
                     done.truncated = true;
-                    out.push(done.into_record(ctx, ev.ts_enter_ns, false));
+                    work.out.push(done.into_record(ctx, ev.ts_enter_ns, false));
                 }
-                self.fail(ev, to_ignore);
+                self.fail(ev, work.to_ignore);
             }
         }
     }
 
-    fn pop_answered(&mut self) -> Option<RequestProgress> {
+    fn pop_answered(&mut self) -> Option<Box<RequestProgress>> {
         self.waiting.pop_front().or_else(|| self.reading.take())
     }
 

@@ -18,7 +18,7 @@ pub use stats::Stats;
 
 use crate::{
     capture::{Segment, SyscallEvent},
-    decode::http::Limits,
+    decode::http::{Limits, RequestEvent, ResponseEvent},
 };
 use connection::Connection;
 use rustc_hash::FxHashMap;
@@ -39,8 +39,22 @@ pub struct Tracker {
     engines: HashMap<u32, &'static str>,
     stats: Stats,
     unix_offset_ns: u64,
+    /// When capture last lost records (see [`Tracker::note_capture_loss`]).
+    last_loss_ns: u64,
     /// Connections that turned out not to be HTTP: capture should stop copying their bytes.
     to_ignore: Vec<(u32, i32, u64)>,
+    /// Decoder output buffers, shared by all connections (one connection is fed at a time).
+    request_events: Vec<RequestEvent>,
+    response_events: Vec<ResponseEvent>,
+}
+
+/// What a connection needs while it handles one syscall: where results go, and scratch space.
+pub(crate) struct Work<'a> {
+    pub stats: &'a mut Stats,
+    pub out: &'a mut Vec<RequestRecord>,
+    pub to_ignore: &'a mut Vec<(u32, i32, u64)>,
+    pub request_events: &'a mut Vec<RequestEvent>,
+    pub response_events: &'a mut Vec<ResponseEvent>,
 }
 
 impl Tracker {
@@ -55,7 +69,10 @@ impl Tracker {
             engines: HashMap::new(),
             stats: Stats::default(),
             unix_offset_ns: unix_offset_ns(),
+            last_loss_ns: 0,
             to_ignore: Vec::new(),
+            request_events: Vec::new(),
+            response_events: Vec::new(),
         }
     }
 
@@ -105,15 +122,15 @@ impl Tracker {
         else {
             return;
         };
-        let ctx = conn.context(self.unix_offset_ns);
-        conn.on_read(
-            ev,
-            &mut self.arrivals,
-            &mut self.stats,
-            ctx,
+        let ctx = conn.context(self.unix_offset_ns, self.last_loss_ns);
+        let mut work = Work {
+            stats: &mut self.stats,
             out,
-            &mut self.to_ignore,
-        );
+            to_ignore: &mut self.to_ignore,
+            request_events: &mut self.request_events,
+            response_events: &mut self.response_events,
+        };
+        conn.on_read(ev, &mut self.arrivals, ctx, &mut work);
     }
 
     pub fn on_write(&mut self, ev: &SyscallEvent<'_>, peer: Peer, out: &mut Vec<RequestRecord>) {
@@ -123,13 +140,26 @@ impl Tracker {
         else {
             return;
         };
-        let ctx = conn.context(self.unix_offset_ns);
-        conn.on_write(ev, &mut self.stats, ctx, out, &mut self.to_ignore);
+        let ctx = conn.context(self.unix_offset_ns, self.last_loss_ns);
+        let mut work = Work {
+            stats: &mut self.stats,
+            out,
+            to_ignore: &mut self.to_ignore,
+            request_events: &mut self.request_events,
+            response_events: &mut self.response_events,
+        };
+        conn.on_write(ev, ctx, &mut work);
     }
 
     /// fds whose capture should stop (not HTTP, or framing lost for good).
     pub fn take_ignored(&mut self) -> Vec<(u32, i32, u64)> {
         std::mem::take(&mut self.to_ignore)
+    }
+
+    /// The kernel dropped records (ring buffer full) at about `now_ns`: requests alive then are
+    /// reported with `capture_truncated`, since any of their events may be missing.
+    pub fn note_capture_loss(&mut self, now_ns: u64) {
+        self.last_loss_ns = now_ns;
     }
 
     /// Periodic upkeep: old segments, the wall-clock offset.
@@ -158,7 +188,7 @@ impl Tracker {
         let Some(conn) = self.connections.map.remove(&key) else {
             return;
         };
-        let ctx = conn.context(self.unix_offset_ns);
+        let ctx = conn.context(self.unix_offset_ns, self.last_loss_ns);
         if let (Some(port), Some(remote)) = (conn.peer.local_port, conn.peer.remote) {
             self.arrivals.forget_peer(port, remote);
         }
@@ -169,7 +199,7 @@ impl Tracker {
 /// Open connections by (tgid, fd). FxHash: the key is two small integers chosen by the kernel,
 /// and this lookup runs once per captured syscall.
 struct ConnectionTable {
-    map: FxHashMap<(u32, i32), Connection>,
+    map: FxHashMap<(u32, i32), Box<Connection>>,
     next_id: u64,
     limits: Limits,
 }
@@ -200,7 +230,13 @@ impl ConnectionTable {
                 self.next_id += 1;
                 stats.bump("connections_opened");
                 let engine = engines.get(&key.0).copied().unwrap_or("unknown");
-                Some(entry.insert(Connection::new(id, key.0, engine, peer, self.limits)))
+                Some(entry.insert(Box::new(Connection::new(
+                    id,
+                    key.0,
+                    engine,
+                    peer,
+                    self.limits,
+                ))))
             }
         }
     }

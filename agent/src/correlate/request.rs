@@ -133,7 +133,10 @@ impl RequestProgress {
             request_bytes: self.request_bytes,
             response_bytes: self.response_bytes,
             aborted,
-            capture_truncated: self.truncated || summary.body_truncated || self.gaps_dropped > 0,
+            capture_truncated: self.truncated
+                || summary.body_truncated
+                || self.gaps_dropped > 0
+                || (base.last_loss_ns != 0 && base.last_loss_ns >= arrival),
             connection_id: base.connection_id,
             seq_on_connection: self.seq,
             reader_tid: self.reader_tid,
@@ -149,6 +152,9 @@ pub struct RecordContext<'a> {
     pub connection_id: u64,
     /// CLOCK_REALTIME − CLOCK_MONOTONIC, in ns.
     pub unix_offset_ns: u64,
+    /// When capture last lost records (ring buffer full), 0 if never: a request alive then may
+    /// miss events.
+    pub last_loss_ns: u64,
 }
 
 #[cfg(test)]
@@ -167,6 +173,7 @@ mod tests {
             engine: "llamacpp",
             connection_id: 3,
             unix_offset_ns: 1_000,
+            last_loss_ns: 0,
         };
         let r = p.into_record(ctx, 21_000_000, false);
         assert_eq!(r.arrival_mono_ns, 900_000);
@@ -178,5 +185,20 @@ mod tests {
         assert_eq!(r.e2e_ms, 20.1);
         assert_eq!(r.request_id, "1-3-0");
         assert_eq!(r.read_delay_ms, Some(0.1));
+        assert!(!r.capture_truncated);
+    }
+
+    #[test]
+    fn a_capture_loss_during_the_request_marks_it_truncated() {
+        let ctx = |last_loss_ns| RecordContext {
+            pid: 1,
+            engine: "llamacpp",
+            connection_id: 3,
+            unix_offset_ns: 0,
+            last_loss_ns,
+        };
+        let p = || RequestProgress::new(0, 11, 1_000, None);
+        assert!(p().into_record(ctx(2_000), 3_000, true).capture_truncated);
+        assert!(!p().into_record(ctx(500), 3_000, true).capture_truncated);
     }
 }
