@@ -177,7 +177,9 @@ impl Pipeline {
                     tracker.note_capture_loss(monotonic_now_ns());
                 }
             }
-            let Some(item) = probes.events().next() else { break };
+            let Some(item) = probes.events().next() else {
+                break;
+            };
             stats.bump("ringbuf_records");
             match records::parse(&item) {
                 Err(e) => stats.bump(e.as_str()),

@@ -143,12 +143,7 @@ impl Connection {
         *work.request_events = events;
     }
 
-    pub fn on_write(
-        &mut self,
-        ev: &SyscallEvent<'_>,
-        ctx: RecordContext<'_>,
-        work: &mut Work<'_>,
-    ) {
+    pub fn on_write(&mut self, ev: &SyscallEvent<'_>, ctx: RecordContext<'_>, work: &mut Work<'_>) {
         if ev.ret < 0 {
             // EPIPE/ECONNRESET: the client went away mid-response.
             self.abort_all(ev.ts_enter_ns, work.stats, ctx, work.out);
