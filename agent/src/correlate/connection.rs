@@ -160,6 +160,8 @@ impl Connection {
         if target.first_byte_ns.is_none() {
             target.first_byte_ns = Some(ev.ts_enter_ns);
         }
+        let is_head = target.summary.as_ref().is_some_and(|s| s.method == "HEAD");
+        self.responses.set_next_is_head_reply(is_head);
         let chunk = Chunk {
             bytes: ev.payload,
             lost: ev.lost_bytes(),
@@ -195,16 +197,7 @@ impl Connection {
                 }
                 target.on_sse(&sse);
             }
-            ResponseEvent::Body(body) => {
-                if body.json_error {
-                    work.stats.bump("response_body_json_error");
-                }
-                if target.response_id.is_none() {
-                    target.response_id = body.id;
-                }
-                target.usage = body.usage.or(target.usage.take());
-                target.timings = body.timings.or(target.timings.take());
-            }
+            ResponseEvent::Body(body) => target.on_body(body, work.stats),
             ResponseEvent::End { ts_ns, .. } => {
                 self.last_response_end_ns = ts_ns;
                 if let Some(done) = self.pop_answered() {
@@ -266,6 +259,24 @@ impl Connection {
         ctx: RecordContext<'_>,
         out: &mut Vec<RequestRecord>,
     ) {
+        // A body delimited by the connection's close (no length, not chunked) is complete now.
+        let mut events = Vec::new();
+        self.responses.close(ts_ns, &mut events);
+        for event in events {
+            match event {
+                ResponseEvent::Body(body) => {
+                    if let Some(target) = self.waiting.front_mut().or(self.reading.as_mut()) {
+                        target.on_body(body, stats);
+                    }
+                }
+                ResponseEvent::End { ts_ns, .. } => {
+                    if let Some(done) = self.pop_answered() {
+                        out.push(done.into_record(ctx, ts_ns, false));
+                    }
+                }
+                _ => {}
+            }
+        }
         self.abort_all(ts_ns, stats, ctx, out);
     }
 }

@@ -172,6 +172,11 @@ impl Tracker {
         self.unix_offset_ns = unix_offset_ns();
     }
 
+    /// TCP segment arrivals waiting for their request to be read.
+    pub fn held_segments(&self) -> usize {
+        self.arrivals.len()
+    }
+
     pub fn open_connections(&self) -> usize {
         self.connections.map.len()
     }
@@ -266,4 +271,147 @@ pub fn monotonic_now_ns() -> u64 {
     // SAFETY: valid pointer to a timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use inferscope_common::SyscallKind;
+
+    use super::*;
+
+    fn ev(kind: SyscallKind, ts: u64, payload: &[u8]) -> SyscallEvent<'_> {
+        SyscallEvent {
+            kind,
+            tgid: 1,
+            tid: 2,
+            fd: 5,
+            ts_enter_ns: ts,
+            ts_exit_ns: ts,
+            ret: payload.len() as i64,
+            truncated: false,
+            copy_failed: false,
+            conn_gen: 0,
+            payload,
+        }
+    }
+
+    fn close(ts: u64) -> SyscallEvent<'static> {
+        SyscallEvent {
+            ret: 0,
+            ..ev(SyscallKind::Close, ts, b"")
+        }
+    }
+
+    #[test]
+    fn head_then_get_on_one_connection() {
+        let mut t = Tracker::new(Limits::default());
+        let mut out = Vec::new();
+        let peer = Peer::default();
+        t.on_read(
+            &ev(
+                SyscallKind::Read,
+                10,
+                b"HEAD /x HTTP/1.1\r\nHost: a\r\n\r\n",
+            ),
+            peer,
+            &mut out,
+        );
+        t.on_write(
+            &ev(
+                SyscallKind::Write,
+                20,
+                b"HTTP/1.1 200 OK\r\nContent-Length: 900\r\n\r\n",
+            ),
+            peer,
+            &mut out,
+        );
+        t.on_read(
+            &ev(SyscallKind::Read, 30, b"GET /y HTTP/1.1\r\nHost: a\r\n\r\n"),
+            peer,
+            &mut out,
+        );
+        t.on_write(
+            &ev(
+                SyscallKind::Write,
+                40,
+                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+            ),
+            peer,
+            &mut out,
+        );
+        assert_eq!(out.len(), 2, "{out:#?}");
+        assert_eq!((out[0].method.as_str(), out[0].aborted), ("HEAD", false));
+        assert_eq!((out[1].path.as_str(), out[1].aborted), ("/y", false));
+        assert_eq!(out[1].seq_on_connection, 1);
+    }
+
+    #[test]
+    fn a_body_delimited_by_close_ends_complete() {
+        let mut t = Tracker::new(Limits::default());
+        let mut out = Vec::new();
+        let peer = Peer::default();
+        t.on_read(
+            &ev(SyscallKind::Read, 10, b"GET /z HTTP/1.1\r\nHost: a\r\n\r\n"),
+            peer,
+            &mut out,
+        );
+        t.on_write(
+            &ev(
+                SyscallKind::Write,
+                20,
+                b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n{\"id\":\"cmpl-1\"}",
+            ),
+            peer,
+            &mut out,
+        );
+        assert!(out.is_empty());
+        t.on_close(&close(30), &mut out);
+        assert_eq!(out.len(), 1);
+        assert!(!out[0].aborted);
+        assert_eq!(out[0].response_id.as_deref(), Some("cmpl-1"));
+        assert_eq!(out[0].end_mono_ns, 30);
+    }
+
+    #[test]
+    fn a_stream_cut_by_the_client_is_aborted_and_a_half_read_request_is_not_invented() {
+        let mut t = Tracker::new(Limits::default());
+        let mut out = Vec::new();
+        let peer = Peer::default();
+        let body = r#"{"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+        let req = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        t.on_read(&ev(SyscallKind::Read, 10, req.as_bytes()), peer, &mut out);
+        t.on_write(&ev(SyscallKind::Write, 20, b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"), peer, &mut out);
+        let event = b"data: {\"id\":\"c-9\",\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n";
+        let chunk = [format!("{:x}\r\n", event.len()).as_bytes(), event, b"\r\n"].concat();
+        t.on_write(&ev(SyscallKind::Write, 30, &chunk), peer, &mut out);
+        // EPIPE on the next write: the client is gone.
+        t.on_write(
+            &SyscallEvent {
+                ret: -32,
+                ..ev(SyscallKind::Write, 40, b"")
+            },
+            peer,
+            &mut out,
+        );
+        assert_eq!(out.len(), 1);
+        assert!(out[0].aborted);
+        assert_eq!(out[0].output_chunks, 1);
+        assert_eq!(out[0].ttft_ms, Some(20e-6));
+        // Half a request, then close: no record.
+        t.on_read(
+            &ev(
+                SyscallKind::Read,
+                50,
+                b"POST /v1/chat/completions HTTP/1.1\r\nContent-Le",
+            ),
+            peer,
+            &mut out,
+        );
+        t.on_close(&close(60), &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(t.stats().get("requests_incomplete"), 1);
+    }
 }

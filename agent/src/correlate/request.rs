@@ -1,7 +1,7 @@
 //! One request's progress from its first byte read to the end of its response.
-use crate::decode::http::{RequestSummary, SseEvent, Timings, Usage};
+use crate::decode::http::{BodySummary, RequestSummary, SseEvent, Timings, Usage};
 
-use super::{percentile::percentile, record::RequestRecord};
+use super::{Stats, percentile::percentile, record::RequestRecord};
 
 /// Inter-token gaps kept per request; a longer stream keeps its first gaps and counts the rest.
 pub const MAX_GAPS: usize = 65536;
@@ -70,6 +70,18 @@ impl RequestProgress {
         if event.timings.is_some() {
             self.timings.clone_from(&event.timings);
         }
+    }
+
+    /// A non-streaming response body: ids and counts, no content.
+    pub fn on_body(&mut self, body: BodySummary, stats: &mut Stats) {
+        if body.json_error {
+            stats.bump("response_body_json_error");
+        }
+        if self.response_id.is_none() {
+            self.response_id = body.id;
+        }
+        self.usage = body.usage.or(self.usage.take());
+        self.timings = body.timings.or(self.timings.take());
     }
 
     pub fn arrival_ns(&self) -> u64 {

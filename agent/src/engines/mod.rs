@@ -46,10 +46,6 @@ static ENGINES: &[&dyn Engine] = &[
     &triton::Triton,
 ];
 
-pub fn all() -> &'static [&'static dyn Engine] {
-    ENGINES
-}
-
 /// The engine that claims `process`, else a user pattern that matches it (reported as "custom").
 pub fn identify(process: &ProcessInfo, user_patterns: &[String]) -> Option<&'static str> {
     if let Some(engine) = ENGINES.iter().find(|e| e.claims(process)) {

@@ -192,6 +192,8 @@ pub struct ResponseDecoder {
     sse: SseFramer,
     /// Non-streaming body kept for JSON parsing, wiped after.
     body: Vec<u8>,
+    /// The next response answers a HEAD request: it has no body whatever its headers say.
+    next_is_head_reply: bool,
 }
 
 impl ResponseDecoder {
@@ -203,12 +205,22 @@ impl ResponseDecoder {
             head: HeadBuf::default(),
             sse: SseFramer::default(),
             body: Vec::new(),
+            next_is_head_reply: false,
+        }
+    }
+
+    /// Says whether the next response answers a HEAD request (the response alone cannot tell,
+    /// and a HEAD reply's Content-Length describes a body that is never sent).
+    pub fn set_next_is_head_reply(&mut self, is_head: bool) {
+        if matches!(self.state, State::Head) {
+            self.next_is_head_reply = is_head;
         }
     }
 
     /// Forgets all state (e.g. after an error or a connection reuse).
     pub fn reset(&mut self) {
         self.state = State::Head;
+        self.next_is_head_reply = false;
         self.head.clear();
         self.sse.clear();
         wipe(&mut self.body);
@@ -341,7 +353,8 @@ impl ResponseDecoder {
             chunked: head.chunked,
             content_length: head.content_length,
         });
-        let framing = if head.status == 204 || head.status == 304 {
+        let no_body = std::mem::take(&mut self.next_is_head_reply);
+        let framing = if no_body || head.status == 204 || head.status == 304 {
             Framing::Length { remaining: 0 }
         } else if head.chunked {
             Framing::Chunked(ChunkedDecoder::new(self.limits.max_head_bytes))
@@ -915,5 +928,30 @@ mod tests {
         d.reset();
         d.feed(chunk(b"HTTP/1.1 204 No Content\r\n\r\n", 3), &mut out);
         assert_eq!(out.len(), 3);
+    }
+
+    #[test]
+    fn head_replies_have_no_body() {
+        let mut d = ResponseDecoder::new(Limits::default());
+        let mut out = Vec::new();
+        d.set_next_is_head_reply(true);
+        d.feed(
+            chunk(b"HTTP/1.1 200 OK\r\nContent-Length: 500\r\n\r\n", 1),
+            &mut out,
+        );
+        assert!(
+            matches!(out.last(), Some(ResponseEvent::End { .. })),
+            "{out:?}"
+        );
+        out.clear();
+        // The next response on the connection is decoded normally.
+        d.feed(
+            chunk(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", 2),
+            &mut out,
+        );
+        assert!(
+            matches!(out.last(), Some(ResponseEvent::End { .. })),
+            "{out:?}"
+        );
     }
 }
