@@ -57,6 +57,8 @@ pub struct Pipeline {
     records: Vec<RequestRecord>,
     /// Kernel ring-buffer drops seen so far.
     ringbuf_drops: u64,
+    /// Ring-buffer records read (a plain field: it counts every record).
+    records_read: u64,
 }
 
 impl Pipeline {
@@ -72,6 +74,7 @@ impl Pipeline {
             stats: Stats::default(),
             records: Vec::new(),
             ringbuf_drops: 0,
+            records_read: 0,
         })
     }
 
@@ -164,6 +167,7 @@ impl Pipeline {
             stats,
             records,
             ringbuf_drops,
+            records_read,
             ..
         } = self;
         let mut ignore: Vec<(u32, i32, u64)> = Vec::new();
@@ -180,7 +184,7 @@ impl Pipeline {
             let Some(item) = probes.events().next() else {
                 break;
             };
-            stats.bump("ringbuf_records");
+            *records_read += 1;
             match records::parse(&item) {
                 Err(e) => stats.bump(e.as_str()),
                 Ok(CapturedEvent::Segment(segment)) => tracker.on_segment(&segment),
@@ -238,6 +242,7 @@ impl Pipeline {
             .collect();
         all.extend(self.stats.iter().map(|(k, v)| (k.to_string(), v)));
         all.extend(self.tracker.stats().iter().map(|(k, v)| (k.to_string(), v)));
+        all.push(("ringbuf_records".into(), self.records_read));
         all.push(("fd_lookups".into(), self.classifier.lookups));
         all.push((
             "open_connections".into(),
