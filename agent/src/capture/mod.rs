@@ -6,6 +6,7 @@ pub mod probes;
 pub mod procfs;
 pub mod records;
 pub mod sockets;
+pub mod symbols;
 
 pub use discovery::{Discovery, DiscoveryChange, TargetSelector, TracedProcess};
 pub use fd_class::{FdClass, FdClassifier};
