@@ -12,7 +12,7 @@ use tracing::{info, warn};
 use crate::{
     capture::{
         CaptureConfig, CaptureError, CapturedEvent, Discovery, DiscoveryChange, FdClass,
-        FdClassifier, SocketProbes, TargetSelector, records,
+        FdClassifier, SocketProbes, TargetSelector, records, sched_hooks,
     },
     correlate::{Peer, RequestRecord, Stats, Tracker, monotonic_now_ns},
     decode::http::Limits,
@@ -121,6 +121,7 @@ impl Pipeline {
                 "engine process gone; detaching"
             );
             self.probes.untrace_process(gone.tgid);
+            self.probes.detach_uprobes(gone.tgid);
             for port in &gone.ports {
                 self.probes.unwatch_port(*port);
             }
@@ -146,6 +147,7 @@ impl Pipeline {
             self.ports.insert(new.tgid, new.ports.clone());
             self.tracker.set_engine(new.tgid, new.engine);
             self.probes.trace_process(new.tgid);
+            sched_hooks::attach(&mut self.probes, new);
         }
         if !change.added.is_empty()
             || !change.removed.is_empty()
@@ -188,6 +190,7 @@ impl Pipeline {
             match records::parse(&item) {
                 Err(e) => stats.bump(e.as_str()),
                 Ok(CapturedEvent::Segment(segment)) => tracker.on_segment(&segment),
+                Ok(CapturedEvent::Sched(event)) => tracker.on_sched(&event),
                 Ok(CapturedEvent::Syscall(ev)) => {
                     let Some(listening) = ports.get(&ev.tgid) else {
                         // A record from a process detached a moment ago.
@@ -204,7 +207,8 @@ impl Pipeline {
                             classifier.on_close(ev.tgid, ev.fd);
                         }
                         SyscallKind::Read | SyscallKind::Write => {
-                            match classifier.classify(ev.tgid, ev.fd, listening) {
+                            let first_read = (ev.kind == SyscallKind::Read).then_some(ev.payload);
+                            match classifier.classify(ev.tgid, ev.fd, listening, first_read) {
                                 FdClass::Other => {
                                     stats.bump("records_not_server_connection");
                                     ignore.push((ev.tgid, ev.fd, ev.conn_gen));

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::sockets;
+use super::sockets::{self, FdNow};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FdClass {
@@ -49,26 +49,83 @@ impl FdClassifier {
         self.accepted.retain(|(t, _)| *t != tgid);
     }
 
-    pub fn classify(&mut self, tgid: u32, fd: i32, listening_ports: &[u16]) -> FdClass {
+    /// `first_read` is the payload of the event being classified when it is a read: if the fd
+    /// is already closed when the agent looks (short connections, accepted before the agent
+    /// attached), a read that opens with an HTTP request line still marks a server connection.
+    pub fn classify(
+        &mut self,
+        tgid: u32,
+        fd: i32,
+        listening_ports: &[u16],
+        first_read: Option<&[u8]>,
+    ) -> FdClass {
         if let Some(class) = self.cache.get(&(tgid, fd)) {
             return *class;
         }
         self.lookups += 1;
+        let unknown_peer = FdClass::Server {
+            local_port: None,
+            remote: None,
+        };
         let class = match sockets::tcp_connection(tgid, fd) {
-            Some((local, peer)) if listening_ports.contains(&local.port()) => FdClass::Server {
-                local_port: Some(local.port()),
-                remote: Some(peer),
-            },
-            None if self.accepted.contains(&(tgid, fd)) => FdClass::Server {
-                local_port: None,
-                remote: None,
-            },
-            _ => FdClass::Other,
+            FdNow::TcpConnection { local, peer } if listening_ports.contains(&local.port()) => {
+                FdClass::Server {
+                    local_port: Some(local.port()),
+                    remote: Some(peer),
+                }
+            }
+            FdNow::TcpConnection { .. } | FdNow::Other => FdClass::Other,
+            FdNow::Gone if self.accepted.contains(&(tgid, fd)) => unknown_peer,
+            FdNow::Gone if first_read.is_some_and(starts_like_http_request) => unknown_peer,
+            FdNow::Gone => FdClass::Other,
         };
         if self.cache.len() >= MAX_CACHED {
             self.cache.clear();
         }
         self.cache.insert((tgid, fd), class);
         class
+    }
+}
+
+/// `METHOD SP /...`: the opening of an HTTP/1.x request line.
+fn starts_like_http_request(bytes: &[u8]) -> bool {
+    const METHODS: [&[u8]; 7] = [
+        b"GET ",
+        b"POST ",
+        b"PUT ",
+        b"DELETE ",
+        b"HEAD ",
+        b"OPTIONS ",
+        b"PATCH ",
+    ];
+    METHODS.iter().any(|m| bytes.starts_with(m))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_closed_fd_is_judged_by_its_first_read() {
+        let mut c = FdClassifier::default();
+        let gone_fd = 100_000;
+        let me = std::process::id();
+        assert_eq!(
+            c.classify(
+                me,
+                gone_fd,
+                &[80],
+                Some(b"POST /v1/chat/completions HTTP/1.1\r\n")
+            ),
+            FdClass::Server {
+                local_port: None,
+                remote: None
+            }
+        );
+        assert_eq!(
+            c.classify(me, gone_fd + 1, &[80], Some(b"\x16\x03\x01")),
+            FdClass::Other
+        );
+        assert_eq!(c.classify(me, gone_fd + 2, &[80], None), FdClass::Other);
     }
 }

@@ -5,10 +5,11 @@ pub mod fd_class;
 pub mod probes;
 pub mod procfs;
 pub mod records;
+pub mod sched_hooks;
 pub mod sockets;
 pub mod symbols;
 
 pub use discovery::{Discovery, DiscoveryChange, TargetSelector, TracedProcess};
 pub use fd_class::{FdClass, FdClassifier};
 pub use probes::{CaptureConfig, CaptureError, SocketProbes};
-pub use records::{CapturedEvent, RecordError, Segment, SyscallEvent};
+pub use records::{CapturedEvent, RecordError, SchedEvent, Segment, SyscallEvent};

@@ -5,7 +5,10 @@ use std::os::fd::{AsFd, AsRawFd, RawFd};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
-    programs::TracePoint,
+    programs::{
+        TracePoint, UProbe,
+        uprobe::{UProbeAttachLocation, UProbeLinkId, UProbeScope},
+    },
 };
 use aya_log::EbpfLogger;
 use inferscope_common::{COUNTER_SLOTS, Counter, MAX_CAPTURE_BYTES, fd_key};
@@ -88,7 +91,9 @@ static PROGRAM_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR
 
 pub struct SocketProbes {
     // Keeps programs and links alive; dropping it detaches everything.
-    _ebpf: Ebpf,
+    ebpf: Ebpf,
+    /// Scheduler uprobes attached per process, to detach when it goes.
+    uprobe_links: std::collections::HashMap<u32, Vec<(String, UProbeLinkId)>>,
     events: RingBuf<MapData>,
     targets: HashMap<MapData, u32, u8>,
     ports: HashMap<MapData, u16, u8>,
@@ -156,6 +161,18 @@ impl SocketProbes {
                     source: Box::new(source),
                 })?;
         }
+        // Engine scheduler uprobes are loaded now and attached per process when one is found.
+        for (name, program) in ebpf.programs_mut() {
+            if let Ok(uprobe) = <&mut UProbe>::try_from(program) {
+                uprobe.load().map_err(|source| CaptureError::Attach {
+                    program: "engine uprobe",
+                    category: "uprobe",
+                    tracepoint: "(load)",
+                    source: Box::new(source),
+                })?;
+                debug!(program = name, "uprobe program loaded");
+            }
+        }
         // Must come after loading (it looks up the programs' log map).
         let logger = match EbpfLogger::init(&mut ebpf) {
             Ok(logger) => Some(logger),
@@ -181,7 +198,8 @@ impl SocketProbes {
         let counters =
             PerCpuArray::try_from(take_map(&mut ebpf, "COUNTERS")?).map_err(map_err("COUNTERS"))?;
         Ok(Self {
-            _ebpf: ebpf,
+            ebpf,
+            uprobe_links: std::collections::HashMap::new(),
             events,
             targets,
             ports,
@@ -231,6 +249,44 @@ impl SocketProbes {
             .iter()
             .map(|&c| (c.name(), self.counter(c)))
             .collect()
+    }
+
+    /// Attaches the engine uprobe `program` at `file_offset` of `object`, for process `tgid` only.
+    pub fn attach_uprobe(
+        &mut self,
+        program: &str,
+        object: &std::path::Path,
+        file_offset: u64,
+        tgid: u32,
+    ) -> Result<(), String> {
+        let pid = std::num::NonZeroU32::new(tgid).ok_or("pid 0")?;
+        let uprobe: &mut UProbe = self
+            .ebpf
+            .program_mut(program)
+            .ok_or_else(|| format!("no eBPF program {program}"))?
+            .try_into()
+            .map_err(|e| format!("{program} is not a uprobe: {e}"))?;
+        let link = uprobe
+            .attach(
+                UProbeAttachLocation::AbsoluteOffset(file_offset),
+                object,
+                UProbeScope::OneProcess(pid),
+            )
+            .map_err(|e| e.to_string())?;
+        self.uprobe_links
+            .entry(tgid)
+            .or_default()
+            .push((program.to_owned(), link));
+        Ok(())
+    }
+
+    /// Removes every uprobe attached for `tgid` (the process went away or is no longer traced).
+    pub fn detach_uprobes(&mut self, tgid: u32) {
+        for (program, link) in self.uprobe_links.remove(&tgid).unwrap_or_default() {
+            if let Some(Ok(uprobe)) = self.ebpf.program_mut(&program).map(<&mut UProbe>::try_from) {
+                let _ = uprobe.detach(link);
+            }
+        }
     }
 
     /// One kernel counter, summed over CPUs.

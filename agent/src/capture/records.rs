@@ -3,7 +3,8 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use inferscope_common::{
-    FLAG_COPY_FAILED, FLAG_TRUNCATED, RecordType, SegmentRecord, SyscallKind, SyscallRecord,
+    FLAG_COPY_FAILED, FLAG_TRUNCATED, RecordType, SchedKind, SchedRecord, SegmentRecord,
+    SyscallKind, SyscallRecord,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -67,10 +68,21 @@ pub struct Segment {
     pub data_len: u32,
 }
 
+/// A scheduler event from an engine uprobe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchedEvent {
+    pub kind: SchedKind,
+    pub tgid: u32,
+    pub tid: u32,
+    pub ts_ns: u64,
+    pub task_id: i64,
+}
+
 #[derive(Debug, Clone, Copy)]
 pub enum CapturedEvent<'a> {
     Syscall(SyscallEvent<'a>),
     Segment(Segment),
+    Sched(SchedEvent),
 }
 
 fn read_struct<T: Copy>(bytes: &[u8]) -> Option<T> {
@@ -113,6 +125,15 @@ pub fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
             remote: sockaddr_ip(record.family, &record.remote_sockaddr),
             remote_port: record.remote_port,
             data_len: record.data_len,
+        }))
+    } else if record_type == RecordType::Sched as u8 {
+        let record: SchedRecord = read_struct(bytes).ok_or(RecordError::Short)?;
+        Ok(CapturedEvent::Sched(SchedEvent {
+            kind: SchedKind::from_u8(record.kind).ok_or(RecordError::UnknownKind)?,
+            tgid: record.tgid,
+            tid: record.tid,
+            ts_ns: record.ts_ns,
+            task_id: record.task_id,
         }))
     } else {
         Err(RecordError::UnknownType)

@@ -155,14 +155,34 @@ pub fn listening_ports(tgid: u32) -> Vec<u16> {
     ports
 }
 
-/// The TCP connection behind `fd` of `tgid`: (local, peer), or None if it is none (or gone).
-pub fn tcp_connection(tgid: u32, fd: i32) -> Option<(SocketAddr, SocketAddr)> {
+/// What `fd` of `tgid` is now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FdNow {
+    TcpConnection {
+        local: SocketAddr,
+        peer: SocketAddr,
+    },
+    Other,
+    /// Closed already (or the process is gone): the agent looked too late.
+    Gone,
+}
+
+pub fn tcp_connection(tgid: u32, fd: i32) -> FdNow {
     let inspected = ProcessHandle::open(tgid).and_then(|p| p.inspect(fd));
     match inspected {
-        Ok(FdKind::TcpConnection { local, peer }) => Some((local, peer)),
-        Ok(_) => None,
-        Err(e) if e.raw_os_error() == Some(libc::EBADF) => None,
-        Err(_) => procfs::tcp_connection(tgid, fd).map(|e| (e.local, e.remote)),
+        Ok(FdKind::TcpConnection { local, peer }) => FdNow::TcpConnection { local, peer },
+        Ok(_) => FdNow::Other,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EBADF) | Some(libc::ESRCH)) => FdNow::Gone,
+        Err(_) => match procfs::tcp_connection(tgid, fd) {
+            Some(e) => FdNow::TcpConnection {
+                local: e.local,
+                peer: e.remote,
+            },
+            None if procfs::socket_inode(tgid, fd).is_none() && !procfs::process_exists(tgid) => {
+                FdNow::Gone
+            }
+            None => FdNow::Other,
+        },
     }
 }
 
@@ -196,8 +216,9 @@ mod tests {
         assert!(listening_ports(std::process::id()).contains(&addr.port()));
         assert_eq!(
             tcp_connection(std::process::id(), server.as_raw_fd()),
-            Some((addr, peer))
+            FdNow::TcpConnection { local: addr, peer }
         );
+        assert_eq!(tcp_connection(std::process::id(), 100_000), FdNow::Gone);
         drop(client);
     }
 

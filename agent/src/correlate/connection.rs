@@ -125,6 +125,7 @@ impl Connection {
                         work.stats.bump("request_body_json_error");
                     }
                     progress.summary = Some(summary);
+                    work.read_complete = Some((ev.tid, progress.seq));
                     if self.waiting.len() >= MAX_WAITING {
                         work.stats.bump("requests_waiting_over_limit");
                         continue;
@@ -214,6 +215,15 @@ impl Connection {
                 self.fail(ev, work.to_ignore);
             }
         }
+    }
+
+    /// The request with sequence number `seq`, if it is still open.
+    pub fn request_mut(&mut self, seq: u32) -> Option<&mut RequestProgress> {
+        self.reading
+            .iter_mut()
+            .chain(self.waiting.iter_mut())
+            .map(|b| &mut **b)
+            .find(|r| r.seq == seq)
     }
 
     fn pop_answered(&mut self) -> Option<Box<RequestProgress>> {

@@ -5,6 +5,7 @@ mod connection;
 pub mod percentile;
 pub mod record;
 mod request;
+mod sched;
 pub mod stats;
 
 use std::{
@@ -17,10 +18,11 @@ pub use record::RequestRecord;
 pub use stats::Stats;
 
 use crate::{
-    capture::{Segment, SyscallEvent},
+    capture::{SchedEvent, Segment, SyscallEvent},
     decode::http::{Limits, RequestEvent, ResponseEvent},
 };
 use connection::Connection;
+use inferscope_common::SchedKind;
 use rustc_hash::FxHashMap;
 
 /// Connections tracked at once; beyond it new connections are counted and skipped.
@@ -46,6 +48,8 @@ pub struct Tracker {
     /// Decoder output buffers, shared by all connections (one connection is fed at a time).
     request_events: Vec<RequestEvent>,
     response_events: Vec<ResponseEvent>,
+    /// Scheduler-hook joins: reading thread → request → engine task.
+    joins: sched::SchedJoins,
 }
 
 /// What a connection needs while it handles one syscall: where results go, and scratch space.
@@ -55,6 +59,8 @@ pub(crate) struct Work<'a> {
     pub to_ignore: &'a mut Vec<(u32, i32, u64)>,
     pub request_events: &'a mut Vec<RequestEvent>,
     pub response_events: &'a mut Vec<ResponseEvent>,
+    /// Set when a request finished arriving: (reading thread, its sequence number).
+    pub read_complete: Option<(u32, u32)>,
 }
 
 impl Tracker {
@@ -73,6 +79,7 @@ impl Tracker {
             to_ignore: Vec::new(),
             request_events: Vec::new(),
             response_events: Vec::new(),
+            joins: sched::SchedJoins::default(),
         }
     }
 
@@ -97,6 +104,7 @@ impl Tracker {
             self.finish_connection(key, now_ns, out);
         }
         self.engines.remove(&tgid);
+        self.joins.forget_process(tgid);
     }
 
     pub fn on_segment(&mut self, segment: &Segment) {
@@ -129,8 +137,12 @@ impl Tracker {
             to_ignore: &mut self.to_ignore,
             request_events: &mut self.request_events,
             response_events: &mut self.response_events,
+            read_complete: None,
         };
         conn.on_read(ev, &mut self.arrivals, ctx, &mut work);
+        if let Some((tid, seq)) = work.read_complete {
+            self.joins.request_read(ev.tgid, tid, ev.fd, seq);
+        }
     }
 
     pub fn on_write(&mut self, ev: &SyscallEvent<'_>, peer: Peer, out: &mut Vec<RequestRecord>) {
@@ -147,8 +159,32 @@ impl Tracker {
             to_ignore: &mut self.to_ignore,
             request_events: &mut self.request_events,
             response_events: &mut self.response_events,
+            read_complete: None,
         };
         conn.on_write(ev, ctx, &mut work);
+    }
+
+    /// An engine scheduler event (uprobe): joins the engine's task to the HTTP request read on
+    /// the posting thread, and stamps admission.
+    pub fn on_sched(&mut self, event: &SchedEvent) {
+        let Some((fd, seq)) = self.joins.locate(event, &mut self.stats) else {
+            return;
+        };
+        let request = self
+            .connections
+            .map
+            .get_mut(&(event.tgid, fd))
+            .and_then(|conn| conn.request_mut(seq));
+        let Some(request) = request else {
+            self.stats.bump("sched_request_gone");
+            return;
+        };
+        match event.kind {
+            SchedKind::TaskPosted => request.task_id = Some(event.task_id),
+            SchedKind::TaskAdmitted => {
+                request.admitted_ns.get_or_insert(event.ts_ns);
+            }
+        }
     }
 
     /// fds whose capture should stop (not HTTP, or framing lost for good).

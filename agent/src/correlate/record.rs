@@ -37,6 +37,14 @@ pub struct RequestRecord {
     pub end_mono_ns: u64,
 
     pub ttft_ms: Option<f64>,
+    /// The engine's own task id (scheduler hooks).
+    pub engine_task_id: Option<i64>,
+    /// When the engine's scheduler admitted the request (scheduler hooks).
+    pub admitted_mono_ns: Option<u64>,
+    /// Arrival → admission: time spent waiting for a slot.
+    pub queue_wait_ms: Option<f64>,
+    /// Admission → first token.
+    pub prefill_ms: Option<f64>,
     pub tpot_ms: Option<f64>,
     pub itl_p50_ms: Option<f64>,
     pub itl_p99_ms: Option<f64>,

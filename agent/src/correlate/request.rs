@@ -26,6 +26,10 @@ pub struct RequestProgress {
     pub timings: Option<Timings>,
     pub response_bytes: u64,
     pub truncated: bool,
+    /// The engine's task id, from its scheduler hook on the thread that read the request.
+    pub task_id: Option<i64>,
+    /// When the engine's scheduler admitted the task (gave it a slot).
+    pub admitted_ns: Option<u64>,
 }
 
 impl RequestProgress {
@@ -132,6 +136,13 @@ impl RequestProgress {
             last_token_mono_ns: self.last_token_ns,
             end_mono_ns: end_ns,
             ttft_ms: self.first_token_ns.map(|t| ms(arrival, t)),
+            engine_task_id: self.task_id,
+            admitted_mono_ns: self.admitted_ns,
+            queue_wait_ms: self.admitted_ns.map(|a| ms(arrival, a)),
+            prefill_ms: match (self.admitted_ns, self.first_token_ns) {
+                (Some(a), Some(t)) => Some(ms(a, t)),
+                _ => None,
+            },
             tpot_ms,
             itl_p50_ms: percentile(&gaps, 0.5),
             itl_p99_ms: percentile(&gaps, 0.99),

@@ -1,6 +1,20 @@
 //! llama.cpp's HTTP server: the `llama-server` binary, or the library loaded into another
 //! process (libllama, or the xllamacpp Python extension).
-use super::{Engine, ProcessInfo};
+use super::{Engine, ProcessInfo, SchedulerHook};
+
+static HOOKS: &[SchedulerHook] = &[
+    SchedulerHook {
+        program: "llamacpp_post_tasks",
+        // The HTTP handler posts its tasks as a vector, on the thread that read the request.
+        symbol: "server_queue::post(std::vector<server_task, std::allocator<server_task> >&&, bool)",
+        gives: "the join from HTTP request to engine task",
+    },
+    SchedulerHook {
+        program: "llamacpp_admit",
+        symbol: "server_context_impl::launch_slot_with_task",
+        gives: "admission (queue wait vs prefill)",
+    },
+];
 
 pub struct LlamaCpp;
 
@@ -14,5 +28,13 @@ impl Engine for LlamaCpp {
             || p.maps_file("xllamacpp")
             || p.maps_file("libllama")
             || p.maps_file("llama-server")
+    }
+
+    fn scheduler_hooks(&self) -> &'static [SchedulerHook] {
+        HOOKS
+    }
+
+    fn hook_objects(&self) -> &'static [&'static str] {
+        &["xllamacpp", "llama-server", "libllama"]
     }
 }

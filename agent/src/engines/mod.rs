@@ -31,11 +31,35 @@ impl ProcessInfo {
     }
 }
 
+/// A scheduler function to hook with one of the kernel's engine uprobe programs.
+#[derive(Debug, Clone, Copy)]
+pub struct SchedulerHook {
+    /// eBPF program name (ebpf/probes/src/engines/).
+    pub program: &'static str,
+    /// Demangled name or full signature (see `capture::symbols`).
+    pub symbol: &'static str,
+    /// What is lost without it, for the warning when it cannot be attached.
+    pub gives: &'static str,
+}
+
 pub trait Engine: Sync {
     /// Stable name used in records and metrics ("llamacpp", "vllm", ...).
     fn name(&self) -> &'static str;
     /// Whether `process` is this engine's serving process.
     fn claims(&self, process: &ProcessInfo) -> bool;
+    /// Scheduler functions to uprobe, for native engines.
+    fn scheduler_hooks(&self) -> &'static [SchedulerHook] {
+        &[]
+    }
+    /// Which mapped files (by file-name substring) hold those functions.
+    fn hook_objects(&self) -> &'static [&'static str] {
+        &[]
+    }
+}
+
+/// The plugin behind an engine name from discovery.
+pub fn by_name(name: &str) -> Option<&'static dyn Engine> {
+    ENGINES.iter().copied().find(|e| e.name() == name)
 }
 
 static ENGINES: &[&dyn Engine] = &[

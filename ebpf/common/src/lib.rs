@@ -15,6 +15,7 @@ pub const MAX_IOV: usize = 8;
 pub enum RecordType {
     Syscall = 1,
     Segment = 2,
+    Sched = 3,
 }
 
 /// Which socket operation a [`SyscallRecord`] describes.
@@ -87,6 +88,41 @@ pub struct SegmentRecord {
     pub _pad2: u32,
 }
 
+/// What an engine's scheduler did, seen by a uprobe.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchedKind {
+    /// The thread that read an HTTP request handed the engine a task (its id).
+    TaskPosted = 1,
+    /// The scheduler gave the task a slot: prefill starts.
+    TaskAdmitted = 2,
+}
+
+impl SchedKind {
+    pub fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(Self::TaskPosted),
+            2 => Some(Self::TaskAdmitted),
+            _ => None,
+        }
+    }
+}
+
+/// One scheduler event from a uprobe on the engine.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SchedRecord {
+    pub record_type: u8,
+    pub kind: u8,
+    pub _pad: u16,
+    pub tgid: u32,
+    pub tid: u32,
+    pub _pad1: u32,
+    pub ts_ns: u64,
+    /// The engine's own task id.
+    pub task_id: i64,
+}
+
 /// Indices into the per-CPU counter array. Every drop and truncation in the kernel lands here.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,18 +139,24 @@ pub enum Counter {
     InflightMapFull = 4,
     /// Segment records emitted.
     Segments = 5,
+    /// Scheduler (uprobe) records emitted.
+    SchedEvents = 6,
+    /// A uprobe could not read the engine's memory where it expected its task.
+    SchedReadFailed = 7,
 }
 
 pub const COUNTER_SLOTS: u32 = 8;
 
 impl Counter {
-    pub const ALL: [Counter; 6] = [
+    pub const ALL: [Counter; 8] = [
         Counter::RecordsEmitted,
         Counter::RingbufFull,
         Counter::PayloadTruncated,
         Counter::CopyFailed,
         Counter::InflightMapFull,
         Counter::Segments,
+        Counter::SchedEvents,
+        Counter::SchedReadFailed,
     ];
 
     pub fn name(self) -> &'static str {
@@ -125,6 +167,8 @@ impl Counter {
             Counter::CopyFailed => "copy_failed",
             Counter::InflightMapFull => "inflight_map_full",
             Counter::Segments => "segments",
+            Counter::SchedEvents => "sched_events",
+            Counter::SchedReadFailed => "sched_read_failed",
         }
     }
 }
@@ -140,6 +184,7 @@ mod pod {
     // SAFETY: plain repr(C) integers and byte arrays with explicit padding fields.
     unsafe impl aya::Pod for super::SyscallRecord {}
     unsafe impl aya::Pod for super::SegmentRecord {}
+    unsafe impl aya::Pod for super::SchedRecord {}
 }
 
 #[cfg(test)]
@@ -151,6 +196,7 @@ mod tests {
     fn layouts_are_stable() {
         assert_eq!(core::mem::size_of::<SyscallRecord>(), 56);
         assert_eq!(core::mem::size_of::<SegmentRecord>(), 56);
+        assert_eq!(core::mem::size_of::<SchedRecord>(), 32);
         assert_eq!(core::mem::offset_of!(SegmentRecord, remote_sockaddr), 24);
     }
 

@@ -6,6 +6,7 @@
 
 mod counters;
 mod ctx;
+mod engines;
 mod maps;
 mod ringbuf;
 mod socket;

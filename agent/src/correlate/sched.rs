@@ -1,0 +1,60 @@
+//! Exact joins for scheduler hooks: an engine task is posted on the thread that read its HTTP
+//! request (llama.cpp's handler runs there), so (process, thread) → the request it just read →
+//! the task id; admission then names the task id.
+use rustc_hash::FxHashMap;
+
+use inferscope_common::SchedKind;
+
+use super::Stats;
+use crate::capture::SchedEvent;
+
+/// Entries per map; beyond it new joins are refused (counted).
+const MAX_ENTRIES: usize = 65536;
+
+#[derive(Default)]
+pub struct SchedJoins {
+    /// (tgid, tid) → the request (fd, seq) that thread finished reading last, not yet posted.
+    read_by_thread: FxHashMap<(u32, u32), (i32, u32)>,
+    /// (tgid, task id) → the request (fd, seq), until it is admitted.
+    by_task: FxHashMap<(u32, i64), (i32, u32)>,
+}
+
+impl SchedJoins {
+    pub fn request_read(&mut self, tgid: u32, tid: u32, fd: i32, seq: u32) {
+        if self.read_by_thread.len() < MAX_ENTRIES || self.read_by_thread.contains_key(&(tgid, tid))
+        {
+            self.read_by_thread.insert((tgid, tid), (fd, seq));
+        }
+    }
+
+    /// Which request (fd, seq) `event` belongs to.
+    pub fn locate(&mut self, event: &SchedEvent, stats: &mut Stats) -> Option<(i32, u32)> {
+        match event.kind {
+            SchedKind::TaskPosted => {
+                let Some(request) = self.read_by_thread.remove(&(event.tgid, event.tid)) else {
+                    // Posted by a thread that read no HTTP request: an internal task.
+                    stats.bump("sched_post_without_request");
+                    return None;
+                };
+                if self.by_task.len() >= MAX_ENTRIES {
+                    stats.bump("sched_joins_over_limit");
+                    return None;
+                }
+                self.by_task.insert((event.tgid, event.task_id), request);
+                Some(request)
+            }
+            SchedKind::TaskAdmitted => {
+                let found = self.by_task.remove(&(event.tgid, event.task_id));
+                if found.is_none() {
+                    stats.bump("sched_admit_unknown_task");
+                }
+                found
+            }
+        }
+    }
+
+    pub fn forget_process(&mut self, tgid: u32) {
+        self.read_by_thread.retain(|(t, _), _| *t != tgid);
+        self.by_task.retain(|(t, _), _| *t != tgid);
+    }
+}

@@ -1,0 +1,133 @@
+//! Scheduler uprobes on the real llama.cpp engine: TTFT split into queue wait and prefill, per
+//! request, with admission joined exactly through the engine's task id.
+use std::time::Duration;
+
+use inferscope_integration_tests::{agent::Recorder, client::Client, engine::Engine, free_port};
+use serde_json::Value;
+
+#[test]
+fn queue_wait_and_prefill_for_six_streams_on_two_slots() {
+    let dir = std::env::temp_dir().join(format!("inferscope-it-sched-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let port = free_port();
+    // The engine runs before the agent: hooks attach to a live process.
+    let engine = Engine::start(port, 2);
+    let mut recorder = Recorder::start(&dir, &["--port", &port.to_string()]);
+    recorder.wait_attached(engine.pid(), Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(300));
+
+    let topics = ["rivers", "owls", "glaciers", "pianos", "comets", "gardens"];
+    let clients: Vec<_> = topics
+        .iter()
+        .enumerate()
+        .map(|(i, topic)| {
+            let prompt = format!("({i}) Write two sentences about {topic}.");
+            std::thread::spawn(move || Client::connect(port).chat(&prompt, 16, None))
+        })
+        .collect();
+    let streams: Vec<_> = clients
+        .into_iter()
+        .map(|c| c.join().expect("client"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let log = recorder.log_text();
+    let records = recorder.stop();
+    drop(engine);
+
+    assert!(log.contains("scheduler hook attached"), "{log}");
+    let chats: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["path"] == "/v1/chat/completions")
+        .collect();
+    assert_eq!(chats.len(), 6, "{records:#?}");
+    for s in &streams {
+        assert!(
+            chats
+                .iter()
+                .any(|r| r["response_id"].as_str() == s.response_id.as_deref())
+        );
+    }
+
+    for r in &chats {
+        let queue = r["queue_wait_ms"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("queue_wait_ms: {r:#?}"));
+        let prefill = r["prefill_ms"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("prefill_ms: {r:#?}"));
+        let ttft = r["ttft_ms"].as_f64().expect("ttft");
+        assert!(
+            (queue + prefill - ttft).abs() < 0.01,
+            "queue + prefill = TTFT: {r:#?}"
+        );
+        assert!(r["engine_task_id"].is_i64());
+        // The engine's own prefill time (timings.prompt_ms in its final chunk) agrees.
+        let engine_prefill = r["engine_prompt_ms"].as_f64().expect("engine timings");
+        let tolerance = (engine_prefill * 0.10).max(5.0);
+        assert!(
+            (prefill - engine_prefill).abs() <= tolerance,
+            "prefill {prefill:.2} ms vs engine {engine_prefill:.2} ms: {r:#?}"
+        );
+    }
+    // With 2 slots, every admission after the first two had to wait for a slot to free: it
+    // follows an earlier request's finish within 5 ms.
+    let mut by_admission: Vec<&&Value> = chats.iter().collect();
+    by_admission.sort_by_key(|r| r["admitted_mono_ns"].as_u64());
+    let mut waited = 0;
+    for r in by_admission.iter().skip(2) {
+        let admitted = r["admitted_mono_ns"].as_u64().expect("admitted");
+        assert!(r["queue_wait_ms"].as_f64().unwrap_or(0.0) > 10.0, "{r:#?}");
+        let freed_by = chats.iter().any(|other| {
+            let end = other["end_mono_ns"].as_u64().unwrap_or(0);
+            end <= admitted && admitted - end <= 5_000_000
+        });
+        assert!(
+            freed_by,
+            "admission {admitted} follows no finish within 5 ms: {chats:#?}"
+        );
+        waited += 1;
+    }
+    assert!(
+        waited >= 3,
+        "at least 3 of 6 requests waited for one of 2 slots: {chats:#?}"
+    );
+}
+
+#[test]
+fn an_engine_without_the_hooked_functions_still_gets_socket_records_and_a_clear_warning() {
+    let dir = std::env::temp_dir().join(format!("inferscope-it-nohooks-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    // A server named like llama.cpp's (so the llama.cpp plugin claims it) that has none of its
+    // scheduler functions: what a stripped or unfamiliar build looks like to the agent.
+    let fake = dir.join("llama-server");
+    std::fs::copy(env!("CARGO_BIN_EXE_sse_load"), &fake).expect("copying sse_load");
+    let port = free_port();
+    let mut server = std::process::Command::new(&fake)
+        .args(["serve", "--port", &port.to_string(), "--tokens", "5"])
+        .spawn()
+        .expect("starting the stand-in server");
+    let mut recorder = Recorder::start(&dir, &["--auto"]);
+    recorder.wait_attached(server.id(), Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(300));
+    let stream = Client::connect(port).chat("hello", 5, None);
+    std::thread::sleep(Duration::from_millis(300));
+    let log = recorder.log_text();
+    let records = recorder.stop();
+    let _ = server.kill();
+    let _ = server.wait();
+
+    assert!(
+        log.contains("scheduler function not found")
+            && log.contains("admission (queue wait vs prefill)"),
+        "{log}"
+    );
+    assert_eq!(records.len(), 1, "{records:#?}");
+    let r = &records[0];
+    assert_eq!(r["engine"], "llamacpp");
+    assert_eq!(r["response_id"].as_str(), stream.response_id.as_deref());
+    assert_eq!(r["output_chunks"], 5);
+    assert!(r["ttft_ms"].is_f64());
+    assert!(r["queue_wait_ms"].is_null() && r["prefill_ms"].is_null());
+}
