@@ -14,7 +14,7 @@ use crate::{
         CaptureConfig, CaptureError, CapturedEvent, Discovery, DiscoveryChange, FdClass,
         FdClassifier, SocketProbes, TargetSelector, records, sched_hooks,
     },
-    correlate::{Peer, RequestRecord, Stats, Tracker, monotonic_now_ns},
+    correlate::{Peer, RequestRecord, Stats, StepRecord, Tracker, monotonic_now_ns},
     decode::http::Limits,
 };
 
@@ -41,6 +41,8 @@ impl PipelineConfig {
 /// What the pipeline reports as it runs.
 pub trait Observer {
     fn on_record(&mut self, record: RequestRecord);
+    /// An engine step finished (scheduler hooks).
+    fn on_step(&mut self, _step: StepRecord) {}
     /// Discovery attached to or detached from processes.
     fn on_discovery(&mut self, _change: &DiscoveryChange) {}
 }
@@ -55,6 +57,7 @@ pub struct Pipeline {
     ports: FxHashMap<u32, Vec<u16>>,
     stats: Stats,
     records: Vec<RequestRecord>,
+    steps: Vec<StepRecord>,
     /// Kernel ring-buffer drops seen so far.
     ringbuf_drops: u64,
     /// Ring-buffer records read (a plain field: it counts every record).
@@ -73,6 +76,7 @@ impl Pipeline {
             ports: FxHashMap::default(),
             stats: Stats::default(),
             records: Vec::new(),
+            steps: Vec::new(),
             ringbuf_drops: 0,
             records_read: 0,
         })
@@ -168,6 +172,7 @@ impl Pipeline {
             ports,
             stats,
             records,
+            steps,
             ringbuf_drops,
             records_read,
             ..
@@ -190,7 +195,7 @@ impl Pipeline {
             match records::parse(&item) {
                 Err(e) => stats.bump(e.as_str()),
                 Ok(CapturedEvent::Segment(segment)) => tracker.on_segment(&segment),
-                Ok(CapturedEvent::Sched(event)) => tracker.on_sched(&event),
+                Ok(CapturedEvent::Sched(event)) => tracker.on_sched(&event, steps),
                 Ok(CapturedEvent::Syscall(ev)) => {
                     let Some(listening) = ports.get(&ev.tgid) else {
                         // A record from a process detached a moment ago.
@@ -233,6 +238,9 @@ impl Pipeline {
         }
         for record in records.drain(..) {
             observer.on_record(record);
+        }
+        for step in steps.drain(..) {
+            observer.on_step(step);
         }
     }
 

@@ -225,7 +225,13 @@ fn engine_started_after_the_agent_and_bad_input_on_its_port() {
     std::thread::sleep(Duration::from_millis(800));
     assert!(recorder.is_running(), "the agent survived bad input");
     let log_path = recorder.log.clone();
-    let records = recorder.stop();
+    // --auto traces every engine on the machine: keep this engine's records.
+    let pid = engine.pid();
+    let records: Vec<Value> = recorder
+        .stop()
+        .into_iter()
+        .filter(|r| r["pid"] == pid)
+        .collect();
     drop(engine);
 
     let ids = by_response_id(&records);

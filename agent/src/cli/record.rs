@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use clap::Args;
 use inferscope::{
     capture::DiscoveryChange,
-    correlate::RequestRecord,
+    correlate::{RequestRecord, StepRecord},
     export::{jsonl::JsonlWriter, live},
     pipeline::{Observer, Pipeline},
 };
@@ -27,10 +27,14 @@ pub struct RecordArgs {
     /// Where to write the records (JSON Lines).
     #[arg(long, short)]
     pub out: PathBuf,
+    /// Also write one JSON line per engine step (needs an engine with scheduler hooks).
+    #[arg(long)]
+    pub steps: Option<PathBuf>,
 }
 
 struct RecordObserver {
     writer: JsonlWriter,
+    steps: Option<JsonlWriter>,
     live: bool,
     write_failed: bool,
 }
@@ -43,6 +47,17 @@ impl Observer for RecordObserver {
         if let Err(e) = self.writer.write(&record) {
             if !self.write_failed {
                 error!("writing a record failed: {e}; later records are lost too");
+            }
+            self.write_failed = true;
+        }
+    }
+
+    fn on_step(&mut self, step: StepRecord) {
+        if let Some(w) = self.steps.as_mut()
+            && let Err(e) = w.write(&step)
+        {
+            if !self.write_failed {
+                error!("writing a step record failed: {e}; later records are lost too");
             }
             self.write_failed = true;
         }
@@ -61,12 +76,20 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
         .context("starting the socket probes failed")?;
     let writer = JsonlWriter::create(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let steps = match &args.steps {
+        Some(path) => Some(
+            JsonlWriter::create(path)
+                .with_context(|| format!("cannot create {}", path.display()))?,
+        ),
+        None => None,
+    };
     let live = std::io::stdout().is_terminal();
     if live {
         println!("{}", live::header());
     }
     let mut observer = RecordObserver {
         writer,
+        steps,
         live,
         write_failed: false,
     };

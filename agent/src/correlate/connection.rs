@@ -217,6 +217,15 @@ impl Connection {
         }
     }
 
+    /// Requests the engine is working on: admitted, response not finished.
+    pub fn admitted_requests_mut(&mut self) -> impl Iterator<Item = &mut RequestProgress> {
+        self.reading
+            .iter_mut()
+            .chain(self.waiting.iter_mut())
+            .map(|b| &mut **b)
+            .filter(|r| r.admitted_ns.is_some())
+    }
+
     /// The request with sequence number `seq`, if it is still open.
     pub fn request_mut(&mut self, seq: u32) -> Option<&mut RequestProgress> {
         self.reading

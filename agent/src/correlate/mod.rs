@@ -14,7 +14,7 @@ use std::{
 };
 
 pub use arrivals::ArrivalIndex;
-pub use record::RequestRecord;
+pub use record::{RequestRecord, StepMember, StepRecord};
 pub use stats::Stats;
 
 use crate::{
@@ -24,6 +24,9 @@ use crate::{
 use connection::Connection;
 use inferscope_common::SchedKind;
 use rustc_hash::FxHashMap;
+
+/// Requests listed per step record (a step's batch is bounded by the engine's slots anyway).
+const MAX_STEP_MEMBERS: usize = 1024;
 
 /// Connections tracked at once; beyond it new connections are counted and skipped.
 pub const MAX_CONNECTIONS: usize = 65536;
@@ -166,7 +169,20 @@ impl Tracker {
 
     /// An engine scheduler event (uprobe): joins the engine's task to the HTTP request read on
     /// the posting thread, and stamps admission.
-    pub fn on_sched(&mut self, event: &SchedEvent) {
+    pub fn on_sched(&mut self, event: &SchedEvent, steps: &mut Vec<StepRecord>) {
+        match event.kind {
+            SchedKind::StepBegin => {
+                self.joins.step_begin(event);
+                return;
+            }
+            SchedKind::StepEnd => {
+                if let Some(step) = self.step_end(event) {
+                    steps.push(step);
+                }
+                return;
+            }
+            SchedKind::TaskPosted | SchedKind::TaskAdmitted => {}
+        }
         let Some((fd, seq)) = self.joins.locate(event, &mut self.stats) else {
             return;
         };
@@ -184,7 +200,55 @@ impl Tracker {
             SchedKind::TaskAdmitted => {
                 request.admitted_ns.get_or_insert(event.ts_ns);
             }
+            SchedKind::StepBegin | SchedKind::StepEnd => {}
         }
+    }
+
+    /// A step finished: every admitted, unfinished request of that process took part (llama.cpp
+    /// batches all busy slots each step). A request whose first token had not been written when
+    /// the step ended was prefilling in it: the engine writes a step's tokens after the step
+    /// returns, so the step that produced the first token counts as prefill.
+    fn step_end(&mut self, event: &SchedEvent) -> Option<StepRecord> {
+        let Some((start_ns, tokens)) = self.joins.step_end(event) else {
+            self.stats.bump("sched_step_end_without_begin");
+            return None;
+        };
+        let mut members = Vec::new();
+        for ((tgid, _), conn) in self.connections.map.iter_mut() {
+            if *tgid != event.tgid {
+                continue;
+            }
+            let ctx = conn.context(self.unix_offset_ns, self.last_loss_ns);
+            for request in conn.admitted_requests_mut() {
+                let prefilling = request.first_token_ns.is_none_or(|t| t > event.ts_ns);
+                if prefilling {
+                    request.prefill_steps += 1;
+                } else {
+                    request.decode_steps += 1;
+                }
+                if members.len() < MAX_STEP_MEMBERS {
+                    members.push(StepMember {
+                        request_id: request.request_id(ctx),
+                        phase: if prefilling { "prefill" } else { "decode" },
+                    });
+                }
+            }
+        }
+        Some(StepRecord {
+            pid: event.tgid,
+            engine: self
+                .engines
+                .get(&event.tgid)
+                .copied()
+                .unwrap_or("unknown")
+                .to_owned(),
+            tid: event.tid,
+            start_mono_ns: start_ns,
+            end_mono_ns: event.ts_ns,
+            duration_ms: event.ts_ns.saturating_sub(start_ns) as f64 / 1e6,
+            batch_tokens: u64::try_from(tokens).ok(),
+            requests: members,
+        })
     }
 
     /// fds whose capture should stop (not HTTP, or framing lost for good).

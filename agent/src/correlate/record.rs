@@ -45,6 +45,12 @@ pub struct RequestRecord {
     pub queue_wait_ms: Option<f64>,
     /// Admission → first token.
     pub prefill_ms: Option<f64>,
+    /// Engine steps the request took part in before / after its first token.
+    pub prefill_steps: Option<u64>,
+    pub decode_steps: Option<u64>,
+    /// Times the engine evicted the request to free KV memory (0 for engines without
+    /// preemption, such as llama.cpp, once admission is observed).
+    pub preemptions: Option<u64>,
     pub tpot_ms: Option<f64>,
     pub itl_p50_ms: Option<f64>,
     pub itl_p99_ms: Option<f64>,
@@ -68,4 +74,27 @@ pub struct RequestRecord {
     pub seq_on_connection: u32,
     /// Thread that read the request (joins to the engine's scheduler events).
     pub reader_tid: u32,
+}
+
+/// One engine step (a forward pass over the current batch), from the scheduler hooks.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepRecord {
+    pub pid: u32,
+    pub engine: String,
+    /// The engine thread that ran the step.
+    pub tid: u32,
+    pub start_mono_ns: u64,
+    pub end_mono_ns: u64,
+    pub duration_ms: f64,
+    /// Tokens in the batch, where the engine's ABI exposes it.
+    pub batch_tokens: Option<u64>,
+    /// Requests in flight in the engine during the step (admitted, response not finished).
+    pub requests: Vec<StepMember>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepMember {
+    pub request_id: String,
+    /// "prefill" before the request's first token, "decode" after.
+    pub phase: &'static str,
 }

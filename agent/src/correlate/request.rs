@@ -30,6 +30,8 @@ pub struct RequestProgress {
     pub task_id: Option<i64>,
     /// When the engine's scheduler admitted the task (gave it a slot).
     pub admitted_ns: Option<u64>,
+    pub prefill_steps: u64,
+    pub decode_steps: u64,
 }
 
 impl RequestProgress {
@@ -76,6 +78,11 @@ impl RequestProgress {
         }
     }
 
+    /// The agent's id for this request: `<pid>-<connection>-<sequence on the connection>`.
+    pub fn request_id(&self, base: RecordContext<'_>) -> String {
+        format!("{}-{}-{}", base.pid, base.connection_id, self.seq)
+    }
+
     /// A non-streaming response body: ids and counts, no content.
     pub fn on_body(&mut self, body: BodySummary, stats: &mut Stats) {
         if body.json_error {
@@ -112,7 +119,7 @@ impl RequestProgress {
         let mut gaps: Vec<f64> = self.gaps_ns.iter().map(|&g| g as f64 / 1e6).collect();
         gaps.sort_unstable_by(f64::total_cmp);
         RequestRecord {
-            request_id: format!("{}-{}-{}", base.pid, base.connection_id, self.seq),
+            request_id: self.request_id(base),
             response_id: self.response_id,
             x_request_id: summary.x_request_id,
             traceparent: summary.traceparent,
@@ -143,6 +150,10 @@ impl RequestProgress {
                 (Some(a), Some(t)) => Some(ms(a, t)),
                 _ => None,
             },
+            prefill_steps: self.admitted_ns.map(|_| self.prefill_steps),
+            decode_steps: self.admitted_ns.map(|_| self.decode_steps),
+            // Only llama.cpp has scheduler hooks so far, and it never preempts.
+            preemptions: self.admitted_ns.map(|_| 0),
             tpot_ms,
             itl_p50_ms: percentile(&gaps, 0.5),
             itl_p99_ms: percentile(&gaps, 0.99),

@@ -17,6 +17,8 @@ pub struct SchedJoins {
     read_by_thread: FxHashMap<(u32, u32), (i32, u32)>,
     /// (tgid, task id) → the request (fd, seq), until it is admitted.
     by_task: FxHashMap<(u32, i64), (i32, u32)>,
+    /// (tgid, tid) → (start, batch tokens) of the step that thread is running.
+    open_steps: FxHashMap<(u32, u32), (u64, i64)>,
 }
 
 impl SchedJoins {
@@ -43,6 +45,7 @@ impl SchedJoins {
                 self.by_task.insert((event.tgid, event.task_id), request);
                 Some(request)
             }
+            SchedKind::StepBegin | SchedKind::StepEnd => None,
             SchedKind::TaskAdmitted => {
                 let found = self.by_task.remove(&(event.tgid, event.task_id));
                 if found.is_none() {
@@ -53,7 +56,20 @@ impl SchedJoins {
         }
     }
 
+    pub fn step_begin(&mut self, event: &SchedEvent) {
+        let key = (event.tgid, event.tid);
+        if self.open_steps.len() < MAX_ENTRIES || self.open_steps.contains_key(&key) {
+            self.open_steps.insert(key, (event.ts_ns, event.task_id));
+        }
+    }
+
+    /// The (start, batch tokens) of the step `event` ends.
+    pub fn step_end(&mut self, event: &SchedEvent) -> Option<(u64, i64)> {
+        self.open_steps.remove(&(event.tgid, event.tid))
+    }
+
     pub fn forget_process(&mut self, tgid: u32) {
+        self.open_steps.retain(|(t, _), _| *t != tgid);
         self.read_by_thread.retain(|(t, _), _| *t != tgid);
         self.by_task.retain(|(t, _), _| *t != tgid);
     }

@@ -14,6 +14,28 @@ static HOOKS: &[SchedulerHook] = &[
         symbol: "server_context_impl::launch_slot_with_task",
         gives: "admission (queue wait vs prefill)",
     },
+    // Engine steps: older builds run each batch through llama_decode, newer ones through
+    // llama_process; both are exported C functions, so stripped builds keep them.
+    SchedulerHook {
+        program: "llamacpp_decode_begin",
+        symbol: "llama_decode",
+        gives: "engine step starts (llama_decode builds)",
+    },
+    SchedulerHook {
+        program: "llamacpp_step_end",
+        symbol: "llama_decode",
+        gives: "engine step ends (llama_decode builds)",
+    },
+    SchedulerHook {
+        program: "llamacpp_process_begin",
+        symbol: "llama_process",
+        gives: "engine step starts (llama_process builds)",
+    },
+    SchedulerHook {
+        program: "llamacpp_step_end",
+        symbol: "llama_process",
+        gives: "engine step ends (llama_process builds)",
+    },
 ];
 
 pub struct LlamaCpp;

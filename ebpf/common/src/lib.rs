@@ -96,6 +96,11 @@ pub enum SchedKind {
     TaskPosted = 1,
     /// The scheduler gave the task a slot: prefill starts.
     TaskAdmitted = 2,
+    /// An engine step (one forward pass over the batch) starts; `task_id` carries the batch's
+    /// token count, or -1 where the ABI does not expose it.
+    StepBegin = 3,
+    /// The step returned; `task_id` carries its return code.
+    StepEnd = 4,
 }
 
 impl SchedKind {
@@ -103,6 +108,8 @@ impl SchedKind {
         match v {
             1 => Some(Self::TaskPosted),
             2 => Some(Self::TaskAdmitted),
+            3 => Some(Self::StepBegin),
+            4 => Some(Self::StepEnd),
             _ => None,
         }
     }
@@ -119,7 +126,7 @@ pub struct SchedRecord {
     pub tid: u32,
     pub _pad1: u32,
     pub ts_ns: u64,
-    /// The engine's own task id.
+    /// The engine's own task id (or, for steps, the value named by the kind).
     pub task_id: i64,
 }
 
