@@ -85,7 +85,7 @@ def start_agent(port, out):
 def bpf_prog_stats():
     progs = json.loads(subprocess.check_output(["bpftool", "prog", "show", "--json"]))
     return {p["name"]: (p.get("run_time_ns", 0), p.get("run_cnt", 0)) for p in progs
-            if p.get("name", "").startswith(("enter_", "exit_", "tcp_probe"))}
+            if p.get("name", "").startswith(("enter_", "exit_", "tcp_probe", "llamacpp_"))}
 
 
 def main():

@@ -2,7 +2,7 @@
 //! Sizes, counts, ids and times only — never prompt or completion text.
 use serde::Serialize;
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct RequestRecord {
     /// The agent's id: `<pid>-<connection>-<sequence on the connection>`.
     pub request_id: String,

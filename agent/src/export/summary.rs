@@ -31,6 +31,8 @@ pub fn distributions(records: &[RequestRecord]) -> Vec<Distribution> {
     let ok: Vec<RequestRecord> = records.iter().filter(|r| !r.aborted).cloned().collect();
     vec![
         distribution("ttft_ms", &ok, |r| r.ttft_ms),
+        distribution("queue_wait_ms", &ok, |r| r.queue_wait_ms),
+        distribution("prefill_ms", &ok, |r| r.prefill_ms),
         distribution("tpot_ms", &ok, |r| r.tpot_ms),
         distribution("itl_p99_ms", &ok, |r| r.itl_p99_ms),
         distribution("e2e_ms", &ok, |r| Some(r.e2e_ms)),

@@ -120,6 +120,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         "starting llama.cpp server (SmolLM2-135M) on 127.0.0.1:{} with {} slots",
         args.port, args.slots
     );
+    println!("{}", live::header());
     let mut engine = engine::Engine::start(&python, args.port, args.slots)?;
     engine.wait_ready(Duration::from_secs(120))?;
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -134,12 +135,11 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         );
     }
     println!(
-        "agent attached to pid {}; sending {} streaming requests from {} clients\n",
+        "agent attached to pid {}; sending {} streaming requests from {} clients",
         engine.pid(),
         args.requests,
         args.concurrency
     );
-    println!("{}", live::header());
     let spec = load::LoadSpec {
         port: args.port,
         requests: args.requests,
