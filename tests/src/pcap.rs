@@ -71,11 +71,11 @@ pub fn read(path: &Path) -> Vec<Packet> {
     packets
 }
 
-/// Per client port, in order: the TTFT (ms) of each request on that connection as seen on the
-/// wire: from the request's first packet to the first server packet whose SSE data has
-/// non-empty content (None for a response without one, e.g. non-streaming).
-pub fn wire_ttfts(packets: &[Packet], server_port: u16) -> BTreeMap<u16, Vec<Option<f64>>> {
-    let mut out: BTreeMap<u16, Vec<Option<f64>>> = BTreeMap::new();
+/// The TTFT (ms) of each streamed response on the wire, keyed by the stream's `id`: from the
+/// request's first packet to the first server packet whose SSE data has non-empty content.
+/// Keyed by id, not client port: the OS reuses client ports across connections.
+pub fn wire_ttfts(packets: &[Packet], server_port: u16) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
     // client port → (request start, token seen)
     let mut state: BTreeMap<u16, (u64, bool)> = BTreeMap::new();
     for p in packets {
@@ -84,20 +84,24 @@ pub fn wire_ttfts(packets: &[Packet], server_port: u16) -> BTreeMap<u16, Vec<Opt
             // once, and waits for the response before the next).
             if p.payload.starts_with(b"POST ") || p.payload.starts_with(b"GET ") {
                 state.insert(p.src_port, (p.ts_ns, false));
-                out.entry(p.src_port).or_default().push(None);
             }
         } else if p.src_port == server_port
             && let Some((start, seen)) = state.get_mut(&p.dst_port)
             && !*seen
             && carries_token(&p.payload)
+            && let Some(id) = stream_id(&p.payload)
         {
             *seen = true;
-            if let Some(last) = out.entry(p.dst_port).or_default().last_mut() {
-                *last = Some((p.ts_ns - *start) as f64 / 1e6);
-            }
+            out.insert(id, (p.ts_ns - *start) as f64 / 1e6);
         }
     }
     out
+}
+
+fn stream_id(payload: &[u8]) -> Option<String> {
+    let at = find(payload, b"\"id\":\"")? + 6;
+    let len = find(payload.get(at..)?, b"\"")?;
+    Some(String::from_utf8_lossy(payload.get(at..at + len)?).into_owned())
 }
 
 /// Whether a server packet holds an SSE event with generated content.

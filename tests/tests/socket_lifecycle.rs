@@ -144,12 +144,7 @@ fn records_match_the_wire_for_concurrent_keep_alive_streams() {
         assert!(r["completion_tokens"].as_u64().unwrap_or(0) > 0);
         assert_eq!(r["stream"], true);
         assert!(r["prompt_bytes"].as_u64().unwrap_or(0) > 10);
-        // The wire: which request on this connection was it?
-        let seq = r["seq_on_connection"].as_u64().expect("seq") as usize;
-        let wire_ttft = wire
-            .get(&s.local_port)
-            .and_then(|v| v.get(seq).copied().flatten())
-            .unwrap_or_else(|| panic!("wire TTFT for port {} seq {seq}", s.local_port));
+        let wire_ttft = *wire.get(id).unwrap_or_else(|| panic!("wire TTFT for {id}"));
         compared += 1;
         if (ttft - wire_ttft).abs() <= 1.0 {
             within_1ms += 1;
