@@ -1,0 +1,13 @@
+//! Protobuf messages shared by the agent, its clients and the CUPTI shim.
+//!
+//! - [`v1::shim`]: what `libinferscope_cupti.so` sends the agent over a Unix socket, as
+//!   length-delimited `KernelBatch` messages.
+//! - [`v1::agent`]: the agent's gRPC API (`Subscribe`, `ListRequests`, `GetRequest`).
+pub mod v1 {
+    pub mod shim {
+        include!(concat!(env!("OUT_DIR"), "/inferscope.v1.shim.rs"));
+    }
+    pub mod agent {
+        include!(concat!(env!("OUT_DIR"), "/inferscope.v1.agent.rs"));
+    }
+}
