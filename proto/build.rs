@@ -5,9 +5,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={file}");
     }
     let descriptors = protox::compile(files, ["."])?;
+    // The shim builds without the `grpc` feature: it needs the messages, not tonic.
+    let grpc = std::env::var_os("CARGO_FEATURE_GRPC").is_some();
     tonic_prost_build::configure()
-        .build_server(true)
-        .build_client(true)
+        .build_server(grpc)
+        .build_client(grpc)
         .build_transport(false)
         .compile_fds(descriptors)?;
     Ok(())
