@@ -45,6 +45,10 @@ pub trait Observer {
     fn on_step(&mut self, _step: StepRecord) {}
     /// Discovery attached to or detached from processes.
     fn on_discovery(&mut self, _change: &DiscoveryChange) {}
+    /// Called on every pass of the loop (at least every 50 ms): time-driven work goes here.
+    fn on_tick(&mut self) {}
+    /// The pipeline's counters (see [`Pipeline::counters`]), about once a second.
+    fn on_counters(&mut self, _counters: Vec<(String, u64)>) {}
 }
 
 pub struct Pipeline {
@@ -102,10 +106,12 @@ impl Pipeline {
             }
             wait_readable(self.probes.events_fd(), Duration::from_millis(50))?;
             self.drain(observer);
+            observer.on_tick();
             if last_sweep.elapsed() >= Duration::from_secs(1) {
                 self.probes.flush_logs();
                 self.tracker.sweep(monotonic_now_ns());
                 last_sweep = Instant::now();
+                observer.on_counters(self.counters());
             }
         }
         self.drain(observer);

@@ -1,8 +1,13 @@
 //! Command-line interface: argument parsing and the subcommands.
+mod client;
 mod demo;
+mod export_cmd;
+mod inspect;
 mod record;
+mod run;
 mod signals;
 mod target;
+mod top;
 
 use std::{io::IsTerminal, process::ExitCode};
 
@@ -25,6 +30,14 @@ struct Cli {
 enum Command {
     /// Record one JSON object per finished request from a running engine.
     Record(record::RecordArgs),
+    /// Run the agent: discover engines, attach, export OTLP, Prometheus and the gRPC API.
+    Run(run::RunArgs),
+    /// Live view of a running agent: requests, P50/P99 TTFT, queue wait, prefill, TPOT, GPUs.
+    Top(top::TopArgs),
+    /// Draw one request's timeline (queue, prefill steps and kernels, decode) from a running agent.
+    Inspect(inspect::InspectArgs),
+    /// Export recent requests from a running agent (Perfetto/Chrome trace JSON).
+    Export(export_cmd::ExportArgs),
     /// Start the bundled llama.cpp engine, send it a short load, and show what inferscope saw.
     Demo(demo::DemoArgs),
 }
@@ -40,6 +53,10 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Record(args) => record::run(args),
+        Command::Run(args) => run::run(args),
+        Command::Top(args) => top::run(args),
+        Command::Inspect(args) => inspect::run(args),
+        Command::Export(args) => export_cmd::run(args),
         Command::Demo(args) => demo::run(args),
     };
     match result {

@@ -7,6 +7,7 @@ pub mod record;
 mod request;
 mod sched;
 pub mod stats;
+pub mod timeline;
 
 use std::{
     collections::{HashMap, hash_map::Entry},

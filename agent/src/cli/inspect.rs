@@ -1,0 +1,258 @@
+//! `inferscope inspect ID`: one request's timeline drawn in the terminal — arrival, queue,
+//! prefill steps with their kernels, decode.
+use std::{collections::BTreeMap, fmt::Write as _};
+
+use anyhow::Context as _;
+use clap::Args;
+use inferscope_proto::v1::agent::{GetRequestRequest, RequestTimeline};
+
+use super::client::{ConnectArgs, runtime};
+
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+    /// The agent's request id, the response id (chatcmpl-…) or the caller's x-request-id.
+    pub id: String,
+    /// Steps drawn one per line (the rest are summarised).
+    #[arg(long, default_value_t = 12)]
+    pub steps: usize,
+    /// Print the timeline as JSON instead.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: InspectArgs) -> anyhow::Result<()> {
+    let timeline = runtime()?.block_on(async {
+        let mut client = args.connect.client().await?;
+        client
+            .get_request(GetRequestRequest {
+                request_id: args.id.clone(),
+            })
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| anyhow::anyhow!("{}", s.message()))
+            .with_context(|| format!("cannot get request {:?}", args.id))
+    })?;
+    if args.json {
+        let record: serde_json::Value = timeline
+            .request
+            .as_ref()
+            .and_then(|r| serde_json::from_str(&r.record_json).ok())
+            .unwrap_or_default();
+        println!("{}", serde_json::to_string_pretty(&record)?);
+    } else {
+        print!("{}", render(&timeline, 60, args.steps));
+    }
+    Ok(())
+}
+
+fn ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.1} ms"))
+}
+
+/// A bar of `width` columns with `[from, to)` of `[origin, origin + span)` filled.
+fn bar(origin: u64, span: u64, from: u64, to: u64, width: usize, fill: char) -> String {
+    let col = |t: u64| -> usize {
+        if span == 0 {
+            return 0;
+        }
+        ((t.saturating_sub(origin)) as f64 / span as f64 * width as f64).round() as usize
+    };
+    let (a, b) = (col(from).min(width), col(to).min(width));
+    let b = if b <= a && to > from {
+        (a + 1).min(width)
+    } else {
+        b
+    };
+    let mut s = String::with_capacity(width);
+    for i in 0..width {
+        s.push(if i >= a && i < b { fill } else { '·' });
+    }
+    s
+}
+
+pub fn render(t: &RequestTimeline, width: usize, max_steps: usize) -> String {
+    let mut out = String::new();
+    let Some(r) = &t.request else {
+        return "the agent returned no request\n".into();
+    };
+    let _ = writeln!(out, "request   {}  ({} {})", r.request_id, r.method, r.path);
+    if !r.response_id.is_empty() || !r.x_request_id.is_empty() {
+        let _ = writeln!(
+            out,
+            "ids       response {}  x-request-id {}",
+            r.response_id, r.x_request_id
+        );
+    }
+    let _ = writeln!(
+        out,
+        "engine    {} (pid {})  model {}  status {}",
+        r.engine,
+        r.pid,
+        if r.model.is_empty() { "-" } else { &r.model },
+        r.status
+    );
+    let _ = writeln!(
+        out,
+        "tokens    prompt {}  completion {}  chunks {}",
+        r.prompt_tokens.map_or("-".into(), |v| v.to_string()),
+        r.completion_tokens.map_or("-".into(), |v| v.to_string()),
+        r.output_chunks
+    );
+    let _ = writeln!(
+        out,
+        "latency   TTFT {}  = queue {} + prefill {};  TPOT {};  E2E {:.1} ms",
+        opt(r.ttft_ms),
+        opt(r.queue_wait_ms),
+        opt(r.prefill_ms),
+        opt(r.tpot_ms),
+        r.e2e_ms
+    );
+    if !r.unknown.is_empty() {
+        let _ = writeln!(
+            out,
+            "unknown   {} (those layers were not observed for this request)",
+            r.unknown.join(", ")
+        );
+    }
+    let origin = r.arrival_mono_ns;
+    let end = r.end_mono_ns.max(origin);
+    let span = end - origin;
+    let _ = writeln!(
+        out,
+        "\n{:<10}{:<width$}  {:>10} {:>10}",
+        "",
+        format!("0 ms{:>w$}", format!("{:.0} ms", ms(span)), w = width - 4),
+        "start",
+        "length"
+    );
+    let mut row = |name: &str, from: u64, to: u64, fill: char| {
+        let _ = writeln!(
+            out,
+            "{:<10}{}  {:>8.1}ms {:>8.1}ms",
+            name,
+            bar(origin, span, from, to, width, fill),
+            ms(from.saturating_sub(origin)),
+            ms(to.saturating_sub(from))
+        );
+    };
+    let admitted = (r.admitted_mono_ns != 0).then_some(r.admitted_mono_ns);
+    let first = (r.first_token_mono_ns != 0).then_some(r.first_token_mono_ns);
+    match (admitted, first) {
+        (Some(a), Some(f)) => {
+            row("queue", origin, a, '░');
+            row("prefill", a, f, '█');
+            row("decode", f, end, '▒');
+        }
+        (Some(a), None) => {
+            row("queue", origin, a, '░');
+            row("prefill", a, end, '█');
+        }
+        (None, Some(f)) => {
+            row("to 1st tok", origin, f, '█');
+            row("decode", f, end, '▒');
+        }
+        (None, None) => row("request", origin, end, '█'),
+    }
+    if !t.steps.is_empty() {
+        let _ = writeln!(out, "\nsteps ({}):", t.steps.len());
+        for (i, s) in t.steps.iter().enumerate() {
+            if i == max_steps {
+                let _ = writeln!(out, "  … {} more steps", t.steps.len() - max_steps);
+                break;
+            }
+            let phase = s
+                .members
+                .iter()
+                .find(|m| m.request_id == r.request_id)
+                .map_or("?", |m| m.phase.as_str());
+            let _ = writeln!(
+                out,
+                "{:<10}{}  {:>8.1}ms {:>8.1}ms  batch {} {}",
+                phase,
+                bar(origin, span, s.start_mono_ns, s.end_mono_ns, width, '▇'),
+                ms(s.start_mono_ns.saturating_sub(origin)),
+                ms(s.end_mono_ns.saturating_sub(s.start_mono_ns)),
+                s.members.len(),
+                if s.kernels > 0 {
+                    format!("· {} kernels, GPU busy {:.2} ms", s.kernels, s.gpu_busy_ms)
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
+    for (name, gpu) in [("prefill", &r.prefill_gpu), ("decode", &r.decode_gpu)] {
+        if let Some(g) = gpu {
+            let _ = writeln!(
+                out,
+                "\nGPU {name}: {} kernels, busy {:.2} ms, tensor cores {:.0}%, devices {:?}",
+                g.kernels,
+                g.busy_ms,
+                g.tensor_core_share * 100.0,
+                g.devices
+            );
+        }
+    }
+    if !t.kernels.is_empty() {
+        let mut by_name: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+        for k in &t.kernels {
+            let e = by_name.entry(k.name.as_str()).or_default();
+            e.0 += 1;
+            e.1 += k.end_mono_ns.saturating_sub(k.start_mono_ns);
+        }
+        let mut top: Vec<_> = by_name.into_iter().collect();
+        top.sort_by_key(|b| std::cmp::Reverse(b.1.1));
+        let _ = writeln!(out, "\ntop kernels by GPU time:");
+        for (name, (count, ns)) in top.into_iter().take(8) {
+            let short: String = name.chars().take(70).collect();
+            let _ = writeln!(out, "  {:>9.3} ms  {:>5}×  {}", ms(ns), count, short);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use inferscope_proto::v1::agent::{Request, Step, StepMember};
+
+    #[test]
+    fn draws_phases_in_proportion() {
+        let t = RequestTimeline {
+            request: Some(Request {
+                request_id: "1-2-0".into(),
+                arrival_mono_ns: 0,
+                admitted_mono_ns: 25_000_000,
+                first_token_mono_ns: 50_000_000,
+                end_mono_ns: 100_000_000,
+                ttft_ms: Some(50.0),
+                queue_wait_ms: Some(25.0),
+                prefill_ms: Some(25.0),
+                ..Default::default()
+            }),
+            steps: vec![Step {
+                start_mono_ns: 25_000_000,
+                end_mono_ns: 50_000_000,
+                members: vec![StepMember {
+                    request_id: "1-2-0".into(),
+                    phase: "prefill".into(),
+                }],
+                ..Default::default()
+            }],
+            kernels: vec![],
+        };
+        let text = render(&t, 20, 5);
+        let queue = text.lines().find(|l| l.starts_with("queue")).unwrap();
+        assert!(queue.contains("░░░░░·····"), "{queue}");
+        let prefill = text.lines().find(|l| l.starts_with("prefill ")).unwrap();
+        assert!(prefill.contains("·····█████··········"), "{prefill}");
+        assert!(text.contains("TTFT 50.0 ms  = queue 25.0 ms + prefill 25.0 ms"));
+        assert!(text.contains("steps (1):"));
+    }
+}

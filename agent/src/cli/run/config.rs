@@ -1,0 +1,266 @@
+//! `inferscope run` configuration: flags, then `INFERSCOPE_*` environment variables (clap reads
+//! both), then the TOML file given by `--config`, then defaults.
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+use serde::Deserialize;
+
+pub const DEFAULT_GRPC: &str = "unix:///run/inferscope/agent.sock";
+pub const DEFAULT_PROMETHEUS: &str = "0.0.0.0:9464";
+
+#[derive(Args, Debug, Default)]
+pub struct RunArgs {
+    /// TOML file with any of the options below (kebab-case keys); flags and environment win.
+    #[arg(long, env = "INFERSCOPE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Trace only this process.
+    #[arg(long, env = "INFERSCOPE_PID", group = "target")]
+    pub pid: Option<u32>,
+    /// Trace only the process listening on this TCP port.
+    #[arg(long, env = "INFERSCOPE_PORT", group = "target")]
+    pub port: Option<u16>,
+    /// Also trace processes whose command line or mapped libraries contain this (with auto
+    /// discovery, the default).
+    #[arg(long = "pattern", value_name = "TEXT")]
+    pub patterns: Vec<String>,
+    /// Payload bytes captured per syscall (at most 8192).
+    #[arg(long, env = "INFERSCOPE_CAPTURE_BYTES")]
+    pub capture_bytes: Option<u32>,
+    /// Kernel ring buffer size in MiB (a power of two).
+    #[arg(long, env = "INFERSCOPE_RING_BUFFER_MB")]
+    pub ring_buffer_mb: Option<u32>,
+    /// OTLP gRPC endpoint for traces and metrics (e.g. http://otel-collector:4317). Without it the
+    /// standard OTEL_EXPORTER_OTLP_ENDPOINT applies; with neither, OTLP export is off.
+    #[arg(long, env = "INFERSCOPE_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+    /// Give up on one OTLP export after this long.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub otlp_timeout: Option<Duration>,
+    /// Spans queued for export per engine process while the backend is slow or down.
+    #[arg(long)]
+    pub otlp_queue_spans: Option<usize>,
+    /// Export one span per GPU kernel under the prefill and decode spans.
+    #[arg(long)]
+    pub kernel_spans: bool,
+    /// Share of requests exported as traces (0..1); metrics always count every request.
+    #[arg(long, env = "INFERSCOPE_SAMPLE_RATIO")]
+    pub sample_ratio: Option<f64>,
+    /// Always export requests whose TTFT is at least this, whatever the sample ratio.
+    #[arg(long)]
+    pub always_sample_ttft_ms: Option<f64>,
+    /// Prometheus endpoint address (serves /metrics), or "off".
+    #[arg(long, env = "INFERSCOPE_PROMETHEUS")]
+    pub prometheus: Option<String>,
+    /// gRPC API address: unix:///path, tcp://host:port, or "off".
+    #[arg(long, env = "INFERSCOPE_GRPC")]
+    pub grpc: Option<String>,
+    /// TLS certificate and key (PEM) for a tcp:// gRPC address.
+    #[arg(long, requires = "grpc_tls_key")]
+    pub grpc_tls_cert: Option<PathBuf>,
+    #[arg(long, requires = "grpc_tls_cert")]
+    pub grpc_tls_key: Option<PathBuf>,
+    /// Finished requests kept in memory for ListRequests/GetRequest (and `inspect`).
+    #[arg(long)]
+    pub recent_requests: Option<usize>,
+    /// Also write every finished request as a JSON line here.
+    #[arg(long)]
+    pub records: Option<PathBuf>,
+    /// Stop after this long (default: until SIGINT/SIGTERM).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct FileConfig {
+    pub pid: Option<u32>,
+    pub port: Option<u16>,
+    #[serde(default)]
+    pub patterns: Vec<String>,
+    pub capture_bytes: Option<u32>,
+    pub ring_buffer_mb: Option<u32>,
+    pub otlp_endpoint: Option<String>,
+    pub otlp_timeout: Option<String>,
+    pub otlp_queue_spans: Option<usize>,
+    pub kernel_spans: Option<bool>,
+    pub sample_ratio: Option<f64>,
+    pub always_sample_ttft_ms: Option<f64>,
+    pub prometheus: Option<String>,
+    pub grpc: Option<String>,
+    pub grpc_tls_cert: Option<PathBuf>,
+    pub grpc_tls_key: Option<PathBuf>,
+    pub recent_requests: Option<usize>,
+    pub records: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum GrpcAddr {
+    Off,
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+impl GrpcAddr {
+    pub fn parse(s: &str) -> anyhow::Result<Self> {
+        if s == "off" {
+            return Ok(Self::Off);
+        }
+        if let Some(path) = s.strip_prefix("unix://") {
+            return Ok(Self::Unix(PathBuf::from(path)));
+        }
+        let addr = s.strip_prefix("tcp://").unwrap_or(s);
+        addr.parse().map(Self::Tcp).with_context(|| {
+            format!("bad gRPC address {s:?}: use unix:///path, tcp://host:port or off")
+        })
+    }
+}
+
+/// Everything `run` needs, resolved.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub pid: Option<u32>,
+    pub port: Option<u16>,
+    pub patterns: Vec<String>,
+    pub capture_bytes: u32,
+    pub ring_buffer_mb: u32,
+    pub otlp_endpoint: Option<String>,
+    pub otlp_timeout: Duration,
+    pub otlp_queue_spans: usize,
+    pub kernel_spans: bool,
+    pub sample_ratio: f64,
+    pub always_sample_ttft_ms: Option<f64>,
+    pub prometheus: Option<SocketAddr>,
+    pub grpc: GrpcAddr,
+    pub grpc_tls: Option<(PathBuf, PathBuf)>,
+    pub recent_requests: usize,
+    pub records: Option<PathBuf>,
+    pub duration: Option<Duration>,
+}
+
+impl RunConfig {
+    pub fn resolve(args: RunArgs) -> anyhow::Result<Self> {
+        let file = match &args.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read the config file {}", path.display()))?;
+                toml::from_str::<FileConfig>(&text).with_context(|| {
+                    format!("{} is not a valid inferscope config", path.display())
+                })?
+            }
+            None => FileConfig::default(),
+        };
+        let otlp_timeout = match (args.otlp_timeout, &file.otlp_timeout) {
+            (Some(d), _) => d,
+            (None, Some(s)) => humantime::parse_duration(s)
+                .with_context(|| format!("bad otlp-timeout {s:?} in the config file"))?,
+            (None, None) => Duration::from_secs(5),
+        };
+        let prometheus =
+            match args
+                .prometheus
+                .or(file.prometheus)
+                .unwrap_or_else(|| DEFAULT_PROMETHEUS.into())
+                .as_str()
+            {
+                "off" => None,
+                s => Some(s.parse().with_context(|| {
+                    format!("bad Prometheus address {s:?}: use host:port or off")
+                })?),
+            };
+        let grpc = GrpcAddr::parse(
+            &args
+                .grpc
+                .or(file.grpc)
+                .unwrap_or_else(|| DEFAULT_GRPC.into()),
+        )?;
+        let grpc_tls = match (
+            args.grpc_tls_cert.or(file.grpc_tls_cert),
+            args.grpc_tls_key.or(file.grpc_tls_key),
+        ) {
+            (Some(c), Some(k)) => Some((c, k)),
+            (None, None) => None,
+            _ => bail!("a gRPC TLS certificate needs its key and the other way round"),
+        };
+        if grpc_tls.is_some() && !matches!(grpc, GrpcAddr::Tcp(_)) {
+            bail!("gRPC TLS applies to a tcp:// address only");
+        }
+        let sample_ratio = args.sample_ratio.or(file.sample_ratio).unwrap_or(1.0);
+        if !(0.0..=1.0).contains(&sample_ratio) {
+            bail!("the sample ratio must be between 0 and 1, got {sample_ratio}");
+        }
+        let mut patterns = args.patterns;
+        patterns.extend(file.patterns);
+        Ok(Self {
+            pid: args.pid.or(file.pid),
+            port: args.port.or(file.port),
+            patterns,
+            capture_bytes: args.capture_bytes.or(file.capture_bytes).unwrap_or(4096),
+            ring_buffer_mb: args.ring_buffer_mb.or(file.ring_buffer_mb).unwrap_or(16),
+            otlp_endpoint: args.otlp_endpoint.or(file.otlp_endpoint),
+            otlp_timeout,
+            otlp_queue_spans: args
+                .otlp_queue_spans
+                .or(file.otlp_queue_spans)
+                .unwrap_or(8192),
+            kernel_spans: args.kernel_spans || file.kernel_spans.unwrap_or(false),
+            sample_ratio,
+            always_sample_ttft_ms: args.always_sample_ttft_ms.or(file.always_sample_ttft_ms),
+            prometheus,
+            grpc,
+            grpc_tls,
+            recent_requests: args
+                .recent_requests
+                .or(file.recent_requests)
+                .unwrap_or(4096),
+            records: args.records.or(file.records),
+            duration: args.duration,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_win_over_the_file_and_defaults_fill_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "otlp-endpoint = \"http://file:4317\"\nprometheus = \"off\"\nsample-ratio = 0.25\npatterns = [\"my-engine\"]\n",
+        )
+        .unwrap();
+        let args = RunArgs {
+            config: Some(path),
+            otlp_endpoint: Some("http://flag:4317".into()),
+            patterns: vec!["x".into()],
+            ..Default::default()
+        };
+        let c = RunConfig::resolve(args).unwrap();
+        assert_eq!(c.otlp_endpoint.as_deref(), Some("http://flag:4317"));
+        assert_eq!(c.prometheus, None);
+        assert_eq!(c.sample_ratio, 0.25);
+        assert_eq!(c.patterns, ["x", "my-engine"]);
+        assert_eq!(c.grpc, GrpcAddr::Unix("/run/inferscope/agent.sock".into()));
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "otlp-endpiont = \"x\"\n").unwrap();
+        let err = RunConfig::resolve(RunArgs {
+            config: Some(path),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("not a valid inferscope config"));
+        assert!(GrpcAddr::parse("tcp://nonsense").is_err());
+        assert_eq!(
+            GrpcAddr::parse("tcp://127.0.0.1:50051").unwrap(),
+            GrpcAddr::Tcp("127.0.0.1:50051".parse().unwrap())
+        );
+    }
+}

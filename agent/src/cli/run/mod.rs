@@ -1,0 +1,139 @@
+//! `inferscope run`: the long-running agent the DaemonSet runs. It discovers engines, attaches,
+//! correlates, and exports: OTLP traces and metrics, the Prometheus endpoint, the gRPC API.
+mod config;
+mod observer;
+mod servers;
+
+use std::{sync::Arc, time::Instant};
+
+use anyhow::Context as _;
+use inferscope::{
+    capture::{CaptureConfig, TargetSelector},
+    correlate::timeline::{TimelineBuilder, TimelineLimits},
+    decode::http::Limits,
+    export::{
+        hub::{Hub, HubLimits},
+        jsonl::JsonlWriter,
+        metrics::Metrics,
+        names,
+        otlp::{ExportCounters, OtlpConfig, TraceExporter},
+    },
+    pipeline::{Pipeline, PipelineConfig},
+};
+use opentelemetry::{KeyValue, metrics::MeterProvider as _};
+use tracing::{info, warn};
+
+pub use config::RunArgs;
+use config::RunConfig;
+use observer::{DaemonObserver, Sampler};
+
+use super::signals;
+
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    let config = RunConfig::resolve(args)?;
+    signals::install();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("inferscope-io")
+        .enable_all()
+        .build()
+        .context("starting the async runtime failed")?;
+
+    let selector = match (config.pid, config.port) {
+        (Some(pid), _) => TargetSelector::Pid(pid),
+        (None, Some(port)) => TargetSelector::Port(port),
+        _ => TargetSelector::Auto {
+            patterns: config.patterns.clone(),
+        },
+    };
+    let mut pipeline = Pipeline::new(PipelineConfig {
+        selector,
+        capture: CaptureConfig {
+            capture_bytes: config.capture_bytes,
+            ring_buffer_bytes: config.ring_buffer_mb.saturating_mul(1024 * 1024),
+        },
+        limits: Limits::default(),
+        discovery_interval: std::time::Duration::from_millis(500),
+    })
+    .context("starting the socket probes failed (inferscope needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_PTRACE + CAP_SYS_ADMIN)")?;
+
+    let otlp_on = OtlpConfig::enabled(&config.otlp_endpoint);
+    let otlp = OtlpConfig {
+        endpoint: config.otlp_endpoint.clone(),
+        timeout: config.otlp_timeout,
+        queue_spans: config.otlp_queue_spans,
+        kernel_spans: config.kernel_spans,
+        service_name: std::env::var("OTEL_SERVICE_NAME")
+            .ok()
+            .filter(|s| !s.is_empty()),
+        max_events_per_span: 1024,
+        metrics_interval: std::time::Duration::from_secs(10),
+    };
+    let meter_provider = if otlp_on {
+        let _runtime = runtime.enter();
+        let resource = opentelemetry_sdk::Resource::builder()
+            .with_service_name("inferscope")
+            .with_attribute(KeyValue::new("host.name", names::host_name()))
+            .build();
+        Some(otlp.meter_provider(resource)?)
+    } else {
+        info!("OTLP export is off: pass --otlp-endpoint or set OTEL_EXPORTER_OTLP_ENDPOINT");
+        None
+    };
+    let metrics = Arc::new(Metrics::new(
+        meter_provider.as_ref().map(|p| p.meter("inferscope")),
+    ));
+    let hub = Arc::new(Hub::new(HubLimits {
+        recent_requests: config.recent_requests,
+        ..Default::default()
+    }));
+    let export_counters = Arc::new(ExportCounters::default());
+    let traces = otlp_on.then(|| {
+        TraceExporter::new(
+            otlp.clone(),
+            runtime.handle().clone(),
+            export_counters.clone(),
+        )
+    });
+    let records = match &config.records {
+        Some(path) => Some(
+            JsonlWriter::create(path)
+                .with_context(|| format!("cannot create {}", path.display()))?,
+        ),
+        None => None,
+    };
+
+    servers::start(&runtime, &config, metrics.clone(), hub.clone())?;
+
+    let mut observer = DaemonObserver::new(
+        TimelineBuilder::new(TimelineLimits::default()),
+        hub,
+        metrics,
+        traces,
+        export_counters,
+        Sampler {
+            ratio: config.sample_ratio,
+            always_ttft_ms: config.always_sample_ttft_ms,
+        },
+        records,
+    );
+    info!("running; stop with SIGINT or SIGTERM");
+    let result = pipeline.run(
+        &mut observer,
+        &signals::STOP,
+        config.duration.map(|d| Instant::now() + d),
+    );
+    observer.finish();
+    pipeline.log_counters();
+    if let Some(provider) = meter_provider
+        && let Err(e) = provider.shutdown()
+    {
+        warn!("flushing OTLP metrics at exit failed: {e}");
+    }
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    result.context("the capture loop failed")?;
+    if observer.records_failed {
+        anyhow::bail!("some records could not be written");
+    }
+    Ok(())
+}

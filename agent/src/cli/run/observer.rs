@@ -1,0 +1,211 @@
+//! The daemon's pipeline observer: closes request timelines and hands them to every exporter.
+use std::{
+    hash::{Hash, Hasher},
+    sync::{Arc, atomic::Ordering},
+};
+
+use inferscope::{
+    capture::DiscoveryChange,
+    correlate::{
+        RequestRecord, StepRecord, monotonic_now_ns,
+        timeline::{RequestTimeline, TimelineBuilder},
+    },
+    export::{
+        hub::{Hub, HubEvent},
+        jsonl::JsonlWriter,
+        metrics::Metrics,
+        otlp::{ExportCounters, TraceExporter},
+    },
+    pipeline::Observer,
+};
+use tracing::{error, info};
+
+/// Which requests become traces: a share of all, plus every slow one, plus every one whose
+/// caller's trace is sampled (a parent-based decision, as OpenTelemetry SDKs make it).
+#[derive(Debug, Clone, Copy)]
+pub struct Sampler {
+    pub ratio: f64,
+    pub always_ttft_ms: Option<f64>,
+}
+
+impl Sampler {
+    pub fn keep(&self, r: &RequestRecord) -> bool {
+        if self.ratio >= 1.0 {
+            return true;
+        }
+        if self
+            .always_ttft_ms
+            .is_some_and(|min| r.ttft_ms.is_some_and(|t| t >= min))
+        {
+            return true;
+        }
+        if r.traceparent
+            .as_deref()
+            .is_some_and(|tp| tp.len() == 55 && tp.ends_with("-01"))
+        {
+            return true;
+        }
+        let mut h = rustc_hash::FxHasher::default();
+        r.request_id.hash(&mut h);
+        (h.finish() as f64 / u64::MAX as f64) < self.ratio
+    }
+}
+
+pub struct DaemonObserver {
+    pub timelines: TimelineBuilder,
+    pub hub: Arc<Hub>,
+    pub metrics: Arc<Metrics>,
+    pub traces: Option<TraceExporter>,
+    pub export_counters: Arc<ExportCounters>,
+    pub sampler: Sampler,
+    pub records: Option<JsonlWriter>,
+    pub records_failed: bool,
+    pub sampled_out: u64,
+    closed: Vec<RequestTimeline>,
+}
+
+impl DaemonObserver {
+    pub fn new(
+        timelines: TimelineBuilder,
+        hub: Arc<Hub>,
+        metrics: Arc<Metrics>,
+        traces: Option<TraceExporter>,
+        export_counters: Arc<ExportCounters>,
+        sampler: Sampler,
+        records: Option<JsonlWriter>,
+    ) -> Self {
+        Self {
+            timelines,
+            hub,
+            metrics,
+            traces,
+            export_counters,
+            sampler,
+            records,
+            records_failed: false,
+            sampled_out: 0,
+            closed: Vec::new(),
+        }
+    }
+
+    fn publish_closed(&mut self) {
+        for timeline in self.closed.drain(..) {
+            self.metrics.record_request(&timeline);
+            if let Some(traces) = self.traces.as_mut() {
+                if self.sampler.keep(&timeline.request) {
+                    traces.export(&timeline);
+                } else {
+                    self.sampled_out += 1;
+                }
+            }
+            if let Some(w) = self.records.as_mut()
+                && let Err(e) = w.write(&timeline.request)
+                && !self.records_failed
+            {
+                error!("writing a record failed: {e}; later records are lost too");
+                self.records_failed = true;
+            }
+            self.hub.publish_request(timeline);
+        }
+    }
+
+    pub fn finish(&mut self) {
+        self.timelines.flush(monotonic_now_ns(), &mut self.closed);
+        self.publish_closed();
+        if let Some(traces) = self.traces.as_mut() {
+            traces.shutdown();
+        }
+    }
+}
+
+impl Observer for DaemonObserver {
+    fn on_record(&mut self, record: RequestRecord) {
+        self.timelines
+            .on_request(record, monotonic_now_ns(), &mut self.closed);
+        self.publish_closed();
+    }
+
+    fn on_step(&mut self, step: StepRecord) {
+        self.metrics.record_step(&step);
+        if self.hub.has_subscribers() {
+            self.hub.publish(HubEvent::Step(Arc::new(step.clone())));
+        }
+        self.timelines.on_step(step);
+    }
+
+    fn on_discovery(&mut self, change: &DiscoveryChange) {
+        for p in &change.added {
+            info!(pid = p.tgid, engine = p.engine, ports = ?p.ports, "attached");
+        }
+        for p in &change.removed {
+            if let Some(traces) = self.traces.as_mut() {
+                traces.forget_process(p.tgid);
+            }
+        }
+    }
+
+    fn on_tick(&mut self) {
+        self.timelines.poll(monotonic_now_ns(), &mut self.closed);
+        self.publish_closed();
+    }
+
+    fn on_counters(&mut self, mut counters: Vec<(String, u64)>) {
+        counters.extend(
+            self.timelines
+                .stats()
+                .iter()
+                .map(|(k, v)| (k.to_string(), v)),
+        );
+        let c = &self.export_counters;
+        counters.push((
+            "otlp_spans_submitted".into(),
+            c.submitted.load(Ordering::Relaxed),
+        ));
+        counters.push((
+            "otlp_spans_exported".into(),
+            c.exported.load(Ordering::Relaxed),
+        ));
+        counters.push(("otlp_spans_failed".into(), c.failed.load(Ordering::Relaxed)));
+        counters.push(("otlp_spans_queued_or_dropped".into(), c.unaccounted()));
+        counters.push(("otlp_requests_sampled_out".into(), self.sampled_out));
+        counters.push((
+            "grpc_subscriber_records_lagged".into(),
+            self.hub.subscriber_lagged.load(Ordering::Relaxed),
+        ));
+        counters.push((
+            "grpc_subscribers".into(),
+            self.hub.subscribers.load(Ordering::Relaxed),
+        ));
+        self.metrics.set_agent_counters(&counters);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampler_keeps_a_share_and_every_slow_or_sampled_parent() {
+        let s = Sampler {
+            ratio: 0.1,
+            always_ttft_ms: Some(500.0),
+        };
+        let kept = (0..10_000)
+            .filter(|i| {
+                s.keep(&RequestRecord {
+                    request_id: format!("1-{i}-0"),
+                    ..Default::default()
+                })
+            })
+            .count();
+        assert!((700..1300).contains(&kept), "kept {kept} of 10000 at 0.1");
+        assert!(s.keep(&RequestRecord {
+            ttft_ms: Some(600.0),
+            ..Default::default()
+        }));
+        assert!(s.keep(&RequestRecord {
+            traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
+            ..Default::default()
+        }));
+    }
+}

@@ -1,0 +1,88 @@
+//! The daemon's listeners: the Prometheus endpoint and the gRPC API.
+use std::{os::unix::fs::PermissionsExt as _, sync::Arc};
+
+use anyhow::Context as _;
+use inferscope::export::{grpc::ApiService, hub::Hub, metrics::Metrics, prometheus_http};
+use inferscope_proto::v1::agent::inferscope_server::InferscopeServer;
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tonic::transport::{Identity, Server, ServerTlsConfig};
+use tracing::{error, info};
+
+use super::config::{GrpcAddr, RunConfig};
+
+pub fn start(
+    runtime: &tokio::runtime::Runtime,
+    config: &RunConfig,
+    metrics: Arc<Metrics>,
+    hub: Arc<Hub>,
+) -> anyhow::Result<()> {
+    if let Some(addr) = config.prometheus {
+        let listener = runtime
+            .block_on(prometheus_http::bind(addr))
+            .with_context(|| {
+                format!("cannot listen on {addr} for Prometheus; pass --prometheus ADDR or off")
+            })?;
+        info!(%addr, "serving Prometheus metrics at /metrics");
+        runtime.spawn(async move {
+            if let Err(e) = prometheus_http::serve(listener, metrics).await {
+                error!("the Prometheus endpoint stopped: {e}");
+            }
+        });
+    }
+    let service = InferscopeServer::new(ApiService::new(hub));
+    match &config.grpc {
+        GrpcAddr::Off => {}
+        GrpcAddr::Unix(path) => {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("cannot create {}", dir.display()))?;
+            }
+            // A socket left by a previous run would make bind fail.
+            let _ = std::fs::remove_file(path);
+            let listener = {
+                let _runtime = runtime.enter();
+                tokio::net::UnixListener::bind(path)
+                    .with_context(|| format!("cannot listen on {}; pass --grpc", path.display()))?
+            };
+            // The API shows request metadata: root only.
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+                .with_context(|| format!("cannot restrict {}", path.display()))?;
+            info!(path = %path.display(), "serving the gRPC API");
+            runtime.spawn(async move {
+                if let Err(e) = Server::builder()
+                    .add_service(service)
+                    .serve_with_incoming(UnixListenerStream::new(listener))
+                    .await
+                {
+                    error!("the gRPC API stopped: {e}");
+                }
+            });
+        }
+        GrpcAddr::Tcp(addr) => {
+            let mut builder = Server::builder();
+            if let Some((cert, key)) = &config.grpc_tls {
+                let cert = std::fs::read(cert)
+                    .with_context(|| format!("cannot read {}", cert.display()))?;
+                let key =
+                    std::fs::read(key).with_context(|| format!("cannot read {}", key.display()))?;
+                builder = builder
+                    .tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))
+                    .context("the gRPC TLS certificate or key is not usable")?;
+            }
+            let listener = runtime
+                .block_on(tokio::net::TcpListener::bind(addr))
+                .with_context(|| format!("cannot listen on {addr} for gRPC; pass --grpc"))?;
+            info!(%addr, tls = config.grpc_tls.is_some(), "serving the gRPC API");
+            runtime.spawn(async move {
+                if let Err(e) = builder
+                    .add_service(service)
+                    .serve_with_incoming(TcpListenerStream::new(listener))
+                    .await
+                {
+                    error!("the gRPC API stopped: {e}");
+                }
+            });
+        }
+    }
+    Ok(())
+}

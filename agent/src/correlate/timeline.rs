@@ -1,0 +1,454 @@
+//! Joins finished requests with the engine steps they took part in and the GPU kernels those
+//! steps launched: kernels → steps (same process, launched inside the step's time window) →
+//! requests (batch membership from the scheduler layer).
+//!
+//! Kernel records reach the agent seconds after the GPU ran them (CUPTI hands activity buffers
+//! over when they fill or on a flush), so a finished request waits a short settle time before its
+//! timeline is closed. Where a layer is missing the timeline says so in `unknown` rather than
+//! attributing kernels by time alone, which would guess wrong under batching.
+use std::collections::VecDeque;
+
+use inferscope_proto::v1::shim::Kernel;
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+
+use super::{RequestRecord, Stats, StepRecord};
+
+/// A kernel record from the CUPTI shim, with the process that launched it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelEvent {
+    pub pid: u32,
+    pub kernel: Kernel,
+}
+
+/// GPU work in one phase of a request (its prefill steps or its decode steps).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct GpuPhase {
+    pub kernels: u64,
+    /// Union of the kernels' GPU intervals, so overlapping streams are not counted twice.
+    pub busy_ms: f64,
+    /// Share of `busy_ms` spent in kernels flagged as using tensor cores.
+    pub tensor_core_share: f64,
+    pub devices: Vec<u32>,
+}
+
+/// One request with everything joined onto it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RequestTimeline {
+    pub request: RequestRecord,
+    pub steps: Vec<StepRecord>,
+    #[serde(skip)]
+    pub kernels: Vec<KernelEvent>,
+    /// Kernels in the request's steps beyond [`TimelineLimits::kernels_per_request`], not kept.
+    pub kernels_not_kept: u64,
+    pub prefill_gpu: Option<GpuPhase>,
+    pub decode_gpu: Option<GpuPhase>,
+    /// Layers that were missing for this request: `scheduler` (no admission seen), `steps`
+    /// (no step listed the request), `gpu` (no kernel records from its engine process).
+    pub unknown: Vec<&'static str>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct TimelineLimits {
+    /// Steps kept for joining, across all processes.
+    pub steps: usize,
+    /// Kernels kept per process for joining.
+    pub kernels_per_process: usize,
+    /// Kernels kept on one request's timeline (all are still counted in its GPU phases).
+    pub kernels_per_request: usize,
+    /// Requests waiting for their kernels to arrive.
+    pub pending_requests: usize,
+    /// How long a finished request waits for kernel records of its steps.
+    pub settle_ns: u64,
+    /// A process counts as having the shim if a kernel arrived from it this recently.
+    pub shim_recent_ns: u64,
+}
+
+impl Default for TimelineLimits {
+    fn default() -> Self {
+        Self {
+            steps: 1 << 16,
+            kernels_per_process: 1 << 18,
+            kernels_per_request: 4096,
+            pending_requests: 8192,
+            settle_ns: 2_000_000_000,
+            shim_recent_ns: 60_000_000_000,
+        }
+    }
+}
+
+pub struct TimelineBuilder {
+    limits: TimelineLimits,
+    /// Recent steps in arrival order (steps arrive as they end, so roughly by end time).
+    steps: VecDeque<StepRecord>,
+    /// Recent kernels per process, sorted by launch time.
+    kernels: FxHashMap<u32, VecDeque<KernelEvent>>,
+    /// Per process: when its last kernel arrived, and the latest launch time seen.
+    shim_seen: FxHashMap<u32, (u64, u64)>,
+    /// Finished requests waiting for kernels, oldest first, with the time they become ready.
+    pending: VecDeque<(u64, RequestRecord)>,
+    stats: Stats,
+}
+
+impl TimelineBuilder {
+    pub fn new(limits: TimelineLimits) -> Self {
+        Self {
+            limits,
+            steps: VecDeque::new(),
+            kernels: FxHashMap::default(),
+            shim_seen: FxHashMap::default(),
+            pending: VecDeque::new(),
+            stats: Stats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    pub fn on_step(&mut self, step: StepRecord) {
+        if self.steps.len() >= self.limits.steps {
+            self.steps.pop_front();
+            self.stats.bump("timeline_steps_evicted");
+        }
+        self.steps.push_back(step);
+    }
+
+    pub fn on_kernel(&mut self, event: KernelEvent, now_ns: u64) {
+        let launch = event.kernel.launch_mono_ns;
+        let seen = self.shim_seen.entry(event.pid).or_insert((0, 0));
+        seen.0 = now_ns;
+        seen.1 = seen.1.max(launch);
+        let ring = self.kernels.entry(event.pid).or_default();
+        if ring.len() >= self.limits.kernels_per_process {
+            ring.pop_front();
+            self.stats.bump("timeline_kernels_evicted");
+        }
+        // Activity buffers arrive roughly in launch order: insert from the back.
+        let at = ring
+            .iter()
+            .rposition(|k| k.kernel.launch_mono_ns <= launch)
+            .map_or(0, |i| i + 1);
+        ring.insert(at, event);
+    }
+
+    /// A request finished; its timeline is closed by [`Self::poll`] once its kernels can have
+    /// arrived.
+    pub fn on_request(
+        &mut self,
+        request: RequestRecord,
+        now_ns: u64,
+        out: &mut Vec<RequestTimeline>,
+    ) {
+        let ready_at = if self.has_recent_shim(request.pid, now_ns) {
+            now_ns.max(request.end_mono_ns) + self.limits.settle_ns
+        } else {
+            now_ns
+        };
+        if self.pending.len() >= self.limits.pending_requests
+            && let Some((_, oldest)) = self.pending.pop_front()
+        {
+            self.stats.bump("timeline_closed_early");
+            out.push(self.build(oldest, now_ns));
+        }
+        self.pending.push_back((ready_at, request));
+        self.poll(now_ns, out);
+    }
+
+    /// Closes the timelines whose settle time has passed or whose process's kernels have been
+    /// seen past the request's end.
+    pub fn poll(&mut self, now_ns: u64, out: &mut Vec<RequestTimeline>) {
+        while let Some((ready_at, request)) = self.pending.front() {
+            let watermark_passed = self
+                .shim_seen
+                .get(&request.pid)
+                .is_some_and(|&(_, latest)| latest > request.end_mono_ns);
+            if *ready_at > now_ns && !watermark_passed {
+                break;
+            }
+            let Some((_, request)) = self.pending.pop_front() else {
+                break;
+            };
+            out.push(self.build(request, now_ns));
+        }
+    }
+
+    /// Closes every pending timeline now (shutdown).
+    pub fn flush(&mut self, now_ns: u64, out: &mut Vec<RequestTimeline>) {
+        while let Some((_, request)) = self.pending.pop_front() {
+            out.push(self.build(request, now_ns));
+        }
+    }
+
+    fn has_recent_shim(&self, pid: u32, now_ns: u64) -> bool {
+        self.shim_seen
+            .get(&pid)
+            .is_some_and(|&(seen, _)| now_ns.saturating_sub(seen) <= self.limits.shim_recent_ns)
+    }
+
+    fn build(&mut self, request: RequestRecord, now_ns: u64) -> RequestTimeline {
+        let start = request.admitted_mono_ns.unwrap_or(request.arrival_mono_ns);
+        let mut steps: Vec<StepRecord> = self
+            .steps
+            .iter()
+            .rev()
+            .take_while(|s| s.end_mono_ns >= start)
+            .filter(|s| {
+                s.requests
+                    .iter()
+                    .any(|m| m.request_id == request.request_id)
+            })
+            .cloned()
+            .collect();
+        steps.reverse();
+
+        let mut unknown = Vec::new();
+        if request.admitted_mono_ns.is_none() {
+            unknown.push("scheduler");
+        }
+        if steps.is_empty() {
+            unknown.push("steps");
+        }
+        let shim = steps.iter().any(|s| self.has_recent_shim(s.pid, now_ns))
+            || self.has_recent_shim(request.pid, now_ns);
+        let mut timeline = RequestTimeline {
+            request,
+            steps: Vec::new(),
+            kernels: Vec::new(),
+            kernels_not_kept: 0,
+            prefill_gpu: None,
+            decode_gpu: None,
+            unknown,
+        };
+        if !shim || steps.is_empty() {
+            timeline.unknown.push("gpu");
+            timeline.steps = steps;
+            return timeline;
+        }
+        let mut prefill = PhaseAccumulator::default();
+        let mut decode = PhaseAccumulator::default();
+        for step in &steps {
+            let phase = step
+                .requests
+                .iter()
+                .find(|m| m.request_id == timeline.request.request_id)
+                .map_or("decode", |m| m.phase);
+            let Some(ring) = self.kernels.get(&step.pid) else {
+                continue;
+            };
+            let from = ring.partition_point(|k| k.kernel.launch_mono_ns < step.start_mono_ns);
+            for event in ring.iter().skip(from) {
+                if event.kernel.launch_mono_ns > step.end_mono_ns {
+                    break;
+                }
+                if phase == "prefill" {
+                    prefill.add(&event.kernel);
+                } else {
+                    decode.add(&event.kernel);
+                }
+                if timeline.kernels.len() < self.limits.kernels_per_request {
+                    timeline.kernels.push(event.clone());
+                } else {
+                    timeline.kernels_not_kept += 1;
+                }
+            }
+        }
+        if timeline.kernels_not_kept > 0 {
+            self.stats.bump("timeline_kernels_not_kept");
+        }
+        timeline.prefill_gpu = Some(prefill.finish());
+        timeline.decode_gpu = Some(decode.finish());
+        timeline.steps = steps;
+        timeline
+    }
+}
+
+#[derive(Default)]
+struct PhaseAccumulator {
+    kernels: u64,
+    intervals: Vec<(u64, u64)>,
+    tensor_intervals: Vec<(u64, u64)>,
+    devices: Vec<u32>,
+}
+
+impl PhaseAccumulator {
+    fn add(&mut self, kernel: &Kernel) {
+        self.kernels += 1;
+        let span = (
+            kernel.start_mono_ns,
+            kernel.end_mono_ns.max(kernel.start_mono_ns),
+        );
+        self.intervals.push(span);
+        if kernel.tensor_core {
+            self.tensor_intervals.push(span);
+        }
+        if !self.devices.contains(&kernel.device_id) {
+            self.devices.push(kernel.device_id);
+        }
+    }
+
+    fn finish(mut self) -> GpuPhase {
+        let busy = union_ns(&mut self.intervals);
+        let tensor = union_ns(&mut self.tensor_intervals);
+        self.devices.sort_unstable();
+        GpuPhase {
+            kernels: self.kernels,
+            busy_ms: busy as f64 / 1e6,
+            tensor_core_share: if busy == 0 {
+                0.0
+            } else {
+                tensor as f64 / busy as f64
+            },
+            devices: self.devices,
+        }
+    }
+}
+
+/// Total length covered by a set of intervals (end before start counts as empty).
+pub fn union_ns(intervals: &mut [(u64, u64)]) -> u64 {
+    intervals.sort_unstable();
+    let mut total = 0;
+    let mut current: Option<(u64, u64)> = None;
+    for &(start, end) in intervals.iter() {
+        let end = end.max(start);
+        match current {
+            Some((s, e)) if start <= e => current = Some((s, e.max(end))),
+            Some((s, e)) => {
+                total += e - s;
+                current = Some((start, end));
+            }
+            None => current = Some((start, end)),
+        }
+    }
+    if let Some((s, e)) = current {
+        total += e - s;
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::correlate::StepMember;
+
+    fn request(id: &str, arrival: u64, admitted: Option<u64>, end: u64) -> RequestRecord {
+        RequestRecord {
+            request_id: id.into(),
+            pid: 7,
+            arrival_mono_ns: arrival,
+            admitted_mono_ns: admitted,
+            end_mono_ns: end,
+            ..Default::default()
+        }
+    }
+
+    fn step(start: u64, end: u64, members: &[(&str, &'static str)]) -> StepRecord {
+        StepRecord {
+            pid: 7,
+            engine: "llama.cpp".into(),
+            tid: 70,
+            start_mono_ns: start,
+            end_mono_ns: end,
+            duration_ms: (end - start) as f64 / 1e6,
+            batch_tokens: None,
+            requests: members
+                .iter()
+                .map(|(id, phase)| StepMember {
+                    request_id: (*id).into(),
+                    phase,
+                })
+                .collect(),
+        }
+    }
+
+    fn kernel(launch: u64, start: u64, end: u64, tensor: bool, device: u32) -> KernelEvent {
+        KernelEvent {
+            pid: 7,
+            kernel: Kernel {
+                name: format!("k{launch}"),
+                launch_mono_ns: launch,
+                start_mono_ns: start,
+                end_mono_ns: end,
+                tensor_core: tensor,
+                device_id: device,
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn kernels_join_through_steps_into_phases() {
+        let mut b = TimelineBuilder::new(TimelineLimits::default());
+        b.on_step(step(100, 200, &[("a", "prefill")]));
+        b.on_step(step(200, 300, &[("a", "decode"), ("b", "prefill")]));
+        b.on_step(step(300, 400, &[("b", "decode")]));
+        // Prefill step of a: two overlapping kernels, one on tensor cores.
+        b.on_kernel(kernel(110, 120, 160, true, 0), 1000);
+        b.on_kernel(kernel(115, 140, 180, false, 0), 1000);
+        // Decode step of a (shared with b's prefill).
+        b.on_kernel(kernel(210, 220, 240, false, 1), 1000);
+        // b's decode only.
+        b.on_kernel(kernel(310, 320, 330, false, 0), 1000);
+        let mut out = Vec::new();
+        b.on_request(request("a", 50, Some(100), 350), 1000, &mut out);
+        assert!(out.is_empty(), "waits for kernels to settle");
+        b.poll(1000 + 2_000_000_000, &mut out);
+        let t = &out[0];
+        assert_eq!(t.steps.len(), 2);
+        let prefill = t.prefill_gpu.as_ref().unwrap();
+        assert_eq!(prefill.kernels, 2);
+        assert!((prefill.busy_ms - 60e-6).abs() < 1e-12, "union 120..180");
+        assert!((prefill.tensor_core_share - 40.0 / 60.0).abs() < 1e-9);
+        let decode = t.decode_gpu.as_ref().unwrap();
+        assert_eq!(decode.kernels, 1);
+        assert_eq!(decode.devices, vec![1]);
+        assert_eq!(t.kernels.len(), 3);
+        assert!(t.unknown.is_empty());
+    }
+
+    #[test]
+    fn missing_layers_are_named_not_guessed() {
+        let mut b = TimelineBuilder::new(TimelineLimits::default());
+        let mut out = Vec::new();
+        b.on_request(request("x", 10, None, 20), 1000, &mut out);
+        assert_eq!(out.len(), 1, "no shim: closed at once");
+        assert_eq!(out[0].unknown, vec!["scheduler", "steps", "gpu"]);
+        assert!(out[0].prefill_gpu.is_none());
+    }
+
+    #[test]
+    fn later_kernels_close_the_timeline_early() {
+        let mut b = TimelineBuilder::new(TimelineLimits::default());
+        b.on_step(step(100, 200, &[("a", "prefill")]));
+        b.on_kernel(kernel(110, 120, 130, false, 0), 1000);
+        let mut out = Vec::new();
+        b.on_request(request("a", 50, Some(100), 200), 1000, &mut out);
+        assert!(out.is_empty());
+        b.on_kernel(kernel(500, 510, 520, false, 0), 1001);
+        b.poll(1001, &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].prefill_gpu.as_ref().unwrap().kernels, 1);
+    }
+
+    #[test]
+    fn pending_requests_are_bounded() {
+        let limits = TimelineLimits {
+            pending_requests: 2,
+            ..Default::default()
+        };
+        let mut b = TimelineBuilder::new(limits);
+        b.on_kernel(kernel(1, 1, 2, false, 0), 10);
+        let mut out = Vec::new();
+        for i in 0..5 {
+            b.on_request(request(&format!("r{i}"), 0, None, 100), 10, &mut out);
+        }
+        assert_eq!(out.len(), 3);
+        assert_eq!(b.stats().get("timeline_closed_early"), 3);
+    }
+
+    #[test]
+    fn union_merges_overlaps() {
+        assert_eq!(union_ns(&mut [(0, 10), (5, 15), (20, 30)]), 25);
+        assert_eq!(union_ns(&mut []), 0);
+    }
+}

@@ -1,0 +1,522 @@
+//! The agent's metrics, recorded once and exposed twice: in Prometheus text at `/metrics`
+//! (prometheus-client) and over OTLP (the OpenTelemetry SDK), under the GenAI semantic-convention
+//! names where they exist (`gen_ai.server.*`) and `inferscope.*` for the rest.
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex, atomic::AtomicU64},
+};
+
+use opentelemetry::{
+    KeyValue,
+    metrics::{Counter as OtelCounter, Histogram as OtelHistogram, Meter},
+};
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::{Registry, Unit},
+};
+
+use crate::correlate::{StepRecord, timeline::RequestTimeline};
+
+const TTFT_BUCKETS: [f64; 16] = [
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
+const TPOT_BUCKETS: [f64; 13] = [
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+];
+const DURATION_BUCKETS: [f64; 14] = [
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+];
+const TOKEN_BUCKETS: [f64; 12] = [
+    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
+];
+
+/// Distinct `model` label values per engine; the model name comes from request bodies, so an
+/// unbounded set would let clients grow the agent's memory. Further values become "other".
+const MAX_MODELS_PER_ENGINE: usize = 32;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    engine: String,
+    model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    engine: String,
+    model: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EngineLabels {
+    engine: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CounterLabels {
+    counter: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GpuLabels {
+    gpu: String,
+    uuid: String,
+    metric: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DiagnosisLabels {
+    cause: String,
+    dominant_phase: String,
+}
+
+type HistFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn ttft_histogram() -> Histogram {
+    Histogram::new(TTFT_BUCKETS)
+}
+fn tpot_histogram() -> Histogram {
+    Histogram::new(TPOT_BUCKETS)
+}
+fn duration_histogram() -> Histogram {
+    Histogram::new(DURATION_BUCKETS)
+}
+fn token_histogram() -> Histogram {
+    Histogram::new(TOKEN_BUCKETS)
+}
+
+struct OtelInstruments {
+    ttft: OtelHistogram<f64>,
+    tpot: OtelHistogram<f64>,
+    duration: OtelHistogram<f64>,
+    queue_wait: OtelHistogram<f64>,
+    prefill: OtelHistogram<f64>,
+    prompt_tokens: OtelHistogram<u64>,
+    step_duration: OtelHistogram<f64>,
+    requests: OtelCounter<u64>,
+    admitted: OtelCounter<u64>,
+    preemptions: OtelCounter<u64>,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    ttft: HistFamily<RequestLabels>,
+    tpot: HistFamily<RequestLabels>,
+    duration: HistFamily<RequestLabels>,
+    queue_wait: HistFamily<RequestLabels>,
+    prefill: HistFamily<RequestLabels>,
+    prompt_tokens: HistFamily<RequestLabels>,
+    step_duration: HistFamily<EngineLabels>,
+    requests: Family<OutcomeLabels, Counter>,
+    admitted: Family<EngineLabels, Counter>,
+    preemptions: Family<EngineLabels, Counter>,
+    agent_events: Family<CounterLabels, Counter>,
+    agent_seen: Mutex<BTreeMap<String, u64>>,
+    gpu: Family<GpuLabels, Gauge<f64, AtomicU64>>,
+    diagnosis: Family<DiagnosisLabels, Gauge>,
+    models: Mutex<BTreeMap<String, Vec<String>>>,
+    otel: Option<OtelInstruments>,
+    /// Snapshot of the agent's own counters for the OTLP observable instrument.
+    otel_agent_snapshot: Arc<Mutex<Vec<(String, u64)>>>,
+}
+
+impl Metrics {
+    /// `meter`: record into OTLP too (when an OTLP endpoint is configured).
+    pub fn new(meter: Option<Meter>) -> Self {
+        let mut registry = Registry::default();
+        let ttft: HistFamily<RequestLabels> = Family::new_with_constructor(ttft_histogram);
+        let tpot: HistFamily<RequestLabels> = Family::new_with_constructor(tpot_histogram);
+        let duration: HistFamily<RequestLabels> = Family::new_with_constructor(duration_histogram);
+        let queue_wait: HistFamily<RequestLabels> = Family::new_with_constructor(ttft_histogram);
+        let prefill: HistFamily<RequestLabels> = Family::new_with_constructor(ttft_histogram);
+        let prompt_tokens: HistFamily<RequestLabels> =
+            Family::new_with_constructor(token_histogram);
+        let step_duration: HistFamily<EngineLabels> = Family::new_with_constructor(tpot_histogram);
+        registry.register_with_unit(
+            "gen_ai_server_time_to_first_token",
+            "Time to first token: request arrival to the first generated token on the wire",
+            Unit::Seconds,
+            ttft.clone(),
+        );
+        registry.register_with_unit(
+            "gen_ai_server_time_per_output_token",
+            "Time per output token after the first (decode), per request",
+            Unit::Seconds,
+            tpot.clone(),
+        );
+        registry.register_with_unit(
+            "gen_ai_server_request_duration",
+            "Request arrival to the end of the response",
+            Unit::Seconds,
+            duration.clone(),
+        );
+        registry.register_with_unit(
+            "inferscope_queue_wait",
+            "Request arrival to admission by the engine's scheduler",
+            Unit::Seconds,
+            queue_wait.clone(),
+        );
+        registry.register_with_unit(
+            "inferscope_prefill",
+            "Admission to the first token",
+            Unit::Seconds,
+            prefill.clone(),
+        );
+        registry.register(
+            "inferscope_prompt_tokens",
+            "Prompt tokens per request, where the engine reports them",
+            prompt_tokens.clone(),
+        );
+        registry.register_with_unit(
+            "inferscope_engine_step_duration",
+            "Duration of one engine step (a forward pass over the batch)",
+            Unit::Seconds,
+            step_duration.clone(),
+        );
+        let requests = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "inferscope_requests",
+            "Finished requests by outcome (ok, error, aborted); counted when each one ends",
+            requests.clone(),
+        );
+        let admitted = Family::<EngineLabels, Counter>::default();
+        registry.register(
+            "inferscope_requests_admitted",
+            "Requests whose admission by the scheduler was observed; compare its rate with inferscope_requests_total",
+            admitted.clone(),
+        );
+        let preemptions = Family::<EngineLabels, Counter>::default();
+        registry.register(
+            "inferscope_preemptions",
+            "Times requests were preempted (evicted from KV memory) by the engine",
+            preemptions.clone(),
+        );
+        let agent_events = Family::<CounterLabels, Counter>::default();
+        registry.register(
+            "inferscope_agent_events",
+            "The agent's own counters: captured records, drops, truncations, parse failures, exporter outcomes",
+            agent_events.clone(),
+        );
+        let gpu = Family::<GpuLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "inferscope_gpu",
+            "Per-GPU NVML and GPM samples, one series per metric",
+            gpu.clone(),
+        );
+        let diagnosis = Family::<DiagnosisLabels, Gauge>::default();
+        registry.register(
+            "inferscope_diagnosis_info",
+            "1 while the continuous diagnosis sees a TTFT regression, labelled with its cause",
+            diagnosis.clone(),
+        );
+        let otel_agent_snapshot: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+        let otel = meter.map(|m| otel_instruments(&m, otel_agent_snapshot.clone()));
+        Self {
+            registry,
+            ttft,
+            tpot,
+            duration,
+            queue_wait,
+            prefill,
+            prompt_tokens,
+            step_duration,
+            requests,
+            admitted,
+            preemptions,
+            agent_events,
+            agent_seen: Mutex::default(),
+            gpu,
+            diagnosis,
+            models: Mutex::default(),
+            otel,
+            otel_agent_snapshot,
+        }
+    }
+
+    fn model_label(&self, engine: &str, model: Option<&str>) -> String {
+        let model = model.unwrap_or("unknown");
+        let Ok(mut models) = self.models.lock() else {
+            return "other".into();
+        };
+        let seen = models.entry(engine.to_string()).or_default();
+        if seen.iter().any(|m| m == model) {
+            return model.to_string();
+        }
+        if seen.len() < MAX_MODELS_PER_ENGINE {
+            seen.push(model.to_string());
+            return model.to_string();
+        }
+        "other".into()
+    }
+
+    pub fn record_request(&self, timeline: &RequestTimeline) {
+        let r = &timeline.request;
+        let labels = RequestLabels {
+            engine: r.engine.clone(),
+            model: self.model_label(&r.engine, r.model.as_deref()),
+        };
+        let outcome = if r.aborted {
+            "aborted"
+        } else if r.status.is_some_and(|s| s >= 400) {
+            "error"
+        } else {
+            "ok"
+        };
+        self.requests
+            .get_or_create(&OutcomeLabels {
+                engine: labels.engine.clone(),
+                model: labels.model.clone(),
+                outcome: outcome.into(),
+            })
+            .inc();
+        let engine = EngineLabels {
+            engine: r.engine.clone(),
+        };
+        let attrs = [
+            KeyValue::new("inferscope.engine", labels.engine.clone()),
+            KeyValue::new("gen_ai.request.model", labels.model.clone()),
+        ];
+        let secs = |ms: f64| ms / 1000.0;
+        self.duration.get_or_create(&labels).observe(secs(r.e2e_ms));
+        if let Some(ttft) = r.ttft_ms {
+            self.ttft.get_or_create(&labels).observe(secs(ttft));
+        }
+        if let Some(tpot) = r.tpot_ms {
+            self.tpot.get_or_create(&labels).observe(secs(tpot));
+        }
+        if let Some(q) = r.queue_wait_ms {
+            self.queue_wait.get_or_create(&labels).observe(secs(q));
+        }
+        if let Some(p) = r.prefill_ms {
+            self.prefill.get_or_create(&labels).observe(secs(p));
+        }
+        if let Some(tokens) = r.prompt_tokens {
+            self.prompt_tokens
+                .get_or_create(&labels)
+                .observe(tokens as f64);
+        }
+        if r.admitted_mono_ns.is_some() {
+            self.admitted.get_or_create(&engine).inc();
+        }
+        if let Some(p) = r.preemptions.filter(|p| *p > 0) {
+            self.preemptions.get_or_create(&engine).inc_by(p);
+        }
+        if let Some(o) = &self.otel {
+            o.duration.record(secs(r.e2e_ms), &attrs);
+            if let Some(ttft) = r.ttft_ms {
+                o.ttft.record(secs(ttft), &attrs);
+            }
+            if let Some(tpot) = r.tpot_ms {
+                o.tpot.record(secs(tpot), &attrs);
+            }
+            if let Some(q) = r.queue_wait_ms {
+                o.queue_wait.record(secs(q), &attrs);
+            }
+            if let Some(p) = r.prefill_ms {
+                o.prefill.record(secs(p), &attrs);
+            }
+            if let Some(tokens) = r.prompt_tokens {
+                o.prompt_tokens.record(tokens, &attrs);
+            }
+            o.requests.add(
+                1,
+                &[
+                    attrs[0].clone(),
+                    attrs[1].clone(),
+                    KeyValue::new("inferscope.outcome", outcome),
+                ],
+            );
+            if r.admitted_mono_ns.is_some() {
+                o.admitted.add(1, &attrs[..1]);
+            }
+            if let Some(p) = r.preemptions.filter(|p| *p > 0) {
+                o.preemptions.add(p, &attrs[..1]);
+            }
+        }
+    }
+
+    pub fn record_step(&self, step: &StepRecord) {
+        let secs = step.duration_ms / 1000.0;
+        self.step_duration
+            .get_or_create(&EngineLabels {
+                engine: step.engine.clone(),
+            })
+            .observe(secs);
+        if let Some(o) = &self.otel {
+            o.step_duration.record(
+                secs,
+                &[KeyValue::new("inferscope.engine", step.engine.clone())],
+            );
+        }
+    }
+
+    /// The agent's counters are cumulative totals kept elsewhere; export their increments.
+    pub fn set_agent_counters(&self, counters: &[(String, u64)]) {
+        if let Ok(mut seen) = self.agent_seen.lock() {
+            for (name, value) in counters {
+                let before = seen.entry(name.clone()).or_insert(0);
+                if *value > *before {
+                    self.agent_events
+                        .get_or_create(&CounterLabels {
+                            counter: name.clone(),
+                        })
+                        .inc_by(*value - *before);
+                }
+                // Gauges such as open connections go down too; keep the newest value.
+                *before = *value;
+            }
+        }
+        if let Ok(mut snapshot) = self.otel_agent_snapshot.lock() {
+            *snapshot = counters.to_vec();
+        }
+    }
+
+    pub fn set_gpu(&self, gpu: &str, uuid: &str, metric: &str, value: f64) {
+        self.gpu
+            .get_or_create(&GpuLabels {
+                gpu: gpu.into(),
+                uuid: uuid.into(),
+                metric: metric.into(),
+            })
+            .set(value);
+    }
+
+    pub fn set_diagnosis(&self, cause: &str, dominant_phase: &str, active: bool) {
+        self.diagnosis.clear();
+        if active {
+            self.diagnosis
+                .get_or_create(&DiagnosisLabels {
+                    cause: cause.into(),
+                    dominant_phase: dominant_phase.into(),
+                })
+                .set(1);
+        }
+    }
+
+    /// Prometheus text exposition (OpenMetrics flavour, as prometheus-client writes it).
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+fn otel_instruments(meter: &Meter, agent: Arc<Mutex<Vec<(String, u64)>>>) -> OtelInstruments {
+    let hist = |name: &'static str, desc: &'static str, buckets: &[f64]| {
+        meter
+            .f64_histogram(name)
+            .with_unit("s")
+            .with_description(desc)
+            .with_boundaries(buckets.to_vec())
+            .build()
+    };
+    let _agent_events = meter
+        .u64_observable_counter("inferscope.agent.events")
+        .with_description(
+            "The agent's own counters: captured records, drops, truncations, parse failures",
+        )
+        .with_callback(move |observer| {
+            if let Ok(snapshot) = agent.lock() {
+                for (name, value) in snapshot.iter() {
+                    observer.observe(*value, &[KeyValue::new("inferscope.counter", name.clone())]);
+                }
+            }
+        })
+        .build();
+    OtelInstruments {
+        ttft: hist(
+            "gen_ai.server.time_to_first_token",
+            "Time to first token",
+            &TTFT_BUCKETS,
+        ),
+        tpot: hist(
+            "gen_ai.server.time_per_output_token",
+            "Time per output token after the first",
+            &TPOT_BUCKETS,
+        ),
+        duration: hist(
+            "gen_ai.server.request.duration",
+            "Request duration",
+            &DURATION_BUCKETS,
+        ),
+        queue_wait: hist(
+            "inferscope.queue_wait",
+            "Arrival to admission",
+            &TTFT_BUCKETS,
+        ),
+        prefill: hist(
+            "inferscope.prefill",
+            "Admission to first token",
+            &TTFT_BUCKETS,
+        ),
+        step_duration: hist(
+            "inferscope.engine.step.duration",
+            "Engine step duration",
+            &TPOT_BUCKETS,
+        ),
+        prompt_tokens: meter
+            .u64_histogram("inferscope.prompt_tokens")
+            .with_unit("{token}")
+            .with_boundaries(TOKEN_BUCKETS.to_vec())
+            .build(),
+        requests: meter.u64_counter("inferscope.requests").build(),
+        admitted: meter.u64_counter("inferscope.requests.admitted").build(),
+        preemptions: meter.u64_counter("inferscope.preemptions").build(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::correlate::RequestRecord;
+
+    fn timeline(model: &str) -> RequestTimeline {
+        RequestTimeline {
+            request: RequestRecord {
+                engine: "llama.cpp".into(),
+                model: Some(model.into()),
+                ttft_ms: Some(120.0),
+                queue_wait_ms: Some(20.0),
+                prefill_ms: Some(100.0),
+                tpot_ms: Some(30.0),
+                e2e_ms: 900.0,
+                admitted_mono_ns: Some(1),
+                prompt_tokens: Some(50),
+                status: Some(200),
+                ..Default::default()
+            },
+            steps: vec![],
+            kernels: vec![],
+            kernels_not_kept: 0,
+            prefill_gpu: None,
+            decode_gpu: None,
+            unknown: vec![],
+        }
+    }
+
+    #[test]
+    fn exposition_has_genai_histograms() {
+        let m = Metrics::new(None);
+        m.record_request(&timeline("smol"));
+        m.set_agent_counters(&[("kernel_ringbuf_full".into(), 3)]);
+        m.set_agent_counters(&[("kernel_ringbuf_full".into(), 5)]);
+        let text = m.encode().unwrap();
+        assert!(text.contains("gen_ai_server_time_to_first_token_seconds_bucket{"));
+        assert!(text.contains("le=\"0.25\""));
+        assert!(text.contains("inferscope_queue_wait_seconds_sum"));
+        assert!(text.contains("inferscope_agent_events_total{counter=\"kernel_ringbuf_full\"} 5"));
+        assert!(text.contains("inferscope_requests_admitted_total{engine=\"llama.cpp\"} 1"));
+    }
+
+    #[test]
+    fn model_labels_are_bounded() {
+        let m = Metrics::new(None);
+        for i in 0..(MAX_MODELS_PER_ENGINE + 10) {
+            m.record_request(&timeline(&format!("model-{i}")));
+        }
+        let text = m.encode().unwrap();
+        assert!(text.contains("model=\"other\""));
+        assert!(!text.contains(&format!("model-{}\"", MAX_MODELS_PER_ENGINE + 5)));
+    }
+}

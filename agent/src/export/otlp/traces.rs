@@ -1,0 +1,310 @@
+//! Request timelines as OTLP traces: one SERVER span per request with `queue`, `prefill` and
+//! `decode` children, engine steps as span events on the phase they belong to, and (behind a
+//! switch) one span per GPU kernel. A `traceparent` the caller sent makes the request span a
+//! child of the caller's span, so a gateway's trace continues into the engine.
+use std::{
+    collections::HashMap,
+    sync::{Arc, atomic::Ordering},
+    time::{Duration, SystemTime},
+};
+
+use opentelemetry::{
+    Context, KeyValue,
+    propagation::TextMapPropagator,
+    trace::{Span, SpanKind, Status, TraceContextExt, Tracer, TracerProvider as _},
+};
+use opentelemetry_sdk::{
+    Resource,
+    propagation::TraceContextPropagator,
+    trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracer, SdkTracerProvider},
+};
+use rustc_hash::FxHashMap;
+use tracing::{info, warn};
+
+use super::{OtlpConfig, OtlpError, counting::CountingExporter, counting::ExportCounters};
+use crate::{
+    correlate::{StepRecord, timeline::RequestTimeline},
+    export::names,
+};
+
+/// Engine processes with a tracer at once (each has its own resource and batch queue).
+const MAX_PROCESSES: usize = 64;
+
+pub struct TraceExporter {
+    config: OtlpConfig,
+    runtime: tokio::runtime::Handle,
+    providers: FxHashMap<u32, (SdkTracerProvider, SdkTracer)>,
+    counters: Arc<ExportCounters>,
+    host: String,
+    propagator: TraceContextPropagator,
+}
+
+impl TraceExporter {
+    pub fn new(
+        config: OtlpConfig,
+        runtime: tokio::runtime::Handle,
+        counters: Arc<ExportCounters>,
+    ) -> Self {
+        Self {
+            config,
+            runtime,
+            providers: FxHashMap::default(),
+            counters,
+            host: names::host_name(),
+            propagator: TraceContextPropagator::new(),
+        }
+    }
+
+    /// Each engine process is its own OTLP resource (service, process, host, GPUs), so backends
+    /// show its spans under the engine rather than under the agent.
+    fn tracer_for(&mut self, pid: u32, engine: &str) -> Result<&SdkTracer, OtlpError> {
+        if !self.providers.contains_key(&pid) {
+            if self.providers.len() >= MAX_PROCESSES {
+                return Err(OtlpError::TooManyProcesses(MAX_PROCESSES));
+            }
+            let _runtime = self.runtime.enter();
+            let exporter = self.config.span_exporter()?;
+            let exporter = CountingExporter::new(exporter, self.counters.clone());
+            let batch = BatchConfigBuilder::default()
+                .with_max_queue_size(self.config.queue_spans)
+                .with_scheduled_delay(Duration::from_millis(500))
+                .build();
+            let processor = BatchSpanProcessor::builder(exporter)
+                .with_batch_config(batch)
+                .build();
+            let resource = Resource::builder()
+                .with_service_name(
+                    self.config
+                        .service_name
+                        .clone()
+                        .unwrap_or_else(|| engine.to_string()),
+                )
+                .with_attributes(process_attributes(pid, engine, &self.host))
+                .build();
+            let provider = SdkTracerProvider::builder()
+                .with_span_processor(processor)
+                .with_resource(resource)
+                .with_max_events_per_span(self.config.max_events_per_span)
+                .build();
+            let tracer = provider.tracer("inferscope");
+            info!(
+                pid,
+                engine, "exporting this process's requests as OTLP traces"
+            );
+            self.providers.insert(pid, (provider, tracer));
+        }
+        self.providers
+            .get(&pid)
+            .map(|(_, tracer)| tracer)
+            .ok_or(OtlpError::TooManyProcesses(MAX_PROCESSES))
+    }
+
+    /// The engine process exited: flush and drop its tracer off the pipeline thread.
+    pub fn forget_process(&mut self, pid: u32) {
+        if let Some((provider, _)) = self.providers.remove(&pid) {
+            std::thread::spawn(move || {
+                let _ = provider.shutdown();
+            });
+        }
+    }
+
+    pub fn shutdown(&mut self) {
+        for (_, (provider, _)) in self.providers.drain() {
+            if let Err(e) = provider.shutdown() {
+                warn!("flushing OTLP spans at exit failed: {e}");
+            }
+        }
+    }
+
+    pub fn export(&mut self, timeline: &RequestTimeline) {
+        let kernel_spans = self.config.kernel_spans;
+        let parent = self.parent_context(timeline.request.traceparent.as_deref());
+        let request = &timeline.request;
+        let tracer = match self.tracer_for(request.pid, &request.engine) {
+            Ok(tracer) => tracer.clone(),
+            Err(e) => {
+                warn!("cannot export spans for pid {}: {e}", request.pid);
+                return;
+            }
+        };
+        let offset = request
+            .arrival_unix_ns
+            .saturating_sub(request.arrival_mono_ns);
+        let at = |mono: u64| SystemTime::UNIX_EPOCH + Duration::from_nanos(mono + offset);
+
+        let mut spans = 0u64;
+        let root = tracer
+            .span_builder(names::span_name(request))
+            .with_kind(SpanKind::Server)
+            .with_start_time(at(request.arrival_mono_ns))
+            .with_attributes(names::request_attributes(timeline))
+            .start_with_context(&tracer, &parent);
+        spans += 1;
+        let is_error = request.aborted || request.status.is_some_and(|s| s >= 500);
+        let root_cx = parent.with_span(root);
+        if is_error {
+            root_cx.span().set_status(Status::error(if request.aborted {
+                "client aborted"
+            } else {
+                "server error"
+            }));
+        }
+
+        let end = request.end_mono_ns;
+        let first_token = request.first_token_mono_ns;
+        let mut phases: Vec<(&'static str, u64, u64)> = Vec::new();
+        match (request.admitted_mono_ns, first_token) {
+            (Some(admitted), Some(first)) => {
+                phases.push(("queue", request.arrival_mono_ns, admitted));
+                phases.push(("prefill", admitted, first));
+                phases.push(("decode", first, end));
+            }
+            (Some(admitted), None) => {
+                phases.push(("queue", request.arrival_mono_ns, admitted));
+                phases.push(("prefill", admitted, end));
+            }
+            // Without the scheduler layer the split is unknown: one span says so.
+            (None, Some(first)) => {
+                phases.push(("time_to_first_token", request.arrival_mono_ns, first));
+                phases.push(("decode", first, end));
+            }
+            (None, None) => {}
+        }
+        for (name, start, stop) in phases {
+            let mut span = tracer
+                .span_builder(name)
+                .with_kind(SpanKind::Internal)
+                .with_start_time(at(start))
+                .start_with_context(&tracer, &root_cx);
+            spans += 1;
+            let phase = match name {
+                "prefill" => Some("prefill"),
+                "decode" => Some("decode"),
+                _ => None,
+            };
+            if let Some(phase) = phase {
+                for step in steps_in_phase(&timeline.steps, &request.request_id, phase) {
+                    span.add_event_with_timestamp(
+                        "step",
+                        at(step.start_mono_ns),
+                        step_attributes(step),
+                    );
+                }
+                let gpu = if phase == "prefill" {
+                    &timeline.prefill_gpu
+                } else {
+                    &timeline.decode_gpu
+                };
+                if let Some(gpu) = gpu {
+                    span.set_attribute(KeyValue::new("inferscope.gpu.kernels", gpu.kernels as i64));
+                    span.set_attribute(KeyValue::new("inferscope.gpu.busy_ms", gpu.busy_ms));
+                    span.set_attribute(KeyValue::new(
+                        "inferscope.gpu.tensor_core_share",
+                        gpu.tensor_core_share,
+                    ));
+                }
+                if kernel_spans {
+                    let phase_cx = root_cx.with_span(span);
+                    spans += self.kernel_spans(&tracer, &phase_cx, timeline, phase, &at);
+                    phase_cx.span().end_with_timestamp(at(stop.max(start)));
+                    continue;
+                }
+            }
+            span.end_with_timestamp(at(stop.max(start)));
+        }
+        root_cx
+            .span()
+            .end_with_timestamp(at(end.max(request.arrival_mono_ns)));
+        self.counters.submitted.fetch_add(spans, Ordering::Relaxed);
+    }
+
+    fn kernel_spans(
+        &self,
+        tracer: &SdkTracer,
+        phase_cx: &Context,
+        timeline: &RequestTimeline,
+        phase: &str,
+        at: &dyn Fn(u64) -> SystemTime,
+    ) -> u64 {
+        let mut n = 0;
+        for step in steps_in_phase(&timeline.steps, &timeline.request.request_id, phase) {
+            for event in timeline.kernels.iter().filter(|k| {
+                k.pid == step.pid
+                    && k.kernel.launch_mono_ns >= step.start_mono_ns
+                    && k.kernel.launch_mono_ns <= step.end_mono_ns
+            }) {
+                let k = &event.kernel;
+                let mut span = tracer
+                    .span_builder(names::kernel_span_name(&k.name))
+                    .with_kind(SpanKind::Internal)
+                    .with_start_time(at(k.start_mono_ns))
+                    .with_attributes(vec![
+                        KeyValue::new("inferscope.gpu.device", k.device_id as i64),
+                        KeyValue::new("inferscope.gpu.stream", k.stream_id as i64),
+                        KeyValue::new("inferscope.kernel.tensor_core", k.tensor_core),
+                        KeyValue::new("inferscope.kernel.graph_id", k.graph_id as i64),
+                        KeyValue::new(
+                            "inferscope.kernel.grid",
+                            format!("{}x{}x{}", k.grid_x, k.grid_y, k.grid_z),
+                        ),
+                        KeyValue::new(
+                            "inferscope.kernel.block",
+                            format!("{}x{}x{}", k.block_x, k.block_y, k.block_z),
+                        ),
+                    ])
+                    .start_with_context(tracer, phase_cx);
+                span.end_with_timestamp(at(k.end_mono_ns.max(k.start_mono_ns)));
+                n += 1;
+            }
+        }
+        n
+    }
+
+    fn parent_context(&self, traceparent: Option<&str>) -> Context {
+        let Some(traceparent) = traceparent else {
+            return Context::new();
+        };
+        let carrier = HashMap::from([("traceparent".to_string(), traceparent.to_string())]);
+        // An invalid header yields an empty context: the request span starts a new trace.
+        self.propagator
+            .extract_with_context(&Context::new(), &carrier)
+    }
+}
+
+fn steps_in_phase<'a>(
+    steps: &'a [StepRecord],
+    request_id: &'a str,
+    phase: &'a str,
+) -> impl Iterator<Item = &'a StepRecord> + 'a {
+    steps.iter().filter(move |s| {
+        s.requests
+            .iter()
+            .any(|m| m.request_id == request_id && m.phase == phase)
+    })
+}
+
+fn step_attributes(step: &StepRecord) -> Vec<KeyValue> {
+    let mut attrs = vec![
+        KeyValue::new("inferscope.step.duration_ms", step.duration_ms),
+        KeyValue::new("inferscope.step.batch_requests", step.requests.len() as i64),
+    ];
+    if let Some(tokens) = step.batch_tokens {
+        attrs.push(KeyValue::new("inferscope.step.batch_tokens", tokens as i64));
+    }
+    attrs
+}
+
+fn process_attributes(pid: u32, engine: &str, host: &str) -> Vec<KeyValue> {
+    let mut attrs = vec![
+        KeyValue::new("host.name", host.to_string()),
+        KeyValue::new("process.pid", pid as i64),
+        KeyValue::new("inferscope.engine", engine.to_string()),
+    ];
+    if let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/comm")) {
+        attrs.push(KeyValue::new(
+            "process.executable.name",
+            comm.trim().to_string(),
+        ));
+    }
+    attrs
+}

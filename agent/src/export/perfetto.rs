@@ -1,0 +1,234 @@
+//! Request timelines as Chrome trace-event JSON, which ui.perfetto.dev and chrome://tracing
+//! open: one track per request (queue, prefill, decode), one per engine step thread, one per GPU
+//! stream (kernels). Times are CLOCK_MONOTONIC microseconds.
+use std::collections::BTreeSet;
+
+use inferscope_proto::v1::agent::RequestTimeline;
+use serde_json::{Value, json};
+
+/// Synthetic process ids for the three kinds of track.
+const REQUESTS_PID: u64 = 1;
+const STEPS_PID_BASE: u64 = 1_000_000;
+const GPU_PID_BASE: u64 = 2_000_000;
+
+fn us(ns: u64) -> f64 {
+    ns as f64 / 1000.0
+}
+
+fn span(
+    name: &str,
+    cat: &str,
+    pid: u64,
+    tid: u64,
+    start_ns: u64,
+    end_ns: u64,
+    args: Value,
+) -> Value {
+    json!({
+        "name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid,
+        "ts": us(start_ns), "dur": us(end_ns.saturating_sub(start_ns)), "args": args,
+    })
+}
+
+fn meta(kind: &str, pid: u64, tid: Option<u64>, name: &str) -> Value {
+    let mut v = json!({"name": kind, "ph": "M", "pid": pid, "args": {"name": name}});
+    if let Some(tid) = tid {
+        v["tid"] = json!(tid);
+    }
+    v
+}
+
+pub fn trace(timelines: &[RequestTimeline]) -> Value {
+    let mut events = vec![meta("process_name", REQUESTS_PID, None, "requests")];
+    let mut step_threads = BTreeSet::new();
+    let mut gpu_streams = BTreeSet::new();
+    let mut seen_steps = BTreeSet::new();
+    let mut seen_kernels = BTreeSet::new();
+    for (i, t) in timelines.iter().enumerate() {
+        let Some(r) = &t.request else { continue };
+        let tid = i as u64 + 1;
+        events.push(meta(
+            "thread_name",
+            REQUESTS_PID,
+            Some(tid),
+            &format!("{} {}", r.request_id, r.x_request_id),
+        ));
+        let end = r.end_mono_ns.max(r.arrival_mono_ns);
+        events.push(span(
+            &format!("{} {}", r.method, r.path),
+            "request",
+            REQUESTS_PID,
+            tid,
+            r.arrival_mono_ns,
+            end,
+            json!({
+                "request_id": r.request_id, "ttft_ms": r.ttft_ms, "queue_wait_ms": r.queue_wait_ms,
+                "prefill_ms": r.prefill_ms, "tpot_ms": r.tpot_ms, "prompt_tokens": r.prompt_tokens,
+                "completion_tokens": r.completion_tokens, "unknown": r.unknown,
+            }),
+        ));
+        let admitted = (r.admitted_mono_ns != 0).then_some(r.admitted_mono_ns);
+        let first = (r.first_token_mono_ns != 0).then_some(r.first_token_mono_ns);
+        if let Some(a) = admitted {
+            events.push(span(
+                "queue",
+                "phase",
+                REQUESTS_PID,
+                tid,
+                r.arrival_mono_ns,
+                a,
+                json!({}),
+            ));
+            events.push(span(
+                "prefill",
+                "phase",
+                REQUESTS_PID,
+                tid,
+                a,
+                first.unwrap_or(end),
+                json!({}),
+            ));
+        } else if let Some(f) = first {
+            events.push(span(
+                "time_to_first_token",
+                "phase",
+                REQUESTS_PID,
+                tid,
+                r.arrival_mono_ns,
+                f,
+                json!({}),
+            ));
+        }
+        if let Some(f) = first {
+            events.push(span(
+                "decode",
+                "phase",
+                REQUESTS_PID,
+                tid,
+                f,
+                end,
+                json!({}),
+            ));
+        }
+        for s in &t.steps {
+            // Steps are shared by the requests of a batch: draw each once.
+            if !seen_steps.insert((s.pid, s.tid, s.start_mono_ns)) {
+                continue;
+            }
+            let pid = STEPS_PID_BASE + u64::from(s.pid);
+            step_threads.insert((pid, u64::from(s.tid), s.engine.clone(), s.pid));
+            let members: Vec<String> = s
+                .members
+                .iter()
+                .map(|m| format!("{}:{}", m.request_id, m.phase))
+                .collect();
+            events.push(span(
+                "step",
+                "step",
+                pid,
+                u64::from(s.tid),
+                s.start_mono_ns,
+                s.end_mono_ns,
+                json!({"batch_tokens": s.batch_tokens, "members": members, "kernels": s.kernels, "gpu_busy_ms": s.gpu_busy_ms}),
+            ));
+        }
+        for k in &t.kernels {
+            if !seen_kernels.insert((k.device_id, k.correlation_id, k.start_mono_ns)) {
+                continue;
+            }
+            let pid = GPU_PID_BASE + u64::from(k.device_id);
+            gpu_streams.insert((pid, u64::from(k.stream_id), k.device_id));
+            events.push(span(
+                &k.name,
+                "kernel",
+                pid,
+                u64::from(k.stream_id),
+                k.start_mono_ns,
+                k.end_mono_ns,
+                json!({
+                    "grid": [k.grid_x, k.grid_y, k.grid_z], "block": [k.block_x, k.block_y, k.block_z],
+                    "tensor_core": k.tensor_core, "graph_id": k.graph_id, "correlation_id": k.correlation_id,
+                }),
+            ));
+        }
+    }
+    for (pid, tid, engine, os_pid) in step_threads {
+        events.push(meta(
+            "process_name",
+            pid,
+            None,
+            &format!("{engine} steps (pid {os_pid})"),
+        ));
+        events.push(meta(
+            "thread_name",
+            pid,
+            Some(tid),
+            &format!("scheduler thread {tid}"),
+        ));
+    }
+    for (pid, stream, device) in gpu_streams {
+        events.push(meta("process_name", pid, None, &format!("GPU {device}")));
+        events.push(meta(
+            "thread_name",
+            pid,
+            Some(stream),
+            &format!("stream {stream}"),
+        ));
+    }
+    json!({"traceEvents": events, "displayTimeUnit": "ms"})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use inferscope_proto::v1::{
+        agent::{Request, Step, StepMember},
+        shim::Kernel,
+    };
+
+    #[test]
+    fn one_track_per_request_step_thread_and_stream() {
+        let t = RequestTimeline {
+            request: Some(Request {
+                request_id: "r1".into(),
+                method: "POST".into(),
+                path: "/v1/chat/completions".into(),
+                arrival_mono_ns: 1_000_000,
+                admitted_mono_ns: 2_000_000,
+                first_token_mono_ns: 5_000_000,
+                end_mono_ns: 9_000_000,
+                ..Default::default()
+            }),
+            steps: vec![Step {
+                pid: 42,
+                tid: 43,
+                engine: "llama.cpp".into(),
+                start_mono_ns: 2_000_000,
+                end_mono_ns: 5_000_000,
+                members: vec![StepMember {
+                    request_id: "r1".into(),
+                    phase: "prefill".into(),
+                }],
+                ..Default::default()
+            }],
+            kernels: vec![Kernel {
+                name: "gemm".into(),
+                stream_id: 7,
+                start_mono_ns: 2_100_000,
+                end_mono_ns: 2_200_000,
+                ..Default::default()
+            }],
+        };
+        let v = trace(&[t.clone(), t]);
+        let events = v["traceEvents"].as_array().unwrap();
+        let names: Vec<&str> = events.iter().filter_map(|e| e["name"].as_str()).collect();
+        for want in ["queue", "prefill", "decode", "step", "gemm"] {
+            assert!(names.contains(&want), "{want} missing");
+        }
+        let steps = events.iter().filter(|e| e["name"] == "step").count();
+        assert_eq!(steps, 1, "a shared step is drawn once");
+        let prefill = events.iter().find(|e| e["name"] == "prefill").unwrap();
+        assert_eq!(prefill["ts"], 2000.0);
+        assert_eq!(prefill["dur"], 3000.0);
+    }
+}

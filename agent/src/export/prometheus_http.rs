@@ -1,0 +1,103 @@
+//! The Prometheus scrape endpoint: `GET /metrics`, in OpenMetrics when the scraper asks for it
+//! (Prometheus does) and in the classic text format otherwise (curl, promtool, older scrapers).
+use std::{collections::HashSet, net::SocketAddr, sync::Arc};
+
+use axum::{
+    Router,
+    http::{HeaderMap, header},
+    response::IntoResponse,
+    routing::get,
+};
+use tokio::net::TcpListener;
+
+use super::metrics::Metrics;
+
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) -> std::io::Result<()> {
+    let app = Router::new().route(
+        "/metrics",
+        get(move |headers: HeaderMap| {
+            let metrics = metrics.clone();
+            async move {
+                let openmetrics = headers
+                    .get(header::ACCEPT)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.contains("application/openmetrics-text"));
+                match metrics.encode() {
+                    Ok(body) if openmetrics => (
+                        [(
+                            header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        body,
+                    )
+                        .into_response(),
+                    Ok(body) => (
+                        [(
+                            header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8",
+                        )],
+                        to_classic(&body),
+                    )
+                        .into_response(),
+                    Err(_) => (
+                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                        "encoding metrics failed",
+                    )
+                        .into_response(),
+                }
+            }
+        }),
+    );
+    axum::serve(listener, app).await
+}
+
+/// OpenMetrics → the classic text format: counters are declared under their `_total` sample
+/// name, and the `# UNIT` and `# EOF` lines go (the classic format has neither).
+pub fn to_classic(openmetrics: &str) -> String {
+    let counters: HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        let declared = line
+            .strip_prefix("# HELP ")
+            .map(|rest| ("# HELP ", rest))
+            .or_else(|| line.strip_prefix("# TYPE ").map(|rest| ("# TYPE ", rest)));
+        if let Some((prefix, rest)) = declared {
+            let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+            if counters.contains(name) {
+                out.push_str(&format!("{prefix}{name}_total {tail}\n"));
+                continue;
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classic_format_names_counters_by_their_samples() {
+        let om = "# HELP a_requests Finished.\n# TYPE a_requests counter\na_requests_total 3\n\
+                  # HELP t Time.\n# TYPE t histogram\n# UNIT t seconds\nt_sum 1\n# EOF\n";
+        let classic = to_classic(om);
+        assert_eq!(
+            classic,
+            "# HELP a_requests_total Finished.\n# TYPE a_requests_total counter\na_requests_total 3\n\
+             # HELP t Time.\n# TYPE t histogram\nt_sum 1\n"
+        );
+    }
+}
