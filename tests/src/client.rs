@@ -20,6 +20,8 @@ pub struct ClientStream {
 pub struct Client {
     stream: TcpStream,
     port: u16,
+    /// Sent with every request (e.g. traceparent, x-request-id).
+    headers: Vec<(String, String)>,
 }
 
 impl Client {
@@ -29,7 +31,17 @@ impl Client {
         stream
             .set_read_timeout(Some(Duration::from_secs(180)))
             .expect("read timeout");
-        Client { stream, port }
+        Client {
+            stream,
+            port,
+            headers: Vec::new(),
+        }
+    }
+
+    /// Sends this header with every following request (replacing an earlier value).
+    pub fn set_header(&mut self, name: &str, value: &str) {
+        self.headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+        self.headers.push((name.to_string(), value.to_string()));
     }
 
     /// Sends one streaming chat completion and reads it to the end (or, with `abort_after`,
@@ -112,8 +124,13 @@ impl Client {
     /// Writes one chat-completions request with `body` in a single write (the wire reference
     /// takes a request's first packet as its start).
     fn post_chat(&mut self, body: &str) {
+        let extra: String = self
+            .headers
+            .iter()
+            .map(|(n, v)| format!("{n}: {v}\r\n"))
+            .collect();
         let request = format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n{extra}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             self.port,
             body.len()
         );

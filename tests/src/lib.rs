@@ -2,10 +2,17 @@
 //! client that keeps its own view of each response, and a pcap reader for the wire reference.
 pub mod agent;
 pub mod client;
+pub mod daemon;
 pub mod engine;
+pub mod otlp;
 pub mod pcap;
+pub mod prometheus;
 
-use std::net::TcpListener;
+use std::{
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    time::Duration,
+};
 
 /// A TCP port free right now on 127.0.0.1.
 pub fn free_port() -> u16 {
@@ -13,4 +20,44 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("binding an ephemeral port on 127.0.0.1")
+}
+
+/// A plain HTTP/1.1 GET on 127.0.0.1, returning the body ("" on any failure).
+pub fn http_get(port: u16, path: &str) -> String {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    if s.write_all(request.as_bytes()).is_err() {
+        return String::new();
+    }
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw);
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return String::new();
+    };
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        return dechunk(body);
+    }
+    body.to_string()
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].strip_prefix("\r\n").unwrap_or(&rest[n..]);
+    }
+    out
 }

@@ -263,4 +263,32 @@ mod tests {
             GrpcAddr::Tcp("127.0.0.1:50051".parse().unwrap())
         );
     }
+
+    /// The ConfigMap shipped in deploy/ must stay a valid config for this version.
+    #[test]
+    fn the_deploy_configmap_is_a_valid_config() {
+        let manifest = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../deploy/configmap.yaml"
+        ))
+        .unwrap();
+        let block: String = manifest
+            .lines()
+            .skip_while(|l| !l.contains("inferscope.toml: |"))
+            .skip(1)
+            .take_while(|l| l.is_empty() || l.starts_with("    "))
+            .map(|l| format!("{}\n", l.get(4..).unwrap_or("")))
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("inferscope.toml");
+        std::fs::write(&path, &block).unwrap();
+        let c = RunConfig::resolve(RunArgs {
+            config: Some(path),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(c.sample_ratio, 0.1);
+        assert_eq!(c.prometheus, Some("0.0.0.0:9464".parse().unwrap()));
+        assert!(c.otlp_endpoint.is_some());
+    }
 }

@@ -1,0 +1,88 @@
+//! A real Prometheus server (Debian's `prometheus`) scraping the agent, queried over its HTTP API.
+use std::{
+    fs,
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+pub struct Prometheus {
+    child: Child,
+    pub port: u16,
+}
+
+impl Prometheus {
+    pub fn start(dir: &Path, target_port: u16) -> Prometheus {
+        let port = crate::free_port();
+        let config = dir.join("prometheus.yml");
+        fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: inferscope\n    static_configs:\n      - targets: ['127.0.0.1:{target_port}']\n"
+            ),
+        )
+        .expect("writing prometheus.yml");
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(dir.join("prometheus.log")).expect("prometheus log"))
+            .spawn()
+            .expect("starting prometheus (apt-get install prometheus; scripts/setup.sh does)");
+        Prometheus { child, port }
+    }
+
+    /// The value of an instant query returning one series, once it exists.
+    pub fn query_value(&self, query: &str, timeout: Duration) -> Option<f64> {
+        let deadline = Instant::now() + timeout;
+        let path = format!("/api/v1/query?query={}", encode(query));
+        while Instant::now() < deadline {
+            let body = crate::http_get(self.port, &path);
+            if let Ok(v) = serde_json::from_str::<Value>(&body)
+                && let Some(value) = v["data"]["result"][0]["value"][1].as_str()
+                && let Ok(value) = value.parse()
+            {
+                return Some(value);
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        None
+    }
+
+    /// Health of the scrape target as Prometheus sees it ("up", "down", "unknown").
+    pub fn target_health(&self) -> String {
+        let body = crate::http_get(self.port, "/api/v1/targets");
+        serde_json::from_str::<Value>(&body)
+            .ok()
+            .and_then(|v| {
+                v["data"]["activeTargets"][0]["health"]
+                    .as_str()
+                    .map(str::to_string)
+            })
+            .unwrap_or_default()
+    }
+}
+
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

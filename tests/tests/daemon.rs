@@ -1,0 +1,379 @@
+//! `inferscope run` end to end: the real agent with real eBPF on the real engine, exporting to a
+//! real OTLP receiver (rotel), scraped by a real Prometheus, and read by its own CLI clients.
+use std::{
+    collections::BTreeMap,
+    process::{Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use inferscope_integration_tests::{
+    client::Client, daemon::Daemon, engine::Engine, free_port, otlp::Rotel, prometheus::Prometheus,
+};
+use serde_json::Value;
+
+const REQUESTS: usize = 4;
+
+fn trace_id(i: usize) -> String {
+    format!("4bf92f3577b34da6a3ce929d0e0e{:04x}", 0x4700 + i)
+}
+
+fn parent_span_id(i: usize) -> String {
+    format!("00f067aa0ba90{:03x}", 0x200 + i)
+}
+
+#[test]
+fn traces_metrics_and_api_on_the_real_engine() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let engine = Engine::start(free_port(), 2);
+    let rotel = Rotel::start(dir.path(), free_port());
+    let endpoint = format!("http://127.0.0.1:{}", rotel.port);
+    let mut daemon = Daemon::start(
+        dir.path(),
+        &[
+            "--port",
+            &engine.port.to_string(),
+            "--otlp-endpoint",
+            &endpoint,
+        ],
+    );
+    daemon.wait_attached(engine.pid(), Duration::from_secs(60));
+    let prometheus = Prometheus::start(dir.path(), daemon.prometheus_port);
+
+    // More concurrent streams than the engine's 2 slots, so some requests queue.
+    let port = engine.port;
+    let clients: Vec<_> = (0..REQUESTS)
+        .map(|i| {
+            thread::spawn(move || {
+                let mut c = Client::connect(port);
+                c.set_header(
+                    "traceparent",
+                    &format!("00-{}-{}-01", trace_id(i), parent_span_id(i)),
+                );
+                c.set_header("x-request-id", &format!("daemon-test-{i}"));
+                c.chat(
+                    &format!("Name {} animals that live in the sea.", i + 3),
+                    12,
+                    None,
+                )
+            })
+        })
+        .collect();
+    for c in clients {
+        assert!(c.join().expect("client thread").completed);
+    }
+
+    // Traces: one SERVER span per request, in the caller's trace, with the phase children.
+    let spans = rotel.wait_for(Duration::from_secs(30), |spans| {
+        spans
+            .iter()
+            .filter(|s| s.kind == "SPAN_KIND_SERVER")
+            .count()
+            >= REQUESTS
+    });
+    for i in 0..REQUESTS {
+        let server = spans
+            .iter()
+            .find(|s| s.kind == "SPAN_KIND_SERVER" && s.trace_id == trace_id(i))
+            .unwrap_or_else(|| panic!("no server span in trace {} among {spans:#?}", trace_id(i)));
+        assert_eq!(
+            server.parent_id,
+            parent_span_id(i),
+            "child of the caller's span"
+        );
+        assert_eq!(server.name, "chat smollm2");
+        assert_eq!(server.attributes["gen_ai.operation.name"], "chat");
+        assert_eq!(server.attributes["gen_ai.request.model"], "smollm2");
+        assert_eq!(
+            server.attributes["inferscope.x_request_id"],
+            format!("daemon-test-{i}")
+        );
+        assert!(server.attributes["gen_ai.response.id"].starts_with("chatcmpl-"));
+        for key in [
+            "inferscope.ttft_ms",
+            "inferscope.queue_wait_ms",
+            "inferscope.prefill_ms",
+        ] {
+            let v: f64 = server.attributes[key].parse().expect(key);
+            assert!(v >= 0.0, "{key} = {v}");
+        }
+        assert_eq!(server.resource["service.name"], "llamacpp");
+        assert_eq!(server.resource["process.pid"], engine.pid().to_string());
+        let children: BTreeMap<&str, _> = spans
+            .iter()
+            .filter(|s| s.parent_id == server.id)
+            .map(|s| (s.name.as_str(), s))
+            .collect();
+        for phase in ["queue", "prefill", "decode"] {
+            let child = children
+                .get(phase)
+                .unwrap_or_else(|| panic!("no {phase} child of request {i}: {children:#?}"));
+            assert_eq!(child.trace_id, trace_id(i));
+        }
+        assert!(
+            children["prefill"].events >= 1,
+            "prefill steps as span events"
+        );
+        assert!(
+            children["decode"].events >= 1,
+            "decode steps as span events"
+        );
+        // No prompt or completion text reaches the backend.
+        let all = format!("{server:?}{children:?}");
+        assert!(!all.contains("animals"), "prompt text leaked: {all}");
+    }
+
+    // Prometheus scrapes the histograms.
+    let count = prometheus.query_value(
+        "sum(gen_ai_server_time_to_first_token_seconds_count)",
+        Duration::from_secs(30),
+    );
+    assert_eq!(
+        count,
+        Some(REQUESTS as f64),
+        "target health {}",
+        prometheus.target_health()
+    );
+    let queue = prometheus.query_value(
+        "sum(inferscope_queue_wait_seconds_count)",
+        Duration::from_secs(5),
+    );
+    assert_eq!(queue, Some(REQUESTS as f64));
+    let exposition = daemon.scrape();
+    for name in [
+        "gen_ai_server_time_per_output_token_seconds_bucket",
+        "gen_ai_server_request_duration_seconds_bucket",
+        "inferscope_prefill_seconds_bucket",
+        "inferscope_engine_step_duration_seconds_bucket",
+        "inferscope_requests_admitted_total",
+        "inferscope_agent_events_total",
+    ] {
+        assert!(exposition.contains(name), "{name} missing from /metrics");
+    }
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (apt-get install prometheus)");
+    use std::io::Write as _;
+    promtool
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(exposition.as_bytes())
+        .expect("feeding promtool");
+    let checked = promtool.wait_with_output().expect("promtool");
+    assert!(
+        checked.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+
+    // The CLI clients on live data.
+    let top = daemon.client(&["top", "--iterations", "1", "--interval", "1s"]);
+    let top_text = String::from_utf8_lossy(&top.stdout);
+    assert!(
+        top.status.success(),
+        "top: {}",
+        String::from_utf8_lossy(&top.stderr)
+    );
+    // Subscribing starts from now: top shows the live stream, so it may list 0 requests here;
+    // its table must still render.
+    assert!(
+        top_text.contains("TTFT") && top_text.contains("queue wait"),
+        "{top_text}"
+    );
+
+    let inspect = daemon.client(&["inspect", "daemon-test-3"]);
+    let inspect_text = String::from_utf8_lossy(&inspect.stdout);
+    assert!(
+        inspect.status.success(),
+        "inspect: {}",
+        String::from_utf8_lossy(&inspect.stderr)
+    );
+    for want in [
+        "x-request-id daemon-test-3",
+        "queue ",
+        "prefill ",
+        "decode ",
+        "steps (",
+    ] {
+        assert!(
+            inspect_text.contains(want),
+            "{want:?} missing from:\n{inspect_text}"
+        );
+    }
+    let missing = daemon.client(&["inspect", "no-such-request"]);
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no recent request"));
+
+    let trace_file = dir.path().join("trace.json");
+    let export = daemon.client(&["export", "--perfetto", trace_file.to_str().expect("utf-8")]);
+    assert!(
+        export.status.success(),
+        "export: {}",
+        String::from_utf8_lossy(&export.stderr)
+    );
+    let trace: Value =
+        serde_json::from_slice(&std::fs::read(&trace_file).expect("trace file")).expect("JSON");
+    let events = trace["traceEvents"].as_array().expect("traceEvents");
+    let requests = events.iter().filter(|e| e["cat"] == "request").count();
+    assert_eq!(requests, REQUESTS);
+    for phase in ["queue", "prefill", "decode"] {
+        let n = events.iter().filter(|e| e["name"] == phase).count();
+        assert_eq!(n, REQUESTS, "{phase} tracks");
+    }
+    assert!(events.iter().any(|e| e["cat"] == "step"));
+
+    let log = daemon.stop();
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+/// A live subscriber sees requests as they finish (what `top` shows).
+#[test]
+fn top_follows_live_requests() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let engine = Engine::start(free_port(), 2);
+    let mut daemon = Daemon::start(dir.path(), &["--port", &engine.port.to_string()]);
+    daemon.wait_attached(engine.pid(), Duration::from_secs(60));
+    let connect = format!("unix://{}", daemon.socket.display());
+    let top = Command::new(inferscope_integration_tests::agent::binary())
+        .args([
+            "top",
+            "--iterations",
+            "1",
+            "--interval",
+            "20s",
+            "--connect",
+            &connect,
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("top");
+    thread::sleep(Duration::from_secs(1));
+    let port = engine.port;
+    let clients: Vec<_> = (0..3)
+        .map(|i| {
+            thread::spawn(move || {
+                let mut c = Client::connect(port);
+                c.set_header("x-request-id", &format!("top-{i}"));
+                c.chat(&format!("Give {} reasons to sleep.", i + 2), 8, None)
+            })
+        })
+        .collect();
+    for c in clients {
+        assert!(c.join().expect("client").completed);
+    }
+    let out = top.wait_with_output().expect("top output");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("3 requests in the last"), "{text}");
+    let ttft_row = text
+        .lines()
+        .find(|l| l.starts_with("TTFT"))
+        .expect("TTFT row");
+    assert!(ttft_row.trim_end().ends_with('3'), "{ttft_row}");
+    for i in 0..3 {
+        assert!(text.contains(&format!("top-{i}")), "{text}");
+    }
+    daemon.stop();
+}
+
+/// The OTLP backend goes away for 30 s under load: the agent's memory stays flat (bounded span
+/// queue, drops counted) and export resumes when the backend returns.
+#[test]
+fn otlp_outage_keeps_memory_flat_and_recovers() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let sse_port = free_port();
+    let sse_load = env!("CARGO_BIN_EXE_sse_load");
+    let mut server = Command::new(sse_load)
+        .args([
+            "serve",
+            "--port",
+            &sse_port.to_string(),
+            "--tokens",
+            "8",
+            "--hold-ms",
+            "5",
+        ])
+        .spawn()
+        .expect("sse_load serve");
+    thread::sleep(Duration::from_millis(300));
+    let otlp_port = free_port();
+    let rotel = Rotel::start(dir.path(), otlp_port);
+    let mut daemon = Daemon::start(
+        dir.path(),
+        &[
+            "--port",
+            &sse_port.to_string(),
+            "--otlp-endpoint",
+            &format!("http://127.0.0.1:{otlp_port}"),
+            "--otlp-timeout",
+            "2s",
+            "--otlp-queue-spans",
+            "512",
+        ],
+    );
+    daemon.wait_attached(server.id(), Duration::from_secs(30));
+    let mut load = Command::new(sse_load)
+        .args([
+            "load",
+            "--port",
+            &sse_port.to_string(),
+            "--connections",
+            "2",
+            "--requests",
+            "100000000",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("sse_load load");
+
+    let spans = rotel.wait_for(Duration::from_secs(30), |s| s.len() >= 30);
+    assert!(spans.len() >= 30, "spans flow before the outage");
+    thread::sleep(Duration::from_secs(5));
+    let before = daemon.rss_kib();
+    rotel.kill();
+    let outage = Instant::now();
+    let mut peak = before;
+    while outage.elapsed() < Duration::from_secs(30) {
+        thread::sleep(Duration::from_secs(1));
+        peak = peak.max(daemon.rss_kib());
+    }
+    let metrics = daemon.scrape();
+    let lost =
+        counter(&metrics, "otlp_spans_failed") + counter(&metrics, "otlp_spans_queued_or_dropped");
+    assert!(
+        lost > 0,
+        "the outage shows in the agent's counters:\n{metrics}"
+    );
+
+    let rotel = Rotel::start(dir.path(), otlp_port);
+    let after = rotel.wait_for(Duration::from_secs(60), |s| s.len() >= 30);
+    let _ = load.kill();
+    let _ = load.wait();
+    assert!(
+        after.len() >= 30,
+        "export resumed after the backend returned: {} spans",
+        after.len()
+    );
+    assert!(
+        peak <= before + 24 * 1024,
+        "RSS grew from {before} KiB to {peak} KiB during the outage"
+    );
+    eprintln!("RSS before the outage {before} KiB, peak during it {peak} KiB; spans lost {lost}");
+    daemon.stop();
+    let _ = server.kill();
+    let _ = server.wait();
+}
+
+fn counter(exposition: &str, name: &str) -> u64 {
+    let needle = format!("inferscope_agent_events_total{{counter=\"{name}\"}} ");
+    exposition
+        .lines()
+        .find_map(|l| l.strip_prefix(&needle))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
