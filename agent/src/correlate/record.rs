@@ -74,6 +74,13 @@ pub struct RequestRecord {
     pub seq_on_connection: u32,
     /// Thread that read the request (joins to the engine's scheduler events).
     pub reader_tid: u32,
+
+    /// Engine metrics (`--metrics`) sampled nearest the arrival: KV cache in use (0..1) and
+    /// the engine's waiting queue, and when that sample was taken relative to the arrival (ms,
+    /// positive = after). Empty without a sample within one scrape interval.
+    pub kv_cache_usage_at_arrival: Option<f64>,
+    pub requests_waiting_at_arrival: Option<f64>,
+    pub engine_metrics_offset_ms: Option<f64>,
 }
 
 /// One engine step (a forward pass over the current batch), from the scheduler hooks.

@@ -8,11 +8,7 @@ enum LineError {
 
 /// Parses `body`, calling `visit` for every sample line that parses. Comment lines (`# HELP`,
 /// `# TYPE`, `# EOF`) carry nothing the agent uses: sample names already say what they are.
-pub fn parse<'a>(
-    body: &'a [u8],
-    limits: &Limits,
-    mut visit: impl FnMut(Sample<'a>),
-) -> ParseStats {
+pub fn parse<'a>(body: &'a [u8], limits: &Limits, mut visit: impl FnMut(Sample<'a>)) -> ParseStats {
     let mut stats = ParseStats::default();
     let body = if body.len() > limits.max_bytes {
         stats.truncated = true;
@@ -161,7 +157,12 @@ fn parse_value(s: &str) -> Option<f64> {
         "-Inf" => Some(f64::NEG_INFINITY),
         "NaN" => Some(f64::NAN),
         // Rust also accepts "inf", "infinity" and "nan" in any case; the format does not.
-        _ if s.bytes().any(|b| b.is_ascii_alphabetic() && !matches!(b, b'e' | b'E')) => None,
+        _ if s
+            .bytes()
+            .any(|b| b.is_ascii_alphabetic() && !matches!(b, b'e' | b'E')) =>
+        {
+            None
+        }
         _ => s.parse().ok(),
     }
 }
