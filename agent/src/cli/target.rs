@@ -50,6 +50,7 @@ impl TargetArgs {
             },
             limits: Limits::default(),
             discovery_interval: Duration::from_millis(500),
+            metrics: None,
         }
     }
 }

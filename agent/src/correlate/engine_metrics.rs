@@ -229,25 +229,23 @@ impl EngineMetrics {
         own
     }
 
-    /// Fills the request's `*_at_arrival` fields from the sample nearest its arrival, when one
-    /// lies within the join gap.
+    /// Fills the request's `*_at_arrival` fields: from the last sample taken before the
+    /// arrival (the state the request found; a later one already counts the request itself),
+    /// else from the first one after it; only within the join gap.
     pub fn annotate(&self, record: &mut RequestRecord) {
         let Some(state) = self.engines.get(&record.pid) else {
             return;
         };
         let arrival = record.arrival_mono_ns;
-        let idx = state.history.partition_point(|(t, _, _)| *t < arrival);
-        let nearest = [idx.checked_sub(1), Some(idx)]
+        let idx = state.history.partition_point(|(t, _, _)| *t <= arrival);
+        let chosen = [idx.checked_sub(1), Some(idx)]
             .into_iter()
             .flatten()
             .filter_map(|i| state.history.get(i))
-            .min_by_key(|(t, _, _)| t.abs_diff(arrival));
-        let Some(&(t, kv, waiting)) = nearest else {
+            .find(|(t, _, _)| t.abs_diff(arrival) <= self.max_join_gap_ns);
+        let Some(&(t, kv, waiting)) = chosen else {
             return;
         };
-        if t.abs_diff(arrival) > self.max_join_gap_ns {
-            return;
-        }
         record.kv_cache_usage_at_arrival = kv;
         record.requests_waiting_at_arrival = waiting;
         record.engine_metrics_offset_ms = Some((t as f64 - arrival as f64) / 1e6);
@@ -315,30 +313,37 @@ mod tests {
     }
 
     #[test]
-    fn requests_get_the_sample_nearest_their_arrival() {
+    fn requests_get_the_state_they_found_on_arrival() {
         let mut m = EngineMetrics::new(Limits::default(), 1_500_000_000);
         m.on_scrape(&scrape(b"vllm:kv_cache_usage_perc 0.1\n", 1000));
         m.on_scrape(&scrape(
             b"vllm:kv_cache_usage_perc 0.5\nvllm:num_requests_waiting 3\n",
             2000,
         ));
-        let mut r = RequestRecord {
-            pid: 7,
-            arrival_mono_ns: 1_800_000_000,
-            ..Default::default()
+        let at = |arrival_ms: u64| {
+            let mut r = RequestRecord {
+                pid: 7,
+                arrival_mono_ns: arrival_ms * 1_000_000,
+                ..Default::default()
+            };
+            m.annotate(&mut r);
+            r
         };
-        m.annotate(&mut r);
+        // Samples sit at 1001 ms and 2001 ms (scrape midpoints).
+        let r = at(1800);
+        assert_eq!(r.kv_cache_usage_at_arrival, Some(0.1));
+        assert_eq!(r.requests_waiting_at_arrival, None);
+        assert_eq!(r.engine_metrics_offset_ms, Some(-799.0));
+        let r = at(2500);
         assert_eq!(r.kv_cache_usage_at_arrival, Some(0.5));
         assert_eq!(r.requests_waiting_at_arrival, Some(3.0));
-        assert_eq!(r.engine_metrics_offset_ms, Some(201.0));
+        assert_eq!(r.engine_metrics_offset_ms, Some(-499.0));
+        // Before the first sample: the one after it.
+        let r = at(500);
+        assert_eq!(r.kv_cache_usage_at_arrival, Some(0.1));
+        assert_eq!(r.engine_metrics_offset_ms, Some(501.0));
         // Too far from any sample: left empty rather than joined to a stale state.
-        let mut late = RequestRecord {
-            pid: 7,
-            arrival_mono_ns: 9_000_000_000,
-            ..Default::default()
-        };
-        m.annotate(&mut late);
-        assert_eq!(late.kv_cache_usage_at_arrival, None);
+        assert_eq!(at(9000).kv_cache_usage_at_arrival, None);
         let own = RequestRecord {
             pid: 7,
             method: "GET".into(),
