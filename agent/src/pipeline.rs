@@ -87,8 +87,11 @@ impl Pipeline {
             })?),
             None => None,
         };
-        // A request joins the sample nearest its arrival if it lies within one interval.
-        let join_gap = config.metrics.map_or(0, |c| c.interval.as_nanos() as u64);
+        // A request joins a scrape within two intervals of its arrival: scrapes land an
+        // interval plus their own duration apart, and one may fail.
+        let join_gap = config
+            .metrics
+            .map_or(0, |c| 2 * c.interval.as_nanos() as u64);
         Ok(Self {
             scraper,
             engine_metrics: EngineMetrics::new(prometheus::Limits::default(), join_gap),
