@@ -67,7 +67,7 @@ pub fn get(
     );
     stream
         .write_all(request.as_bytes())
-        .map_err(|e| io_or_timeout(e))?;
+        .map_err(io_or_timeout)?;
     let limit = MAX_HEAD + max_body;
     let mut buf = Vec::with_capacity(16 << 10);
     let mut chunk = [0u8; 16 << 10];

@@ -171,7 +171,9 @@ fn parse_value(s: &str) -> Option<f64> {
 mod tests {
     use super::*;
 
-    fn all(body: &str) -> (Vec<(String, Vec<(String, String)>, f64)>, ParseStats) {
+    type Owned = (String, Vec<(String, String)>, f64);
+
+    fn all(body: &str) -> (Vec<Owned>, ParseStats) {
         let mut out = Vec::new();
         let stats = parse(body.as_bytes(), &Limits::default(), |s| {
             out.push((
