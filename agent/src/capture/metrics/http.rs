@@ -88,8 +88,11 @@ pub fn get(
         }
         buf.extend_from_slice(&chunk[..n]);
         // A server may keep the connection open despite `Connection: close`: stop as soon as
-        // the framing says the body is complete.
-        if let Ok(Some(body)) = complete_body(&buf, max_body) {
+        // the framing says the body is complete. A chunked body is only walked once its last
+        // chunk may be in, so a large one is not re-read on every read.
+        if (!is_chunked(&buf) || buf.ends_with(b"0\r\n\r\n"))
+            && let Some(body) = complete_body(&buf, max_body)?
+        {
             return Ok(body);
         }
     }
@@ -104,6 +107,10 @@ fn io_or_timeout(e: std::io::Error) -> GetError {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => GetError::Timeout,
         _ => GetError::Io(e),
     }
+}
+
+fn is_chunked(buf: &[u8]) -> bool {
+    matches!(head(buf), Ok(Some(h)) if h.chunked)
 }
 
 struct Head {
