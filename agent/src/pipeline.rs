@@ -31,8 +31,6 @@ pub struct PipelineConfig {
     pub limits: Limits,
     /// How often /proc is scanned for engines that started, restarted or exited.
     pub discovery_interval: Duration,
-    /// Scrape the engines' own metrics endpoints (None: off).
-    pub metrics: Option<ScrapeConfig>,
 }
 
 impl PipelineConfig {
@@ -42,7 +40,6 @@ impl PipelineConfig {
             capture: CaptureConfig::default(),
             limits: Limits::default(),
             discovery_interval: Duration::from_millis(500),
-            metrics: None,
         }
     }
 }
@@ -81,20 +78,9 @@ pub struct Pipeline {
 impl Pipeline {
     pub fn new(config: PipelineConfig) -> Result<Self, CaptureError> {
         let probes = SocketProbes::load(config.capture)?;
-        let scraper = match config.metrics {
-            Some(c) => Some(MetricsScraper::start(c).map_err(|e| {
-                CaptureError::Config(format!("cannot start the metrics scraper thread: {e}"))
-            })?),
-            None => None,
-        };
-        // A request joins a scrape within two intervals of its arrival: scrapes land an
-        // interval plus their own duration apart, and one may fail.
-        let join_gap = config
-            .metrics
-            .map_or(0, |c| 2 * c.interval.as_nanos() as u64);
         Ok(Self {
-            scraper,
-            engine_metrics: EngineMetrics::new(prometheus::Limits::default(), join_gap),
+            scraper: None,
+            engine_metrics: EngineMetrics::new(prometheus::Limits::default(), 0),
             discovery: Discovery::new(config.selector.clone()),
             tracker: Tracker::new(config.limits),
             config,
@@ -107,6 +93,27 @@ impl Pipeline {
             ringbuf_drops: 0,
             records_read: 0,
         })
+    }
+
+    /// Also scrapes every engine discovery finds at its own metrics endpoint (call before
+    /// [`Pipeline::run`]): records go to [`Observer::on_engine_metrics`], and request records
+    /// get the engine state they found on arrival.
+    pub fn scrape_engine_metrics(&mut self, config: ScrapeConfig) -> std::io::Result<()> {
+        self.scraper = Some(MetricsScraper::start(config)?);
+        // A request joins a scrape within two intervals of its arrival: scrapes land an
+        // interval plus their own duration apart, and one may fail.
+        let join_gap = 2 * config.interval.as_nanos() as u64;
+        self.engine_metrics = EngineMetrics::new(prometheus::Limits::default(), join_gap);
+        // Engines already attached (a call after run) are picked up too.
+        let traced: Vec<_> = self
+            .discovery
+            .traced()
+            .map(|p| (p.tgid, p.engine, p.ports.clone()))
+            .collect();
+        for (pid, engine, ports) in traced {
+            self.watch_metrics(pid, engine, &ports);
+        }
+        Ok(())
     }
 
     /// Runs until `stop` is set or `deadline` passes, then reports open requests as aborted.

@@ -91,20 +91,22 @@ impl Observer for RecordObserver {
 
 pub fn run(args: RecordArgs) -> anyhow::Result<()> {
     signals::install();
-    let mut config = args.target.pipeline_config();
+    let mut pipeline = Pipeline::new(args.target.pipeline_config())
+        .context("starting the socket probes failed")?;
     if args.metrics.is_some() {
         anyhow::ensure!(
             args.metrics_interval >= Duration::from_millis(100),
             "--metrics-interval must be at least 100ms"
         );
-        config.metrics = Some(ScrapeConfig {
-            interval: args.metrics_interval,
-            // A scrape must not outlast its interval, nor wait long on a stuck engine.
-            timeout: (args.metrics_interval / 2).min(Duration::from_secs(2)),
-            ..ScrapeConfig::default()
-        });
+        pipeline
+            .scrape_engine_metrics(ScrapeConfig {
+                interval: args.metrics_interval,
+                // A scrape must not outlast its interval, nor wait long on a stuck engine.
+                timeout: (args.metrics_interval / 2).min(Duration::from_secs(2)),
+                ..ScrapeConfig::default()
+            })
+            .context("starting the metrics scraper thread failed")?;
     }
-    let mut pipeline = Pipeline::new(config).context("starting the socket probes failed")?;
     let writer = JsonlWriter::create(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
     let steps = match &args.steps {

@@ -50,7 +50,6 @@ impl TargetArgs {
             },
             limits: Limits::default(),
             discovery_interval: Duration::from_millis(500),
-            metrics: None,
         }
     }
 }

@@ -91,14 +91,22 @@ pub fn get(
         // the framing says the body is complete. A chunked body is only walked once its last
         // chunk may be in, so a large one is not re-read on every read.
         if (!is_chunked(&buf) || buf.ends_with(b"0\r\n\r\n"))
-            && let Some(body) = complete_body(&buf, max_body)?
+            && let Some(body) = parse_response(&buf, max_body, false)?
         {
             return Ok(body);
         }
     }
-    match complete_body(&buf, max_body)? {
-        Some(body) => Ok(body),
-        None => until_close(&buf),
+    parse_response(&buf, max_body, true)?.ok_or(GetError::BadResponse("empty response"))
+}
+
+/// The body of a 200 response held in `buf` (bytes from the engine, untrusted): Some once the
+/// framing says it is whole, or, at `eof`, when the connection's close delimits it; None while
+/// more is expected.
+pub fn parse_response(buf: &[u8], max_body: usize, eof: bool) -> Result<Option<Vec<u8>>, GetError> {
+    match complete_body(buf, max_body)? {
+        Some(body) => Ok(Some(body)),
+        None if eof => until_close(buf, max_body).map(Some),
+        None => Ok(None),
     }
 }
 
@@ -177,12 +185,15 @@ fn complete_body(buf: &[u8], max_body: usize) -> Result<Option<Vec<u8>>, GetErro
 }
 
 /// After EOF: a body delimited by the close, or one the framing says was cut short.
-fn until_close(buf: &[u8]) -> Result<Vec<u8>, GetError> {
+fn until_close(buf: &[u8], max_body: usize) -> Result<Vec<u8>, GetError> {
     let Some(h) = head(buf)? else {
         return Err(GetError::BadResponse("connection closed inside the header"));
     };
     if h.chunked || h.content_length.is_some() {
         return Err(GetError::BadResponse("connection closed inside the body"));
+    }
+    if buf.len() - h.len > max_body {
+        return Err(GetError::TooLarge(max_body));
     }
     Ok(buf[h.len..].to_vec())
 }
