@@ -12,10 +12,16 @@ use tracing::{info, warn};
 use crate::{
     capture::{
         CaptureConfig, CaptureError, CapturedEvent, Discovery, DiscoveryChange, FdClass,
-        FdClassifier, SocketProbes, TargetSelector, records, sched_hooks,
+        FdClassifier, SocketProbes, TargetSelector,
+        metrics::{MetricsScraper, ScrapeConfig},
+        records, sched_hooks,
     },
-    correlate::{Peer, RequestRecord, Stats, StepRecord, Tracker, monotonic_now_ns},
-    decode::http::Limits,
+    correlate::{
+        EngineMetrics, EngineMetricsRecord, Peer, RequestRecord, Stats, StepRecord, Tracker,
+        engine_metrics::ScrapeSample, monotonic_now_ns,
+    },
+    decode::{http::Limits, prometheus},
+    engines,
 };
 
 #[derive(Debug, Clone)]
@@ -43,6 +49,8 @@ pub trait Observer {
     fn on_record(&mut self, record: RequestRecord);
     /// An engine step finished (scheduler hooks).
     fn on_step(&mut self, _step: StepRecord) {}
+    /// A scrape of an engine's metrics endpoint (with `PipelineConfig::metrics`).
+    fn on_engine_metrics(&mut self, _record: EngineMetricsRecord) {}
     /// Discovery attached to or detached from processes.
     fn on_discovery(&mut self, _change: &DiscoveryChange) {}
     /// Called on every pass of the loop (at least every 50 ms): time-driven work goes here.
@@ -66,12 +74,17 @@ pub struct Pipeline {
     ringbuf_drops: u64,
     /// Ring-buffer records read (a plain field: it counts every record).
     records_read: u64,
+    /// Engine metrics scraping and the arrival join (with `PipelineConfig::metrics`).
+    scraper: Option<MetricsScraper>,
+    engine_metrics: EngineMetrics,
 }
 
 impl Pipeline {
     pub fn new(config: PipelineConfig) -> Result<Self, CaptureError> {
         let probes = SocketProbes::load(config.capture)?;
         Ok(Self {
+            scraper: None,
+            engine_metrics: EngineMetrics::new(prometheus::Limits::default(), 0),
             discovery: Discovery::new(config.selector.clone()),
             tracker: Tracker::new(config.limits),
             config,
@@ -84,6 +97,27 @@ impl Pipeline {
             ringbuf_drops: 0,
             records_read: 0,
         })
+    }
+
+    /// Also scrapes every engine discovery finds at its own metrics endpoint (call before
+    /// [`Pipeline::run`]): records go to [`Observer::on_engine_metrics`], and request records
+    /// get the engine state they found on arrival.
+    pub fn scrape_engine_metrics(&mut self, config: ScrapeConfig) -> std::io::Result<()> {
+        self.scraper = Some(MetricsScraper::start(config)?);
+        // A request joins a scrape within two intervals of its arrival: scrapes land an
+        // interval plus their own duration apart, and one may fail.
+        let join_gap = 2 * config.interval.as_nanos() as u64;
+        self.engine_metrics = EngineMetrics::new(prometheus::Limits::default(), join_gap);
+        // Engines already attached (a call after run) are picked up too.
+        let traced: Vec<_> = self
+            .discovery
+            .traced()
+            .map(|p| (p.tgid, p.engine, p.ports.clone()))
+            .collect();
+        for (pid, engine, ports) in traced {
+            self.watch_metrics(pid, engine, &ports);
+        }
+        Ok(())
     }
 
     /// Runs until `stop` is set or `deadline` passes, then reports open requests as aborted.
@@ -105,6 +139,7 @@ impl Pipeline {
                 last_scan = Some(Instant::now());
             }
             wait_readable(self.probes.events_fd(), Duration::from_millis(50))?;
+            self.drain_metrics(observer);
             self.drain(observer);
             observer.on_tick();
             if last_sweep.elapsed() >= Duration::from_secs(1) {
@@ -114,13 +149,36 @@ impl Pipeline {
                 observer.on_counters(self.counters());
             }
         }
+        self.drain_metrics(observer);
         self.drain(observer);
         self.tracker
             .finish_all(monotonic_now_ns(), &mut self.records);
-        for record in self.records.drain(..) {
-            observer.on_record(record);
-        }
+        emit(&mut self.engine_metrics, &mut self.records, observer);
         Ok(())
+    }
+
+    /// Scrapes the scraper thread finished, normalised into records (and kept for the join).
+    fn drain_metrics(&mut self, observer: &mut dyn Observer) {
+        let Some(scraper) = &self.scraper else {
+            return;
+        };
+        // Bounded like the ring-buffer drain; the scraper's own queue bounds it anyway.
+        for _ in 0..1024 {
+            let Some(s) = scraper.try_next() else {
+                break;
+            };
+            let record = self.engine_metrics.on_scrape(&ScrapeSample {
+                pid: s.pid,
+                engine: s.engine,
+                endpoint: s.endpoint,
+                port: s.port,
+                start_mono_ns: s.start_mono_ns,
+                end_mono_ns: s.end_mono_ns,
+                body: &s.body,
+                failures_since_last: s.failures_since_last,
+            });
+            observer.on_engine_metrics(record);
+        }
     }
 
     fn apply_discovery(&mut self, change: &DiscoveryChange, observer: &mut dyn Observer) {
@@ -136,6 +194,9 @@ impl Pipeline {
                 self.probes.unwatch_port(*port);
             }
             self.ports.remove(&gone.tgid);
+            if let Some(scraper) = self.scraper.as_mut() {
+                scraper.forget(gone.tgid);
+            }
             self.classifier.forget_process(gone.tgid);
             self.tracker
                 .forget_process(gone.tgid, monotonic_now_ns(), &mut self.records);
@@ -148,6 +209,7 @@ impl Pipeline {
                 self.probes.watch_port(*port);
             }
             self.ports.insert(now.tgid, now.ports.clone());
+            self.watch_metrics(now.tgid, now.engine, &now.ports);
         }
         for new in &change.added {
             info!(pid = new.tgid, engine = new.engine, ports = ?new.ports, "tracing engine process");
@@ -156,6 +218,7 @@ impl Pipeline {
             }
             self.ports.insert(new.tgid, new.ports.clone());
             self.tracker.set_engine(new.tgid, new.engine);
+            self.watch_metrics(new.tgid, new.engine, &new.ports);
             self.probes.trace_process(new.tgid);
             sched_hooks::attach(&mut self.probes, new);
         }
@@ -165,8 +228,19 @@ impl Pipeline {
         {
             observer.on_discovery(change);
         }
-        for record in self.records.drain(..) {
-            observer.on_record(record);
+        emit(&mut self.engine_metrics, &mut self.records, observer);
+        // Records of a process that is gone are out; its samples are no longer needed.
+        for gone in &change.removed {
+            self.engine_metrics.forget(gone.tgid);
+        }
+    }
+
+    fn watch_metrics(&mut self, pid: u32, engine: &'static str, ports: &[u16]) {
+        let Some(scraper) = self.scraper.as_mut() else {
+            return;
+        };
+        if let Some(endpoint) = engines::by_name(engine).and_then(|e| e.metrics()) {
+            scraper.watch(pid, engine, endpoint, ports);
         }
     }
 
@@ -181,6 +255,7 @@ impl Pipeline {
             steps,
             ringbuf_drops,
             records_read,
+            engine_metrics,
             ..
         } = self;
         let mut ignore: Vec<(u32, i32, u64)> = Vec::new();
@@ -242,9 +317,7 @@ impl Pipeline {
         for (tgid, fd, conn_gen) in ignore {
             probes.ignore_connection(tgid, fd, conn_gen);
         }
-        for record in records.drain(..) {
-            observer.on_record(record);
-        }
+        emit(engine_metrics, records, observer);
         for step in steps.drain(..) {
             observer.on_step(step);
         }
@@ -261,6 +334,13 @@ impl Pipeline {
         all.extend(self.stats.iter().map(|(k, v)| (k.to_string(), v)));
         all.extend(self.tracker.stats().iter().map(|(k, v)| (k.to_string(), v)));
         all.push(("ringbuf_records".into(), self.records_read));
+        if let Some(scraper) = &self.scraper {
+            all.extend(scraper.counters());
+            all.push((
+                "metrics_scrape_requests_hidden".into(),
+                self.engine_metrics.scrape_requests_hidden,
+            ));
+        }
         all.push(("fd_lookups".into(), self.classifier.lookups));
         all.push((
             "open_connections".into(),
@@ -281,6 +361,22 @@ impl Pipeline {
                 "{dropped} kernel records were dropped because the ring buffer was full; raise --ring-buffer-mb"
             );
         }
+    }
+}
+
+/// Hands finished requests to the observer, joined to the engine metrics sampled at their
+/// arrival; the agent's own scrapes (seen by the socket probes) are not requests.
+fn emit(
+    engine_metrics: &mut EngineMetrics,
+    records: &mut Vec<RequestRecord>,
+    observer: &mut dyn Observer,
+) {
+    for mut record in records.drain(..) {
+        if engine_metrics.is_own_scrape(&record) {
+            continue;
+        }
+        engine_metrics.annotate(&mut record);
+        observer.on_record(record);
     }
 }
 

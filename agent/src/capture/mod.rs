@@ -2,6 +2,7 @@
 //! the decoders. Nothing here interprets payload bytes.
 pub mod discovery;
 pub mod fd_class;
+pub mod metrics;
 pub mod probes;
 pub mod procfs;
 pub mod records;

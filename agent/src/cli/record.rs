@@ -8,8 +8,8 @@ use std::{
 use anyhow::Context as _;
 use clap::Args;
 use inferscope::{
-    capture::DiscoveryChange,
-    correlate::{RequestRecord, StepRecord},
+    capture::{DiscoveryChange, metrics::ScrapeConfig},
+    correlate::{EngineMetricsRecord, RequestRecord, StepRecord},
     export::{jsonl::JsonlWriter, live},
     pipeline::{Observer, Pipeline},
 };
@@ -30,11 +30,19 @@ pub struct RecordArgs {
     /// Also write one JSON line per engine step (needs an engine with scheduler hooks).
     #[arg(long)]
     pub steps: Option<PathBuf>,
+    /// Also scrape each engine's own metrics endpoint (KV cache use, running and waiting
+    /// requests, preemptions, token counters) and write one JSON line per scrape.
+    #[arg(long)]
+    pub metrics: Option<PathBuf>,
+    /// How often --metrics scrapes each engine (1s to 5s suits engines' own update rates).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    pub metrics_interval: Duration,
 }
 
 struct RecordObserver {
     writer: JsonlWriter,
     steps: Option<JsonlWriter>,
+    metrics: Option<JsonlWriter>,
     live: bool,
     write_failed: bool,
 }
@@ -63,6 +71,17 @@ impl Observer for RecordObserver {
         }
     }
 
+    fn on_engine_metrics(&mut self, record: EngineMetricsRecord) {
+        if let Some(w) = self.metrics.as_mut()
+            && let Err(e) = w.write(&record)
+        {
+            if !self.write_failed {
+                error!("writing an engine metrics record failed: {e}; later records are lost too");
+            }
+            self.write_failed = true;
+        }
+    }
+
     fn on_discovery(&mut self, change: &DiscoveryChange) {
         for p in &change.added {
             info!(pid = p.tgid, engine = p.engine, ports = ?p.ports, "attached");
@@ -74,9 +93,30 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
     signals::install();
     let mut pipeline = Pipeline::new(args.target.pipeline_config())
         .context("starting the socket probes failed")?;
+    if args.metrics.is_some() {
+        anyhow::ensure!(
+            args.metrics_interval >= Duration::from_millis(100),
+            "--metrics-interval must be at least 100ms"
+        );
+        pipeline
+            .scrape_engine_metrics(ScrapeConfig {
+                interval: args.metrics_interval,
+                // A scrape must not outlast its interval, nor wait long on a stuck engine.
+                timeout: (args.metrics_interval / 2).min(Duration::from_secs(2)),
+                ..ScrapeConfig::default()
+            })
+            .context("starting the metrics scraper thread failed")?;
+    }
     let writer = JsonlWriter::create(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
     let steps = match &args.steps {
+        Some(path) => Some(
+            JsonlWriter::create(path)
+                .with_context(|| format!("cannot create {}", path.display()))?,
+        ),
+        None => None,
+    };
+    let metrics = match &args.metrics {
         Some(path) => Some(
             JsonlWriter::create(path)
                 .with_context(|| format!("cannot create {}", path.display()))?,
@@ -90,6 +130,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
     let mut observer = RecordObserver {
         writer,
         steps,
+        metrics,
         live,
         write_failed: false,
     };

@@ -2,6 +2,7 @@
 //! [`RequestRecord`] per request, joined with TCP arrival times.
 mod arrivals;
 mod connection;
+pub mod engine_metrics;
 pub mod percentile;
 pub mod record;
 mod request;
@@ -15,6 +16,7 @@ use std::{
 };
 
 pub use arrivals::ArrivalIndex;
+pub use engine_metrics::{EngineMetrics, EngineMetricsRecord};
 pub use record::{RequestRecord, StepMember, StepRecord};
 pub use stats::Stats;
 

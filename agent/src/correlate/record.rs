@@ -74,6 +74,14 @@ pub struct RequestRecord {
     pub seq_on_connection: u32,
     /// Thread that read the request (joins to the engine's scheduler events).
     pub reader_tid: u32,
+
+    /// Engine metrics (`--metrics`) the request found on arrival: KV cache in use (0..1) and
+    /// the engine's waiting queue from the last scrape before the arrival (else the first
+    /// after it), and when that scrape was taken relative to the arrival (ms, positive = after).
+    /// Empty without a scrape within two scrape intervals of the arrival.
+    pub kv_cache_usage_at_arrival: Option<f64>,
+    pub requests_waiting_at_arrival: Option<f64>,
+    pub engine_metrics_offset_ms: Option<f64>,
 }
 
 /// One engine step (a forward pass over the current batch), from the scheduler hooks.

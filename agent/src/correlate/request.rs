@@ -174,6 +174,10 @@ impl RequestProgress {
             connection_id: base.connection_id,
             seq_on_connection: self.seq,
             reader_tid: self.reader_tid,
+            // Joined later, from engine metrics (see `EngineMetrics::annotate`).
+            kv_cache_usage_at_arrival: None,
+            requests_waiting_at_arrival: None,
+            engine_metrics_offset_ms: None,
         }
     }
 }

@@ -1,3 +1,4 @@
 //! Decode stage: captured bytes → protocol events. Parsers here see untrusted bytes: they
 //! never panic, keep bounded buffers and report what they could not parse.
 pub mod http;
+pub mod prometheus;

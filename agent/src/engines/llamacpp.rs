@@ -1,6 +1,6 @@
 //! llama.cpp's HTTP server: the `llama-server` binary, or the library loaded into another
 //! process (libllama, or the xllamacpp Python extension).
-use super::{Engine, ProcessInfo, SchedulerHook};
+use super::{Engine, MetricSource, MetricsEndpoint, ProcessInfo, SchedulerHook, Signal};
 
 static HOOKS: &[SchedulerHook] = &[
     SchedulerHook {
@@ -58,5 +58,45 @@ impl Engine for LlamaCpp {
 
     fn hook_objects(&self) -> &'static [&'static str] {
         &["xllamacpp", "llama-server", "libllama"]
+    }
+
+    fn metrics(&self) -> Option<&'static MetricsEndpoint> {
+        Some(&METRICS)
+    }
+}
+
+/// llama-server `--metrics` (xllamacpp: `endpoint_metrics = True`). No preemption: a full KV
+/// cache fails the slot instead.
+static METRICS: MetricsEndpoint = MetricsEndpoint {
+    path: "/metrics",
+    sources: &[
+        // Builds before the unified KV cache; current ones serve no KV usage at all.
+        MetricSource::new("llamacpp:kv_cache_usage_ratio", Signal::KvCacheUsage),
+        MetricSource::new("llamacpp:requests_processing", Signal::RequestsRunning),
+        MetricSource::new("llamacpp:requests_deferred", Signal::RequestsWaiting),
+        MetricSource::new("llamacpp:prompt_tokens_total", Signal::PromptTokensTotal),
+        // Counted when a request finishes, not per token.
+        MetricSource::new(
+            "llamacpp:tokens_predicted_total",
+            Signal::GenerationTokensTotal,
+        ),
+    ],
+    enable_hint: "start llama-server with --metrics (xllamacpp: endpoint_metrics = True)",
+};
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn reads_the_engine_fixture() {
+        let got = super::super::fixture_signals(
+            "llamacpp",
+            include_bytes!("../../../tests/fixtures/metrics/llamacpp.txt"),
+        );
+        super::super::assert_signals(
+            &got,
+            // Captured from the real server with 2 slots busy and a third request deferred; this build
+            // serves no KV usage, and counts generated tokens only when a request finishes.
+            [None, Some(2.0), Some(1.0), None, Some(88.0), Some(0.0)],
+        );
     }
 }

@@ -2,6 +2,7 @@
 //! probes, IPC decoders, metric names) hang off the same trait. Nothing engine-specific lives
 //! outside these modules.
 mod llamacpp;
+mod metrics;
 mod sglang;
 mod tensorrt_llm;
 mod triton;
@@ -31,6 +32,8 @@ impl ProcessInfo {
     }
 }
 
+pub use metrics::{MetricSource, MetricsEndpoint, Signal};
+
 /// A scheduler function to hook with one of the kernel's engine uprobe programs.
 #[derive(Debug, Clone, Copy)]
 pub struct SchedulerHook {
@@ -54,6 +57,11 @@ pub trait Engine: Sync {
     /// Which mapped files (by file-name substring) hold those functions.
     fn hook_objects(&self) -> &'static [&'static str] {
         &[]
+    }
+    /// The engine's own Prometheus endpoint on its serving port, and which of its metrics give
+    /// which of inferscope's signals.
+    fn metrics(&self) -> Option<&'static MetricsEndpoint> {
+        None
     }
 }
 
@@ -79,6 +87,28 @@ pub fn identify(process: &ProcessInfo, user_patterns: &[String]) -> Option<&'sta
         .iter()
         .any(|p| process.cmdline_has(p) || process.maps_file(p))
         .then_some("custom")
+}
+
+/// Test support: an engine's committed exposition fixture read through its metric table.
+#[cfg(test)]
+pub(crate) fn fixture_signals(engine: &str, fixture: &[u8]) -> Vec<(Signal, Option<f64>)> {
+    use crate::{correlate::engine_metrics::snapshot, decode::prometheus::Limits};
+    let endpoint = by_name(engine)
+        .and_then(|e| e.metrics())
+        .expect("engine has a metrics table");
+    let (snap, stats) = snapshot(fixture, endpoint, &Limits::default());
+    assert_eq!(stats.skipped(), 0, "{engine} fixture: {stats:?}");
+    Signal::ALL.iter().map(|&s| (s, snap.get(s))).collect()
+}
+
+#[cfg(test)]
+pub(crate) fn assert_signals(got: &[(Signal, Option<f64>)], want: [Option<f64>; 6]) {
+    for ((signal, got), want) in got.iter().zip(want) {
+        match (got, want) {
+            (Some(g), Some(w)) => assert!((g - w).abs() < 1e-9, "{signal:?}: {g} != {w}"),
+            _ => assert_eq!(*got, want, "{signal:?}"),
+        }
+    }
 }
 
 #[cfg(test)]

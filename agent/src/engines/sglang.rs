@@ -1,5 +1,5 @@
 //! SGLang's server (`python -m sglang.launch_server`, `sglang serve`).
-use super::{Engine, ProcessInfo};
+use super::{Engine, MetricSource, MetricsEndpoint, ProcessInfo, Signal};
 
 pub struct Sglang;
 
@@ -10,5 +10,53 @@ impl Engine for Sglang {
 
     fn claims(&self, p: &ProcessInfo) -> bool {
         p.cmdline_has("sglang.launch_server") || p.cmdline_has("sglang serve")
+    }
+
+    fn metrics(&self) -> Option<&'static MetricsEndpoint> {
+        Some(&METRICS)
+    }
+}
+
+/// SGLang's `/metrics` with `--enable-metrics` (sglang/srt/observability/metrics_collector.py).
+/// Preemption is "retraction": decode requests pushed back to the queue when KV runs out.
+static METRICS: MetricsEndpoint = MetricsEndpoint {
+    path: "/metrics",
+    sources: &[
+        MetricSource::new("sglang:token_usage", Signal::KvCacheUsage),
+        MetricSource::new("sglang:num_running_reqs", Signal::RequestsRunning),
+        MetricSource::new("sglang:num_queue_reqs", Signal::RequestsWaiting),
+        MetricSource::new(
+            "sglang:num_retracted_requests_total",
+            Signal::PreemptionsTotal,
+        ),
+        MetricSource::new("sglang:prompt_tokens_total", Signal::PromptTokensTotal),
+        MetricSource::new(
+            "sglang:generation_tokens_total",
+            Signal::GenerationTokensTotal,
+        ),
+    ],
+    enable_hint: "start SGLang with --enable-metrics",
+};
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn reads_the_engine_fixture() {
+        let got = super::super::fixture_signals(
+            "sglang",
+            include_bytes!("../../../tests/fixtures/metrics/sglang.txt"),
+        );
+        super::super::assert_signals(
+            &got,
+            // Prompt and generation counters are split by is_streaming: 800+200, 1500+500.
+            [
+                Some(0.42),
+                Some(6.0),
+                Some(2.0),
+                Some(4.0),
+                Some(1000.0),
+                Some(2000.0),
+            ],
+        );
     }
 }
