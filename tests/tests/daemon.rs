@@ -35,6 +35,8 @@ fn traces_metrics_and_api_on_the_real_engine() {
             &engine.port.to_string(),
             "--otlp-endpoint",
             &endpoint,
+            "--engine-metrics-interval",
+            "1s",
         ],
     );
     daemon.wait_attached(engine.pid(), Duration::from_secs(60));
@@ -147,6 +149,8 @@ fn traces_metrics_and_api_on_the_real_engine() {
         "inferscope_engine_step_duration_seconds_bucket",
         "inferscope_requests_admitted_total",
         "inferscope_agent_events_total",
+        // Scraped from the engine's own /metrics.
+        "inferscope_engine_requests_running{",
     ] {
         assert!(exposition.contains(name), "{name} missing from /metrics");
     }

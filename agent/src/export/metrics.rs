@@ -16,7 +16,9 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
-use crate::correlate::{StepRecord, timeline::RequestTimeline};
+use crate::correlate::{
+    StepRecord, engine_metrics::EngineMetricsRecord, timeline::RequestTimeline,
+};
 
 const TTFT_BUCKETS: [f64; 16] = [
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -64,6 +66,15 @@ struct GpuLabels {
     uuid: String,
     metric: String,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProcessLabels {
+    engine: String,
+    pid: String,
+}
+
+/// The newest engine-reported gauges per process, for the OTLP observable instruments.
+type EngineSnapshot = Arc<Mutex<BTreeMap<(String, u32), [Option<f64>; 3]>>>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DiagnosisLabels {
@@ -114,6 +125,10 @@ pub struct Metrics {
     agent_events: Family<CounterLabels, Counter>,
     agent_seen: Mutex<BTreeMap<String, u64>>,
     gpu: Family<GpuLabels, Gauge<f64, AtomicU64>>,
+    kv_cache_usage: Family<ProcessLabels, Gauge<f64, AtomicU64>>,
+    requests_running: Family<ProcessLabels, Gauge<f64, AtomicU64>>,
+    requests_waiting: Family<ProcessLabels, Gauge<f64, AtomicU64>>,
+    engine_snapshot: EngineSnapshot,
     diagnosis: Family<DiagnosisLabels, Gauge>,
     models: Mutex<BTreeMap<String, Vec<String>>>,
     otel: Option<OtelInstruments>,
@@ -204,6 +219,24 @@ impl Metrics {
             "Per-GPU NVML and GPM samples, one series per metric",
             gpu.clone(),
         );
+        let kv_cache_usage = Family::<ProcessLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "inferscope_engine_kv_cache_usage_ratio",
+            "KV cache in use (0..1) as the engine's own /metrics reports it",
+            kv_cache_usage.clone(),
+        );
+        let requests_running = Family::<ProcessLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "inferscope_engine_requests_running",
+            "Requests the engine reports as running (its own /metrics)",
+            requests_running.clone(),
+        );
+        let requests_waiting = Family::<ProcessLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "inferscope_engine_requests_waiting",
+            "Requests the engine reports as waiting for admission (its own /metrics)",
+            requests_waiting.clone(),
+        );
         let diagnosis = Family::<DiagnosisLabels, Gauge>::default();
         registry.register(
             "inferscope_diagnosis_info",
@@ -211,7 +244,11 @@ impl Metrics {
             diagnosis.clone(),
         );
         let otel_agent_snapshot: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
-        let otel = meter.map(|m| otel_instruments(&m, otel_agent_snapshot.clone()));
+        let engine_snapshot = EngineSnapshot::default();
+        let otel = meter.map(|m| {
+            otel_engine_gauges(&m, engine_snapshot.clone());
+            otel_instruments(&m, otel_agent_snapshot.clone())
+        });
         Self {
             registry,
             ttft,
@@ -227,6 +264,10 @@ impl Metrics {
             agent_events,
             agent_seen: Mutex::default(),
             gpu,
+            kv_cache_usage,
+            requests_running,
+            requests_waiting,
+            engine_snapshot,
             diagnosis,
             models: Mutex::default(),
             otel,
@@ -372,6 +413,47 @@ impl Metrics {
         }
     }
 
+    /// Gauges the engine reports about itself (scraped from its /metrics).
+    pub fn record_engine_metrics(&self, m: &EngineMetricsRecord) {
+        let labels = ProcessLabels {
+            engine: m.engine.clone(),
+            pid: m.pid.to_string(),
+        };
+        for (family, value) in [
+            (&self.kv_cache_usage, m.kv_cache_usage),
+            (&self.requests_running, m.requests_running),
+            (&self.requests_waiting, m.requests_waiting),
+        ] {
+            if let Some(v) = value {
+                family.get_or_create(&labels).set(v);
+            }
+        }
+        if let Ok(mut snapshot) = self.engine_snapshot.lock() {
+            snapshot.insert(
+                (m.engine.clone(), m.pid),
+                [m.kv_cache_usage, m.requests_running, m.requests_waiting],
+            );
+        }
+    }
+
+    /// The engine process exited: its gauges go.
+    pub fn forget_process(&self, engine: &str, pid: u32) {
+        let labels = ProcessLabels {
+            engine: engine.to_string(),
+            pid: pid.to_string(),
+        };
+        for family in [
+            &self.kv_cache_usage,
+            &self.requests_running,
+            &self.requests_waiting,
+        ] {
+            family.remove(&labels);
+        }
+        if let Ok(mut snapshot) = self.engine_snapshot.lock() {
+            snapshot.remove(&(engine.to_string(), pid));
+        }
+    }
+
     pub fn set_gpu(&self, gpu: &str, uuid: &str, metric: &str, value: f64) {
         self.gpu
             .get_or_create(&GpuLabels {
@@ -399,6 +481,35 @@ impl Metrics {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
+    }
+}
+
+fn otel_engine_gauges(meter: &Meter, snapshot: EngineSnapshot) {
+    let names = [
+        "inferscope.engine.kv_cache.usage",
+        "inferscope.engine.requests.running",
+        "inferscope.engine.requests.waiting",
+    ];
+    for (i, name) in names.into_iter().enumerate() {
+        let snapshot = snapshot.clone();
+        let _gauge = meter
+            .f64_observable_gauge(name)
+            .with_callback(move |observer| {
+                if let Ok(snapshot) = snapshot.lock() {
+                    for ((engine, pid), values) in snapshot.iter() {
+                        if let Some(v) = values[i] {
+                            observer.observe(
+                                v,
+                                &[
+                                    KeyValue::new("inferscope.engine", engine.clone()),
+                                    KeyValue::new("process.pid", i64::from(*pid)),
+                                ],
+                            );
+                        }
+                    }
+                }
+            })
+            .build();
     }
 }
 

@@ -63,6 +63,10 @@ pub struct RunArgs {
     /// Finished requests kept in memory for ListRequests/GetRequest (and `inspect`).
     #[arg(long)]
     pub recent_requests: Option<usize>,
+    /// How often to scrape each engine's own /metrics (KV cache use, running and waiting
+    /// requests), or "off".
+    #[arg(long, env = "INFERSCOPE_ENGINE_METRICS_INTERVAL")]
+    pub engine_metrics_interval: Option<String>,
     /// Also write every finished request as a JSON line here.
     #[arg(long)]
     pub records: Option<PathBuf>,
@@ -91,6 +95,7 @@ pub struct FileConfig {
     pub grpc_tls_cert: Option<PathBuf>,
     pub grpc_tls_key: Option<PathBuf>,
     pub recent_requests: Option<usize>,
+    pub engine_metrics_interval: Option<String>,
     pub records: Option<PathBuf>,
 }
 
@@ -134,6 +139,8 @@ pub struct RunConfig {
     pub grpc: GrpcAddr,
     pub grpc_tls: Option<(PathBuf, PathBuf)>,
     pub recent_requests: usize,
+    /// `None`: engine metrics scraping is off.
+    pub engine_metrics_interval: Option<Duration>,
     pub records: Option<PathBuf>,
     pub duration: Option<Duration>,
 }
@@ -189,6 +196,17 @@ impl RunConfig {
         if !(0.0..=1.0).contains(&sample_ratio) {
             bail!("the sample ratio must be between 0 and 1, got {sample_ratio}");
         }
+        let engine_metrics_interval = match args
+            .engine_metrics_interval
+            .or(file.engine_metrics_interval)
+            .as_deref()
+        {
+            Some("off") => None,
+            Some(s) => Some(humantime::parse_duration(s).with_context(|| {
+                format!("bad engine metrics interval {s:?}: use e.g. 5s, or off")
+            })?),
+            None => Some(Duration::from_secs(5)),
+        };
         let mut patterns = args.patterns;
         patterns.extend(file.patterns);
         Ok(Self {
@@ -213,6 +231,7 @@ impl RunConfig {
                 .recent_requests
                 .or(file.recent_requests)
                 .unwrap_or(4096),
+            engine_metrics_interval,
             records: args.records.or(file.records),
             duration: args.duration,
         })

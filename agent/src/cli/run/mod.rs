@@ -8,7 +8,7 @@ use std::{sync::Arc, time::Instant};
 
 use anyhow::Context as _;
 use inferscope::{
-    capture::{CaptureConfig, TargetSelector},
+    capture::{CaptureConfig, TargetSelector, metrics::ScrapeConfig},
     correlate::timeline::{TimelineBuilder, TimelineLimits},
     decode::http::Limits,
     export::{
@@ -56,6 +56,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         discovery_interval: std::time::Duration::from_millis(500),
     })
     .context("starting the socket probes failed (inferscope needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_PTRACE + CAP_SYS_ADMIN)")?;
+
+    if let Some(interval) = config.engine_metrics_interval {
+        pipeline
+            .scrape_engine_metrics(ScrapeConfig {
+                interval,
+                timeout: (interval / 2).min(std::time::Duration::from_secs(2)),
+                ..Default::default()
+            })
+            .context("starting the engine metrics scraper failed")?;
+    }
 
     let otlp_on = OtlpConfig::enabled(&config.otlp_endpoint);
     let otlp = OtlpConfig {

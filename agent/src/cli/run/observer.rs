@@ -7,7 +7,7 @@ use std::{
 use inferscope::{
     capture::DiscoveryChange,
     correlate::{
-        RequestRecord, StepRecord, monotonic_now_ns,
+        EngineMetricsRecord, RequestRecord, StepRecord, monotonic_now_ns,
         timeline::{RequestTimeline, TimelineBuilder},
     },
     export::{
@@ -133,11 +133,16 @@ impl Observer for DaemonObserver {
         self.timelines.on_step(step);
     }
 
+    fn on_engine_metrics(&mut self, record: EngineMetricsRecord) {
+        self.metrics.record_engine_metrics(&record);
+    }
+
     fn on_discovery(&mut self, change: &DiscoveryChange) {
         for p in &change.added {
             info!(pid = p.tgid, engine = p.engine, ports = ?p.ports, "attached");
         }
         for p in &change.removed {
+            self.metrics.forget_process(p.engine, p.tgid);
             if let Some(traces) = self.traces.as_mut() {
                 traces.forget_process(p.tgid);
             }
