@@ -381,3 +381,12 @@ fn counter(exposition: &str, name: &str) -> u64 {
         .and_then(|v| v.trim().parse::<f64>().ok())
         .map_or(0, |v| v as u64)
 }
+
+fn gauge(exposition: &str, name: &str) -> u64 {
+    let needle = format!("inferscope_agent_state{{name=\"{name}\"}} ");
+    exposition
+        .lines()
+        .find_map(|l| l.strip_prefix(&needle))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}

@@ -60,6 +60,18 @@ struct CounterLabels {
     counter: String,
 }
 
+/// Agent values that go down as well as up: exported as gauges, not counters.
+const AGENT_GAUGES: [&str; 3] = [
+    "open_connections",
+    "grpc_subscribers",
+    "otlp_spans_pending_or_dropped",
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    name: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GpuLabels {
     gpu: String,
@@ -123,6 +135,7 @@ pub struct Metrics {
     admitted: Family<EngineLabels, Counter>,
     preemptions: Family<EngineLabels, Counter>,
     agent_events: Family<CounterLabels, Counter>,
+    agent_state: Family<StateLabels, Gauge>,
     agent_seen: Mutex<BTreeMap<String, u64>>,
     gpu: Family<GpuLabels, Gauge<f64, AtomicU64>>,
     kv_cache_usage: Family<ProcessLabels, Gauge<f64, AtomicU64>>,
@@ -213,6 +226,12 @@ impl Metrics {
             "The agent's own counters: captured records, drops, truncations, parse failures, exporter outcomes",
             agent_events.clone(),
         );
+        let agent_state = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "inferscope_agent_state",
+            "The agent's current levels: open connections, gRPC subscribers, OTLP spans not yet exported (queued, or dropped when the queue was full)",
+            agent_state.clone(),
+        );
         let gpu = Family::<GpuLabels, Gauge<f64, AtomicU64>>::default();
         registry.register(
             "inferscope_gpu",
@@ -262,6 +281,7 @@ impl Metrics {
             admitted,
             preemptions,
             agent_events,
+            agent_state,
             agent_seen: Mutex::default(),
             gpu,
             kv_cache_usage,
@@ -396,6 +416,12 @@ impl Metrics {
     pub fn set_agent_counters(&self, counters: &[(String, u64)]) {
         if let Ok(mut seen) = self.agent_seen.lock() {
             for (name, value) in counters {
+                if AGENT_GAUGES.contains(&name.as_str()) {
+                    self.agent_state
+                        .get_or_create(&StateLabels { name: name.clone() })
+                        .set(i64::try_from(*value).unwrap_or(i64::MAX));
+                    continue;
+                }
                 let before = seen.entry(name.clone()).or_insert(0);
                 if *value > *before {
                     self.agent_events
@@ -404,12 +430,15 @@ impl Metrics {
                         })
                         .inc_by(*value - *before);
                 }
-                // Gauges such as open connections go down too; keep the newest value.
-                *before = *value;
+                *before = (*before).max(*value);
             }
         }
         if let Ok(mut snapshot) = self.otel_agent_snapshot.lock() {
-            *snapshot = counters.to_vec();
+            *snapshot = counters
+                .iter()
+                .filter(|(name, _)| !AGENT_GAUGES.contains(&name.as_str()))
+                .cloned()
+                .collect();
         }
     }
 

@@ -171,7 +171,7 @@ impl Observer for DaemonObserver {
             c.exported.load(Ordering::Relaxed),
         ));
         counters.push(("otlp_spans_failed".into(), c.failed.load(Ordering::Relaxed)));
-        counters.push(("otlp_spans_queued_or_dropped".into(), c.unaccounted()));
+        counters.push(("otlp_spans_pending_or_dropped".into(), c.unaccounted()));
         counters.push(("otlp_requests_sampled_out".into(), self.sampled_out));
         counters.push((
             "grpc_subscriber_records_lagged".into(),
