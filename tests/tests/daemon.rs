@@ -348,7 +348,7 @@ fn otlp_outage_keeps_memory_flat_and_recovers() {
     }
     let metrics = daemon.scrape();
     let lost =
-        counter(&metrics, "otlp_spans_failed") + counter(&metrics, "otlp_spans_queued_or_dropped");
+        counter(&metrics, "otlp_spans_failed") + gauge(&metrics, "otlp_spans_pending_or_dropped");
     assert!(
         lost > 0,
         "the outage shows in the agent's counters:\n{metrics}"
