@@ -231,3 +231,22 @@ unsafe fn memcpy(st: &crate::init::Shim, record: *const sys::CUpti_Activity, kin
         end_mono_ns: st.clock.to_mono(field!(m, end)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    /// The mock libcupti (tests/mock-cuda/cupti.c) asserts the same offsets with _Static_assert,
+    /// so the shim reads what the mock writes the way it reads real CUPTI records.
+    #[test]
+    fn kernel9_layout_matches_the_mock() {
+        type K = sys::CUpti_ActivityKernel9;
+        assert_eq!(size_of::<K>(), 208);
+        assert_eq!(offset_of!(K, start), 16);
+        assert_eq!(offset_of!(K, correlationId), 92);
+        assert_eq!(offset_of!(K, name), 104);
+        assert_eq!(offset_of!(K, graphNodeId), 144);
+        assert_eq!(offset_of!(K, graphId), 156);
+    }
+}

@@ -2,6 +2,7 @@
 //! the decoders. Nothing here interprets payload bytes.
 pub mod discovery;
 pub mod fd_class;
+pub mod gpu;
 pub mod probes;
 pub mod procfs;
 pub mod records;
