@@ -175,9 +175,16 @@ fn setup() -> Result<(), String> {
             sys::cuptiActivityEnable(Kind::CUPTI_ACTIVITY_KIND_MEMSET);
         }
     }
+    // The first connection attempt happens here, not on the sender thread, so that kernels of a
+    // short-lived process are not counted as "nobody listening" while that thread starts. A Unix
+    // connect answers at once (refused, absent or accepted), so cuInit is not held up.
+    let first = sender::connect(st);
+    if first.is_some() {
+        st.sink.set_connected();
+    }
     std::thread::Builder::new()
         .name("inferscope-shim".into())
-        .spawn(move || sender::run(rx))
+        .spawn(move || sender::run(rx, first))
         .map_err(|e| format!("could not start the sender thread: {e}"))?;
     // SAFETY: registering a plain extern "C" fn.
     unsafe { libc::atexit(at_exit) };
@@ -210,6 +217,15 @@ extern "C" fn at_exit() {
         // completion callback so the last records of a short-lived process are not lost.
         // SAFETY: plain FFI call.
         unsafe { sys::cuptiActivityFlushAll(1) };
+        // Drops since the last completed buffer (the global queue: no context, stream 0).
+        let mut dropped = 0usize;
+        // SAFETY: valid out-pointer; a null context asks for the global count.
+        let rc = unsafe {
+            sys::cuptiActivityGetNumDroppedRecords(std::ptr::null_mut(), 0, &mut dropped)
+        };
+        if rc == CUptiResult::CUPTI_SUCCESS && dropped > 0 {
+            st.sink.add_cupti_dropped(dropped as u64);
+        }
         st.sink.stop(Duration::from_secs(2));
         if st.config.summary {
             let t = &st.sink.totals;

@@ -61,6 +61,10 @@ impl Sink {
         self.connected.load(Ordering::Relaxed)
     }
 
+    pub fn set_connected(&self) {
+        self.connected.store(true, Ordering::Relaxed);
+    }
+
     pub fn push(&self, kernels: Vec<Kernel>, memcpys: Vec<Memcpy>) {
         let n = (kernels.len() + memcpys.len()) as u64;
         match self.tx.try_send(Batch { kernels, memcpys }) {
@@ -99,10 +103,10 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 const CALIBRATE_EVERY: Duration = Duration::from_secs(1);
 
 /// The sender thread's loop.
-pub fn run(rx: Receiver<Batch>) {
+pub fn run(rx: Receiver<Batch>, first: Option<UnixStream>) {
     let Some(st) = state() else { return };
     let sink = &st.sink;
-    let mut stream: Option<UnixStream> = None;
+    let mut stream = first;
     let mut backoff = BACKOFF_MIN;
     let mut next_attempt = Instant::now();
     let mut last_flush = Instant::now();
@@ -192,7 +196,7 @@ pub fn run(rx: Receiver<Batch>) {
     sink.stopped.store(true, Ordering::Release);
 }
 
-fn connect(st: &crate::init::Shim) -> Option<UnixStream> {
+pub fn connect(st: &crate::init::Shim) -> Option<UnixStream> {
     let mut s = UnixStream::connect(&st.config.socket).ok()?;
     s.set_write_timeout(Some(WRITE_TIMEOUT)).ok()?;
     let hello = KernelBatch {

@@ -73,7 +73,7 @@ static void emit(const char *name, uint32_t corr, uint32_t stream, uint32_t grid
         .name = name, .correlation_id = corr, .stream_id = stream,
         .grid = {grid, 2, 1}, .block = {block, 1, 1},
         .static_shared = 1024, .dynamic_shared = shmem,
-        .graph_id = graph, .graph_node_id = node, .duration_ns = 20000,
+        .graph_id = graph, .graph_node_id = node, .duration_ns = 2000,
     };
     t->kernel(&k);
 }

@@ -109,6 +109,7 @@ static uint64_t last_end[64];
 static pthread_t worker;
 static int worker_started;
 static int worker_delay_ms;
+static int worker_busy;
 
 static uint64_t realtime_ns(void) {
     struct timespec ts;
@@ -131,9 +132,14 @@ static void *worker_main(void *arg) {
         struct full f = queue[qhead];
         qhead = (qhead + 1) % QMAX;
         qlen--;
+        worker_busy = 1;
         pthread_mutex_unlock(&lock);
         if (worker_delay_ms) usleep((useconds_t)worker_delay_ms * 1000);
         on_complete(NULL, 0, f.buf, f.size, f.valid);
+        pthread_mutex_lock(&lock);
+        worker_busy = 0;
+        pthread_cond_broadcast(&cond);
+        pthread_mutex_unlock(&lock);
     }
     return NULL;
 }
@@ -144,7 +150,7 @@ static void retire_current(void) {
     if (qlen < QMAX) {
         queue[(qhead + qlen) % QMAX] = (struct full){cur, cur_size, cur_valid};
         qlen++;
-        pthread_cond_signal(&cond);
+        pthread_cond_broadcast(&cond);
     }
     cur = NULL;
     cur_size = cur_valid = 0;
@@ -287,7 +293,8 @@ int cuptiActivityDisable(uint32_t kind) {
     return CUPTI_SUCCESS;
 }
 
-/* Completes the current buffer and every queued one on the calling thread, as real CUPTI does. */
+/* Completes the current buffer and every queued one on the calling thread, and waits for the
+ * one the worker may be completing, so every record is delivered when it returns. */
 int cuptiActivityFlushAll(uint32_t flag) {
     (void)flag;
     if (!on_complete) return CUPTI_SUCCESS;
@@ -295,6 +302,7 @@ int cuptiActivityFlushAll(uint32_t flag) {
         pthread_mutex_lock(&lock);
         retire_current();
         if (qlen == 0) {
+            while (worker_busy) pthread_cond_wait(&cond, &lock);
             pthread_mutex_unlock(&lock);
             return CUPTI_SUCCESS;
         }

@@ -1,5 +1,6 @@
 //! Command-line interface: argument parsing and the subcommands.
 mod demo;
+mod gpu;
 mod record;
 mod signals;
 mod target;
@@ -27,6 +28,8 @@ enum Command {
     Record(record::RecordArgs),
     /// Start the bundled llama.cpp engine, send it a short load, and show what inferscope saw.
     Demo(demo::DemoArgs),
+    /// Receive kernel records from the CUPTI shim (and sample NVML); print them as JSON lines.
+    Gpu(gpu::GpuArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -41,6 +44,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Record(args) => record::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Gpu(args) => gpu::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -112,7 +112,8 @@ impl ShimListener {
                 let _ = std::fs::remove_file(&path);
             }
         }
-        let listener = UnixListener::bind(&path).map_err(|e| ListenerError::Bind(path.clone(), e))?;
+        let listener =
+            UnixListener::bind(&path).map_err(|e| ListenerError::Bind(path.clone(), e))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(config.mode))
             .map_err(|e| ListenerError::Perms(path.clone(), e))?;
         listener
@@ -157,7 +158,11 @@ impl ShimListener {
 
     /// Shims that have connected so far (bounded by `max_connections` entries kept).
     pub fn shims(&self) -> Vec<ShimInfo> {
-        self.shared.shims.lock().map(|s| s.clone()).unwrap_or_default()
+        self.shared
+            .shims
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
     }
 
     pub fn counters(&self) -> Vec<(String, u64)> {
@@ -166,7 +171,10 @@ impl ShimListener {
         vec![
             ("shim_connections".into(), get(&c.connections)),
             ("shim_connections_active".into(), get(&self.shared.active)),
-            ("shim_connections_rejected".into(), get(&c.connections_rejected)),
+            (
+                "shim_connections_rejected".into(),
+                get(&c.connections_rejected),
+            ),
             ("shim_batches".into(), get(&c.batches)),
             ("shim_kernels_received".into(), get(&c.kernels)),
             ("shim_memcpys_received".into(), get(&c.memcpys)),
@@ -175,7 +183,10 @@ impl ShimListener {
             ("shim_read_errors".into(), get(&c.read_errors)),
             ("shim_queue_drops".into(), get(&c.queue_drops)),
             ("shim_dropped_records".into(), get(&c.shim_dropped)),
-            ("shim_cupti_dropped_records".into(), get(&c.shim_cupti_dropped)),
+            (
+                "shim_cupti_dropped_records".into(),
+                get(&c.shim_cupti_dropped),
+            ),
         ]
     }
 }
@@ -388,7 +399,8 @@ mod tests {
             ..Default::default()
         };
         s.write_all(&[2, 0xff, 0xff]).unwrap(); // undecodable, skipped
-        s.write_all(&batch.encode_length_delimited_to_vec()).unwrap();
+        s.write_all(&batch.encode_length_delimited_to_vec())
+            .unwrap();
         let got = wait_for(&l, 3);
         assert_eq!(got.len(), 3);
         assert_eq!(got[0].pid, std::process::id());

@@ -177,7 +177,11 @@ fn basic_sample(index: u32, dev: &Device<'_>) -> GpuSample {
         power_w: dev.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
         throttle_reasons: dev
             .current_throttle_reasons()
-            .map(|r| r.iter_names().map(|(n, _)| n.to_ascii_lowercase()).collect())
+            .map(|r| {
+                r.iter_names()
+                    .map(|(n, _)| n.to_ascii_lowercase())
+                    .collect()
+            })
             .unwrap_or_default(),
         ..Default::default()
     }

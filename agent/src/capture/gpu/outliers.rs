@@ -43,7 +43,14 @@ mod tests {
 
     #[test]
     fn flags_the_odd_card_only() {
-        let v = [Some(80.0), Some(82.0), Some(79.0), Some(81.0), Some(35.0), None];
+        let v = [
+            Some(80.0),
+            Some(82.0),
+            Some(79.0),
+            Some(81.0),
+            Some(35.0),
+            None,
+        ];
         assert_eq!(
             flag_outliers(&v),
             vec![false, false, false, false, true, false]
@@ -53,7 +60,10 @@ mod tests {
     #[test]
     fn identical_or_few_cards_are_not_flagged() {
         assert_eq!(flag_outliers(&[Some(50.0); 4]), vec![false; 4]);
-        assert_eq!(flag_outliers(&[Some(50.0), Some(51.0), Some(50.5), Some(53.0)]), vec![false; 4]);
+        assert_eq!(
+            flag_outliers(&[Some(50.0), Some(51.0), Some(50.5), Some(53.0)]),
+            vec![false; 4]
+        );
         assert_eq!(flag_outliers(&[Some(10.0), Some(90.0)]), vec![false; 2]);
     }
 }
