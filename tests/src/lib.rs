@@ -3,6 +3,7 @@
 pub mod agent;
 pub mod client;
 pub mod engine;
+pub mod mock_cuda;
 pub mod pcap;
 
 use std::net::TcpListener;
