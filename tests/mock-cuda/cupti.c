@@ -6,6 +6,8 @@
  *   MOCK_CUPTI_OTHER_SUBSCRIBER=1       cuptiSubscribe fails with MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
  *   MOCK_CUPTI_NO_TIMESTAMP_CALLBACK=1  cuptiActivityRegisterTimestampCallback is refused
  *   MOCK_CUPTI_WORKER_DELAY_MS=N        the completion worker sleeps N ms per buffer (overflow)
+ *   MOCK_CUPTI_SKIP_CALLBACKS=1         count API callbacks but do not call the subscriber
+ *                                       (the baseline of scripts/bench_shim.sh)
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -94,7 +96,8 @@ static BufferCompleted on_complete;
 static TimestampFunc timestamp_cb;
 static _Atomic int kernels_enabled;
 static int any_activity_enabled;
-static _Atomic uint64_t cb_calls, cb_ns;
+static _Atomic uint64_t cb_calls;
+static int skip_callbacks;
 
 /* Activity state: one current buffer, a queue of full ones for the worker thread. */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -114,11 +117,6 @@ static int worker_busy;
 static uint64_t realtime_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-static uint64_t mono_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 /* Real CUPTI's default clock is CLOCK_REALTIME based; the timestamp callback replaces it. */
@@ -163,11 +161,9 @@ static void tracer_api(int domain, uint32_t cbid, int site, const char *function
         .callbackSite = (uint32_t)site, .functionName = function,
         .symbolName = NULL, .correlationId = corr,
     };
-    uint64_t t0 = mono_ns();
-    subscriber(subscriber_data, domain, cbid, &d);
-    uint64_t t1 = mono_ns();
     atomic_fetch_add(&cb_calls, 1);
-    atomic_fetch_add(&cb_ns, t1 - t0);
+    if (skip_callbacks) return; /* benchmark baseline: everything but the subscriber's work */
+    subscriber(subscriber_data, domain, cbid, &d);
 }
 
 static void tracer_kernel(const struct mock_kernel *k) {
@@ -233,6 +229,8 @@ int cuptiSubscribe(void **handle, CallbackFunc cb, void *userdata) {
         return CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
     subscriber = cb;
     subscriber_data = userdata;
+    const char *skip = getenv("MOCK_CUPTI_SKIP_CALLBACKS");
+    skip_callbacks = skip && *skip == '1';
     *handle = (void *)&the_tracer;
     atomic_store(&subscribed, 1);
     mock_cuda_set_tracer(&the_tracer);
@@ -335,7 +333,4 @@ int cuptiActivityGetNumDroppedRecords(void *ctx, uint32_t stream, size_t *n) {
     return CUPTI_SUCCESS;
 }
 
-void mock_cupti_callback_stats(uint64_t *calls, uint64_t *ns) {
-    *calls = atomic_load(&cb_calls);
-    *ns = atomic_load(&cb_ns);
-}
+void mock_cupti_callback_stats(uint64_t *calls) { *calls = atomic_load(&cb_calls); }

@@ -29,6 +29,6 @@ struct mock_tracer {
 
 /* Exported by libcuda.so. */
 void mock_cuda_set_tracer(const struct mock_tracer *t);
-/* Exported by libcupti.so: time spent inside the subscriber's callbacks. */
-void mock_cupti_callback_stats(uint64_t *calls, uint64_t *ns);
+/* Exported by libcupti.so: API callbacks delivered so far. */
+void mock_cupti_callback_stats(uint64_t *calls);
 #endif
