@@ -3,7 +3,8 @@
  * launches on a worker thread, and CUDA graph launches. Prints one JSON line describing what it
  * launched, so a test can compare with what the agent received.
  *
- *   engine run EAGER GRAPHS   EAGER rounds of 4 eager launches, GRAPHS launches of a 3-node graph
+ *   engine run EAGER GRAPHS [PAUSE_US]   EAGER rounds of 4 eager launches (PAUSE_US apart),
+ *                                        then GRAPHS launches of a 3-node graph
  *   engine bench N            N runtime launches; prints their wall time and callback count
  */
 #define _GNU_SOURCE
@@ -39,7 +40,7 @@ static const char *EX_KERNEL = "sm90_xmma_gemm_bf16bf16_bf16f32"; /* tensor core
 static const char *GRAPH_NODES[] = {"_Z15rms_norm_kernelPfS_", "ampere_bf16_s16816gemm_bf16_tn",
                                     "_Z14silu_and_mul_kPfS_"};
 
-static long eager_rounds, graph_launches;
+static long eager_rounds, graph_launches, pause_us;
 static pid_t eager_tid;
 
 static void *eager(void *arg) {
@@ -52,6 +53,7 @@ static void *eager(void *arg) {
         cudaLaunchKernel(NORM_KERNEL, g, b, NULL, 0, 1);
         cuLaunchKernel_ptsz(DRIVER_KERNEL, 16, 1, 1, 32, 1, 1, 0, 1, NULL, NULL);
         cuLaunchKernelEx(&cfg, EX_KERNEL, NULL, NULL);
+        if (pause_us) usleep((useconds_t)pause_us);
     }
     return NULL;
 }
@@ -89,6 +91,7 @@ int main(int argc, char **argv) {
     }
     eager_rounds = atol(argv[2]);
     graph_launches = argc > 3 ? atol(argv[3]) : 0;
+    pause_us = argc > 4 ? atol(argv[4]) : 0;
     pthread_t t;
     pthread_create(&t, NULL, eager, NULL);
     pthread_join(t, NULL);

@@ -354,3 +354,34 @@ fn activity_buffer_overflow_is_counted_not_lost() {
     assert!(received > 0, "some records still arrive");
     assert_eq!(received + dropped, 400, "every kernel received or counted");
 }
+
+#[test]
+fn late_agent_gets_the_rest_and_the_count_of_what_it_missed() {
+    let dir = tempdir("late");
+    let socket = dir.join("run/shim.sock");
+    // 150 rounds 10 ms apart (~1.5 s); small buffers so records complete while nobody listens.
+    let engine = {
+        let socket = socket.clone();
+        std::thread::spawn(move || {
+            mock_cuda::run_engine(
+                &["run", "150", "0", "10000"],
+                &socket,
+                &[("INFERSCOPE_SHIM_BUFFER_KIB", "4")],
+            )
+        })
+    };
+    std::thread::sleep(Duration::from_millis(400));
+    let agent = Agent::start(&dir);
+    let out = engine.join().unwrap();
+    engine_json(&out);
+    std::thread::sleep(Duration::from_millis(300));
+    let received = agent.kernels().len() as u64;
+    let counters = agent.stop();
+    let missed = counters["shim_dropped_records"];
+    assert!(received > 0, "the shim reconnected: {counters:?}");
+    assert!(
+        missed > 0,
+        "records completed before the agent came are counted: {counters:?}"
+    );
+    assert_eq!(received + missed, 600, "every kernel received or counted");
+}
