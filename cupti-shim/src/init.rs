@@ -17,6 +17,8 @@ use crate::{
 };
 
 pub struct Shim {
+    /// The process that was injected; a forked child inherits this state but not CUDA.
+    pub pid: u32,
     pub config: Config,
     pub launches: LaunchTable,
     pub clock: Clock,
@@ -101,6 +103,7 @@ fn setup() -> Result<(), String> {
     let config = Config::from_env();
     let (tx, rx) = std::sync::mpsc::sync_channel(config.queue_batches);
     let shim = Shim {
+        pid: std::process::id(),
         launches: LaunchTable::new(),
         clock: Clock::new(),
         sink: Sink::new(tx),
@@ -213,6 +216,10 @@ fn driver_version() -> i32 {
 extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
         let Some(st) = state() else { return };
+        // A child forked after cuInit has neither CUDA nor the sender thread: touch nothing.
+        if st.pid != std::process::id() {
+            return;
+        }
         // Forced flush: hands every buffer, even those with kernels still running, to CUPTI's
         // completion callback so the last records of a short-lived process are not lost.
         // SAFETY: plain FFI call.
