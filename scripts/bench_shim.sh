@@ -2,11 +2,13 @@
 # Host-side cost of the CUPTI shim per kernel launch, measured with the mock CUDA stack
 # (tests/mock-cuda). Not a GPU measurement: on a GPU host use tests/gpu/run.sh.
 #   scripts/bench_shim.sh [LAUNCHES] [RUNS]   (defaults 1000000 and 7)
-# Three configurations, each run RUNS times (median reported):
+# Configurations, run alternately RUNS times each (medians reported):
 #   bare      no injection (the mock driver alone)
-#   baseline  shim injected, mock CUPTI synthesising records, but the shim's callback not called
+#   baseline  shim injected, mock CUPTI dispatching callbacks, but the shim's callback not called
 #   shim      shim injected and called on every launch API enter/exit
-# The shim's cost on the launching thread is shim − baseline.
+# Both injected runs synthesise no activity records (MOCK_CUPTI_NO_ACTIVITY=1): record handling
+# runs on CUPTI's worker thread, not the launching one, and on a 2-core machine it would only add
+# noise. The shim's cost on the launching thread is shim − baseline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n="${1:-1000000}"
@@ -24,8 +26,8 @@ sock="$(mktemp -u /tmp/inferscope-bench-XXXX.sock)"
 bare=() base=() with=()
 for _ in $(seq "$runs"); do
   bare+=("$("$out/engine" bench "$n" | tail -1)")
-  base+=("$(MOCK_CUPTI_SKIP_CALLBACKS=1 CUDA_INJECTION64_PATH="$shim" INFERSCOPE_SHIM_SOCKET="$sock" INFERSCOPE_SHIM_QUIET=1 "$out/engine" bench "$n" | tail -1)")
-  with+=("$(CUDA_INJECTION64_PATH="$shim" INFERSCOPE_SHIM_SOCKET="$sock" INFERSCOPE_SHIM_QUIET=1 "$out/engine" bench "$n" | tail -1)")
+  base+=("$(MOCK_CUPTI_NO_ACTIVITY=1 MOCK_CUPTI_SKIP_CALLBACKS=1 CUDA_INJECTION64_PATH="$shim" INFERSCOPE_SHIM_SOCKET="$sock" INFERSCOPE_SHIM_QUIET=1 "$out/engine" bench "$n" | tail -1)")
+  with+=("$(MOCK_CUPTI_NO_ACTIVITY=1 CUDA_INJECTION64_PATH="$shim" INFERSCOPE_SHIM_SOCKET="$sock" INFERSCOPE_SHIM_QUIET=1 "$out/engine" bench "$n" | tail -1)")
 done
 python3 - "$n" "${bare[*]}" "${base[*]}" "${with[*]}" <<'PY'
 import json, statistics, sys

@@ -8,6 +8,7 @@
  *   MOCK_CUPTI_WORKER_DELAY_MS=N        the completion worker sleeps N ms per buffer (overflow)
  *   MOCK_CUPTI_SKIP_CALLBACKS=1         count API callbacks but do not call the subscriber
  *                                       (the baseline of scripts/bench_shim.sh)
+ *   MOCK_CUPTI_NO_ACTIVITY=1            synthesise no kernel records (isolates the callback path)
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -166,8 +167,14 @@ static void tracer_api(int domain, uint32_t cbid, int site, const char *function
     subscriber(subscriber_data, domain, cbid, &d);
 }
 
+static int no_activity = -1;
+
 static void tracer_kernel(const struct mock_kernel *k) {
-    if (!atomic_load(&kernels_enabled)) return;
+    if (no_activity < 0) {
+        const char *v = getenv("MOCK_CUPTI_NO_ACTIVITY");
+        no_activity = v && *v == '1';
+    }
+    if (no_activity || !atomic_load(&kernels_enabled)) return;
     uint64_t now = cupti_now();
     pthread_mutex_lock(&lock);
     if (cur && cur_valid + sizeof(Kernel9) > cur_size) retire_current();
