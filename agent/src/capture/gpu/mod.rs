@@ -12,7 +12,7 @@ mod outliers;
 mod record;
 
 pub use frame::{FrameDecoder, FrameError, MAX_MESSAGE_BYTES};
-pub use listener::{ListenerConfig, ShimInfo, ShimListener};
+pub use listener::{ListenerConfig, ListenerError, ShimInfo, ShimListener};
 pub use nvml::{GpuSample, NvmlSampler, NvmlUnavailable};
 pub use outliers::{OUTLIER_FLOOR, OUTLIER_K, flag_outliers};
 pub use record::{KernelRecord, MemcpyRecord};
