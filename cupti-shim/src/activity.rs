@@ -121,7 +121,11 @@ unsafe fn decode_buffer(st: &crate::init::Shim, buffer: *mut u8, valid: usize) {
                     st.sink.push(std::mem::take(&mut kernels), Vec::new());
                 }
             }
-            KIND_MEMCPY | KIND_MEMSET if listening => {
+            KIND_MEMCPY | KIND_MEMSET => {
+                if !listening {
+                    not_sent += 1;
+                    continue;
+                }
                 // SAFETY: kind says which record this is.
                 memcpys.push(unsafe { memcpy(st, record, kind) });
             }
@@ -248,5 +252,9 @@ mod tests {
         assert_eq!(offset_of!(K, name), 104);
         assert_eq!(offset_of!(K, graphNodeId), 144);
         assert_eq!(offset_of!(K, graphId), 156);
+        type M = sys::CUpti_ActivityMemcpy5;
+        assert_eq!(size_of::<M>(), 88);
+        assert_eq!(offset_of!(M, bytes), 8);
+        assert_eq!(offset_of!(M, correlationId), 44);
     }
 }

@@ -29,6 +29,7 @@ enum {
     CUPTI_ERROR_NOT_SUPPORTED = 27,
     CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED = 39,
 };
+#define KIND_MEMCPY 1
 #define KIND_CONCURRENT_KERNEL 10
 
 #pragma pack(push, 8)
@@ -70,6 +71,25 @@ _Static_assert(offsetof(Kernel9, name) == 104, "name");
 _Static_assert(offsetof(Kernel9, graphNodeId) == 144, "graphNodeId");
 _Static_assert(offsetof(Kernel9, graphId) == 156, "graphId");
 
+#pragma pack(push, 8)
+typedef struct {
+    uint32_t kind;
+    uint8_t copyKind, srcKind, dstKind, flags;
+    uint64_t bytes, start, end;
+    uint32_t deviceId, contextId, streamId, correlationId, runtimeCorrelationId, pad;
+    void *reserved0;
+    uint64_t graphNodeId;
+    uint32_t graphId, channelID, channelType, pad2;
+} Memcpy5;
+#pragma pack(pop)
+_Static_assert(sizeof(Memcpy5) == 88, "Memcpy5 size");
+_Static_assert(offsetof(Memcpy5, bytes) == 8, "bytes");
+_Static_assert(offsetof(Memcpy5, correlationId) == 44, "correlationId");
+
+static size_t record_size(uint32_t kind) {
+    return kind == KIND_MEMCPY ? sizeof(Memcpy5) : sizeof(Kernel9);
+}
+
 typedef struct {
     uint32_t callbackSite;
     const char *functionName;
@@ -96,6 +116,7 @@ static BufferRequested on_request;
 static BufferCompleted on_complete;
 static TimestampFunc timestamp_cb;
 static _Atomic int kernels_enabled;
+static _Atomic int memcpy_enabled;
 static int any_activity_enabled;
 static _Atomic uint64_t cb_calls;
 static int skip_callbacks;
@@ -169,15 +190,9 @@ static void tracer_api(int domain, uint32_t cbid, int site, const char *function
 
 static int no_activity = -1;
 
-static void tracer_kernel(const struct mock_kernel *k) {
-    if (no_activity < 0) {
-        const char *v = getenv("MOCK_CUPTI_NO_ACTIVITY");
-        no_activity = v && *v == '1';
-    }
-    if (no_activity || !atomic_load(&kernels_enabled)) return;
-    uint64_t now = cupti_now();
-    pthread_mutex_lock(&lock);
-    if (cur && cur_valid + sizeof(Kernel9) > cur_size) retire_current();
+/* With `lock` held: room for `size` bytes in the current buffer, or NULL (record dropped). */
+static uint8_t *reserve(size_t size) {
+    if (cur && cur_valid + size > cur_size) retire_current();
     if (!cur) {
         uint8_t *b = NULL;
         size_t sz = 0, maxr = 0;
@@ -190,6 +205,41 @@ static void tracer_kernel(const struct mock_kernel *k) {
     }
     if (!cur) {
         dropped++;
+        return NULL;
+    }
+    uint8_t *p = cur + cur_valid;
+    cur_valid += size;
+    return p;
+}
+
+static void tracer_memcpy(uint32_t corr, uint32_t stream, uint8_t copy_kind, uint64_t bytes) {
+    if (!atomic_load(&memcpy_enabled)) return;
+    uint64_t now = cupti_now();
+    Memcpy5 r;
+    memset(&r, 0, sizeof r);
+    r.kind = KIND_MEMCPY;
+    r.copyKind = copy_kind;
+    r.bytes = bytes;
+    r.start = now + 10000;
+    r.end = now + 10000 + bytes; /* 1 byte/ns */
+    r.streamId = stream;
+    r.correlationId = corr;
+    pthread_mutex_lock(&lock);
+    uint8_t *p = reserve(sizeof r);
+    if (p) memcpy(p, &r, sizeof r);
+    pthread_mutex_unlock(&lock);
+}
+
+static void tracer_kernel(const struct mock_kernel *k) {
+    if (no_activity < 0) {
+        const char *v = getenv("MOCK_CUPTI_NO_ACTIVITY");
+        no_activity = v && *v == '1';
+    }
+    if (no_activity || !atomic_load(&kernels_enabled)) return;
+    uint64_t now = cupti_now();
+    pthread_mutex_lock(&lock);
+    uint8_t *slot = reserve(sizeof(Kernel9));
+    if (!slot) {
         pthread_mutex_unlock(&lock);
         return;
     }
@@ -217,12 +267,11 @@ static void tracer_kernel(const struct mock_kernel *k) {
     r.submitted = now;
     r.graphNodeId = k->graph_node_id;
     r.graphId = k->graph_id;
-    memcpy(cur + cur_valid, &r, sizeof r);
-    cur_valid += sizeof r;
+    memcpy(slot, &r, sizeof r);
     pthread_mutex_unlock(&lock);
 }
 
-static const struct mock_tracer the_tracer = {tracer_api, tracer_kernel};
+static const struct mock_tracer the_tracer = {tracer_api, tracer_kernel, tracer_memcpy};
 
 /* --- the CUPTI API --- */
 int cuptiGetVersion(uint32_t *v) {
@@ -281,6 +330,7 @@ int cuptiActivityEnable(uint32_t kind) {
     if (!on_request) return CUPTI_ERROR_INVALID_OPERATION;
     any_activity_enabled = 1;
     if (kind == KIND_CONCURRENT_KERNEL) atomic_store(&kernels_enabled, 1);
+    if (kind == KIND_MEMCPY) atomic_store(&memcpy_enabled, 1);
     pthread_mutex_lock(&lock);
     if (!worker_started) {
         const char *d = getenv("MOCK_CUPTI_WORKER_DELAY_MS");
@@ -321,8 +371,15 @@ int cuptiActivityFlushAll(uint32_t flag) {
 
 int cuptiActivityGetNextRecord(uint8_t *buffer, size_t valid, void **record) {
     if (!buffer || !record) return CUPTI_ERROR_INVALID_PARAMETER;
-    uint8_t *next = *record ? (uint8_t *)*record + sizeof(Kernel9) : buffer;
-    if (next + sizeof(Kernel9) > buffer + valid) {
+    uint8_t *next = buffer;
+    if (*record) {
+        uint32_t kind;
+        memcpy(&kind, *record, sizeof kind);
+        next = (uint8_t *)*record + record_size(kind);
+    }
+    uint32_t next_kind = 0;
+    if (next + sizeof next_kind <= buffer + valid) memcpy(&next_kind, next, sizeof next_kind);
+    if (next + sizeof next_kind > buffer + valid || next + record_size(next_kind) > buffer + valid) {
         *record = NULL;
         return CUPTI_ERROR_MAX_LIMIT_REACHED;
     }

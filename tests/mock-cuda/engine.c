@@ -3,7 +3,8 @@
  * launches on a worker thread, and CUDA graph launches. Prints one JSON line describing what it
  * launched, so a test can compare with what the agent received.
  *
- *   engine run EAGER GRAPHS [PAUSE_US]   EAGER rounds of 4 eager launches (PAUSE_US apart),
+ *   engine run EAGER GRAPHS [PAUSE_US]   EAGER rounds of 4 eager launches and one 4 KiB
+ *                                        host-to-device copy (PAUSE_US apart),
  *                                        then GRAPHS launches of a 3-node graph
  *   engine bench N            N runtime launches; prints their wall time and callback count
  */
@@ -30,6 +31,7 @@ int cuLaunchKernelEx(const CUlaunchConfig *, const char *, void **, void **);
 int cudaLaunchKernel(const void *, dim3, dim3, void **, size_t, uintptr_t);
 int cudaGraphLaunch(CUgraphExec, uintptr_t);
 int cudaDeviceSynchronize(void);
+int cuMemcpyHtoD_v2(uintptr_t dst, const void *src, size_t bytes);
 CUgraphExec mockGraphInstantiate(const char **names, int n);
 
 /* Names as CUPTI reports them (mangled where C++). */
@@ -53,6 +55,7 @@ static void *eager(void *arg) {
         cudaLaunchKernel(NORM_KERNEL, g, b, NULL, 0, 1);
         cuLaunchKernel_ptsz(DRIVER_KERNEL, 16, 1, 1, 32, 1, 1, 0, 1, NULL, NULL);
         cuLaunchKernelEx(&cfg, EX_KERNEL, NULL, NULL);
+        cuMemcpyHtoD_v2(0x1000, NULL, 4096);
         if (pause_us) usleep((useconds_t)pause_us);
     }
     return NULL;
@@ -100,8 +103,8 @@ int main(int argc, char **argv) {
     for (long i = 0; i < graph_launches; i++) cudaGraphLaunch(graph, 3);
     cudaDeviceSynchronize();
     printf("{\"pid\":%d,\"eager_tid\":%d,\"main_tid\":%d,\"eager_kernels\":%ld,"
-           "\"graph_kernels\":%ld}\n",
-           getpid(), eager_tid, gettid(), eager_rounds * 4, graph_launches * 3);
+           "\"graph_kernels\":%ld,\"memcpys\":%ld}\n",
+           getpid(), eager_tid, gettid(), eager_rounds * 4, graph_launches * 3, eager_rounds);
     fflush(stdout);
     return 0;
 }

@@ -25,6 +25,8 @@ struct mock_kernel {
 struct mock_tracer {
     void (*api)(int domain, uint32_t cbid, int site, const char *function, uint32_t correlation_id);
     void (*kernel)(const struct mock_kernel *k);
+    /* copy_kind as CUPTI's CUpti_ActivityMemcpyKind (1 = HtoD, 2 = DtoH, ...) */
+    void (*memcpy)(uint32_t correlation_id, uint32_t stream_id, uint8_t copy_kind, uint64_t bytes);
 };
 
 /* Exported by libcuda.so. */

@@ -255,6 +255,8 @@ fn kernels_arrive_with_launch_graph_and_clock_details() {
     assert_eq!(shim["clock_source"], "timestamp_callback");
     assert_eq!(u(&shim, "pid"), pid);
 
+    // Copies are recorded only when asked for (INFERSCOPE_SHIM_MEMCPY=1).
+    assert!(!agent.lines().iter().any(|v| v["type"] == "memcpy"));
     let counters = agent.stop();
     assert_eq!(counters["shim_kernels_received"], expected as u64);
     assert_eq!(counters["shim_dropped_records"], 0);
@@ -384,4 +386,31 @@ fn late_agent_gets_the_rest_and_the_count_of_what_it_missed() {
         "records completed before the agent came are counted: {counters:?}"
     );
     assert_eq!(received + missed, 600, "every kernel received or counted");
+}
+
+#[test]
+fn memcpy_records_when_enabled() {
+    let dir = tempdir("memcpy");
+    let agent = Agent::start(&dir);
+    let out = mock_cuda::run_engine(
+        &["run", "10", "2"],
+        &agent.socket,
+        &[("INFERSCOPE_SHIM_MEMCPY", "1")],
+    );
+    let engine = engine_json(&out);
+    let kernels = agent.wait_kernels(46);
+    assert_eq!(kernels.len(), 46);
+    let copies: Vec<Value> = agent
+        .lines()
+        .into_iter()
+        .filter(|v| v["type"] == "memcpy")
+        .collect();
+    assert_eq!(copies.len() as u64, u(&engine, "memcpys"));
+    for c in &copies {
+        assert_eq!(c["kind"], "HtoD");
+        assert_eq!(u(c, "bytes"), 4096);
+        assert_eq!(u(c, "pid"), u(&engine, "pid"));
+        assert!(u(c, "start_mono_ns") < u(c, "end_mono_ns"));
+    }
+    agent.stop();
 }
