@@ -237,7 +237,7 @@ extern "C" fn at_exit() {
         if st.config.summary {
             let t = &st.sink.totals;
             log(&format!(
-                "{} kernel records sent, {} dropped (agent absent or slow), {} dropped by CUPTI, \
+                "{} records sent, {} dropped (agent absent or slow), {} dropped by CUPTI, \
                  {} without a launch record; clock {}",
                 t.sent.load(Ordering::Relaxed),
                 t.dropped.load(Ordering::Relaxed),

@@ -149,7 +149,7 @@ fn kernels_arrive_with_launch_graph_and_clock_details() {
     assert_eq!(kernels.len(), expected, "kernel records received");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains(&format!("{expected} kernel records sent, 0 dropped")),
+        stderr.contains(&format!("{expected} records sent, 0 dropped")),
         "shim summary: {stderr}"
     );
 
@@ -327,7 +327,7 @@ fn absent_agent_leaves_the_engine_unharmed_and_counts_drops() {
     engine_json(&out);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("0 kernel records sent, 112 dropped (agent absent or slow)"),
+        stderr.contains("0 records sent, 112 dropped (agent absent or slow)"),
         "shim summary: {stderr}"
     );
 }
