@@ -21,7 +21,10 @@ repeat="${REPEAT:-3}"
 sock="$out/shim.sock"
 [ -x "$bin" ] || { echo "no agent binary at $bin" >&2; exit 1; }
 [ -f "$shim" ] || { echo "no shim library at $shim" >&2; exit 1; }
-nm -D --defined-only "$shim" | grep -q ' T InitializeInjection' || { echo "InitializeInjection not exported" >&2; exit 1; }
+if command -v nm >/dev/null; then
+  nm -D --defined-only "$shim" | grep -q ' T InitializeInjection' || { echo "InitializeInjection not exported" >&2; exit 1; }
+fi
+"$py" -c 'import torch, transformers; assert torch.cuda.is_available(), "no CUDA device"' || exit 1
 
 "$bin" gpu --socket "$sock" --out "$out/gpu.jsonl" --nvml-interval 500ms 2>"$out/agent.log" &
 agent=$!
