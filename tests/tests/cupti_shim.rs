@@ -414,3 +414,45 @@ fn memcpy_records_when_enabled() {
     }
     agent.stop();
 }
+
+#[test]
+fn agent_dying_mid_run_leaves_the_engine_unharmed() {
+    let dir = tempdir("dies");
+    let mut agent = Agent::start(&dir);
+    let socket = agent.socket.clone();
+    // ~1.5 s of launches with small buffers, so batches keep flowing while the agent goes away.
+    // The mock engine keeps the default SIGPIPE disposition: a write to the dead socket without
+    // MSG_NOSIGNAL would kill it.
+    let engine = std::thread::spawn(move || {
+        mock_cuda::run_engine(
+            &["run", "150", "0", "10000"],
+            &socket,
+            &[("INFERSCOPE_SHIM_BUFFER_KIB", "4")],
+        )
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    agent.child.kill().unwrap();
+    let _ = agent.child.wait();
+    let out = engine.join().unwrap();
+    engine_json(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // "<sent> records sent, <dropped> dropped (agent absent or slow), ..."
+    let summary = stderr
+        .lines()
+        .find(|l| l.contains("records sent"))
+        .unwrap_or_else(|| panic!("no shim summary: {stderr}"));
+    let numbers: Vec<u64> = summary
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    // [pid, sent, dropped, cupti dropped, unjoined]
+    assert!(numbers.len() >= 3, "{summary}");
+    assert!(
+        numbers[1] > 0,
+        "some records went out before the agent died: {summary}"
+    );
+    assert!(
+        numbers[2] > 0,
+        "the rest were counted as dropped: {summary}"
+    );
+}
