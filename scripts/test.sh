@@ -18,8 +18,9 @@ cargo clippy --all-targets -q -- -D warnings
 echo "== deploy manifests"
 .venv/bin/kubernetes-validate --strict --quiet deploy/*.yaml
 echo "== build"
-cargo build --release -q -p inferscope
+cargo build --release -q -p inferscope -p inferscope-cupti
 export INFERSCOPE_BIN="$PWD/target/release/inferscope"
+export INFERSCOPE_SHIM_LIB="$PWD/target/release/libinferscope_cupti.so"
 export INFERSCOPE_PYTHON="$PWD/.venv/bin/python3"
 echo "== tests (unit + eBPF integration against the real engine)"
 # One test thread: the integration tests each run an engine and the agent on 2 cores.

@@ -5,6 +5,7 @@ pub mod client;
 pub mod daemon;
 pub mod engine;
 pub mod otlp;
+pub mod mock_cuda;
 pub mod pcap;
 pub mod prometheus;
 

@@ -3,6 +3,7 @@
 pub mod discovery;
 pub mod fd_class;
 pub mod metrics;
+pub mod gpu;
 pub mod probes;
 pub mod procfs;
 pub mod records;

@@ -3,6 +3,7 @@ mod client;
 mod demo;
 mod export_cmd;
 mod inspect;
+mod gpu;
 mod record;
 mod run;
 mod signals;
@@ -40,6 +41,8 @@ enum Command {
     Export(export_cmd::ExportArgs),
     /// Start the bundled llama.cpp engine, send it a short load, and show what inferscope saw.
     Demo(demo::DemoArgs),
+    /// Receive kernel records from the CUPTI shim (and sample NVML); print them as JSON lines.
+    Gpu(gpu::GpuArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -58,6 +61,7 @@ pub fn main() -> ExitCode {
         Command::Inspect(args) => inspect::run(args),
         Command::Export(args) => export_cmd::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Gpu(args) => gpu::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,424 @@
+//! The agent end of the shim socket. One accept thread and one reader thread per shim (bounded);
+//! readers decode batches and push records into bounded queues the pipeline drains without
+//! blocking. Every drop, rejection and parse failure is counted.
+use std::{
+    collections::VecDeque,
+    io::{ErrorKind, Read},
+    os::unix::{
+        fs::PermissionsExt,
+        io::AsRawFd,
+        net::{UnixListener, UnixStream},
+    },
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use super::{
+    frame::{FrameDecoder, FrameError},
+    record::{KernelRecord, MemcpyRecord},
+};
+
+#[derive(Debug, Clone)]
+pub struct ListenerConfig {
+    pub path: PathBuf,
+    /// Socket file mode: 0o600 (same user only) or 0o660 (plus the socket's group).
+    pub mode: u32,
+    /// Kernel records held for the pipeline; beyond this new records are dropped and counted.
+    pub queue_capacity: usize,
+    pub max_connections: usize,
+}
+
+impl ListenerConfig {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        ListenerConfig {
+            path: path.into(),
+            mode: 0o660,
+            queue_capacity: 262_144,
+            max_connections: 256,
+        }
+    }
+}
+
+/// What a shim said about itself when it connected.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ShimInfo {
+    pub pid: u32,
+    pub claimed_pid: u32,
+    pub shim_version: String,
+    pub clock_source: String,
+    pub cupti_version: u32,
+    pub cuda_driver_version: i32,
+}
+
+#[derive(Default)]
+struct Counters {
+    connections: AtomicU64,
+    connections_rejected: AtomicU64,
+    batches: AtomicU64,
+    kernels: AtomicU64,
+    memcpys: AtomicU64,
+    parse_failures: AtomicU64,
+    oversize_or_bad_length: AtomicU64,
+    queue_drops: AtomicU64,
+    shim_dropped: AtomicU64,
+    shim_cupti_dropped: AtomicU64,
+    read_errors: AtomicU64,
+}
+
+struct Shared {
+    stop: AtomicBool,
+    active: AtomicU64,
+    kernels: Mutex<VecDeque<KernelRecord>>,
+    memcpys: Mutex<VecDeque<MemcpyRecord>>,
+    shims: Mutex<Vec<ShimInfo>>,
+    counters: Counters,
+    config: ListenerConfig,
+}
+
+pub struct ShimListener {
+    shared: Arc<Shared>,
+    accept: Option<JoinHandle<()>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ListenerError {
+    #[error("creating the socket directory {0}: {1} (run as root or pick another --socket)")]
+    Dir(PathBuf, std::io::Error),
+    #[error("binding the shim socket {0}: {1}")]
+    Bind(PathBuf, std::io::Error),
+    #[error("setting permissions on {0}: {1}")]
+    Perms(PathBuf, std::io::Error),
+    #[error("starting the accept thread: {0}")]
+    Thread(std::io::Error),
+}
+
+const POLL: Duration = Duration::from_millis(20);
+
+impl ShimListener {
+    pub fn bind(config: ListenerConfig) -> Result<Self, ListenerError> {
+        let path = config.path.clone();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| ListenerError::Dir(dir.into(), e))?;
+        }
+        // A socket left by a previous agent would make bind fail; nothing else may be there.
+        if let Ok(meta) = std::fs::symlink_metadata(&path) {
+            use std::os::unix::fs::FileTypeExt;
+            if meta.file_type().is_socket() {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+        let listener =
+            UnixListener::bind(&path).map_err(|e| ListenerError::Bind(path.clone(), e))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(config.mode))
+            .map_err(|e| ListenerError::Perms(path.clone(), e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| ListenerError::Bind(path.clone(), e))?;
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            active: AtomicU64::new(0),
+            kernels: Mutex::new(VecDeque::new()),
+            memcpys: Mutex::new(VecDeque::new()),
+            shims: Mutex::new(Vec::new()),
+            counters: Counters::default(),
+            config,
+        });
+        let s = shared.clone();
+        let accept = std::thread::Builder::new()
+            .name("shim-accept".into())
+            .spawn(move || accept_loop(listener, s))
+            .map_err(ListenerError::Thread)?;
+        Ok(ShimListener {
+            shared,
+            accept: Some(accept),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.shared.config.path
+    }
+
+    /// Moves every queued kernel record into `out`; never blocks on a reader.
+    pub fn drain(&self, out: &mut Vec<KernelRecord>) {
+        if let Ok(mut q) = self.shared.kernels.lock() {
+            out.extend(q.drain(..));
+        }
+    }
+
+    pub fn drain_memcpys(&self, out: &mut Vec<MemcpyRecord>) {
+        if let Ok(mut q) = self.shared.memcpys.lock() {
+            out.extend(q.drain(..));
+        }
+    }
+
+    /// Shims that have connected so far (bounded by `max_connections` entries kept).
+    pub fn shims(&self) -> Vec<ShimInfo> {
+        self.shared
+            .shims
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
+    }
+
+    pub fn counters(&self) -> Vec<(String, u64)> {
+        let c = &self.shared.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        vec![
+            ("shim_connections".into(), get(&c.connections)),
+            ("shim_connections_active".into(), get(&self.shared.active)),
+            (
+                "shim_connections_rejected".into(),
+                get(&c.connections_rejected),
+            ),
+            ("shim_batches".into(), get(&c.batches)),
+            ("shim_kernels_received".into(), get(&c.kernels)),
+            ("shim_memcpys_received".into(), get(&c.memcpys)),
+            ("shim_parse_failures".into(), get(&c.parse_failures)),
+            ("shim_bad_frames".into(), get(&c.oversize_or_bad_length)),
+            ("shim_read_errors".into(), get(&c.read_errors)),
+            ("shim_queue_drops".into(), get(&c.queue_drops)),
+            ("shim_dropped_records".into(), get(&c.shim_dropped)),
+            (
+                "shim_cupti_dropped_records".into(),
+                get(&c.shim_cupti_dropped),
+            ),
+        ]
+    }
+}
+
+impl Drop for ShimListener {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(h) = self.accept.take() {
+            let _ = h.join();
+        }
+        let _ = std::fs::remove_file(&self.shared.config.path);
+    }
+}
+
+fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
+    while !shared.stop.load(Ordering::Acquire) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                shared.counters.connections.fetch_add(1, Ordering::Relaxed);
+                if shared.active.load(Ordering::Relaxed) >= shared.config.max_connections as u64 {
+                    shared
+                        .counters
+                        .connections_rejected
+                        .fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                shared.active.fetch_add(1, Ordering::Relaxed);
+                let s = shared.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("shim-reader".into())
+                    .spawn(move || {
+                        read_loop(stream, &s);
+                        s.active.fetch_sub(1, Ordering::Relaxed);
+                    });
+                if spawned.is_err() {
+                    shared.active.fetch_sub(1, Ordering::Relaxed);
+                    shared
+                        .counters
+                        .connections_rejected
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(POLL),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::warn!("accepting a shim connection failed: {e}");
+                std::thread::sleep(POLL);
+            }
+        }
+    }
+}
+
+/// The pid of the process at the other end, from the kernel (not from what the peer claims).
+fn peer_pid(stream: &UnixStream) -> Option<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: valid fd, out-pointer and length for SO_PEERCRED.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0 && cred.pid > 0).then_some(cred.pid as u32)
+}
+
+fn read_loop(mut stream: UnixStream, shared: &Shared) {
+    let c = &shared.counters;
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+    let pid = peer_pid(&stream).unwrap_or(0);
+    let mut decoder = FrameDecoder::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    while !shared.stop.load(Ordering::Acquire) {
+        let n = match stream.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(_) => {
+                c.read_errors.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        };
+        decoder.push(&buf[..n]);
+        loop {
+            match decoder.next_batch() {
+                Ok(None) => break,
+                Ok(Some(batch)) => accept_batch(shared, pid, batch),
+                Err(FrameError::Decode) => {
+                    c.parse_failures.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    // The stream cannot be resynchronised: drop this connection.
+                    c.oversize_or_bad_length.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!("shim connection from pid {pid} closed: {e}");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn accept_batch(shared: &Shared, pid: u32, batch: inferscope_proto::v1::shim::KernelBatch) {
+    let c = &shared.counters;
+    c.batches.fetch_add(1, Ordering::Relaxed);
+    c.shim_dropped
+        .fetch_add(batch.dropped_records, Ordering::Relaxed);
+    c.shim_cupti_dropped
+        .fetch_add(batch.cupti_dropped_records, Ordering::Relaxed);
+    if let Some(h) = batch.hello {
+        tracing::info!(
+            pid,
+            clock = %h.clock_source,
+            cupti = h.cupti_version,
+            "CUPTI shim connected"
+        );
+        if let Ok(mut shims) = shared.shims.lock()
+            && shims.len() < shared.config.max_connections
+        {
+            shims.push(ShimInfo {
+                pid,
+                claimed_pid: h.pid,
+                shim_version: h.shim_version,
+                clock_source: h.clock_source,
+                cupti_version: h.cupti_version,
+                cuda_driver_version: h.cuda_driver_version,
+            });
+        }
+    }
+    c.kernels
+        .fetch_add(batch.kernels.len() as u64, Ordering::Relaxed);
+    c.memcpys
+        .fetch_add(batch.memcpys.len() as u64, Ordering::Relaxed);
+    let cap = shared.config.queue_capacity;
+    if !batch.kernels.is_empty()
+        && let Ok(mut q) = shared.kernels.lock()
+    {
+        for k in batch.kernels {
+            if q.len() >= cap {
+                c.queue_drops.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            q.push_back(KernelRecord::from_proto(pid, k));
+        }
+    }
+    if !batch.memcpys.is_empty()
+        && let Ok(mut q) = shared.memcpys.lock()
+    {
+        for m in batch.memcpys {
+            if q.len() >= cap {
+                c.queue_drops.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            q.push_back(MemcpyRecord::from_proto(pid, m));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use inferscope_proto::v1::shim::{Hello, Kernel, KernelBatch};
+    use prost::Message;
+    use std::io::Write;
+
+    fn wait_for(l: &ShimListener, n: usize) -> Vec<KernelRecord> {
+        let mut out = Vec::new();
+        for _ in 0..200 {
+            l.drain(&mut out);
+            if out.len() >= n {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        out
+    }
+
+    #[test]
+    fn receives_batches_counts_failures_and_bounds_the_queue() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/shim.sock");
+        let mut cfg = ListenerConfig::new(&path);
+        cfg.queue_capacity = 3;
+        cfg.mode = 0o600;
+        let l = ShimListener::bind(cfg).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let mut s = UnixStream::connect(&path).unwrap();
+        let batch = KernelBatch {
+            hello: Some(Hello {
+                pid: 1,
+                clock_source: "timestamp_callback".into(),
+                ..Default::default()
+            }),
+            kernels: (0..5)
+                .map(|i| Kernel {
+                    name: format!("k{i}"),
+                    ..Default::default()
+                })
+                .collect(),
+            dropped_records: 7,
+            ..Default::default()
+        };
+        s.write_all(&[2, 0xff, 0xff]).unwrap(); // undecodable, skipped
+        s.write_all(&batch.encode_length_delimited_to_vec())
+            .unwrap();
+        let got = wait_for(&l, 3);
+        assert_eq!(got.len(), 3);
+        assert_eq!(got[0].pid, std::process::id());
+        let counters: std::collections::HashMap<_, _> = l.counters().into_iter().collect();
+        assert_eq!(counters["shim_queue_drops"], 2);
+        assert_eq!(counters["shim_parse_failures"], 1);
+        assert_eq!(counters["shim_dropped_records"], 7);
+        assert_eq!(l.shims().len(), 1);
+        // An oversize length closes that connection only.
+        s.write_all(&[0xff, 0xff, 0xff, 0x7f]).unwrap();
+        let mut s2 = UnixStream::connect(&path).unwrap();
+        s2.write_all(&KernelBatch::default().encode_length_delimited_to_vec())
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let counters: std::collections::HashMap<_, _> = l.counters().into_iter().collect();
+        assert_eq!(counters["shim_bad_frames"], 1);
+        assert_eq!(counters["shim_batches"], 2);
+        drop(l);
+        assert!(!path.exists());
+    }
+}

@@ -1,0 +1,21 @@
+//! GPU capture: kernel records from the CUPTI shim (`libinferscope_cupti.so`, over a Unix socket)
+//! and per-GPU telemetry from NVML.
+//!
+//! - [`ShimListener`]: binds the shim socket, accepts any number of shims, decodes their
+//!   length-delimited `KernelBatch` messages with bounds, and queues [`KernelRecord`]s.
+//! - [`NvmlSampler`]: samples every GPU on an interval (utilisation, memory, clocks, power,
+//!   throttle reasons, GPM tensor/DRAM/occupancy on Hopper+) and flags outlier cards.
+mod frame;
+mod listener;
+mod nvml;
+mod outliers;
+mod record;
+
+pub use frame::{FrameDecoder, FrameError, MAX_MESSAGE_BYTES};
+pub use listener::{ListenerConfig, ListenerError, ShimInfo, ShimListener};
+pub use nvml::{GpuSample, NvmlSampler, NvmlUnavailable};
+pub use outliers::{OUTLIER_FLOOR, OUTLIER_K, flag_outliers};
+pub use record::{KernelRecord, MemcpyRecord};
+
+/// Where the shim connects unless `INFERSCOPE_SHIM_SOCKET` says otherwise.
+pub const DEFAULT_SHIM_SOCKET: &str = "/run/inferscope/shim.sock";

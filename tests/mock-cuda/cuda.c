@@ -1,0 +1,165 @@
+/* Mock libcuda.so (plus the few runtime entry points the mock engine uses). Like the real driver,
+ * cuInit dlopens CUDA_INJECTION64_PATH and calls its InitializeInjection. Launch functions report
+ * API enter/exit and synthesise kernel activity through the tracer libcupti registered. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "mock.h"
+
+typedef int CUresult;
+typedef const char *CUfunction; /* the mock's function handle is its mangled name */
+typedef struct mock_graph *CUgraphExec;
+struct mock_graph {
+    uint32_t id;
+    int n;
+    const char *names[16];
+};
+
+static const struct mock_tracer *_Atomic tracer;
+static _Atomic uint32_t next_correlation = 1;
+static _Atomic uint32_t next_graph = 1;
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+void mock_cuda_set_tracer(const struct mock_tracer *t) { atomic_store(&tracer, t); }
+
+static void load_injection(void) {
+    const char *path = getenv("CUDA_INJECTION64_PATH");
+    if (!path || !*path) return;
+    void *h = dlopen(path, RTLD_NOW);
+    if (!h) {
+        fprintf(stderr, "mock libcuda: cannot load injection %s: %s\n", path, dlerror());
+        return;
+    }
+    int (*init)(void) = (int (*)(void))dlsym(h, "InitializeInjection");
+    if (!init) {
+        fprintf(stderr, "mock libcuda: %s has no InitializeInjection\n", path);
+        return;
+    }
+    if (init() != 1) fprintf(stderr, "mock libcuda: InitializeInjection did not return 1\n");
+}
+
+CUresult cuInit(unsigned flags) {
+    (void)flags;
+    pthread_once(&init_once, load_injection);
+    return 0;
+}
+
+CUresult cuDriverGetVersion(int *v) {
+    if (v) *v = 12080;
+    return 0;
+}
+
+static uint32_t api_enter(int domain, uint32_t cbid, const char *fn) {
+    uint32_t corr = atomic_fetch_add(&next_correlation, 1);
+    const struct mock_tracer *t = atomic_load(&tracer);
+    if (t) t->api(domain, cbid, SITE_ENTER, fn, corr);
+    return corr;
+}
+
+static void api_exit(int domain, uint32_t cbid, const char *fn, uint32_t corr) {
+    const struct mock_tracer *t = atomic_load(&tracer);
+    if (t) t->api(domain, cbid, SITE_EXIT, fn, corr);
+}
+
+static void emit(const char *name, uint32_t corr, uint32_t stream, uint32_t grid, uint32_t block,
+                 uint32_t shmem, uint32_t graph, uint64_t node) {
+    const struct mock_tracer *t = atomic_load(&tracer);
+    if (!t) return;
+    struct mock_kernel k = {
+        .name = name, .correlation_id = corr, .stream_id = stream,
+        .grid = {grid, 2, 1}, .block = {block, 1, 1},
+        .static_shared = 1024, .dynamic_shared = shmem,
+        .graph_id = graph, .graph_node_id = node, .duration_ns = 2000,
+    };
+    t->kernel(&k);
+}
+
+/* Driver launches; `outer` is the runtime call's correlation id (0 when called directly).
+ * As with the real stack, the kernel record carries the outermost API's correlation id. */
+static CUresult driver_launch(uint32_t cbid, const char *fn, CUfunction f, unsigned gx, unsigned bx,
+                              unsigned shmem, uintptr_t stream, uint32_t outer) {
+    uint32_t corr = api_enter(DOMAIN_DRIVER, cbid, fn);
+    emit(f, outer ? outer : corr, (uint32_t)stream, gx, bx, shmem, 0, 0);
+    api_exit(DOMAIN_DRIVER, cbid, fn, corr);
+    return 0;
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                        unsigned by, unsigned bz, unsigned shmem, uintptr_t stream, void **params,
+                        void **extra) {
+    (void)gy; (void)gz; (void)by; (void)bz; (void)params; (void)extra;
+    return driver_launch(307, "cuLaunchKernel", f, gx, bx, shmem, stream, 0);
+}
+
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                             unsigned by, unsigned bz, unsigned shmem, uintptr_t stream,
+                             void **params, void **extra) {
+    (void)gy; (void)gz; (void)by; (void)bz; (void)params; (void)extra;
+    return driver_launch(442, "cuLaunchKernel_ptsz", f, gx, bx, shmem, stream, 0);
+}
+
+/* The mock's CUlaunchConfig carries only what the mock needs. */
+typedef struct { unsigned gx, bx, shmem; uintptr_t stream; } CUlaunchConfig;
+CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
+    (void)params; (void)extra;
+    return driver_launch(652, "cuLaunchKernelEx", f, c->gx, c->bx, c->shmem, c->stream, 0);
+}
+
+static CUresult driver_graph_launch(uint32_t cbid, const char *fn, CUgraphExec g,
+                                    uintptr_t stream, uint32_t outer) {
+    uint32_t corr = api_enter(DOMAIN_DRIVER, cbid, fn);
+    /* One kernel record per node, all with the graph launch's correlation id. */
+    for (int i = 0; i < g->n; i++)
+        emit(g->names[i], outer ? outer : corr, (uint32_t)stream, 64, 128, 0, g->id,
+             ((uint64_t)g->id << 32) | (uint64_t)(i + 1));
+    api_exit(DOMAIN_DRIVER, cbid, fn, corr);
+    return 0;
+}
+
+CUresult cuGraphLaunch(CUgraphExec g, uintptr_t stream) {
+    return driver_graph_launch(514, "cuGraphLaunch", g, stream, 0);
+}
+
+CUgraphExec mockGraphInstantiate(const char **names, int n) {
+    struct mock_graph *g = calloc(1, sizeof *g);
+    g->id = atomic_fetch_add(&next_graph, 1);
+    g->n = n > 16 ? 16 : n;
+    for (int i = 0; i < g->n; i++) g->names[i] = names[i];
+    return g;
+}
+
+/* --- runtime API (libcudart's role) --- */
+typedef struct { unsigned x, y, z; } dim3;
+
+int cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t shmem,
+                     uintptr_t stream) {
+    (void)args;
+    uint32_t corr = api_enter(DOMAIN_RUNTIME, 211, "cudaLaunchKernel_v7000");
+    driver_launch(307, "cuLaunchKernel", (CUfunction)func, grid.x, block.x, (unsigned)shmem,
+                  stream, corr);
+    api_exit(DOMAIN_RUNTIME, 211, "cudaLaunchKernel_v7000", corr);
+    return 0;
+}
+
+int cudaGraphLaunch(CUgraphExec g, uintptr_t stream) {
+    uint32_t corr = api_enter(DOMAIN_RUNTIME, 311, "cudaGraphLaunch_v10000");
+    driver_graph_launch(514, "cuGraphLaunch", g, stream, corr);
+    api_exit(DOMAIN_RUNTIME, 311, "cudaGraphLaunch_v10000", corr);
+    return 0;
+}
+
+int cudaDeviceSynchronize(void) { return 0; }
+
+/* cuMemcpyHtoD_v2 (driver callback id 279); the mock copies nothing, it only reports. */
+CUresult cuMemcpyHtoD_v2(uintptr_t dst, const void *src, size_t bytes) {
+    (void)dst; (void)src;
+    uint32_t corr = api_enter(DOMAIN_DRIVER, 279, "cuMemcpyHtoD_v2");
+    const struct mock_tracer *t = atomic_load(&tracer);
+    if (t) t->memcpy(corr, 0, 1, bytes);
+    api_exit(DOMAIN_DRIVER, 279, "cuMemcpyHtoD_v2", corr);
+    return 0;
+}

@@ -1,0 +1,117 @@
+//! The mock CUDA stack (tests/mock-cuda: libcuda.so, libcupti.so and a mock engine), compiled once
+//! per test process with the system C compiler, plus the shim library to inject into it.
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output, Stdio},
+    sync::OnceLock,
+};
+
+fn source_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("mock-cuda")
+}
+
+fn cc(args: &[&str]) {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let out = Command::new(&cc)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {cc} (the mock CUDA stack is C): {e}"));
+    assert!(
+        out.status.success(),
+        "{cc} {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Directory holding libcuda.so, libcupti.so and `engine`, built on first use.
+pub fn mock_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("inferscope-mock-cuda-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("creating the mock CUDA directory");
+        let src = source_dir();
+        let s = |f: &str| src.join(f).to_string_lossy().into_owned();
+        let d = |f: &str| dir.join(f).to_string_lossy().into_owned();
+        let inc = format!("-I{}", src.display());
+        let lib = format!("-L{}", dir.display());
+        let flags = ["-O2", "-Wall", "-Wextra", "-Werror"];
+        let mut a: Vec<&str> = flags.to_vec();
+        let (cuda_c, cuda_so) = (s("cuda.c"), d("libcuda.so"));
+        a.extend([
+            "-shared",
+            "-fPIC",
+            &inc,
+            "-o",
+            &cuda_so,
+            &cuda_c,
+            "-ldl",
+            "-lpthread",
+        ]);
+        cc(&a);
+        let mut a: Vec<&str> = flags.to_vec();
+        let (cupti_c, cupti_so) = (s("cupti.c"), d("libcupti.so"));
+        a.extend([
+            "-shared",
+            "-fPIC",
+            &inc,
+            "-o",
+            &cupti_so,
+            &cupti_c,
+            &lib,
+            "-lcuda",
+            "-lpthread",
+        ]);
+        cc(&a);
+        let mut a: Vec<&str> = flags.to_vec();
+        let (engine_c, engine) = (s("engine.c"), d("engine"));
+        a.extend([
+            &inc,
+            "-o",
+            &engine,
+            &engine_c,
+            &lib,
+            "-lcuda",
+            "-lpthread",
+            "-ldl",
+        ]);
+        cc(&a);
+        dir
+    })
+}
+
+/// `libinferscope_cupti.so`: INFERSCOPE_SHIM_LIB, else next to the agent binary, else target/.
+pub fn shim_library() -> PathBuf {
+    if let Some(p) = std::env::var_os("INFERSCOPE_SHIM_LIB") {
+        return PathBuf::from(p);
+    }
+    let name = "libinferscope_cupti.so";
+    if let Some(p) = crate::agent::binary().parent().map(|d| d.join(name))
+        && p.exists()
+    {
+        return p;
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    for profile in ["release", "debug"] {
+        let p = root.join("target").join(profile).join(name);
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!("{name} not built: run `cargo build -p inferscope-cupti` or set INFERSCOPE_SHIM_LIB");
+}
+
+/// Runs the mock engine with the shim injected the way the driver expects
+/// (`CUDA_INJECTION64_PATH`), the mock libraries first on the search path, and `env` on top.
+pub fn run_engine(args: &[&str], socket: &Path, env: &[(&str, &str)]) -> Output {
+    let dir = mock_dir();
+    let mut cmd = Command::new(dir.join("engine"));
+    cmd.args(args)
+        .env("LD_LIBRARY_PATH", dir)
+        .env("CUDA_INJECTION64_PATH", shim_library())
+        .env("INFERSCOPE_SHIM_SOCKET", socket)
+        .stdin(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("running the mock engine")
+}
