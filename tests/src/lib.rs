@@ -4,8 +4,8 @@ pub mod agent;
 pub mod client;
 pub mod daemon;
 pub mod engine;
-pub mod otlp;
 pub mod mock_cuda;
+pub mod otlp;
 pub mod pcap;
 pub mod prometheus;
 

@@ -390,3 +390,56 @@ fn gauge(exposition: &str, name: &str) -> u64 {
         .and_then(|v| v.trim().parse::<f64>().ok())
         .map_or(0, |v| v as u64)
 }
+
+/// Kernel records from a CUPTI shim (in a mock CUDA engine) reach `inferscope run`.
+#[test]
+fn shim_kernels_reach_the_daemon() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let shim_socket = dir.path().join("shim.sock");
+    let daemon = Daemon::start(
+        dir.path(),
+        &[
+            "--pattern",
+            "no-engine-matches-this",
+            "--shim-socket",
+            shim_socket.to_str().expect("utf-8"),
+            "--nvml-interval",
+            "off",
+        ],
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !shim_socket.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "no shim socket:\n{}",
+            daemon.log_text()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    let out = inferscope_integration_tests::mock_cuda::run_engine(
+        &["run", "50", "20"],
+        &shim_socket,
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "mock engine: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let expected = 50 * 4 + 20 * 3;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let received = counter(&daemon.scrape(), "shim_kernels_received");
+        if received == expected {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{received} of {expected} kernels reached the daemon:\n{}",
+            daemon.log_text()
+        );
+        thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(counter(&daemon.scrape(), "shim_queue_drops"), 0);
+    daemon.stop();
+}

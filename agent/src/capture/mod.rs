@@ -2,8 +2,8 @@
 //! the decoders. Nothing here interprets payload bytes.
 pub mod discovery;
 pub mod fd_class;
-pub mod metrics;
 pub mod gpu;
+pub mod metrics;
 pub mod probes;
 pub mod procfs;
 pub mod records;

@@ -2,8 +2,8 @@
 mod client;
 mod demo;
 mod export_cmd;
-mod inspect;
 mod gpu;
+mod inspect;
 mod record;
 mod run;
 mod signals;
@@ -32,7 +32,7 @@ enum Command {
     /// Record one JSON object per finished request from a running engine.
     Record(record::RecordArgs),
     /// Run the agent: discover engines, attach, export OTLP, Prometheus and the gRPC API.
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// Live view of a running agent: requests, P50/P99 TTFT, queue wait, prefill, TPOT, GPUs.
     Top(top::TopArgs),
     /// Draw one request's timeline (queue, prefill steps and kernels, decode) from a running agent.
@@ -56,7 +56,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Record(args) => record::run(args),
-        Command::Run(args) => run::run(args),
+        Command::Run(args) => run::run(*args),
         Command::Top(args) => top::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Export(args) => export_cmd::run(args),

@@ -8,18 +8,12 @@
 //! attributing kernels by time alone, which would guess wrong under batching.
 use std::collections::VecDeque;
 
-use inferscope_proto::v1::shim::Kernel;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use super::{RequestRecord, Stats, StepRecord};
 
-/// A kernel record from the CUPTI shim, with the process that launched it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct KernelEvent {
-    pub pid: u32,
-    pub kernel: Kernel,
-}
+pub use crate::capture::gpu::KernelRecord;
 
 /// GPU work in one phase of a request (its prefill steps or its decode steps).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -38,7 +32,7 @@ pub struct RequestTimeline {
     pub request: RequestRecord,
     pub steps: Vec<StepRecord>,
     #[serde(skip)]
-    pub kernels: Vec<KernelEvent>,
+    pub kernels: Vec<KernelRecord>,
     /// Kernels in the request's steps beyond [`TimelineLimits::kernels_per_request`], not kept.
     pub kernels_not_kept: u64,
     pub prefill_gpu: Option<GpuPhase>,
@@ -82,7 +76,7 @@ pub struct TimelineBuilder {
     /// Recent steps in arrival order (steps arrive as they end, so roughly by end time).
     steps: VecDeque<StepRecord>,
     /// Recent kernels per process, sorted by launch time.
-    kernels: FxHashMap<u32, VecDeque<KernelEvent>>,
+    kernels: FxHashMap<u32, VecDeque<KernelRecord>>,
     /// Per process: when its last kernel arrived, and the latest launch time seen.
     shim_seen: FxHashMap<u32, (u64, u64)>,
     /// Finished requests waiting for kernels, oldest first, with the time they become ready.
@@ -114,8 +108,8 @@ impl TimelineBuilder {
         self.steps.push_back(step);
     }
 
-    pub fn on_kernel(&mut self, event: KernelEvent, now_ns: u64) {
-        let launch = event.kernel.launch_mono_ns;
+    pub fn on_kernel(&mut self, event: KernelRecord, now_ns: u64) {
+        let launch = event.launch_mono_ns;
         let seen = self.shim_seen.entry(event.pid).or_insert((0, 0));
         seen.0 = now_ns;
         seen.1 = seen.1.max(launch);
@@ -127,7 +121,7 @@ impl TimelineBuilder {
         // Activity buffers arrive roughly in launch order: insert from the back.
         let at = ring
             .iter()
-            .rposition(|k| k.kernel.launch_mono_ns <= launch)
+            .rposition(|k| k.launch_mono_ns <= launch)
             .map_or(0, |i| i + 1);
         ring.insert(at, event);
     }
@@ -236,15 +230,15 @@ impl TimelineBuilder {
             let Some(ring) = self.kernels.get(&step.pid) else {
                 continue;
             };
-            let from = ring.partition_point(|k| k.kernel.launch_mono_ns < step.start_mono_ns);
+            let from = ring.partition_point(|k| k.launch_mono_ns < step.start_mono_ns);
             for event in ring.iter().skip(from) {
-                if event.kernel.launch_mono_ns > step.end_mono_ns {
+                if event.launch_mono_ns > step.end_mono_ns {
                     break;
                 }
                 if phase == "prefill" {
-                    prefill.add(&event.kernel);
+                    prefill.add(event);
                 } else {
-                    decode.add(&event.kernel);
+                    decode.add(event);
                 }
                 if timeline.kernels.len() < self.limits.kernels_per_request {
                     timeline.kernels.push(event.clone());
@@ -272,7 +266,7 @@ struct PhaseAccumulator {
 }
 
 impl PhaseAccumulator {
-    fn add(&mut self, kernel: &Kernel) {
+    fn add(&mut self, kernel: &KernelRecord) {
         self.kernels += 1;
         let span = (
             kernel.start_mono_ns,
@@ -361,18 +355,26 @@ mod tests {
         }
     }
 
-    fn kernel(launch: u64, start: u64, end: u64, tensor: bool, device: u32) -> KernelEvent {
-        KernelEvent {
+    fn kernel(launch: u64, start: u64, end: u64, tensor: bool, device: u32) -> KernelRecord {
+        KernelRecord {
             pid: 7,
-            kernel: Kernel {
-                name: format!("k{launch}"),
-                launch_mono_ns: launch,
-                start_mono_ns: start,
-                end_mono_ns: end,
-                tensor_core: tensor,
-                device_id: device,
-                ..Default::default()
-            },
+            name: format!("k{launch}"),
+            device_id: device,
+            context_id: 1,
+            stream_id: 7,
+            correlation_id: launch as u32,
+            launch_tid: 70,
+            launch_api: "cuLaunchKernel".into(),
+            launch_mono_ns: launch,
+            start_mono_ns: start,
+            end_mono_ns: end,
+            grid: [1, 1, 1],
+            block: [32, 1, 1],
+            static_shared_bytes: 0,
+            dynamic_shared_bytes: 0,
+            graph_id: 0,
+            graph_node_id: 0,
+            tensor_core: tensor,
         }
     }
 

@@ -74,7 +74,7 @@ impl Filter {
                 Some(Record::Step(proto_conv::step(s)))
             }
             HubEvent::Kernel(k) if self.kernels && (self.pid == 0 || k.pid == self.pid) => {
-                Some(Record::Kernel(k.kernel.clone()))
+                Some(Record::Kernel(proto_conv::kernel(k)))
             }
             HubEvent::Gpu(g) if self.gpus => Some(Record::Gpu((**g).clone())),
             HubEvent::Diagnosis(d) if self.diagnoses => Some(Record::Diagnosis(pb::Diagnosis {

@@ -15,14 +15,14 @@ use tokio::sync::broadcast;
 
 use crate::correlate::{
     StepRecord,
-    timeline::{KernelEvent, RequestTimeline},
+    timeline::{KernelRecord, RequestTimeline},
 };
 
 #[derive(Debug, Clone)]
 pub enum HubEvent {
     Request(Arc<RequestTimeline>),
     Step(Arc<StepRecord>),
-    Kernel(Arc<KernelEvent>),
+    Kernel(Arc<KernelRecord>),
     Gpu(Arc<GpuSample>),
     /// A diagnosis report (`inferscope diagnose --json` format).
     Diagnosis(Arc<String>),

@@ -16,8 +16,9 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
-use crate::correlate::{
-    StepRecord, engine_metrics::EngineMetricsRecord, timeline::RequestTimeline,
+use crate::{
+    capture::gpu::GpuSample,
+    correlate::{StepRecord, engine_metrics::EngineMetricsRecord, timeline::RequestTimeline},
 };
 
 const TTFT_BUCKETS: [f64; 16] = [
@@ -480,6 +481,35 @@ impl Metrics {
         }
         if let Ok(mut snapshot) = self.engine_snapshot.lock() {
             snapshot.remove(&(engine.to_string(), pid));
+        }
+    }
+
+    /// One NVML sample: every metric it carries as a series of `inferscope_gpu`.
+    pub fn record_gpu(&self, g: &GpuSample) {
+        let index = g.index.to_string();
+        let values = [
+            ("gpu_util_pct", g.gpu_util_pct.map(f64::from)),
+            ("mem_util_pct", g.mem_util_pct.map(f64::from)),
+            ("memory_used_bytes", g.mem_used_bytes.map(|v| v as f64)),
+            ("memory_total_bytes", g.mem_total_bytes.map(|v| v as f64)),
+            ("sm_clock_mhz", g.sm_clock_mhz.map(f64::from)),
+            ("power_w", g.power_w),
+            ("tensor_util_pct", g.tensor_util_pct),
+            ("dram_bw_util_pct", g.dram_bw_util_pct),
+            ("sm_occupancy_pct", g.sm_occupancy_pct),
+            (
+                "throttle_reasons_active",
+                Some(g.throttle_reasons.len() as f64),
+            ),
+            (
+                "outlier",
+                Some(if g.outliers.is_empty() { 0.0 } else { 1.0 }),
+            ),
+        ];
+        for (metric, value) in values {
+            if let Some(v) = value {
+                self.set_gpu(&index, &g.uuid, metric, v);
+            }
         }
     }
 

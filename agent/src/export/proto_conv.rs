@@ -1,10 +1,57 @@
 //! Agent records → the gRPC API's protobuf messages.
-use inferscope_proto::v1::agent as pb;
+use inferscope_proto::v1::{agent as pb, shim};
 
+use crate::capture::gpu::GpuSample;
 use crate::correlate::{
     StepRecord,
-    timeline::{GpuPhase, RequestTimeline, union_ns},
+    timeline::{GpuPhase, KernelRecord, RequestTimeline, union_ns},
 };
+
+pub fn kernel(k: &KernelRecord) -> shim::Kernel {
+    shim::Kernel {
+        name: k.name.clone(),
+        device_id: k.device_id,
+        context_id: k.context_id,
+        stream_id: k.stream_id,
+        correlation_id: k.correlation_id,
+        launch_tid: k.launch_tid,
+        launch_mono_ns: k.launch_mono_ns,
+        start_mono_ns: k.start_mono_ns,
+        end_mono_ns: k.end_mono_ns,
+        grid_x: k.grid[0],
+        grid_y: k.grid[1],
+        grid_z: k.grid[2],
+        block_x: k.block[0],
+        block_y: k.block[1],
+        block_z: k.block[2],
+        static_shared_bytes: k.static_shared_bytes,
+        dynamic_shared_bytes: k.dynamic_shared_bytes,
+        graph_id: k.graph_id,
+        graph_node_id: k.graph_node_id,
+        tensor_core: k.tensor_core,
+        launch_api: k.launch_api.clone(),
+    }
+}
+
+pub fn gpu(g: &GpuSample) -> pb::GpuSample {
+    pb::GpuSample {
+        index: g.index,
+        uuid: g.uuid.clone(),
+        name: g.name.clone(),
+        mono_ns: g.mono_ns,
+        gpu_util_pct: g.gpu_util_pct.map(f64::from),
+        mem_util_pct: g.mem_util_pct.map(f64::from),
+        memory_used_bytes: g.mem_used_bytes,
+        memory_total_bytes: g.mem_total_bytes,
+        sm_clock_mhz: g.sm_clock_mhz,
+        power_w: g.power_w,
+        throttle_reasons: g.throttle_reasons.clone(),
+        tensor_util_pct: g.tensor_util_pct,
+        dram_bw_util_pct: g.dram_bw_util_pct,
+        sm_occupancy_pct: g.sm_occupancy_pct,
+        outliers: g.outliers.clone(),
+    }
+}
 
 pub fn request(t: &RequestTimeline) -> pb::Request {
     let r = &t.request;
@@ -85,11 +132,11 @@ pub fn timeline(t: &RequestTimeline) -> pb::RequestTimeline {
             let mut intervals: Vec<(u64, u64)> = Vec::new();
             for k in t.kernels.iter().filter(|k| {
                 k.pid == s.pid
-                    && k.kernel.launch_mono_ns >= s.start_mono_ns
-                    && k.kernel.launch_mono_ns <= s.end_mono_ns
+                    && k.launch_mono_ns >= s.start_mono_ns
+                    && k.launch_mono_ns <= s.end_mono_ns
             }) {
                 p.kernels += 1;
-                intervals.push((k.kernel.start_mono_ns, k.kernel.end_mono_ns));
+                intervals.push((k.start_mono_ns, k.end_mono_ns));
             }
             p.gpu_busy_ms = busy_ms(&mut intervals);
             p
@@ -98,7 +145,7 @@ pub fn timeline(t: &RequestTimeline) -> pb::RequestTimeline {
     pb::RequestTimeline {
         request: Some(request(t)),
         steps,
-        kernels: t.kernels.iter().map(|k| k.kernel.clone()).collect(),
+        kernels: t.kernels.iter().map(kernel).collect(),
     }
 }
 

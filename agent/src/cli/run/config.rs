@@ -8,6 +8,21 @@ use serde::Deserialize;
 
 pub const DEFAULT_GRPC: &str = "unix:///run/inferscope/agent.sock";
 pub const DEFAULT_PROMETHEUS: &str = "0.0.0.0:9464";
+pub const DEFAULT_SHIM_SOCKET: &str = inferscope::capture::gpu::DEFAULT_SHIM_SOCKET;
+
+fn interval_or_off(
+    what: &str,
+    value: Option<String>,
+    default: Duration,
+) -> anyhow::Result<Option<Duration>> {
+    match value.as_deref() {
+        Some("off") => Ok(None),
+        Some(s) => humantime::parse_duration(s)
+            .map(Some)
+            .with_context(|| format!("bad {what} {s:?}: use e.g. 5s, or off")),
+        None => Ok(Some(default)),
+    }
+}
 
 #[derive(Args, Debug, Default)]
 pub struct RunArgs {
@@ -67,6 +82,12 @@ pub struct RunArgs {
     /// requests), or "off".
     #[arg(long, env = "INFERSCOPE_ENGINE_METRICS_INTERVAL")]
     pub engine_metrics_interval: Option<String>,
+    /// Unix socket where CUPTI shims in engine processes send kernel records, or "off".
+    #[arg(long, env = "INFERSCOPE_SHIM_SOCKET")]
+    pub shim_socket: Option<String>,
+    /// How often to sample NVML (per-GPU utilisation, memory, clocks, power, GPM), or "off".
+    #[arg(long, env = "INFERSCOPE_NVML_INTERVAL")]
+    pub nvml_interval: Option<String>,
     /// Also write every finished request as a JSON line here.
     #[arg(long)]
     pub records: Option<PathBuf>,
@@ -96,6 +117,8 @@ pub struct FileConfig {
     pub grpc_tls_key: Option<PathBuf>,
     pub recent_requests: Option<usize>,
     pub engine_metrics_interval: Option<String>,
+    pub shim_socket: Option<String>,
+    pub nvml_interval: Option<String>,
     pub records: Option<PathBuf>,
 }
 
@@ -141,6 +164,10 @@ pub struct RunConfig {
     pub recent_requests: usize,
     /// `None`: engine metrics scraping is off.
     pub engine_metrics_interval: Option<Duration>,
+    /// `None`: the shim listener is off.
+    pub shim_socket: Option<PathBuf>,
+    /// `None`: NVML sampling is off.
+    pub nvml_interval: Option<Duration>,
     pub records: Option<PathBuf>,
     pub duration: Option<Duration>,
 }
@@ -196,16 +223,21 @@ impl RunConfig {
         if !(0.0..=1.0).contains(&sample_ratio) {
             bail!("the sample ratio must be between 0 and 1, got {sample_ratio}");
         }
-        let engine_metrics_interval = match args
-            .engine_metrics_interval
-            .or(file.engine_metrics_interval)
-            .as_deref()
-        {
+        let engine_metrics_interval = interval_or_off(
+            "engine metrics interval",
+            args.engine_metrics_interval
+                .or(file.engine_metrics_interval),
+            Duration::from_secs(5),
+        )?;
+        let nvml_interval = interval_or_off(
+            "NVML interval",
+            args.nvml_interval.or(file.nvml_interval),
+            Duration::from_secs(1),
+        )?;
+        let shim_socket = match args.shim_socket.or(file.shim_socket).as_deref() {
             Some("off") => None,
-            Some(s) => Some(humantime::parse_duration(s).with_context(|| {
-                format!("bad engine metrics interval {s:?}: use e.g. 5s, or off")
-            })?),
-            None => Some(Duration::from_secs(5)),
+            Some(path) => Some(PathBuf::from(path)),
+            None => Some(PathBuf::from(DEFAULT_SHIM_SOCKET)),
         };
         let mut patterns = args.patterns;
         patterns.extend(file.patterns);
@@ -232,6 +264,8 @@ impl RunConfig {
                 .or(file.recent_requests)
                 .unwrap_or(4096),
             engine_metrics_interval,
+            shim_socket,
+            nvml_interval,
             records: args.records.or(file.records),
             duration: args.duration,
         })

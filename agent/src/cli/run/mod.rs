@@ -1,6 +1,7 @@
 //! `inferscope run`: the long-running agent the DaemonSet runs. It discovers engines, attaches,
 //! correlates, and exports: OTLP traces and metrics, the Prometheus endpoint, the gRPC API.
 mod config;
+mod gpu;
 mod observer;
 mod servers;
 
@@ -25,7 +26,7 @@ use tracing::{info, warn};
 
 pub use config::RunArgs;
 use config::RunConfig;
-use observer::{DaemonObserver, Sampler};
+use observer::{DaemonObserver, Outputs, Sampler};
 
 use super::signals;
 
@@ -114,18 +115,22 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     };
 
     servers::start(&runtime, &config, metrics.clone(), hub.clone())?;
+    let gpu = gpu::GpuInputs::start(&config);
 
     let mut observer = DaemonObserver::new(
         TimelineBuilder::new(TimelineLimits::default()),
-        hub,
-        metrics,
-        traces,
-        export_counters,
-        Sampler {
-            ratio: config.sample_ratio,
-            always_ttft_ms: config.always_sample_ttft_ms,
+        Outputs {
+            hub,
+            metrics,
+            traces,
+            export_counters,
+            sampler: Sampler {
+                ratio: config.sample_ratio,
+                always_ttft_ms: config.always_sample_ttft_ms,
+            },
+            records,
         },
-        records,
+        gpu,
     );
     info!("running; stop with SIGINT or SIGTERM");
     let result = pipeline.run(

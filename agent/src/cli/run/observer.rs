@@ -8,7 +8,7 @@ use inferscope::{
     capture::DiscoveryChange,
     correlate::{
         EngineMetricsRecord, RequestRecord, StepRecord, monotonic_now_ns,
-        timeline::{RequestTimeline, TimelineBuilder},
+        timeline::{KernelRecord, RequestTimeline, TimelineBuilder},
     },
     export::{
         hub::{Hub, HubEvent},
@@ -19,6 +19,8 @@ use inferscope::{
     pipeline::Observer,
 };
 use tracing::{error, info};
+
+use super::gpu::GpuInputs;
 
 /// Which requests become traces: a share of all, plus every slow one, plus every one whose
 /// caller's trace is sampled (a parent-based decision, as OpenTelemetry SDKs make it).
@@ -51,6 +53,16 @@ impl Sampler {
     }
 }
 
+/// Where closed timelines go.
+pub struct Outputs {
+    pub hub: Arc<Hub>,
+    pub metrics: Arc<Metrics>,
+    pub traces: Option<TraceExporter>,
+    pub export_counters: Arc<ExportCounters>,
+    pub sampler: Sampler,
+    pub records: Option<JsonlWriter>,
+}
+
 pub struct DaemonObserver {
     pub timelines: TimelineBuilder,
     pub hub: Arc<Hub>,
@@ -61,29 +73,25 @@ pub struct DaemonObserver {
     pub records: Option<JsonlWriter>,
     pub records_failed: bool,
     pub sampled_out: u64,
+    gpu: GpuInputs,
+    kernels: Vec<KernelRecord>,
     closed: Vec<RequestTimeline>,
 }
 
 impl DaemonObserver {
-    pub fn new(
-        timelines: TimelineBuilder,
-        hub: Arc<Hub>,
-        metrics: Arc<Metrics>,
-        traces: Option<TraceExporter>,
-        export_counters: Arc<ExportCounters>,
-        sampler: Sampler,
-        records: Option<JsonlWriter>,
-    ) -> Self {
+    pub fn new(timelines: TimelineBuilder, outputs: Outputs, gpu: GpuInputs) -> Self {
         Self {
             timelines,
-            hub,
-            metrics,
-            traces,
-            export_counters,
-            sampler,
-            records,
+            hub: outputs.hub,
+            metrics: outputs.metrics,
+            traces: outputs.traces,
+            export_counters: outputs.export_counters,
+            sampler: outputs.sampler,
+            records: outputs.records,
             records_failed: false,
             sampled_out: 0,
+            gpu,
+            kernels: Vec::new(),
             closed: Vec::new(),
         }
     }
@@ -150,11 +158,34 @@ impl Observer for DaemonObserver {
     }
 
     fn on_tick(&mut self) {
-        self.timelines.poll(monotonic_now_ns(), &mut self.closed);
+        let now = monotonic_now_ns();
+        self.gpu.drain_kernels(&mut self.kernels);
+        let subscribers = self.hub.has_subscribers();
+        for kernel in self.kernels.drain(..) {
+            if subscribers {
+                self.hub.publish(HubEvent::Kernel(Arc::new(kernel.clone())));
+            }
+            self.timelines.on_kernel(kernel, now);
+        }
+        if let Some(samples) = self.gpu.samples_due() {
+            if let Some(traces) = self.traces.as_mut() {
+                traces.set_gpu_uuids(samples.iter().map(|g| g.uuid.clone()).collect());
+            }
+            for g in &samples {
+                self.metrics.record_gpu(g);
+                if subscribers {
+                    self.hub.publish(HubEvent::Gpu(Arc::new(
+                        inferscope::export::proto_conv::gpu(g),
+                    )));
+                }
+            }
+        }
+        self.timelines.poll(now, &mut self.closed);
         self.publish_closed();
     }
 
     fn on_counters(&mut self, mut counters: Vec<(String, u64)>) {
+        counters.extend(self.gpu.counters());
         counters.extend(
             self.timelines
                 .stats()

@@ -36,6 +36,8 @@ pub struct TraceExporter {
     providers: FxHashMap<u32, (SdkTracerProvider, SdkTracer)>,
     counters: Arc<ExportCounters>,
     host: String,
+    /// The host's GPUs (NVML), named on every engine resource created after they are known.
+    gpu_uuids: Vec<String>,
     propagator: TraceContextPropagator,
 }
 
@@ -51,6 +53,7 @@ impl TraceExporter {
             providers: FxHashMap::default(),
             counters,
             host: names::host_name(),
+            gpu_uuids: Vec::new(),
             propagator: TraceContextPropagator::new(),
         }
     }
@@ -79,7 +82,7 @@ impl TraceExporter {
                         .clone()
                         .unwrap_or_else(|| engine.to_string()),
                 )
-                .with_attributes(process_attributes(pid, engine, &self.host))
+                .with_attributes(process_attributes(pid, engine, &self.host, &self.gpu_uuids))
                 .build();
             let provider = SdkTracerProvider::builder()
                 .with_span_processor(processor)
@@ -97,6 +100,10 @@ impl TraceExporter {
             .get(&pid)
             .map(|(_, tracer)| tracer)
             .ok_or(OtlpError::TooManyProcesses(MAX_PROCESSES))
+    }
+
+    pub fn set_gpu_uuids(&mut self, uuids: Vec<String>) {
+        self.gpu_uuids = uuids;
     }
 
     /// The engine process exited: flush and drop its tracer off the pipeline thread.
@@ -230,10 +237,10 @@ impl TraceExporter {
         for step in steps_in_phase(&timeline.steps, &timeline.request.request_id, phase) {
             for event in timeline.kernels.iter().filter(|k| {
                 k.pid == step.pid
-                    && k.kernel.launch_mono_ns >= step.start_mono_ns
-                    && k.kernel.launch_mono_ns <= step.end_mono_ns
+                    && k.launch_mono_ns >= step.start_mono_ns
+                    && k.launch_mono_ns <= step.end_mono_ns
             }) {
-                let k = &event.kernel;
+                let k = event;
                 let mut span = tracer
                     .span_builder(names::kernel_span_name(&k.name))
                     .with_kind(SpanKind::Internal)
@@ -245,11 +252,11 @@ impl TraceExporter {
                         KeyValue::new("inferscope.kernel.graph_id", k.graph_id as i64),
                         KeyValue::new(
                             "inferscope.kernel.grid",
-                            format!("{}x{}x{}", k.grid_x, k.grid_y, k.grid_z),
+                            format!("{}x{}x{}", k.grid[0], k.grid[1], k.grid[2]),
                         ),
                         KeyValue::new(
                             "inferscope.kernel.block",
-                            format!("{}x{}x{}", k.block_x, k.block_y, k.block_z),
+                            format!("{}x{}x{}", k.block[0], k.block[1], k.block[2]),
                         ),
                     ])
                     .start_with_context(tracer, phase_cx);
@@ -294,12 +301,15 @@ fn step_attributes(step: &StepRecord) -> Vec<KeyValue> {
     attrs
 }
 
-fn process_attributes(pid: u32, engine: &str, host: &str) -> Vec<KeyValue> {
+fn process_attributes(pid: u32, engine: &str, host: &str, gpus: &[String]) -> Vec<KeyValue> {
     let mut attrs = vec![
         KeyValue::new("host.name", host.to_string()),
         KeyValue::new("process.pid", pid as i64),
         KeyValue::new("inferscope.engine", engine.to_string()),
     ];
+    if !gpus.is_empty() {
+        attrs.push(KeyValue::new("inferscope.host.gpu_uuids", gpus.join(",")));
+    }
     if let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/comm")) {
         attrs.push(KeyValue::new(
             "process.executable.name",

@@ -1,0 +1,76 @@
+//! The daemon's GPU inputs: kernel records from CUPTI shims, and NVML samples.
+use std::time::{Duration, Instant};
+
+use inferscope::capture::gpu::{
+    GpuSample, KernelRecord, ListenerConfig, NvmlSampler, ShimListener,
+};
+use tracing::{info, warn};
+
+use super::config::RunConfig;
+
+pub struct GpuInputs {
+    shim: Option<ShimListener>,
+    nvml: Option<NvmlSampler>,
+    nvml_interval: Duration,
+    last_sample: Option<Instant>,
+}
+
+impl GpuInputs {
+    /// Neither input is required: without them, records say the GPU layer is unknown.
+    pub fn start(config: &RunConfig) -> Self {
+        let shim = config.shim_socket.as_ref().and_then(|path| {
+            match ShimListener::bind(ListenerConfig::new(path)) {
+                Ok(listener) => {
+                    info!(socket = %path.display(), "listening for CUPTI shims (CUDA_INJECTION64_PATH=libinferscope_cupti.so)");
+                    Some(listener)
+                }
+                Err(e) => {
+                    warn!("GPU kernel records are off: {e}; pass --shim-socket PATH (or off)");
+                    None
+                }
+            }
+        });
+        let nvml = config
+            .nvml_interval
+            .and_then(|interval| match NvmlSampler::start(interval) {
+                Ok(sampler) => {
+                    info!(gpus = sampler.gpus, "sampling NVML");
+                    Some(sampler)
+                }
+                Err(e) => {
+                    info!("{e}");
+                    None
+                }
+            });
+        Self {
+            shim,
+            nvml,
+            nvml_interval: config.nvml_interval.unwrap_or(Duration::from_secs(1)),
+            last_sample: None,
+        }
+    }
+
+    pub fn drain_kernels(&self, out: &mut Vec<KernelRecord>) {
+        if let Some(shim) = &self.shim {
+            shim.drain(out);
+        }
+    }
+
+    /// The newest NVML samples, at most once per interval.
+    pub fn samples_due(&mut self) -> Option<Vec<GpuSample>> {
+        let nvml = self.nvml.as_ref()?;
+        if self
+            .last_sample
+            .is_some_and(|t| t.elapsed() < self.nvml_interval)
+        {
+            return None;
+        }
+        self.last_sample = Some(Instant::now());
+        let samples = nvml.latest();
+        (!samples.is_empty()).then_some(samples)
+    }
+
+    pub fn counters(&self) -> Vec<(String, u64)> {
+        self.shim.as_ref().map(|s| s.counters()).unwrap_or_default()
+    }
+}
