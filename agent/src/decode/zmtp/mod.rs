@@ -36,7 +36,9 @@ pub enum ZmtpError {
     NotZmtp,
     #[error("ZMTP version before 3.0")]
     OldVersion,
-    #[error("captured bytes were lost across a frame boundary; the stream cannot be re-synchronised")]
+    #[error(
+        "captured bytes were lost across a frame boundary; the stream cannot be re-synchronised"
+    )]
     Desync,
 }
 
@@ -58,7 +60,13 @@ pub struct FeedStats {
     /// Frames dropped because a message had more than `max_frames`.
     pub frames_dropped: u64,
     pub commands: u64,
+    /// Syscall payloads skipped while looking for a frame boundary (see [`ZmtpStream::feed`]).
+    pub hunt_skipped: u64,
 }
+
+/// Payloads that fail to line up with frames before a stream without a greeting is judged not
+/// to be ZMTP at all.
+const MAX_HUNT: u32 = 64;
 
 const GREETING_LEN: usize = 64;
 const FLAG_MORE: u8 = 0x01;
@@ -67,8 +75,20 @@ const FLAG_COMMAND: u8 = 0x04;
 
 #[derive(Debug)]
 enum State {
-    Greeting { buf: [u8; GREETING_LEN], have: usize },
-    Header { buf: [u8; 9], have: usize },
+    Greeting {
+        buf: [u8; GREETING_LEN],
+        have: usize,
+    },
+    /// Joined mid-connection (the agent attached after the handshake, or bytes were lost): wait
+    /// for a syscall payload that is exactly a run of whole frames ending a message. libzmq
+    /// writes from its batch buffer, so an uncongested socket's syscalls start on a frame.
+    Hunting {
+        failures: u32,
+    },
+    Header {
+        buf: [u8; 9],
+        have: usize,
+    },
     Body(frame::Partial),
     Failed(ZmtpError),
 }
@@ -100,6 +120,13 @@ impl ZmtpStream {
         }
     }
 
+    /// A stream whose start was not seen: it looks for a frame boundary instead of a greeting.
+    pub fn mid_stream(limits: ZmtpLimits) -> Self {
+        let mut stream = Self::new(limits);
+        stream.state = State::Hunting { failures: 0 };
+        stream
+    }
+
     /// The sending peer's socket type, once its READY command was read.
     pub fn socket_type(&self) -> Option<&str> {
         self.socket_type.as_deref()
@@ -118,7 +145,10 @@ impl ZmtpStream {
 
     /// Whether the greeting has been read (the stream is ZMTP).
     pub fn greeted(&self) -> bool {
-        !matches!(self.state, State::Greeting { .. } | State::Failed(_))
+        !matches!(
+            self.state,
+            State::Greeting { .. } | State::Hunting { .. } | State::Failed(_)
+        )
     }
 
     /// Decodes `data`, then accounts for `lost` bytes that followed it on the wire. Complete
@@ -126,9 +156,30 @@ impl ZmtpStream {
     /// failed stays failed (see [`ZmtpStream::failed`]).
     pub fn feed(&mut self, mut data: &[u8], lost: u64, out: &mut Vec<Message>) -> FeedStats {
         let mut stats = FeedStats::default();
+        // A greeting starts with 0xff, a frame never does: anything else is a stream joined late.
+        if let (State::Greeting { have: 0, .. }, Some(&first)) = (&self.state, data.first())
+            && first != 0xff
+        {
+            self.state = State::Hunting { failures: 0 };
+        }
+        if let State::Hunting { failures } = &mut self.state {
+            if lost == 0 && whole_frames(data) {
+                self.state = State::Header {
+                    buf: [0; 9],
+                    have: 0,
+                };
+            } else {
+                stats.hunt_skipped += 1;
+                *failures += 1;
+                if *failures > MAX_HUNT {
+                    self.state = State::Failed(ZmtpError::NotZmtp);
+                }
+                return stats;
+            }
+        }
         while !data.is_empty() {
             match &mut self.state {
-                State::Failed(_) => return stats,
+                State::Failed(_) | State::Hunting { .. } => return stats,
                 State::Greeting { buf, have } => {
                     let n = (GREETING_LEN - *have).min(data.len());
                     buf[*have..*have + n].copy_from_slice(&data[..n]);
@@ -279,6 +330,45 @@ impl ZmtpStream {
             }
             props = &tail[4 + len..];
         }
+    }
+}
+
+/// Whether `data` is exactly a run of whole frames whose last one ends a message.
+fn whole_frames(data: &[u8]) -> bool {
+    let mut pos = 0usize;
+    loop {
+        let Some(&flags) = data.get(pos) else {
+            return false;
+        };
+        if flags & !(FLAG_MORE | FLAG_LONG | FLAG_COMMAND) != 0 {
+            return false;
+        }
+        let (header, size) = if flags & FLAG_LONG != 0 {
+            let Some(b) = data.get(pos + 1..pos + 9) else {
+                return false;
+            };
+            let mut be = [0u8; 8];
+            be.copy_from_slice(b);
+            (9usize, u64::from_be_bytes(be))
+        } else {
+            let Some(&b) = data.get(pos + 1) else {
+                return false;
+            };
+            (2usize, b as u64)
+        };
+        let Some(end) = usize::try_from(size)
+            .ok()
+            .and_then(|s| pos.checked_add(header)?.checked_add(s))
+        else {
+            return false;
+        };
+        if end == data.len() {
+            return flags & (FLAG_MORE | FLAG_COMMAND) == 0;
+        }
+        if end > data.len() {
+            return false;
+        }
+        pos = end;
     }
 }
 
