@@ -12,10 +12,11 @@ use tracing::{info, warn};
 use crate::{
     capture::{
         CaptureConfig, CaptureError, CapturedEvent, Discovery, DiscoveryChange, FdClass,
-        FdClassifier, SocketProbes, TargetSelector, records, sched_hooks,
+        FdClassifier, SocketProbes, TargetSelector, records, records::SyscallEvent, sched_hooks,
     },
     correlate::{Peer, RequestRecord, Stats, StepRecord, Tracker, monotonic_now_ns},
     decode::http::Limits,
+    engines::{self, EngineIpc, IpcBytes, IpcDirection, IpcVerdict},
 };
 
 #[derive(Debug, Clone)]
@@ -55,6 +56,9 @@ pub struct Pipeline {
     tracker: Tracker,
     /// Listening ports per traced process; looked up per record.
     ports: FxHashMap<u32, Vec<u16>>,
+    /// IPC decoders, one per engine kind that has one (engines::Engine::ipc), and the engine
+    /// of each traced process.
+    ipc: Ipc,
     stats: Stats,
     records: Vec<RequestRecord>,
     steps: Vec<StepRecord>,
@@ -74,6 +78,7 @@ impl Pipeline {
             probes,
             classifier: FdClassifier::default(),
             ports: FxHashMap::default(),
+            ipc: Ipc::default(),
             stats: Stats::default(),
             records: Vec::new(),
             steps: Vec::new(),
@@ -111,9 +116,7 @@ impl Pipeline {
         self.drain(observer);
         self.tracker
             .finish_all(monotonic_now_ns(), &mut self.records);
-        for record in self.records.drain(..) {
-            observer.on_record(record);
-        }
+        self.ipc.emit(&mut self.records, observer);
         Ok(())
     }
 
@@ -130,6 +133,7 @@ impl Pipeline {
                 self.probes.unwatch_port(*port);
             }
             self.ports.remove(&gone.tgid);
+            self.ipc.forget_process(gone.tgid);
             self.classifier.forget_process(gone.tgid);
             self.tracker
                 .forget_process(gone.tgid, monotonic_now_ns(), &mut self.records);
@@ -150,6 +154,7 @@ impl Pipeline {
             }
             self.ports.insert(new.tgid, new.ports.clone());
             self.tracker.set_engine(new.tgid, new.engine);
+            self.ipc.add_process(new.tgid, new.engine);
             self.probes.trace_process(new.tgid);
             sched_hooks::attach(&mut self.probes, new);
         }
@@ -159,9 +164,7 @@ impl Pipeline {
         {
             observer.on_discovery(change);
         }
-        for record in self.records.drain(..) {
-            observer.on_record(record);
-        }
+        self.ipc.emit(&mut self.records, observer);
     }
 
     fn drain(&mut self, observer: &mut dyn Observer) {
@@ -175,6 +178,7 @@ impl Pipeline {
             steps,
             ringbuf_drops,
             records_read,
+            ipc,
             ..
         } = self;
         let mut ignore: Vec<(u32, i32, u64)> = Vec::new();
@@ -208,12 +212,22 @@ impl Pipeline {
                             tracker.on_accept(&ev, Peer::default(), records);
                         }
                         SyscallKind::Close => {
+                            ipc.on_close(ev.tgid, ev.fd);
                             tracker.on_close(&ev, records);
                             classifier.on_close(ev.tgid, ev.fd);
                         }
                         SyscallKind::Read | SyscallKind::Write => {
                             let first_read = (ev.kind == SyscallKind::Read).then_some(ev.payload);
-                            match classifier.classify(ev.tgid, ev.fd, listening, first_read) {
+                            let wants_ipc = ipc.wants(ev.tgid);
+                            match classifier
+                                .classify(ev.tgid, ev.fd, listening, first_read, wants_ipc)
+                            {
+                                FdClass::Ipc => {
+                                    if ipc.on_syscall(&ev, steps) == IpcVerdict::NotIpc {
+                                        stats.bump("records_not_engine_ipc");
+                                        ignore.push((ev.tgid, ev.fd, ev.conn_gen));
+                                    }
+                                }
                                 FdClass::Other => {
                                     stats.bump("records_not_server_connection");
                                     ignore.push((ev.tgid, ev.fd, ev.conn_gen));
@@ -236,9 +250,7 @@ impl Pipeline {
         for (tgid, fd, conn_gen) in ignore {
             probes.ignore_connection(tgid, fd, conn_gen);
         }
-        for record in records.drain(..) {
-            observer.on_record(record);
-        }
+        ipc.emit(records, observer);
         for step in steps.drain(..) {
             observer.on_step(step);
         }
@@ -254,6 +266,7 @@ impl Pipeline {
             .collect();
         all.extend(self.stats.iter().map(|(k, v)| (k.to_string(), v)));
         all.extend(self.tracker.stats().iter().map(|(k, v)| (k.to_string(), v)));
+        all.extend(self.ipc.counters());
         all.push(("ringbuf_records".into(), self.records_read));
         all.push(("fd_lookups".into(), self.classifier.lookups));
         all.push((
@@ -275,6 +288,112 @@ impl Pipeline {
                 "{dropped} kernel records were dropped because the ring buffer was full; raise --ring-buffer-mb"
             );
         }
+    }
+}
+
+/// The engines' IPC decoders and which traced process runs which engine.
+#[derive(Default)]
+struct Ipc {
+    decoders: FxHashMap<&'static str, Box<dyn EngineIpc>>,
+    engine_of: FxHashMap<u32, &'static str>,
+}
+
+impl Ipc {
+    fn add_process(&mut self, tgid: u32, engine: &'static str) {
+        self.engine_of.insert(tgid, engine);
+        if !self.decoders.contains_key(engine)
+            && let Some(decoder) = engines::by_name(engine).and_then(|e| e.ipc())
+        {
+            self.decoders.insert(engine, decoder);
+        }
+    }
+
+    fn forget_process(&mut self, tgid: u32) {
+        if let Some(engine) = self.engine_of.remove(&tgid)
+            && let Some(decoder) = self.decoders.get_mut(engine)
+        {
+            decoder.forget_process(tgid);
+        }
+    }
+
+    /// Whether `tgid`'s engine decodes IPC sockets.
+    fn wants(&self, tgid: u32) -> bool {
+        self.engine_of
+            .get(&tgid)
+            .is_some_and(|e| self.decoders.contains_key(e))
+    }
+
+    fn on_syscall(&mut self, ev: &SyscallEvent<'_>, steps: &mut Vec<StepRecord>) -> IpcVerdict {
+        let Some(decoder) = self
+            .engine_of
+            .get(&ev.tgid)
+            .and_then(|e| self.decoders.get_mut(e))
+        else {
+            return IpcVerdict::NotIpc;
+        };
+        if ev.ret <= 0 || ev.copy_failed {
+            // EOF, an error, or bytes the kernel could not copy: nothing to decode; a failed
+            // copy loses the whole syscall.
+            if ev.copy_failed && ev.ret > 0 {
+                let bytes = IpcBytes {
+                    tgid: ev.tgid,
+                    tid: ev.tid,
+                    fd: ev.fd,
+                    conn_gen: ev.conn_gen,
+                    direction: direction(ev.kind),
+                    data: &[],
+                    lost: ev.ret as u64,
+                };
+                return decoder.on_bytes(&bytes, steps);
+            }
+            return IpcVerdict::Keep;
+        }
+        let bytes = IpcBytes {
+            tgid: ev.tgid,
+            tid: ev.tid,
+            fd: ev.fd,
+            conn_gen: ev.conn_gen,
+            direction: direction(ev.kind),
+            data: ev.payload,
+            lost: ev.lost_bytes(),
+        };
+        decoder.on_bytes(&bytes, steps)
+    }
+
+    fn on_close(&mut self, tgid: u32, fd: i32) {
+        if let Some(decoder) = self
+            .engine_of
+            .get(&tgid)
+            .and_then(|e| self.decoders.get_mut(e))
+        {
+            decoder.on_close(tgid, fd);
+        }
+    }
+
+    /// Hands finished records to the observer, with what their engine's IPC knows added.
+    fn emit(&mut self, records: &mut Vec<RequestRecord>, observer: &mut dyn Observer) {
+        for mut record in records.drain(..) {
+            if let Some(decoder) = self.decoders.get_mut(record.engine.as_str()) {
+                decoder.enrich(&mut record);
+            }
+            observer.on_record(record);
+        }
+    }
+
+    fn counters(&self) -> Vec<(String, u64)> {
+        self.decoders
+            .values()
+            .flat_map(|d| d.counters())
+            .map(|(k, v)| (k.to_string(), v))
+            .collect()
+    }
+}
+
+fn direction(kind: SyscallKind) -> IpcDirection {
+    if kind == SyscallKind::Read {
+        IpcDirection::Read
+    } else {
+        IpcDirection::Write
     }
 }
 

@@ -15,6 +15,9 @@ pub enum FdClass {
         local_port: Option<u16>,
         remote: Option<SocketAddr>,
     },
+    /// A socket that may carry the engine's internal IPC (a Unix stream socket, or a TCP
+    /// connection not on a listening port), for processes whose engine decodes its IPC.
+    Ipc,
     Other,
 }
 
@@ -52,12 +55,14 @@ impl FdClassifier {
     /// `first_read` is the payload of the event being classified when it is a read: if the fd
     /// is already closed when the agent looks (short connections, accepted before the agent
     /// attached), a read that opens with an HTTP request line still marks a server connection.
+    /// `ipc` says whether the process's engine decodes IPC sockets ([`FdClass::Ipc`]).
     pub fn classify(
         &mut self,
         tgid: u32,
         fd: i32,
         listening_ports: &[u16],
         first_read: Option<&[u8]>,
+        ipc: bool,
     ) -> FdClass {
         if let Some(class) = self.cache.get(&(tgid, fd)) {
             return *class;
@@ -74,7 +79,8 @@ impl FdClassifier {
                     remote: Some(peer),
                 }
             }
-            FdNow::TcpConnection { .. } | FdNow::Other => FdClass::Other,
+            FdNow::TcpConnection { .. } | FdNow::UnixStream if ipc => FdClass::Ipc,
+            FdNow::TcpConnection { .. } | FdNow::UnixStream | FdNow::Other => FdClass::Other,
             FdNow::Gone if self.accepted.contains(&(tgid, fd)) => unknown_peer,
             FdNow::Gone if first_read.is_some_and(starts_like_http_request) => unknown_peer,
             FdNow::Gone => FdClass::Other,
@@ -115,7 +121,8 @@ mod tests {
                 me,
                 gone_fd,
                 &[80],
-                Some(b"POST /v1/chat/completions HTTP/1.1\r\n")
+                Some(b"POST /v1/chat/completions HTTP/1.1\r\n"),
+                false
             ),
             FdClass::Server {
                 local_port: None,
@@ -123,9 +130,31 @@ mod tests {
             }
         );
         assert_eq!(
-            c.classify(me, gone_fd + 1, &[80], Some(b"\x16\x03\x01")),
+            c.classify(me, gone_fd + 1, &[80], Some(b"\x16\x03\x01"), false),
             FdClass::Other
         );
-        assert_eq!(c.classify(me, gone_fd + 2, &[80], None), FdClass::Other);
+        assert_eq!(
+            c.classify(me, gone_fd + 2, &[80], None, false),
+            FdClass::Other
+        );
+    }
+
+    #[test]
+    fn ipc_sockets_only_for_engines_that_decode_them() {
+        use std::os::fd::AsRawFd;
+        let (unix, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let out = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let me = std::process::id();
+        for fd in [unix.as_raw_fd(), out.as_raw_fd()] {
+            assert_eq!(
+                FdClassifier::default().classify(me, fd, &[], None, true),
+                FdClass::Ipc
+            );
+            assert_eq!(
+                FdClassifier::default().classify(me, fd, &[], None, false),
+                FdClass::Other
+            );
+        }
     }
 }
