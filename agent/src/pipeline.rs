@@ -218,7 +218,7 @@ impl Pipeline {
                         }
                         SyscallKind::Read | SyscallKind::Write => {
                             let first_read = (ev.kind == SyscallKind::Read).then_some(ev.payload);
-                            let wants_ipc = ipc.wants(ev.tgid);
+                            let wants_ipc = ipc.wants(ev.tgid).then_some(ev.payload);
                             match classifier
                                 .classify(ev.tgid, ev.fd, listening, first_read, wants_ipc)
                             {

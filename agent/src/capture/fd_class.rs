@@ -55,15 +55,20 @@ impl FdClassifier {
     /// `first_read` is the payload of the event being classified when it is a read: if the fd
     /// is already closed when the agent looks (short connections, accepted before the agent
     /// attached), a read that opens with an HTTP request line still marks a server connection.
-    /// `ipc` says whether the process's engine decodes IPC sockets ([`FdClass::Ipc`]).
+    /// `ipc` is Some (this event's payload, read or write) when the process's engine decodes
+    /// IPC sockets ([`FdClass::Ipc`]). A connection accepted on a listening port is IPC when
+    /// its first bytes are a ZMTP greeting (0xff; an HTTP request or response never starts so):
+    /// ZeroMQ's tcp:// binds listen too.
     pub fn classify(
         &mut self,
         tgid: u32,
         fd: i32,
         listening_ports: &[u16],
         first_read: Option<&[u8]>,
-        ipc: bool,
+        ipc: Option<&[u8]>,
     ) -> FdClass {
+        let ipc_greeting = ipc.is_some_and(|p| p.first() == Some(&0xff));
+        let ipc = ipc.is_some();
         if let Some(class) = self.cache.get(&(tgid, fd)) {
             return *class;
         }
@@ -73,6 +78,11 @@ impl FdClassifier {
             remote: None,
         };
         let class = match sockets::tcp_connection(tgid, fd) {
+            FdNow::TcpConnection { local, .. }
+                if ipc_greeting && listening_ports.contains(&local.port()) =>
+            {
+                FdClass::Ipc
+            }
             FdNow::TcpConnection { local, peer } if listening_ports.contains(&local.port()) => {
                 FdClass::Server {
                     local_port: Some(local.port()),
@@ -122,7 +132,7 @@ mod tests {
                 gone_fd,
                 &[80],
                 Some(b"POST /v1/chat/completions HTTP/1.1\r\n"),
-                false
+                None
             ),
             FdClass::Server {
                 local_port: None,
@@ -130,11 +140,11 @@ mod tests {
             }
         );
         assert_eq!(
-            c.classify(me, gone_fd + 1, &[80], Some(b"\x16\x03\x01"), false),
+            c.classify(me, gone_fd + 1, &[80], Some(b"\x16\x03\x01"), None),
             FdClass::Other
         );
         assert_eq!(
-            c.classify(me, gone_fd + 2, &[80], None, false),
+            c.classify(me, gone_fd + 2, &[80], None, None),
             FdClass::Other
         );
     }
@@ -148,13 +158,25 @@ mod tests {
         let me = std::process::id();
         for fd in [unix.as_raw_fd(), out.as_raw_fd()] {
             assert_eq!(
-                FdClassifier::default().classify(me, fd, &[], None, true),
+                FdClassifier::default().classify(me, fd, &[], None, Some(b"x")),
                 FdClass::Ipc
             );
             assert_eq!(
-                FdClassifier::default().classify(me, fd, &[], None, false),
+                FdClassifier::default().classify(me, fd, &[], None, None),
                 FdClass::Other
             );
         }
+        // Accepted on a listening port: HTTP, unless it opens with a ZMTP greeting.
+        let (accepted, _) = listener.accept().unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let fd = accepted.as_raw_fd();
+        assert!(matches!(
+            FdClassifier::default().classify(me, fd, &[port], None, Some(b"POST /")),
+            FdClass::Server { .. }
+        ));
+        assert_eq!(
+            FdClassifier::default().classify(me, fd, &[port], None, Some(&[0xff, 0, 0])),
+            FdClass::Ipc
+        );
     }
 }
