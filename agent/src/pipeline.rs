@@ -15,7 +15,7 @@ use crate::{
         FdClassifier, SocketProbes, TargetSelector, records, records::SyscallEvent, sched_hooks,
     },
     correlate::{Peer, RequestRecord, Stats, StepRecord, Tracker, monotonic_now_ns},
-    decode::http::Limits,
+    decode::{http::Limits, zmtp},
     engines::{self, EngineIpc, IpcBytes, IpcDirection, IpcVerdict},
 };
 
@@ -218,7 +218,9 @@ impl Pipeline {
                         }
                         SyscallKind::Read | SyscallKind::Write => {
                             let first_read = (ev.kind == SyscallKind::Read).then_some(ev.payload);
-                            let wants_ipc = ipc.wants(ev.tgid).then_some(ev.payload);
+                            let wants_ipc = ipc
+                                .wants(ev.tgid)
+                                .then(|| zmtp::looks_like_zmtp(ev.payload) && ev.lost_bytes() == 0);
                             match classifier
                                 .classify(ev.tgid, ev.fd, listening, first_read, wants_ipc)
                             {
@@ -246,7 +248,15 @@ impl Pipeline {
                 }
             }
         }
-        ignore.extend(tracker.take_ignored());
+        for (tgid, fd, conn_gen) in tracker.take_ignored() {
+            // Not HTTP on a listening port of an engine with IPC: a ZeroMQ tcp:// connection
+            // joined after its greeting. Its IPC decoder looks for a frame boundary.
+            if ipc.wants(tgid) && classifier.reroute_to_ipc(tgid, fd) {
+                stats.bump("connections_rerouted_to_ipc");
+            } else {
+                ignore.push((tgid, fd, conn_gen));
+            }
+        }
         for (tgid, fd, conn_gen) in ignore {
             probes.ignore_connection(tgid, fd, conn_gen);
         }

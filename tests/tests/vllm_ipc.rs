@@ -75,7 +75,8 @@ fn ns(seconds: f64) -> u64 {
     (seconds * 1e9 + 0.5).floor() as u64
 }
 
-fn replay(transport: &str) {
+/// `late`: the engine starts (ZMTP handshake, start-up message) before the agent attaches.
+fn replay(transport: &str, late: bool) {
     let dir = std::env::temp_dir().join(format!(
         "inferscope-it-vllm-{transport}-{}",
         std::process::id()
@@ -100,6 +101,9 @@ fn replay(transport: &str) {
         .expect("starting the replay (run scripts/setup.sh for .venv with pyzmq)");
     let front = Front { child };
     wait_http(port);
+    if late {
+        http(port, "GET /start HTTP/1.1\r\nHost: x\r\n\r\n");
+    }
     let steps_path = dir.join("steps.jsonl");
     let steps_arg = steps_path.to_string_lossy().into_owned();
     let mut recorder = Recorder::start(&dir, &["--port", &port.to_string(), "--steps", &steps_arg]);
@@ -107,7 +111,9 @@ fn replay(transport: &str) {
     std::thread::sleep(Duration::from_millis(300));
     // The engine starts after the agent attached: its ZMTP handshake and start-up message
     // (with vllm_version) are captured, as for an engine (re)started under the agent.
-    http(port, "GET /start HTTP/1.1\r\nHost: x\r\n\r\n");
+    if !late {
+        http(port, "GET /start HTTP/1.1\r\nHost: x\r\n\r\n");
+    }
 
     let clients: Vec<_> = ["a", "b", "c", "d"]
         .into_iter()
@@ -142,6 +148,14 @@ fn replay(transport: &str) {
         .parse()
         .expect("offset");
     drop(front);
+    if late {
+        // No handshake and no version seen: the newest pinned layout, type-checked.
+        assert!(log.contains("counter=\"vllm_ipc_layout_assumed\""), "{log}");
+        assert!(!log.contains("counter=\"vllm_ipc_ready\""), "{log}");
+    } else {
+        assert!(log.contains("counter=\"vllm_ipc_ready\" value=1"), "{log}");
+        assert!(!log.contains("vllm_ipc_layout_assumed"), "{log}");
+    }
     check(&records, &steps, offset, &log);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -149,7 +163,6 @@ fn replay(transport: &str) {
 fn check(records: &[Value], steps: &[Value], offset: f64, log: &str) {
     let expected: Value =
         serde_json::from_slice(&std::fs::read(fixtures().join("expected.json")).unwrap()).unwrap();
-    assert!(log.contains("counter=\"vllm_ipc_ready\" value=1"), "{log}");
     assert!(!log.contains("vllm_ipc_layout_mismatch"), "{log}");
     for want in expected["requests"].as_array().unwrap() {
         let ext = want["external_req_id"].as_str().unwrap();
@@ -202,10 +215,20 @@ fn check(records: &[Value], steps: &[Value], offset: f64, log: &str) {
 
 #[test]
 fn vllm_ipc_over_unix_sockets() {
-    replay("ipc");
+    replay("ipc", false);
 }
 
 #[test]
 fn vllm_ipc_over_tcp() {
-    replay("tcp");
+    replay("tcp", false);
+}
+
+#[test]
+fn vllm_ipc_joined_after_the_engine_started_unix() {
+    replay("ipc", true);
+}
+
+#[test]
+fn vllm_ipc_joined_after_the_engine_started_tcp() {
+    replay("tcp", true);
 }

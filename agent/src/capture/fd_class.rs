@@ -47,6 +47,18 @@ impl FdClassifier {
         self.accepted.remove(&(tgid, fd));
     }
 
+    /// A server connection that turned out not to be HTTP becomes an IPC candidate (once: a
+    /// connection already rerouted is not rerouted again). Whether it was.
+    pub fn reroute_to_ipc(&mut self, tgid: u32, fd: i32) -> bool {
+        match self.cache.get_mut(&(tgid, fd)) {
+            Some(class @ FdClass::Server { .. }) => {
+                *class = FdClass::Ipc;
+                true
+            }
+            _ => false,
+        }
+    }
+
     pub fn forget_process(&mut self, tgid: u32) {
         self.cache.retain(|(t, _), _| *t != tgid);
         self.accepted.retain(|(t, _)| *t != tgid);
@@ -55,19 +67,19 @@ impl FdClassifier {
     /// `first_read` is the payload of the event being classified when it is a read: if the fd
     /// is already closed when the agent looks (short connections, accepted before the agent
     /// attached), a read that opens with an HTTP request line still marks a server connection.
-    /// `ipc` is Some (this event's payload, read or write) when the process's engine decodes
-    /// IPC sockets ([`FdClass::Ipc`]). A connection accepted on a listening port is IPC when
-    /// its first bytes are a ZMTP greeting (0xff; an HTTP request or response never starts so):
-    /// ZeroMQ's tcp:// binds listen too.
+    /// `ipc` is Some when the process's engine decodes IPC sockets ([`FdClass::Ipc`]), holding
+    /// whether this event's bytes look like that IPC (the decode stage says: for ZeroMQ, a
+    /// greeting or whole frames, which HTTP bytes never are). A connection accepted on a
+    /// listening port is IPC when they do: ZeroMQ's tcp:// binds listen too.
     pub fn classify(
         &mut self,
         tgid: u32,
         fd: i32,
         listening_ports: &[u16],
         first_read: Option<&[u8]>,
-        ipc: Option<&[u8]>,
+        ipc: Option<bool>,
     ) -> FdClass {
-        let ipc_greeting = ipc.is_some_and(|p| p.first() == Some(&0xff));
+        let ipc_greeting = ipc == Some(true);
         let ipc = ipc.is_some();
         if let Some(class) = self.cache.get(&(tgid, fd)) {
             return *class;
@@ -158,7 +170,7 @@ mod tests {
         let me = std::process::id();
         for fd in [unix.as_raw_fd(), out.as_raw_fd()] {
             assert_eq!(
-                FdClassifier::default().classify(me, fd, &[], None, Some(b"x")),
+                FdClassifier::default().classify(me, fd, &[], None, Some(false)),
                 FdClass::Ipc
             );
             assert_eq!(
@@ -171,12 +183,18 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let fd = accepted.as_raw_fd();
         assert!(matches!(
-            FdClassifier::default().classify(me, fd, &[port], None, Some(b"POST /")),
+            FdClassifier::default().classify(me, fd, &[port], None, Some(false)),
             FdClass::Server { .. }
         ));
         assert_eq!(
-            FdClassifier::default().classify(me, fd, &[port], None, Some(&[0xff, 0, 0])),
+            FdClassifier::default().classify(me, fd, &[port], None, Some(true)),
             FdClass::Ipc
         );
+        // Joined after the greeting: HTTP first, rerouted once the HTTP decoder gives up.
+        let mut c = FdClassifier::default();
+        c.classify(me, fd, &[port], None, Some(false));
+        assert!(c.reroute_to_ipc(me, fd));
+        assert_eq!(c.classify(me, fd, &[port], None, Some(false)), FdClass::Ipc);
+        assert!(!c.reroute_to_ipc(me, fd));
     }
 }

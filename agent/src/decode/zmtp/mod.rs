@@ -333,6 +333,13 @@ impl ZmtpStream {
     }
 }
 
+/// Whether one syscall's bytes look like ZMTP: a greeting's start (0xff), or exactly a run of
+/// whole frames ending a message. HTTP never does (its bytes start with a letter or a hex
+/// digit, which are not frame flags).
+pub fn looks_like_zmtp(data: &[u8]) -> bool {
+    data.first() == Some(&0xff) || whole_frames(data)
+}
+
 /// Whether `data` is exactly a run of whole frames whose last one ends a message.
 fn whole_frames(data: &[u8]) -> bool {
     let mut pos = 0usize;

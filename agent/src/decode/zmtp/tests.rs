@@ -200,3 +200,22 @@ fn rejects_what_is_not_zmtp() {
     old.feed(&[0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 2, 0], 0, &mut out);
     assert_eq!(old.failed(), Some(ZmtpError::OldVersion));
 }
+
+#[test]
+fn tells_zmtp_syscalls_from_http_ones() {
+    let bytes = fixture("ipc-output.from_engine.bin");
+    assert!(looks_like_zmtp(&bytes[..10]));
+    let starts = message_starts(&bytes, "from_engine_output");
+    assert!(looks_like_zmtp(&bytes[starts[0]..starts[1]]));
+    assert!(looks_like_zmtp(&bytes[starts[0]..starts[2]]));
+    assert!(!looks_like_zmtp(&bytes[starts[0]..starts[1] - 1]));
+    for http in [
+        &b"POST /v1/chat/completions HTTP/1.1\r\n"[..],
+        b"HTTP/1.1 200 OK\r\n",
+        b"1a\r\ndata: {}\r\n",
+        b"0\r\n\r\n",
+        b"",
+    ] {
+        assert!(!looks_like_zmtp(http));
+    }
+}
