@@ -71,11 +71,19 @@ impl IpcState {
 
     fn entry(&mut self, request_id: &str) -> &mut RequestState {
         if !self.requests.contains_key(request_id) {
-            if self.requests.len() >= MAX_REQUESTS
-                && let Some(old) = self.order.pop_front()
-            {
-                self.remove(&old);
-                self.stats.bump("vllm_requests_evicted_unjoined");
+            if self.requests.len() >= MAX_REQUESTS {
+                // `order` may still hold ids joined since: skip those.
+                while let Some(old) = self.order.pop_front() {
+                    if self.remove(&old).is_some() {
+                        self.stats.bump("vllm_requests_evicted_unjoined");
+                        break;
+                    }
+                }
+            }
+            if self.order.len() >= 2 * MAX_REQUESTS {
+                // Joined ids are left in `order` (removing each is O(n)); drop them in bulk.
+                let requests = &self.requests;
+                self.order.retain(|id| requests.contains_key(id));
             }
             if let Some(ext) = external_of(request_id) {
                 self.by_external
@@ -265,7 +273,6 @@ impl IpcState {
         let Some(state) = self.remove(&id) else {
             return;
         };
-        self.order.retain(|o| o != &id);
         self.stats.bump("vllm_requests_joined");
         if record.prompt_tokens.is_none() {
             record.prompt_tokens = state.prompt_tokens;
@@ -280,5 +287,100 @@ impl IpcState {
             .filter(|t| *t >= admitted)
             .map(|t| (t - admitted) as f64 / 1e6);
         record.preemptions = Some(state.preemptions);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engines::vllm::messages::{Event, Output};
+
+    fn output(id: &str, kind: EventKind, ts: f64) -> IpcMessage {
+        IpcMessage::Outputs(Outputs {
+            timestamp: Some(ts + 0.5),
+            outputs: vec![Output {
+                request_id: id.into(),
+                new_tokens: 1,
+                finish_reason: None,
+                events: vec![Event {
+                    kind,
+                    timestamp: ts,
+                }],
+            }],
+            stats: None,
+            finished_requests: Vec::new(),
+            partial: false,
+        })
+    }
+
+    #[test]
+    fn clock_values_outside_any_clock_are_refused() {
+        assert_eq!(mono_ns(1.5), Some(1_500_000_000));
+        for bad in [f64::NAN, f64::INFINITY, -1.0, 1e12] {
+            assert_eq!(mono_ns(bad), None);
+        }
+        assert_eq!(external_of("chatcmpl-abc-12345678"), Some("chatcmpl-abc"));
+        assert_eq!(external_of("chatcmpl-abc-123"), None);
+        assert_eq!(external_of("-12345678"), None);
+    }
+
+    #[test]
+    fn the_request_table_is_bounded_and_joins_stay_cheap() {
+        let mut state = IpcState::default();
+        let mut steps = Vec::new();
+        for i in 0..(3 * MAX_REQUESTS) {
+            let id = format!("chatcmpl-r{i}-abcdefgh");
+            state.apply(
+                output(&id, EventKind::Queued, 10.0 + i as f64),
+                1,
+                1,
+                &mut steps,
+            );
+            // Every other request is joined (its HTTP record finished).
+            if i % 2 == 0 {
+                let mut record = RequestRecord {
+                    response_id: Some(format!("chatcmpl-r{i}")),
+                    end_mono_ns: u64::MAX,
+                    ..Default::default()
+                };
+                state.enrich(&mut record);
+            }
+        }
+        assert!(state.requests.len() <= MAX_REQUESTS);
+        assert!(state.order.len() <= 2 * MAX_REQUESTS);
+        assert!(state.by_external.len() <= MAX_REQUESTS);
+        assert!(state.stats.get("vllm_requests_evicted_unjoined") > 0);
+    }
+
+    #[test]
+    fn two_engine_requests_with_one_http_id_are_not_guessed_between() {
+        let mut state = IpcState::default();
+        let mut steps = Vec::new();
+        // A client reused its X-Request-Id: two engine requests share the external id.
+        state.apply(
+            output("chatcmpl-x-aaaaaaaa", EventKind::Scheduled, 10.0),
+            1,
+            1,
+            &mut steps,
+        );
+        state.apply(
+            output("chatcmpl-x-bbbbbbbb", EventKind::Scheduled, 11.0),
+            1,
+            1,
+            &mut steps,
+        );
+        let mut record = RequestRecord {
+            response_id: Some("chatcmpl-x".into()),
+            arrival_mono_ns: 9_000_000_000,
+            end_mono_ns: 12_000_000_000,
+            ..Default::default()
+        };
+        state.enrich(&mut record);
+        assert_eq!(record.admitted_mono_ns, None);
+        assert_eq!(state.stats.get("vllm_join_ambiguous"), 1);
+        // A request whose lifetime holds only one of them gets that one.
+        record.arrival_mono_ns = 10_500_000_000;
+        state.enrich(&mut record);
+        assert_eq!(record.admitted_mono_ns, Some(11_000_000_000));
     }
 }
