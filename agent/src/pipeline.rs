@@ -16,7 +16,7 @@ use crate::{
     },
     correlate::{Peer, RequestRecord, Stats, StepRecord, Tracker, monotonic_now_ns},
     decode::{http::Limits, zmtp},
-    engines::{self, EngineIpc, IpcBytes, IpcDirection, IpcVerdict},
+    engines::{IpcBytes, IpcDirection, IpcRouter, IpcVerdict},
 };
 
 #[derive(Debug, Clone)]
@@ -56,9 +56,8 @@ pub struct Pipeline {
     tracker: Tracker,
     /// Listening ports per traced process; looked up per record.
     ports: FxHashMap<u32, Vec<u16>>,
-    /// IPC decoders, one per engine kind that has one (engines::Engine::ipc), and the engine
-    /// of each traced process.
-    ipc: Ipc,
+    /// IPC decoders, one per engine kind that has one (engines::Engine::ipc).
+    ipc: IpcRouter,
     stats: Stats,
     records: Vec<RequestRecord>,
     steps: Vec<StepRecord>,
@@ -78,7 +77,7 @@ impl Pipeline {
             probes,
             classifier: FdClassifier::default(),
             ports: FxHashMap::default(),
-            ipc: Ipc::default(),
+            ipc: IpcRouter::default(),
             stats: Stats::default(),
             records: Vec::new(),
             steps: Vec::new(),
@@ -116,7 +115,7 @@ impl Pipeline {
         self.drain(observer);
         self.tracker
             .finish_all(monotonic_now_ns(), &mut self.records);
-        self.ipc.emit(&mut self.records, observer);
+        self.emit_records(observer);
         Ok(())
     }
 
@@ -164,7 +163,15 @@ impl Pipeline {
         {
             observer.on_discovery(change);
         }
-        self.ipc.emit(&mut self.records, observer);
+        self.emit_records(observer);
+    }
+
+    /// Hands finished records to the observer, with what their engine's IPC knows added.
+    fn emit_records(&mut self, observer: &mut dyn Observer) {
+        for mut record in self.records.drain(..) {
+            self.ipc.enrich(&mut record);
+            observer.on_record(record);
+        }
     }
 
     fn drain(&mut self, observer: &mut dyn Observer) {
@@ -224,12 +231,14 @@ impl Pipeline {
                             match classifier
                                 .classify(ev.tgid, ev.fd, listening, first_read, wants_ipc)
                             {
-                                FdClass::Ipc => {
-                                    if ipc.on_syscall(&ev, steps) == IpcVerdict::NotIpc {
+                                FdClass::Ipc if ev.ret > 0 => {
+                                    if ipc.on_bytes(&ipc_bytes(&ev), steps) == IpcVerdict::NotIpc {
                                         stats.bump("records_not_engine_ipc");
                                         ignore.push((ev.tgid, ev.fd, ev.conn_gen));
                                     }
                                 }
+                                // EOF or an error: nothing to decode.
+                                FdClass::Ipc => {}
                                 FdClass::Other => {
                                     stats.bump("records_not_server_connection");
                                     ignore.push((ev.tgid, ev.fd, ev.conn_gen));
@@ -260,7 +269,10 @@ impl Pipeline {
         for (tgid, fd, conn_gen) in ignore {
             probes.ignore_connection(tgid, fd, conn_gen);
         }
-        ipc.emit(records, observer);
+        for mut record in records.drain(..) {
+            ipc.enrich(&mut record);
+            observer.on_record(record);
+        }
         for step in steps.drain(..) {
             observer.on_step(step);
         }
@@ -301,109 +313,26 @@ impl Pipeline {
     }
 }
 
-/// The engines' IPC decoders and which traced process runs which engine.
-#[derive(Default)]
-struct Ipc {
-    decoders: FxHashMap<&'static str, Box<dyn EngineIpc>>,
-    engine_of: FxHashMap<u32, &'static str>,
-}
-
-impl Ipc {
-    fn add_process(&mut self, tgid: u32, engine: &'static str) {
-        self.engine_of.insert(tgid, engine);
-        if !self.decoders.contains_key(engine)
-            && let Some(decoder) = engines::by_name(engine).and_then(|e| e.ipc())
-        {
-            self.decoders.insert(engine, decoder);
-        }
-    }
-
-    fn forget_process(&mut self, tgid: u32) {
-        if let Some(engine) = self.engine_of.remove(&tgid)
-            && let Some(decoder) = self.decoders.get_mut(engine)
-        {
-            decoder.forget_process(tgid);
-        }
-    }
-
-    /// Whether `tgid`'s engine decodes IPC sockets.
-    fn wants(&self, tgid: u32) -> bool {
-        self.engine_of
-            .get(&tgid)
-            .is_some_and(|e| self.decoders.contains_key(e))
-    }
-
-    fn on_syscall(&mut self, ev: &SyscallEvent<'_>, steps: &mut Vec<StepRecord>) -> IpcVerdict {
-        let Some(decoder) = self
-            .engine_of
-            .get(&ev.tgid)
-            .and_then(|e| self.decoders.get_mut(e))
-        else {
-            return IpcVerdict::NotIpc;
-        };
-        if ev.ret <= 0 || ev.copy_failed {
-            // EOF, an error, or bytes the kernel could not copy: nothing to decode; a failed
-            // copy loses the whole syscall.
-            if ev.copy_failed && ev.ret > 0 {
-                let bytes = IpcBytes {
-                    tgid: ev.tgid,
-                    tid: ev.tid,
-                    fd: ev.fd,
-                    conn_gen: ev.conn_gen,
-                    direction: direction(ev.kind),
-                    data: &[],
-                    lost: ev.ret as u64,
-                };
-                return decoder.on_bytes(&bytes, steps);
-            }
-            return IpcVerdict::Keep;
-        }
-        let bytes = IpcBytes {
-            tgid: ev.tgid,
-            tid: ev.tid,
-            fd: ev.fd,
-            conn_gen: ev.conn_gen,
-            direction: direction(ev.kind),
-            data: ev.payload,
-            lost: ev.lost_bytes(),
-        };
-        decoder.on_bytes(&bytes, steps)
-    }
-
-    fn on_close(&mut self, tgid: u32, fd: i32) {
-        if let Some(decoder) = self
-            .engine_of
-            .get(&tgid)
-            .and_then(|e| self.decoders.get_mut(e))
-        {
-            decoder.on_close(tgid, fd);
-        }
-    }
-
-    /// Hands finished records to the observer, with what their engine's IPC knows added.
-    fn emit(&mut self, records: &mut Vec<RequestRecord>, observer: &mut dyn Observer) {
-        for mut record in records.drain(..) {
-            if let Some(decoder) = self.decoders.get_mut(record.engine.as_str()) {
-                decoder.enrich(&mut record);
-            }
-            observer.on_record(record);
-        }
-    }
-
-    fn counters(&self) -> Vec<(String, u64)> {
-        self.decoders
-            .values()
-            .flat_map(|d| d.counters())
-            .map(|(k, v)| (k.to_string(), v))
-            .collect()
-    }
-}
-
-fn direction(kind: SyscallKind) -> IpcDirection {
-    if kind == SyscallKind::Read {
-        IpcDirection::Read
+/// One captured syscall as the engines' IPC decoders see it.
+fn ipc_bytes<'a>(ev: &SyscallEvent<'a>) -> IpcBytes<'a> {
+    // A failed copy loses the whole syscall.
+    let (data, lost) = if ev.copy_failed {
+        (&[][..], ev.ret.max(0) as u64)
     } else {
-        IpcDirection::Write
+        (ev.payload, ev.lost_bytes())
+    };
+    IpcBytes {
+        tgid: ev.tgid,
+        tid: ev.tid,
+        fd: ev.fd,
+        conn_gen: ev.conn_gen,
+        direction: if ev.kind == SyscallKind::Read {
+            IpcDirection::Read
+        } else {
+            IpcDirection::Write
+        },
+        data,
+        lost,
     }
 }
 

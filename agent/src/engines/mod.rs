@@ -1,6 +1,7 @@
 //! Engine plugins. Each engine module says how to recognise its processes; later stages (scheduler
 //! probes, IPC decoders, metric names) hang off the same trait. Nothing engine-specific lives
 //! outside these modules.
+mod ipc_router;
 mod llamacpp;
 mod sglang;
 mod tensorrt_llm;
@@ -8,6 +9,8 @@ mod triton;
 mod vllm;
 
 use crate::correlate::{RequestRecord, StepRecord};
+
+pub use ipc_router::IpcRouter;
 
 /// What discovery knows about a process when it asks the engines to claim it.
 #[derive(Debug, Clone, Default)]
