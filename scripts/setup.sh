@@ -65,4 +65,9 @@ if ! .venv/bin/python3 -c 'import importlib.metadata as m; assert m.version("rot
 fi
 # The Debian package starts a Prometheus service; the tests run their own.
 systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || true
+# pyzmq: the vLLM IPC replay test (tests/engine/vllm_ipc_replay.py) speaks real ZeroMQ.
+if ! .venv/bin/python3 -c 'import zmq' 2>/dev/null; then
+  log "installing pyzmq into .venv"
+  .venv/bin/pip install -q --disable-pip-version-check pyzmq==27.3.0
+fi
 log "ready"

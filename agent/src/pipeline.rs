@@ -14,14 +14,16 @@ use crate::{
         CaptureConfig, CaptureError, CapturedEvent, Discovery, DiscoveryChange, FdClass,
         FdClassifier, SocketProbes, TargetSelector,
         metrics::{MetricsScraper, ScrapeConfig},
-        records, sched_hooks,
+        records,
+        records::SyscallEvent,
+        sched_hooks,
     },
     correlate::{
         EngineMetrics, EngineMetricsRecord, Peer, RequestRecord, Stats, StepRecord, Tracker,
         engine_metrics::ScrapeSample, monotonic_now_ns,
     },
-    decode::{http::Limits, prometheus},
-    engines,
+    decode::{http::Limits, prometheus, zmtp},
+    engines::{self, IpcBytes, IpcDirection, IpcRouter, IpcVerdict},
 };
 
 #[derive(Debug, Clone)]
@@ -67,6 +69,8 @@ pub struct Pipeline {
     tracker: Tracker,
     /// Listening ports per traced process; looked up per record.
     ports: FxHashMap<u32, Vec<u16>>,
+    /// IPC decoders, one per engine kind that has one (engines::Engine::ipc).
+    ipc: IpcRouter,
     stats: Stats,
     records: Vec<RequestRecord>,
     steps: Vec<StepRecord>,
@@ -91,6 +95,7 @@ impl Pipeline {
             probes,
             classifier: FdClassifier::default(),
             ports: FxHashMap::default(),
+            ipc: IpcRouter::default(),
             stats: Stats::default(),
             records: Vec::new(),
             steps: Vec::new(),
@@ -153,7 +158,12 @@ impl Pipeline {
         self.drain(observer);
         self.tracker
             .finish_all(monotonic_now_ns(), &mut self.records);
-        emit(&mut self.engine_metrics, &mut self.records, observer);
+        emit(
+            &mut self.engine_metrics,
+            &mut self.ipc,
+            &mut self.records,
+            observer,
+        );
         Ok(())
     }
 
@@ -197,6 +207,7 @@ impl Pipeline {
             if let Some(scraper) = self.scraper.as_mut() {
                 scraper.forget(gone.tgid);
             }
+            self.ipc.forget_process(gone.tgid);
             self.classifier.forget_process(gone.tgid);
             self.tracker
                 .forget_process(gone.tgid, monotonic_now_ns(), &mut self.records);
@@ -219,6 +230,7 @@ impl Pipeline {
             self.ports.insert(new.tgid, new.ports.clone());
             self.tracker.set_engine(new.tgid, new.engine);
             self.watch_metrics(new.tgid, new.engine, &new.ports);
+            self.ipc.add_process(new.tgid, new.engine);
             self.probes.trace_process(new.tgid);
             sched_hooks::attach(&mut self.probes, new);
         }
@@ -228,7 +240,12 @@ impl Pipeline {
         {
             observer.on_discovery(change);
         }
-        emit(&mut self.engine_metrics, &mut self.records, observer);
+        emit(
+            &mut self.engine_metrics,
+            &mut self.ipc,
+            &mut self.records,
+            observer,
+        );
         // Records of a process that is gone are out; its samples are no longer needed.
         for gone in &change.removed {
             self.engine_metrics.forget(gone.tgid);
@@ -256,6 +273,7 @@ impl Pipeline {
             ringbuf_drops,
             records_read,
             engine_metrics,
+            ipc,
             ..
         } = self;
         let mut ignore: Vec<(u32, i32, u64)> = Vec::new();
@@ -289,12 +307,26 @@ impl Pipeline {
                             tracker.on_accept(&ev, Peer::default(), records);
                         }
                         SyscallKind::Close => {
+                            ipc.on_close(ev.tgid, ev.fd);
                             tracker.on_close(&ev, records);
                             classifier.on_close(ev.tgid, ev.fd);
                         }
                         SyscallKind::Read | SyscallKind::Write => {
                             let first_read = (ev.kind == SyscallKind::Read).then_some(ev.payload);
-                            match classifier.classify(ev.tgid, ev.fd, listening, first_read) {
+                            let wants_ipc = ipc
+                                .wants(ev.tgid)
+                                .then(|| zmtp::looks_like_zmtp(ev.payload) && ev.lost_bytes() == 0);
+                            match classifier
+                                .classify(ev.tgid, ev.fd, listening, first_read, wants_ipc)
+                            {
+                                FdClass::Ipc if ev.ret > 0 => {
+                                    if ipc.on_bytes(&ipc_bytes(&ev), steps) == IpcVerdict::NotIpc {
+                                        stats.bump("records_not_engine_ipc");
+                                        ignore.push((ev.tgid, ev.fd, ev.conn_gen));
+                                    }
+                                }
+                                // EOF or an error: nothing to decode.
+                                FdClass::Ipc => {}
                                 FdClass::Other => {
                                     stats.bump("records_not_server_connection");
                                     ignore.push((ev.tgid, ev.fd, ev.conn_gen));
@@ -313,11 +345,19 @@ impl Pipeline {
                 }
             }
         }
-        ignore.extend(tracker.take_ignored());
+        for (tgid, fd, conn_gen) in tracker.take_ignored() {
+            // Not HTTP on a listening port of an engine with IPC: a ZeroMQ tcp:// connection
+            // joined after its greeting. Its IPC decoder looks for a frame boundary.
+            if ipc.wants(tgid) && classifier.reroute_to_ipc(tgid, fd) {
+                stats.bump("connections_rerouted_to_ipc");
+            } else {
+                ignore.push((tgid, fd, conn_gen));
+            }
+        }
         for (tgid, fd, conn_gen) in ignore {
             probes.ignore_connection(tgid, fd, conn_gen);
         }
-        emit(engine_metrics, records, observer);
+        emit(engine_metrics, ipc, records, observer);
         for step in steps.drain(..) {
             observer.on_step(step);
         }
@@ -333,6 +373,7 @@ impl Pipeline {
             .collect();
         all.extend(self.stats.iter().map(|(k, v)| (k.to_string(), v)));
         all.extend(self.tracker.stats().iter().map(|(k, v)| (k.to_string(), v)));
+        all.extend(self.ipc.counters());
         all.push(("ringbuf_records".into(), self.records_read));
         if let Some(scraper) = &self.scraper {
             all.extend(scraper.counters());
@@ -364,10 +405,12 @@ impl Pipeline {
     }
 }
 
-/// Hands finished requests to the observer, joined to the engine metrics sampled at their
-/// arrival; the agent's own scrapes (seen by the socket probes) are not requests.
+/// Hands finished requests to the observer, with what their engine's IPC knows added and
+/// joined to the engine metrics sampled at their arrival; the agent's own scrapes (seen by the
+/// socket probes) are not requests.
 fn emit(
     engine_metrics: &mut EngineMetrics,
+    ipc: &mut IpcRouter,
     records: &mut Vec<RequestRecord>,
     observer: &mut dyn Observer,
 ) {
@@ -375,8 +418,32 @@ fn emit(
         if engine_metrics.is_own_scrape(&record) {
             continue;
         }
+        ipc.enrich(&mut record);
         engine_metrics.annotate(&mut record);
         observer.on_record(record);
+    }
+}
+
+/// One captured syscall as the engines' IPC decoders see it.
+fn ipc_bytes<'a>(ev: &SyscallEvent<'a>) -> IpcBytes<'a> {
+    // A failed copy loses the whole syscall.
+    let (data, lost) = if ev.copy_failed {
+        (&[][..], ev.ret.max(0) as u64)
+    } else {
+        (ev.payload, ev.lost_bytes())
+    };
+    IpcBytes {
+        tgid: ev.tgid,
+        tid: ev.tid,
+        fd: ev.fd,
+        conn_gen: ev.conn_gen,
+        direction: if ev.kind == SyscallKind::Read {
+            IpcDirection::Read
+        } else {
+            IpcDirection::Write
+        },
+        data,
+        lost,
     }
 }
 

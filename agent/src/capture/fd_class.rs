@@ -15,6 +15,9 @@ pub enum FdClass {
         local_port: Option<u16>,
         remote: Option<SocketAddr>,
     },
+    /// A socket that may carry the engine's internal IPC (a Unix stream socket, or a TCP
+    /// connection not on a listening port), for processes whose engine decodes its IPC.
+    Ipc,
     Other,
 }
 
@@ -44,6 +47,18 @@ impl FdClassifier {
         self.accepted.remove(&(tgid, fd));
     }
 
+    /// A server connection that turned out not to be HTTP becomes an IPC candidate (once: a
+    /// connection already rerouted is not rerouted again). Whether it was.
+    pub fn reroute_to_ipc(&mut self, tgid: u32, fd: i32) -> bool {
+        match self.cache.get_mut(&(tgid, fd)) {
+            Some(class @ FdClass::Server { .. }) => {
+                *class = FdClass::Ipc;
+                true
+            }
+            _ => false,
+        }
+    }
+
     pub fn forget_process(&mut self, tgid: u32) {
         self.cache.retain(|(t, _), _| *t != tgid);
         self.accepted.retain(|(t, _)| *t != tgid);
@@ -52,13 +67,20 @@ impl FdClassifier {
     /// `first_read` is the payload of the event being classified when it is a read: if the fd
     /// is already closed when the agent looks (short connections, accepted before the agent
     /// attached), a read that opens with an HTTP request line still marks a server connection.
+    /// `ipc` is Some when the process's engine decodes IPC sockets ([`FdClass::Ipc`]), holding
+    /// whether this event's bytes look like that IPC (the decode stage says: for ZeroMQ, a
+    /// greeting or whole frames, which HTTP bytes never are). A connection accepted on a
+    /// listening port is IPC when they do: ZeroMQ's tcp:// binds listen too.
     pub fn classify(
         &mut self,
         tgid: u32,
         fd: i32,
         listening_ports: &[u16],
         first_read: Option<&[u8]>,
+        ipc: Option<bool>,
     ) -> FdClass {
+        let ipc_greeting = ipc == Some(true);
+        let ipc = ipc.is_some();
         if let Some(class) = self.cache.get(&(tgid, fd)) {
             return *class;
         }
@@ -68,13 +90,19 @@ impl FdClassifier {
             remote: None,
         };
         let class = match sockets::tcp_connection(tgid, fd) {
+            FdNow::TcpConnection { local, .. }
+                if ipc_greeting && listening_ports.contains(&local.port()) =>
+            {
+                FdClass::Ipc
+            }
             FdNow::TcpConnection { local, peer } if listening_ports.contains(&local.port()) => {
                 FdClass::Server {
                     local_port: Some(local.port()),
                     remote: Some(peer),
                 }
             }
-            FdNow::TcpConnection { .. } | FdNow::Other => FdClass::Other,
+            FdNow::TcpConnection { .. } | FdNow::UnixStream if ipc => FdClass::Ipc,
+            FdNow::TcpConnection { .. } | FdNow::UnixStream | FdNow::Other => FdClass::Other,
             FdNow::Gone if self.accepted.contains(&(tgid, fd)) => unknown_peer,
             FdNow::Gone if first_read.is_some_and(starts_like_http_request) => unknown_peer,
             FdNow::Gone => FdClass::Other,
@@ -115,7 +143,8 @@ mod tests {
                 me,
                 gone_fd,
                 &[80],
-                Some(b"POST /v1/chat/completions HTTP/1.1\r\n")
+                Some(b"POST /v1/chat/completions HTTP/1.1\r\n"),
+                None
             ),
             FdClass::Server {
                 local_port: None,
@@ -123,9 +152,49 @@ mod tests {
             }
         );
         assert_eq!(
-            c.classify(me, gone_fd + 1, &[80], Some(b"\x16\x03\x01")),
+            c.classify(me, gone_fd + 1, &[80], Some(b"\x16\x03\x01"), None),
             FdClass::Other
         );
-        assert_eq!(c.classify(me, gone_fd + 2, &[80], None), FdClass::Other);
+        assert_eq!(
+            c.classify(me, gone_fd + 2, &[80], None, None),
+            FdClass::Other
+        );
+    }
+
+    #[test]
+    fn ipc_sockets_only_for_engines_that_decode_them() {
+        use std::os::fd::AsRawFd;
+        let (unix, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let out = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let me = std::process::id();
+        for fd in [unix.as_raw_fd(), out.as_raw_fd()] {
+            assert_eq!(
+                FdClassifier::default().classify(me, fd, &[], None, Some(false)),
+                FdClass::Ipc
+            );
+            assert_eq!(
+                FdClassifier::default().classify(me, fd, &[], None, None),
+                FdClass::Other
+            );
+        }
+        // Accepted on a listening port: HTTP, unless it opens with a ZMTP greeting.
+        let (accepted, _) = listener.accept().unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let fd = accepted.as_raw_fd();
+        assert!(matches!(
+            FdClassifier::default().classify(me, fd, &[port], None, Some(false)),
+            FdClass::Server { .. }
+        ));
+        assert_eq!(
+            FdClassifier::default().classify(me, fd, &[port], None, Some(true)),
+            FdClass::Ipc
+        );
+        // Joined after the greeting: HTTP first, rerouted once the HTTP decoder gives up.
+        let mut c = FdClassifier::default();
+        c.classify(me, fd, &[port], None, Some(false));
+        assert!(c.reroute_to_ipc(me, fd));
+        assert_eq!(c.classify(me, fd, &[port], None, Some(false)), FdClass::Ipc);
+        assert!(!c.reroute_to_ipc(me, fd));
     }
 }

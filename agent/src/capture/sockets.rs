@@ -22,7 +22,9 @@ pub enum FdKind {
         local: SocketAddr,
         peer: SocketAddr,
     },
-    /// A file, pipe, Unix or UDP socket, or a TCP socket in another state.
+    /// A connected Unix stream socket (engine IPC, e.g. ZeroMQ's ipc://).
+    UnixStream,
+    /// A file, pipe, UDP socket, or a TCP socket in another state.
     Other,
 }
 
@@ -118,6 +120,9 @@ fn sockaddr_to_std(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
 
 fn classify(fd: RawFd) -> FdKind {
     let domain = sockopt_int(fd, libc::SO_DOMAIN);
+    if domain == Some(libc::AF_UNIX) && sockopt_int(fd, libc::SO_TYPE) == Some(libc::SOCK_STREAM) {
+        return FdKind::UnixStream;
+    }
     if !matches!(domain, Some(libc::AF_INET) | Some(libc::AF_INET6))
         || sockopt_int(fd, libc::SO_PROTOCOL) != Some(libc::IPPROTO_TCP)
     {
@@ -162,6 +167,7 @@ pub enum FdNow {
         local: SocketAddr,
         peer: SocketAddr,
     },
+    UnixStream,
     Other,
     /// Closed already (or the process is gone): the agent looked too late.
     Gone,
@@ -171,6 +177,7 @@ pub fn tcp_connection(tgid: u32, fd: i32) -> FdNow {
     let inspected = ProcessHandle::open(tgid).and_then(|p| p.inspect(fd));
     match inspected {
         Ok(FdKind::TcpConnection { local, peer }) => FdNow::TcpConnection { local, peer },
+        Ok(FdKind::UnixStream) => FdNow::UnixStream,
         Ok(_) => FdNow::Other,
         Err(e) if matches!(e.raw_os_error(), Some(libc::EBADF) | Some(libc::ESRCH)) => FdNow::Gone,
         Err(_) => match procfs::tcp_connection(tgid, fd) {
@@ -212,6 +219,12 @@ mod tests {
             FdKind::TcpConnection { local: addr, peer }
         );
         assert_eq!(me.inspect(file.as_raw_fd()).unwrap(), FdKind::Other);
+        let (unix, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert_eq!(me.inspect(unix.as_raw_fd()).unwrap(), FdKind::UnixStream);
+        assert_eq!(
+            tcp_connection(std::process::id(), unix.as_raw_fd()),
+            FdNow::UnixStream
+        );
         assert!(me.inspect(100_000).is_err());
         assert!(listening_ports(std::process::id()).contains(&addr.port()));
         assert_eq!(

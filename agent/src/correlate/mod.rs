@@ -251,6 +251,9 @@ impl Tracker {
             duration_ms: event.ts_ns.saturating_sub(start_ns) as f64 / 1e6,
             batch_tokens: u64::try_from(tokens).ok(),
             requests: members,
+            kv_cache_usage: None,
+            running_requests: None,
+            waiting_requests: None,
         })
     }
 

@@ -97,7 +97,16 @@ pub struct StepRecord {
     /// Tokens in the batch, where the engine's ABI exposes it.
     pub batch_tokens: Option<u64>,
     /// Requests in flight in the engine during the step (admitted, response not finished).
+    /// From vLLM's IPC: the requests that produced tokens in the step, by engine request id.
     pub requests: Vec<StepMember>,
+    /// KV cache in use after the step, 0..1 (vLLM's scheduler stats).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_cache_usage: Option<f64>,
+    /// Requests running / waiting in the engine after the step (vLLM's scheduler stats).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub running_requests: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting_requests: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -345,6 +345,9 @@ mod tests {
             end_mono_ns: end,
             duration_ms: (end - start) as f64 / 1e6,
             batch_tokens: None,
+            kv_cache_usage: None,
+            running_requests: None,
+            waiting_requests: None,
             requests: members
                 .iter()
                 .map(|(id, phase)| StepMember {

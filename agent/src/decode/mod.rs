@@ -1,4 +1,6 @@
 //! Decode stage: captured bytes → protocol events. Parsers here see untrusted bytes: they
 //! never panic, keep bounded buffers and report what they could not parse.
 pub mod http;
+pub mod msgpack;
 pub mod prometheus;
+pub mod zmtp;

@@ -1,12 +1,17 @@
 //! Engine plugins. Each engine module says how to recognise its processes; later stages (scheduler
 //! probes, IPC decoders, metric names) hang off the same trait. Nothing engine-specific lives
 //! outside these modules.
+mod ipc_router;
 mod llamacpp;
 mod metrics;
 mod sglang;
 mod tensorrt_llm;
 mod triton;
 mod vllm;
+
+use crate::correlate::{RequestRecord, StepRecord};
+
+pub use ipc_router::IpcRouter;
 
 /// What discovery knows about a process when it asks the engines to claim it.
 #[derive(Debug, Clone, Default)]
@@ -45,6 +50,46 @@ pub struct SchedulerHook {
     pub gives: &'static str,
 }
 
+/// Which way bytes moved on a traced process's socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpcDirection {
+    Read,
+    Write,
+}
+
+/// One captured syscall on a socket that may carry an engine's internal IPC.
+#[derive(Debug, Clone, Copy)]
+pub struct IpcBytes<'a> {
+    pub tgid: u32,
+    pub tid: u32,
+    pub fd: i32,
+    /// The fd's connection generation: a new value means a new socket on a reused fd.
+    pub conn_gen: u64,
+    pub direction: IpcDirection,
+    pub data: &'a [u8],
+    /// Bytes the syscall moved beyond `data` (not captured).
+    pub lost: u64,
+}
+
+/// Whether a socket carries the engine's IPC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpcVerdict {
+    Keep,
+    /// Not this engine's IPC: the kernel can stop copying this socket's bytes.
+    NotIpc,
+}
+
+/// An engine's IPC decoder: one per engine kind, fed every candidate socket of its processes
+/// (Unix stream sockets, TCP connections that are not the HTTP server's).
+pub trait EngineIpc {
+    fn on_bytes(&mut self, bytes: &IpcBytes<'_>, steps: &mut Vec<StepRecord>) -> IpcVerdict;
+    fn on_close(&mut self, tgid: u32, fd: i32);
+    fn forget_process(&mut self, tgid: u32);
+    /// Adds what the IPC said about the HTTP request `record` describes (it just finished).
+    fn enrich(&mut self, record: &mut RequestRecord);
+    fn counters(&self) -> Vec<(&'static str, u64)>;
+}
+
 pub trait Engine: Sync {
     /// Stable name used in records and metrics ("llamacpp", "vllm", ...).
     fn name(&self) -> &'static str;
@@ -61,6 +106,10 @@ pub trait Engine: Sync {
     /// The engine's own Prometheus endpoint on its serving port, and which of its metrics give
     /// which of inferscope's signals.
     fn metrics(&self) -> Option<&'static MetricsEndpoint> {
+        None
+    }
+    /// A decoder for the engine's internal IPC, for engines whose IPC the agent understands.
+    fn ipc(&self) -> Option<Box<dyn EngineIpc>> {
         None
     }
 }
@@ -146,6 +195,7 @@ mod tests {
                 process("python -m vllm.entrypoints.openai.api_server", &[]),
                 Some("vllm"),
             ),
+            (process("VLLM::EngineCore", &[]), Some("vllm")),
             (
                 process("python -m sglang.launch_server --model m", &[]),
                 Some("sglang"),

@@ -399,6 +399,15 @@ impl Metrics {
     }
 
     pub fn record_step(&self, step: &StepRecord) {
+        // Engines whose steps carry KV use (vLLM IPC) update the gauge per step.
+        if let Some(kv) = step.kv_cache_usage {
+            self.kv_cache_usage
+                .get_or_create(&ProcessLabels {
+                    engine: step.engine.clone(),
+                    pid: step.pid.to_string(),
+                })
+                .set(kv);
+        }
         let secs = step.duration_ms / 1000.0;
         self.step_duration
             .get_or_create(&EngineLabels {

@@ -1,5 +1,13 @@
-//! vLLM's OpenAI-compatible API server (`vllm serve`, or the entrypoint module).
-use super::{Engine, MetricSource, MetricsEndpoint, ProcessInfo, Signal};
+//! vLLM: the OpenAI-compatible API server (`vllm serve`, or the entrypoint module) and its
+//! EngineCore process, and the V1 IPC between them (ZMQ + msgpack, see [`ipc`]).
+mod ipc;
+mod layout;
+mod messages;
+mod state;
+
+use super::{Engine, EngineIpc, MetricSource, MetricsEndpoint, ProcessInfo, Signal};
+
+pub use ipc::VllmIpc;
 
 pub struct Vllm;
 
@@ -13,6 +21,12 @@ impl Engine for Vllm {
             || p.cmdline_has("/vllm ")
             || p.cmdline.ends_with("/vllm")
             || p.cmdline_has("vllm.entrypoints")
+            // The engine process names itself with setproctitle.
+            || p.cmdline.starts_with("VLLM::EngineCore")
+    }
+
+    fn ipc(&self) -> Option<Box<dyn EngineIpc>> {
+        Some(Box::new(VllmIpc::default()))
     }
 
     fn metrics(&self) -> Option<&'static MetricsEndpoint> {
@@ -41,14 +55,14 @@ static METRICS: MetricsEndpoint = MetricsEndpoint {
 };
 
 #[cfg(test)]
-mod tests {
+mod metrics_tests {
     #[test]
     fn reads_the_engine_fixture() {
-        let got = super::super::fixture_signals(
+        let got = crate::engines::fixture_signals(
             "vllm",
-            include_bytes!("../../../tests/fixtures/metrics/vllm.txt"),
+            include_bytes!("../../../../tests/fixtures/metrics/vllm.txt"),
         );
-        super::super::assert_signals(
+        crate::engines::assert_signals(
             &got,
             // Two data-parallel engines: KV usage 0.5 and 0.7, running 3+2, waiting 4+1, ...
             [
@@ -62,3 +76,6 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod tests;

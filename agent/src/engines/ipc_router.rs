@@ -1,0 +1,102 @@
+//! Routes IPC sockets' bytes to the decoder of the engine that owns the process: one decoder per
+//! engine kind (shared by its processes, since one request crosses the API server and the engine
+//! core), created when discovery first finds a process of that engine.
+use rustc_hash::FxHashMap;
+
+use super::{EngineIpc, IpcBytes, IpcVerdict, by_name};
+use crate::correlate::{RequestRecord, StepRecord};
+
+#[derive(Default)]
+pub struct IpcRouter {
+    decoders: FxHashMap<&'static str, Box<dyn EngineIpc>>,
+    engine_of: FxHashMap<u32, &'static str>,
+}
+
+impl IpcRouter {
+    pub fn add_process(&mut self, tgid: u32, engine: &'static str) {
+        self.engine_of.insert(tgid, engine);
+        if !self.decoders.contains_key(engine)
+            && let Some(decoder) = by_name(engine).and_then(|e| e.ipc())
+        {
+            self.decoders.insert(engine, decoder);
+        }
+    }
+
+    pub fn forget_process(&mut self, tgid: u32) {
+        if let Some(engine) = self.engine_of.remove(&tgid)
+            && let Some(decoder) = self.decoders.get_mut(engine)
+        {
+            decoder.forget_process(tgid);
+        }
+    }
+
+    /// Whether `tgid`'s engine decodes IPC sockets.
+    pub fn wants(&self, tgid: u32) -> bool {
+        self.engine_of
+            .get(&tgid)
+            .is_some_and(|e| self.decoders.contains_key(e))
+    }
+
+    fn decoder(&mut self, tgid: u32) -> Option<&mut Box<dyn EngineIpc>> {
+        let engine = self.engine_of.get(&tgid)?;
+        self.decoders.get_mut(engine)
+    }
+
+    pub fn on_bytes(&mut self, bytes: &IpcBytes<'_>, steps: &mut Vec<StepRecord>) -> IpcVerdict {
+        match self.decoder(bytes.tgid) {
+            Some(decoder) => decoder.on_bytes(bytes, steps),
+            None => IpcVerdict::NotIpc,
+        }
+    }
+
+    pub fn on_close(&mut self, tgid: u32, fd: i32) {
+        if let Some(decoder) = self.decoder(tgid) {
+            decoder.on_close(tgid, fd);
+        }
+    }
+
+    /// Adds what the record's engine's IPC knows to a finished HTTP record.
+    pub fn enrich(&mut self, record: &mut RequestRecord) {
+        if let Some(decoder) = self.decoders.get_mut(record.engine.as_str()) {
+            decoder.enrich(record);
+        }
+    }
+
+    pub fn counters(&self) -> Vec<(String, u64)> {
+        self.decoders
+            .values()
+            .flat_map(|d| d.counters())
+            .map(|(k, v)| (k.to_string(), v))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engines::IpcDirection;
+
+    #[test]
+    fn only_processes_of_engines_with_ipc_are_routed() {
+        let mut router = IpcRouter::default();
+        router.add_process(1, "vllm");
+        router.add_process(2, "llamacpp");
+        assert!(router.wants(1));
+        assert!(!router.wants(2));
+        assert!(!router.wants(3));
+        let bytes = |tgid| IpcBytes {
+            tgid,
+            tid: tgid,
+            fd: 5,
+            conn_gen: 0,
+            direction: IpcDirection::Read,
+            data: &[0xff, 0, 0],
+            lost: 0,
+        };
+        let mut steps = Vec::new();
+        assert_eq!(router.on_bytes(&bytes(1), &mut steps), IpcVerdict::Keep);
+        assert_eq!(router.on_bytes(&bytes(2), &mut steps), IpcVerdict::NotIpc);
+        router.forget_process(1);
+        assert!(!router.wants(1));
+    }
+}

@@ -1,0 +1,160 @@
+//! vLLM V1's API server ↔ EngineCore traffic, as captured on the sockets of either process:
+//! ZMTP streams → messages → [`IpcState`]. The engine's version comes from its start-up message
+//! (`EngineCoreReadyResponse.vllm_version`) and picks the pinned layout; an unsupported version
+//! is counted and decoded no further, and when the start-up was missed (the agent attached later)
+//! the newest layout is used with every field's type checked.
+use rustc_hash::FxHashMap;
+use tracing::warn;
+
+use super::{
+    layout::{self, Layout},
+    messages::{self, IpcMessage},
+    state::IpcState,
+};
+use crate::{
+    correlate::{RequestRecord, Stats, StepRecord},
+    decode::zmtp::{Message, ZmtpError, ZmtpLimits, ZmtpStream},
+    engines::{EngineIpc, IpcBytes, IpcDirection, IpcVerdict},
+};
+
+/// Sockets followed at once; beyond this the table is cleared (counted) and streams restart
+/// mid-stream.
+const MAX_SOCKETS: usize = 4096;
+
+struct Socket {
+    conn_gen: u64,
+    read: ZmtpStream,
+    write: ZmtpStream,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Version {
+    Supported(&'static Layout),
+    Unsupported,
+}
+
+#[derive(Default)]
+pub struct VllmIpc {
+    sockets: FxHashMap<(u32, i32), Socket>,
+    /// Per process: the version its engine reported.
+    versions: FxHashMap<u32, Version>,
+    state: IpcState,
+    stats: Stats,
+    messages: Vec<Message>,
+    limits: ZmtpLimits,
+}
+
+impl VllmIpc {
+    #[cfg(test)]
+    pub fn state(&self) -> &IpcState {
+        &self.state
+    }
+
+    /// Decodes one message seen in process `tgid` and applies it.
+    fn on_message(&mut self, message: &Message, tgid: u32, tid: u32, steps: &mut Vec<StepRecord>) {
+        let frames: Vec<&[u8]> = message.frames.iter().map(|f| f.data.as_slice()).collect();
+        let known = self.versions.get(&tgid).copied();
+        let layout = match known {
+            Some(Version::Supported(l)) => l,
+            Some(Version::Unsupported) | None => &layout::NEWEST,
+        };
+        let decoded = messages::decode(&frames, layout);
+        if let Ok(IpcMessage::Ready { version }) = &decoded {
+            let v = match layout::for_version(version) {
+                Some(l) => Version::Supported(l),
+                None => {
+                    warn!(
+                        pid = tgid,
+                        version = version.as_str(),
+                        "vLLM version without a pinned IPC layout: its IPC is not decoded \
+                         (admission, preemptions and KV use need a supported version)"
+                    );
+                    Version::Unsupported
+                }
+            };
+            self.versions.insert(tgid, v);
+            self.stats.bump("vllm_ipc_ready");
+            return;
+        }
+        match (known, decoded) {
+            (Some(Version::Unsupported), _) => self.stats.bump("vllm_ipc_unsupported_version"),
+            (_, Err(e)) => self.stats.bump(e.as_str()),
+            (known, Ok(m)) => {
+                if known.is_none() {
+                    self.stats.bump("vllm_ipc_layout_assumed");
+                }
+                self.stats.bump("vllm_ipc_messages");
+                self.state.apply(m, tgid, tid, steps);
+            }
+        }
+    }
+}
+
+impl EngineIpc for VllmIpc {
+    fn on_bytes(&mut self, b: &IpcBytes<'_>, steps: &mut Vec<StepRecord>) -> IpcVerdict {
+        let key = (b.tgid, b.fd);
+        if self
+            .sockets
+            .get(&key)
+            .is_some_and(|s| s.conn_gen != b.conn_gen)
+        {
+            self.sockets.remove(&key);
+        }
+        if !self.sockets.contains_key(&key) && self.sockets.len() >= MAX_SOCKETS {
+            self.sockets.clear();
+            self.stats.bump("vllm_ipc_socket_table_full");
+        }
+        let limits = self.limits;
+        let socket = self.sockets.entry(key).or_insert_with(|| Socket {
+            conn_gen: b.conn_gen,
+            read: ZmtpStream::new(limits),
+            write: ZmtpStream::new(limits),
+        });
+        let stream = match b.direction {
+            IpcDirection::Read => &mut socket.read,
+            IpcDirection::Write => &mut socket.write,
+        };
+        let mut messages = std::mem::take(&mut self.messages);
+        let fed = stream.feed(b.data, b.lost, &mut messages);
+        self.stats
+            .add("zmtp_frames_incomplete", fed.frames_incomplete);
+        self.stats.add("zmtp_frames_dropped", fed.frames_dropped);
+        self.stats.add("zmtp_hunt_skipped", fed.hunt_skipped);
+        let verdict = match stream.failed() {
+            Some(ZmtpError::Desync) => {
+                // Lost across a frame header: look for the next frame boundary.
+                self.stats.bump(ZmtpError::Desync.as_str());
+                *stream = ZmtpStream::mid_stream(limits);
+                IpcVerdict::Keep
+            }
+            Some(e) => {
+                self.stats.bump(e.as_str());
+                self.sockets.remove(&key);
+                IpcVerdict::NotIpc
+            }
+            None => IpcVerdict::Keep,
+        };
+        for message in messages.drain(..) {
+            self.on_message(&message, b.tgid, b.tid, steps);
+        }
+        self.messages = messages;
+        verdict
+    }
+
+    fn on_close(&mut self, tgid: u32, fd: i32) {
+        self.sockets.remove(&(tgid, fd));
+    }
+
+    fn forget_process(&mut self, tgid: u32) {
+        self.sockets.retain(|(t, _), _| *t != tgid);
+        self.versions.remove(&tgid);
+    }
+
+    fn enrich(&mut self, record: &mut RequestRecord) {
+        self.state.enrich(record);
+    }
+
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        self.stats.iter().chain(self.state.stats.iter()).collect()
+    }
+}

@@ -1,0 +1,342 @@
+//! The vLLM 0.33.0 fixtures (tests/fixtures/vllm: real ZMTP streams of messages encoded with the
+//! wheel's own classes) replayed through the decoder, compared with the values they encode.
+use serde_json::Value;
+
+use super::{VllmIpc, state::mono_ns};
+use crate::{
+    correlate::{RequestRecord, StepRecord},
+    engines::{EngineIpc, IpcBytes, IpcDirection, IpcVerdict},
+};
+
+fn fixture(name: &str) -> Vec<u8> {
+    let path = format!(
+        "{}/../tests/fixtures/vllm/0.33.0/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn expected() -> Value {
+    serde_json::from_slice(&fixture("expected.json")).unwrap()
+}
+
+fn ns(v: &Value) -> Option<u64> {
+    v.as_f64().and_then(mono_ns)
+}
+
+/// Feeds one fixture stream as syscalls of `chunk` bytes on (tgid, fd).
+fn feed(
+    ipc: &mut VllmIpc,
+    steps: &mut Vec<StepRecord>,
+    bytes: &[u8],
+    tgid: u32,
+    fd: i32,
+    direction: IpcDirection,
+    chunk: usize,
+) -> IpcVerdict {
+    let mut verdict = IpcVerdict::Keep;
+    for data in bytes.chunks(chunk) {
+        verdict = ipc.on_bytes(
+            &IpcBytes {
+                tgid,
+                tid: tgid,
+                fd,
+                conn_gen: 1,
+                direction,
+                data,
+                lost: 0,
+            },
+            steps,
+        );
+    }
+    verdict
+}
+
+/// The API server's view: it writes the input socket (ROUTER), reads the engine's start-up
+/// message there, and reads the output socket (PULL). Inputs before outputs, as in the scenario
+/// (each request is added before any output names it).
+fn api_server_view(transport: &str, chunk: usize) -> (VllmIpc, Vec<StepRecord>) {
+    let mut ipc = VllmIpc::default();
+    let mut steps = Vec::new();
+    let pid = 100;
+    let input_from = fixture(&format!("{transport}-input.from_engine.bin"));
+    let input_to = fixture(&format!("{transport}-input.to_engine.bin"));
+    let output_from = fixture(&format!("{transport}-output.from_engine.bin"));
+    let output_to = fixture(&format!("{transport}-output.to_engine.bin"));
+    use IpcDirection::{Read, Write};
+    assert_eq!(
+        feed(&mut ipc, &mut steps, &input_from, pid, 7, Read, chunk),
+        IpcVerdict::Keep
+    );
+    assert_eq!(
+        feed(&mut ipc, &mut steps, &input_to, pid, 7, Write, chunk),
+        IpcVerdict::Keep
+    );
+    assert_eq!(
+        feed(&mut ipc, &mut steps, &output_to, pid, 8, Write, chunk),
+        IpcVerdict::Keep
+    );
+    assert_eq!(
+        feed(&mut ipc, &mut steps, &output_from, pid, 8, Read, chunk),
+        IpcVerdict::Keep
+    );
+    (ipc, steps)
+}
+
+fn assert_matches_expected(ipc: &VllmIpc, steps: &[StepRecord]) {
+    let want = expected();
+    for r in want["requests"].as_array().unwrap() {
+        let id = r["request_id"].as_str().unwrap();
+        let got = ipc
+            .state()
+            .request(id)
+            .unwrap_or_else(|| panic!("{id} missing"));
+        assert_eq!(
+            got.external_req_id.as_deref(),
+            r["external_req_id"].as_str(),
+            "{id}"
+        );
+        assert_eq!(got.prompt_tokens, r["prompt_tokens"].as_u64(), "{id}");
+        assert_eq!(got.queued_ns, ns(&r["queued"]), "{id}");
+        assert_eq!(got.scheduled_ns, ns(&r["scheduled"]), "{id}");
+        assert_eq!(got.preemptions, r["preemptions"].as_u64().unwrap(), "{id}");
+        assert_eq!(
+            got.output_tokens,
+            r["output_tokens"].as_u64().unwrap(),
+            "{id}"
+        );
+        assert_eq!(got.first_output_ns, ns(&r["first_output_ts"]), "{id}");
+        let aborted_while_waiting = r["finish_reason"] == "abort";
+        if aborted_while_waiting {
+            assert!(got.aborted, "{id}");
+        } else {
+            assert_eq!(got.finish_reason, r["finish_reason"].as_str(), "{id}");
+        }
+    }
+    let want_steps = want["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), want_steps.len());
+    for (got, s) in steps.iter().zip(want_steps) {
+        assert_eq!(Some(got.end_mono_ns), ns(&s["timestamp"]));
+        assert_eq!(got.kv_cache_usage, s["kv_cache_usage"].as_f64());
+        assert_eq!(got.running_requests, s["running"].as_u64());
+        assert_eq!(got.waiting_requests, s["waiting"].as_u64());
+        assert_eq!(got.requests.len() as u64, s["outputs"].as_u64().unwrap());
+        assert_eq!(got.engine, "vllm");
+    }
+}
+
+#[test]
+fn replayed_fixture_streams_give_the_encoded_values() {
+    for transport in ["ipc", "tcp"] {
+        for chunk in [1, 13, 4096, usize::MAX] {
+            let (ipc, steps) = api_server_view(transport, chunk);
+            assert_matches_expected(&ipc, &steps);
+            let counters: std::collections::BTreeMap<_, _> = ipc.counters().into_iter().collect();
+            assert_eq!(counters.get("vllm_ipc_ready"), Some(&1));
+            assert_eq!(counters.get("vllm_ipc_layout_assumed"), None);
+            assert_eq!(counters.get("vllm_ipc_layout_mismatch"), None);
+        }
+    }
+}
+
+#[test]
+fn both_processes_traced_count_each_message_once() {
+    let (mut ipc, mut steps) = api_server_view("ipc", 4096);
+    // The EngineCore process (pid 200) sees the same messages from the other side.
+    let engine = 200;
+    use IpcDirection::{Read, Write};
+    for (file, fd, dir) in [
+        ("ipc-input.from_engine.bin", 3, Write),
+        ("ipc-input.to_engine.bin", 3, Read),
+        ("ipc-output.to_engine.bin", 4, Read),
+        ("ipc-output.from_engine.bin", 4, Write),
+    ] {
+        feed(&mut ipc, &mut steps, &fixture(file), engine, fd, dir, 4096);
+    }
+    assert_matches_expected(&ipc, &steps);
+}
+
+#[test]
+fn the_step_records_chain_busy_steps() {
+    let (_, steps) = api_server_view("tcp", 4096);
+    // Step 1 follows an idle engine: its start is unknown. Later ones start where the previous
+    // (busy) step ended.
+    assert_eq!(steps[0].start_mono_ns, steps[0].end_mono_ns);
+    for w in steps.windows(2) {
+        assert_eq!(w[1].start_mono_ns, w[0].end_mono_ns);
+    }
+    let b = "chatcmpl-fixture-b-a0b1c2d3";
+    let phase = |i: usize| {
+        steps[i]
+            .requests
+            .iter()
+            .find(|m| m.request_id == b)
+            .map(|m| m.phase)
+    };
+    assert_eq!(phase(1), Some("prefill"));
+    assert_eq!(phase(2), Some("decode"));
+}
+
+fn http_record(response_id: &str, arrival: u64, first_token: u64, end: u64) -> RequestRecord {
+    RequestRecord {
+        response_id: Some(response_id.into()),
+        arrival_mono_ns: arrival,
+        first_token_mono_ns: Some(first_token),
+        end_mono_ns: end,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn http_requests_are_joined_by_their_stream_id() {
+    let want = expected();
+    let (mut ipc, _) = api_server_view("ipc", 4096);
+    let first_step = ns(&want["steps"][0]["timestamp"]).unwrap();
+    for r in want["requests"].as_array().unwrap() {
+        // D never left the queue (no events): its HTTP request spans the first step.
+        let queued = ns(&r["queued"]).unwrap_or(first_step);
+        let scheduled = ns(&r["scheduled"]);
+        let ext = r["external_req_id"].as_str().unwrap();
+        let first_token = ns(&r["first_output_ts"]).map_or(queued + 1_000_000, |t| t + 100_000);
+        let mut rec = http_record(
+            ext,
+            queued - 2_000_000,
+            first_token,
+            first_token + 1_000_000,
+        );
+        ipc.enrich(&mut rec);
+        assert_eq!(rec.admitted_mono_ns, scheduled, "{ext}");
+        assert_eq!(rec.prompt_tokens, r["prompt_tokens"].as_u64(), "{ext}");
+        match scheduled {
+            Some(s) => {
+                assert_eq!(rec.preemptions, r["preemptions"].as_u64(), "{ext}");
+                let wait = (s - (queued - 2_000_000)) as f64 / 1e6;
+                assert_eq!(rec.queue_wait_ms, Some(wait), "{ext}");
+                assert_eq!(
+                    rec.prefill_ms,
+                    Some((first_token - s) as f64 / 1e6),
+                    "{ext}"
+                );
+            }
+            None => assert_eq!(rec.preemptions, None, "{ext}"),
+        }
+    }
+    // Joined requests are forgotten.
+    assert!(ipc.state().is_empty());
+}
+
+#[test]
+fn an_admission_outside_the_http_request_is_never_attached() {
+    let want = expected();
+    let a = &want["requests"][0];
+    let queued = ns(&a["queued"]).unwrap();
+    let ext = a["external_req_id"].as_str().unwrap();
+    let (mut ipc, _) = api_server_view("ipc", 4096);
+    // The HTTP request arrived after the engine queued it: another request with the same id.
+    let mut late = http_record(ext, queued + 1, queued + 10, queued + 20);
+    ipc.enrich(&mut late);
+    assert_eq!(late.admitted_mono_ns, None);
+    assert_eq!(late.prompt_tokens, None);
+    let counters: std::collections::BTreeMap<_, _> = ipc.counters().into_iter().collect();
+    assert_eq!(counters.get("vllm_join_outside_request_time"), Some(&1));
+    // An unknown id is left alone.
+    let mut other = http_record("chatcmpl-unknown", 0, 1, 2);
+    ipc.enrich(&mut other);
+    assert_eq!(other, http_record("chatcmpl-unknown", 0, 1, 2));
+}
+
+#[test]
+fn an_unsupported_version_is_counted_and_not_decoded() {
+    let mut ipc = VllmIpc::default();
+    let mut steps = Vec::new();
+    let mut ready = fixture("ipc-input.from_engine.bin");
+    let at = ready.windows(6).position(|w| w == b"0.33.0").unwrap();
+    ready[at..at + 6].copy_from_slice(b"0.99.0");
+    use IpcDirection::{Read, Write};
+    feed(&mut ipc, &mut steps, &ready, 1, 7, Read, 4096);
+    feed(
+        &mut ipc,
+        &mut steps,
+        &fixture("ipc-input.to_engine.bin"),
+        1,
+        7,
+        Write,
+        4096,
+    );
+    feed(
+        &mut ipc,
+        &mut steps,
+        &fixture("ipc-output.from_engine.bin"),
+        1,
+        8,
+        Read,
+        4096,
+    );
+    assert!(ipc.state().is_empty());
+    assert!(steps.is_empty());
+    let counters: std::collections::BTreeMap<_, _> = ipc.counters().into_iter().collect();
+    // 5 inputs + 6 outputs.
+    assert_eq!(counters.get("vllm_ipc_unsupported_version"), Some(&11));
+}
+
+#[test]
+fn joined_late_the_newest_layout_is_checked_and_used() {
+    // No greeting, no start-up message: the agent attached to a running engine. Each syscall
+    // holds whole messages (an idle libzmq socket writes one batch per message).
+    let bytes = fixture("ipc-output.from_engine.bin");
+    let want = expected();
+    let first_step = ns(&want["steps"][0]["timestamp"]).unwrap();
+    let mut ipc = VllmIpc::default();
+    let mut steps = Vec::new();
+    // Skip greeting + READY: the first message is a long frame (flags 0x02, 8-byte size)
+    // holding an array of 9 fields (EngineCoreOutputs: 0x99).
+    let start = bytes
+        .windows(10)
+        .position(|w| w[0] == 0x02 && w[9] == 0x99)
+        .unwrap();
+    feed(
+        &mut ipc,
+        &mut steps,
+        &bytes[start..],
+        1,
+        8,
+        IpcDirection::Read,
+        usize::MAX,
+    );
+    assert_eq!(steps.len(), want["steps"].as_array().unwrap().len());
+    assert_eq!(steps[0].end_mono_ns, first_step);
+    let counters: std::collections::BTreeMap<_, _> = ipc.counters().into_iter().collect();
+    assert_eq!(counters.get("vllm_ipc_layout_assumed"), Some(&6));
+}
+
+#[test]
+fn garbage_and_other_protocols_never_panic_and_are_given_up() {
+    let mut ipc = VllmIpc::default();
+    let mut steps = Vec::new();
+    let http = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n";
+    let verdicts: Vec<IpcVerdict> = (0..100)
+        .map(|_| {
+            feed(
+                &mut ipc,
+                &mut steps,
+                http,
+                1,
+                9,
+                IpcDirection::Read,
+                usize::MAX,
+            )
+        })
+        .collect();
+    // Given up after the hunt limit (the kernel then stops copying the socket).
+    assert_eq!(
+        verdicts.iter().position(|v| *v == IpcVerdict::NotIpc),
+        Some(64)
+    );
+    // A ZMTP greeting followed by corrupt messages: counted, nothing applied.
+    let mut bytes = fixture("tcp-output.from_engine.bin");
+    let n = bytes.len();
+    for (i, b) in bytes.iter_mut().enumerate().skip(n / 3) {
+        *b = b.wrapping_mul(31).wrapping_add(i as u8);
+    }
+    let _ = feed(&mut ipc, &mut steps, &bytes, 1, 10, IpcDirection::Read, 97);
+}
