@@ -14,7 +14,7 @@ log() { printf '\033[1msetup:\033[0m %s\n' "$*" >&2; }
 # Prometheus server and promtool for the exporter tests.
 packages=(rustc-web cargo-web rust-web-src llvm-22-dev libpolly-22-dev clang
           tcpdump bpftool bpftrace python3-venv curl ca-certificates build-essential pkg-config
-          prometheus)
+          prometheus openssl)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

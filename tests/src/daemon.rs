@@ -16,16 +16,20 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// `inferscope run <args> --grpc unix://DIR/agent.sock --prometheus 127.0.0.1:PORT`.
+    /// `inferscope run <args> --grpc unix://DIR/agent.sock --prometheus 127.0.0.1:PORT` (args may
+    /// give their own --grpc).
     pub fn start(dir: &Path, args: &[&str]) -> Daemon {
         let log = dir.join("agent.log");
         let socket = dir.join("agent.sock");
         let prometheus_port = crate::free_port();
-        let child = Command::new(binary())
-            .arg("run")
-            .args(args)
-            .arg("--grpc")
-            .arg(format!("unix://{}", socket.display()))
+        let mut command = Command::new(binary());
+        command.arg("run").args(args);
+        if !args.contains(&"--grpc") {
+            command
+                .arg("--grpc")
+                .arg(format!("unix://{}", socket.display()));
+        }
+        let child = command
             .arg("--prometheus")
             .arg(format!("127.0.0.1:{prometheus_port}"))
             .env("INFERSCOPE_LOG", "info")

@@ -443,3 +443,141 @@ fn shim_kernels_reach_the_daemon() {
     assert_eq!(counter(&daemon.scrape(), "shim_queue_drops"), 0);
     daemon.stop();
 }
+
+/// The gRPC API over TCP with TLS: a client that trusts the agent's CA connects, one that does
+/// not is refused.
+#[test]
+fn grpc_api_over_tls() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(d)
+            .output()
+            .expect("openssl (apt-get install openssl)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    std::fs::write(
+        d.join("leaf.ext"),
+        "basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1,DNS:localhost\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("leaf.ext");
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    openssl(
+        &[
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=inferscope-test-ca",
+            ],
+        ]
+        .concat(),
+    );
+    openssl(
+        &[
+            &["req"][..],
+            &ec,
+            &[
+                "-keyout",
+                "key.pem",
+                "-out",
+                "leaf.csr",
+                "-subj",
+                "/CN=localhost",
+            ],
+        ]
+        .concat(),
+    );
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "leaf.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "cert.pem",
+        "-days",
+        "1",
+        "-extfile",
+        "leaf.ext",
+    ]);
+
+    let port = free_port();
+    let grpc = format!("tcp://127.0.0.1:{port}");
+    let cert = d.join("cert.pem");
+    let key = d.join("key.pem");
+    let daemon = Daemon::start(
+        d,
+        &[
+            "--pattern",
+            "no-engine-matches-this",
+            "--grpc",
+            &grpc,
+            "--grpc-tls-cert",
+            cert.to_str().expect("utf-8"),
+            "--grpc-tls-key",
+            key.to_str().expect("utf-8"),
+            "--shim-socket",
+            "off",
+        ],
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !daemon.log_text().contains("serving the gRPC API") {
+        assert!(
+            Instant::now() < deadline,
+            "no gRPC listener:\n{}",
+            daemon.log_text()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    let url = format!("https://127.0.0.1:{port}");
+    let top = |extra: &[&str]| {
+        Command::new(inferscope_integration_tests::agent::binary())
+            .args([
+                "top",
+                "--iterations",
+                "1",
+                "--interval",
+                "1s",
+                "--connect",
+                &url,
+            ])
+            .args(extra)
+            .output()
+            .expect("top")
+    };
+    let ca = d.join("ca.pem");
+    let trusted = top(&["--tls-ca", ca.to_str().expect("utf-8")]);
+    assert!(
+        trusted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&trusted.stderr)
+    );
+    assert!(String::from_utf8_lossy(&trusted.stdout).contains("inferscope top"));
+    let untrusted = top(&[]);
+    assert!(!untrusted.status.success());
+    assert!(String::from_utf8_lossy(&untrusted.stderr).contains("UnknownIssuer"));
+    daemon.stop();
+}

@@ -47,6 +47,11 @@ impl ConnectArgs {
                 endpoint = endpoint
                     .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)))
                     .context("the CA certificate is not usable")?;
+            } else if self.connect.starts_with("https://") {
+                // No CA given: trust the public web PKI roots.
+                endpoint = endpoint
+                    .tls_config(ClientTlsConfig::new().with_webpki_roots())
+                    .context("setting up TLS failed")?;
             }
             endpoint
                 .connect()
