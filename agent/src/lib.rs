@@ -6,6 +6,7 @@
 pub mod capture;
 pub mod correlate;
 pub mod decode;
+pub mod diagnose;
 pub mod engines;
 pub mod export;
 pub mod pipeline;
