@@ -1,5 +1,6 @@
 //! Command-line interface: argument parsing and the subcommands.
 mod demo;
+mod diagnose;
 mod record;
 mod signals;
 mod target;
@@ -27,6 +28,8 @@ enum Command {
     Record(record::RecordArgs),
     /// Start the bundled llama.cpp engine, send it a short load, and show what inferscope saw.
     Demo(demo::DemoArgs),
+    /// Why P99 TTFT regressed between a baseline and an incident window of a recording.
+    Diagnose(diagnose::DiagnoseArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -41,6 +44,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Record(args) => record::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Diagnose(args) => return diagnose::main(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -164,13 +164,13 @@ fn evidence(b: &WindowSignals, w: &WindowSignals) -> Vec<Evidence> {
     };
     let prompts_grew = prompt.crossed;
     ev.push(prompt);
-    let step_line = decode_step_line(b, w);
-    let have_steps = step_line.is_some();
-    if let Some(e) = step_line {
+    if let Some(e) = decode_step_line(b, w) {
         ev.push(e);
     }
     // Prefill time per prompt token decides only without step records: it also moves with
-    // prompt length and batching, which the decode-step comparison holds constant.
+    // prompt length, cached prefixes and batching, which the decode-step comparison holds
+    // constant.
+    let have_steps = b.has_steps || w.has_steps;
     let mut per_token = line(
         "prefill_ms_per_prompt_token_p50",
         "ms/token",
@@ -227,22 +227,24 @@ fn evidence(b: &WindowSignals, w: &WindowSignals) -> Vec<Evidence> {
     ev
 }
 
-/// The order causes are tried in, given the phase that grew.
+/// The order causes are tried in, given the phase that grew: changes in the workload (more
+/// requests, longer prompts) before changes in capacity (memory, device, scheduler), because a
+/// heavier workload also slows steps and fills memory; within that, the phase's own causes first.
 fn order(phase: Phase) -> [Cause; 5] {
     use Cause::*;
     match phase {
         Phase::Prefill => [
-            DegradedDevice,
             PromptGrowth,
+            DegradedDevice,
             SchedulerConfig,
-            KvPressure,
             TrafficSpike,
+            KvPressure,
         ],
         Phase::Queue | Phase::None => [
             TrafficSpike,
+            PromptGrowth,
             KvPressure,
             DegradedDevice,
-            PromptGrowth,
             SchedulerConfig,
         ],
     }

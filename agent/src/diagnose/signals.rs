@@ -22,6 +22,8 @@ pub struct WindowSignals {
     pub prefill_ms_per_token_p50: Option<f64>,
     pub prefill_steps_p50: Option<f64>,
     pub step_ms_p50: Option<f64>,
+    /// Step records were given at all (the engine has scheduler hooks).
+    pub has_steps: bool,
     /// Decode-only step durations by batch size (requests in the step).
     pub decode_steps_ms: BTreeMap<u32, Vec<f64>>,
     pub kv_usage_p90: Option<f64>,
@@ -117,10 +119,20 @@ pub fn measure(inputs: &Inputs, w: &TimeWindow) -> WindowSignals {
             (!counts.is_empty()).then(|| counts.iter().sum::<u64>() as f64 / dur_s)
         });
     }
+    // Steps: the engine's work for this window's requests, which runs on after the window's
+    // last arrival until its last request ends.
+    let work = TimeWindow {
+        start_mono_ns: w.start_mono_ns,
+        end_mono_ns: in_window
+            .iter()
+            .map(|r| r.end_mono_ns.saturating_add(1))
+            .fold(w.end_mono_ns, u64::max),
+    };
+    s.has_steps = !inputs.steps.is_empty();
     let steps: Vec<_> = inputs
         .steps
         .iter()
-        .filter(|st| w.contains(st.start_mono_ns))
+        .filter(|st| work.contains(st.start_mono_ns))
         .collect();
     s.step_ms_p50 = p(steps.iter().map(|st| st.duration_ms).collect(), 0.5);
     for st in steps {

@@ -26,7 +26,7 @@ pub const PROMPT_GROWTH_RATIO: f64 = 1.5;
 /// prefill time per prompt token) grew by this ratio: the device got slower.
 pub const DEVICE_SLOWDOWN_RATIO: f64 = 1.5;
 /// Decode steps of one batch size needed in each window to compare their durations.
-pub const MIN_STEPS_PER_BATCH_SIZE: usize = 10;
+pub const MIN_STEPS_PER_BATCH_SIZE: usize = 5;
 /// Share of one device's samples flagged as an outlier among its peers in the window (and
 /// under it in the baseline): a degraded device.
 pub const DEVICE_OUTLIER_SHARE: f64 = 0.5;
