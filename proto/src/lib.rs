@@ -7,6 +7,8 @@ pub mod v1 {
     pub mod shim {
         include!(concat!(env!("OUT_DIR"), "/inferscope.v1.shim.rs"));
     }
+    // Generated code: prost boxes nothing, so the subscription's oneof is as large as a request.
+    #[allow(clippy::large_enum_variant)]
     pub mod agent {
         include!(concat!(env!("OUT_DIR"), "/inferscope.v1.agent.rs"));
     }

@@ -1,5 +1,10 @@
 //! `inferscope diagnose`: why did P99 TTFT regress between two windows of a recording.
-use std::{fs::File, io::BufReader, path::PathBuf, process::ExitCode};
+use std::{
+    fs::File,
+    io::BufReader,
+    path::{Path, PathBuf},
+    process::ExitCode,
+};
 
 use anyhow::Context as _;
 use clap::Args;
@@ -49,13 +54,13 @@ pub struct DiagnoseArgs {
     pub json: bool,
 }
 
-fn open(path: &PathBuf) -> anyhow::Result<BufReader<File>> {
+fn open(path: &Path) -> anyhow::Result<BufReader<File>> {
     File::open(path)
         .map(BufReader::new)
         .with_context(|| format!("cannot open {}", path.display()))
 }
 
-fn report_skips(path: &PathBuf, stats: &ReadStats) {
+fn report_skips(path: &Path, stats: &ReadStats) {
     let skipped = stats.invalid + stats.too_long + stats.dropped_over_limit;
     if skipped > 0 {
         warn!(
@@ -113,17 +118,19 @@ fn run(args: DiagnoseArgs) -> anyhow::Result<u8> {
     } else {
         print!("{}", diagnose::render(&d));
     }
-    Ok(if d.requests.baseline.min(d.requests.window)
-        < diagnose::thresholds::MIN_REQUESTS_PER_WINDOW
-    {
-        EXIT_NOT_ENOUGH_DATA
-    } else if !d.regression {
-        EXIT_NO_REGRESSION
-    } else if d.cause == Cause::None {
-        EXIT_REGRESSION_UNEXPLAINED
-    } else {
-        EXIT_REGRESSION
-    })
+    Ok(
+        if d.requests.baseline.min(d.requests.window)
+            < diagnose::thresholds::MIN_REQUESTS_PER_WINDOW
+        {
+            EXIT_NOT_ENOUGH_DATA
+        } else if !d.regression {
+            EXIT_NO_REGRESSION
+        } else if d.cause == Cause::None {
+            EXIT_REGRESSION_UNEXPLAINED
+        } else {
+            EXIT_REGRESSION
+        },
+    )
 }
 
 /// Runs the command; the exit status carries the verdict (see the help text).

@@ -39,31 +39,53 @@ fn line(
     }
 }
 
-/// The decode-step comparison: same batch size in both windows, the size with the most steps.
+/// The decode-step comparison: each decode-only step of the incident window against the
+/// baseline's median step of the same batch size (sizes the baseline has enough steps of).
+/// Batch sizes shift with load, so comparing like with like keeps the load out of the ratio.
 fn decode_step_line(b: &WindowSignals, w: &WindowSignals) -> Option<Evidence> {
-    let median = |v: &Vec<f64>| v.get(v.len() / 2).copied();
-    let (size, nb, nw) = b
-        .decode_steps_ms
-        .iter()
-        .filter_map(|(k, vb)| {
-            let vw = w.decode_steps_ms.get(k)?;
-            (vb.len() >= t::MIN_STEPS_PER_BATCH_SIZE && vw.len() >= t::MIN_STEPS_PER_BATCH_SIZE)
-                .then_some((*k, vb, vw))
-        })
-        .max_by_key(|(_, vb, vw)| vb.len().min(vw.len()))?;
+    let median = |v: &[f64]| v.get(v.len() / 2).copied();
+    let mut base_ms = Vec::new();
+    let mut win_ms = Vec::new();
+    let mut ratios = Vec::new();
+    let mut sizes = Vec::new();
+    for (k, vw) in &w.decode_steps_ms {
+        let Some(vb) = b.decode_steps_ms.get(k) else {
+            continue;
+        };
+        if vb.len() < t::MIN_STEPS_PER_BATCH_SIZE {
+            continue;
+        }
+        let Some(mb) = median(vb).filter(|m| *m > 0.0) else {
+            continue;
+        };
+        for d in vw {
+            base_ms.push(mb);
+            win_ms.push(*d);
+            ratios.push(d / mb);
+        }
+        sizes.push(format!("{k}: {} vs {}", vb.len(), vw.len()));
+    }
+    if ratios.len() < t::MIN_STEPS_PER_BATCH_SIZE {
+        return None;
+    }
+    for v in [&mut base_ms, &mut win_ms, &mut ratios] {
+        v.sort_by(f64::total_cmp);
+    }
     let mut e = line(
         "decode_step_ms_p50",
         "ms",
-        median(nb),
-        median(nw),
+        median(&base_ms),
+        median(&win_ms),
         Test::Ratio,
         Some(t::DEVICE_SLOWDOWN_RATIO),
         Cause::DegradedDevice,
     );
+    // The median of per-step ratios against the same batch size's baseline.
+    e.ratio = median(&ratios);
+    e.crossed = e.ratio.is_some_and(|r| r >= t::DEVICE_SLOWDOWN_RATIO);
     e.detail = Some(format!(
-        "median decode-only step with {size} request(s) in the batch ({} vs {} steps)",
-        nb.len(),
-        nw.len()
+        "decode-only steps vs the baseline's median at the same batch size (requests in batch: baseline vs incident steps {})",
+        sizes.join(", ")
     ));
     Some(e)
 }
@@ -176,7 +198,11 @@ fn evidence(b: &WindowSignals, w: &WindowSignals) -> Vec<Evidence> {
         "ms/token",
         b.prefill_ms_per_token_p50,
         w.prefill_ms_per_token_p50,
-        if have_steps { Test::Context } else { Test::Ratio },
+        if have_steps {
+            Test::Context
+        } else {
+            Test::Ratio
+        },
         (!have_steps).then_some(t::DEVICE_SLOWDOWN_RATIO),
         if have_steps {
             Cause::None
@@ -309,8 +335,8 @@ pub fn decide(
         d.notes.push(d.summary.clone());
         return d;
     }
-    let samples = 0.5
-        + 0.5 * (b.requests.min(w.requests) as f64 / t::CONFIDENT_REQUESTS as f64).min(1.0);
+    let samples =
+        0.5 + 0.5 * (b.requests.min(w.requests) as f64 / t::CONFIDENT_REQUESTS as f64).min(1.0);
     let ttft_ratio = ratio(ttft.baseline, ttft.window).unwrap_or(1.0);
     let ttft_delta = delta(ttft).unwrap_or(0.0);
     let needed = t::TTFT_REGRESSED_MIN_REQUESTS

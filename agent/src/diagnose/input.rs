@@ -99,7 +99,11 @@ impl From<StepLine> for StepSample {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct EngineSample {
-    #[serde(alias = "scrape_mono_ns", alias = "timestamp_mono_ns", alias = "time_mono_ns")]
+    #[serde(
+        alias = "scrape_mono_ns",
+        alias = "timestamp_mono_ns",
+        alias = "time_mono_ns"
+    )]
     pub mono_ns: u64,
     /// Share of the KV cache in use, 0..1 (values above 1 are read as percent).
     pub kv_cache_usage: Option<f64>,

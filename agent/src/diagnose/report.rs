@@ -91,11 +91,7 @@ pub fn render(d: &Diagnosis) -> String {
             let _ = writeln!(out, "Also seen: {}", others.join(", "));
         }
     } else {
-        let _ = writeln!(
-            out,
-            "Cause:     none (confidence {:.2})",
-            d.confidence
-        );
+        let _ = writeln!(out, "Cause:     none (confidence {:.2})", d.confidence);
     }
     let _ = writeln!(out);
     let _ = writeln!(

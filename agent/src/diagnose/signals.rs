@@ -59,7 +59,10 @@ pub fn measure(inputs: &Inputs, w: &TimeWindow) -> WindowSignals {
         requests: served.len(),
         ttft_p99_ms: percentile(&ttft_ms, 0.99),
         ttft_ms,
-        queue_wait_p99_ms: p(served.iter().filter_map(|r| r.queue_wait_ms).collect(), 0.99),
+        queue_wait_p99_ms: p(
+            served.iter().filter_map(|r| r.queue_wait_ms).collect(),
+            0.99,
+        ),
         prefill_p99_ms: p(served.iter().filter_map(|r| r.prefill_ms).collect(), 0.99),
         prompt_tokens_p99: p(
             served

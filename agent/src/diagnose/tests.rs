@@ -305,3 +305,73 @@ fn json_has_the_documented_fields() {
     assert!(v["ttft_p99_ms"]["baseline"].is_f64());
     assert!(v["evidence"][0]["signal"].is_string());
 }
+
+/// Decode steps of `n` requests each: `(count, batch size, ms)` spread over a 10 s window.
+fn steps_at(t0: u64, groups: &[(u64, u32, f64)]) -> Vec<StepSample> {
+    let total: u64 = groups.iter().map(|g| g.0).sum();
+    let mut i = 0;
+    let mut out = Vec::new();
+    for &(count, size, ms) in groups {
+        for _ in 0..count {
+            out.push(StepSample {
+                start_mono_ns: t0 + i * 10 * S / total,
+                duration_ms: ms,
+                prefill_requests: 0,
+                decode_requests: size,
+            });
+            i += 1;
+        }
+    }
+    out
+}
+
+#[test]
+fn steps_compare_at_the_same_batch_size() {
+    let decode = |base: &[(u64, u32, f64)], incident: &[(u64, u32, f64)]| {
+        let mut inputs = Inputs::default();
+        add(&mut inputs, 100 * S, Load::default());
+        add(
+            &mut inputs,
+            200 * S,
+            Load {
+                queue_ms: 600.0,
+                ..Default::default()
+            },
+        );
+        inputs.steps = steps_at(100 * S, base);
+        inputs.steps.extend(steps_at(200 * S, incident));
+        let d = diagnose(
+            &inputs,
+            TimeWindow {
+                start_mono_ns: 100 * S,
+                end_mono_ns: 110 * S,
+            },
+            TimeWindow {
+                start_mono_ns: 200 * S,
+                end_mono_ns: 210 * S,
+            },
+        );
+        d.evidence
+            .into_iter()
+            .find(|e| e.signal == "decode_step_ms_p50")
+    };
+    // More load, more steps of 2 requests, each as fast as before: not a slower device,
+    // although the median step grew.
+    let e = decode(
+        &[(80, 1, 13.0), (8, 2, 20.0)],
+        &[(3, 1, 13.0), (90, 2, 20.0)],
+    )
+    .unwrap();
+    assert!(!e.crossed, "{e:?}");
+    assert_eq!(e.ratio, Some(1.0));
+    // The same mix, every step 4x slower.
+    let e = decode(
+        &[(80, 1, 13.0), (8, 2, 20.0)],
+        &[(3, 1, 52.0), (90, 2, 80.0)],
+    )
+    .unwrap();
+    assert!(e.crossed, "{e:?}");
+    assert_eq!(e.ratio, Some(4.0));
+    // No batch size with enough baseline steps: no comparison.
+    assert!(decode(&[(4, 1, 13.0)], &[(90, 2, 80.0)]).is_none());
+}

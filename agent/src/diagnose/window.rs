@@ -79,10 +79,14 @@ pub fn parse_bound(s: &str) -> Result<Bound, WindowError> {
         return Ok(Bound::Open);
     }
     if let Some(rest) = t.strip_prefix('+') {
-        return parse_duration_ns(rest).map(Bound::AfterStart).ok_or_else(bad);
+        return parse_duration_ns(rest)
+            .map(Bound::AfterStart)
+            .ok_or_else(bad);
     }
     if let Some(rest) = t.strip_prefix('-') {
-        return parse_duration_ns(rest).map(Bound::BeforeEnd).ok_or_else(bad);
+        return parse_duration_ns(rest)
+            .map(Bound::BeforeEnd)
+            .ok_or_else(bad);
     }
     if t.bytes().all(|b| b.is_ascii_digit()) {
         return t.parse().map(Bound::Mono).map_err(|_| bad());
@@ -210,15 +214,24 @@ mod tests {
     #[test]
     fn parses_every_bound_form() {
         assert_eq!(parse_bound("123").unwrap(), Bound::Mono(123));
-        assert_eq!(parse_bound("+30s").unwrap(), Bound::AfterStart(30_000_000_000));
-        assert_eq!(parse_bound("-1m").unwrap(), Bound::BeforeEnd(60_000_000_000));
+        assert_eq!(
+            parse_bound("+30s").unwrap(),
+            Bound::AfterStart(30_000_000_000)
+        );
+        assert_eq!(
+            parse_bound("-1m").unwrap(),
+            Bound::BeforeEnd(60_000_000_000)
+        );
         assert_eq!(parse_bound("").unwrap(), Bound::Open);
         assert_eq!(
             parse_bound("1970-01-01T00:00:01.5Z").unwrap(),
             Bound::Unix(1_500_000_000)
         );
         assert!(parse_bound("yesterday").is_err());
-        assert_eq!(parse_window("5m").unwrap(), WindowSpec::Last(300_000_000_000));
+        assert_eq!(
+            parse_window("5m").unwrap(),
+            WindowSpec::Last(300_000_000_000)
+        );
         assert!(parse_window("soon").is_err());
     }
 
@@ -226,7 +239,10 @@ mod tests {
     fn resolves_relative_wall_clock_and_last_forms() {
         let t = timeline();
         let (b, w) = t
-            .windows(parse_window("..+20s").unwrap(), parse_window("-20s..").unwrap())
+            .windows(
+                parse_window("..+20s").unwrap(),
+                parse_window("-20s..").unwrap(),
+            )
             .unwrap();
         assert_eq!(b.start_mono_ns, 10_000_000_000);
         assert_eq!(b.end_mono_ns, 30_000_000_000);
@@ -238,15 +254,21 @@ mod tests {
                 parse_window("2023-11-14T22:14:00Z..2023-11-14T22:14:10Z").unwrap(),
             )
             .unwrap();
-        assert_eq!(w.start_mono_ns, 1_700_000_040_000_000_000 - 1_700_000_000_000_000_000);
+        assert_eq!(
+            w.start_mono_ns,
+            1_700_000_040_000_000_000 - 1_700_000_000_000_000_000
+        );
         let (b, w) = t
             .windows(parse_window("30s").unwrap(), parse_window("10s").unwrap())
             .unwrap();
         assert_eq!(w.end_mono_ns - w.start_mono_ns, 10_000_000_000);
         assert_eq!(b.end_mono_ns, w.start_mono_ns);
         assert!(
-            t.windows(parse_window("+50s..+40s").unwrap(), parse_window("1s").unwrap())
-                .is_err()
+            t.windows(
+                parse_window("+50s..+40s").unwrap(),
+                parse_window("1s").unwrap()
+            )
+            .is_err()
         );
     }
 }
