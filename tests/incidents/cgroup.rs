@@ -59,9 +59,13 @@ impl CpuLimit {
         let mut tried = Vec::new();
         // cgroup v2, with the cpu controller available in the unified hierarchy.
         for (mount, _, _) in mounts.iter().filter(|m| m.1 == "cgroup2") {
-            let controllers = fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
+            let controllers =
+                fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
             if !controllers.split_whitespace().any(|c| c == "cpu") {
-                tried.push(format!("{}: no cpu controller in cgroup v2", mount.display()));
+                tried.push(format!(
+                    "{}: no cpu controller in cgroup v2",
+                    mount.display()
+                ));
                 continue;
             }
             let attempt = (|| {
@@ -72,7 +76,12 @@ impl CpuLimit {
                 let home = home_of(pid, mount, true);
                 write(&dir.join("cpu.max"), &format!("{quota_us} {period_us}"))?;
                 write(&dir.join("cgroup.procs"), &pid.to_string())?;
-                Ok::<_, String>(CpuLimit { dir, home, pid, v2: true })
+                Ok::<_, String>(CpuLimit {
+                    dir,
+                    home,
+                    pid,
+                    v2: true,
+                })
             })();
             match attempt {
                 Ok(limit) => return Ok(limit),
@@ -92,7 +101,12 @@ impl CpuLimit {
                 write(&dir.join("cpu.cfs_quota_us"), &quota_us.to_string())?;
                 // cgroup.procs moves every thread of the process.
                 write(&dir.join("cgroup.procs"), &pid.to_string())?;
-                Ok::<_, String>(CpuLimit { dir, home, pid, v2: false })
+                Ok::<_, String>(CpuLimit {
+                    dir,
+                    home,
+                    pid,
+                    v2: false,
+                })
             })();
             match attempt {
                 Ok(limit) => return Ok(limit),
@@ -108,14 +122,17 @@ impl CpuLimit {
             }
         ))
     }
-
 }
 
 /// Dropping removes the limit: the process goes back to its own group, the group is removed.
 impl Drop for CpuLimit {
     fn drop(&mut self) {
         let unlimited = if self.v2 { "max" } else { "-1" };
-        let file = if self.v2 { "cpu.max" } else { "cpu.cfs_quota_us" };
+        let file = if self.v2 {
+            "cpu.max"
+        } else {
+            "cpu.cfs_quota_us"
+        };
         let _ = fs::write(self.dir.join(file), unlimited);
         let _ = fs::write(self.home.join("cgroup.procs"), self.pid.to_string());
         let _ = fs::remove_dir(&self.dir);

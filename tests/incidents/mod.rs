@@ -114,7 +114,8 @@ pub fn run<B>(name: &str, incident: Phase, between: B) -> Outcome
 where
     B: FnOnce(&Engine) -> Option<cgroup::CpuLimit>,
 {
-    let dir = std::env::temp_dir().join(format!("inferscope-incident-{name}-{}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("inferscope-incident-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
     let port = free_port();

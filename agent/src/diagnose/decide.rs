@@ -39,31 +39,44 @@ fn line(
     }
 }
 
-/// The decode-step comparison: each decode-only step of the incident window against the
-/// baseline's median step of the same batch size (sizes the baseline has enough steps of).
-/// Batch sizes shift with load, so comparing like with like keeps the load out of the ratio.
+/// The decode-step comparison: each decode-only step of the incident window against what the
+/// baseline says a step of its batch size costs on the baseline's device. Batch sizes shift
+/// with load, so a plain median would mix load into the device's speed. The baseline's median
+/// at the same size is the reference; where the baseline lacks that size, the nearest size it
+/// has enough steps of gives a bound that can only understate a slowdown: a step of k requests
+/// costs at most k/j steps of j < k requests (batching is never slower than one by one), and
+/// at most one step of j > k requests (fewer requests, less work).
 fn decode_step_line(b: &WindowSignals, w: &WindowSignals) -> Option<Evidence> {
     let median = |v: &[f64]| v.get(v.len() / 2).copied();
+    let reference: Vec<(u32, f64)> = b
+        .decode_steps_ms
+        .iter()
+        .filter(|(_, v)| v.len() >= t::MIN_STEPS_PER_BATCH_SIZE)
+        .filter_map(|(k, v)| median(v).filter(|m| *m > 0.0).map(|m| (*k, m)))
+        .collect();
     let mut base_ms = Vec::new();
     let mut win_ms = Vec::new();
     let mut ratios = Vec::new();
-    let mut sizes = Vec::new();
+    let mut pairs = Vec::new();
     for (k, vw) in &w.decode_steps_ms {
-        let Some(vb) = b.decode_steps_ms.get(k) else {
+        let Some(&(j, mj)) = reference.iter().min_by_key(|(j, _)| j.abs_diff(*k)) else {
             continue;
         };
-        if vb.len() < t::MIN_STEPS_PER_BATCH_SIZE {
-            continue;
-        }
-        let Some(mb) = median(vb).filter(|m| *m > 0.0) else {
-            continue;
+        let expected = if j < *k {
+            mj * f64::from(*k) / f64::from(j)
+        } else {
+            mj
         };
         for d in vw {
-            base_ms.push(mb);
+            base_ms.push(expected);
             win_ms.push(*d);
-            ratios.push(d / mb);
+            ratios.push(d / expected);
         }
-        sizes.push(format!("{k}: {} vs {}", vb.len(), vw.len()));
+        pairs.push(if j == *k {
+            format!("{} steps of {k} vs the baseline's {k}", vw.len())
+        } else {
+            format!("{} steps of {k} vs a bound from the baseline's {j}", vw.len())
+        });
     }
     if ratios.len() < t::MIN_STEPS_PER_BATCH_SIZE {
         return None;
@@ -80,12 +93,12 @@ fn decode_step_line(b: &WindowSignals, w: &WindowSignals) -> Option<Evidence> {
         Some(t::DEVICE_SLOWDOWN_RATIO),
         Cause::DegradedDevice,
     );
-    // The median of per-step ratios against the same batch size's baseline.
+    // The median of per-step ratios against the reference for each step's batch size.
     e.ratio = median(&ratios);
     e.crossed = e.ratio.is_some_and(|r| r >= t::DEVICE_SLOWDOWN_RATIO);
     e.detail = Some(format!(
-        "decode-only steps vs the baseline's median at the same batch size (requests in batch: baseline vs incident steps {})",
-        sizes.join(", ")
+        "decode-only steps by requests in the batch: {}",
+        pairs.join("; ")
     ));
     Some(e)
 }
@@ -451,6 +464,11 @@ pub fn fmt_num(v: Option<f64>) -> String {
     }
 }
 
+/// Two decimals, within 0..=1 (extreme inputs can make a factor non-finite).
 fn round2(v: f64) -> f64 {
-    (v * 100.0).round() / 100.0
+    if v.is_finite() {
+        ((v * 100.0).round() / 100.0).clamp(0.0, 1.0)
+    } else {
+        0.0
+    }
 }

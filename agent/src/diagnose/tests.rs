@@ -374,4 +374,14 @@ fn steps_compare_at_the_same_batch_size() {
     assert_eq!(e.ratio, Some(4.0));
     // No batch size with enough baseline steps: no comparison.
     assert!(decode(&[(4, 1, 13.0)], &[(90, 2, 80.0)]).is_none());
+    // The baseline only ran single requests, the incident only pairs: a pair may cost up to
+    // two singles, so pairs at 1.3x a single are no slowdown, and pairs at 8x are 4x at least.
+    let e = decode(&[(80, 1, 13.0)], &[(90, 2, 17.0)]).unwrap();
+    assert!(!e.crossed, "{e:?}");
+    let e = decode(&[(80, 1, 13.0)], &[(90, 2, 104.0)]).unwrap();
+    assert!(e.crossed, "{e:?}");
+    assert_eq!(e.ratio, Some(4.0));
+    // Smaller batches than the baseline's are compared with the larger batch's cost.
+    let e = decode(&[(80, 4, 30.0)], &[(90, 1, 29.0)]).unwrap();
+    assert!(!e.crossed, "{e:?}");
 }
