@@ -112,3 +112,42 @@ fn degraded_device_engine_cpu_throttled_by_a_cgroup() {
         o.report
     );
 }
+
+#[test]
+fn diagnose_exit_status_for_errors_and_too_little_data() {
+    use std::process::Command;
+    let dir = std::env::temp_dir().join(format!("inferscope-diag-exit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let run = |records: &std::path::Path, baseline: &str, window: &str| {
+        let out = Command::new(inferscope_integration_tests::agent::binary())
+            .args(["diagnose", "--records"])
+            .arg(records)
+            .args(["--baseline", baseline, "--window", window])
+            .output()
+            .expect("running inferscope diagnose");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&dir.join("missing.jsonl"), "..+1s", "-1s..");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("cannot open"), "{err}");
+    // Two requests: too few to decide, whatever the windows.
+    let records = dir.join("two.jsonl");
+    std::fs::write(
+        &records,
+        "{\"method\":\"POST\",\"arrival_mono_ns\":1000000000,\"end_mono_ns\":1500000000,\"ttft_ms\":20.0}\n\
+         {\"method\":\"POST\",\"arrival_mono_ns\":9000000000,\"end_mono_ns\":9500000000,\"ttft_ms\":900.0}\n",
+    )
+    .expect("writing records");
+    let (code, err) = run(&records, "..+5s", "+5s..");
+    assert_eq!(code, Some(5), "{err}");
+    let (code, err) = run(&records, "yesterday..", "+5s..");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("--baseline"), "{err}");
+    // Wall-clock times need the records' wall-clock arrivals.
+    let (code, err) = run(&records, "2026-01-01T00:00:00Z..", "+5s..");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("arrival_unix_ns"), "{err}");
+}

@@ -44,10 +44,10 @@ pub struct DiagnoseArgs {
     #[arg(long, value_name = "FILE")]
     pub devices: Option<PathBuf>,
     /// The window that was fine: START..END or a duration.
-    #[arg(long, value_name = "START..END")]
+    #[arg(long, value_name = "START..END", allow_hyphen_values = true)]
     pub baseline: String,
     /// The incident window: START..END or a duration.
-    #[arg(long, value_name = "START..END")]
+    #[arg(long, value_name = "START..END", allow_hyphen_values = true)]
     pub window: String,
     /// Print the diagnosis as JSON instead of the report.
     #[arg(long)]

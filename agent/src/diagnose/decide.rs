@@ -75,7 +75,10 @@ fn decode_step_line(b: &WindowSignals, w: &WindowSignals) -> Option<Evidence> {
         pairs.push(if j == *k {
             format!("{} steps of {k} vs the baseline's {k}", vw.len())
         } else {
-            format!("{} steps of {k} vs a bound from the baseline's {j}", vw.len())
+            format!(
+                "{} steps of {k} vs a bound from the baseline's {j}",
+                vw.len()
+            )
         });
     }
     if ratios.len() < t::MIN_STEPS_PER_BATCH_SIZE {

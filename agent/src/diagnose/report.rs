@@ -132,5 +132,12 @@ pub fn render(d: &Diagnosis) -> String {
     for n in &d.notes {
         let _ = writeln!(out, "Note: {n}");
     }
-    out
+    // Padded columns leave trailing spaces on rows without a ratio or rule.
+    let mut trimmed: String = out
+        .lines()
+        .map(|l| l.trim_end())
+        .collect::<Vec<_>>()
+        .join("\n");
+    trimmed.push('\n');
+    trimmed
 }
