@@ -40,7 +40,7 @@ pub struct DiagnoseArgs {
     /// Engine samples (JSON Lines: mono_ns, kv_cache_usage, requests_waiting, preemptions_total).
     #[arg(long, value_name = "FILE")]
     pub engine_metrics: Option<PathBuf>,
-    /// Device samples (JSON Lines: mono_ns, device, outlier).
+    /// Device samples (JSON Lines: mono_ns, device or uuid, outlier or outliers).
     #[arg(long, value_name = "FILE")]
     pub devices: Option<PathBuf>,
     /// The window that was fine: START..END or a duration.

@@ -120,8 +120,18 @@ pub struct EngineSample {
 pub struct DeviceSample {
     #[serde(alias = "timestamp_mono_ns", alias = "time_mono_ns")]
     pub mono_ns: u64,
+    #[serde(alias = "uuid")]
     pub device: String,
     pub outlier: bool,
+    /// The metrics on which the device deviates from its peers (the agent's GPU sample shape);
+    /// any entry makes the sample an outlier.
+    pub outliers: Vec<String>,
+}
+
+impl DeviceSample {
+    pub fn is_outlier(&self) -> bool {
+        self.outlier || !self.outliers.is_empty()
+    }
 }
 
 /// Everything the diagnosis reads. Only `requests` is required.
@@ -260,5 +270,14 @@ mod tests {
             read_jsonl(&br#"{"scrape_mono_ns":3,"kv_cache_usage":0.5}"#[..]).unwrap();
         assert_eq!(v[0].mono_ns, 3);
         assert_eq!(v[0].kv_cache_usage, Some(0.5));
+    }
+
+    #[test]
+    fn device_samples_read_both_shapes() {
+        let text = "{\"mono_ns\":1,\"device\":\"gpu0\",\"outlier\":true}\n{\"mono_ns\":2,\"uuid\":\"GPU-1\",\"outliers\":[\"sm_clock_mhz\"]}\n{\"mono_ns\":3,\"uuid\":\"GPU-2\",\"outliers\":[]}";
+        let (v, _): (Vec<DeviceSample>, _) = read_jsonl(text.as_bytes()).unwrap();
+        let flags: Vec<bool> = v.iter().map(DeviceSample::is_outlier).collect();
+        assert_eq!(flags, [true, true, false]);
+        assert_eq!(v[1].device, "GPU-1");
     }
 }

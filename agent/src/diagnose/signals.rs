@@ -170,7 +170,7 @@ pub fn measure(inputs: &Inputs, w: &TimeWindow) -> WindowSignals {
     for d in inputs.devices.iter().filter(|d| w.contains(d.mono_ns)) {
         let e = per_device.entry(d.device.as_str()).or_default();
         e.0 += 1;
-        e.1 += usize::from(d.outlier);
+        e.1 += usize::from(d.is_outlier());
     }
     if let Some((dev, share)) = per_device
         .iter()

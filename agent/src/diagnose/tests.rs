@@ -224,6 +224,7 @@ fn device_outlier_flags_are_a_degraded_device() {
                     mono_ns: t0 + i * S,
                     device: dev.into(),
                     outlier: flagged && dev == "gpu1",
+                    ..Default::default()
                 });
             }
         }
@@ -384,4 +385,28 @@ fn steps_compare_at_the_same_batch_size() {
     // Smaller batches than the baseline's are compared with the larger batch's cost.
     let e = decode(&[(80, 4, 30.0)], &[(90, 1, 29.0)]).unwrap();
     assert!(!e.crossed, "{e:?}");
+}
+
+#[test]
+fn the_report_shows_the_split_the_cause_and_the_evidence() {
+    let d = run(Load {
+        n: 120,
+        queue_ms: 900.0,
+        ..Default::default()
+    });
+    let text = render(&d);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("P99 TTFT regressed"), "{text}");
+    for needle in [
+        "  TTFT ",
+        "    queue wait ",
+        "    prefill ",
+        "Grew most: queue wait",
+        "Cause:     traffic_spike - more requests arrived per second",
+        "[x] arrival_rate_per_s",
+        "[ ] prompt_tokens_p99",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing:\n{text}");
+    }
+    assert!(lines.iter().all(|l| l.len() == l.trim_end().len()));
 }
