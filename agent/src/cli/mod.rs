@@ -1,6 +1,7 @@
 //! Command-line interface: argument parsing and the subcommands.
 mod client;
 mod demo;
+mod diagnose;
 mod export_cmd;
 mod gpu;
 mod inspect;
@@ -43,6 +44,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Receive kernel records from the CUPTI shim (and sample NVML); print them as JSON lines.
     Gpu(gpu::GpuArgs),
+    /// Why P99 TTFT regressed between a baseline and an incident window of a recording.
+    Diagnose(diagnose::DiagnoseArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -62,6 +65,7 @@ pub fn main() -> ExitCode {
         Command::Export(args) => export_cmd::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Gpu(args) => gpu::run(args),
+        Command::Diagnose(args) => return diagnose::main(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,283 @@
+//! What the diagnosis reads: small, source-neutral samples. Request and step samples come from
+//! the correlate stage's records (live) or from `inferscope record --out/--steps` files; engine
+//! samples (KV usage, queue, preemptions) and device samples (outlier flags) are optional and come
+//! from whatever source has them (an engine's /metrics, NVML).
+use std::io::BufRead;
+
+use serde::Deserialize;
+
+use crate::correlate::{RequestRecord, StepRecord};
+
+/// One finished request (the fields of a [`RequestRecord`] the diagnosis uses).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct RequestSample {
+    pub method: String,
+    pub arrival_mono_ns: u64,
+    /// Wall clock at arrival (0 when unknown): maps RFC 3339 times onto the monotonic clock.
+    pub arrival_unix_ns: u64,
+    pub admitted_mono_ns: Option<u64>,
+    pub end_mono_ns: u64,
+    pub ttft_ms: Option<f64>,
+    pub queue_wait_ms: Option<f64>,
+    pub prefill_ms: Option<f64>,
+    pub prefill_steps: Option<u64>,
+    pub prompt_tokens: Option<u64>,
+    pub prompt_bytes: Option<u64>,
+    pub preemptions: Option<u64>,
+}
+
+impl From<&RequestRecord> for RequestSample {
+    fn from(r: &RequestRecord) -> Self {
+        RequestSample {
+            method: r.method.clone(),
+            arrival_mono_ns: r.arrival_mono_ns,
+            arrival_unix_ns: r.arrival_unix_ns,
+            admitted_mono_ns: r.admitted_mono_ns,
+            end_mono_ns: r.end_mono_ns,
+            ttft_ms: r.ttft_ms,
+            queue_wait_ms: r.queue_wait_ms,
+            prefill_ms: r.prefill_ms,
+            prefill_steps: r.prefill_steps,
+            prompt_tokens: r.prompt_tokens,
+            prompt_bytes: r.prompt_bytes,
+            preemptions: r.preemptions,
+        }
+    }
+}
+
+/// One engine step: its duration and how many requests it carried in each phase.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepSample {
+    pub start_mono_ns: u64,
+    pub duration_ms: f64,
+    pub prefill_requests: u32,
+    pub decode_requests: u32,
+}
+
+impl From<&StepRecord> for StepSample {
+    fn from(s: &StepRecord) -> Self {
+        let prefill = s.requests.iter().filter(|m| m.phase == "prefill").count();
+        StepSample {
+            start_mono_ns: s.start_mono_ns,
+            duration_ms: s.duration_ms,
+            prefill_requests: u32::try_from(prefill).unwrap_or(u32::MAX),
+            decode_requests: u32::try_from(s.requests.len() - prefill).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+/// The step record's JSON shape, for files.
+#[derive(Deserialize)]
+struct StepLine {
+    start_mono_ns: u64,
+    duration_ms: f64,
+    #[serde(default)]
+    requests: Vec<StepMemberLine>,
+}
+
+#[derive(Deserialize)]
+struct StepMemberLine {
+    #[serde(default)]
+    phase: String,
+}
+
+impl From<StepLine> for StepSample {
+    fn from(s: StepLine) -> Self {
+        let prefill = s.requests.iter().filter(|m| m.phase == "prefill").count();
+        StepSample {
+            start_mono_ns: s.start_mono_ns,
+            duration_ms: s.duration_ms,
+            prefill_requests: u32::try_from(prefill).unwrap_or(u32::MAX),
+            decode_requests: u32::try_from(s.requests.len() - prefill).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+/// One reading of the engine's own gauges and counters (e.g. a /metrics scrape). Every value is
+/// optional: engines expose different subsets.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct EngineSample {
+    #[serde(
+        alias = "scrape_mono_ns",
+        alias = "timestamp_mono_ns",
+        alias = "time_mono_ns"
+    )]
+    pub mono_ns: u64,
+    /// Share of the KV cache in use, 0..1 (values above 1 are read as percent).
+    pub kv_cache_usage: Option<f64>,
+    pub requests_waiting: Option<f64>,
+    pub requests_running: Option<f64>,
+    /// The engine's cumulative preemption counter.
+    pub preemptions_total: Option<f64>,
+}
+
+/// One reading of one accelerator, with the verdict of a peer comparison (is this device an
+/// outlier among its peers right now: lower clocks, throttling, a noisy neighbour).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct DeviceSample {
+    #[serde(alias = "timestamp_mono_ns", alias = "time_mono_ns")]
+    pub mono_ns: u64,
+    #[serde(alias = "uuid")]
+    pub device: String,
+    pub outlier: bool,
+    /// The metrics on which the device deviates from its peers (the agent's GPU sample shape);
+    /// any entry makes the sample an outlier.
+    pub outliers: Vec<String>,
+}
+
+impl DeviceSample {
+    pub fn is_outlier(&self) -> bool {
+        self.outlier || !self.outliers.is_empty()
+    }
+}
+
+/// Everything the diagnosis reads. Only `requests` is required.
+#[derive(Debug, Clone, Default)]
+pub struct Inputs {
+    pub requests: Vec<RequestSample>,
+    pub steps: Vec<StepSample>,
+    pub engine: Vec<EngineSample>,
+    pub devices: Vec<DeviceSample>,
+}
+
+/// Lines longer than this are skipped (a record is well under 4 KiB).
+pub const MAX_LINE_BYTES: usize = 64 * 1024;
+/// Lines read from one file at most; the rest are counted as dropped.
+pub const MAX_LINES: usize = 5_000_000;
+
+/// What reading a JSONL file kept and what it skipped.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReadStats {
+    pub parsed: u64,
+    pub invalid: u64,
+    pub too_long: u64,
+    pub dropped_over_limit: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    #[error("reading the input failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Reads JSON Lines of `T`, skipping (and counting) blank, invalid and over-long lines.
+pub fn read_jsonl<T, R>(reader: R) -> Result<(Vec<T>, ReadStats), InputError>
+where
+    T: for<'de> Deserialize<'de>,
+    R: BufRead,
+{
+    read_lines(reader, |line| serde_json::from_slice::<T>(line).ok())
+}
+
+/// Reads step records (the `--steps` file) as [`StepSample`]s.
+pub fn read_steps<R: BufRead>(reader: R) -> Result<(Vec<StepSample>, ReadStats), InputError> {
+    read_lines(reader, |line| {
+        serde_json::from_slice::<StepLine>(line)
+            .ok()
+            .map(StepSample::from)
+    })
+}
+
+fn read_lines<T, R, F>(mut reader: R, parse: F) -> Result<(Vec<T>, ReadStats), InputError>
+where
+    R: BufRead,
+    F: Fn(&[u8]) -> Option<T>,
+{
+    let mut out = Vec::new();
+    let mut stats = ReadStats::default();
+    let mut line = Vec::new();
+    let mut lines = 0usize;
+    loop {
+        line.clear();
+        let limit = u64::try_from(MAX_LINE_BYTES).unwrap_or(u64::MAX) + 1;
+        let n = std::io::Read::take(&mut reader, limit).read_until(b'\n', &mut line)?;
+        if n == 0 {
+            break;
+        }
+        if line.len() > MAX_LINE_BYTES && !line.ends_with(b"\n") {
+            // Skip the rest of this line without holding it.
+            skip_to_newline(&mut reader)?;
+            stats.too_long += 1;
+            continue;
+        }
+        let text = line.trim_ascii();
+        if text.is_empty() {
+            continue;
+        }
+        lines += 1;
+        if lines > MAX_LINES {
+            stats.dropped_over_limit += 1;
+            continue;
+        }
+        match parse(text) {
+            Some(v) => {
+                out.push(v);
+                stats.parsed += 1;
+            }
+            None => stats.invalid += 1,
+        }
+    }
+    Ok((out, stats))
+}
+
+fn skip_to_newline<R: BufRead>(reader: &mut R) -> std::io::Result<()> {
+    loop {
+        let buf = reader.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        if let Some(at) = memchr::memchr(b'\n', buf) {
+            reader.consume(at + 1);
+            return Ok(());
+        }
+        let len = buf.len();
+        reader.consume(len);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_records_and_counts_bad_lines() {
+        let long = format!("{{\"x\":\"{}\"}}\n", "a".repeat(MAX_LINE_BYTES + 10));
+        let text = format!(
+            "{{\"arrival_mono_ns\":5,\"end_mono_ns\":9,\"ttft_ms\":1.5,\"method\":\"POST\",\"extra\":[1]}}\n\nnot json\n{long}{{\"arrival_mono_ns\":7}}"
+        );
+        let (v, stats): (Vec<RequestSample>, _) = read_jsonl(text.as_bytes()).unwrap();
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[0].ttft_ms, Some(1.5));
+        assert_eq!(v[1].arrival_mono_ns, 7);
+        assert_eq!(stats.invalid, 1);
+        assert_eq!(stats.too_long, 1);
+    }
+
+    #[test]
+    fn step_lines_count_phases() {
+        let text = r#"{"pid":1,"start_mono_ns":10,"end_mono_ns":20,"duration_ms":0.01,"requests":[{"request_id":"a","phase":"prefill"},{"request_id":"b","phase":"decode"},{"request_id":"c","phase":"decode"}]}"#;
+        let (v, _) = read_steps(text.as_bytes()).unwrap();
+        assert_eq!(v[0].prefill_requests, 1);
+        assert_eq!(v[0].decode_requests, 2);
+    }
+
+    #[test]
+    fn engine_sample_accepts_the_scrape_time_alias() {
+        let (v, _): (Vec<EngineSample>, _) =
+            read_jsonl(&br#"{"scrape_mono_ns":3,"kv_cache_usage":0.5}"#[..]).unwrap();
+        assert_eq!(v[0].mono_ns, 3);
+        assert_eq!(v[0].kv_cache_usage, Some(0.5));
+    }
+
+    #[test]
+    fn device_samples_read_both_shapes() {
+        let text = "{\"mono_ns\":1,\"device\":\"gpu0\",\"outlier\":true}\n{\"mono_ns\":2,\"uuid\":\"GPU-1\",\"outliers\":[\"sm_clock_mhz\"]}\n{\"mono_ns\":3,\"uuid\":\"GPU-2\",\"outliers\":[]}";
+        let (v, _): (Vec<DeviceSample>, _) = read_jsonl(text.as_bytes()).unwrap();
+        let flags: Vec<bool> = v.iter().map(DeviceSample::is_outlier).collect();
+        assert_eq!(flags, [true, true, false]);
+        assert_eq!(v[1].device, "GPU-1");
+    }
+}

@@ -1,0 +1,143 @@
+//! The report for people: the decomposition table, the cause in words, the evidence lines.
+use std::fmt::Write as _;
+
+use super::{Cause, Diagnosis, Pair, Phase, Test, decide::fmt_num};
+
+fn meaning(c: Cause) -> &'static str {
+    match c {
+        Cause::TrafficSpike => {
+            "more requests arrived per second than before; the extra ones waited for a free slot"
+        }
+        Cause::KvPressure => {
+            "the KV cache ran full (high usage or preemptions), so the engine admitted fewer requests than arrived"
+        }
+        Cause::PromptGrowth => "prompts got longer, so each prefill takes longer",
+        Cause::DegradedDevice => {
+            "the same work runs slower on the device (steps of the same size take longer): a throttled, contended or faulty device"
+        }
+        Cause::SchedulerConfig => {
+            "prefills take more engine steps at unchanged prompt sizes: the scheduler's token/chunk budget splits them more finely"
+        }
+        Cause::None => "no measured signal explains it",
+    }
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or("?".to_owned(), |v| format!("{v:.0} ms"))
+}
+
+fn row(out: &mut String, name: &str, p: Pair<Option<f64>>) {
+    let change = match (p.baseline, p.window) {
+        (Some(b), Some(w)) => {
+            let ratio = if b > 0.0 {
+                format!("  x{:.1}", w / b)
+            } else {
+                String::new()
+            };
+            format!("{:+.0} ms{ratio}", w - b)
+        }
+        _ => String::new(),
+    };
+    let _ = writeln!(
+        out,
+        "  {name:<18}{:>12}{:>12}   {change}",
+        ms(p.baseline),
+        ms(p.window)
+    );
+}
+
+/// A plain-text report; reads without knowing the code.
+pub fn render(d: &Diagnosis) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{}", d.summary);
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "  {:<18}{:>12}{:>12}   change",
+        "P99 (ms)", "baseline", "incident"
+    );
+    row(&mut out, "TTFT", d.ttft_p99_ms);
+    row(&mut out, "  queue wait", d.queue_wait_p99_ms);
+    row(&mut out, "  prefill", d.prefill_p99_ms);
+    let _ = writeln!(
+        out,
+        "  {:<18}{:>12}{:>12}   ({} of the incident's requests slower than the baseline P99)",
+        "requests", d.requests.baseline, d.requests.window, d.requests_over_baseline_p99
+    );
+    let _ = writeln!(
+        out,
+        "  {:<18}{:>12}{:>12}",
+        "window (s)",
+        format!("{:.1}", d.baseline_window.duration_s()),
+        format!("{:.1}", d.incident_window.duration_s())
+    );
+    let _ = writeln!(out);
+    if d.regression {
+        let phase = match d.dominant_phase {
+            Phase::Queue => "queue wait (time before the engine admitted the request)",
+            Phase::Prefill => "prefill (admission to first token)",
+            Phase::None => "unknown (queue wait and prefill not measured)",
+        };
+        let _ = writeln!(out, "Grew most: {phase}");
+        let _ = writeln!(
+            out,
+            "Cause:     {} - {} (confidence {:.2})",
+            d.cause.as_str(),
+            meaning(d.cause),
+            d.confidence
+        );
+        if !d.also_crossed.is_empty() {
+            let others: Vec<&str> = d.also_crossed.iter().map(|c| c.as_str()).collect();
+            let _ = writeln!(out, "Also seen: {}", others.join(", "));
+        }
+    } else {
+        let _ = writeln!(out, "Cause:     none (confidence {:.2})", d.confidence);
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "Evidence (baseline -> incident; [x] crossed its threshold, [ ] did not, [.] context only):"
+    );
+    for e in &d.evidence {
+        let mark = match (e.test, e.crossed) {
+            (Test::Context, _) => "[.]",
+            (_, true) => "[x]",
+            (_, false) => "[ ]",
+        };
+        let ratio = e.ratio.map_or(String::new(), |r| format!("x{r:.2}"));
+        let rule = match (e.test, e.threshold) {
+            (Test::Ratio, Some(th)) => format!("needs x{th}"),
+            (Test::AtLeast, Some(th)) => format!("needs >= {th}"),
+            _ => String::new(),
+        };
+        let points = if e.points_to == Cause::None {
+            String::new()
+        } else {
+            format!(" -> {}", e.points_to.as_str())
+        };
+        let _ = writeln!(
+            out,
+            "  {mark} {:<32}{:>9} -> {:<9}{:<9}{:<7} {:<14}{points}",
+            e.signal,
+            fmt_num(e.baseline),
+            fmt_num(e.window),
+            e.unit,
+            ratio,
+            rule
+        );
+        if let Some(detail) = &e.detail {
+            let _ = writeln!(out, "      {detail}");
+        }
+    }
+    for n in &d.notes {
+        let _ = writeln!(out, "Note: {n}");
+    }
+    // Padded columns leave trailing spaces on rows without a ratio or rule.
+    let mut trimmed: String = out
+        .lines()
+        .map(|l| l.trim_end())
+        .collect::<Vec<_>>()
+        .join("\n");
+    trimmed.push('\n');
+    trimmed
+}

@@ -1,0 +1,208 @@
+//! The measured signals of one window.
+use std::collections::BTreeMap;
+
+use super::{Inputs, TimeWindow};
+use crate::correlate::percentile::percentile;
+
+/// Everything measured over one window; `None` where the inputs lack the data.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WindowSignals {
+    /// Requests that arrived in the window with a TTFT.
+    pub requests: usize,
+    pub ttft_ms: Vec<f64>,
+    pub ttft_p99_ms: Option<f64>,
+    pub queue_wait_p99_ms: Option<f64>,
+    pub prefill_p99_ms: Option<f64>,
+    pub arrival_rate_per_s: Option<f64>,
+    pub admission_rate_per_s: Option<f64>,
+    /// Time-averaged requests between arrival and end (Little's law's L).
+    pub in_system_mean: Option<f64>,
+    pub prompt_tokens_p99: Option<f64>,
+    pub prompt_bytes_p99: Option<f64>,
+    pub prefill_ms_per_token_p50: Option<f64>,
+    pub prefill_steps_p50: Option<f64>,
+    pub step_ms_p50: Option<f64>,
+    /// Step records were given at all (the engine has scheduler hooks).
+    pub has_steps: bool,
+    /// Decode-only step durations by batch size (requests in the step).
+    pub decode_steps_ms: BTreeMap<u32, Vec<f64>>,
+    pub kv_usage_p90: Option<f64>,
+    pub requests_waiting_mean: Option<f64>,
+    pub preemptions_per_s: Option<f64>,
+    /// The largest share of one device's samples flagged as an outlier.
+    pub device_outlier_share: Option<f64>,
+    pub outlier_device: Option<String>,
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.retain(|x| x.is_finite());
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+fn p(v: Vec<f64>, q: f64) -> Option<f64> {
+    percentile(&sorted(v), q)
+}
+
+pub fn measure(inputs: &Inputs, w: &TimeWindow) -> WindowSignals {
+    let dur_s = w.duration_s();
+    let in_window: Vec<_> = inputs
+        .requests
+        .iter()
+        .filter(|r| w.contains(r.arrival_mono_ns))
+        .collect();
+    // Inference requests: POSTs (a health check or a model list is not load).
+    let is_load = |m: &str| m.is_empty() || m.eq_ignore_ascii_case("POST");
+    let served: Vec<_> = in_window.iter().filter(|r| r.ttft_ms.is_some()).collect();
+    let ttft_ms = sorted(served.iter().filter_map(|r| r.ttft_ms).collect());
+    let mut s = WindowSignals {
+        requests: served.len(),
+        ttft_p99_ms: percentile(&ttft_ms, 0.99),
+        ttft_ms,
+        queue_wait_p99_ms: p(
+            served.iter().filter_map(|r| r.queue_wait_ms).collect(),
+            0.99,
+        ),
+        prefill_p99_ms: p(served.iter().filter_map(|r| r.prefill_ms).collect(), 0.99),
+        prompt_tokens_p99: p(
+            served
+                .iter()
+                .filter_map(|r| r.prompt_tokens.map(|t| t as f64))
+                .collect(),
+            0.99,
+        ),
+        prompt_bytes_p99: p(
+            served
+                .iter()
+                .filter_map(|r| r.prompt_bytes.map(|t| t as f64))
+                .collect(),
+            0.99,
+        ),
+        prefill_ms_per_token_p50: p(
+            served
+                .iter()
+                .filter_map(|r| match (r.prefill_ms, r.prompt_tokens) {
+                    (Some(ms), Some(t)) if t > 0 => Some(ms / t as f64),
+                    _ => None,
+                })
+                .collect(),
+            0.5,
+        ),
+        prefill_steps_p50: p(
+            served
+                .iter()
+                .filter_map(|r| r.prefill_steps.map(|t| t as f64))
+                .collect(),
+            0.5,
+        ),
+        ..Default::default()
+    };
+    if dur_s > 0.0 {
+        let arrivals = in_window.iter().filter(|r| is_load(&r.method)).count();
+        s.arrival_rate_per_s = Some(arrivals as f64 / dur_s);
+        let admitted: Vec<u64> = inputs
+            .requests
+            .iter()
+            .filter_map(|r| r.admitted_mono_ns)
+            .collect();
+        if !admitted.is_empty() {
+            let n = admitted.iter().filter(|t| w.contains(**t)).count();
+            s.admission_rate_per_s = Some(n as f64 / dur_s);
+        }
+        let busy_ns: u128 = inputs
+            .requests
+            .iter()
+            .filter(|r| is_load(&r.method))
+            .map(|r| u128::from(w.overlap_ns(r.arrival_mono_ns, r.end_mono_ns)))
+            .sum();
+        s.in_system_mean = Some(busy_ns as f64 / 1e9 / dur_s);
+        // Preemptions: the engine's counter when scraped, else the per-request counts.
+        s.preemptions_per_s = counter_rate(inputs, w).or_else(|| {
+            let counts: Vec<u64> = served.iter().filter_map(|r| r.preemptions).collect();
+            (!counts.is_empty()).then(|| counts.iter().sum::<u64>() as f64 / dur_s)
+        });
+    }
+    // Steps: the engine's work for this window's requests, which runs on after the window's
+    // last arrival until its last request ends.
+    let work = TimeWindow {
+        start_mono_ns: w.start_mono_ns,
+        end_mono_ns: in_window
+            .iter()
+            .map(|r| r.end_mono_ns.saturating_add(1))
+            .fold(w.end_mono_ns, u64::max),
+    };
+    s.has_steps = !inputs.steps.is_empty();
+    let steps: Vec<_> = inputs
+        .steps
+        .iter()
+        .filter(|st| work.contains(st.start_mono_ns))
+        .collect();
+    s.step_ms_p50 = p(steps.iter().map(|st| st.duration_ms).collect(), 0.5);
+    for st in steps {
+        if st.prefill_requests == 0 && st.decode_requests > 0 {
+            s.decode_steps_ms
+                .entry(st.decode_requests)
+                .or_default()
+                .push(st.duration_ms);
+        }
+    }
+    for v in s.decode_steps_ms.values_mut() {
+        *v = sorted(std::mem::take(v));
+    }
+    let engine: Vec<_> = inputs
+        .engine
+        .iter()
+        .filter(|e| w.contains(e.mono_ns))
+        .collect();
+    s.kv_usage_p90 = p(
+        engine
+            .iter()
+            .filter_map(|e| e.kv_cache_usage)
+            .map(|u| if u > 1.0 { u / 100.0 } else { u })
+            .collect(),
+        0.9,
+    );
+    let waiting: Vec<f64> = engine.iter().filter_map(|e| e.requests_waiting).collect();
+    if !waiting.is_empty() {
+        s.requests_waiting_mean = Some(waiting.iter().sum::<f64>() / waiting.len() as f64);
+    }
+    let mut per_device: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for d in inputs.devices.iter().filter(|d| w.contains(d.mono_ns)) {
+        let e = per_device.entry(d.device.as_str()).or_default();
+        e.0 += 1;
+        e.1 += usize::from(d.is_outlier());
+    }
+    if let Some((dev, share)) = per_device
+        .iter()
+        .map(|(d, (n, o))| (*d, *o as f64 / *n as f64))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+    {
+        s.device_outlier_share = Some(share);
+        s.outlier_device = Some(dev.to_owned());
+    }
+    s
+}
+
+/// Preemptions per second from the engine's cumulative counter (resets count from zero).
+fn counter_rate(inputs: &Inputs, w: &TimeWindow) -> Option<f64> {
+    let mut pts: Vec<(u64, f64)> = inputs
+        .engine
+        .iter()
+        .filter(|e| w.contains(e.mono_ns))
+        .filter_map(|e| e.preemptions_total.map(|v| (e.mono_ns, v)))
+        .collect();
+    pts.sort_by_key(|p| p.0);
+    let (first, last) = (pts.first()?, pts.last()?);
+    let span_s = last.0.saturating_sub(first.0) as f64 / 1e9;
+    if span_s <= 0.0 {
+        return None;
+    }
+    let increase: f64 = pts
+        .windows(2)
+        .map(|p| {
+            let d = p[1].1 - p[0].1;
+            if d >= 0.0 { d } else { p[1].1 }
+        })
+        .sum();
+    Some(increase / span_s)
+}

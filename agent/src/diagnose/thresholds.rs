@@ -1,0 +1,38 @@
+//! Every threshold the diagnosis decides with, in one place (the README's table lists them).
+//! Ratios compare the incident window with the baseline window (window / baseline).
+
+/// P99 TTFT must grow by at least this ratio to count as a regression...
+pub const TTFT_REGRESSION_RATIO: f64 = 1.5;
+/// ...and by at least this many milliseconds (tiny TTFTs double on noise alone)...
+pub const TTFT_REGRESSION_MIN_MS: f64 = 50.0;
+/// ...and this share of the window's requests must be slower than the baseline's P99 TTFT
+/// (one slow outlier is not an incident)...
+pub const TTFT_REGRESSED_SHARE: f64 = 0.2;
+/// ...and at least this many of them.
+pub const TTFT_REGRESSED_MIN_REQUESTS: usize = 3;
+/// Fewer requests with a TTFT than this in either window: no decision.
+pub const MIN_REQUESTS_PER_WINDOW: usize = 5;
+
+/// Arrivals per second grew by this ratio: a traffic spike.
+pub const ARRIVAL_RATE_RATIO: f64 = 1.5;
+/// KV cache usage (0..1, the window's P90 of engine samples) at or above this: memory pressure...
+pub const KV_USAGE_HIGH: f64 = 0.90;
+/// ...or preemptions per second at or above this, and at least this ratio over the baseline.
+pub const PREEMPTION_RATE_MIN_PER_S: f64 = 0.1;
+pub const PREEMPTION_RATE_RATIO: f64 = 2.0;
+/// P99 prompt tokens (prompt bytes when tokens are unknown) grew by this ratio: prompt growth.
+pub const PROMPT_GROWTH_RATIO: f64 = 1.5;
+/// The median decode step at the same batch size (or, without step records, the median
+/// prefill time per prompt token) grew by this ratio: the device got slower.
+pub const DEVICE_SLOWDOWN_RATIO: f64 = 1.5;
+/// Decode steps of one batch size needed in each window to compare their durations.
+pub const MIN_STEPS_PER_BATCH_SIZE: usize = 5;
+/// Share of one device's samples flagged as an outlier among its peers in the window (and
+/// under it in the baseline): a degraded device.
+pub const DEVICE_OUTLIER_SHARE: f64 = 0.5;
+/// The median number of engine steps a request's prefill takes grew by this ratio (while
+/// prompts did not grow by PROMPT_GROWTH_RATIO): the scheduler splits prefills more finely.
+pub const PREFILL_STEPS_RATIO: f64 = 2.0;
+
+/// Requests per window for full confidence.
+pub const CONFIDENT_REQUESTS: usize = 30;

@@ -1,0 +1,153 @@
+//! The incident suite (tests/incidents/): each scenario is recorded live by the real agent on the
+//! real engine, then diagnosed by `inferscope diagnose`; the cause must match the incident made,
+//! and the evidence must carry the signal that shows it.
+#[path = "../incidents/mod.rs"]
+mod incidents;
+
+use std::time::Duration;
+
+use incidents::{BASELINE, Phase, SLOTS, cgroup::CpuLimit, evidence, run};
+
+fn ratio(e: &serde_json::Value) -> f64 {
+    e["ratio"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no ratio: {e:#}"))
+}
+
+#[test]
+fn no_regression_when_the_same_load_runs_twice() {
+    let o = run("none", BASELINE, |_| None);
+    let d = &o.diagnosis;
+    assert_eq!(d["cause"], "none", "{}", o.report);
+    assert_eq!(d["dominant_phase"], "none", "{}", o.report);
+    assert_eq!(d["regression"], false, "{}", o.report);
+    assert_eq!(o.exit_code, Some(0), "{}", o.report);
+    incidents::check_recorded(&o, BASELINE.requests, BASELINE.requests);
+    // Same schedule, same prompt sizes: the workload signals agree.
+    let arrivals = ratio(evidence(d, "arrival_rate_per_s"));
+    assert!((0.8..1.25).contains(&arrivals), "{}", o.report);
+}
+
+#[test]
+fn traffic_spike_concurrency_far_above_the_slots() {
+    // 14 requests 100 ms apart: up to 7x the 2 slots in flight at once.
+    let spike = Phase {
+        requests: 14,
+        every: Duration::from_millis(100),
+        ..BASELINE
+    };
+    assert!(spike.requests as u32 > 3 * SLOTS);
+    let o = run("traffic_spike", spike, |_| None);
+    let d = &o.diagnosis;
+    assert_eq!(d["cause"], "traffic_spike", "{}", o.report);
+    assert_eq!(d["dominant_phase"], "queue", "{}", o.report);
+    assert_eq!(o.exit_code, Some(3), "{}", o.report);
+    incidents::check_recorded(&o, BASELINE.requests, spike.requests);
+    let e = evidence(d, "arrival_rate_per_s");
+    assert_eq!(e["crossed"], true, "{}", o.report);
+    assert!(ratio(e) >= 3.0, "{}", o.report);
+    // The queue, not prefill, carries the growth.
+    let q = &d["queue_wait_p99_ms"];
+    assert!(q["window"].as_f64().unwrap() > 5.0 * q["baseline"].as_f64().unwrap().max(10.0));
+    assert_eq!(
+        d["evidence"][0]["signal"], "arrival_rate_per_s",
+        "{}",
+        o.report
+    );
+}
+
+#[test]
+fn prompt_growth_prompts_several_times_longer() {
+    let long = Phase {
+        prompt_words: 80,
+        ..BASELINE
+    };
+    let o = run("prompt_growth", long, |_| None);
+    let d = &o.diagnosis;
+    assert_eq!(d["cause"], "prompt_growth", "{}", o.report);
+    // Prefill grew (queue wait may grow too: longer prefills also keep the slots busy longer).
+    let p = &d["prefill_p99_ms"];
+    assert!(
+        p["window"].as_f64().unwrap() > 2.0 * p["baseline"].as_f64().unwrap(),
+        "{}",
+        o.report
+    );
+    assert_eq!(o.exit_code, Some(3), "{}", o.report);
+    incidents::check_recorded(&o, BASELINE.requests, long.requests);
+    let e = evidence(d, "prompt_tokens_p99");
+    assert_eq!(e["crossed"], true, "{}", o.report);
+    assert!(ratio(e) >= 2.0, "{}", o.report);
+    // Arrivals did not change.
+    assert_eq!(
+        evidence(d, "arrival_rate_per_s")["crossed"],
+        false,
+        "{}",
+        o.report
+    );
+}
+
+#[test]
+fn degraded_device_engine_cpu_throttled_by_a_cgroup() {
+    // 20% of one CPU in 10 ms periods: every step runs about 5x slower, prompts unchanged.
+    let o = run("degraded_device", BASELINE, |engine| {
+        Some(CpuLimit::apply(engine.pid(), 2_000, 10_000).unwrap_or_else(|e| panic!("{e}")))
+    });
+    let d = &o.diagnosis;
+    assert_eq!(d["cause"], "degraded_device", "{}", o.report);
+    assert_eq!(o.exit_code, Some(3), "{}", o.report);
+    incidents::check_recorded(&o, BASELINE.requests, BASELINE.requests);
+    let e = evidence(d, "decode_step_ms_p50");
+    assert_eq!(e["crossed"], true, "{}", o.report);
+    assert!(ratio(e) >= 2.0, "{}", o.report);
+    assert_eq!(
+        evidence(d, "prompt_tokens_p99")["crossed"],
+        false,
+        "{}",
+        o.report
+    );
+    assert_eq!(
+        evidence(d, "arrival_rate_per_s")["crossed"],
+        false,
+        "{}",
+        o.report
+    );
+}
+
+#[test]
+fn diagnose_exit_status_for_errors_and_too_little_data() {
+    use std::process::Command;
+    let dir = std::env::temp_dir().join(format!("inferscope-diag-exit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let run = |records: &std::path::Path, baseline: &str, window: &str| {
+        let out = Command::new(inferscope_integration_tests::agent::binary())
+            .args(["diagnose", "--records"])
+            .arg(records)
+            .args(["--baseline", baseline, "--window", window])
+            .output()
+            .expect("running inferscope diagnose");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&dir.join("missing.jsonl"), "..+1s", "-1s..");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("cannot open"), "{err}");
+    // Two requests: too few to decide, whatever the windows.
+    let records = dir.join("two.jsonl");
+    std::fs::write(
+        &records,
+        "{\"method\":\"POST\",\"arrival_mono_ns\":1000000000,\"end_mono_ns\":1500000000,\"ttft_ms\":20.0}\n\
+         {\"method\":\"POST\",\"arrival_mono_ns\":9000000000,\"end_mono_ns\":9500000000,\"ttft_ms\":900.0}\n",
+    )
+    .expect("writing records");
+    let (code, err) = run(&records, "..+5s", "+5s..");
+    assert_eq!(code, Some(5), "{err}");
+    let (code, err) = run(&records, "yesterday..", "+5s..");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("--baseline"), "{err}");
+    // Wall-clock times need the records' wall-clock arrivals.
+    let (code, err) = run(&records, "2026-01-01T00:00:00Z..", "+5s..");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("arrival_unix_ns"), "{err}");
+}
