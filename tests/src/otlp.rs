@@ -50,6 +50,11 @@ fn rotel_binary() -> PathBuf {
 
 impl Rotel {
     pub fn start(dir: &Path, port: u16) -> Rotel {
+        Self::start_logging(dir, port, &["traces"])
+    }
+
+    /// `what`: the signals rotel prints ("traces", "metrics", "logs").
+    pub fn start_logging(dir: &Path, port: u16, what: &[&str]) -> Rotel {
         let log = dir.join(format!("rotel-{port}.log"));
         let http_port = crate::free_port();
         let child = Command::new(rotel_binary())
@@ -60,11 +65,10 @@ impl Rotel {
             .args([
                 "--exporter",
                 "blackhole",
-                "--debug-log",
-                "traces",
                 "--debug-log-verbosity",
                 "detailed",
             ])
+            .args(what.iter().flat_map(|w| ["--debug-log", w]))
             .stdout(fs::File::create(&log).expect("creating the rotel log"))
             .stderr(Stdio::null())
             .spawn()
@@ -75,6 +79,11 @@ impl Rotel {
             std::thread::sleep(Duration::from_millis(100));
         }
         Rotel { child, port, log }
+    }
+
+    /// Everything rotel printed (log records included).
+    pub fn text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     pub fn spans(&self) -> Vec<ReceivedSpan> {

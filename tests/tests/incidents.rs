@@ -151,3 +151,98 @@ fn diagnose_exit_status_for_errors_and_too_little_data() {
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("arrival_unix_ns"), "{err}");
 }
+
+/// The same traffic spike seen by the long-running agent: its continuous diagnosis raises the
+/// alarm (Prometheus info metric and an OTLP log event), and `inferscope diagnose --connect`
+/// names the cause from what the agent kept.
+#[test]
+fn traffic_spike_seen_live_by_the_daemon() {
+    use inferscope_integration_tests::{daemon::Daemon, engine::Engine, free_port, otlp::Rotel};
+    use std::time::Instant;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let engine = Engine::start(free_port(), SLOTS);
+    let rotel = Rotel::start_logging(dir.path(), free_port(), &["logs"]);
+    let mut daemon = Daemon::start(
+        dir.path(),
+        &[
+            "--port",
+            &engine.port.to_string(),
+            "--otlp-endpoint",
+            &format!("http://127.0.0.1:{}", rotel.port),
+            "--diagnose-interval",
+            "1s",
+            "--diagnose-window",
+            "10s",
+            "--diagnose-baseline",
+            "15s",
+            "--diagnose-ratio",
+            "1.5",
+        ],
+    );
+    daemon.wait_attached(engine.pid(), Duration::from_secs(60));
+    let baseline = Phase {
+        requests: 20,
+        ..BASELINE
+    };
+    let spike = Phase {
+        requests: 14,
+        every: Duration::from_millis(100),
+        ..BASELINE
+    };
+    let base_span = incidents::send(engine.port, baseline, 0);
+    let spike_span = incidents::send(engine.port, spike, 1000);
+
+    // The continuous watch: the info metric turns on with the cause.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let alarm = loop {
+        let text = daemon.scrape();
+        if let Some(line) = text
+            .lines()
+            .find(|l| l.starts_with("inferscope_diagnosis_info{") && l.ends_with(" 1"))
+        {
+            break line.to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no alarm:\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    assert!(alarm.contains("cause=\"traffic_spike\""), "{alarm}");
+    assert!(daemon.log_text().contains("P99 TTFT regressed"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !rotel.text().contains("inferscope.diagnosis") {
+        assert!(
+            Instant::now() < deadline,
+            "no OTLP diagnosis event:\n{}",
+            rotel.text()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(rotel.text().contains("traffic_spike"));
+
+    // The same question asked explicitly, with the phases' own times.
+    let out = daemon.client(&[
+        "diagnose",
+        "--json",
+        "--baseline",
+        &base_span.arg(),
+        "--window",
+        &spike_span.arg(),
+    ]);
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(d["cause"], "traffic_spike", "{d:#}");
+    assert_eq!(out.status.code(), Some(3));
+    let report = daemon.client(&[
+        "diagnose",
+        "--baseline",
+        &base_span.arg(),
+        "--window",
+        &spike_span.arg(),
+    ]);
+    assert!(String::from_utf8_lossy(&report.stdout).contains("traffic"));
+    daemon.stop();
+}

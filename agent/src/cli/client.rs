@@ -7,13 +7,15 @@ use hyper_util::rt::TokioIo;
 use inferscope_proto::v1::agent::inferscope_client::InferscopeClient;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Uri};
 
+pub const DEFAULT_CONNECT: &str = "unix:///run/inferscope/agent.sock";
+
 #[derive(Args, Debug, Clone)]
 pub struct ConnectArgs {
     /// The agent's gRPC address: unix:///path, http://host:port or https://host:port.
     #[arg(
         long,
         env = "INFERSCOPE_CONNECT",
-        default_value = "unix:///run/inferscope/agent.sock"
+        default_value = DEFAULT_CONNECT
     )]
     pub connect: String,
     /// CA certificate (PEM) that signed the agent's certificate, for https://.

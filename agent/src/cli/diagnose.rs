@@ -31,9 +31,16 @@ Exit status: 0 no TTFT regression; 3 regression with a named cause; 4 regression
 measured signal explains; 5 too few requests in a window to decide; 1 error (unreadable file,
 bad window); 2 bad command line.")]
 pub struct DiagnoseArgs {
-    /// Request records from `inferscope record --out` (JSON Lines).
+    /// Request records from `inferscope record --out` (JSON Lines). Without it, ask the running
+    /// agent (`--connect`) about what it has seen.
     #[arg(long)]
-    pub records: PathBuf,
+    pub records: Option<PathBuf>,
+    /// The running agent's gRPC address (without --records): unix:///path, http(s)://host:port.
+    #[arg(long, env = "INFERSCOPE_CONNECT", conflicts_with_all = ["steps", "engine_metrics", "devices"])]
+    pub connect: Option<String>,
+    /// CA certificate (PEM) for an https:// agent address.
+    #[arg(long)]
+    pub tls_ca: Option<PathBuf>,
     /// Step records from `inferscope record --steps` (device speed, prefill steps).
     #[arg(long)]
     pub steps: Option<PathBuf>,
@@ -74,11 +81,11 @@ fn report_skips(path: &Path, stats: &ReadStats) {
     }
 }
 
-fn load(args: &DiagnoseArgs) -> anyhow::Result<Inputs> {
+fn load(args: &DiagnoseArgs, records: &Path) -> anyhow::Result<Inputs> {
     let mut inputs = Inputs::default();
-    let (requests, stats) = read_jsonl(open(&args.records)?)
-        .with_context(|| format!("reading {}", args.records.display()))?;
-    report_skips(&args.records, &stats);
+    let (requests, stats) =
+        read_jsonl(open(records)?).with_context(|| format!("reading {}", records.display()))?;
+    report_skips(records, &stats);
     inputs.requests = requests;
     if let Some(path) = &args.steps {
         let (steps, stats) =
@@ -104,11 +111,14 @@ fn load(args: &DiagnoseArgs) -> anyhow::Result<Inputs> {
 fn run(args: DiagnoseArgs) -> anyhow::Result<u8> {
     let baseline = parse_window(&args.baseline).context("--baseline")?;
     let window = parse_window(&args.window).context("--window")?;
-    let inputs = load(&args)?;
+    let Some(records) = &args.records else {
+        return run_live(&args);
+    };
+    let inputs = load(&args, records)?;
     let timeline = Timeline::of(&inputs.requests).with_context(|| {
         format!(
             "{} holds no request records (is it the --out file of `inferscope record`?)",
-            args.records.display()
+            records.display()
         )
     })?;
     let (base, win) = timeline.windows(baseline, window)?;
@@ -118,19 +128,58 @@ fn run(args: DiagnoseArgs) -> anyhow::Result<u8> {
     } else {
         print!("{}", diagnose::render(&d));
     }
-    Ok(
-        if d.requests.baseline.min(d.requests.window)
-            < diagnose::thresholds::MIN_REQUESTS_PER_WINDOW
-        {
-            EXIT_NOT_ENOUGH_DATA
-        } else if !d.regression {
-            EXIT_NO_REGRESSION
-        } else if d.cause == Cause::None {
-            EXIT_REGRESSION_UNEXPLAINED
-        } else {
-            EXIT_REGRESSION
-        },
-    )
+    Ok(exit_status(
+        d.requests.baseline.min(d.requests.window),
+        d.regression,
+        d.cause == Cause::None,
+    ))
+}
+
+fn exit_status(fewest_requests: usize, regression: bool, unexplained: bool) -> u8 {
+    if fewest_requests < diagnose::thresholds::MIN_REQUESTS_PER_WINDOW {
+        EXIT_NOT_ENOUGH_DATA
+    } else if !regression {
+        EXIT_NO_REGRESSION
+    } else if unexplained {
+        EXIT_REGRESSION_UNEXPLAINED
+    } else {
+        EXIT_REGRESSION
+    }
+}
+
+/// Asks the running agent, which diagnoses what it has kept.
+fn run_live(args: &DiagnoseArgs) -> anyhow::Result<u8> {
+    let connect = super::client::ConnectArgs {
+        connect: args
+            .connect
+            .clone()
+            .unwrap_or_else(|| super::client::DEFAULT_CONNECT.to_string()),
+        tls_ca: args.tls_ca.clone(),
+    };
+    let d = super::client::runtime()?.block_on(async {
+        let mut client = connect.client().await?;
+        client
+            .diagnose(inferscope_proto::v1::agent::DiagnoseRequest {
+                baseline: args.baseline.clone(),
+                window: args.window.clone(),
+            })
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| anyhow::anyhow!("the agent could not diagnose: {}", s.message()))
+    })?;
+    let json: serde_json::Value =
+        serde_json::from_str(&d.json).context("the agent's diagnosis is not JSON")?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&json)?);
+    } else {
+        print!("{}", d.report);
+    }
+    let count = |k: &str| json["requests"][k].as_u64().unwrap_or(0) as usize;
+    Ok(exit_status(
+        count("baseline").min(count("window")),
+        json["regression"].as_bool().unwrap_or(false),
+        json["cause"].as_str() == Some("none"),
+    ))
 }
 
 /// Runs the command; the exit status carries the verdict (see the help text).

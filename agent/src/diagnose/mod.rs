@@ -8,12 +8,14 @@
 //! unchanged work (a slower device) and with how the scheduler splits prefills. Every threshold
 //! lives in [`thresholds`].
 mod decide;
+pub mod history;
 mod input;
 mod report;
 mod signals;
 #[cfg(test)]
 mod tests;
 pub mod thresholds;
+pub mod watch;
 mod window;
 
 use serde::Serialize;

@@ -1,6 +1,9 @@
 //! The agent's gRPC API (proto/inferscope/v1/agent.proto): `Subscribe`, `ListRequests`,
 //! `GetRequest`, served from the [`Hub`].
-use std::{pin::Pin, sync::Arc, sync::atomic::Ordering};
+use std::{
+    pin::Pin,
+    sync::{Arc, Mutex, atomic::Ordering},
+};
 
 use inferscope_proto::v1::agent::{self as pb, event::Record, inferscope_server::Inferscope};
 use tokio::sync::{broadcast, mpsc};
@@ -11,7 +14,10 @@ use super::{
     hub::{Hub, HubEvent},
     proto_conv,
 };
-use crate::correlate::timeline::RequestTimeline;
+use crate::{
+    correlate::{monotonic_now_ns, timeline::RequestTimeline},
+    diagnose::{self, Timeline, history::History, parse_window},
+};
 
 /// Events queued per subscriber stream on the server side (the broadcast buffer is in front).
 const STREAM_BUFFER: usize = 256;
@@ -20,11 +26,21 @@ const MAX_LIST_LIMIT: usize = 10_000;
 
 pub struct ApiService {
     hub: Arc<Hub>,
+    /// What the agent keeps for diagnosis (`None`: the watch is off).
+    history: Option<Arc<Mutex<History>>>,
 }
 
 impl ApiService {
-    pub fn new(hub: Arc<Hub>) -> Self {
-        Self { hub }
+    pub fn new(hub: Arc<Hub>, history: Option<Arc<Mutex<History>>>) -> Self {
+        Self { hub, history }
+    }
+}
+
+/// The diagnosis as the API returns it: the JSON of `inferscope diagnose --json` and the report.
+pub fn diagnosis_message(d: &diagnose::Diagnosis) -> pb::Diagnosis {
+    pb::Diagnosis {
+        json: serde_json::to_string(d).unwrap_or_default(),
+        report: diagnose::render(d),
     }
 }
 
@@ -77,9 +93,7 @@ impl Filter {
                 Some(Record::Kernel(proto_conv::kernel(k)))
             }
             HubEvent::Gpu(g) if self.gpus => Some(Record::Gpu((**g).clone())),
-            HubEvent::Diagnosis(d) if self.diagnoses => Some(Record::Diagnosis(pb::Diagnosis {
-                json: (**d).clone(),
-            })),
+            HubEvent::Diagnosis(d) if self.diagnoses => Some(Record::Diagnosis((**d).clone())),
             _ => None,
         }
     }
@@ -156,6 +170,38 @@ impl Inferscope for ApiService {
             .map(|t| proto_conv::request(t))
             .collect();
         Ok(Response::new(pb::ListRequestsResponse { requests }))
+    }
+
+    async fn diagnose(
+        &self,
+        request: Request<pb::DiagnoseRequest>,
+    ) -> Result<Response<pb::Diagnosis>, Status> {
+        let r = request.into_inner();
+        let Some(history) = &self.history else {
+            return Err(Status::failed_precondition(
+                "this agent keeps no history for diagnosis (it runs with --diagnose-interval off)",
+            ));
+        };
+        let baseline = parse_window(&r.baseline)
+            .map_err(|e| Status::invalid_argument(format!("baseline: {e}")))?;
+        let window = parse_window(&r.window)
+            .map_err(|e| Status::invalid_argument(format!("window: {e}")))?;
+        let inputs = history
+            .lock()
+            .map_err(|_| Status::internal("the diagnosis history is unavailable"))?
+            .inputs_since(0);
+        let Some(mut timeline) = Timeline::of(&inputs.requests) else {
+            return Err(Status::failed_precondition(
+                "the agent has seen no finished requests yet",
+            ));
+        };
+        // "The last 5m" means up to now, not up to the last request.
+        timeline.end_mono_ns = timeline.end_mono_ns.max(monotonic_now_ns());
+        let (base, win) = timeline
+            .windows(baseline, window)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let d = diagnose::diagnose(&inputs, base, win);
+        Ok(Response::new(diagnosis_message(&d)))
     }
 
     async fn get_request(

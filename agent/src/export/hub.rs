@@ -10,7 +10,7 @@ use std::{
     },
 };
 
-use inferscope_proto::v1::agent::GpuSample;
+use inferscope_proto::v1::agent::{Diagnosis, GpuSample};
 use tokio::sync::broadcast;
 
 use crate::correlate::{
@@ -24,8 +24,8 @@ pub enum HubEvent {
     Step(Arc<StepRecord>),
     Kernel(Arc<KernelRecord>),
     Gpu(Arc<GpuSample>),
-    /// A diagnosis report (`inferscope diagnose --json` format).
-    Diagnosis(Arc<String>),
+    /// A diagnosis of the continuous watch (JSON as `inferscope diagnose --json`, and the report).
+    Diagnosis(Arc<Diagnosis>),
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -88,6 +88,17 @@ pub struct RunArgs {
     /// How often to sample NVML (per-GPU utilisation, memory, clocks, power, GPM), or "off".
     #[arg(long, env = "INFERSCOPE_NVML_INTERVAL")]
     pub nvml_interval: Option<String>,
+    /// How often the continuous diagnosis compares the last --diagnose-window with the
+    /// --diagnose-baseline before it, or "off" (which also turns off `diagnose --connect`).
+    #[arg(long, env = "INFERSCOPE_DIAGNOSE_INTERVAL")]
+    pub diagnose_interval: Option<String>,
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub diagnose_baseline: Option<Duration>,
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub diagnose_window: Option<Duration>,
+    /// Raise the alarm when P99 TTFT in the window reaches this multiple of the baseline's.
+    #[arg(long)]
+    pub diagnose_ratio: Option<f64>,
     /// Also write every finished request as a JSON line here.
     #[arg(long)]
     pub records: Option<PathBuf>,
@@ -119,6 +130,10 @@ pub struct FileConfig {
     pub engine_metrics_interval: Option<String>,
     pub shim_socket: Option<String>,
     pub nvml_interval: Option<String>,
+    pub diagnose_interval: Option<String>,
+    pub diagnose_baseline: Option<String>,
+    pub diagnose_window: Option<String>,
+    pub diagnose_ratio: Option<f64>,
     pub records: Option<PathBuf>,
 }
 
@@ -168,6 +183,8 @@ pub struct RunConfig {
     pub shim_socket: Option<PathBuf>,
     /// `None`: NVML sampling is off.
     pub nvml_interval: Option<Duration>,
+    /// `None`: the continuous diagnosis is off.
+    pub diagnose: Option<inferscope::diagnose::watch::WatchConfig>,
     pub records: Option<PathBuf>,
     pub duration: Option<Duration>,
 }
@@ -234,6 +251,41 @@ impl RunConfig {
             args.nvml_interval.or(file.nvml_interval),
             Duration::from_secs(1),
         )?;
+        let diagnose_interval = interval_or_off(
+            "diagnose interval",
+            args.diagnose_interval.or(file.diagnose_interval),
+            Duration::from_secs(30),
+        )?;
+        let duration_or = |flag: Option<Duration>, file: Option<String>, what: &str, default| match (
+            flag, file,
+        ) {
+            (Some(d), _) => Ok(d),
+            (None, Some(s)) => humantime::parse_duration(&s)
+                .with_context(|| format!("bad {what} {s:?} in the config file")),
+            (None, None) => Ok(default),
+        };
+        let diagnose_baseline = duration_or(
+            args.diagnose_baseline,
+            file.diagnose_baseline,
+            "diagnose-baseline",
+            Duration::from_secs(30 * 60),
+        )?;
+        let diagnose_window = duration_or(
+            args.diagnose_window,
+            file.diagnose_window,
+            "diagnose-window",
+            Duration::from_secs(5 * 60),
+        )?;
+        let diagnose_ratio = args.diagnose_ratio.or(file.diagnose_ratio).unwrap_or(1.5);
+        if diagnose_ratio <= 1.0 {
+            bail!("the diagnose ratio must be above 1, got {diagnose_ratio}");
+        }
+        let diagnose = diagnose_interval.map(|interval| inferscope::diagnose::watch::WatchConfig {
+            baseline: diagnose_baseline,
+            window: diagnose_window,
+            interval,
+            ratio: diagnose_ratio,
+        });
         let shim_socket = match args.shim_socket.or(file.shim_socket).as_deref() {
             Some("off") => None,
             Some(path) => Some(PathBuf::from(path)),
@@ -266,6 +318,7 @@ impl RunConfig {
             engine_metrics_interval,
             shim_socket,
             nvml_interval,
+            diagnose,
             records: args.records.or(file.records),
             duration: args.duration,
         })

@@ -12,12 +12,16 @@ use inferscope::{
     capture::{CaptureConfig, TargetSelector, metrics::ScrapeConfig},
     correlate::timeline::{TimelineBuilder, TimelineLimits},
     decode::http::Limits,
+    diagnose::{
+        history::{History, HistoryLimits},
+        watch::Watch,
+    },
     export::{
         hub::{Hub, HubLimits},
         jsonl::JsonlWriter,
         metrics::Metrics,
         names,
-        otlp::{ExportCounters, OtlpConfig, TraceExporter},
+        otlp::{DiagnosisEvents, ExportCounters, OtlpConfig, TraceExporter},
     },
     pipeline::{Pipeline, PipelineConfig},
 };
@@ -26,7 +30,7 @@ use tracing::{info, warn};
 
 pub use config::RunArgs;
 use config::RunConfig;
-use observer::{DaemonObserver, Outputs, Sampler};
+use observer::{DaemonObserver, Diagnosis, Outputs, Sampler};
 
 use super::signals;
 
@@ -114,7 +118,29 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         None => None,
     };
 
-    servers::start(&runtime, &config, metrics.clone(), hub.clone())?;
+    let history = config.diagnose.map(|_| {
+        Arc::new(std::sync::Mutex::new(
+            History::new(HistoryLimits::default()),
+        ))
+    });
+    let diagnosis_events = match (&config.diagnose, otlp_on) {
+        (Some(_), true) => {
+            let _runtime = runtime.enter();
+            let resource = opentelemetry_sdk::Resource::builder()
+                .with_service_name("inferscope")
+                .with_attribute(KeyValue::new("host.name", names::host_name()))
+                .build();
+            Some(DiagnosisEvents::new(&otlp, resource)?)
+        }
+        _ => None,
+    };
+    servers::start(
+        &runtime,
+        &config,
+        metrics.clone(),
+        hub.clone(),
+        history.clone(),
+    )?;
     let gpu = gpu::GpuInputs::start(&config);
 
     let mut observer = DaemonObserver::new(
@@ -131,6 +157,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             records,
         },
         gpu,
+        config
+            .diagnose
+            .zip(history)
+            .map(|(watch, history)| Diagnosis {
+                watch: Watch::new(watch, inferscope::correlate::monotonic_now_ns()),
+                history,
+                events: diagnosis_events,
+                reported_cause: None,
+            }),
     );
     info!("running; stop with SIGINT or SIGTERM");
     let result = pipeline.run(

@@ -1,7 +1,7 @@
 //! The daemon's pipeline observer: closes request timelines and hands them to every exporter.
 use std::{
     hash::{Hash, Hasher},
-    sync::{Arc, atomic::Ordering},
+    sync::{Arc, Mutex, atomic::Ordering},
 };
 
 use inferscope::{
@@ -10,15 +10,19 @@ use inferscope::{
         EngineMetricsRecord, RequestRecord, StepRecord, monotonic_now_ns,
         timeline::{KernelRecord, RequestTimeline, TimelineBuilder},
     },
+    diagnose::{
+        DeviceSample, EngineSample, RequestSample, StepSample, history::History, watch::Watch,
+    },
+    export::grpc::diagnosis_message,
     export::{
         hub::{Hub, HubEvent},
         jsonl::JsonlWriter,
         metrics::Metrics,
-        otlp::{ExportCounters, TraceExporter},
+        otlp::{DiagnosisEvents, ExportCounters, TraceExporter},
     },
     pipeline::Observer,
 };
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use super::gpu::GpuInputs;
 
@@ -53,6 +57,15 @@ impl Sampler {
     }
 }
 
+/// The continuous diagnosis: what it keeps, when it runs, where alarms go besides metrics.
+pub struct Diagnosis {
+    pub watch: Watch,
+    pub history: Arc<Mutex<History>>,
+    pub events: Option<DiagnosisEvents>,
+    /// The cause last reported while the alarm is raised.
+    pub reported_cause: Option<&'static str>,
+}
+
 /// Where closed timelines go.
 pub struct Outputs {
     pub hub: Arc<Hub>,
@@ -76,10 +89,16 @@ pub struct DaemonObserver {
     gpu: GpuInputs,
     kernels: Vec<KernelRecord>,
     closed: Vec<RequestTimeline>,
+    diagnosis: Option<Diagnosis>,
 }
 
 impl DaemonObserver {
-    pub fn new(timelines: TimelineBuilder, outputs: Outputs, gpu: GpuInputs) -> Self {
+    pub fn new(
+        timelines: TimelineBuilder,
+        outputs: Outputs,
+        gpu: GpuInputs,
+        diagnosis: Option<Diagnosis>,
+    ) -> Self {
         Self {
             timelines,
             hub: outputs.hub,
@@ -93,10 +112,76 @@ impl DaemonObserver {
             gpu,
             kernels: Vec::new(),
             closed: Vec::new(),
+            diagnosis,
         }
     }
 
+    fn remember(&self, add: impl FnOnce(&mut History)) {
+        if let Some(d) = &self.diagnosis
+            && let Ok(mut history) = d.history.lock()
+        {
+            add(&mut history);
+        }
+    }
+
+    /// Runs the continuous diagnosis when due, and reports alarms.
+    fn watch(&mut self, now: u64) {
+        let Some(d) = self.diagnosis.as_mut() else {
+            return;
+        };
+        let verdict = {
+            let Ok(mut history) = d.history.lock() else {
+                return;
+            };
+            history.expire(now);
+            d.watch.tick(&history, now)
+        };
+        let Some(v) = verdict else {
+            return;
+        };
+        let phase = serde_json::to_value(v.diagnosis.dominant_phase)
+            .ok()
+            .and_then(|p| p.as_str().map(str::to_string))
+            .unwrap_or_default();
+        self.metrics
+            .set_diagnosis(v.diagnosis.cause.as_str(), &phase, v.active);
+        // Report when the alarm is raised or cleared, and when its cause changes while raised
+        // (the first evaluation may see only part of an incident's requests finished).
+        let cause = v.diagnosis.cause.as_str();
+        let cause_changed = v.active && d.reported_cause != Some(cause);
+        d.reported_cause = v.active.then_some(cause);
+        if !v.changed && !cause_changed {
+            return;
+        }
+        let message = diagnosis_message(&v.diagnosis);
+        if v.active {
+            warn!(
+                cause = v.diagnosis.cause.as_str(),
+                phase = phase.as_str(),
+                "P99 TTFT regressed: {}",
+                v.diagnosis.summary
+            );
+        } else {
+            info!(
+                "P99 TTFT is back within {}× its baseline",
+                d.watch.config.ratio
+            );
+        }
+        if let Some(events) = &d.events {
+            events.emit(&v.diagnosis, v.active, &message.report);
+        }
+        self.hub.publish(HubEvent::Diagnosis(Arc::new(message)));
+    }
+
     fn publish_closed(&mut self) {
+        if self.diagnosis.is_some() && !self.closed.is_empty() {
+            let samples: Vec<RequestSample> = self
+                .closed
+                .iter()
+                .map(|t| RequestSample::from(&t.request))
+                .collect();
+            self.remember(|h| samples.into_iter().for_each(|s| h.push_request(s)));
+        }
         for timeline in self.closed.drain(..) {
             self.metrics.record_request(&timeline);
             if let Some(traces) = self.traces.as_mut() {
@@ -123,6 +208,9 @@ impl DaemonObserver {
         if let Some(traces) = self.traces.as_mut() {
             traces.shutdown();
         }
+        if let Some(events) = self.diagnosis.as_ref().and_then(|d| d.events.as_ref()) {
+            events.shutdown();
+        }
     }
 }
 
@@ -135,6 +223,7 @@ impl Observer for DaemonObserver {
 
     fn on_step(&mut self, step: StepRecord) {
         self.metrics.record_step(&step);
+        self.remember(|h| h.push_step(StepSample::from(&step)));
         if self.hub.has_subscribers() {
             self.hub.publish(HubEvent::Step(Arc::new(step.clone())));
         }
@@ -143,6 +232,15 @@ impl Observer for DaemonObserver {
 
     fn on_engine_metrics(&mut self, record: EngineMetricsRecord) {
         self.metrics.record_engine_metrics(&record);
+        self.remember(|h| {
+            h.push_engine(EngineSample {
+                mono_ns: record.mono_ns,
+                kv_cache_usage: record.kv_cache_usage,
+                requests_waiting: record.requests_waiting,
+                requests_running: record.requests_running,
+                preemptions_total: record.preemptions_total,
+            })
+        });
     }
 
     fn on_discovery(&mut self, change: &DiscoveryChange) {
@@ -171,6 +269,16 @@ impl Observer for DaemonObserver {
             if let Some(traces) = self.traces.as_mut() {
                 traces.set_gpu_uuids(samples.iter().map(|g| g.uuid.clone()).collect());
             }
+            self.remember(|h| {
+                for g in &samples {
+                    h.push_device(DeviceSample {
+                        mono_ns: g.mono_ns,
+                        device: g.uuid.clone(),
+                        outlier: !g.outliers.is_empty(),
+                        outliers: g.outliers.clone(),
+                    });
+                }
+            });
             for g in &samples {
                 self.metrics.record_gpu(g);
                 if subscribers {
@@ -182,6 +290,7 @@ impl Observer for DaemonObserver {
         }
         self.timelines.poll(now, &mut self.closed);
         self.publish_closed();
+        self.watch(now);
     }
 
     fn on_counters(&mut self, mut counters: Vec<(String, u64)>) {

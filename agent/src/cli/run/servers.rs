@@ -1,8 +1,14 @@
 //! The daemon's listeners: the Prometheus endpoint and the gRPC API.
-use std::{os::unix::fs::PermissionsExt as _, sync::Arc};
+use std::{
+    os::unix::fs::PermissionsExt as _,
+    sync::{Arc, Mutex},
+};
 
 use anyhow::Context as _;
-use inferscope::export::{grpc::ApiService, hub::Hub, metrics::Metrics, prometheus_http};
+use inferscope::{
+    diagnose::history::History,
+    export::{grpc::ApiService, hub::Hub, metrics::Metrics, prometheus_http},
+};
 use inferscope_proto::v1::agent::inferscope_server::InferscopeServer;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::transport::{Identity, Server, ServerTlsConfig};
@@ -15,6 +21,7 @@ pub fn start(
     config: &RunConfig,
     metrics: Arc<Metrics>,
     hub: Arc<Hub>,
+    history: Option<Arc<Mutex<History>>>,
 ) -> anyhow::Result<()> {
     if let Some(addr) = config.prometheus {
         let listener = runtime
@@ -29,7 +36,7 @@ pub fn start(
             }
         });
     }
-    let service = InferscopeServer::new(ApiService::new(hub));
+    let service = InferscopeServer::new(ApiService::new(hub, history));
     match &config.grpc {
         GrpcAddr::Off => {}
         GrpcAddr::Unix(path) => {

@@ -3,6 +3,7 @@
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_{TRACES,METRICS}_ENDPOINT` variables
 //! (headers, timeout and compression variables are honoured by the exporter itself).
 mod counting;
+pub mod events;
 pub mod traces;
 
 use std::time::Duration;
@@ -14,6 +15,7 @@ use opentelemetry_sdk::{
 };
 
 pub use counting::ExportCounters;
+pub use events::DiagnosisEvents;
 pub use traces::TraceExporter;
 
 #[derive(Debug, thiserror::Error)]
