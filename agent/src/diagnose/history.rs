@@ -151,8 +151,8 @@ mod tests {
         }
         assert_eq!(h.len(), 3);
         assert_eq!(h.dropped, 1);
-        h.expire(135);
-        assert_eq!(h.len(), 2, "10 and 20 are more than 100 ns before 135");
+        h.expire(125);
+        assert_eq!(h.len(), 2, "20 is more than 100 ns before 125");
         assert_eq!(h.inputs_since(40).requests.len(), 1);
     }
 }

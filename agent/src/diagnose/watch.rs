@@ -112,7 +112,7 @@ mod tests {
         assert!(w.tick(&h, 5 * S).is_none(), "before the first interval");
         let quiet = w.tick(&h, 1061 * S).expect("evaluated");
         assert!(!quiet.active);
-        for t in 60..80 {
+        for t in 62..80 {
             h.push_request(request(1000 + t, 1000.0 + t as f64));
         }
         let alarm = w.tick(&h, 1082 * S).expect("evaluated");
