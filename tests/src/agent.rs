@@ -54,21 +54,7 @@ impl Recorder {
 
     /// Waits until the agent reports it attached to `pid`.
     pub fn wait_attached(&mut self, pid: u32, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        let needle = format!("attached pid={pid}");
-        while Instant::now() < deadline {
-            if self.log_text().contains(&needle) {
-                return;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("inferscope exited early ({status}):\n{}", self.log_text());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!(
-            "inferscope did not attach to pid {pid}:\n{}",
-            self.log_text()
-        );
+        wait_attached(&mut self.child, &self.log, pid, timeout);
     }
 
     /// SIGINT, as a user's Ctrl-C; returns the records written.
@@ -119,4 +105,25 @@ pub fn counter(log: &str, name: &str) -> u64 {
         .filter_map(|l| l.split_once(&needle))
         .find_map(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
+}
+
+/// Waits until the agent `child`, logging to `log`, reports it attached to `pid`; panics with its
+/// log if it exits first or the time runs out.
+pub fn wait_attached(child: &mut Child, log: &Path, pid: u32, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    let needle = format!("attached pid={pid}");
+    let text = || fs::read_to_string(log).unwrap_or_default();
+    while Instant::now() < deadline {
+        if text().contains(&needle) {
+            return;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("inferscope exited early ({status}):\n{}", text());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!(
+        "inferscope did not attach to pid {pid} in {timeout:?}:\n{}",
+        text()
+    );
 }

@@ -55,21 +55,7 @@ impl Daemon {
     }
 
     pub fn wait_attached(&mut self, pid: u32, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        let needle = format!("attached pid={pid}");
-        while Instant::now() < deadline {
-            if self.log_text().contains(&needle) {
-                return;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("inferscope run exited ({status}):\n{}", self.log_text());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!(
-            "inferscope run did not attach to {pid} in {timeout:?}:\n{}",
-            self.log_text()
-        );
+        crate::agent::wait_attached(&mut self.child, &self.log, pid, timeout);
     }
 
     /// Resident memory of the agent, in KiB.

@@ -42,6 +42,21 @@ pub struct RequestTimeline {
     pub unknown: Vec<&'static str>,
 }
 
+impl RequestTimeline {
+    /// A request with nothing joined onto it (no steps, no kernels, nothing marked unknown).
+    pub fn bare(request: RequestRecord) -> Self {
+        Self {
+            request,
+            steps: Vec::new(),
+            kernels: Vec::new(),
+            kernels_not_kept: 0,
+            prefill_gpu: None,
+            decode_gpu: None,
+            unknown: Vec::new(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct TimelineLimits {
     /// Steps kept for joining, across all processes.
@@ -206,13 +221,8 @@ impl TimelineBuilder {
         let shim = steps.iter().any(|s| self.has_recent_shim(s.pid, now_ns))
             || self.has_recent_shim(request.pid, now_ns);
         let mut timeline = RequestTimeline {
-            request,
-            steps: Vec::new(),
-            kernels: Vec::new(),
-            kernels_not_kept: 0,
-            prefill_gpu: None,
-            decode_gpu: None,
             unknown,
+            ..RequestTimeline::bare(request)
         };
         if !shim || steps.is_empty() {
             timeline.unknown.push("gpu");

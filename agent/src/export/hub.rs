@@ -136,19 +136,11 @@ mod tests {
     use crate::correlate::RequestRecord;
 
     fn timeline(id: &str) -> RequestTimeline {
-        RequestTimeline {
-            request: RequestRecord {
-                request_id: id.into(),
-                x_request_id: Some(format!("x-{id}")),
-                ..Default::default()
-            },
-            steps: vec![],
-            kernels: vec![],
-            kernels_not_kept: 0,
-            prefill_gpu: None,
-            decode_gpu: None,
-            unknown: vec![],
-        }
+        RequestTimeline::bare(RequestRecord {
+            request_id: id.into(),
+            x_request_id: Some(format!("x-{id}")),
+            ..Default::default()
+        })
     }
 
     #[test]

@@ -651,27 +651,19 @@ mod tests {
     use crate::correlate::RequestRecord;
 
     fn timeline(model: &str) -> RequestTimeline {
-        RequestTimeline {
-            request: RequestRecord {
-                engine: "llama.cpp".into(),
-                model: Some(model.into()),
-                ttft_ms: Some(120.0),
-                queue_wait_ms: Some(20.0),
-                prefill_ms: Some(100.0),
-                tpot_ms: Some(30.0),
-                e2e_ms: 900.0,
-                admitted_mono_ns: Some(1),
-                prompt_tokens: Some(50),
-                status: Some(200),
-                ..Default::default()
-            },
-            steps: vec![],
-            kernels: vec![],
-            kernels_not_kept: 0,
-            prefill_gpu: None,
-            decode_gpu: None,
-            unknown: vec![],
-        }
+        RequestTimeline::bare(RequestRecord {
+            engine: "llama.cpp".into(),
+            model: Some(model.into()),
+            ttft_ms: Some(120.0),
+            queue_wait_ms: Some(20.0),
+            prefill_ms: Some(100.0),
+            tpot_ms: Some(30.0),
+            e2e_ms: 900.0,
+            admitted_mono_ns: Some(1),
+            prompt_tokens: Some(50),
+            status: Some(200),
+            ..Default::default()
+        })
     }
 
     #[test]
