@@ -74,6 +74,7 @@ const ATTACHMENTS: &[(&str, &str, &str)] = &[
     ("enter_accept", "syscalls", "sys_enter_accept"),
     ("enter_accept", "syscalls", "sys_enter_accept4"),
     ("enter_close", "syscalls", "sys_enter_close"),
+    ("thread_exit", "sched", "sched_process_exit"),
     ("exit_syscall", "syscalls", "sys_exit_read"),
     ("exit_syscall", "syscalls", "sys_exit_recvfrom"),
     ("exit_syscall", "syscalls", "sys_exit_readv"),

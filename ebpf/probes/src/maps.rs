@@ -37,7 +37,10 @@ pub fn ignored(key: u64) -> bool {
     }
 }
 
-/// Syscall arguments saved at entry, keyed by pid_tgid, consumed at exit.
+/// Syscall arguments saved at entry, keyed by pid_tgid, consumed at exit. A thread's entry is
+/// rewritten in place at each syscall and only marked consumed at exit: a hash update costs
+/// ~170 ns and a delete ~130 ns here, a lookup ~55 ns. Entries go when the thread exits
+/// (`thread_exit`), so the map holds one entry per live thread of the traced processes.
 #[map]
 pub static INFLIGHT: HashMap<u64, Inflight> = HashMap::with_max_entries(16384, 0);
 
@@ -76,7 +79,9 @@ pub struct Inflight {
     pub fd: i32,
     pub kind: u8,
     pub shape: Shape,
-    pub _pad: u16,
+    /// 1 from entry until the exit consumes it.
+    pub live: u8,
+    pub _pad: u8,
 }
 
 #[repr(C)]

@@ -29,10 +29,13 @@ pub fn exit_syscall(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
     let pid_tgid = bpf_get_current_pid_tgid();
-    let Some(inflight) = (unsafe { INFLIGHT.get(&pid_tgid) }).copied() else {
+    let slot = INFLIGHT.get_ptr_mut(&pid_tgid).ok_or(0)?;
+    // SAFETY: only this thread touches its entry (see INFLIGHT).
+    let inflight = unsafe { *slot };
+    if inflight.live == 0 {
         return Ok(());
-    };
-    let _ = INFLIGHT.remove(&pid_tgid);
+    }
+    unsafe { (*slot).live = 0 };
     let ret: i64 = field(ctx, RET);
     // Non-blocking sockets return EAGAIN constantly; it carries no information.
     if ret == -EAGAIN || ret == -EINTR {
