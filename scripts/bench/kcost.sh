@@ -57,6 +57,7 @@ for p in b:
 for n in runs:
     if runs[n]:
         print(sys.argv[3], n, runs[n], ns[n] / runs[n])
+print(sys.argv[3], "total_ns", sum(runs.values()), sum(ns.values()))
 PY
 }
 
@@ -69,6 +70,8 @@ for r in $(seq "$rounds"); do
     one_load "$bin"
     kill -INT $agent; wait $agent || true
     n=$(wc -l < "$work/r.jsonl"); echo "$bin records $n $n" >> "$work/samples"
+    n=$(grep -o 'counter="kernel_records_emitted" value=[0-9]*' "$work/agent.log" | tail -1 | grep -o '[0-9]*$')
+    echo "$bin emitted $n $n" >> "$work/samples"
     kill $server; wait $server 2>/dev/null || true
   done
   if [ -n "${FLOOR:-}" ]; then
@@ -90,6 +93,14 @@ s = collections.defaultdict(list); runs = {}
 for line in open(sys.argv[1]):
     label, prog, n, ns = line.split()
     s[(label, prog)].append(float(ns)); runs[(label, prog)] = int(n)
+# Everything the kernel programs cost, over the syscalls captured (records emitted).
+for label in sorted({l for l, _ in s}):
+    if (label, "emitted") in s:
+        per = [t / e for t, e in zip(s[(label, "total_ns")], s[(label, "emitted")]) if e]
+        if per:
+            print(f"{label:<40} all programs per captured syscall: median {statistics.median(per):.0f} ns (min {min(per):.0f}, max {max(per):.0f})")
 for (label, prog), v in s.items():
+    if prog in ("total_ns", "emitted"):
+        continue
     print(f"{label:<40} {prog:<14} {runs[(label, prog)]:>9} runs  median {statistics.median(v):>6.0f}  (min {min(v):.0f}, max {max(v):.0f})")
 PY

@@ -4,7 +4,7 @@ use std::os::fd::{AsFd, AsRawFd, RawFd};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
         TracePoint, UProbe,
         uprobe::{UProbeAttachLocation, UProbeLinkId, UProbeScope},
@@ -96,7 +96,8 @@ pub struct SocketProbes {
     /// Scheduler uprobes attached per process, to detach when it goes.
     uprobe_links: std::collections::HashMap<u32, Vec<(String, UProbeLinkId)>>,
     events: RingBuf<MapData>,
-    targets: HashMap<MapData, u32, u8>,
+    /// Bitmap of traced tgids (see TARGETS in the eBPF crate).
+    targets: Array<MapData, u64>,
     ports: HashMap<MapData, u16, u8>,
     fd_verdicts: HashMap<MapData, u64, u64>,
     counters: PerCpuArray<MapData, u64>,
@@ -192,7 +193,7 @@ impl SocketProbes {
         let events =
             RingBuf::try_from(take_map(&mut ebpf, "EVENTS")?).map_err(map_err("EVENTS"))?;
         let targets =
-            HashMap::try_from(take_map(&mut ebpf, "TARGETS")?).map_err(map_err("TARGETS"))?;
+            Array::try_from(take_map(&mut ebpf, "TARGETS")?).map_err(map_err("TARGETS"))?;
         let ports = HashMap::try_from(take_map(&mut ebpf, "PORTS")?).map_err(map_err("PORTS"))?;
         let fd_verdicts =
             HashMap::try_from(take_map(&mut ebpf, "FD_VERDICT")?).map_err(map_err("FD_VERDICT"))?;
@@ -219,13 +220,22 @@ impl SocketProbes {
     }
 
     pub fn trace_process(&mut self, tgid: u32) {
-        if let Err(e) = self.targets.insert(tgid, 1, 0) {
-            warn!("cannot trace pid {tgid}: {e} (the target map holds 1024 processes)");
+        if let Err(e) = self.set_target_bit(tgid, true) {
+            warn!("cannot trace pid {tgid}: {e}");
         }
     }
 
     pub fn untrace_process(&mut self, tgid: u32) {
-        let _ = self.targets.remove(&tgid);
+        let _ = self.set_target_bit(tgid, false);
+    }
+
+    /// Only this thread writes the bitmap; the kernel programs only read it.
+    fn set_target_bit(&mut self, tgid: u32, on: bool) -> Result<(), aya::maps::MapError> {
+        let index = tgid >> 6;
+        let bit = 1u64 << (tgid & 63);
+        let word = self.targets.get(&index, 0)?;
+        let word = if on { word | bit } else { word & !bit };
+        self.targets.set(index, word, 0)
     }
 
     pub fn watch_port(&mut self, port: u16) {

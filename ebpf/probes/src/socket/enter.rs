@@ -9,7 +9,7 @@ use inferscope_common::{Counter, RecordType, SyscallKind, SyscallRecord, fd_key}
 use crate::{
     counters::bump,
     ctx::field,
-    maps::{FD_GEN, FD_VERDICT, INFLIGHT, Inflight, Shape, TARGETS, conn_gen, ignored},
+    maps::{FD_GEN, FD_VERDICT, INFLIGHT, Inflight, Shape, conn_gen, ignored, traced},
     ringbuf::output,
 };
 
@@ -22,7 +22,7 @@ const ARG2: usize = 32;
 fn traced_tgid() -> Option<(u64, u32)> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
-    unsafe { TARGETS.get(&tgid) }.map(|_| (pid_tgid, tgid))
+    traced(tgid).then_some((pid_tgid, tgid))
 }
 
 #[inline(always)]

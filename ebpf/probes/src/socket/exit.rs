@@ -11,7 +11,7 @@ use super::copy::copy_payload;
 use crate::{
     counters::bump,
     ctx::field,
-    maps::{FD_GEN, FD_VERDICT, INFLIGHT, SCRATCH, conn_gen},
+    maps::{FD_GEN, FD_VERDICT, INFLIGHT, SCRATCH, conn_gen, traced},
 };
 
 // syscalls:sys_exit_* layout: 8 bytes of common fields, the syscall number, then `long ret`.
@@ -29,6 +29,11 @@ pub fn exit_syscall(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
     let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    // Untraced processes leave before the hash lookup.
+    if !traced(tgid) {
+        return Ok(());
+    }
     let slot = INFLIGHT.get_ptr_mut(&pid_tgid).ok_or(0)?;
     // SAFETY: only this thread touches its entry (see INFLIGHT).
     let inflight = unsafe { *slot };
@@ -41,7 +46,6 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
     if ret == -EAGAIN || ret == -EINTR {
         return Ok(());
     }
-    let tgid = (pid_tgid >> 32) as u32;
     let kind = inflight.kind;
     let mut fd = inflight.fd;
     if kind == SyscallKind::Accept as u8 {
