@@ -22,6 +22,7 @@ floor=(
   "ktime|$EXITS { \$t = nsecs; }"
   "hash_update|$EXITS { @m[tid] = 1; }"
   "hash_update_delete|$EXITS { @m[tid] = 1; delete(@m[tid]); }"
+  "probe_read_user_16|tracepoint:syscalls:sys_enter_sendto { \$b = buf(args->buff, 16); }"
   "probe_read_user_200|tracepoint:syscalls:sys_enter_sendto { \$b = buf(args->buff, 200); }"
 )
 
@@ -33,16 +34,19 @@ start_server() {  # a fresh server per measurement: every tracer sees the same h
   $load load --port "$port" --connections 4 --requests 100 >/dev/null
 }
 
-one_load() {  # label: runs the load with bpf_stats on, appends "label prog runs ns" lines
+one_load() {  # label tracer-pid: runs the load with bpf_stats on, appends "label prog runs ns"
+  # Only the tracer's own programs count (other tracers may be loaded on a shared machine).
+  grep -h '^prog_id:' /proc/"$2"/fdinfo/* 2>/dev/null | awk '{print $2}' > "$work/ids"
   sysctl -qw kernel.bpf_stats_enabled=1
   bpftool prog show --json > "$work/a.json"
   $load load --port "$port" --connections "$conns" --requests "$reqs" >/dev/null
   bpftool prog show --json > "$work/b.json"
   sysctl -qw kernel.bpf_stats_enabled=0
-  python3 - "$work/a.json" "$work/b.json" "$1" >> "$work/samples" <<'PY'
+  python3 - "$work/a.json" "$work/b.json" "$1" "$work/ids" >> "$work/samples" <<'PY'
 import json, sys, collections
 a = {p["id"]: p for p in json.load(open(sys.argv[1]))}
-b = json.load(open(sys.argv[2]))
+mine = {int(x) for x in open(sys.argv[4]).read().split()}
+b = [p for p in json.load(open(sys.argv[2])) if p["id"] in mine]
 runs, ns = collections.Counter(), collections.Counter()
 for p in b:
     if p.get("type") != "tracepoint":
@@ -67,7 +71,7 @@ for r in $(seq "$rounds"); do
     $bin record --pid "$server" --out "$work/r.jsonl" 2>"$work/agent.log" & agent=$!
     until grep -q attached "$work/agent.log"; do sleep 0.1; done
     sleep 0.3
-    one_load "$bin"
+    one_load "$bin" $agent
     kill -INT $agent; wait $agent || true
     n=$(wc -l < "$work/r.jsonl"); echo "$bin records $n $n" >> "$work/samples"
     n=$(grep -o 'counter="kernel_records_emitted" value=[0-9]*' "$work/agent.log" | tail -1 | grep -o '[0-9]*$')
@@ -80,7 +84,7 @@ for r in $(seq "$rounds"); do
       bpftrace -e "${f#*|}" > "$work/bt.log" 2>&1 & bt=$!
       until grep -q Attaching "$work/bt.log" 2>/dev/null; do sleep 0.1; done
       sleep 0.5
-      one_load "floor:${f%%|*}"
+      one_load "floor:${f%%|*}" $bt
       kill -INT $bt; wait $bt || true
     done
     kill $server; wait $server 2>/dev/null || true

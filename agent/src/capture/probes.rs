@@ -98,10 +98,20 @@ pub struct SocketProbes {
     events: RingBuf<MapData>,
     /// Bitmap of traced tgids (see TARGETS in the eBPF crate).
     targets: Array<MapData, u64>,
-    ports: HashMap<MapData, u16, u8>,
+    /// Bitmap of watched local ports (see PORTS in the eBPF crate).
+    ports: Array<MapData, u64>,
     fd_verdicts: HashMap<MapData, u64, u64>,
     counters: PerCpuArray<MapData, u64>,
     logger: Option<EbpfLogger<&'static dyn log::Log>>,
+}
+
+/// Sets or clears bit `n` of a bitmap map. Only the pipeline thread writes these maps; the
+/// kernel programs only read them.
+fn set_bit(map: &mut Array<MapData, u64>, n: u32, on: bool) -> Result<(), aya::maps::MapError> {
+    let index = n >> 6;
+    let bit = 1u64 << (n & 63);
+    let word = map.get(&index, 0)?;
+    map.set(index, if on { word | bit } else { word & !bit }, 0)
 }
 
 fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, CaptureError> {
@@ -194,7 +204,7 @@ impl SocketProbes {
             RingBuf::try_from(take_map(&mut ebpf, "EVENTS")?).map_err(map_err("EVENTS"))?;
         let targets =
             Array::try_from(take_map(&mut ebpf, "TARGETS")?).map_err(map_err("TARGETS"))?;
-        let ports = HashMap::try_from(take_map(&mut ebpf, "PORTS")?).map_err(map_err("PORTS"))?;
+        let ports = Array::try_from(take_map(&mut ebpf, "PORTS")?).map_err(map_err("PORTS"))?;
         let fd_verdicts =
             HashMap::try_from(take_map(&mut ebpf, "FD_VERDICT")?).map_err(map_err("FD_VERDICT"))?;
         let counters =
@@ -220,32 +230,23 @@ impl SocketProbes {
     }
 
     pub fn trace_process(&mut self, tgid: u32) {
-        if let Err(e) = self.set_target_bit(tgid, true) {
+        if let Err(e) = set_bit(&mut self.targets, tgid, true) {
             warn!("cannot trace pid {tgid}: {e}");
         }
     }
 
     pub fn untrace_process(&mut self, tgid: u32) {
-        let _ = self.set_target_bit(tgid, false);
-    }
-
-    /// Only this thread writes the bitmap; the kernel programs only read it.
-    fn set_target_bit(&mut self, tgid: u32, on: bool) -> Result<(), aya::maps::MapError> {
-        let index = tgid >> 6;
-        let bit = 1u64 << (tgid & 63);
-        let word = self.targets.get(&index, 0)?;
-        let word = if on { word | bit } else { word & !bit };
-        self.targets.set(index, word, 0)
+        let _ = set_bit(&mut self.targets, tgid, false);
     }
 
     pub fn watch_port(&mut self, port: u16) {
-        if let Err(e) = self.ports.insert(port, 1, 0) {
+        if let Err(e) = set_bit(&mut self.ports, u32::from(port), true) {
             warn!("cannot watch port {port}: {e}");
         }
     }
 
     pub fn unwatch_port(&mut self, port: u16) {
-        let _ = self.ports.remove(&port);
+        let _ = set_bit(&mut self.ports, u32::from(port), false);
     }
 
     /// Stops payload capture for the connection generation `conn_gen` of one fd; a connection

@@ -3,7 +3,7 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
-use inferscope_common::{COUNTER_SLOTS, MAX_CAPTURE_BYTES, SyscallRecord, TARGET_WORDS};
+use inferscope_common::{COUNTER_SLOTS, MAX_CAPTURE_BYTES, PORT_WORDS, SyscallRecord, TARGET_WORDS};
 
 /// Processes (tgid) whose socket syscalls are captured, one bit per tgid; written by user-space
 /// discovery. Every syscall of every process asks it, and an array lookup is inlined by the
@@ -19,9 +19,18 @@ pub fn traced(tgid: u32) -> bool {
     }
 }
 
-/// Local TCP ports whose incoming segments are timestamped (the traced servers' listen ports).
+/// Local TCP ports whose incoming segments are timestamped (the traced servers' listen ports),
+/// one bit per port: every received segment on the host asks it (inlined array lookup).
 #[map]
-pub static PORTS: HashMap<u16, u8> = HashMap::with_max_entries(1024, 0);
+pub static PORTS: Array<u64> = Array::with_max_entries(PORT_WORDS, 0);
+
+#[inline(always)]
+pub fn watched(port: u16) -> bool {
+    match PORTS.get(u32::from(port) >> 6) {
+        Some(word) => (*word >> (port & 63)) & 1 != 0,
+        None => false,
+    }
+}
 
 /// Per (tgid, fd): the connection generation user space wants ignored (not an HTTP server
 /// connection). It applies only while the fd still holds that generation. LRU so leaked
