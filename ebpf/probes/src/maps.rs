@@ -3,7 +3,9 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
-use inferscope_common::{COUNTER_SLOTS, MAX_CAPTURE_BYTES, PORT_WORDS, SyscallRecord, TARGET_WORDS};
+use inferscope_common::{
+    COUNTER_SLOTS, MAX_CAPTURE_BYTES, PORT_WORDS, SyscallRecord, TARGET_WORDS,
+};
 
 /// Processes (tgid) whose socket syscalls are captured, one bit per tgid; written by user-space
 /// discovery. Every syscall of every process asks it, and an array lookup is inlined by the
