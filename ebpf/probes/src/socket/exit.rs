@@ -30,7 +30,8 @@ pub fn exit_syscall(ctx: TracePointContext) -> u32 {
 fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
-    // Untraced processes leave before the hash lookup.
+    // Untraced processes leave before the hash lookup. (An exit skipped because its process was
+    // untraced mid-syscall leaves the entry live; the thread's next traced entry rewrites it.)
     if !traced(tgid) {
         return Ok(());
     }
