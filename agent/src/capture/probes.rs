@@ -4,7 +4,7 @@ use std::os::fd::{AsFd, AsRawFd, RawFd};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
         TracePoint, UProbe,
         uprobe::{UProbeAttachLocation, UProbeLinkId, UProbeScope},
@@ -74,6 +74,7 @@ const ATTACHMENTS: &[(&str, &str, &str)] = &[
     ("enter_accept", "syscalls", "sys_enter_accept"),
     ("enter_accept", "syscalls", "sys_enter_accept4"),
     ("enter_close", "syscalls", "sys_enter_close"),
+    ("thread_exit", "sched", "sched_process_exit"),
     ("exit_syscall", "syscalls", "sys_exit_read"),
     ("exit_syscall", "syscalls", "sys_exit_recvfrom"),
     ("exit_syscall", "syscalls", "sys_exit_readv"),
@@ -95,11 +96,22 @@ pub struct SocketProbes {
     /// Scheduler uprobes attached per process, to detach when it goes.
     uprobe_links: std::collections::HashMap<u32, Vec<(String, UProbeLinkId)>>,
     events: RingBuf<MapData>,
-    targets: HashMap<MapData, u32, u8>,
-    ports: HashMap<MapData, u16, u8>,
+    /// Bitmap of traced tgids (see TARGETS in the eBPF crate).
+    targets: Array<MapData, u64>,
+    /// Bitmap of watched local ports (see PORTS in the eBPF crate).
+    ports: Array<MapData, u64>,
     fd_verdicts: HashMap<MapData, u64, u64>,
     counters: PerCpuArray<MapData, u64>,
     logger: Option<EbpfLogger<&'static dyn log::Log>>,
+}
+
+/// Sets or clears bit `n` of a bitmap map. Only the pipeline thread writes these maps; the
+/// kernel programs only read them.
+fn set_bit(map: &mut Array<MapData, u64>, n: u32, on: bool) -> Result<(), aya::maps::MapError> {
+    let index = n >> 6;
+    let bit = 1u64 << (n & 63);
+    let word = map.get(&index, 0)?;
+    map.set(index, if on { word | bit } else { word & !bit }, 0)
 }
 
 fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, CaptureError> {
@@ -191,8 +203,8 @@ impl SocketProbes {
         let events =
             RingBuf::try_from(take_map(&mut ebpf, "EVENTS")?).map_err(map_err("EVENTS"))?;
         let targets =
-            HashMap::try_from(take_map(&mut ebpf, "TARGETS")?).map_err(map_err("TARGETS"))?;
-        let ports = HashMap::try_from(take_map(&mut ebpf, "PORTS")?).map_err(map_err("PORTS"))?;
+            Array::try_from(take_map(&mut ebpf, "TARGETS")?).map_err(map_err("TARGETS"))?;
+        let ports = Array::try_from(take_map(&mut ebpf, "PORTS")?).map_err(map_err("PORTS"))?;
         let fd_verdicts =
             HashMap::try_from(take_map(&mut ebpf, "FD_VERDICT")?).map_err(map_err("FD_VERDICT"))?;
         let counters =
@@ -218,23 +230,23 @@ impl SocketProbes {
     }
 
     pub fn trace_process(&mut self, tgid: u32) {
-        if let Err(e) = self.targets.insert(tgid, 1, 0) {
-            warn!("cannot trace pid {tgid}: {e} (the target map holds 1024 processes)");
+        if let Err(e) = set_bit(&mut self.targets, tgid, true) {
+            warn!("cannot trace pid {tgid}: {e}");
         }
     }
 
     pub fn untrace_process(&mut self, tgid: u32) {
-        let _ = self.targets.remove(&tgid);
+        let _ = set_bit(&mut self.targets, tgid, false);
     }
 
     pub fn watch_port(&mut self, port: u16) {
-        if let Err(e) = self.ports.insert(port, 1, 0) {
+        if let Err(e) = set_bit(&mut self.ports, u32::from(port), true) {
             warn!("cannot watch port {port}: {e}");
         }
     }
 
     pub fn unwatch_port(&mut self, port: u16) {
-        let _ = self.ports.remove(&port);
+        let _ = set_bit(&mut self.ports, u32::from(port), false);
     }
 
     /// Stops payload capture for the connection generation `conn_gen` of one fd; a connection

@@ -9,6 +9,11 @@ pub const MAX_CAPTURE_BYTES: usize = 8192;
 /// iovec entries copied per readv/writev/sendmsg/recvmsg (later entries are counted as truncated).
 pub const MAX_IOV: usize = 8;
 
+/// Words of the traced-process bitmap (one bit per tgid): covers PID_MAX_LIMIT (2^22) on 64-bit.
+pub const TARGET_WORDS: u32 = 1 << 16;
+/// Words of the watched-port bitmap (one bit per TCP port).
+pub const PORT_WORDS: u32 = 1 << 10;
+
 /// Leading byte of every ring-buffer record.
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

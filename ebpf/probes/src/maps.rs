@@ -1,17 +1,38 @@
 //! Every map has a fixed size; user space may resize EVENTS at load time.
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
-use inferscope_common::{COUNTER_SLOTS, MAX_CAPTURE_BYTES, SyscallRecord};
+use inferscope_common::{
+    COUNTER_SLOTS, MAX_CAPTURE_BYTES, PORT_WORDS, SyscallRecord, TARGET_WORDS,
+};
 
-/// Processes (tgid) whose socket syscalls are captured; written by user-space discovery.
+/// Processes (tgid) whose socket syscalls are captured, one bit per tgid; written by user-space
+/// discovery. Every syscall of every process asks it, and an array lookup is inlined by the
+/// verifier where a hash lookup is a helper call (~55 ns here).
 #[map]
-pub static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(1024, 0);
+pub static TARGETS: Array<u64> = Array::with_max_entries(TARGET_WORDS, 0);
 
-/// Local TCP ports whose incoming segments are timestamped (the traced servers' listen ports).
+#[inline(always)]
+pub fn traced(tgid: u32) -> bool {
+    match TARGETS.get(tgid >> 6) {
+        Some(word) => (*word >> (tgid & 63)) & 1 != 0,
+        None => false,
+    }
+}
+
+/// Local TCP ports whose incoming segments are timestamped (the traced servers' listen ports),
+/// one bit per port: every received segment on the host asks it (inlined array lookup).
 #[map]
-pub static PORTS: HashMap<u16, u8> = HashMap::with_max_entries(1024, 0);
+pub static PORTS: Array<u64> = Array::with_max_entries(PORT_WORDS, 0);
+
+#[inline(always)]
+pub fn watched(port: u16) -> bool {
+    match PORTS.get(u32::from(port) >> 6) {
+        Some(word) => (*word >> (port & 63)) & 1 != 0,
+        None => false,
+    }
+}
 
 /// Per (tgid, fd): the connection generation user space wants ignored (not an HTTP server
 /// connection). It applies only while the fd still holds that generation. LRU so leaked
@@ -37,7 +58,10 @@ pub fn ignored(key: u64) -> bool {
     }
 }
 
-/// Syscall arguments saved at entry, keyed by pid_tgid, consumed at exit.
+/// Syscall arguments saved at entry, keyed by pid_tgid, consumed at exit. A thread's entry is
+/// rewritten in place at each syscall and only marked consumed at exit: a hash update costs
+/// ~170 ns and a delete ~130 ns here, a lookup ~55 ns. Entries go when the thread exits
+/// (`thread_exit`), so the map holds one entry per live thread of the traced processes.
 #[map]
 pub static INFLIGHT: HashMap<u64, Inflight> = HashMap::with_max_entries(16384, 0);
 
@@ -76,7 +100,9 @@ pub struct Inflight {
     pub fd: i32,
     pub kind: u8,
     pub shape: Shape,
-    pub _pad: u16,
+    /// 1 from entry until the exit consumes it.
+    pub live: u8,
+    pub _pad: u8,
 }
 
 #[repr(C)]

@@ -1,6 +1,8 @@
 //! Every write into the ring buffer goes through here: it counts drops, and it wakes the agent
-//! only once enough data has queued (the agent also polls on a short timer), so a busy server
-//! does not pay for a wake-up per record.
+//! once per `WAKEUP_BYTES` queued (the agent also polls on a short timer), so a busy server does
+//! not pay for a wake-up per record. Only the record that takes the queue across the threshold
+//! wakes: forcing a wake-up on every record while the queue stays above it (the agent is slow
+//! to be scheduled) queued an irq_work per record and doubled exit_syscall's cost.
 use aya_ebpf::bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP};
 use inferscope_common::Counter;
 
@@ -10,8 +12,9 @@ use crate::{counters::bump, maps::EVENTS};
 const WAKEUP_BYTES: u64 = 256 * 1024;
 
 #[inline(always)]
-fn wakeup_flag() -> u64 {
-    if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= WAKEUP_BYTES {
+fn wakeup_flag(size: u64) -> u64 {
+    let queued = EVENTS.query(BPF_RB_AVAIL_DATA as u64);
+    if queued < WAKEUP_BYTES && queued + size >= WAKEUP_BYTES {
         BPF_RB_FORCE_WAKEUP as u64
     } else {
         BPF_RB_NO_WAKEUP as u64
@@ -20,7 +23,8 @@ fn wakeup_flag() -> u64 {
 
 #[inline(always)]
 pub fn output<T: ?Sized>(record: &T, counter: Counter) {
-    match EVENTS.output::<T>(record, wakeup_flag()) {
+    let size = core::mem::size_of_val(record) as u64;
+    match EVENTS.output::<T>(record, wakeup_flag(size)) {
         Ok(()) => bump(counter),
         Err(_) => bump(Counter::RingbufFull),
     }

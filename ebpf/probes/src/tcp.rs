@@ -4,7 +4,7 @@
 use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext};
 use inferscope_common::{Counter, RecordType, SegmentRecord};
 
-use crate::{ctx::field, maps::PORTS, ringbuf::output};
+use crate::{ctx::field, maps::watched, ringbuf::output};
 
 // Field offsets from /sys/kernel/tracing/events/tcp/tcp_probe/format (stable since 5.x).
 const DADDR: usize = 36;
@@ -27,7 +27,7 @@ fn try_tcp_probe(ctx: &TracePointContext) -> Result<(), i32> {
     }
     // sport is the receiving socket's own (local) port, in host order.
     let local_port: u16 = field(ctx, SPORT);
-    if unsafe { PORTS.get(&local_port) }.is_none() {
+    if !watched(local_port) {
         return Ok(());
     }
     let record = SegmentRecord {

@@ -8,7 +8,7 @@ use aya_ebpf::{
 };
 use inferscope_common::{Counter, RecordType, SchedKind, SchedRecord};
 
-use crate::{counters::bump, maps::TARGETS, ringbuf::output};
+use crate::{counters::bump, maps::traced, ringbuf::output};
 
 /// `server_queue::post(std::vector<server_task>&&, bool)`, called by the HTTP thread that read
 /// the request: the first task's id (a request with n > 1 completions posts several).
@@ -75,7 +75,7 @@ fn emit_task(kind: SchedKind, task: u64) {
 fn emit(kind: SchedKind, value: i64) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
-    if unsafe { TARGETS.get(&tgid) }.is_none() {
+    if !traced(tgid) {
         return;
     }
     let id = value;

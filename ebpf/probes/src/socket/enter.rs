@@ -9,7 +9,7 @@ use inferscope_common::{Counter, RecordType, SyscallKind, SyscallRecord, fd_key}
 use crate::{
     counters::bump,
     ctx::field,
-    maps::{FD_GEN, FD_VERDICT, INFLIGHT, Inflight, Shape, TARGETS, conn_gen, ignored},
+    maps::{FD_GEN, FD_VERDICT, INFLIGHT, Inflight, Shape, conn_gen, ignored, traced},
     ringbuf::output,
 };
 
@@ -22,7 +22,7 @@ const ARG2: usize = 32;
 fn traced_tgid() -> Option<(u64, u32)> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
-    unsafe { TARGETS.get(&tgid) }.map(|_| (pid_tgid, tgid))
+    traced(tgid).then_some((pid_tgid, tgid))
 }
 
 #[inline(always)]
@@ -48,9 +48,14 @@ fn save(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), 
         fd,
         kind: kind as u8,
         shape,
+        live: 1,
         _pad: 0,
     };
-    if INFLIGHT.insert(&pid_tgid, &inflight, 0).is_err() {
+    if let Some(slot) = INFLIGHT.get_ptr_mut(&pid_tgid) {
+        // Only this thread reads or writes its entry (entry, exit and thread exit all run in
+        // its context), so a plain store cannot race.
+        unsafe { *slot = inflight };
+    } else if INFLIGHT.insert(&pid_tgid, &inflight, 0).is_err() {
         bump(Counter::InflightMapFull);
         warn!(
             ctx,
@@ -77,6 +82,18 @@ entry_program!(enter_write, SyscallKind::Write, Shape::Buffer);
 entry_program!(enter_writev, SyscallKind::Write, Shape::Iovec);
 entry_program!(enter_sendmsg, SyscallKind::Write, Shape::Msghdr);
 entry_program!(enter_accept, SyscallKind::Accept, Shape::None);
+
+/// A thread's in-flight entry outlives its syscalls (see INFLIGHT); it goes with the thread.
+#[tracepoint]
+pub fn thread_exit(_ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    // Looked up first: most exiting threads never made a traced syscall, and a lookup is
+    // cheaper than a delete that misses.
+    if unsafe { INFLIGHT.get(&pid_tgid) }.is_some() {
+        let _ = INFLIGHT.remove(&pid_tgid);
+    }
+    0
+}
 
 /// close() needs no exit: the fd is gone either way, and the verdict must not outlive it.
 #[tracepoint]

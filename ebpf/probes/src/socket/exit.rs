@@ -11,7 +11,7 @@ use super::copy::copy_payload;
 use crate::{
     counters::bump,
     ctx::field,
-    maps::{FD_GEN, FD_VERDICT, INFLIGHT, SCRATCH, conn_gen},
+    maps::{FD_GEN, FD_VERDICT, INFLIGHT, SCRATCH, conn_gen, traced},
 };
 
 // syscalls:sys_exit_* layout: 8 bytes of common fields, the syscall number, then `long ret`.
@@ -29,16 +29,24 @@ pub fn exit_syscall(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
     let pid_tgid = bpf_get_current_pid_tgid();
-    let Some(inflight) = (unsafe { INFLIGHT.get(&pid_tgid) }).copied() else {
+    let tgid = (pid_tgid >> 32) as u32;
+    // Untraced processes leave before the hash lookup. (An exit skipped because its process was
+    // untraced mid-syscall leaves the entry live; the thread's next traced entry rewrites it.)
+    if !traced(tgid) {
         return Ok(());
-    };
-    let _ = INFLIGHT.remove(&pid_tgid);
+    }
+    let slot = INFLIGHT.get_ptr_mut(&pid_tgid).ok_or(0)?;
+    // SAFETY: only this thread touches its entry (see INFLIGHT).
+    let inflight = unsafe { *slot };
+    if inflight.live == 0 {
+        return Ok(());
+    }
+    unsafe { (*slot).live = 0 };
     let ret: i64 = field(ctx, RET);
     // Non-blocking sockets return EAGAIN constantly; it carries no information.
     if ret == -EAGAIN || ret == -EINTR {
         return Ok(());
     }
-    let tgid = (pid_tgid >> 32) as u32;
     let kind = inflight.kind;
     let mut fd = inflight.fd;
     if kind == SyscallKind::Accept as u8 {

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Kernel cost per program run (bpf_stats run_time_ns / run_cnt) under the loopback SSE load, as
+# root. Alternates the tracers in every round, under the same load, and prints medians, so the
+# noise of a shared machine hits every variant alike.
+#   scripts/bench/kcost.sh ROUNDS AGENT_BIN...        inferscope binaries (A/B of kernel programs)
+#   FLOOR=1 scripts/bench/kcost.sh ROUNDS [AGENT_BIN...]  also the platform's floor: bpftrace
+#       programs that do nothing, or one helper/map operation, on the same tracepoints.
+# Needs target/release/sse_load (cargo build --release -p inferscope-integration-tests --bin sse_load).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+rounds=${1:-5}; shift || true
+conns=${CONNS:-8}; reqs=${REQS:-500}
+load=${SSE_LOAD:-target/release/sse_load}
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+
+# name|program. Exits of write/sendto/read/recvfrom, like exit_syscall; enters of write/sendto.
+EXITS='tracepoint:syscalls:sys_exit_write,tracepoint:syscalls:sys_exit_sendto,tracepoint:syscalls:sys_exit_read,tracepoint:syscalls:sys_exit_recvfrom'
+floor=(
+  "noop|$EXITS { }"
+  "pid_hash_lookup|BEGIN { @t[0] = 1 } $EXITS { if (@t[pid]) { } }"
+  "ktime|$EXITS { \$t = nsecs; }"
+  "hash_update|$EXITS { @m[tid] = 1; }"
+  "hash_update_delete|$EXITS { @m[tid] = 1; delete(@m[tid]); }"
+  "probe_read_user_16|tracepoint:syscalls:sys_enter_sendto { \$b = buf(args->buff, 16); }"
+  "probe_read_user_200|tracepoint:syscalls:sys_enter_sendto { \$b = buf(args->buff, 200); }"
+)
+
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+start_server() {  # a fresh server per measurement: every tracer sees the same history
+  port=$(free_port)
+  $load serve --port "$port" & server=$!
+  sleep 0.3
+  $load load --port "$port" --connections 4 --requests 100 >/dev/null
+}
+
+one_load() {  # label tracer-pid: runs the load with bpf_stats on, appends "label prog runs ns"
+  # Only the tracer's own programs count (other tracers may be loaded on a shared machine).
+  grep -h '^prog_id:' /proc/"$2"/fdinfo/* 2>/dev/null | awk '{print $2}' > "$work/ids"
+  sysctl -qw kernel.bpf_stats_enabled=1
+  bpftool prog show --json > "$work/a.json"
+  $load load --port "$port" --connections "$conns" --requests "$reqs" >/dev/null
+  bpftool prog show --json > "$work/b.json"
+  sysctl -qw kernel.bpf_stats_enabled=0
+  python3 - "$work/a.json" "$work/b.json" "$1" "$work/ids" >> "$work/samples" <<'PY'
+import json, sys, collections
+a = {p["id"]: p for p in json.load(open(sys.argv[1]))}
+mine = {int(x) for x in open(sys.argv[4]).read().split()}
+b = [p for p in json.load(open(sys.argv[2])) if p["id"] in mine]
+runs, ns = collections.Counter(), collections.Counter()
+for p in b:
+    if p.get("type") != "tracepoint":
+        continue
+    n = p.get("name", "")
+    if not n.startswith(("enter_", "exit_", "tcp_probe", "sys_")):
+        continue
+    if n.startswith("sys_"):  # bpftrace: one program per attach point
+        n = "enter" if "enter" in n else "exit"
+    runs[n] += p.get("run_cnt", 0) - a.get(p["id"], {}).get("run_cnt", 0)
+    ns[n] += p.get("run_time_ns", 0) - a.get(p["id"], {}).get("run_time_ns", 0)
+for n in runs:
+    if runs[n]:
+        print(sys.argv[3], n, runs[n], ns[n] / runs[n])
+print(sys.argv[3], "total_ns", sum(runs.values()), sum(ns.values()))
+PY
+}
+
+for r in $(seq "$rounds"); do
+  for bin in "$@"; do
+    start_server
+    $bin record --pid "$server" --out "$work/r.jsonl" 2>"$work/agent.log" & agent=$!
+    until grep -q attached "$work/agent.log"; do sleep 0.1; done
+    sleep 0.3
+    one_load "$bin" $agent
+    kill -INT $agent; wait $agent || true
+    n=$(wc -l < "$work/r.jsonl"); echo "$bin records $n $n" >> "$work/samples"
+    n=$(grep -o 'counter="kernel_records_emitted" value=[0-9]*' "$work/agent.log" | tail -1 | grep -o '[0-9]*$')
+    echo "$bin emitted $n $n" >> "$work/samples"
+    kill $server; wait $server 2>/dev/null || true
+  done
+  if [ -n "${FLOOR:-}" ]; then
+    start_server
+    for f in "${floor[@]}"; do
+      bpftrace -e "${f#*|}" > "$work/bt.log" 2>&1 & bt=$!
+      until grep -q Attaching "$work/bt.log" 2>/dev/null; do sleep 0.1; done
+      sleep 0.5
+      one_load "floor:${f%%|*}" $bt
+      kill -INT $bt; wait $bt || true
+    done
+    kill $server; wait $server 2>/dev/null || true
+  fi
+done
+echo "median over $rounds rounds (ns per program run; runs of the last round)"
+python3 - "$work/samples" <<'PY'
+import sys, statistics, collections
+s = collections.defaultdict(list); runs = {}
+for line in open(sys.argv[1]):
+    label, prog, n, ns = line.split()
+    s[(label, prog)].append(float(ns)); runs[(label, prog)] = int(n)
+# Everything the kernel programs cost, over the syscalls captured (records emitted).
+for label in sorted({l for l, _ in s}):
+    if (label, "emitted") in s:
+        per = [t / e for t, e in zip(s[(label, "total_ns")], s[(label, "emitted")]) if e]
+        if per:
+            print(f"{label:<40} all programs per captured syscall: median {statistics.median(per):.0f} ns (min {min(per):.0f}, max {max(per):.0f})")
+for (label, prog), v in s.items():
+    if prog in ("total_ns", "emitted"):
+        continue
+    print(f"{label:<40} {prog:<14} {runs[(label, prog)]:>9} runs  median {statistics.median(v):>6.0f}  (min {min(v):.0f}, max {max(v):.0f})")
+PY
