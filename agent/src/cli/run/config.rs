@@ -105,6 +105,10 @@ pub struct RunArgs {
     /// Stop after this long (default: until SIGINT/SIGTERM).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub duration: Option<Duration>,
+    /// Probe spec (TOML) with user-defined scheduler probes for a native engine inferscope has
+    /// no profile for (see "User-defined probes" in the README).
+    #[arg(long, env = "INFERSCOPE_PROBES")]
+    pub probes: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -135,6 +139,8 @@ pub struct FileConfig {
     pub diagnose_window: Option<String>,
     pub diagnose_ratio: Option<f64>,
     pub records: Option<PathBuf>,
+    /// User-defined probe spec (TOML).
+    pub probes: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -187,6 +193,8 @@ pub struct RunConfig {
     pub diagnose: Option<inferscope::diagnose::watch::WatchConfig>,
     pub records: Option<PathBuf>,
     pub duration: Option<Duration>,
+    /// User-defined probes, checked at start-up.
+    pub probes: Option<inferscope::capture::user_probes::ProbeSpec>,
 }
 
 impl RunConfig {
@@ -321,6 +329,13 @@ impl RunConfig {
             diagnose,
             records: args.records.or(file.records),
             duration: args.duration,
+            probes: match args.probes.or(file.probes) {
+                Some(path) => Some(
+                    inferscope::capture::user_probes::ProbeSpec::load(&path)
+                        .context("the probe spec is not usable")?,
+                ),
+                None => None,
+            },
         })
     }
 }
