@@ -155,9 +155,10 @@ pub const USER_SOURCE_ARG: u8 = 1;
 pub const USER_SOURCE_RET: u8 = 2;
 
 /// A user-defined probe's configuration, indexed by its attach cookie. The value starts as the
-/// register's content; each of the `n_derefs` steps adds `derefs[i]` and loads a pointer; the
-/// final read is at value + `offset`: an unsigned integer of `width` bytes (1, 2, 4, 8), or, with
-/// `width` 0, a string of at most `string_len` bytes whose FNV-1a hash becomes the value.
+/// register's content; each of the `n_derefs` steps adds `derefs[i]` and loads 8 bytes there.
+/// With `final_read`, the value is then read at value + `offset`: an unsigned integer of `width`
+/// bytes (1, 2, 4, 8), or, with `width` 0, a string of at most `string_len` bytes whose FNV-1a
+/// hash becomes the value. Without it, the value is kept, cut to `width` bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UserProbeConfig {
@@ -168,7 +169,8 @@ pub struct UserProbeConfig {
     pub n_derefs: u8,
     pub width: u8,
     pub string_len: u8,
-    pub _pad: u16,
+    pub final_read: u8,
+    pub _pad: u8,
     pub derefs: [i32; MAX_DEREFS],
     pub offset: i32,
     pub _pad1: u32,

@@ -109,9 +109,10 @@ pub struct IdSpec {
     /// stored there (at most 4).
     #[serde(default)]
     pub deref: Vec<i32>,
-    /// Added to the value for the final read.
-    #[serde(default)]
-    pub offset: i32,
+    /// Reads the id at value + offset (after the dereferences). Without it the value itself is
+    /// the id (an integer argument, or what the last dereference loaded). Strings are always
+    /// read from memory (offset 0 by default).
+    pub offset: Option<i32>,
     #[serde(rename = "type", default = "default_type")]
     pub ty: IdType,
     /// For `type = "string"`: bytes read at most (1..=64).
@@ -275,7 +276,8 @@ fn check(def: ProbeDef) -> Result<Probe, String> {
         for (slot, off) in config.derefs.iter_mut().zip(&id.deref) {
             *slot = *off;
         }
-        config.offset = id.offset;
+        config.final_read = u8::from(id.offset.is_some() || id.ty == IdType::String);
+        config.offset = id.offset.unwrap_or(0);
         (config.width, config.string_len) = match (id.ty, id.max_len) {
             (IdType::String, Some(n)) if n >= 1 && n as usize <= MAX_ID_STRING => (0, n),
             (IdType::String, Some(n)) => {
@@ -375,12 +377,15 @@ id = { from = "arg1", type = "string", max_len = 32 }
         assert_eq!(admit.config.n_derefs, 2);
         assert_eq!(admit.config.derefs, [8, 0, 0, 0]);
         assert_eq!(admit.config.offset, 16);
+        assert_eq!(admit.config.final_read, 1);
+        assert_eq!(arrival.config.final_read, 0);
         assert_eq!(admit.config.width, 4);
         let step_end = &spec.probes[3];
         assert_eq!(step_end.at, At::Return);
         assert!(!step_end.has_value());
         let finish = &spec.probes[4];
         assert_eq!((finish.config.width, finish.config.string_len), (0, 32));
+        assert_eq!(finish.config.final_read, 1);
         assert_eq!(finish.config.reg, 1);
     }
 

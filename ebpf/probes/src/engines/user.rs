@@ -77,27 +77,42 @@ fn hit(ctx: *mut core::ffi::c_void, regs: *mut pt_regs) {
 /// None: a read failed; Some(None): the probe reads nothing.
 #[inline(always)]
 fn read_value(config: &UserProbeConfig, regs: *mut pt_regs) -> Option<Option<i64>> {
+    // The verifier refuses loads from the context at a variable offset, so every register is
+    // loaded at its constant offset first and the configured one picked from the copies.
     // SAFETY: `regs` is the probe context's register snapshot, valid for this call.
-    let regs = unsafe { &*regs };
-    let mut base = match config.source {
-        USER_SOURCE_ARG => match config.reg {
-            0 => regs.rdi,
-            1 => regs.rsi,
-            2 => regs.rdx,
-            3 => regs.rcx,
-            4 => regs.r8,
-            5 => regs.r9,
-            _ => return None,
-        },
-        USER_SOURCE_RET => regs.rax,
+    let saved: [u64; 7] = unsafe {
+        let r = &*regs;
+        [
+            core::ptr::read_volatile(&r.rdi),
+            core::ptr::read_volatile(&r.rsi),
+            core::ptr::read_volatile(&r.rdx),
+            core::ptr::read_volatile(&r.rcx),
+            core::ptr::read_volatile(&r.r8),
+            core::ptr::read_volatile(&r.r9),
+            core::ptr::read_volatile(&r.rax),
+        ]
+    };
+    let slot = match config.source {
+        USER_SOURCE_ARG => config.reg as usize,
+        USER_SOURCE_RET => 6,
         _ => return Some(None),
     };
+    let mut base = *saved.get(slot)?;
     for i in 0..MAX_DEREFS {
         if i >= config.n_derefs as usize {
             break;
         }
         let addr = base.wrapping_add(config.derefs[i] as i64 as u64);
         base = unsafe { bpf_probe_read_user(addr as *const u64) }.ok()?;
+    }
+    if config.final_read == 0 {
+        let value = match config.width {
+            1 => base & 0xff,
+            2 => base & 0xffff,
+            4 => base & 0xffff_ffff,
+            _ => base,
+        };
+        return Some(Some(value as i64));
     }
     let addr = base.wrapping_add(config.offset as i64 as u64);
     let value = match config.width {
