@@ -7,7 +7,7 @@ use std::{path::Path, time::Duration};
 use inferscope_integration_tests::{
     agent::{Recorder, counter, read_records},
     client::Client,
-    free_port,
+    free_port, native_engine,
     native_engine::NativeEngine,
 };
 use serde_json::Value;
@@ -77,6 +77,39 @@ event = "admit"
 id = { from = "arg0", deref = [8, 0], offset = 24 }
 "#;
 
+/// The first code byte of `symbol` in the running engine, and the same byte in its file. A live
+/// uprobe shows as an int3 (0xcc) in the process; a removed one restores the file's byte.
+fn entry_bytes(pid: u32, symbol: &str) -> (u8, u8) {
+    let bin = native_engine::binary();
+    let nm = std::process::Command::new("nm")
+        .arg(bin)
+        .output()
+        .expect("running nm");
+    let text = String::from_utf8_lossy(&nm.stdout);
+    let value = text
+        .lines()
+        .find_map(|l| {
+            let mut parts = l.split_whitespace();
+            let (v, _, name) = (parts.next()?, parts.next()?, parts.next()?);
+            (name == symbol).then(|| u64::from_str_radix(v, 16).ok())?
+        })
+        .unwrap_or_else(|| panic!("{symbol} not in nm output"));
+    // PIE: the file is mapped from offset 0 at the lowest address; text addresses equal file
+    // offsets in the executable's layout (checked by reading the file there).
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+    let base = maps
+        .lines()
+        .find(|l| l.contains("native-engine"))
+        .and_then(|l| l.split('-').next())
+        .and_then(|a| u64::from_str_radix(a, 16).ok())
+        .expect("engine mapping");
+    let mut live = [0u8];
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).expect("/proc/PID/mem");
+    std::os::unix::fs::FileExt::read_exact_at(&mem, &mut live, base + value).expect("reading");
+    let file = std::fs::read(bin).expect("reading the engine binary");
+    (live[0], file[value as usize])
+}
+
 fn temp_dir(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("inferscope-it-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -134,7 +167,19 @@ fn user_probes_split_ttft_and_record_steps() {
     assert!(streams.iter().all(|s| s.completed && s.content_chunks == 6));
     std::thread::sleep(Duration::from_millis(300));
     let log = recorder.log_text();
+    let (live, file) = entry_bytes(engine.pid(), "engine_admit");
+    assert_eq!(
+        live, 0xcc,
+        "a live uprobe is an int3 at the function's entry"
+    );
+    assert_ne!(file, 0xcc);
     let records = recorder.stop();
+    // SIGINT: the agent removed every probe on its way out.
+    assert_eq!(entry_bytes(engine.pid(), "engine_admit"), (file, file));
+    assert_eq!(
+        entry_bytes(engine.pid(), "engine_step").0,
+        entry_bytes(engine.pid(), "engine_step").1
+    );
     assert_eq!(log.matches("user probe attached").count(), 6, "{log}");
     assert!(!log.contains("user probe disabled"), "{log}");
 

@@ -412,4 +412,40 @@ mod tests {
         assert_eq!(c.prometheus, Some("0.0.0.0:9464".parse().unwrap()));
         assert!(c.otlp_endpoint.is_some());
     }
+
+    #[test]
+    fn probes_come_from_the_file_or_the_flag_and_are_checked_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = dir.path().join("probes.toml");
+        std::fs::write(
+            &spec,
+            "[[probe]]\nobject = \"engine\"\nsymbol = \"step\"\nevent = \"step_begin\"\n",
+        )
+        .unwrap();
+        let config = dir.path().join("inferscope.toml");
+        std::fs::write(
+            &config,
+            format!("probes = {:?}\n", spec.display().to_string()),
+        )
+        .unwrap();
+        let c = RunConfig::resolve(RunArgs {
+            config: Some(config),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(c.probes.map(|p| p.probes.len()), Some(1));
+
+        let bad = dir.path().join("bad.toml");
+        std::fs::write(
+            &bad,
+            "[[probe]]\nobject = \"engine\"\nsymbol = \"f\"\nevent = \"admit\"\n",
+        )
+        .unwrap();
+        let err = RunConfig::resolve(RunArgs {
+            probes: Some(bad),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("no [probe.id]"), "{err:#}");
+    }
 }
