@@ -267,7 +267,15 @@ fn bad_probes_are_disabled_and_socket_records_keep_coming() {
     }
     assert!(recorder.is_running(), "{}", recorder.log_text());
     std::thread::sleep(Duration::from_millis(300));
-    let records = recorder.stop();
+    let (live, file) = entry_bytes(engine.pid(), "engine_enqueue");
+    assert_eq!((live, file != 0xcc), (0xcc, true), "the good probe is live");
+    // The disabled probe is gone while the agent still runs.
+    let (live, file) = entry_bytes(engine.pid(), "engine_admit");
+    assert_eq!(live, file, "the failing probe was detached");
+    let records = recorder.stop_with("-TERM");
+    // SIGTERM removes the probes too.
+    let (live, file) = entry_bytes(engine.pid(), "engine_enqueue");
+    assert_eq!(live, file);
     // Read after the agent exited: the counters are logged on the way out.
     let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
 
