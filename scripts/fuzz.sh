@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every cargo-fuzz target for N seconds (default 30). Needs a nightly toolchain (rustup).
 # Targets (fuzz/fuzz_targets/): http_decoder (HTTP/1.1, chunked, SSE, JSON fields), vllm_ipc
-# (ZMTP 3.x framing, msgpack, vLLM V1 IPC messages and request state).
+# (ZMTP 3.x framing, msgpack, vLLM V1 IPC messages and request state), probe_spec (the
+# user-defined probe spec parser).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-30}"

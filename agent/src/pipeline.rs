@@ -17,6 +17,7 @@ use crate::{
         records,
         records::SyscallEvent,
         sched_hooks,
+        user_probes::{ProbeSpec, UserProbes},
     },
     correlate::{
         EngineMetrics, EngineMetricsRecord, Peer, RequestRecord, Stats, StepRecord, Tracker,
@@ -81,6 +82,8 @@ pub struct Pipeline {
     /// Engine metrics scraping and the arrival join (with `PipelineConfig::metrics`).
     scraper: Option<MetricsScraper>,
     engine_metrics: EngineMetrics,
+    /// User-defined probes (with [`Pipeline::use_probe_spec`]).
+    user_probes: Option<UserProbes>,
 }
 
 impl Pipeline {
@@ -101,6 +104,7 @@ impl Pipeline {
             steps: Vec::new(),
             ringbuf_drops: 0,
             records_read: 0,
+            user_probes: None,
         })
     }
 
@@ -122,6 +126,14 @@ impl Pipeline {
         for (pid, engine, ports) in traced {
             self.watch_metrics(pid, engine, &ports);
         }
+        Ok(())
+    }
+
+    /// Also attaches the probes of a user-written spec to every traced process (call before
+    /// [`Pipeline::run`]).
+    pub fn use_probe_spec(&mut self, spec: ProbeSpec) -> Result<(), CaptureError> {
+        let user = UserProbes::new(spec, &mut self.probes).map_err(CaptureError::Config)?;
+        self.user_probes = Some(user);
         Ok(())
     }
 
@@ -200,6 +212,9 @@ impl Pipeline {
             );
             self.probes.untrace_process(gone.tgid);
             self.probes.detach_uprobes(gone.tgid);
+            if let Some(user) = self.user_probes.as_mut() {
+                user.forget_process(gone.tgid);
+            }
             for port in &gone.ports {
                 self.probes.unwatch_port(*port);
             }
@@ -233,6 +248,9 @@ impl Pipeline {
             self.ipc.add_process(new.tgid, new.engine);
             self.probes.trace_process(new.tgid);
             sched_hooks::attach(&mut self.probes, new);
+            if let Some(user) = self.user_probes.as_mut() {
+                user.attach(&mut self.probes, new.tgid);
+            }
         }
         if !change.added.is_empty()
             || !change.removed.is_empty()
@@ -274,6 +292,7 @@ impl Pipeline {
             records_read,
             engine_metrics,
             ipc,
+            user_probes,
             ..
         } = self;
         let mut ignore: Vec<(u32, i32, u64)> = Vec::new();
@@ -295,6 +314,11 @@ impl Pipeline {
                 Err(e) => stats.bump(e.as_str()),
                 Ok(CapturedEvent::Segment(segment)) => tracker.on_segment(&segment),
                 Ok(CapturedEvent::Sched(event)) => tracker.on_sched(&event, steps),
+                Ok(CapturedEvent::UserProbe(hit)) => {
+                    if let Some(event) = user_probes.as_mut().and_then(|u| u.on_hit(&hit)) {
+                        tracker.on_sched(&event, steps);
+                    }
+                }
                 Ok(CapturedEvent::Syscall(ev)) => {
                     let Some(listening) = ports.get(&ev.tgid) else {
                         // A record from a process detached a moment ago.
@@ -357,6 +381,9 @@ impl Pipeline {
         for (tgid, fd, conn_gen) in ignore {
             probes.ignore_connection(tgid, fd, conn_gen);
         }
+        if let Some(user) = user_probes.as_mut() {
+            user.detach_failed(probes);
+        }
         emit(engine_metrics, ipc, records, observer);
         for step in steps.drain(..) {
             observer.on_step(step);
@@ -374,6 +401,9 @@ impl Pipeline {
         all.extend(self.stats.iter().map(|(k, v)| (k.to_string(), v)));
         all.extend(self.tracker.stats().iter().map(|(k, v)| (k.to_string(), v)));
         all.extend(self.ipc.counters());
+        if let Some(user) = &self.user_probes {
+            all.extend(user.stats().iter().map(|(k, v)| (k.to_string(), v)));
+        }
         all.push(("ringbuf_records".into(), self.records_read));
         if let Some(scraper) = &self.scraper {
             all.extend(scraper.counters());

@@ -58,8 +58,17 @@ impl Recorder {
     }
 
     /// SIGINT, as a user's Ctrl-C; returns the records written.
-    pub fn stop(mut self) -> Vec<Value> {
-        unsafe_sigint(self.child.id());
+    pub fn stop(self) -> Vec<Value> {
+        self.stop_with("-INT")
+    }
+
+    /// Stops the agent with `signal` (a `kill` option such as "-TERM"); returns the records.
+    pub fn stop_with(mut self, signal: &str) -> Vec<Value> {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .expect("running kill");
+        assert!(status.success());
         let status = self.child.wait().expect("waiting for inferscope");
         assert!(
             status.success(),

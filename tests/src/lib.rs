@@ -5,6 +5,7 @@ pub mod client;
 pub mod daemon;
 pub mod engine;
 pub mod mock_cuda;
+pub mod native_engine;
 pub mod otlp;
 pub mod pcap;
 pub mod prometheus;

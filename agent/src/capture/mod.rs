@@ -10,6 +10,7 @@ pub mod records;
 pub mod sched_hooks;
 pub mod sockets;
 pub mod symbols;
+pub mod user_probes;
 
 pub use discovery::{Discovery, DiscoveryChange, TargetSelector, TracedProcess};
 pub use fd_class::{FdClass, FdClassifier};

@@ -7,11 +7,11 @@ use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
         TracePoint, UProbe,
-        uprobe::{UProbeAttachLocation, UProbeLinkId, UProbeScope},
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
     },
 };
 use aya_log::EbpfLogger;
-use inferscope_common::{COUNTER_SLOTS, Counter, MAX_CAPTURE_BYTES, fd_key};
+use inferscope_common::{COUNTER_SLOTS, Counter, MAX_CAPTURE_BYTES, UserProbeConfig, fd_key};
 use tracing::{debug, warn};
 
 /// Sizes of the kernel-side buffers.
@@ -95,6 +95,9 @@ pub struct SocketProbes {
     ebpf: Ebpf,
     /// Scheduler uprobes attached per process, to detach when it goes.
     uprobe_links: std::collections::HashMap<u32, Vec<(String, UProbeLinkId)>>,
+    /// User-defined probes attached per (process, probe index), to disable one on its own.
+    user_links: std::collections::HashMap<(u32, u32), Vec<(&'static str, UProbeLinkId)>>,
+    user_configs: Array<MapData, UserProbeConfig>,
     events: RingBuf<MapData>,
     /// Bitmap of traced tgids (see TARGETS in the eBPF crate).
     targets: Array<MapData, u64>,
@@ -209,9 +212,13 @@ impl SocketProbes {
             HashMap::try_from(take_map(&mut ebpf, "FD_VERDICT")?).map_err(map_err("FD_VERDICT"))?;
         let counters =
             PerCpuArray::try_from(take_map(&mut ebpf, "COUNTERS")?).map_err(map_err("COUNTERS"))?;
+        let user_configs =
+            Array::try_from(take_map(&mut ebpf, "USER_PROBES")?).map_err(map_err("USER_PROBES"))?;
         Ok(Self {
             ebpf,
             uprobe_links: std::collections::HashMap::new(),
+            user_links: std::collections::HashMap::new(),
+            user_configs,
             events,
             targets,
             ports,
@@ -292,8 +299,72 @@ impl SocketProbes {
         Ok(())
     }
 
+    /// Tells the user-defined probe program how probe `index` reads its value.
+    pub fn set_user_probe(&mut self, index: u32, config: UserProbeConfig) -> Result<(), String> {
+        self.user_configs
+            .set(index, config, 0)
+            .map_err(|e| format!("writing probe configuration {index}: {e}"))
+    }
+
+    /// Attaches user-defined probe `index` (its attach cookie) at `file_offset` of `object`, for
+    /// process `tgid` only; `at_return` picks the return-probe program.
+    pub fn attach_user_probe(
+        &mut self,
+        index: u32,
+        at_return: bool,
+        object: &std::path::Path,
+        file_offset: u64,
+        tgid: u32,
+    ) -> Result<(), String> {
+        let program: &'static str = if at_return {
+            "user_probe_ret"
+        } else {
+            "user_probe"
+        };
+        let pid = std::num::NonZeroU32::new(tgid).ok_or("pid 0")?;
+        let uprobe: &mut UProbe = self
+            .ebpf
+            .program_mut(program)
+            .ok_or_else(|| format!("no eBPF program {program}"))?
+            .try_into()
+            .map_err(|e| format!("{program} is not a uprobe: {e}"))?;
+        let link = uprobe
+            .attach(
+                UProbeAttachPoint {
+                    location: UProbeAttachLocation::AbsoluteOffset(file_offset),
+                    cookie: Some(u64::from(index)),
+                },
+                object,
+                UProbeScope::OneProcess(pid),
+            )
+            .map_err(|e| e.to_string())?;
+        self.user_links
+            .entry((tgid, index))
+            .or_default()
+            .push((program, link));
+        Ok(())
+    }
+
+    /// Detaches user-defined probe `index` from `tgid` (it keeps failing).
+    pub fn detach_user_probe(&mut self, tgid: u32, index: u32) {
+        for (program, link) in self.user_links.remove(&(tgid, index)).unwrap_or_default() {
+            if let Some(Ok(uprobe)) = self.ebpf.program_mut(program).map(<&mut UProbe>::try_from) {
+                let _ = uprobe.detach(link);
+            }
+        }
+    }
+
     /// Removes every uprobe attached for `tgid` (the process went away or is no longer traced).
     pub fn detach_uprobes(&mut self, tgid: u32) {
+        let user: Vec<u32> = self
+            .user_links
+            .keys()
+            .filter(|(t, _)| *t == tgid)
+            .map(|(_, i)| *i)
+            .collect();
+        for index in user {
+            self.detach_user_probe(tgid, index);
+        }
         for (program, link) in self.uprobe_links.remove(&tgid).unwrap_or_default() {
             if let Some(Ok(uprobe)) = self.ebpf.program_mut(&program).map(<&mut UProbe>::try_from) {
                 let _ = uprobe.detach(link);

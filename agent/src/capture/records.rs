@@ -4,7 +4,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use inferscope_common::{
     FLAG_COPY_FAILED, FLAG_TRUNCATED, RecordType, SchedKind, SchedRecord, SegmentRecord,
-    SyscallKind, SyscallRecord,
+    SyscallKind, SyscallRecord, USER_FLAG_READ_FAILED, UserProbeRecord,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -76,6 +76,30 @@ pub struct SchedEvent {
     pub tid: u32,
     pub ts_ns: u64,
     pub task_id: i64,
+    /// Set for user-defined probes: how the event finds its request.
+    pub user: Option<UserJoin>,
+}
+
+/// How a user-defined probe's event finds its HTTP request (see `capture::user_probes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UserJoin {
+    /// The event ran on the thread that read the request; `task_id` (if any) is linked to it.
+    pub by_thread: bool,
+    /// `task_id` holds the id the probe read.
+    pub has_id: bool,
+}
+
+/// One hit of a user-defined probe, before the spec says what it means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UserProbeHit {
+    pub probe: u32,
+    pub kind: SchedKind,
+    pub tgid: u32,
+    pub tid: u32,
+    pub ts_ns: u64,
+    pub value: i64,
+    /// Reading the engine's memory failed (bad offset or pointer).
+    pub read_failed: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -83,6 +107,7 @@ pub enum CapturedEvent<'a> {
     Syscall(SyscallEvent<'a>),
     Segment(Segment),
     Sched(SchedEvent),
+    UserProbe(UserProbeHit),
 }
 
 fn read_struct<T: Copy>(bytes: &[u8]) -> Option<T> {
@@ -134,6 +159,18 @@ pub fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
             tid: record.tid,
             ts_ns: record.ts_ns,
             task_id: record.task_id,
+            user: None,
+        }))
+    } else if record_type == RecordType::UserProbe as u8 {
+        let record: UserProbeRecord = read_struct(bytes).ok_or(RecordError::Short)?;
+        Ok(CapturedEvent::UserProbe(UserProbeHit {
+            probe: record.probe,
+            kind: SchedKind::from_u8(record.kind).ok_or(RecordError::UnknownKind)?,
+            tgid: record.tgid,
+            tid: record.tid,
+            ts_ns: record.ts_ns,
+            value: record.value,
+            read_failed: record.flags & USER_FLAG_READ_FAILED != 0,
         }))
     } else {
         Err(RecordError::UnknownType)

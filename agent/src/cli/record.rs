@@ -8,7 +8,7 @@ use std::{
 use anyhow::Context as _;
 use clap::Args;
 use inferscope::{
-    capture::{DiscoveryChange, metrics::ScrapeConfig},
+    capture::{DiscoveryChange, metrics::ScrapeConfig, user_probes::ProbeSpec},
     correlate::{EngineMetricsRecord, RequestRecord, StepRecord},
     export::{jsonl::JsonlWriter, live},
     pipeline::{Observer, Pipeline},
@@ -37,6 +37,10 @@ pub struct RecordArgs {
     /// How often --metrics scrapes each engine (1s to 5s suits engines' own update rates).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
     pub metrics_interval: Duration,
+    /// Probe spec (TOML) with user-defined scheduler probes for a native engine inferscope has
+    /// no profile for (see "User-defined probes" in the README).
+    #[arg(long)]
+    pub probes: Option<PathBuf>,
 }
 
 struct RecordObserver {
@@ -91,8 +95,17 @@ impl Observer for RecordObserver {
 
 pub fn run(args: RecordArgs) -> anyhow::Result<()> {
     signals::install();
+    let spec = match &args.probes {
+        Some(path) => Some(ProbeSpec::load(path).context("the probe spec is not usable")?),
+        None => None,
+    };
     let mut pipeline = Pipeline::new(args.target.pipeline_config())
         .context("starting the socket probes failed")?;
+    if let Some(spec) = spec {
+        pipeline
+            .use_probe_spec(spec)
+            .context("setting up the user-defined probes failed")?;
+    }
     if args.metrics.is_some() {
         anyhow::ensure!(
             args.metrics_interval >= Duration::from_millis(100),

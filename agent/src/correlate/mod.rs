@@ -184,9 +184,13 @@ impl Tracker {
                 }
                 return;
             }
-            SchedKind::TaskPosted | SchedKind::TaskAdmitted => {}
+            _ => {}
         }
-        let Some((fd, seq)) = self.joins.locate(event, &mut self.stats) else {
+        let located = match event.user {
+            Some(join) => self.joins.locate_user(event, join, &mut self.stats),
+            None => self.joins.locate(event, &mut self.stats),
+        };
+        let Some((fd, seq)) = located else {
             return;
         };
         let request = self
@@ -196,14 +200,29 @@ impl Tracker {
             .and_then(|conn| conn.request_mut(seq));
         let Some(request) = request else {
             self.stats.bump("sched_request_gone");
+            if event.user.is_some() {
+                self.joins.forget_user_id(event.tgid, event.task_id);
+            }
             return;
         };
+        let has_id = event.user.is_none_or(|join| join.has_id);
         match event.kind {
-            SchedKind::TaskPosted => request.task_id = Some(event.task_id),
+            SchedKind::TaskPosted => {
+                if has_id {
+                    request.task_id = Some(event.task_id);
+                }
+            }
             SchedKind::TaskAdmitted => {
+                if has_id {
+                    request.task_id.get_or_insert(event.task_id);
+                }
                 request.admitted_ns.get_or_insert(event.ts_ns);
             }
-            SchedKind::StepBegin | SchedKind::StepEnd => {}
+            SchedKind::FirstToken => {
+                request.engine_first_token_ns.get_or_insert(event.ts_ns);
+            }
+            SchedKind::Preempt => request.preemptions += 1,
+            SchedKind::Finish | SchedKind::StepBegin | SchedKind::StepEnd => {}
         }
     }
 

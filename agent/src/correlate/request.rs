@@ -32,6 +32,10 @@ pub struct RequestProgress {
     pub admitted_ns: Option<u64>,
     pub prefill_steps: u64,
     pub decode_steps: u64,
+    /// The engine's own first-token event (user-defined probes), more exact than the first
+    /// token written to the socket.
+    pub engine_first_token_ns: Option<u64>,
+    pub preemptions: u64,
 }
 
 impl RequestProgress {
@@ -146,14 +150,17 @@ impl RequestProgress {
             engine_task_id: self.task_id,
             admitted_mono_ns: self.admitted_ns,
             queue_wait_ms: self.admitted_ns.map(|a| ms(arrival, a)),
-            prefill_ms: match (self.admitted_ns, self.first_token_ns) {
+            prefill_ms: match (
+                self.admitted_ns,
+                self.engine_first_token_ns.or(self.first_token_ns),
+            ) {
                 (Some(a), Some(t)) => Some(ms(a, t)),
                 _ => None,
             },
             prefill_steps: self.admitted_ns.map(|_| self.prefill_steps),
             decode_steps: self.admitted_ns.map(|_| self.decode_steps),
-            // Only llama.cpp has scheduler hooks so far, and it never preempts.
-            preemptions: self.admitted_ns.map(|_| 0),
+            // Counted from preempt probes; llama.cpp never preempts.
+            preemptions: self.admitted_ns.map(|_| self.preemptions),
             tpot_ms,
             itl_p50_ms: percentile(&gaps, 0.5),
             itl_p99_ms: percentile(&gaps, 0.99),

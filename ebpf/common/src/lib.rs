@@ -21,6 +21,7 @@ pub enum RecordType {
     Syscall = 1,
     Segment = 2,
     Sched = 3,
+    UserProbe = 4,
 }
 
 /// Which socket operation a [`SyscallRecord`] describes.
@@ -106,6 +107,12 @@ pub enum SchedKind {
     StepBegin = 3,
     /// The step returned; `task_id` carries its return code.
     StepEnd = 4,
+    /// The engine produced a request's first token (user-defined probes).
+    FirstToken = 5,
+    /// The engine finished a request (user-defined probes).
+    Finish = 6,
+    /// The engine took a running request off the device (user-defined probes).
+    Preempt = 7,
 }
 
 impl SchedKind {
@@ -115,6 +122,9 @@ impl SchedKind {
             2 => Some(Self::TaskAdmitted),
             3 => Some(Self::StepBegin),
             4 => Some(Self::StepEnd),
+            5 => Some(Self::FirstToken),
+            6 => Some(Self::Finish),
+            7 => Some(Self::Preempt),
             _ => None,
         }
     }
@@ -134,6 +144,67 @@ pub struct SchedRecord {
     /// The engine's own task id (or, for steps, the value named by the kind).
     pub task_id: i64,
 }
+
+/// Probes a user-defined probe spec may hold (the kernel's configuration array size).
+pub const MAX_USER_PROBES: u32 = 64;
+/// Pointer dereferences a user-defined probe may chain before its final read.
+pub const MAX_DEREFS: usize = 4;
+/// Longest string id a user-defined probe reads (hashed in the kernel).
+pub const MAX_ID_STRING: usize = 64;
+
+/// Where a user-defined probe's value comes from.
+pub const USER_SOURCE_NONE: u8 = 0;
+/// Argument register `reg` (0..=5: the SysV integer argument registers) of a function entry.
+pub const USER_SOURCE_ARG: u8 = 1;
+/// The function's return value (uretprobe).
+pub const USER_SOURCE_RET: u8 = 2;
+
+/// A user-defined probe's configuration, indexed by its attach cookie. The value starts as the
+/// register's content; each of the `n_derefs` steps adds `derefs[i]` and loads 8 bytes there.
+/// With `final_read`, the value is then read at value + `offset`: an unsigned integer of `width`
+/// bytes (1, 2, 4, 8), or, with `width` 0, a string of at most `string_len` bytes whose FNV-1a
+/// hash becomes the value. Without it, the value is kept, cut to `width` bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UserProbeConfig {
+    /// A [`SchedKind`].
+    pub kind: u8,
+    pub source: u8,
+    pub reg: u8,
+    pub n_derefs: u8,
+    pub width: u8,
+    pub string_len: u8,
+    pub final_read: u8,
+    pub _pad: u8,
+    pub derefs: [i32; MAX_DEREFS],
+    pub offset: i32,
+    pub _pad1: u32,
+}
+
+/// A user-defined probe fired, but reading its value from the engine's memory failed.
+pub const USER_FLAG_READ_FAILED: u16 = 1;
+/// The probe reads no value.
+pub const USER_FLAG_NO_VALUE: u16 = 2;
+
+/// One hit of a user-defined probe.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UserProbeRecord {
+    pub record_type: u8,
+    /// A [`SchedKind`].
+    pub kind: u8,
+    pub flags: u16,
+    pub tgid: u32,
+    pub tid: u32,
+    /// The probe's index in the spec (its attach cookie).
+    pub probe: u32,
+    pub ts_ns: u64,
+    pub value: i64,
+}
+
+/// FNV-1a, 64-bit: how string ids become integers (same on both sides).
+pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+pub const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
 /// Indices into the per-CPU counter array. Every drop and truncation in the kernel lands here.
 #[repr(u32)]
@@ -197,6 +268,8 @@ mod pod {
     unsafe impl aya::Pod for super::SyscallRecord {}
     unsafe impl aya::Pod for super::SegmentRecord {}
     unsafe impl aya::Pod for super::SchedRecord {}
+    unsafe impl aya::Pod for super::UserProbeConfig {}
+    unsafe impl aya::Pod for super::UserProbeRecord {}
 }
 
 #[cfg(test)]
@@ -209,6 +282,8 @@ mod tests {
         assert_eq!(core::mem::size_of::<SyscallRecord>(), 56);
         assert_eq!(core::mem::size_of::<SegmentRecord>(), 56);
         assert_eq!(core::mem::size_of::<SchedRecord>(), 32);
+        assert_eq!(core::mem::size_of::<UserProbeRecord>(), 32);
+        assert_eq!(core::mem::size_of::<UserProbeConfig>(), 32);
         assert_eq!(core::mem::offset_of!(SegmentRecord, remote_sockaddr), 24);
     }
 

@@ -105,6 +105,10 @@ pub struct RunArgs {
     /// Stop after this long (default: until SIGINT/SIGTERM).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub duration: Option<Duration>,
+    /// Probe spec (TOML) with user-defined scheduler probes for a native engine inferscope has
+    /// no profile for (see "User-defined probes" in the README).
+    #[arg(long, env = "INFERSCOPE_PROBES")]
+    pub probes: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -135,6 +139,8 @@ pub struct FileConfig {
     pub diagnose_window: Option<String>,
     pub diagnose_ratio: Option<f64>,
     pub records: Option<PathBuf>,
+    /// User-defined probe spec (TOML).
+    pub probes: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -187,6 +193,8 @@ pub struct RunConfig {
     pub diagnose: Option<inferscope::diagnose::watch::WatchConfig>,
     pub records: Option<PathBuf>,
     pub duration: Option<Duration>,
+    /// User-defined probes, checked at start-up.
+    pub probes: Option<inferscope::capture::user_probes::ProbeSpec>,
 }
 
 impl RunConfig {
@@ -321,6 +329,13 @@ impl RunConfig {
             diagnose,
             records: args.records.or(file.records),
             duration: args.duration,
+            probes: match args.probes.or(file.probes) {
+                Some(path) => Some(
+                    inferscope::capture::user_probes::ProbeSpec::load(&path)
+                        .context("the probe spec is not usable")?,
+                ),
+                None => None,
+            },
         })
     }
 }
@@ -396,5 +411,41 @@ mod tests {
         assert_eq!(c.sample_ratio, 0.1);
         assert_eq!(c.prometheus, Some("0.0.0.0:9464".parse().unwrap()));
         assert!(c.otlp_endpoint.is_some());
+    }
+
+    #[test]
+    fn probes_come_from_the_file_or_the_flag_and_are_checked_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = dir.path().join("probes.toml");
+        std::fs::write(
+            &spec,
+            "[[probe]]\nobject = \"engine\"\nsymbol = \"step\"\nevent = \"step_begin\"\n",
+        )
+        .unwrap();
+        let config = dir.path().join("inferscope.toml");
+        std::fs::write(
+            &config,
+            format!("probes = {:?}\n", spec.display().to_string()),
+        )
+        .unwrap();
+        let c = RunConfig::resolve(RunArgs {
+            config: Some(config),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(c.probes.map(|p| p.probes.len()), Some(1));
+
+        let bad = dir.path().join("bad.toml");
+        std::fs::write(
+            &bad,
+            "[[probe]]\nobject = \"engine\"\nsymbol = \"f\"\nevent = \"admit\"\n",
+        )
+        .unwrap();
+        let err = RunConfig::resolve(RunArgs {
+            probes: Some(bad),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("no [probe.id]"), "{err:#}");
     }
 }

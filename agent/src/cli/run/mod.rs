@@ -62,6 +62,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     })
     .context("starting the socket probes failed (inferscope needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_PTRACE + CAP_SYS_ADMIN)")?;
 
+    if let Some(spec) = config.probes.clone() {
+        pipeline
+            .use_probe_spec(spec)
+            .context("setting up the user-defined probes failed")?;
+    }
+
     if let Some(interval) = config.engine_metrics_interval {
         pipeline
             .scrape_engine_metrics(ScrapeConfig {

@@ -1,0 +1,211 @@
+//! User-defined probes: a spec file names functions of a native engine inferscope has no
+//! profile for, what each means (arrival, admit, step, ...) and how to read the request id. This
+//! module attaches them to each traced process and watches their health: a probe that cannot be
+//! attached, or whose reads keep failing (a wrong offset), is disabled with a warning while the
+//! rest keep working. Reads go through bpf_probe_read_user, so a wrong offset costs the engine
+//! nothing; all probes go when the agent exits (closing the eBPF object detaches them).
+pub mod spec;
+
+use std::path::PathBuf;
+
+use rustc_hash::FxHashMap;
+use tracing::{info, warn};
+
+pub use spec::{ProbeSpec, SpecError};
+
+use super::{
+    SocketProbes, procfs,
+    records::{SchedEvent, UserJoin, UserProbeHit},
+    symbols::ElfSymbols,
+};
+use crate::correlate::Stats;
+use spec::{At, Join};
+
+/// Processes whose probe health is tracked at once (bounded like every map).
+const MAX_PROCESSES: usize = 1024;
+
+pub struct UserProbes {
+    spec: ProbeSpec,
+    /// (tgid, probe) → consecutive failed reads.
+    failures: FxHashMap<(u32, u32), u32>,
+    /// Probes to detach once the ring buffer is no longer borrowed (see [`UserProbes::detach_failed`]).
+    to_detach: Vec<(u32, u32)>,
+    stats: Stats,
+}
+
+impl UserProbes {
+    /// Hands the kernel program every probe's read configuration.
+    pub fn new(spec: ProbeSpec, probes: &mut SocketProbes) -> Result<Self, String> {
+        for (index, probe) in spec.probes.iter().enumerate() {
+            probes.set_user_probe(index as u32, probe.config)?;
+        }
+        Ok(Self {
+            spec,
+            failures: FxHashMap::default(),
+            to_detach: Vec::new(),
+            stats: Stats::default(),
+        })
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Attaches every probe whose object `tgid` maps; returns how many are live. A probe that
+    /// cannot be attached is reported and skipped.
+    pub fn attach(&mut self, probes: &mut SocketProbes, tgid: u32) -> usize {
+        let mapped = procfs::mapped_files(tgid);
+        let mut tables: FxHashMap<String, Option<ElfSymbols>> = FxHashMap::default();
+        let mut live = 0;
+        for (index, probe) in self.spec.probes.iter().enumerate() {
+            let candidates: Vec<&String> = mapped
+                .iter()
+                .filter(|path| object_matches(&probe.object, path))
+                .collect();
+            if candidates.is_empty() {
+                warn!(
+                    pid = tgid,
+                    probe = %probe.name,
+                    object = %probe.object,
+                    "user probe disabled: the process maps no file matching its object"
+                );
+                self.stats.bump("user_probes_not_attached");
+                continue;
+            }
+            let mut found: Option<(PathBuf, u64)> = None;
+            let mut why = String::new();
+            for path in candidates {
+                // Paths from /proc/PID/maps are in the process's mount namespace.
+                let readable = PathBuf::from(format!("/proc/{tgid}/root{path}"));
+                let table = tables.entry(path.clone()).or_insert_with(|| {
+                    ElfSymbols::load(&readable)
+                        .map_err(|e| warn!(pid = tgid, object = %path, "cannot read symbols: {e}"))
+                        .ok()
+                });
+                let Some(table) = table else { continue };
+                let symbols = table.resolve(&probe.symbol);
+                match symbols.len() {
+                    0 => {}
+                    1 => {
+                        found = Some((readable, symbols[0].file_offset));
+                        break;
+                    }
+                    n => {
+                        why = format!(
+                            "{n} functions in {path} match it; write its full signature, e.g. {:?}",
+                            symbols.first().map(|s| s.name.as_str()).unwrap_or_default()
+                        );
+                    }
+                }
+            }
+            let Some((object, offset)) = found else {
+                if why.is_empty() {
+                    why = format!(
+                        "no function matches it in the mapped objects matching {:?} (misspelt, or a stripped build)",
+                        probe.object
+                    );
+                }
+                warn!(pid = tgid, probe = %probe.name, symbol = %probe.symbol, "user probe disabled: {why}");
+                self.stats.bump("user_probes_not_attached");
+                continue;
+            };
+            match probes.attach_user_probe(
+                index as u32,
+                probe.at == At::Return,
+                &object,
+                offset,
+                tgid,
+            ) {
+                Ok(()) => {
+                    live += 1;
+                    info!(pid = tgid, probe = %probe.name, event = ?probe.event, "user probe attached");
+                }
+                Err(e) => {
+                    warn!(pid = tgid, probe = %probe.name, "user probe disabled: attaching failed: {e}");
+                    self.stats.bump("user_probes_not_attached");
+                }
+            }
+        }
+        live
+    }
+
+    /// A probe fired: the scheduler event it stands for, or None when its read failed (after
+    /// `max_failures` failures in a row the probe is queued for [`UserProbes::detach_failed`]).
+    pub fn on_hit(&mut self, hit: &UserProbeHit) -> Option<SchedEvent> {
+        let Some(probe) = self.spec.probes.get(hit.probe as usize) else {
+            self.stats.bump("user_probe_unknown_index");
+            return None;
+        };
+        let key = (hit.tgid, hit.probe);
+        if hit.read_failed {
+            self.stats.bump("user_probe_read_failed");
+            if self.failures.len() >= MAX_PROCESSES * 4 && !self.failures.contains_key(&key) {
+                self.failures.clear();
+            }
+            let count = self.failures.entry(key).or_insert(0);
+            *count += 1;
+            if *count == self.spec.max_failures {
+                warn!(
+                    pid = hit.tgid,
+                    probe = %probe.name,
+                    symbol = %probe.symbol,
+                    "user probe disabled: {count} reads in a row failed (bad offset or dereference chain?); the other probes keep running",
+                );
+                if self.to_detach.len() < MAX_PROCESSES {
+                    self.to_detach.push(key);
+                }
+                self.stats.bump("user_probes_disabled");
+            }
+            return None;
+        }
+        self.failures.remove(&key);
+        Some(SchedEvent {
+            kind: hit.kind,
+            tgid: hit.tgid,
+            tid: hit.tid,
+            ts_ns: hit.ts_ns,
+            task_id: if probe.has_value() { hit.value } else { -1 },
+            user: Some(UserJoin {
+                by_thread: probe.join == Join::Thread,
+                has_id: probe.has_value(),
+            }),
+        })
+    }
+
+    /// Detaches the probes whose reads kept failing.
+    pub fn detach_failed(&mut self, probes: &mut SocketProbes) {
+        for (tgid, index) in self.to_detach.drain(..) {
+            probes.detach_user_probe(tgid, index);
+        }
+    }
+
+    pub fn forget_process(&mut self, tgid: u32) {
+        self.failures.retain(|(t, _), _| *t != tgid);
+    }
+}
+
+/// A full path matches exactly; anything else matches as a substring of the file name.
+fn object_matches(object: &str, mapped: &str) -> bool {
+    if object.starts_with('/') {
+        return mapped == object;
+    }
+    let name = mapped.rsplit('/').next().unwrap_or(mapped);
+    name.contains(object)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::object_matches;
+
+    #[test]
+    fn objects_match_by_path_or_file_name() {
+        assert!(object_matches("/usr/bin/engine", "/usr/bin/engine"));
+        assert!(!object_matches("/usr/bin/engine", "/opt/usr/bin/engine"));
+        assert!(object_matches(
+            "libtensorrt_llm",
+            "/x/lib/libtensorrt_llm.so.1"
+        ));
+        // A directory name is not a file name.
+        assert!(!object_matches("lib", "/usr/lib/x86_64/engine"));
+    }
+}
