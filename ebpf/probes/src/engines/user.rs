@@ -20,7 +20,7 @@ use inferscope_common::{
     UserProbeRecord,
 };
 
-use crate::{counters::bump, maps::TARGETS, ringbuf::output};
+use crate::{counters::bump, maps::traced, ringbuf::output};
 
 /// Per-probe configuration, written by user space before it attaches the probe.
 #[map]
@@ -46,7 +46,7 @@ pub fn user_probe_ret(ctx: RetProbeContext) -> u32 {
 fn hit(ctx: *mut core::ffi::c_void, regs: *mut pt_regs) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
-    if unsafe { TARGETS.get(&tgid) }.is_none() {
+    if !traced(tgid) {
         return;
     }
     let probe = unsafe { bpf_get_attach_cookie(ctx) } as u32;
