@@ -130,28 +130,21 @@ impl Tracker {
     }
 
     pub fn on_read(&mut self, ev: &SyscallEvent<'_>, peer: Peer, out: &mut Vec<RequestRecord>) {
-        let Some(conn) =
-            self.connections
-                .get_or_open((ev.tgid, ev.fd), peer, &self.engines, &mut self.stats)
-        else {
-            return;
-        };
-        let ctx = conn.context(self.unix_offset_ns, self.last_loss_ns);
-        let mut work = Work {
-            stats: &mut self.stats,
-            out,
-            to_ignore: &mut self.to_ignore,
-            request_events: &mut self.request_events,
-            response_events: &mut self.response_events,
-            read_complete: None,
-        };
-        conn.on_read(ev, &mut self.arrivals, ctx, &mut work);
-        if let Some((tid, seq)) = work.read_complete {
-            self.joins.request_read(ev.tgid, tid, ev.fd, seq);
-        }
+        self.feed(ev, peer, out, true);
     }
 
     pub fn on_write(&mut self, ev: &SyscallEvent<'_>, peer: Peer, out: &mut Vec<RequestRecord>) {
+        self.feed(ev, peer, out, false);
+    }
+
+    /// Hands one read or write to its connection's state machine.
+    fn feed(
+        &mut self,
+        ev: &SyscallEvent<'_>,
+        peer: Peer,
+        out: &mut Vec<RequestRecord>,
+        read: bool,
+    ) {
         let Some(conn) =
             self.connections
                 .get_or_open((ev.tgid, ev.fd), peer, &self.engines, &mut self.stats)
@@ -167,7 +160,14 @@ impl Tracker {
             response_events: &mut self.response_events,
             read_complete: None,
         };
-        conn.on_write(ev, ctx, &mut work);
+        if read {
+            conn.on_read(ev, &mut self.arrivals, ctx, &mut work);
+        } else {
+            conn.on_write(ev, ctx, &mut work);
+        }
+        if let Some((tid, seq)) = work.read_complete {
+            self.joins.request_read(ev.tgid, tid, ev.fd, seq);
+        }
     }
 
     /// An engine scheduler event (uprobe): joins the engine's task to the HTTP request read on

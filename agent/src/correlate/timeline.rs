@@ -55,6 +55,21 @@ impl RequestTimeline {
             unknown: Vec::new(),
         }
     }
+
+    /// The kept kernels that `step` launched: same process, launched inside its time window
+    /// (the join rule of [`TimelineBuilder`]).
+    pub fn kernels_of<'a>(
+        &'a self,
+        step: &'a StepRecord,
+    ) -> impl Iterator<Item = &'a KernelRecord> {
+        self.kernels
+            .iter()
+            .filter(move |k| launched_during(k, step))
+    }
+}
+
+fn launched_during(k: &KernelRecord, step: &StepRecord) -> bool {
+    k.pid == step.pid && (step.start_mono_ns..=step.end_mono_ns).contains(&k.launch_mono_ns)
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -40,9 +40,14 @@ impl Watch {
         }
     }
 
+    /// Whether the interval has passed (the next [`Watch::tick`] evaluates).
+    pub fn due(&self, now_ns: u64) -> bool {
+        now_ns >= self.next_ns
+    }
+
     /// Evaluates when the interval has passed; `None` otherwise.
     pub fn tick(&mut self, history: &History, now_ns: u64) -> Option<Verdict> {
-        if now_ns < self.next_ns {
+        if !self.due(now_ns) {
             return None;
         }
         self.next_ns = now_ns + self.config.interval.as_nanos() as u64;

@@ -130,11 +130,7 @@ pub fn timeline(t: &RequestTimeline) -> pb::RequestTimeline {
         .map(|s| {
             let mut p = step(s);
             let mut intervals: Vec<(u64, u64)> = Vec::new();
-            for k in t.kernels.iter().filter(|k| {
-                k.pid == s.pid
-                    && k.launch_mono_ns >= s.start_mono_ns
-                    && k.launch_mono_ns <= s.end_mono_ns
-            }) {
+            for k in t.kernels_of(s) {
                 p.kernels += 1;
                 intervals.push((k.start_mono_ns, k.end_mono_ns));
             }

@@ -129,6 +129,10 @@ impl DaemonObserver {
         let Some(d) = self.diagnosis.as_mut() else {
             return;
         };
+        // Runs on every pass of the loop: touch the shared history only when an evaluation is due.
+        if !d.watch.due(now) {
+            return;
+        }
         let verdict = {
             let Ok(mut history) = d.history.lock() else {
                 return;

@@ -235,12 +235,7 @@ impl TraceExporter {
     ) -> u64 {
         let mut n = 0;
         for step in steps_in_phase(&timeline.steps, &timeline.request.request_id, phase) {
-            for event in timeline.kernels.iter().filter(|k| {
-                k.pid == step.pid
-                    && k.launch_mono_ns >= step.start_mono_ns
-                    && k.launch_mono_ns <= step.end_mono_ns
-            }) {
-                let k = event;
+            for k in timeline.kernels_of(step) {
                 let mut span = tracer
                     .span_builder(names::kernel_span_name(&k.name))
                     .with_kind(SpanKind::Internal)
