@@ -233,7 +233,10 @@ fn engine_started_after_the_agent_and_bad_input_on_its_port() {
     let id = good.response_id.expect("stream id");
     assert_eq!(ids.get(&id).map(Vec::len), Some(1), "{records:#?}");
     // Scheduler hooks attached to the engine that started after the agent.
-    assert!(ids[&id][0]["queue_wait_ms"].is_f64(), "{records:#?}");
+    let late = &ids[&id][0];
+    assert!(late["queue_wait_ms"].is_f64(), "{records:#?}");
+    assert!(late["engine_first_token_mono_ns"].is_u64(), "{records:#?}");
+    assert!(late["engine_finished_mono_ns"].is_u64(), "{records:#?}");
     let log = std::fs::read_to_string(log_path).unwrap_or_default();
     assert!(
         agent::counter(&log, "not_http") >= 2,

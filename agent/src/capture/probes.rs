@@ -270,13 +270,15 @@ impl SocketProbes {
             .collect()
     }
 
-    /// Attaches the engine uprobe `program` at `file_offset` of `object`, for process `tgid` only.
+    /// Attaches the engine uprobe `program` at `file_offset` of `object`, for process `tgid`
+    /// only, with `cookie` for the program to read.
     pub fn attach_uprobe(
         &mut self,
         program: &str,
         object: &std::path::Path,
         file_offset: u64,
         tgid: u32,
+        cookie: u64,
     ) -> Result<(), String> {
         let pid = std::num::NonZeroU32::new(tgid).ok_or("pid 0")?;
         let uprobe: &mut UProbe = self
@@ -287,7 +289,10 @@ impl SocketProbes {
             .map_err(|e| format!("{program} is not a uprobe: {e}"))?;
         let link = uprobe
             .attach(
-                UProbeAttachLocation::AbsoluteOffset(file_offset),
+                UProbeAttachPoint {
+                    location: UProbeAttachLocation::AbsoluteOffset(file_offset),
+                    cookie: Some(cookie),
+                },
                 object,
                 UProbeScope::OneProcess(pid),
             )

@@ -76,6 +76,8 @@ pub struct SchedEvent {
     pub tid: u32,
     pub ts_ns: u64,
     pub task_id: i64,
+    /// The engine slot (sequence) the event concerns, where the hook reads one.
+    pub slot: Option<u32>,
     /// Set for user-defined probes: how the event finds its request.
     pub user: Option<UserJoin>,
 }
@@ -159,6 +161,7 @@ pub fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
             tid: record.tid,
             ts_ns: record.ts_ns,
             task_id: record.task_id,
+            slot: u32::try_from(record.slot).ok(),
             user: None,
         }))
     } else if record_type == RecordType::UserProbe as u8 {

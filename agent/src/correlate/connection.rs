@@ -217,13 +217,14 @@ impl Connection {
         }
     }
 
-    /// Requests the engine is working on: admitted, response not finished.
+    /// Requests the engine is working on: admitted, and neither the engine (where a hook says
+    /// so) nor the response has finished.
     pub fn admitted_requests_mut(&mut self) -> impl Iterator<Item = &mut RequestProgress> {
         self.reading
             .iter_mut()
             .chain(self.waiting.iter_mut())
             .map(|b| &mut **b)
-            .filter(|r| r.admitted_ns.is_some())
+            .filter(|r| r.admitted_ns.is_some() && r.engine_finished_ns.is_none())
     }
 
     /// The request with sequence number `seq`, if it is still open.

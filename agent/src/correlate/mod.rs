@@ -212,17 +212,35 @@ impl Tracker {
                     request.task_id = Some(event.task_id);
                 }
             }
+            SchedKind::TaskDeferred => {
+                request.deferred_ns.get_or_insert(event.ts_ns);
+            }
             SchedKind::TaskAdmitted => {
                 if has_id {
                     request.task_id.get_or_insert(event.task_id);
                 }
-                request.admitted_ns.get_or_insert(event.ts_ns);
+                if request.admitted_ns.is_none() {
+                    request.admitted_ns = Some(event.ts_ns);
+                    request.slot = event.slot;
+                    if request.deferred_ns.is_some() {
+                        request.requeued_ns = self
+                            .joins
+                            .take_requeue(event.tgid)
+                            .filter(|t| *t <= event.ts_ns);
+                    }
+                }
             }
             SchedKind::FirstToken => {
                 request.engine_first_token_ns.get_or_insert(event.ts_ns);
             }
+            SchedKind::Finish => {
+                request.engine_finished_ns.get_or_insert(event.ts_ns);
+            }
+            SchedKind::SlotReleased => {
+                request.slot_released_ns.get_or_insert(event.ts_ns);
+            }
             SchedKind::Preempt => request.preemptions += 1,
-            SchedKind::Finish | SchedKind::StepBegin | SchedKind::StepEnd => {}
+            SchedKind::StepBegin | SchedKind::StepEnd | SchedKind::DeferredRequeued => {}
         }
     }
 
@@ -242,7 +260,10 @@ impl Tracker {
             }
             let ctx = conn.context(self.unix_offset_ns, self.last_loss_ns);
             for request in conn.admitted_requests_mut() {
-                let prefilling = request.first_token_ns.is_none_or(|t| t > event.ts_ns);
+                let prefilling = request
+                    .engine_first_token_ns
+                    .or(request.first_token_ns)
+                    .is_none_or(|t| t > event.ts_ns);
                 if prefilling {
                     request.prefill_steps += 1;
                 } else {

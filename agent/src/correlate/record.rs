@@ -43,8 +43,22 @@ pub struct RequestRecord {
     pub admitted_mono_ns: Option<u64>,
     /// Arrival → admission: time spent waiting for a slot.
     pub queue_wait_ms: Option<f64>,
-    /// Admission → first token.
+    /// Admission → first token (the engine's, where a hook sees it, else the socket's).
     pub prefill_ms: Option<f64>,
+    /// The engine's first token → its write to the socket (the HTTP thread's hand-off), where
+    /// both are seen: queue wait + prefill + hand-off = TTFT.
+    pub first_token_handoff_ms: Option<f64>,
+    /// The engine slot (sequence) that served the request.
+    pub engine_slot: Option<u32>,
+    /// When the engine parked the request for want of a free slot (it then waited in the
+    /// engine's deferred list, not its queue).
+    pub deferred_mono_ns: Option<u64>,
+    /// When a freed slot took the parked request back.
+    pub requeued_mono_ns: Option<u64>,
+    /// The engine's own first-token, final-result and slot-release times.
+    pub engine_first_token_mono_ns: Option<u64>,
+    pub engine_finished_mono_ns: Option<u64>,
+    pub slot_released_mono_ns: Option<u64>,
     /// Engine steps the request took part in before / after its first token.
     pub prefill_steps: Option<u64>,
     pub decode_steps: Option<u64>,

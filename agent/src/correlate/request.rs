@@ -32,10 +32,20 @@ pub struct RequestProgress {
     pub admitted_ns: Option<u64>,
     pub prefill_steps: u64,
     pub decode_steps: u64,
-    /// The engine's own first-token event (user-defined probes), more exact than the first
-    /// token written to the socket.
+    /// The engine's own first-token event, more exact than the first token written to the
+    /// socket.
     pub engine_first_token_ns: Option<u64>,
     pub preemptions: u64,
+    /// When the engine parked the task for want of a free slot.
+    pub deferred_ns: Option<u64>,
+    /// When a freed slot took the parked task back into the engine's queue.
+    pub requeued_ns: Option<u64>,
+    /// The engine slot (sequence) that served the request.
+    pub slot: Option<u32>,
+    /// When the engine produced the request's final result.
+    pub engine_finished_ns: Option<u64>,
+    /// When the request's slot became free again.
+    pub slot_released_ns: Option<u64>,
 }
 
 impl RequestProgress {
@@ -157,6 +167,20 @@ impl RequestProgress {
                 (Some(a), Some(t)) => Some(ms(a, t)),
                 _ => None,
             },
+            first_token_handoff_ms: match (
+                self.admitted_ns,
+                self.engine_first_token_ns,
+                self.first_token_ns,
+            ) {
+                (Some(_), Some(engine), Some(wire)) => Some(ms(engine, wire)),
+                _ => None,
+            },
+            engine_slot: self.slot,
+            deferred_mono_ns: self.deferred_ns,
+            requeued_mono_ns: self.requeued_ns,
+            engine_first_token_mono_ns: self.engine_first_token_ns,
+            engine_finished_mono_ns: self.engine_finished_ns,
+            slot_released_mono_ns: self.slot_released_ns,
             prefill_steps: self.admitted_ns.map(|_| self.prefill_steps),
             decode_steps: self.admitted_ns.map(|_| self.decode_steps),
             // Counted from preempt probes; llama.cpp never preempts.

@@ -1,6 +1,7 @@
 //! Exact joins for scheduler hooks: an engine task is posted on the thread that read its HTTP
 //! request (llama.cpp's handler runs there), so (process, thread) → the request it just read →
-//! the task id; admission then names the task id.
+//! the task id; deferral and admission then name the task id, and admission names the slot the
+//! task got, which first-token, finish and release events name in turn.
 use rustc_hash::FxHashMap;
 
 use inferscope_common::SchedKind;
@@ -22,7 +23,16 @@ pub struct SchedJoins {
     by_user_id: FxHashMap<(u32, i64), (i32, u32)>,
     /// (tgid, tid) → (start, batch tokens) of the step that thread is running.
     open_steps: FxHashMap<(u32, u32), (u64, i64)>,
+    /// (tgid, slot) → the request (fd, seq) the slot is serving, from admission to release.
+    by_slot: FxHashMap<(u32, u32), (i32, u32)>,
+    /// Per process: when freed slots took parked tasks back, most recent last. The engine puts
+    /// each such task at the front of its queue, so the next deferred task admitted is the one
+    /// requeued last.
+    requeues: FxHashMap<u32, Vec<u64>>,
 }
+
+/// Requeue times kept per process (more would mean tasks requeued and never admitted).
+const MAX_REQUEUES: usize = 64;
 
 impl SchedJoins {
     pub fn request_read(&mut self, tgid: u32, tid: u32, fd: i32, seq: u32) {
@@ -48,19 +58,58 @@ impl SchedJoins {
                 self.by_task.insert((event.tgid, event.task_id), request);
                 Some(request)
             }
-            SchedKind::StepBegin
-            | SchedKind::StepEnd
-            | SchedKind::FirstToken
-            | SchedKind::Finish
-            | SchedKind::Preempt => None,
-            SchedKind::TaskAdmitted => {
-                let found = self.by_task.remove(&(event.tgid, event.task_id));
+            SchedKind::TaskDeferred => {
+                let found = self.by_task.get(&(event.tgid, event.task_id)).copied();
                 if found.is_none() {
-                    stats.bump("sched_admit_unknown_task");
+                    stats.bump("sched_defer_unknown_task");
                 }
                 found
             }
+            SchedKind::TaskAdmitted => {
+                let found = self.by_task.remove(&(event.tgid, event.task_id));
+                match (found, event.slot) {
+                    (None, _) => stats.bump("sched_admit_unknown_task"),
+                    (Some(request), Some(slot)) => {
+                        if self.by_slot.len() < MAX_ENTRIES
+                            || self.by_slot.contains_key(&(event.tgid, slot))
+                        {
+                            self.by_slot.insert((event.tgid, slot), request);
+                        } else {
+                            stats.bump("sched_joins_over_limit");
+                        }
+                    }
+                    (Some(_), None) => {}
+                }
+                found
+            }
+            SchedKind::FirstToken | SchedKind::Finish => {
+                let slot = event.slot?;
+                let found = self.by_slot.get(&(event.tgid, slot)).copied();
+                if found.is_none() {
+                    stats.bump("sched_slot_unknown");
+                }
+                found
+            }
+            SchedKind::SlotReleased => {
+                // Idle slots are released too (the engine resets them): not an error.
+                self.by_slot.remove(&(event.tgid, event.slot?))
+            }
+            SchedKind::DeferredRequeued => {
+                let stack = self.requeues.entry(event.tgid).or_default();
+                if stack.len() >= MAX_REQUEUES {
+                    stack.remove(0);
+                    stats.bump("sched_requeues_dropped");
+                }
+                stack.push(event.ts_ns);
+                None
+            }
+            SchedKind::StepBegin | SchedKind::StepEnd | SchedKind::Preempt => None,
         }
+    }
+
+    /// When the engine took the deferred task now being admitted back from its parking list.
+    pub fn take_requeue(&mut self, tgid: u32) -> Option<u64> {
+        self.requeues.get_mut(&tgid).and_then(Vec::pop)
     }
 
     /// Which request (fd, seq) a user-defined probe's `event` belongs to: the one its thread
@@ -119,5 +168,74 @@ impl SchedJoins {
         self.read_by_thread.retain(|(t, _), _| *t != tgid);
         self.by_task.retain(|(t, _), _| *t != tgid);
         self.by_user_id.retain(|(t, _), _| *t != tgid);
+        self.by_slot.retain(|(t, _), _| *t != tgid);
+        self.requeues.remove(&tgid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(kind: SchedKind, ts_ns: u64, task_id: i64, slot: Option<u32>) -> SchedEvent {
+        SchedEvent {
+            kind,
+            tgid: 7,
+            tid: if kind == SchedKind::TaskPosted { 100 } else { 1 },
+            ts_ns,
+            task_id,
+            slot,
+            user: None,
+        }
+    }
+
+    #[test]
+    fn a_request_is_followed_from_post_through_its_slot_to_release() {
+        let mut joins = SchedJoins::default();
+        let mut stats = Stats::default();
+        let request = (5, 0);
+        joins.request_read(7, 100, request.0, request.1);
+        let mut at = |joins: &mut SchedJoins, kind, task, slot| {
+            joins.locate(&event(kind, 1, task, slot), &mut stats)
+        };
+        assert_eq!(at(&mut joins, SchedKind::TaskPosted, 42, None), Some(request));
+        assert_eq!(at(&mut joins, SchedKind::TaskDeferred, 42, None), Some(request));
+        assert_eq!(at(&mut joins, SchedKind::TaskAdmitted, 42, Some(1)), Some(request));
+        assert_eq!(at(&mut joins, SchedKind::FirstToken, -1, Some(1)), Some(request));
+        assert_eq!(at(&mut joins, SchedKind::Finish, -1, Some(1)), Some(request));
+        assert_eq!(at(&mut joins, SchedKind::SlotReleased, -1, Some(1)), Some(request));
+        // The slot is free: a late event for it finds nothing, and says so.
+        assert_eq!(at(&mut joins, SchedKind::FirstToken, -1, Some(1)), None);
+        // Releasing an idle slot is routine, not an error.
+        assert_eq!(at(&mut joins, SchedKind::SlotReleased, -1, Some(0)), None);
+        assert_eq!(stats.get("sched_slot_unknown"), 1);
+        assert_eq!(stats.get("sched_admit_unknown_task"), 0);
+    }
+
+    #[test]
+    fn the_task_requeued_last_is_admitted_first() {
+        let mut joins = SchedJoins::default();
+        let mut stats = Stats::default();
+        for ts in [10, 20] {
+            let requeue = event(SchedKind::DeferredRequeued, ts, -1, Some(0));
+            assert_eq!(joins.locate(&requeue, &mut stats), None);
+        }
+        // The engine puts each requeued task at the front of its queue.
+        assert_eq!(joins.take_requeue(7), Some(20));
+        assert_eq!(joins.take_requeue(7), Some(10));
+        assert_eq!(joins.take_requeue(7), None);
+    }
+
+    #[test]
+    fn requeues_that_are_never_admitted_stay_bounded() {
+        let mut joins = SchedJoins::default();
+        let mut stats = Stats::default();
+        for ts in 0..(MAX_REQUEUES as u64 + 5) {
+            joins.locate(&event(SchedKind::DeferredRequeued, ts, -1, Some(0)), &mut stats);
+        }
+        assert_eq!(stats.get("sched_requeues_dropped"), 5);
+        assert_eq!(joins.take_requeue(7), Some(MAX_REQUEUES as u64 + 4));
+        joins.forget_process(7);
+        assert_eq!(joins.take_requeue(7), None);
     }
 }

@@ -1,6 +1,9 @@
 //! llama.cpp's HTTP server: the `llama-server` binary, or the library loaded into another
 //! process (libllama, or the xllamacpp Python extension).
-use super::{Engine, MetricSource, MetricsEndpoint, ProcessInfo, SchedulerHook, Signal};
+use super::{
+    Engine, HookLayout, MetricSource, MetricsEndpoint, ProcessInfo, SchedulerHook, Signal,
+    StructMember,
+};
 
 static HOOKS: &[SchedulerHook] = &[
     SchedulerHook {
@@ -10,9 +13,36 @@ static HOOKS: &[SchedulerHook] = &[
         gives: "the join from HTTP request to engine task",
     },
     SchedulerHook {
+        program: "llamacpp_defer",
+        symbol: "server_queue::defer(server_task&&)",
+        gives: "when a request was parked for want of a free slot",
+    },
+    SchedulerHook {
+        program: "llamacpp_requeue",
+        symbol: "server_queue::pop_deferred_task",
+        gives: "when a freed slot took a parked request back",
+    },
+    SchedulerHook {
         program: "llamacpp_admit",
         symbol: "server_context_impl::launch_slot_with_task",
         gives: "admission (queue wait vs prefill)",
+    },
+    // Fires for every streamed token (one uprobe hit, ~1-4 us); only the first per admission
+    // leaves the kernel. Without it, prefill ends at the first token written to the socket.
+    SchedulerHook {
+        program: "llamacpp_partial",
+        symbol: "server_context_impl::send_partial_response",
+        gives: "the engine's own first-token time",
+    },
+    SchedulerHook {
+        program: "llamacpp_final",
+        symbol: "server_context_impl::send_final_response",
+        gives: "the engine's own finish time",
+    },
+    SchedulerHook {
+        program: "llamacpp_release",
+        symbol: "server_slot::release()",
+        gives: "when each slot became free",
     },
     // Engine steps: older builds run each batch through llama_decode, newer ones through
     // llama_process; both are exported C functions, so stripped builds keep them.
@@ -60,10 +90,32 @@ impl Engine for LlamaCpp {
         &["xllamacpp", "llama-server", "libllama"]
     }
 
+    fn hook_layout(&self) -> Option<&'static HookLayout> {
+        Some(&LAYOUT)
+    }
+
     fn metrics(&self) -> Option<&'static MetricsEndpoint> {
         Some(&METRICS)
     }
 }
+
+/// The ids the hook programs read: both are their struct's first member in the source
+/// (tools/server), which DWARF confirms where the build has it.
+static LAYOUT: HookLayout = HookLayout {
+    members: &[
+        StructMember {
+            structure: "server_task",
+            member: "id",
+            assumed_offset: 0,
+        },
+        StructMember {
+            structure: "server_slot",
+            member: "id",
+            assumed_offset: 0,
+        },
+    ],
+    unit_hint: "server-",
+};
 
 /// llama-server `--metrics` (xllamacpp: `endpoint_metrics = True`). No preemption: a full KV
 /// cache fails the slot instead.

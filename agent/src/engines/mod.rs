@@ -50,6 +50,24 @@ pub struct SchedulerHook {
     pub gives: &'static str,
 }
 
+/// A struct member the engine's hook programs read, whose offset depends on the build.
+#[derive(Debug, Clone, Copy)]
+pub struct StructMember {
+    pub structure: &'static str,
+    pub member: &'static str,
+    /// Where the member sits when the build carries no DWARF to say (from the source).
+    pub assumed_offset: u32,
+}
+
+/// The members the hook programs read, located in the build's DWARF and handed to the programs
+/// in their attach cookie: member `i` in bits `32 * i` (two at most).
+#[derive(Debug, Clone, Copy)]
+pub struct HookLayout {
+    pub members: &'static [StructMember],
+    /// Only compilation units whose name contains this are searched (debug info is large).
+    pub unit_hint: &'static str,
+}
+
 /// Which way bytes moved on a traced process's socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IpcDirection {
@@ -102,6 +120,10 @@ pub trait Engine: Sync {
     /// Which mapped files (by file-name substring) hold those functions.
     fn hook_objects(&self) -> &'static [&'static str] {
         &[]
+    }
+    /// Struct members the hook programs read, for engines whose programs read any.
+    fn hook_layout(&self) -> Option<&'static HookLayout> {
+        None
     }
     /// The engine's own Prometheus endpoint on its serving port, and which of its metrics give
     /// which of inferscope's signals.

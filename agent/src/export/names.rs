@@ -80,6 +80,7 @@ pub fn request_attributes(timeline: &RequestTimeline) -> Vec<KeyValue> {
         "inferscope.engine_task_id",
         r.engine_task_id.map(|v| v as u64),
     );
+    opt_i("inferscope.engine_slot", r.engine_slot.map(u64::from));
     let mut opt_f = |key: &'static str, v: Option<f64>| {
         if let Some(v) = v {
             a.push(KeyValue::new(key, v));
@@ -88,11 +89,18 @@ pub fn request_attributes(timeline: &RequestTimeline) -> Vec<KeyValue> {
     opt_f("inferscope.ttft_ms", r.ttft_ms);
     opt_f("inferscope.queue_wait_ms", r.queue_wait_ms);
     opt_f("inferscope.prefill_ms", r.prefill_ms);
+    opt_f("inferscope.first_token_handoff_ms", r.first_token_handoff_ms);
     opt_f("inferscope.tpot_ms", r.tpot_ms);
     opt_f("inferscope.itl_p99_ms", r.itl_p99_ms);
     opt_f("inferscope.read_delay_ms", r.read_delay_ms);
     if let Some(stream) = r.stream {
         a.push(KeyValue::new("inferscope.stream", stream));
+    }
+    if r.admitted_mono_ns.is_some() {
+        a.push(KeyValue::new(
+            "inferscope.deferred",
+            r.deferred_mono_ns.is_some(),
+        ));
     }
     if !timeline.unknown.is_empty() {
         a.push(KeyValue::new(

@@ -89,6 +89,12 @@ pub fn request(t: &RequestTimeline) -> pb::Request {
         prompt_bytes: r.prompt_bytes,
         engine_task_id: r.engine_task_id.and_then(|v| u64::try_from(v).ok()),
         record_json: serde_json::to_string(r).unwrap_or_default(),
+        first_token_handoff_ms: r.first_token_handoff_ms,
+        engine_slot: r.engine_slot,
+        deferred_mono_ns: r.deferred_mono_ns,
+        requeued_mono_ns: r.requeued_mono_ns,
+        engine_first_token_mono_ns: r.engine_first_token_mono_ns,
+        engine_finished_mono_ns: r.engine_finished_mono_ns,
     }
 }
 

@@ -113,6 +113,12 @@ pub enum SchedKind {
     Finish = 6,
     /// The engine took a running request off the device (user-defined probes).
     Preempt = 7,
+    /// No slot was free: the engine parked the task (its id) until one frees.
+    TaskDeferred = 8,
+    /// A slot (its id in `slot`) finished with its request and became free.
+    SlotReleased = 9,
+    /// A slot freed and the engine moved a parked task back to its queue (`slot` names the slot).
+    DeferredRequeued = 10,
 }
 
 impl SchedKind {
@@ -125,6 +131,9 @@ impl SchedKind {
             5 => Some(Self::FirstToken),
             6 => Some(Self::Finish),
             7 => Some(Self::Preempt),
+            8 => Some(Self::TaskDeferred),
+            9 => Some(Self::SlotReleased),
+            10 => Some(Self::DeferredRequeued),
             _ => None,
         }
     }
@@ -139,9 +148,10 @@ pub struct SchedRecord {
     pub _pad: u16,
     pub tgid: u32,
     pub tid: u32,
-    pub _pad1: u32,
+    /// The engine's slot (sequence) the event concerns, or -1.
+    pub slot: i32,
     pub ts_ns: u64,
-    /// The engine's own task id (or, for steps, the value named by the kind).
+    /// The engine's own task id (or, for steps, the value named by the kind), or -1.
     pub task_id: i64,
 }
 

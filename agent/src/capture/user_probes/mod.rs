@@ -165,6 +165,7 @@ impl UserProbes {
             tid: hit.tid,
             ts_ns: hit.ts_ns,
             task_id: if probe.has_value() { hit.value } else { -1 },
+            slot: None,
             user: Some(UserJoin {
                 by_thread: probe.join == Join::Thread,
                 has_id: probe.has_value(),

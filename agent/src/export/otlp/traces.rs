@@ -158,7 +158,11 @@ impl TraceExporter {
         }
 
         let end = request.end_mono_ns;
-        let first_token = request.first_token_mono_ns;
+        // Prefill ends where the record's does: at the engine's own first token when a hook saw
+        // it (the socket write follows within the decode span).
+        let first_token = request
+            .engine_first_token_mono_ns
+            .or(request.first_token_mono_ns);
         let mut phases: Vec<(&'static str, u64, u64)> = Vec::new();
         match (request.admitted_mono_ns, first_token) {
             (Some(admitted), Some(first)) => {
@@ -184,6 +188,17 @@ impl TraceExporter {
                 .with_start_time(at(start))
                 .start_with_context(&tracer, &root_cx);
             spans += 1;
+            if name == "queue" {
+                // Where the engine parked the request for want of a slot, and took it back.
+                for (event, ts) in [
+                    ("deferred", request.deferred_mono_ns),
+                    ("requeued", request.requeued_mono_ns),
+                ] {
+                    if let Some(ts) = ts {
+                        span.add_event_with_timestamp(event, at(ts), Vec::new());
+                    }
+                }
+            }
             let phase = match name {
                 "prefill" => Some("prefill"),
                 "decode" => Some("decode"),

@@ -1,14 +1,26 @@
-//! llama.cpp's server (tools/server): `server_task::id` is the struct's first member (an int),
-//! read straight from the task the hooked functions receive. User space checks that the ids it
-//! sees posted and admitted agree, and reports when they do not.
+//! llama.cpp's server (tools/server). The hooked functions receive a `server_task` or a
+//! `server_slot`; the programs read the struct's `id` member at the offset user space found in
+//! the build's DWARF (both are the structs' first members in the source, so 0 without DWARF),
+//! passed in the attach cookie. User space checks that the task ids it sees posted and admitted
+//! agree, and reports when they do not.
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
-    macros::{uprobe, uretprobe},
+    EbpfContext,
+    helpers::{
+        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
+    },
+    macros::{map, uprobe, uretprobe},
+    maps::LruHashMap,
     programs::{ProbeContext, RetProbeContext},
 };
 use inferscope_common::{Counter, RecordType, SchedKind, SchedRecord};
 
 use crate::{counters::bump, maps::traced, ringbuf::output};
+
+/// (tgid, slot id) of slots admitted a task whose first token has not been sent yet. The
+/// first-token hook fires for every streamed token; only the first per admission leaves the
+/// kernel. LRU: a slot whose request errored out before its first token cannot leak an entry.
+#[map]
+static AWAITING_FIRST_TOKEN: LruHashMap<u64, u8> = LruHashMap::with_max_entries(4096, 0);
 
 /// `server_queue::post(std::vector<server_task>&&, bool)`, called by the HTTP thread that read
 /// the request: the first task's id (a request with n > 1 completions posts several).
@@ -17,9 +29,24 @@ pub fn llamacpp_post_tasks(ctx: ProbeContext) -> u32 {
     // SysV: rdi = this, rsi = the vector (begin pointer first).
     if let Some(vector) = ctx.arg::<u64>(1) {
         match unsafe { bpf_probe_read_user(vector as *const u64) } {
-            Ok(begin) => emit_task(SchedKind::TaskPosted, begin),
+            Ok(begin) => {
+                if let Some(task) = read_id(begin, task_offset(&ctx)) {
+                    emit(SchedKind::TaskPosted, task, -1);
+                }
+            }
             Err(_) => bump(Counter::SchedReadFailed),
         }
+    }
+    0
+}
+
+/// `server_queue::defer(server_task&&)`: no slot was free, the task waits.
+#[uprobe]
+pub fn llamacpp_defer(ctx: ProbeContext) -> u32 {
+    if let Some(task) = ctx.arg::<u64>(1)
+        && let Some(id) = read_id(task, task_offset(&ctx))
+    {
+        emit(SchedKind::TaskDeferred, id, -1);
     }
     0
 }
@@ -28,9 +55,64 @@ pub fn llamacpp_post_tasks(ctx: ProbeContext) -> u32 {
 #[uprobe]
 pub fn llamacpp_admit(ctx: ProbeContext) -> u32 {
     // rdi = this, rsi = slot, rdx = task.
-    if let Some(task) = ctx.arg::<u64>(2) {
-        emit_task(SchedKind::TaskAdmitted, task);
+    let (Some(slot), Some(task)) = (ctx.arg::<u64>(1), ctx.arg::<u64>(2)) else {
+        return 0;
+    };
+    let Some(task_id) = read_id(task, task_offset(&ctx)) else {
+        return 0;
+    };
+    let slot_id = read_id(slot, slot_offset(&ctx)).unwrap_or(-1);
+    if slot_id >= 0 {
+        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        let _ = AWAITING_FIRST_TOKEN.insert(&slot_key(tgid, slot_id), &1, 0);
     }
+    emit(SchedKind::TaskAdmitted, task_id, slot_id as i32);
+    0
+}
+
+/// `send_partial_response(server_slot&, const completion_token_output&, bool is_progress,
+/// bool is_begin)`: one call per streamed token, plus the prefill-start and progress notices.
+#[uprobe]
+pub fn llamacpp_partial(ctx: ProbeContext) -> u32 {
+    // rcx = is_progress, r8 = is_begin: those calls carry no token.
+    let is_progress = ctx.arg::<u64>(3).unwrap_or(1) & 0xff;
+    let is_begin = ctx.arg::<u64>(4).unwrap_or(1) & 0xff;
+    if is_progress != 0 || is_begin != 0 {
+        return 0;
+    }
+    let Some(slot) = ctx.arg::<u64>(1) else {
+        return 0;
+    };
+    let Some(slot_id) = read_id(slot, slot_offset(&ctx)) else {
+        return 0;
+    };
+    let key = slot_key((bpf_get_current_pid_tgid() >> 32) as u32, slot_id);
+    if unsafe { AWAITING_FIRST_TOKEN.get(&key) }.is_some() {
+        let _ = AWAITING_FIRST_TOKEN.remove(&key);
+        emit(SchedKind::FirstToken, -1, slot_id as i32);
+    }
+    0
+}
+
+/// `send_final_response(server_slot&)`: the request's last result.
+#[uprobe]
+pub fn llamacpp_final(ctx: ProbeContext) -> u32 {
+    slot_event(&ctx, 1, SchedKind::Finish);
+    0
+}
+
+/// `server_slot::release()`: the slot is free again.
+#[uprobe]
+pub fn llamacpp_release(ctx: ProbeContext) -> u32 {
+    slot_event(&ctx, 0, SchedKind::SlotReleased);
+    0
+}
+
+/// `server_queue::pop_deferred_task(int id_slot)`: a freed slot takes a parked task back.
+#[uprobe]
+pub fn llamacpp_requeue(ctx: ProbeContext) -> u32 {
+    let slot = ctx.arg::<u64>(1).map_or(-1, |v| v as i32);
+    emit(SchedKind::DeferredRequeued, -1, slot);
     0
 }
 
@@ -43,14 +125,14 @@ pub fn llamacpp_decode_begin(ctx: ProbeContext) -> u32 {
         Ok(n) => n as i64,
         Err(_) => -1,
     };
-    emit(SchedKind::StepBegin, tokens);
+    emit(SchedKind::StepBegin, tokens, -1);
     0
 }
 
 /// `llama_process(...)`: newer builds' step entry point; its batch is opaque.
 #[uprobe]
 pub fn llamacpp_process_begin(_ctx: ProbeContext) -> u32 {
-    emit(SchedKind::StepBegin, -1);
+    emit(SchedKind::StepBegin, -1, -1);
     0
 }
 
@@ -58,36 +140,65 @@ pub fn llamacpp_process_begin(_ctx: ProbeContext) -> u32 {
 #[uretprobe]
 pub fn llamacpp_step_end(ctx: RetProbeContext) -> u32 {
     let rc: i64 = ctx.ret::<i32>() as i64;
-    emit(SchedKind::StepEnd, rc);
+    emit(SchedKind::StepEnd, rc, -1);
     0
 }
 
+/// An event about the slot in argument `arg`.
 #[inline(always)]
-fn emit_task(kind: SchedKind, task: u64) {
-    let Ok(id) = (unsafe { bpf_probe_read_user(task as *const i32) }) else {
-        bump(Counter::SchedReadFailed);
-        return;
-    };
-    emit(kind, id as i64);
+fn slot_event(ctx: &ProbeContext, arg: usize, kind: SchedKind) {
+    if let Some(slot) = ctx.arg::<u64>(arg)
+        && let Some(id) = read_id(slot, slot_offset(ctx))
+    {
+        emit(kind, -1, id as i32);
+    }
 }
 
 #[inline(always)]
-fn emit(kind: SchedKind, value: i64) {
+fn task_offset(ctx: &ProbeContext) -> u64 {
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    cookie & 0xffff_ffff
+}
+
+#[inline(always)]
+fn slot_offset(ctx: &ProbeContext) -> u64 {
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    cookie >> 32
+}
+
+#[inline(always)]
+fn slot_key(tgid: u32, slot_id: i64) -> u64 {
+    (u64::from(tgid) << 32) | u64::from(slot_id as u32)
+}
+
+/// The `int id` member at `offset` of the struct at `address`.
+#[inline(always)]
+fn read_id(address: u64, offset: u64) -> Option<i64> {
+    match unsafe { bpf_probe_read_user((address + offset) as *const i32) } {
+        Ok(id) => Some(id as i64),
+        Err(_) => {
+            bump(Counter::SchedReadFailed);
+            None
+        }
+    }
+}
+
+#[inline(always)]
+fn emit(kind: SchedKind, value: i64, slot: i32) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     if !traced(tgid) {
         return;
     }
-    let id = value;
     let record = SchedRecord {
         record_type: RecordType::Sched as u8,
         kind: kind as u8,
         _pad: 0,
         tgid,
         tid: pid_tgid as u32,
-        _pad1: 0,
+        slot,
         ts_ns: unsafe { bpf_ktime_get_ns() },
-        task_id: id,
+        task_id: value,
     };
     output::<SchedRecord>(&record, Counter::SchedEvents);
 }
