@@ -99,7 +99,9 @@ fn layout_cookie(layout: Option<&HookLayout>, object: &Path, tgid: u32) -> u64 {
         .iter()
         .take(2)
         .enumerate()
-        .fold(0, |cookie, (i, offset)| cookie | (u64::from(*offset) << (32 * i)))
+        .fold(0, |cookie, (i, offset)| {
+            cookie | (u64::from(*offset) << (32 * i))
+        })
 }
 
 fn member_offsets(layout: &HookLayout, _object: &Path, _tgid: u32) -> Vec<u32> {

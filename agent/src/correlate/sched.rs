@@ -181,7 +181,11 @@ mod tests {
         SchedEvent {
             kind,
             tgid: 7,
-            tid: if kind == SchedKind::TaskPosted { 100 } else { 1 },
+            tid: if kind == SchedKind::TaskPosted {
+                100
+            } else {
+                1
+            },
             ts_ns,
             task_id,
             slot,
@@ -198,12 +202,30 @@ mod tests {
         let mut at = |joins: &mut SchedJoins, kind, task, slot| {
             joins.locate(&event(kind, 1, task, slot), &mut stats)
         };
-        assert_eq!(at(&mut joins, SchedKind::TaskPosted, 42, None), Some(request));
-        assert_eq!(at(&mut joins, SchedKind::TaskDeferred, 42, None), Some(request));
-        assert_eq!(at(&mut joins, SchedKind::TaskAdmitted, 42, Some(1)), Some(request));
-        assert_eq!(at(&mut joins, SchedKind::FirstToken, -1, Some(1)), Some(request));
-        assert_eq!(at(&mut joins, SchedKind::Finish, -1, Some(1)), Some(request));
-        assert_eq!(at(&mut joins, SchedKind::SlotReleased, -1, Some(1)), Some(request));
+        assert_eq!(
+            at(&mut joins, SchedKind::TaskPosted, 42, None),
+            Some(request)
+        );
+        assert_eq!(
+            at(&mut joins, SchedKind::TaskDeferred, 42, None),
+            Some(request)
+        );
+        assert_eq!(
+            at(&mut joins, SchedKind::TaskAdmitted, 42, Some(1)),
+            Some(request)
+        );
+        assert_eq!(
+            at(&mut joins, SchedKind::FirstToken, -1, Some(1)),
+            Some(request)
+        );
+        assert_eq!(
+            at(&mut joins, SchedKind::Finish, -1, Some(1)),
+            Some(request)
+        );
+        assert_eq!(
+            at(&mut joins, SchedKind::SlotReleased, -1, Some(1)),
+            Some(request)
+        );
         // The slot is free: a late event for it finds nothing, and says so.
         assert_eq!(at(&mut joins, SchedKind::FirstToken, -1, Some(1)), None);
         // Releasing an idle slot is routine, not an error.
@@ -231,7 +253,10 @@ mod tests {
         let mut joins = SchedJoins::default();
         let mut stats = Stats::default();
         for ts in 0..(MAX_REQUEUES as u64 + 5) {
-            joins.locate(&event(SchedKind::DeferredRequeued, ts, -1, Some(0)), &mut stats);
+            joins.locate(
+                &event(SchedKind::DeferredRequeued, ts, -1, Some(0)),
+                &mut stats,
+            );
         }
         assert_eq!(stats.get("sched_requeues_dropped"), 5);
         assert_eq!(joins.take_requeue(7), Some(MAX_REQUEUES as u64 + 4));

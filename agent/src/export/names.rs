@@ -89,7 +89,10 @@ pub fn request_attributes(timeline: &RequestTimeline) -> Vec<KeyValue> {
     opt_f("inferscope.ttft_ms", r.ttft_ms);
     opt_f("inferscope.queue_wait_ms", r.queue_wait_ms);
     opt_f("inferscope.prefill_ms", r.prefill_ms);
-    opt_f("inferscope.first_token_handoff_ms", r.first_token_handoff_ms);
+    opt_f(
+        "inferscope.first_token_handoff_ms",
+        r.first_token_handoff_ms,
+    );
     opt_f("inferscope.tpot_ms", r.tpot_ms);
     opt_f("inferscope.itl_p99_ms", r.itl_p99_ms);
     opt_f("inferscope.read_delay_ms", r.read_delay_ms);
