@@ -13,6 +13,7 @@ use crate::{
     capture::{
         CaptureConfig, CaptureError, CapturedEvent, Discovery, DiscoveryChange, FdClass,
         FdClassifier, SocketProbes, TargetSelector,
+        late_attach::{LateAttach, Missing},
         metrics::{MetricsScraper, ScrapeConfig},
         records,
         records::SyscallEvent,
@@ -84,7 +85,12 @@ pub struct Pipeline {
     engine_metrics: EngineMetrics,
     /// User-defined probes (with [`Pipeline::use_probe_spec`]).
     user_probes: Option<UserProbes>,
+    /// Processes with hooks whose function was not mapped yet.
+    late: LateAttach,
 }
+
+/// How often processes with missing hooks have their mappings looked at again.
+const LATE_ATTACH_INTERVAL: Duration = Duration::from_secs(2);
 
 impl Pipeline {
     pub fn new(config: PipelineConfig) -> Result<Self, CaptureError> {
@@ -105,6 +111,7 @@ impl Pipeline {
             ringbuf_drops: 0,
             records_read: 0,
             user_probes: None,
+            late: LateAttach::default(),
         })
     }
 
@@ -146,6 +153,7 @@ impl Pipeline {
     ) -> std::io::Result<()> {
         let mut last_scan: Option<Instant> = None;
         let mut last_sweep = Instant::now();
+        let mut last_late_attach = Instant::now();
         loop {
             if stop.load(Ordering::Relaxed) || deadline.is_some_and(|d| Instant::now() >= d) {
                 break;
@@ -159,6 +167,10 @@ impl Pipeline {
             self.drain_metrics(observer);
             self.drain(observer);
             observer.on_tick();
+            if last_late_attach.elapsed() >= LATE_ATTACH_INTERVAL {
+                self.attach_late_hooks();
+                last_late_attach = Instant::now();
+            }
             if last_sweep.elapsed() >= Duration::from_secs(1) {
                 self.probes.flush_logs();
                 self.tracker.sweep(monotonic_now_ns());
@@ -212,6 +224,7 @@ impl Pipeline {
             );
             self.probes.untrace_process(gone.tgid);
             self.probes.detach_uprobes(gone.tgid);
+            self.late.forget(gone.tgid);
             if let Some(user) = self.user_probes.as_mut() {
                 user.forget_process(gone.tgid);
             }
@@ -247,10 +260,20 @@ impl Pipeline {
             self.watch_metrics(new.tgid, new.engine, &new.ports);
             self.ipc.add_process(new.tgid, new.engine);
             self.probes.trace_process(new.tgid);
-            sched_hooks::attach(&mut self.probes, new);
-            if let Some(user) = self.user_probes.as_mut() {
-                user.attach(&mut self.probes, new.tgid);
-            }
+            let hooks = sched_hooks::attach(&mut self.probes, new.tgid, new.engine, None);
+            let user = self
+                .user_probes
+                .as_mut()
+                .map(|u| u.attach(&mut self.probes, new.tgid, None));
+            let missing = Missing {
+                engine: new.engine,
+                engine_hooks: hooks.not_found,
+                user_probes: user.map(|u| u.not_found).unwrap_or_default(),
+            };
+            let user_probes = self.user_probes.as_ref();
+            self.late.watch(new.tgid, missing, |path| {
+                could_hold_hooks(new.engine, user_probes, path)
+            });
         }
         if !change.added.is_empty()
             || !change.removed.is_empty()
@@ -268,6 +291,47 @@ impl Pipeline {
         for gone in &change.removed {
             self.engine_metrics.forget(gone.tgid);
         }
+    }
+
+    /// Tries the missing hooks of processes that mapped new engine objects since last time.
+    fn attach_late_hooks(&mut self) {
+        let user_probes = self.user_probes.as_ref();
+        let due = self
+            .late
+            .changed(|engine, path| could_hold_hooks(engine, user_probes, path));
+        for (tgid, missing) in due {
+            let hooks = if missing.engine_hooks.is_empty() {
+                sched_hooks::HookOutcome::default()
+            } else {
+                sched_hooks::attach(
+                    &mut self.probes,
+                    tgid,
+                    missing.engine,
+                    Some(&missing.engine_hooks),
+                )
+            };
+            let user = match self.user_probes.as_mut() {
+                Some(u) if !missing.user_probes.is_empty() => {
+                    u.attach(&mut self.probes, tgid, Some(&missing.user_probes))
+                }
+                _ => sched_hooks::HookOutcome::default(),
+            };
+            self.stats
+                .add("hooks_attached_late", (hooks.live + user.live) as u64);
+            let still = Missing {
+                engine: missing.engine,
+                engine_hooks: hooks.not_found,
+                user_probes: user.not_found,
+            };
+            let user_probes = self.user_probes.as_ref();
+            self.late.watch(tgid, still, |path| {
+                could_hold_hooks(missing.engine, user_probes, path)
+            });
+        }
+        self.stats.add(
+            "late_attach_over_limit",
+            std::mem::take(&mut self.late.over_limit),
+        );
     }
 
     fn watch_metrics(&mut self, pid: u32, engine: &'static str, ports: &[u16]) {
@@ -492,4 +556,11 @@ fn wait_readable(fd: i32, timeout: Duration) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Whether a mapped file could hold one of `engine`'s hooks or a user probe.
+fn could_hold_hooks(engine: &str, user_probes: Option<&UserProbes>, path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    engines::by_name(engine).is_some_and(|e| e.hook_objects().iter().any(|h| name.contains(h)))
+        || user_probes.is_some_and(|u| u.wants_object(path))
 }

@@ -7,8 +7,12 @@
  *   engine_step(int n_tokens)          one forward pass over the batch
  *   engine_first_token(uint64_t id)    the request's first token is ready
  *   engine_finish(uint64_t id)         the request is done
- * Usage: engine PORT */
+ * With PLUGIN, the engine loads that shared library (dlopen) once its first request is done, and
+ * from then on also calls the library's plugin_first_token(uint64_t id): a hook point that is
+ * not mapped when the agent first sees the process.
+ * Usage: engine PORT [PLUGIN] */
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -45,6 +49,8 @@ static struct task *queue_head, *queue_tail;
 static struct task *running[SLOTS];
 static uint64_t next_id = 100;
 static volatile uint64_t sink;
+static const char *plugin_path;
+static void (*plugin_first_token)(uint64_t id);
 
 NOINLINE void engine_enqueue(uint64_t id) { sink += id; __asm__ volatile("" ::: "memory"); }
 NOINLINE void engine_admit(struct task *t) { sink += t->req->id; __asm__ volatile("" ::: "memory"); }
@@ -87,9 +93,21 @@ static void *scheduler(void *arg) {
             struct task *t = running[i];
             if (!t) continue;
             t->produced++;
-            if (t->produced == 1) engine_first_token(t->req->id);
+            if (t->produced == 1) {
+                engine_first_token(t->req->id);
+                if (plugin_first_token) plugin_first_token(t->req->id);
+            }
             if (t->produced == TOKENS) {
                 engine_finish(t->req->id);
+                if (plugin_path && !plugin_first_token) {
+                    void *lib = dlopen(plugin_path, RTLD_NOW);
+                    if (!lib) {
+                        fprintf(stderr, "dlopen %s: %s\n", plugin_path, dlerror());
+                        exit(1);
+                    }
+                    *(void **)&plugin_first_token = dlsym(lib, "plugin_first_token");
+                    if (!plugin_first_token) exit(1);
+                }
                 t->state = 2;
                 running[i] = NULL;
             }
@@ -202,10 +220,11 @@ static void *connection(void *arg) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s PORT\n", argv[0]);
+    if (argc != 2 && argc != 3) {
+        fprintf(stderr, "usage: %s PORT [PLUGIN]\n", argv[0]);
         return 2;
     }
+    if (argc == 3) plugin_path = argv[2];
     signal(SIGPIPE, SIG_IGN);
     int listener = socket(AF_INET, SOCK_STREAM, 0);
     int one = 1;

@@ -9,35 +9,46 @@ use std::{
     time::{Duration, Instant},
 };
 
+fn compile(args: &[&str], out: &Path, src: &str) {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(src);
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let done = Command::new(&cc)
+        .args(["-O2", "-g", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE"])
+        .args(args)
+        .arg("-o")
+        .arg(out)
+        .arg(&src)
+        .output()
+        .unwrap_or_else(|e| panic!("running {cc} (the native test engine is C): {e}"));
+    assert!(
+        done.status.success(),
+        "{cc} failed:\n{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+}
+
+fn build_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("inferscope-native-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("creating the native engine directory");
+    dir
+}
+
+/// The engine's late-loaded library (`plugin_first_token`).
+pub fn plugin() -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let lib = build_dir().join("libengine_plugin.so");
+        compile(&["-shared", "-fPIC"], &lib, "native-engine/plugin.c");
+        lib
+    })
+}
+
 /// The compiled engine binary.
 pub fn binary() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("inferscope-native-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("creating the native engine directory");
-        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("native-engine/engine.c");
-        let bin = dir.join("native-engine");
-        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-        let out = Command::new(&cc)
-            .args([
-                "-O2",
-                "-g",
-                "-Wall",
-                "-Wextra",
-                "-Werror",
-                "-D_GNU_SOURCE",
-                "-pthread",
-            ])
-            .arg("-o")
-            .arg(&bin)
-            .arg(&src)
-            .output()
-            .unwrap_or_else(|e| panic!("running {cc} (the native test engine is C): {e}"));
-        assert!(
-            out.status.success(),
-            "{cc} failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let bin = build_dir().join("native-engine");
+        compile(&["-pthread"], &bin, "native-engine/engine.c");
         bin
     })
 }
@@ -49,8 +60,14 @@ pub struct NativeEngine {
 impl NativeEngine {
     /// Starts the engine on `port` and waits until it accepts connections.
     pub fn start(port: u16) -> NativeEngine {
+        Self::start_with(port, None)
+    }
+
+    /// The same, loading `plugin` once the first request is done.
+    pub fn start_with(port: u16, plugin: Option<&Path>) -> NativeEngine {
         let child = Command::new(binary())
             .arg(port.to_string())
+            .args(plugin)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()

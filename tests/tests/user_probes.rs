@@ -281,7 +281,7 @@ fn bad_probes_are_disabled_and_socket_records_keep_coming() {
 
     assert!(engine.is_running(), "the engine survived");
     assert!(
-        log.contains("user probe disabled") && log.contains("engine_enqueue_v2"),
+        log.contains("user probe not attached") && log.contains("engine_enqueue_v2"),
         "missing symbol reported: {log}"
     );
     assert!(
@@ -307,4 +307,72 @@ fn bad_probes_are_disabled_and_socket_records_keep_coming() {
         assert_eq!(r["engine_task_id"].as_i64(), Some(engine_id(r)), "{r:#?}");
         assert!(r["admitted_mono_ns"].is_null(), "{r:#?}");
     }
+}
+
+const LATE_SPEC: &str = r#"
+[[probe]]
+object = "native-engine"
+symbol = "engine_enqueue"
+event = "arrival"
+id = { from = "arg0", type = "u64" }
+
+[[probe]]
+name = "plugin"
+object = "libengine_plugin"
+symbol = "plugin_first_token"
+event = "first_token"
+id = { from = "arg0", type = "u64" }
+"#;
+
+#[test]
+fn a_probe_in_a_library_loaded_later_attaches_when_the_library_appears() {
+    let dir = temp_dir("user-probes-late");
+    let port = free_port();
+    let mut engine = NativeEngine::start_with(port, Some(native_engine::plugin()));
+    let spec = write_spec(&dir, LATE_SPEC);
+    let mut recorder = Recorder::start(&dir, &["--port", &port.to_string(), "--probes", &spec]);
+    recorder.wait_attached(engine.pid(), Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(300));
+
+    // The engine loads its plugin once this first request is done.
+    let first = Client::connect(port).chat("one", 6, None);
+    // The agent looks at processes with missing probes every 2 s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !recorder.log_text().contains("late=true") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the plugin's probe was not attached: {}",
+            recorder.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let second = Client::connect(port).chat("two", 6, None);
+    std::thread::sleep(Duration::from_millis(300));
+    let records = recorder.stop();
+    // Read after the agent exited: the counters are logged on the way out.
+    let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+    assert!(engine.is_running());
+
+    assert!(
+        log.contains("user probe waiting") && log.contains("libengine_plugin"),
+        "{log}"
+    );
+    assert_eq!(counter(&log, "hooks_attached_late"), 1, "{log}");
+    let by_stream = |id: &Option<String>| {
+        records
+            .iter()
+            .find(|r| r["response_id"].as_str() == id.as_deref())
+            .unwrap_or_else(|| panic!("{id:?} in {records:#?}"))
+    };
+    let before = by_stream(&first.response_id);
+    let after = by_stream(&second.response_id);
+    assert!(
+        before["engine_first_token_mono_ns"].is_null(),
+        "{before:#?}"
+    );
+    let engine_first = after["engine_first_token_mono_ns"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("the late probe saw the first token: {after:#?}"));
+    let wire_first = after["first_token_mono_ns"].as_u64().expect("first token");
+    assert!(engine_first <= wire_first, "{after:#?}");
 }

@@ -3,6 +3,7 @@
 pub mod discovery;
 pub mod fd_class;
 pub mod gpu;
+pub mod late_attach;
 pub mod metrics;
 pub mod probes;
 pub mod procfs;

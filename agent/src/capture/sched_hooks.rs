@@ -1,41 +1,48 @@
 //! Attaches an engine's scheduler uprobes to one process: finds the mapped file that holds each
 //! hooked function, resolves it by name, and attaches the engine's kernel program there. A hook
-//! that cannot be found (stripped or unknown build) is reported with what is lost without it;
-//! the socket layer keeps working either way.
+//! that cannot be found (stripped or unknown build, or a library not loaded yet) is reported with
+//! what is lost without it; the socket layer keeps working either way, and hooks whose function
+//! was not found are tried again when the process maps new engine objects (see `late_attach`).
 use std::path::{Path, PathBuf};
 
-use tracing::{info, warn};
+use rustc_hash::FxHashMap;
+use tracing::{debug, info, warn};
 
-use super::{SocketProbes, TracedProcess, procfs, symbols::ElfSymbols};
+use super::{SocketProbes, procfs, symbols::ElfSymbols};
 use crate::engines::{self, HookLayout};
 
-/// Attaches what can be attached; returns how many hooks are live.
-pub fn attach(probes: &mut SocketProbes, process: &TracedProcess) -> usize {
-    let Some(engine) = engines::by_name(process.engine) else {
-        return 0;
+/// What one attach pass did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct HookOutcome {
+    pub live: usize,
+    /// Indices (in the engine's hook list) of hooks whose function was not found: worth trying
+    /// again once the process maps more of the engine.
+    pub not_found: Vec<usize>,
+}
+
+/// Attaches the hooks of `engine` to `tgid`: all of them (`only` None), or those listed, which
+/// a retry does quietly (nothing is logged for what is still missing).
+pub fn attach(
+    probes: &mut SocketProbes,
+    tgid: u32,
+    engine: &str,
+    only: Option<&[usize]>,
+) -> HookOutcome {
+    let mut outcome = HookOutcome::default();
+    let Some(engine) = engines::by_name(engine) else {
+        return outcome;
     };
     let hooks = engine.scheduler_hooks();
     if hooks.is_empty() {
-        return 0;
+        return outcome;
     }
-    let tgid = process.tgid;
-    // Paths from /proc/PID/maps are in the process's mount namespace: reach them through its root.
-    let objects: Vec<(String, PathBuf)> = procfs::mapped_files(tgid)
-        .into_iter()
-        .filter(|path| {
-            let name = path.rsplit('/').next().unwrap_or(path);
-            engine.hook_objects().iter().any(|hint| name.contains(hint))
-        })
-        .map(|path| {
-            let through_root = PathBuf::from(format!("/proc/{tgid}/root{path}"));
-            (path, through_root)
-        })
-        .collect();
+    let retry = only.is_some();
+    let objects = engine_objects(tgid, engine.hook_objects());
     let mut tables = Vec::new();
     for (path, readable) in &objects {
         match ElfSymbols::load(readable) {
             Ok(table) => {
-                if !table.has_symtab() {
+                if !table.has_symtab() && !retry {
                     warn!(pid = tgid, object = %path, "stripped build: only exported functions can be hooked");
                 }
                 tables.push((readable.clone(), table));
@@ -43,32 +50,27 @@ pub fn attach(probes: &mut SocketProbes, process: &TracedProcess) -> usize {
             Err(e) => warn!(pid = tgid, "cannot read symbols: {e}"),
         }
     }
-    let mut live = 0;
-    for hook in hooks {
+    // One DWARF reading per object, not per hook.
+    let mut cookies: FxHashMap<PathBuf, u64> = FxHashMap::default();
+    for (index, hook) in hooks.iter().enumerate() {
+        if only.is_some_and(|only| !only.contains(&index)) {
+            continue;
+        }
         let found = tables.iter().find_map(|(path, table)| {
             let symbols = table.resolve(hook.symbol);
             (symbols.len() == 1).then(|| (path, symbols[0].file_offset))
         });
-        match found {
-            Some((path, offset)) => match probes.attach_uprobe(
-                hook.program,
-                path,
-                offset,
-                tgid,
-                layout_cookie(engine.hook_layout(), path, tgid),
-            ) {
-                Ok(()) => {
-                    live += 1;
-                    info!(pid = tgid, symbol = hook.symbol, "scheduler hook attached");
-                }
-                Err(e) => warn!(
+        let Some((path, offset)) = found else {
+            outcome.not_found.push(index);
+            if retry {
+                debug!(
                     pid = tgid,
                     symbol = hook.symbol,
-                    "attaching the scheduler hook failed: {e}; without it inferscope has no {}",
-                    hook.gives
-                ),
-            },
-            None => warn!(
+                    "scheduler function still not found"
+                );
+                continue;
+            }
+            warn!(
                 pid = tgid,
                 symbol = hook.symbol,
                 "scheduler function not found in {} (stripped or different build); without it inferscope has no {}",
@@ -82,10 +84,48 @@ pub fn attach(probes: &mut SocketProbes, process: &TracedProcess) -> usize {
                         .join(", ")
                 },
                 hook.gives
+            );
+            continue;
+        };
+        let cookie = *cookies
+            .entry(path.clone())
+            .or_insert_with(|| layout_cookie(engine.hook_layout(), path, tgid));
+        match probes.attach_uprobe(hook.program, path, offset, tgid, cookie) {
+            Ok(()) => {
+                outcome.live += 1;
+                info!(
+                    pid = tgid,
+                    symbol = hook.symbol,
+                    late = retry,
+                    "scheduler hook attached"
+                );
+            }
+            Err(e) => warn!(
+                pid = tgid,
+                symbol = hook.symbol,
+                "attaching the scheduler hook failed: {e}; without it inferscope has no {}",
+                hook.gives
             ),
         }
     }
-    live
+    outcome
+}
+
+/// Mapped files of `tgid` whose names contain one of `hints`: (path as mapped, path to read).
+fn engine_objects(tgid: u32, hints: &[&str]) -> Vec<(String, PathBuf)> {
+    procfs::mapped_files(tgid)
+        .into_iter()
+        .filter(|path| {
+            let name = path.rsplit('/').next().unwrap_or(path);
+            hints.iter().any(|hint| name.contains(hint))
+        })
+        .map(|path| {
+            // Paths from /proc/PID/maps are in the process's mount namespace: reach them
+            // through its root.
+            let through_root = PathBuf::from(format!("/proc/{tgid}/root{path}"));
+            (path, through_root)
+        })
+        .collect()
 }
 
 /// The attach cookie that tells the engine's programs where the members they read sit in the

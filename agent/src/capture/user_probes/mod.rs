@@ -16,6 +16,7 @@ pub use spec::{ProbeSpec, SpecError};
 use super::{
     SocketProbes, procfs,
     records::{SchedEvent, UserJoin, UserProbeHit},
+    sched_hooks::HookOutcome,
     symbols::ElfSymbols,
 };
 use crate::correlate::Stats;
@@ -51,25 +52,39 @@ impl UserProbes {
         &self.stats
     }
 
-    /// Attaches every probe whose object `tgid` maps; returns how many are live. A probe that
-    /// cannot be attached is reported and skipped.
-    pub fn attach(&mut self, probes: &mut SocketProbes, tgid: u32) -> usize {
+    /// Attaches every probe whose object `tgid` maps (`only` None), or the probes listed, which
+    /// a retry does quietly. A probe that cannot be attached is reported and skipped; those
+    /// whose object or function was not found come back in `not_found`, to be tried again when
+    /// the process maps more objects.
+    pub fn attach(
+        &mut self,
+        probes: &mut SocketProbes,
+        tgid: u32,
+        only: Option<&[usize]>,
+    ) -> HookOutcome {
+        let retry = only.is_some();
         let mapped = procfs::mapped_files(tgid);
         let mut tables: FxHashMap<String, Option<ElfSymbols>> = FxHashMap::default();
-        let mut live = 0;
+        let mut outcome = HookOutcome::default();
         for (index, probe) in self.spec.probes.iter().enumerate() {
+            if only.is_some_and(|only| !only.contains(&index)) {
+                continue;
+            }
             let candidates: Vec<&String> = mapped
                 .iter()
                 .filter(|path| object_matches(&probe.object, path))
                 .collect();
             if candidates.is_empty() {
-                warn!(
-                    pid = tgid,
-                    probe = %probe.name,
-                    object = %probe.object,
-                    "user probe disabled: the process maps no file matching its object"
-                );
-                self.stats.bump("user_probes_not_attached");
+                outcome.not_found.push(index);
+                if !retry {
+                    warn!(
+                        pid = tgid,
+                        probe = %probe.name,
+                        object = %probe.object,
+                        "user probe waiting: the process maps no file matching its object (yet); it is attached if one is loaded later"
+                    );
+                    self.stats.bump("user_probes_not_attached");
+                }
                 continue;
             }
             let mut found: Option<(PathBuf, u64)> = None;
@@ -100,13 +115,16 @@ impl UserProbes {
             }
             let Some((object, offset)) = found else {
                 if why.is_empty() {
+                    outcome.not_found.push(index);
                     why = format!(
                         "no function matches it in the mapped objects matching {:?} (misspelt, or a stripped build)",
                         probe.object
                     );
                 }
-                warn!(pid = tgid, probe = %probe.name, symbol = %probe.symbol, "user probe disabled: {why}");
-                self.stats.bump("user_probes_not_attached");
+                if !retry {
+                    warn!(pid = tgid, probe = %probe.name, symbol = %probe.symbol, "user probe not attached: {why}");
+                    self.stats.bump("user_probes_not_attached");
+                }
                 continue;
             };
             match probes.attach_user_probe(
@@ -117,8 +135,11 @@ impl UserProbes {
                 tgid,
             ) {
                 Ok(()) => {
-                    live += 1;
-                    info!(pid = tgid, probe = %probe.name, event = ?probe.event, "user probe attached");
+                    outcome.live += 1;
+                    if retry {
+                        self.stats.bump("user_probes_attached_late");
+                    }
+                    info!(pid = tgid, probe = %probe.name, event = ?probe.event, late = retry, "user probe attached");
                 }
                 Err(e) => {
                     warn!(pid = tgid, probe = %probe.name, "user probe disabled: attaching failed: {e}");
@@ -126,7 +147,15 @@ impl UserProbes {
                 }
             }
         }
-        live
+        outcome
+    }
+
+    /// Whether a mapped file could hold one of the spec's probes.
+    pub fn wants_object(&self, mapped: &str) -> bool {
+        self.spec
+            .probes
+            .iter()
+            .any(|probe| object_matches(&probe.object, mapped))
     }
 
     /// A probe fired: the scheduler event it stands for, or None when its read failed (after
