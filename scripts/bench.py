@@ -3,6 +3,11 @@
 agent's CPU time and peak RSS per 1,000 requests, and engine throughput with the agent attached
 divided by without it, over alternating A/B pairs. Results go to stdout as Markdown rows.
 
+Two throughput ratios per pair: wall-clock (the fixed load's duration) and engine time (the sum
+of the engine's own `timings.prompt_ms + predicted_ms` over the load's requests, which the
+uprobes on its scheduler thread lengthen directly and client-side jitter does not).
+With --pin, the engine runs on the last CPU and the client and agent on the others.
+
     python3 scripts/bench.py --pairs 10 --requests 8
 """
 import argparse, json, os, random, socket, statistics, subprocess, sys, threading, time
@@ -42,22 +47,36 @@ def stream(port, prompt, max_tokens):
             break
         data += d
     c.close()
+    # The engine's own prefill + decode time, from the final chunk's timings.
+    engine_ms = 0.0
+    for line in data.split(b"\n"):
+        if line.startswith(b"data: {") and b'"timings"' in line:
+            try:
+                t = json.loads(line[6:])["timings"]
+                engine_ms = t.get("prompt_ms", 0.0) + t.get("predicted_ms", 0.0)
+            except (ValueError, KeyError):
+                pass
+    return engine_ms
 
 
 def load(port, requests, concurrency, max_tokens, tag):
-    """Wall time of a fixed load: `requests` streams, `concurrency` at a time."""
-    todo = list(range(requests)); lock = threading.Lock()
+    """Wall time of a fixed load (`requests` streams, `concurrency` at a time) and the engine's
+    own time for it (s)."""
+    todo = list(range(requests)); lock = threading.Lock(); engine_ms = []
     def worker():
         while True:
             with lock:
                 if not todo:
                     return
                 i = todo.pop()
-            stream(port, f"({tag}-{i}-{random.random()}) Describe a city in two sentences.", max_tokens)
+            # A fresh prompt each time: no run reuses a slot's cached prefix.
+            ms = stream(port, f"({tag}-{i}-{random.random():.6f}) Describe a city in two sentences.", max_tokens)
+            with lock:
+                engine_ms.append(ms)
     t0 = time.monotonic()
     ts = [threading.Thread(target=worker) for _ in range(concurrency)]
     [t.start() for t in ts]; [t.join() for t in ts]
-    return time.monotonic() - t0
+    return time.monotonic() - t0, sum(engine_ms) / 1000
 
 
 def proc_cpu_s(pid):
@@ -72,8 +91,9 @@ def proc_hwm_kb(pid):
     return 0
 
 
-def start_agent(port, out):
-    p = subprocess.Popen([BIN, "record", "--port", str(port), "--out", out],
+def start_agent(port, out, cpus=None):
+    pin = ["taskset", "-c", cpus] if cpus else []
+    p = subprocess.Popen(pin + [BIN, "record", "--port", str(port), "--out", out],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     for line in p.stderr:
         if "attached" in line:
@@ -94,14 +114,25 @@ def main():
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--pin", action="store_true",
+                    help="engine on the last CPU, client and agent on the others")
+    ap.add_argument("--skip-cost", action="store_true", help="only the throughput pairs")
     args = ap.parse_args()
     port = free_port()
-    engine = subprocess.Popen([PY, os.path.join(ROOT, "tests/engine/llamacpp_server.py"),
+    ncpu = os.cpu_count() or 1
+    engine_pin = ["taskset", "-c", str(ncpu - 1)] if args.pin and ncpu > 1 else []
+    others = f"0-{ncpu - 2}" if args.pin and ncpu > 1 else None
+    if others:
+        os.sched_setaffinity(0, set(range(ncpu - 1)))
+    engine = subprocess.Popen(engine_pin + [PY, os.path.join(ROOT, "tests/engine/llamacpp_server.py"),
                                "--port", str(port), "--slots", "2"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_ready(port)
         load(port, 2, 2, 8, "warm")
+        run_pairs(args, port, others) if args.skip_cost else None
+        if args.skip_cost:
+            return
         # Kernel cost and agent cost, with bpf_stats on.
         subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=1"], check=True)
         agent = start_agent(port, "/tmp/inferscope-bench.jsonl")
@@ -119,22 +150,40 @@ def main():
             if cnt:
                 print(f"| {name} | {cnt} | {ns / cnt:.0f} |")
         print(f"\nagent CPU: {cpu:.3f} s for {n} requests ({cpu / n * 1000:.2f} s per 1,000 requests); peak RSS {hwm / 1024:.1f} MiB")
-        # Throughput ratio: alternating pairs, order flipped each pair.
-        ratios = []
-        for i in range(args.pairs):
-            order = ["off", "on"] if i % 2 == 0 else ["on", "off"]
-            t = {}
-            for mode in order:
-                agent = start_agent(port, "/tmp/inferscope-bench.jsonl") if mode == "on" else None
-                t[mode] = load(port, args.requests, args.concurrency, args.max_tokens, f"ab{i}{mode}")
-                if agent:
-                    agent.send_signal(2); agent.wait()
-            ratios.append(t["off"] / t["on"])
-            print(f"pair {i}: off {t['off']:.3f} s, on {t['on']:.3f} s, throughput ratio on/off {ratios[-1]:.4f}", flush=True)
-        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-        print(f"\nthroughput ratio (agent on / off): median {statistics.median(ratios):.4f}, IQR {q[0]:.4f}–{q[2]:.4f}, n={len(ratios)}")
+        run_pairs(args, port, others)
     finally:
         engine.terminate(); engine.wait()
+
+
+def summary(name, ratios):
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    mean = statistics.fmean(ratios)
+    sem = statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else 0.0
+    print(f"{name} ratio (agent on / off): median {statistics.median(ratios):.4f}, "
+          f"IQR {q[0]:.4f}–{q[2]:.4f}, mean {mean:.4f} ± {1.96 * sem:.4f} (95 % CI), n={len(ratios)}")
+
+
+def run_pairs(args, port, agent_cpus):
+    """Throughput ratios over alternating pairs, order flipped each pair."""
+    wall, engine_time = [], []
+    for i in range(args.pairs):
+        order = ["off", "on"] if i % 2 == 0 else ["on", "off"]
+        t = {}
+        for mode in order:
+            agent = start_agent(port, "/tmp/inferscope-bench.jsonl", agent_cpus) if mode == "on" else None
+            t[mode] = load(port, args.requests, args.concurrency, args.max_tokens, f"ab{i}")
+            if agent:
+                agent.send_signal(2); agent.wait()
+        wall.append(t["off"][0] / t["on"][0])
+        if t["off"][1] and t["on"][1]:
+            engine_time.append(t["off"][1] / t["on"][1])
+        print(f"pair {i}: off {t['off'][0]:.3f} s (engine {t['off'][1]:.3f} s), on {t['on'][0]:.3f} s "
+              f"(engine {t['on'][1]:.3f} s): wall ratio {wall[-1]:.4f}, engine-time ratio "
+              f"{engine_time[-1] if engine_time else float('nan'):.4f}", flush=True)
+    print()
+    summary("wall-clock throughput", wall)
+    if engine_time:
+        summary("engine-time throughput", engine_time)
 
 
 if __name__ == "__main__":
