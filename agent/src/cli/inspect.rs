@@ -272,5 +272,39 @@ mod tests {
         assert!(prefill.contains("·····█████··········"), "{prefill}");
         assert!(text.contains("TTFT 50.0 ms  = queue 25.0 ms + prefill 25.0 ms"));
         assert!(text.contains("steps (1):"));
+        assert!(!text.contains("slot "), "not deferred: {text}");
+    }
+
+    #[test]
+    fn a_deferred_request_says_when_it_was_parked_and_taken_back() {
+        let t = RequestTimeline {
+            request: Some(Request {
+                request_id: "1-2-0".into(),
+                arrival_mono_ns: 0,
+                admitted_mono_ns: 40_000_000,
+                first_token_mono_ns: 60_000_000,
+                end_mono_ns: 100_000_000,
+                ttft_ms: Some(60.0),
+                queue_wait_ms: Some(40.0),
+                prefill_ms: Some(19.5),
+                first_token_handoff_ms: Some(0.5),
+                engine_first_token_mono_ns: Some(59_500_000),
+                deferred_mono_ns: Some(2_000_000),
+                requeued_mono_ns: Some(39_000_000),
+                engine_slot: Some(1),
+                ..Default::default()
+            }),
+            steps: vec![],
+            kernels: vec![],
+        };
+        let text = render(&t, 20, 5);
+        assert!(
+            text.contains("TTFT 60.0 ms  = queue 40.0 ms + prefill 19.5 ms + hand-off 0.5 ms"),
+            "{text}"
+        );
+        assert!(
+            text.contains("none free: parked at 2.0 ms, taken back at 39.0 ms by slot 1"),
+            "{text}"
+        );
     }
 }
