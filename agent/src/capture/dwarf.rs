@@ -7,7 +7,9 @@
 //! so only .debug_abbrev is read whole. Each unit's header and root entry are parsed from a short
 //! prefix to decide whether the unit is walked; only walked units are read in full, one at a time;
 //! strings are read one by one from .debug_str, .debug_line_str and .debug_str_offsets.
-//! Compressed debug sections are refused with an error rather than inflated whole.
+//! Compressed debug sections are refused with an error rather than inflated whole. Not read:
+//! DWARF 4 type units in .debug_types (`-fdebug-types-section`), split DWARF (.dwo) and separate
+//! debug files found through .gnu_debuglink (pass such a file's own path instead).
 use std::{fs::File, io, os::unix::fs::FileExt, path::Path};
 
 use gimli::{
@@ -116,25 +118,21 @@ fn member_offsets_reading(
     unit_hint: Option<&str>,
     prefix_len: usize,
 ) -> Result<Vec<Option<u64>>, DwarfError> {
-    let mut results = vec![None; wanted.len()];
     if wanted.is_empty() {
-        return Ok(results);
+        return Ok(Vec::new());
     }
     let shown = path.display().to_string();
     let file = File::open(path).map_err(|source| DwarfError::Open {
         path: shown.clone(),
         source,
     })?;
-    let Some(files) = locate_sections(&file, &shown)? else {
+    let Some(sections) = locate_sections(&file, &shown)? else {
         tracing::debug!(path = %shown, "no DWARF: struct member offsets unknown");
-        return Ok(results);
+        return Ok(vec![None; wanted.len()]);
     };
-    let abbrev_bytes = files.read(&files.abbrev, 0, files.abbrev.size)?;
-    let mut search = Search::new(&files, wanted, prefix_len);
+    let abbrev_bytes = sections.read(&sections.abbrev, 0, sections.abbrev.size)?;
+    let mut search = Search::new(&sections, wanted, prefix_len);
     search.run(&abbrev_bytes, unit_hint)?;
-    for (i, slot) in results.iter_mut().enumerate() {
-        *slot = search.found[i];
-    }
     tracing::debug!(
         path = %shown,
         units = search.stats.units,
@@ -145,7 +143,7 @@ fn member_offsets_reading(
         too_deep = search.stats.too_deep,
         "struct member offsets read from DWARF"
     );
-    Ok(results)
+    Ok(search.found)
 }
 
 /// A debug section's place in the file.
@@ -208,7 +206,7 @@ fn locate_sections<'f>(file: &'f File, path: &'f str) -> Result<Option<Sections<
                 format: format!("{:?}", range.format),
             });
         }
-        // No file range: SHT_NOBITS, what remains once debug info is split into its own file.
+        // No bytes in the file (SHT_NOBITS): nothing to read.
         let Some((offset, size)) = section.file_range() else {
             return Ok(None);
         };
@@ -1040,11 +1038,11 @@ mod tests {
         {
             check(&bytes[..cut]);
         }
-        // Every byte of the unit and abbreviation data, and some of the strings, set to
-        // values that break lengths, forms, codes and offsets.
+        // Every byte of the unit, abbreviation and string data set to values that break
+        // lengths, LEB128 numbers, forms, codes, offsets and terminators.
         for target in &targets {
             for at in target.clone() {
-                for value in [0x00, 0x7f, 0x80, 0xff] {
+                for value in [0x00, 0x80, 0xff] {
                     let mut data = bytes.clone();
                     data[at] = value;
                     check(&data);
