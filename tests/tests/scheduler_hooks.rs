@@ -38,6 +38,13 @@ fn queue_wait_and_prefill_for_six_streams_on_two_slots() {
     drop(engine);
 
     assert!(log.contains("scheduler hook attached"), "{log}");
+    // The wheel carries DWARF for server_task (not for server_slot, whose code is built
+    // without -g): the task id's offset is read, not assumed.
+    assert!(
+        log.lines()
+            .any(|l| l.contains("struct offset from DWARF") && l.contains("server_task")),
+        "{log}"
+    );
     let chats: Vec<&Value> = records
         .iter()
         .filter(|r| r["path"] == "/v1/chat/completions")

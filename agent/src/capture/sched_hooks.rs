@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use rustc_hash::FxHashMap;
 use tracing::{debug, info, warn};
 
-use super::{SocketProbes, procfs, symbols::ElfSymbols};
+use super::{SocketProbes, dwarf, procfs, symbols::ElfSymbols};
 use crate::engines::{self, HookLayout};
 
 /// What one attach pass did.
@@ -144,6 +144,52 @@ fn layout_cookie(layout: Option<&HookLayout>, object: &Path, tgid: u32) -> u64 {
         })
 }
 
-fn member_offsets(layout: &HookLayout, _object: &Path, _tgid: u32) -> Vec<u32> {
-    layout.members.iter().map(|m| m.assumed_offset).collect()
+/// Each member's offset: from DWARF, else the layout's assumption (logged either way, since a
+/// wrong offset makes the hooks read wrong ids).
+fn member_offsets(layout: &HookLayout, object: &Path, tgid: u32) -> Vec<u32> {
+    let wanted: Vec<(&str, &str)> = layout
+        .members
+        .iter()
+        .map(|m| (m.structure, m.member))
+        .collect();
+    let found = match dwarf::member_offsets(object, &wanted, Some(layout.unit_hint)) {
+        Ok(found) => found,
+        Err(e) => {
+            warn!(
+                pid = tgid,
+                "reading the engine's debug info failed: {e}; using the struct layout of the source"
+            );
+            vec![None; wanted.len()]
+        }
+    };
+    layout
+        .members
+        .iter()
+        .zip(found)
+        .map(|(member, found)| {
+            let from_dwarf = found.and_then(|offset| u32::try_from(offset).ok());
+            match from_dwarf {
+                Some(offset) => {
+                    info!(
+                        pid = tgid,
+                        structure = member.structure,
+                        member = member.member,
+                        offset,
+                        "struct offset from DWARF"
+                    );
+                    offset
+                }
+                None => {
+                    info!(
+                        pid = tgid,
+                        structure = member.structure,
+                        member = member.member,
+                        offset = member.assumed_offset,
+                        "struct offset assumed from the source (no DWARF for it in this build)"
+                    );
+                    member.assumed_offset
+                }
+            }
+        })
+        .collect()
 }
