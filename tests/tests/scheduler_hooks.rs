@@ -143,6 +143,9 @@ fn queue_wait_and_prefill_for_six_streams_on_two_slots() {
         assert!(step["end_mono_ns"].as_u64() >= step["start_mono_ns"].as_u64());
         let members = step["requests"].as_array().expect("requests");
         assert!(members.len() <= 2, "2 slots: {step:#?}");
+        assert_eq!(step["sequences"].as_u64(), Some(members.len() as u64));
+        let prefilling = members.iter().filter(|m| m["phase"] == "prefill").count();
+        assert_eq!(step["prefilling"].as_u64(), Some(prefilling as u64));
     }
     for r in &chats {
         let id = r["request_id"].as_str().expect("id");

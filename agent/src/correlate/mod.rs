@@ -254,6 +254,7 @@ impl Tracker {
             return None;
         };
         let mut members = Vec::new();
+        let (mut sequences, mut prefilling_count) = (0u64, 0u64);
         for ((tgid, _), conn) in self.connections.map.iter_mut() {
             if *tgid != event.tgid {
                 continue;
@@ -264,8 +265,10 @@ impl Tracker {
                     .engine_first_token_ns
                     .or(request.first_token_ns)
                     .is_none_or(|t| t > event.ts_ns);
+                sequences += 1;
                 if prefilling {
                     request.prefill_steps += 1;
+                    prefilling_count += 1;
                 } else {
                     request.decode_steps += 1;
                 }
@@ -290,6 +293,8 @@ impl Tracker {
             end_mono_ns: event.ts_ns,
             duration_ms: event.ts_ns.saturating_sub(start_ns) as f64 / 1e6,
             batch_tokens: u64::try_from(tokens).ok(),
+            sequences,
+            prefilling: prefilling_count,
             requests: members,
             kv_cache_usage: None,
             running_requests: None,

@@ -110,6 +110,10 @@ pub struct StepRecord {
     pub duration_ms: f64,
     /// Tokens in the batch, where the engine's ABI exposes it.
     pub batch_tokens: Option<u64>,
+    /// Sequences (requests) in the batch, counted in full even where `requests` is cut short.
+    pub sequences: u64,
+    /// How many of them were prefilling (the rest were decoding).
+    pub prefilling: u64,
     /// Requests in flight in the engine during the step (admitted, response not finished).
     /// From vLLM's IPC: the requests that produced tokens in the step, by engine request id.
     pub requests: Vec<StepMember>,

@@ -370,6 +370,8 @@ mod tests {
             end_mono_ns: end,
             duration_ms: (end - start) as f64 / 1e6,
             batch_tokens: None,
+            sequences: members.len() as u64,
+            prefilling: members.iter().filter(|m| m.1 == "prefill").count() as u64,
             kv_cache_usage: None,
             running_requests: None,
             waiting_requests: None,

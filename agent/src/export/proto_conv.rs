@@ -115,6 +115,8 @@ pub fn step(s: &StepRecord) -> pb::Step {
         start_mono_ns: s.start_mono_ns,
         end_mono_ns: s.end_mono_ns,
         batch_tokens: s.batch_tokens,
+        sequences: s.sequences,
+        prefilling: s.prefilling,
         members: s
             .requests
             .iter()

@@ -228,6 +228,8 @@ impl IpcState {
             end_mono_ns: end,
             duration_ms: (end - start) as f64 / 1e6,
             batch_tokens: None,
+            sequences: members.len() as u64,
+            prefilling: members.iter().filter(|m| m.phase == "prefill").count() as u64,
             requests: members,
             kv_cache_usage: stats.kv_cache_usage,
             running_requests: stats.running,
