@@ -120,7 +120,9 @@ pub fn counter(log: &str, name: &str) -> u64 {
 /// log if it exits first or the time runs out.
 pub fn wait_attached(child: &mut Child, log: &Path, pid: u32, timeout: Duration) {
     let deadline = Instant::now() + timeout;
-    let needle = format!("attached pid={pid}");
+    // The agent's own line, logged once every probe for the process is in place (not a
+    // "scheduler hook attached pid=…" line, which comes before the others are).
+    let needle = format!(": attached pid={pid} ");
     let text = || fs::read_to_string(log).unwrap_or_default();
     while Instant::now() < deadline {
         if text().contains(&needle) {

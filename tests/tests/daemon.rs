@@ -114,7 +114,7 @@ fn traces_metrics_and_api_on_the_real_engine() {
         }
         assert!(
             children["prefill"].events >= 1,
-            "prefill steps as span events"
+            "prefill steps as span events: {children:#?} {server:#?}"
         );
         assert!(
             children["decode"].events >= 1,
