@@ -35,8 +35,11 @@ def wait_ready(port):
 
 
 def stream(port, prompt, max_tokens):
+    # The same work every time a prompt is sent: greedy sampling, exactly max_tokens tokens, and
+    # no reuse of a slot's cached prefix.
     body = json.dumps({"messages": [{"role": "user", "content": prompt}], "stream": True,
-                       "max_tokens": max_tokens, "stream_options": {"include_usage": True}})
+                       "max_tokens": max_tokens, "stream_options": {"include_usage": True},
+                       "temperature": 0, "ignore_eos": True, "cache_prompt": False})
     c = socket.create_connection(("127.0.0.1", port), timeout=120)
     c.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
@@ -69,8 +72,7 @@ def load(port, requests, concurrency, max_tokens, tag):
                 if not todo:
                     return
                 i = todo.pop()
-            # A fresh prompt each time: no run reuses a slot's cached prefix.
-            ms = stream(port, f"({tag}-{i}-{random.random():.6f}) Describe a city in two sentences.", max_tokens)
+            ms = stream(port, f"({tag}-{i}) Describe a city in two sentences.", max_tokens)
             with lock:
                 engine_ms.append(ms)
     t0 = time.monotonic()
@@ -96,7 +98,9 @@ def start_agent(port, out, cpus=None):
     p = subprocess.Popen(pin + [BIN, "record", "--port", str(port), "--out", out],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     for line in p.stderr:
-        if "attached" in line:
+        # The agent's own line, once every probe is in place ("scheduler hook attached" lines
+        # come before the last hook is).
+        if ": attached pid=" in line:
             break
     threading.Thread(target=lambda: p.stderr.read(), daemon=True).start()
     return p
@@ -164,7 +168,8 @@ def summary(name, ratios):
 
 
 def run_pairs(args, port, agent_cpus):
-    """Throughput ratios over alternating pairs, order flipped each pair."""
+    """Throughput ratios over alternating pairs, order flipped each pair; both halves of a pair
+    send the same prompts (identical work: see `stream`)."""
     wall, engine_time = [], []
     for i in range(args.pairs):
         order = ["off", "on"] if i % 2 == 0 else ["on", "off"]
