@@ -3,9 +3,16 @@
 # xllamacpp sdist of exactly the version scripts/setup.sh pins: the same source as the library the
 # other tests load, so symbols compare. Shared libraries, as distro packages ship it.
 #
-# Output (a cache: a second run with both copies present does nothing):
-#   target/llama-server/            llama-server + libllama.so, libggml*.so, ... (RUNPATH $ORIGIN)
-#   target/llama-server/stripped/   the same, `strip --strip-all`: .symtab gone, .dynsym kept
+# Output (a cache: a second run with all three present does nothing), each with RUNPATH $ORIGIN:
+#   target/llama-server/                  as built: a small llama-server executable, the server in
+#                                         libllama-server-impl.so, libllama.so, libggml*.so, ...
+#   target/llama-server/stripped/         what a distro package looks like: the server linked into
+#                                         the executable (as llama.cpp shipped it before the
+#                                         libllama-server-impl split) and everything
+#                                         `strip --strip-all`ed: the server's C++ functions are
+#                                         gone, the libraries' exported C API (llama_decode) stays
+#   target/llama-server/stripped-shared/  the as-built layout stripped: libllama-server-impl.so
+#                                         still exports the server's functions in .dynsym
 # OUT=DIR overrides the output directory. KEEP_BUILD=1 keeps the source and build tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +25,7 @@ out=${OUT:-$PWD/target/llama-server}
 stamp="$out/BUILT_FROM"
 
 if [ -x "$out/llama-server" ] && [ -x "$out/stripped/llama-server" ] \
+   && [ -x "$out/stripped-shared/llama-server" ] \
    && [ "$(cat "$stamp" 2>/dev/null)" = "xllamacpp-$version" ]; then
   log "up to date: $out (llama.cpp from xllamacpp $version)"
   exit 0
@@ -29,7 +37,7 @@ done
 
 start=$(date +%s)
 work="$out/.work"
-rm -rf "$work" "$out/stripped"
+rm -rf "$work" "$out/stripped" "$out/stripped-shared"
 mkdir -p "$work"
 
 # --- Source: the sdist from PyPI. `pip download --no-binary` would build its metadata (Cython);
@@ -75,13 +83,31 @@ bin="$work/build/bin"
 mkdir -p "$out"
 rm -f "$out"/llama-server "$out"/lib*.so*
 cp -a "$bin/llama-server" "$bin"/lib*.so* "$out/"
+mkdir -p "$out/stripped-shared"
+cp -a "$out/llama-server" "$out"/lib*.so* "$out/stripped-shared/"
+
+# The distro layout: the same objects, but the server (main.cpp + llama-server-impl's objects +
+# the server-context archive) linked into the executable, next to the shared libllama/ggml.
+# An executable exports only what shared libraries reference, so stripping it removes the server.
 mkdir -p "$out/stripped"
-cp -a "$out/llama-server" "$out"/lib*.so* "$out/stripped/"
-for f in "$out/stripped"/llama-server "$out/stripped"/lib*.so*; do
+server="$work/build/tools/server"
+c++ -O3 -DNDEBUG -o "$out/stripped/llama-server" \
+  "$server/CMakeFiles/llama-server.dir/main.cpp.o" \
+  "$server"/CMakeFiles/llama-server-impl.dir/{server,server-http,server-models}.cpp.o \
+  -Wl,-rpath,'$ORIGIN' "$server/libserver-context.a" "$work/build/tools/ui/libllama-ui.a" \
+  "$work/build/vendor/cpp-httplib/libcpp-httplib.a" "$work/build/common/libllama-common-base.a" \
+  -L"$bin" -lllama-common -lmtmd -lllama -lggml -lggml-cpu -lggml-base -pthread
+cp -a "$out"/lib*.so* "$out/stripped/"
+rm "$out"/stripped/libllama-server-impl.so
+for f in "$out"/stripped*/llama-server "$out"/stripped*/lib*.so*; do
   [ -L "$f" ] || strip --strip-all "$f"
 done
-# Both copies must start from where they are, each with its own libraries.
-for dir in "$out" "$out/stripped"; do
+if nm -D --defined-only -C "$out/stripped/llama-server" | grep 'server_queue::' >/dev/null; then
+  log "the stripped executable still exports the server's functions"
+  exit 1
+fi
+# Every copy must start from where it is, each with its own libraries.
+for dir in "$out" "$out/stripped" "$out/stripped-shared"; do
   if ldd "$dir/llama-server" | grep -q 'not found'; then
     ldd "$dir/llama-server" >&2
     log "$dir/llama-server misses libraries"
@@ -90,4 +116,4 @@ for dir in "$out" "$out/stripped"; do
 done
 [ "${KEEP_BUILD:-0}" = 1 ] || rm -rf "$work"
 echo "xllamacpp-$version" >"$stamp"
-log "built $out/llama-server and $out/stripped/ in $(( $(date +%s) - start )) s"
+log "built $out/llama-server, $out/stripped/ and $out/stripped-shared/ in $(( $(date +%s) - start )) s"

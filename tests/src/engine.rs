@@ -94,7 +94,11 @@ pub fn llama_server_dir() -> PathBuf {
     let dir = std::env::var_os("INFERSCOPE_LLAMA_SERVER")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join("target/llama-server"));
-    for binary in ["llama-server", "stripped/llama-server"] {
+    for binary in [
+        "llama-server",
+        "stripped/llama-server",
+        "stripped-shared/llama-server",
+    ] {
         assert!(
             dir.join(binary).is_file(),
             "{} not found: run scripts/build-llama-server.sh (or set INFERSCOPE_LLAMA_SERVER to \

@@ -177,3 +177,89 @@ fn binary_started_after_the_agent_gets_its_hooks() {
     assert!(waited >= 3, "{chats:#?}");
     assert!(!steps.is_empty());
 }
+
+#[test]
+fn stripped_distro_layout_gives_socket_records_steps_and_names_what_is_missing() {
+    let dir = temp_dir("llama-server-stripped");
+    let binary = llama_server_dir().join("stripped/llama-server");
+    let (log, records, steps, streams) = record_against(&binary, &dir, false);
+
+    // `strip --strip-all` removed .symtab everywhere: the agent says so for each engine object.
+    let notes = lines_with(
+        &log,
+        "stripped build: only exported functions can be hooked",
+    );
+    for object in ["stripped/llama-server", "stripped/libllama.so"] {
+        assert!(
+            notes.iter().any(|l| l.contains(object)),
+            "no stripped-build note for {object}: {notes:#?}\n{log}"
+        );
+    }
+    // The server is linked into the executable, which exports none of it: the task and
+    // admission hooks are missing, and the agent names what that costs.
+    let missing = lines_with(&log, "scheduler function not found");
+    for lost in [
+        "the join from HTTP request to engine task",
+        "admission (queue wait vs prefill)",
+    ] {
+        assert!(
+            missing.iter().any(|l| l.contains(lost)),
+            "no note about {lost}: {missing:#?}\n{log}"
+        );
+    }
+    assert!(!attached(&log, "server_queue::post"), "{log}");
+    assert!(
+        !attached(&log, "server_context_impl::launch_slot_with_task"),
+        "{log}"
+    );
+    // libllama.so's exported C API still gives the engine steps.
+    assert!(attached(&log, "llama_decode"), "{log}");
+    assert!(attached(&log, "llama_process"), "{log}");
+    assert!(steps.len() >= 16, "{steps:#?}");
+    for step in &steps {
+        assert!(step["end_mono_ns"].as_u64() >= step["start_mono_ns"].as_u64());
+        // Without the task join no request can be placed in a batch.
+        assert_eq!(step["requests"], serde_json::json!([]), "{step:#?}");
+    }
+    // Socket-level records for every stream, without a split it cannot make.
+    let chats = chats(&records, &streams);
+    for r in &chats {
+        assert_eq!(r["engine"], "llamacpp");
+        assert!(r["ttft_ms"].is_f64(), "{r:#?}");
+        assert_eq!(r["output_chunks"], 16, "{r:#?}");
+        assert!(r["engine_prompt_ms"].is_f64(), "{r:#?}");
+        assert!(
+            r["queue_wait_ms"].is_null() && r["prefill_ms"].is_null(),
+            "{r:#?}"
+        );
+    }
+}
+
+#[test]
+fn stripped_shared_layout_keeps_every_hook_through_its_exports() {
+    let dir = temp_dir("llama-server-stripped-shared");
+    let binary = llama_server_dir().join("stripped-shared/llama-server");
+    let (log, records, steps, streams) = record_against(&binary, &dir, false);
+
+    let notes = lines_with(
+        &log,
+        "stripped build: only exported functions can be hooked",
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|l| l.contains("stripped-shared/libllama-server-impl.so")),
+        "{log}"
+    );
+    // The server's scheduler sits in libllama-server-impl.so with default visibility: its C++
+    // functions are in .dynsym, which stripping keeps, so every hook resolves.
+    assert_full_hooks(&log);
+    assert!(
+        lines_with(&log, "scheduler function not found").is_empty(),
+        "{log}"
+    );
+    let chats = chats(&records, &streams);
+    let waited = assert_split(&chats);
+    assert!(waited >= 3, "{chats:#?}");
+    assert!(steps.len() >= 16, "{steps:#?}");
+}
