@@ -11,10 +11,10 @@ log() { printf '\033[1msetup:\033[0m %s\n' "$*" >&2; }
 # rustc-web/cargo-web/rust-web-src: a compiler with the core library's source, to build the eBPF
 # programs for the bpf target (rustup cannot download rust-src here). llvm-22: bpf-linker's LLVM.
 # tcpdump: the wire reference in the tests. bpftool/bpftrace: benchmarks. prometheus: a real
-# Prometheus server and promtool for the exporter tests.
+# Prometheus server and promtool for the exporter tests. cmake: scripts/build-llama-server.sh.
 packages=(rustc-web cargo-web rust-web-src llvm-22-dev libpolly-22-dev clang
           tcpdump bpftool bpftrace python3-venv curl ca-certificates build-essential pkg-config
-          prometheus openssl)
+          prometheus openssl cmake)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

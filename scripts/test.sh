@@ -22,6 +22,9 @@ cargo build --release -q -p inferscope -p inferscope-cupti
 export INFERSCOPE_BIN="$PWD/target/release/inferscope"
 export INFERSCOPE_SHIM_LIB="$PWD/target/release/libinferscope_cupti.so"
 export INFERSCOPE_PYTHON="$PWD/.venv/bin/python3"
+echo "== llama-server (standalone llama.cpp engine; built once, cached in target/llama-server)"
+scripts/build-llama-server.sh
+export INFERSCOPE_LLAMA_SERVER="$PWD/target/llama-server"
 echo "== tests (unit + eBPF integration against the real engine)"
 # One test thread: the integration tests each run an engine and the agent on 2 cores.
 cargo test -- --test-threads=1
