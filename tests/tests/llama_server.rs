@@ -68,7 +68,12 @@ fn attached(log: &str, symbol: &str) -> bool {
 fn assert_full_hooks(log: &str) {
     for symbol in [
         "server_queue::post",
+        "server_queue::defer",
+        "server_queue::pop_deferred_task",
         "server_context_impl::launch_slot_with_task",
+        "server_context_impl::send_partial_response",
+        "server_context_impl::send_final_response",
+        "server_slot::release",
         "llama_decode",
     ] {
         assert!(
@@ -79,8 +84,9 @@ fn assert_full_hooks(log: &str) {
     }
 }
 
-/// Every request split into queue wait + prefill = TTFT, prefill agreeing with the engine's own
-/// timings.prompt_ms; returns how many waited for a slot.
+/// Every request split into queue wait + prefill + first-token hand-off = TTFT, prefill agreeing
+/// with the engine's own timings.prompt_ms, the engine's own stages in order; returns how many
+/// waited for a slot: the engine parked them until a freed slot took them back.
 fn assert_split(chats: &[&Value]) -> usize {
     let mut waited = 0;
     for r in chats {
@@ -91,10 +97,25 @@ fn assert_split(chats: &[&Value]) -> usize {
             .as_f64()
             .unwrap_or_else(|| panic!("prefill_ms: {r:#?}"));
         let ttft = r["ttft_ms"].as_f64().expect("ttft");
+        let handoff = r["first_token_handoff_ms"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("first_token_handoff_ms: {r:#?}"));
         assert!(
-            (queue + prefill - ttft).abs() < 0.01,
-            "queue + prefill = TTFT: {r:#?}"
+            (queue + prefill + handoff - ttft).abs() < 0.01,
+            "queue + prefill + hand-off = TTFT: {r:#?}"
         );
+        let stamp = |field: &str| {
+            r[field]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{field}: {r:#?}"))
+        };
+        let admitted = stamp("admitted_mono_ns");
+        assert!(admitted < stamp("engine_first_token_mono_ns"), "{r:#?}");
+        assert!(stamp("engine_first_token_mono_ns") <= stamp("engine_finished_mono_ns"));
+        if let Some(deferred) = r["deferred_mono_ns"].as_u64() {
+            let requeued = stamp("requeued_mono_ns");
+            assert!(deferred < requeued && requeued <= admitted, "{r:#?}");
+        }
         assert!(r["engine_task_id"].is_i64(), "{r:#?}");
         assert_eq!(r["preemptions"], 0, "llama.cpp does not preempt");
         assert_eq!(r["prefill_steps"], 1, "{r:#?}");
@@ -104,7 +125,8 @@ fn assert_split(chats: &[&Value]) -> usize {
             (prefill - engine_prefill).abs() <= tolerance,
             "prefill {prefill:.2} ms vs engine {engine_prefill:.2} ms: {r:#?}"
         );
-        if queue > 10.0 {
+        // A request can also wait unparked, in the queue behind another's prefill step.
+        if queue > 10.0 && r["deferred_mono_ns"].is_u64() {
             waited += 1;
         }
     }
@@ -201,6 +223,8 @@ fn stripped_distro_layout_gives_socket_records_steps_and_names_what_is_missing()
     for lost in [
         "the join from HTTP request to engine task",
         "admission (queue wait vs prefill)",
+        "the engine's own first-token time",
+        "the engine's own finish time",
     ] {
         assert!(
             missing.iter().any(|l| l.contains(lost)),
@@ -226,7 +250,13 @@ fn stripped_distro_layout_gives_socket_records_steps_and_names_what_is_missing()
     for r in &chats {
         assert_eq!(r["engine"], "llamacpp");
         assert!(r["ttft_ms"].is_f64(), "{r:#?}");
-        assert_eq!(r["output_chunks"], 16, "{r:#?}");
+        // 16 tokens asked for; the model may end its answer sooner.
+        assert!(
+            r["output_chunks"]
+                .as_u64()
+                .is_some_and(|n| (1..=16).contains(&n)),
+            "{r:#?}"
+        );
         assert!(r["engine_prompt_ms"].is_f64(), "{r:#?}");
         assert!(
             r["queue_wait_ms"].is_null() && r["prefill_ms"].is_null(),

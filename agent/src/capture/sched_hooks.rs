@@ -73,7 +73,7 @@ pub fn attach(
             warn!(
                 pid = tgid,
                 symbol = hook.symbol,
-                "scheduler function not found in {} (stripped or different build); without it inferscope has no {}",
+                "scheduler function not found in {} (stripped or different build); without it inferscope loses {}",
                 if objects.is_empty() {
                     "any mapped engine object".to_owned()
                 } else {
@@ -103,7 +103,7 @@ pub fn attach(
             Err(e) => warn!(
                 pid = tgid,
                 symbol = hook.symbol,
-                "attaching the scheduler hook failed: {e}; without it inferscope has no {}",
+                "attaching the scheduler hook failed: {e}; without it inferscope loses {}",
                 hook.gives
             ),
         }

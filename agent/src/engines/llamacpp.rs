@@ -15,12 +15,12 @@ static HOOKS: &[SchedulerHook] = &[
     SchedulerHook {
         program: "llamacpp_defer",
         symbol: "server_queue::defer(server_task&&)",
-        gives: "when a request was parked for want of a free slot",
+        gives: "the time a request was parked for want of a free slot",
     },
     SchedulerHook {
         program: "llamacpp_requeue",
         symbol: "server_queue::pop_deferred_task",
-        gives: "when a freed slot took a parked request back",
+        gives: "the time a freed slot took a parked request back",
     },
     SchedulerHook {
         program: "llamacpp_admit",
@@ -42,7 +42,7 @@ static HOOKS: &[SchedulerHook] = &[
     SchedulerHook {
         program: "llamacpp_release",
         symbol: "server_slot::release()",
-        gives: "when each slot became free",
+        gives: "the time each slot became free",
     },
     // Engine steps: older builds run each batch through llama_decode, newer ones through
     // llama_process; both are exported C functions, so stripped builds keep them.
