@@ -35,6 +35,8 @@ pub struct PipelineConfig {
     pub limits: Limits,
     /// How often /proc is scanned for engines that started, restarted or exited.
     pub discovery_interval: Duration,
+    /// Also attach the engines' per-token hooks (one uprobe hit per generated token).
+    pub token_hooks: bool,
 }
 
 impl PipelineConfig {
@@ -44,6 +46,7 @@ impl PipelineConfig {
             capture: CaptureConfig::default(),
             limits: Limits::default(),
             discovery_interval: Duration::from_millis(500),
+            token_hooks: false,
         }
     }
 }
@@ -260,7 +263,13 @@ impl Pipeline {
             self.watch_metrics(new.tgid, new.engine, &new.ports);
             self.ipc.add_process(new.tgid, new.engine);
             self.probes.trace_process(new.tgid);
-            let hooks = sched_hooks::attach(&mut self.probes, new.tgid, new.engine, None);
+            let hooks = sched_hooks::attach(
+                &mut self.probes,
+                new.tgid,
+                new.engine,
+                None,
+                self.config.token_hooks,
+            );
             let user = self
                 .user_probes
                 .as_mut()
@@ -308,6 +317,7 @@ impl Pipeline {
                     tgid,
                     missing.engine,
                     Some(&missing.engine_hooks),
+                    self.config.token_hooks,
                 )
             };
             let user = match self.user_probes.as_mut() {

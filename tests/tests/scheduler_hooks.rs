@@ -15,7 +15,17 @@ fn queue_wait_and_prefill_for_six_streams_on_two_slots() {
     let engine = Engine::start(port, 2);
     let steps_path = dir.join("steps.jsonl");
     let steps_arg = steps_path.to_string_lossy().into_owned();
-    let mut recorder = Recorder::start(&dir, &["--port", &port.to_string(), "--steps", &steps_arg]);
+    // --token-hooks: the engine's own first token too (tests/llama_server.rs runs without).
+    let mut recorder = Recorder::start(
+        &dir,
+        &[
+            "--port",
+            &port.to_string(),
+            "--steps",
+            &steps_arg,
+            "--token-hooks",
+        ],
+    );
     recorder.wait_attached(engine.pid(), Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(300));
 

@@ -21,12 +21,14 @@ pub struct HookOutcome {
 }
 
 /// Attaches the hooks of `engine` to `tgid`: all of them (`only` None), or those listed, which
-/// a retry does quietly (nothing is logged for what is still missing).
+/// a retry does quietly (nothing is logged for what is still missing). Per-token hooks only with
+/// `token_hooks`.
 pub fn attach(
     probes: &mut SocketProbes,
     tgid: u32,
     engine: &str,
     only: Option<&[usize]>,
+    token_hooks: bool,
 ) -> HookOutcome {
     let mut outcome = HookOutcome::default();
     let Some(engine) = engines::by_name(engine) else {
@@ -54,6 +56,17 @@ pub fn attach(
     let mut cookies: FxHashMap<PathBuf, u64> = FxHashMap::default();
     for (index, hook) in hooks.iter().enumerate() {
         if only.is_some_and(|only| !only.contains(&index)) {
+            continue;
+        }
+        if hook.per_token && !token_hooks {
+            if !retry {
+                info!(
+                    pid = tgid,
+                    symbol = hook.symbol,
+                    "per-token hook off (--token-hooks turns it on): inferscope uses the socket for {}",
+                    hook.gives
+                );
+            }
             continue;
         }
         let found = tables.iter().find_map(|(path, table)| {

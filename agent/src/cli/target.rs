@@ -28,6 +28,11 @@ pub struct TargetArgs {
     /// Kernel ring buffer size in MiB (a power of two).
     #[arg(long, default_value_t = 16)]
     pub ring_buffer_mb: u32,
+    /// Also hook per-token engine functions (llama.cpp's send_partial_response) for the
+    /// engine's own first-token time; each generated token then costs the engine thread one
+    /// uprobe trap (~10 us on the benchmark VM).
+    #[arg(long)]
+    pub token_hooks: bool,
 }
 
 impl TargetArgs {
@@ -50,6 +55,7 @@ impl TargetArgs {
             },
             limits: Limits::default(),
             discovery_interval: Duration::from_millis(500),
+            token_hooks: self.token_hooks,
         }
     }
 }

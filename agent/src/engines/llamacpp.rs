@@ -11,38 +11,46 @@ static HOOKS: &[SchedulerHook] = &[
         // The HTTP handler posts its tasks as a vector, on the thread that read the request.
         symbol: "server_queue::post(std::vector<server_task, std::allocator<server_task> >&&, bool)",
         gives: "the join from HTTP request to engine task",
+        per_token: false,
     },
     SchedulerHook {
         program: "llamacpp_defer",
         symbol: "server_queue::defer(server_task&&)",
         gives: "the time a request was parked for want of a free slot",
+        per_token: false,
     },
     SchedulerHook {
         program: "llamacpp_requeue",
         symbol: "server_queue::pop_deferred_task",
         gives: "the time a freed slot took a parked request back",
+        per_token: false,
     },
     SchedulerHook {
         program: "llamacpp_admit",
         symbol: "server_context_impl::launch_slot_with_task",
         gives: "admission (queue wait vs prefill)",
+        per_token: false,
     },
-    // Fires for every streamed token (one uprobe hit, ~1-4 us); only the first per admission
-    // leaves the kernel. Without it, prefill ends at the first token written to the socket.
+    // Fires for every streamed token (one uprobe hit: ~10 us of the engine thread on the
+    // benchmark VM); only the first per admission leaves the kernel. Off unless asked for;
+    // without it, prefill ends at the first token written to the socket.
     SchedulerHook {
         program: "llamacpp_partial",
         symbol: "server_context_impl::send_partial_response",
         gives: "the engine's own first-token time",
+        per_token: true,
     },
     SchedulerHook {
         program: "llamacpp_final",
         symbol: "server_context_impl::send_final_response",
         gives: "the engine's own finish time",
+        per_token: false,
     },
     SchedulerHook {
         program: "llamacpp_release",
         symbol: "server_slot::release()",
         gives: "the time each slot became free",
+        per_token: false,
     },
     // Engine steps: older builds run each batch through llama_decode, newer ones through
     // llama_process; both are exported C functions, so stripped builds keep them.
@@ -50,21 +58,25 @@ static HOOKS: &[SchedulerHook] = &[
         program: "llamacpp_decode_begin",
         symbol: "llama_decode",
         gives: "engine step starts (llama_decode builds)",
+        per_token: false,
     },
     SchedulerHook {
         program: "llamacpp_step_end",
         symbol: "llama_decode",
         gives: "engine step ends (llama_decode builds)",
+        per_token: false,
     },
     SchedulerHook {
         program: "llamacpp_process_begin",
         symbol: "llama_process",
         gives: "engine step starts (llama_process builds)",
+        per_token: false,
     },
     SchedulerHook {
         program: "llamacpp_step_end",
         symbol: "llama_process",
         gives: "engine step ends (llama_process builds)",
+        per_token: false,
     },
 ];
 

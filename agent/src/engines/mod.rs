@@ -48,6 +48,9 @@ pub struct SchedulerHook {
     pub symbol: &'static str,
     /// What is lost without it, for the warning when it cannot be attached.
     pub gives: &'static str,
+    /// Runs for every generated token: attached only when the user asks (`--token-hooks`),
+    /// since each hit costs the engine thread a uprobe trap.
+    pub per_token: bool,
 }
 
 /// A struct member the engine's hook programs read, whose offset depends on the build.

@@ -109,6 +109,11 @@ pub struct RunArgs {
     /// no profile for (see "User-defined probes" in the README).
     #[arg(long, env = "INFERSCOPE_PROBES")]
     pub probes: Option<PathBuf>,
+    /// Also hook per-token engine functions (llama.cpp's send_partial_response) for the
+    /// engine's own first-token time; each generated token then costs the engine thread one
+    /// uprobe trap (~10 us on the benchmark VM).
+    #[arg(long)]
+    pub token_hooks: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -141,6 +146,7 @@ pub struct FileConfig {
     pub records: Option<PathBuf>,
     /// User-defined probe spec (TOML).
     pub probes: Option<PathBuf>,
+    pub token_hooks: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -195,6 +201,7 @@ pub struct RunConfig {
     pub duration: Option<Duration>,
     /// User-defined probes, checked at start-up.
     pub probes: Option<inferscope::capture::user_probes::ProbeSpec>,
+    pub token_hooks: bool,
 }
 
 impl RunConfig {
@@ -336,6 +343,7 @@ impl RunConfig {
                 ),
                 None => None,
             },
+            token_hooks: args.token_hooks || file.token_hooks.unwrap_or(false),
         })
     }
 }
@@ -447,5 +455,20 @@ mod tests {
         })
         .unwrap_err();
         assert!(format!("{err:#}").contains("no [probe.id]"), "{err:#}");
+    }
+
+    #[test]
+    fn token_hooks_are_off_unless_the_flag_or_the_file_asks() {
+        let off = RunConfig::resolve(RunArgs::default()).unwrap();
+        assert!(!off.token_hooks);
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("inferscope.toml");
+        std::fs::write(&config, "token-hooks = true\n").unwrap();
+        let on = RunConfig::resolve(RunArgs {
+            config: Some(config),
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(on.token_hooks);
     }
 }

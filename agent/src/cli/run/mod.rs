@@ -59,6 +59,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         },
         limits: Limits::default(),
         discovery_interval: std::time::Duration::from_millis(500),
+        token_hooks: config.token_hooks,
     })
     .context("starting the socket probes failed (inferscope needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_PTRACE + CAP_SYS_ADMIN)")?;
 
