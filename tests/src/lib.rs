@@ -9,6 +9,7 @@ pub mod native_engine;
 pub mod otlp;
 pub mod pcap;
 pub mod prometheus;
+pub mod split;
 
 use std::{
     io::{Read, Write},
