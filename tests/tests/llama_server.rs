@@ -140,7 +140,7 @@ fn unstripped_binary_splits_ttft_for_six_streams_on_two_slots() {
         waited >= 3,
         "at least 3 of 6 requests waited for one of 2 slots: {chats:#?}"
     );
-    // Steps come from llama_decode in libllama.so, each with its batch's requests and phases.
+    // Steps come from libllama.so (llama_process in this build), each with its batch's requests and phases.
     assert!(steps.len() >= 16, "{steps:#?}");
     for step in &steps {
         let members = step["requests"].as_array().expect("requests");
