@@ -280,6 +280,23 @@ impl SocketProbes {
         tgid: u32,
         cookie: u64,
     ) -> Result<(), String> {
+        let link = self.link_uprobe(program, object, file_offset, tgid, cookie)?;
+        self.uprobe_links
+            .entry(tgid)
+            .or_default()
+            .push((program.to_owned(), link));
+        Ok(())
+    }
+
+    /// Attaches `program` at `file_offset` of `object` for process `tgid` only, with `cookie`.
+    fn link_uprobe(
+        &mut self,
+        program: &str,
+        object: &std::path::Path,
+        file_offset: u64,
+        tgid: u32,
+        cookie: u64,
+    ) -> Result<UProbeLinkId, String> {
         let pid = std::num::NonZeroU32::new(tgid).ok_or("pid 0")?;
         let uprobe: &mut UProbe = self
             .ebpf
@@ -287,7 +304,7 @@ impl SocketProbes {
             .ok_or_else(|| format!("no eBPF program {program}"))?
             .try_into()
             .map_err(|e| format!("{program} is not a uprobe: {e}"))?;
-        let link = uprobe
+        uprobe
             .attach(
                 UProbeAttachPoint {
                     location: UProbeAttachLocation::AbsoluteOffset(file_offset),
@@ -296,12 +313,7 @@ impl SocketProbes {
                 object,
                 UProbeScope::OneProcess(pid),
             )
-            .map_err(|e| e.to_string())?;
-        self.uprobe_links
-            .entry(tgid)
-            .or_default()
-            .push((program.to_owned(), link));
-        Ok(())
+            .map_err(|e| e.to_string())
     }
 
     /// Tells the user-defined probe program how probe `index` reads its value.
@@ -326,23 +338,7 @@ impl SocketProbes {
         } else {
             "user_probe"
         };
-        let pid = std::num::NonZeroU32::new(tgid).ok_or("pid 0")?;
-        let uprobe: &mut UProbe = self
-            .ebpf
-            .program_mut(program)
-            .ok_or_else(|| format!("no eBPF program {program}"))?
-            .try_into()
-            .map_err(|e| format!("{program} is not a uprobe: {e}"))?;
-        let link = uprobe
-            .attach(
-                UProbeAttachPoint {
-                    location: UProbeAttachLocation::AbsoluteOffset(file_offset),
-                    cookie: Some(u64::from(index)),
-                },
-                object,
-                UProbeScope::OneProcess(pid),
-            )
-            .map_err(|e| e.to_string())?;
+        let link = self.link_uprobe(program, object, file_offset, tgid, u64::from(index))?;
         self.user_links
             .entry((tgid, index))
             .or_default()
