@@ -25,7 +25,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8089)
-    parser.add_argument("--slots", type=int, default=2, help="parallel sequences (n_parallel)")
+    # llama-server's own spellings too, so the agent reads the settings from the command line
+    # the way it reads a llama-server's.
+    parser.add_argument("--slots", "--parallel", "-np", dest="slots", type=int, default=2,
+                        help="parallel sequences (n_parallel)")
+    parser.add_argument("--batch-size", "-b", dest="batch", type=int, default=None,
+                        help="logical batch size (n_batch): prompts longer than this take several steps")
+    parser.add_argument("--ubatch-size", "-ub", dest="ubatch", type=int, default=None,
+                        help="physical batch size (n_ubatch)")
     parser.add_argument("--ctx", type=int, default=4096, help="context size shared by the slots")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
@@ -40,6 +47,12 @@ def main() -> None:
     params.port = args.port
     params.cpuparams.n_threads = args.threads
     params.endpoint_metrics = True
+    if args.batch is not None:
+        params.n_batch = args.batch
+        # llama.cpp requires n_ubatch <= n_batch.
+        params.n_ubatch = min(params.n_ubatch, args.batch)
+    if args.ubatch is not None:
+        params.n_ubatch = args.ubatch
     server = xlc.Server(params)  # noqa: F841  (serves from its own threads while referenced)
 
     def stop(_sig, _frame):

@@ -1,6 +1,7 @@
-//! The incident suite: each scenario runs the real engine (llama.cpp, 2 slots) under the real
-//! agent (`inferscope record --out --steps`, scheduler hooks on), sends a baseline phase and then
-//! an incident phase of open-loop load, and runs `inferscope diagnose` on what was recorded.
+//! The incident suite: each scenario runs a real engine (llama.cpp, 2 slots, through a
+//! [`Launcher`]) under the real agent (`inferscope record --out --steps --engines`, scheduler
+//! hooks on), sends a baseline phase and then an incident phase of open-loop or closed-loop load,
+//! and runs `inferscope diagnose` on what was recorded.
 pub mod cgroup;
 
 use std::{
@@ -101,6 +102,164 @@ pub fn send(port: u16, phase: Phase, seed0: u64) -> Span {
     Span { start, end }
 }
 
+/// One phase of closed-loop load: `clients` each send `requests_each` requests one after another,
+/// waiting for each answer and then `think` before the next (chat UIs, agents, batch jobs). The
+/// arrival rate can never outrun the service rate: more clients show as concurrency.
+#[derive(Debug, Clone, Copy)]
+pub struct Clients {
+    pub clients: usize,
+    pub requests_each: usize,
+    pub think: Duration,
+    pub prompt_words: usize,
+    pub max_tokens: u32,
+}
+
+/// How a phase offers its load.
+#[derive(Debug, Clone, Copy)]
+pub enum Load {
+    Open(Phase),
+    Closed(Clients),
+}
+
+impl Load {
+    pub fn requests(&self) -> usize {
+        match self {
+            Load::Open(p) => p.requests,
+            Load::Closed(c) => c.clients * c.requests_each,
+        }
+    }
+}
+
+/// Two clients, each asking again 50 ms after its answer: both slots busy, nobody waits.
+pub const CLOSED_BASELINE: Clients = Clients {
+    clients: 2,
+    requests_each: 7,
+    think: Duration::from_millis(50),
+    prompt_words: 6,
+    max_tokens: 8,
+};
+
+/// Sends a closed-loop phase; the window closes just after the last request was sent.
+pub fn send_closed(port: u16, c: Clients, seed0: u64) -> Span {
+    let start = SystemTime::now();
+    let workers: Vec<_> = (0..c.clients)
+        .map(|k| {
+            thread::spawn(move || {
+                let mut last = SystemTime::now();
+                for i in 0..c.requests_each {
+                    let text = prompt(seed0 + (k * c.requests_each + i) as u64, c.prompt_words);
+                    last = SystemTime::now();
+                    let s = Client::connect(port).chat(&text, c.max_tokens, None);
+                    assert!(s.completed, "a request did not complete: {s:?}");
+                    if i + 1 < c.requests_each {
+                        thread::sleep(c.think);
+                    }
+                }
+                last
+            })
+        })
+        .collect();
+    let last = workers
+        .into_iter()
+        .map(|w| w.join().expect("client thread"))
+        .max()
+        .unwrap_or(start);
+    Span {
+        start,
+        end: last + Duration::from_millis(20),
+    }
+}
+
+fn send_load(port: u16, load: Load, seed0: u64) -> Span {
+    match load {
+        Load::Open(p) => send(port, p, seed0),
+        Load::Closed(c) => send_closed(port, c, seed0),
+    }
+}
+
+/// Engine settings in the engines' common terms; each launcher spells them with its own flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineSettings {
+    /// Requests the engine runs at once (llama.cpp n_parallel, vLLM max_num_seqs).
+    pub slots: u32,
+    /// Tokens one step may carry (llama.cpp n_batch, vLLM max_num_batched_tokens); None: the
+    /// engine's default.
+    pub batch_tokens: Option<u32>,
+}
+
+pub const DEFAULT_ENGINE: EngineSettings = EngineSettings {
+    slots: SLOTS,
+    batch_tokens: None,
+};
+
+/// A running engine process, whatever launched it.
+pub trait Running {
+    fn pid(&self) -> u32;
+}
+
+impl Running for Engine {
+    fn pid(&self) -> u32 {
+        Engine::pid(self)
+    }
+}
+
+/// Starts an engine with given settings: the one place a scenario meets a particular engine (a
+/// vLLM launcher plugs in here).
+pub trait Launcher {
+    fn name(&self) -> &'static str;
+    fn start(&self, port: u16, settings: EngineSettings) -> Box<dyn Running>;
+}
+
+/// llama.cpp (xllamacpp) through tests/engine/llamacpp_server.py, with llama-server's flags.
+pub struct LlamaCpp;
+
+impl Launcher for LlamaCpp {
+    fn name(&self) -> &'static str {
+        "llamacpp"
+    }
+
+    fn start(&self, port: u16, settings: EngineSettings) -> Box<dyn Running> {
+        let slots = settings.slots.to_string();
+        let batch = settings.batch_tokens.map(|b| b.to_string());
+        let mut flags = vec!["--parallel", slots.as_str()];
+        if let Some(b) = batch.as_deref() {
+            flags.extend(["--batch-size", b, "--ubatch-size", b]);
+        }
+        let engine = Engine::start_with(port, &flags);
+        prioritize(engine.pid());
+        Box::new(engine)
+    }
+}
+
+/// Something done to the engine between the phases (e.g. a CPU limit), undone when dropped.
+pub type Between = Box<dyn FnOnce(u32) -> Option<cgroup::CpuLimit>>;
+
+pub struct Scenario {
+    pub name: &'static str,
+    pub launcher: &'static dyn Launcher,
+    pub engine: EngineSettings,
+    pub baseline: Load,
+    pub incident: Load,
+    /// Restart the engine with these settings between the phases (same port).
+    pub incident_engine: Option<EngineSettings>,
+    pub between: Option<Between>,
+}
+
+impl Scenario {
+    /// On llama.cpp with the default settings, open-loop baseline.
+    pub fn new(name: &'static str, incident: Load) -> Scenario {
+        Scenario {
+            name,
+            launcher: &LlamaCpp,
+            engine: DEFAULT_ENGINE,
+            baseline: Load::Open(BASELINE),
+            incident,
+            incident_engine: None,
+            between: None,
+        }
+    }
+}
+
 pub struct Outcome {
     pub diagnosis: Value,
     pub report: String,
@@ -108,33 +267,59 @@ pub struct Outcome {
     pub dir: PathBuf,
 }
 
-/// Runs one scenario: engine, agent, baseline phase, `between` (e.g. throttle the engine),
-/// incident phase, `after`, then `inferscope diagnose` over the two phases.
-pub fn run<B>(name: &str, incident: Phase, between: B) -> Outcome
+/// Runs one open-loop scenario on llama.cpp: engine, agent, baseline phase, `between` (e.g.
+/// throttle the engine), incident phase, then `inferscope diagnose` over the two phases.
+pub fn run<B>(name: &'static str, incident: Phase, between: B) -> Outcome
 where
-    B: FnOnce(&Engine) -> Option<cgroup::CpuLimit>,
+    B: FnOnce(u32) -> Option<cgroup::CpuLimit> + 'static,
 {
+    let mut s = Scenario::new(name, Load::Open(incident));
+    s.between = Some(Box::new(between));
+    run_scenario(s)
+}
+
+pub fn run_scenario(s: Scenario) -> Outcome {
+    let name = s.name;
     let dir =
         std::env::temp_dir().join(format!("inferscope-incident-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
     let port = free_port();
     // The engine runs before the agent: the scheduler hooks attach to a live process.
-    let engine = Engine::start(port, SLOTS);
-    prioritize(engine.pid());
+    let mut engine = s.launcher.start(port, s.engine);
     let steps = dir.join("steps.jsonl");
+    let engines = dir.join("engines.jsonl");
     let steps_arg = steps.to_string_lossy().into_owned();
-    let mut recorder = Recorder::start(&dir, &["--port", &port.to_string(), "--steps", &steps_arg]);
+    let engines_arg = engines.to_string_lossy().into_owned();
+    let mut recorder = Recorder::start(
+        &dir,
+        &[
+            "--port",
+            &port.to_string(),
+            "--steps",
+            &steps_arg,
+            "--engines",
+            &engines_arg,
+        ],
+    );
     recorder.wait_attached(engine.pid(), Duration::from_secs(30));
     thread::sleep(Duration::from_millis(300));
     // Warm-up outside both windows: the first request pays one-time costs.
     let _ = Client::connect(port).chat(&prompt(1, 4), 2, None);
 
-    let baseline = send(port, BASELINE, 1_000);
+    let baseline = send_load(port, s.baseline, 1_000);
     // A gap, so the two windows cannot overlap.
     thread::sleep(Duration::from_millis(300));
-    let limit = between(&engine);
-    let window = send(port, incident, 2_000);
+    if let Some(settings) = s.incident_engine {
+        drop(engine);
+        engine = s.launcher.start(port, settings);
+        recorder.wait_attached(engine.pid(), Duration::from_secs(30));
+        thread::sleep(Duration::from_millis(300));
+        let _ = Client::connect(port).chat(&prompt(2, 4), 2, None);
+        thread::sleep(Duration::from_millis(200));
+    }
+    let limit = s.between.and_then(|f| f(engine.pid()));
+    let window = send_load(port, s.incident, 2_000);
     drop(limit);
     thread::sleep(Duration::from_millis(500));
     let log = recorder.log_text();
@@ -150,6 +335,8 @@ where
             .arg(&records_path)
             .arg("--steps")
             .arg(&steps)
+            .arg("--engine-config")
+            .arg(&engines)
             .arg("--baseline")
             .arg(baseline.arg())
             .arg("--window")
@@ -167,7 +354,7 @@ where
         .unwrap_or_else(|e| panic!("diagnose --json printed no JSON ({e}): {stderr}"));
     assert_eq!(json_out.status.code(), text_out.status.code());
     std::fs::write(dir.join("report.txt"), &report).expect("saving the report");
-    eprintln!("== {name} ==\n{report}");
+    eprintln!("== {name} ({}) ==\n{report}", s.launcher.name());
     Outcome {
         diagnosis,
         report,

@@ -26,9 +26,15 @@ pub fn python() -> PathBuf {
 
 impl Engine {
     pub fn start(port: u16, slots: u32) -> Engine {
+        Engine::start_with(port, &["--slots", &slots.to_string()])
+    }
+
+    /// The launcher with llama-server's own flags (`--parallel N`, `--batch-size N`, ...).
+    pub fn start_with(port: u16, flags: &[&str]) -> Engine {
         let child = Command::new(python())
             .arg(repo_root().join("tests/engine/llamacpp_server.py"))
-            .args(["--port", &port.to_string(), "--slots", &slots.to_string()])
+            .args(["--port", &port.to_string()])
+            .args(flags)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -6,7 +6,10 @@ mod incidents;
 
 use std::time::Duration;
 
-use incidents::{BASELINE, Phase, SLOTS, cgroup::CpuLimit, evidence, run};
+use incidents::{
+    BASELINE, CLOSED_BASELINE, Clients, EngineSettings, Load, Phase, SLOTS, Scenario,
+    cgroup::CpuLimit, evidence, run, run_scenario,
+};
 
 fn ratio(e: &serde_json::Value) -> f64 {
     e["ratio"]
@@ -54,6 +57,123 @@ fn traffic_spike_concurrency_far_above_the_slots() {
         "{}",
         o.report
     );
+    // Open loop: the spike shows as rate (the queue it builds may show as concurrency too).
+    let form = d["traffic_form"].as_str().unwrap_or_default();
+    assert!(form.starts_with("rate"), "{}", o.report);
+}
+
+/// The headline case: more clients at once, each waiting for its answer before asking again.
+/// Arrivals cannot outrun the service rate, so the arrival rate barely moves; the spike shows as
+/// requests in the system (Little's law) and queue wait.
+#[test]
+fn traffic_spike_more_clients_in_a_closed_loop() {
+    let more = Clients {
+        clients: 8,
+        requests_each: 3,
+        ..CLOSED_BASELINE
+    };
+    let mut s = Scenario::new("closed_loop_spike", Load::Closed(more));
+    s.baseline = Load::Closed(CLOSED_BASELINE);
+    let o = run_scenario(s);
+    let d = &o.diagnosis;
+    assert_eq!(d["cause"], "traffic_spike", "{}", o.report);
+    assert_eq!(d["dominant_phase"], "queue", "{}", o.report);
+    assert_eq!(o.exit_code, Some(3), "{}", o.report);
+    incidents::check_recorded(
+        &o,
+        Load::Closed(CLOSED_BASELINE).requests(),
+        Load::Closed(more).requests(),
+    );
+    let l = evidence(d, "requests_in_system");
+    assert_eq!(l["crossed"], true, "{}", o.report);
+    assert!(ratio(l) >= 2.0, "{}", o.report);
+    // The rate did not carry it: a rate-only rule would have said `none`.
+    assert!(
+        ratio(evidence(d, "arrival_rate_per_s")) < 1.5,
+        "{}",
+        o.report
+    );
+    assert_eq!(d["traffic_form"], "concurrency", "{}", o.report);
+    assert_eq!(
+        d["evidence"][0]["signal"], "requests_in_system",
+        "{}",
+        o.report
+    );
+}
+
+/// The same open-loop traffic on an engine restarted with one slot instead of two: requests
+/// wait although demand did not change. The steps show it (never more than one request in a
+/// step) and the engine's command line says why (n_parallel 2 -> 1).
+#[test]
+fn scheduler_config_fewer_slots() {
+    let busy = Phase {
+        requests: 14,
+        every: Duration::from_millis(300),
+        ..BASELINE
+    };
+    let mut s = Scenario::new("scheduler_config", Load::Open(busy));
+    s.baseline = Load::Open(busy);
+    s.incident_engine = Some(EngineSettings {
+        slots: 1,
+        batch_tokens: None,
+    });
+    let o = run_scenario(s);
+    let d = &o.diagnosis;
+    assert_eq!(d["cause"], "scheduler_config", "{}", o.report);
+    assert_eq!(o.exit_code, Some(3), "{}", o.report);
+    incidents::check_recorded(&o, busy.requests, busy.requests);
+    let e = evidence(d, "batch_requests_max");
+    assert_eq!(e["crossed"], true, "{}", o.report);
+    assert_eq!(e["baseline"], 2.0, "{}", o.report);
+    assert_eq!(e["window"], 1.0, "{}", o.report);
+    assert_eq!(
+        evidence(d, "arrival_rate_per_s")["crossed"],
+        false,
+        "{}",
+        o.report
+    );
+    let changes = d["engine_config_changes"].as_array().expect("a list");
+    assert!(
+        changes
+            .iter()
+            .any(|c| c["setting"] == "n_parallel" && c["baseline"] == "2" && c["window"] == "1"),
+        "{}",
+        o.report
+    );
+}
+
+/// Two causes at once: more clients in a closed loop, and prompts several times longer. The
+/// queue (the clients) carries most of the growth, prefill (the prompts) the rest.
+#[test]
+fn mixed_more_clients_and_longer_prompts() {
+    let more = Clients {
+        clients: 8,
+        requests_each: 3,
+        prompt_words: 60,
+        ..CLOSED_BASELINE
+    };
+    let mut s = Scenario::new("mixed", Load::Closed(more));
+    s.baseline = Load::Closed(CLOSED_BASELINE);
+    let o = run_scenario(s);
+    let d = &o.diagnosis;
+    assert_eq!(d["cause"], "traffic_spike", "{}", o.report);
+    assert_eq!(d["secondary_cause"], "prompt_growth", "{}", o.report);
+    assert_eq!(o.exit_code, Some(3), "{}", o.report);
+    let causes = d["causes"].as_array().expect("ranked causes");
+    let share = |i: usize| causes[i]["share"].as_f64().unwrap();
+    assert!(share(0) >= share(1) && share(1) >= 0.2, "{}", o.report);
+    assert_eq!(
+        evidence(d, "prompt_tokens_p99")["crossed"],
+        true,
+        "{}",
+        o.report
+    );
+    assert_eq!(
+        evidence(d, "requests_in_system")["crossed"],
+        true,
+        "{}",
+        o.report
+    );
 }
 
 #[test]
@@ -89,8 +209,8 @@ fn prompt_growth_prompts_several_times_longer() {
 #[test]
 fn degraded_device_engine_cpu_throttled_by_a_cgroup() {
     // 20% of one CPU in 10 ms periods: every step runs about 5x slower, prompts unchanged.
-    let o = run("degraded_device", BASELINE, |engine| {
-        Some(CpuLimit::apply(engine.pid(), 2_000, 10_000).unwrap_or_else(|e| panic!("{e}")))
+    let o = run("degraded_device", BASELINE, |pid| {
+        Some(CpuLimit::apply(pid, 2_000, 10_000).unwrap_or_else(|e| panic!("{e}")))
     });
     let d = &o.diagnosis;
     assert_eq!(d["cause"], "degraded_device", "{}", o.report);

@@ -24,6 +24,14 @@ pub struct TracedProcess {
     pub ports: Vec<u16>,
 }
 
+impl TracedProcess {
+    /// The scheduler settings on the process's command line, as its engine plugin reads them.
+    pub fn scheduler_config(&self) -> std::collections::BTreeMap<String, String> {
+        let args = procfs::cmdline_args(self.tgid).unwrap_or_default();
+        engines::scheduler_config(self.engine, &args)
+    }
+}
+
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct DiscoveryChange {
     pub added: Vec<TracedProcess>,

@@ -137,6 +137,17 @@ pub fn cmdline(tgid: u32) -> Option<String> {
     Some(text.join(" "))
 }
 
+/// The process's arguments, one string each (an engine's flags, read by its plugin).
+pub fn cmdline_args(tgid: u32) -> Option<Vec<String>> {
+    let raw = fs::read(format!("/proc/{tgid}/cmdline")).ok()?;
+    Some(
+        raw.split(|&b| b == 0)
+            .filter(|part| !part.is_empty())
+            .map(|part| String::from_utf8_lossy(part).into_owned())
+            .collect(),
+    )
+}
+
 /// Distinct file-backed mappings (executable and shared libraries).
 pub fn mapped_files(tgid: u32) -> Vec<String> {
     let Ok(text) = fs::read_to_string(format!("/proc/{tgid}/maps")) else {

@@ -36,7 +36,7 @@ pub struct DiagnoseArgs {
     #[arg(long)]
     pub records: Option<PathBuf>,
     /// The running agent's gRPC address (without --records): unix:///path, http(s)://host:port.
-    #[arg(long, env = "INFERSCOPE_CONNECT", conflicts_with_all = ["steps", "engine_metrics", "devices"])]
+    #[arg(long, env = "INFERSCOPE_CONNECT", conflicts_with_all = ["steps", "engine_metrics", "devices", "engine_config"])]
     pub connect: Option<String>,
     /// CA certificate (PEM) for an https:// agent address.
     #[arg(long)]
@@ -50,6 +50,10 @@ pub struct DiagnoseArgs {
     /// Device samples (JSON Lines: mono_ns, device or uuid, outlier or outliers).
     #[arg(long, value_name = "FILE")]
     pub devices: Option<PathBuf>,
+    /// Engine config samples from `inferscope record --engines` (JSON Lines: mono_ns, pid,
+    /// engine, settings): the scheduler settings each engine process was started with.
+    #[arg(long, value_name = "FILE")]
+    pub engine_config: Option<PathBuf>,
     /// The window that was fine: START..END or a duration.
     #[arg(long, value_name = "START..END", allow_hyphen_values = true)]
     pub baseline: String,
@@ -98,6 +102,12 @@ fn load(args: &DiagnoseArgs, records: &Path) -> anyhow::Result<Inputs> {
             read_jsonl(open(path)?).with_context(|| format!("reading {}", path.display()))?;
         report_skips(path, &stats);
         inputs.engine = v;
+    }
+    if let Some(path) = &args.engine_config {
+        let (v, stats) =
+            read_jsonl(open(path)?).with_context(|| format!("reading {}", path.display()))?;
+        report_skips(path, &stats);
+        inputs.configs = v;
     }
     if let Some(path) = &args.devices {
         let (v, stats) =

@@ -9,7 +9,8 @@ use anyhow::Context as _;
 use clap::Args;
 use inferscope::{
     capture::{DiscoveryChange, metrics::ScrapeConfig, user_probes::ProbeSpec},
-    correlate::{EngineMetricsRecord, RequestRecord, StepRecord},
+    correlate::{EngineMetricsRecord, RequestRecord, StepRecord, monotonic_now_ns},
+    diagnose::EngineConfigSample,
     export::{jsonl::JsonlWriter, live},
     pipeline::{Observer, Pipeline},
 };
@@ -37,6 +38,10 @@ pub struct RecordArgs {
     /// How often --metrics scrapes each engine (1s to 5s suits engines' own update rates).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
     pub metrics_interval: Duration,
+    /// Also write one JSON line per engine process attached: its scheduler settings from its
+    /// command line (slots, batch and token budgets), for `diagnose --engine-config`.
+    #[arg(long, value_name = "FILE")]
+    pub engines: Option<PathBuf>,
     /// Probe spec (TOML) with user-defined scheduler probes for a native engine inferscope has
     /// no profile for (see "User-defined probes" in the README).
     #[arg(long)]
@@ -47,6 +52,7 @@ struct RecordObserver {
     writer: JsonlWriter,
     steps: Option<JsonlWriter>,
     metrics: Option<JsonlWriter>,
+    engines: Option<JsonlWriter>,
     live: bool,
     write_failed: bool,
 }
@@ -89,6 +95,23 @@ impl Observer for RecordObserver {
     fn on_discovery(&mut self, change: &DiscoveryChange) {
         for p in &change.added {
             info!(pid = p.tgid, engine = p.engine, ports = ?p.ports, "attached");
+            let Some(w) = self.engines.as_mut() else {
+                continue;
+            };
+            let sample = EngineConfigSample {
+                mono_ns: monotonic_now_ns(),
+                pid: p.tgid,
+                engine: p.engine.to_owned(),
+                settings: p.scheduler_config(),
+            };
+            if let Err(e) = w.write(&sample) {
+                if !self.write_failed {
+                    error!(
+                        "writing an engine config record failed: {e}; later records are lost too"
+                    );
+                }
+                self.write_failed = true;
+            }
         }
     }
 }
@@ -136,6 +159,13 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    let engines = match &args.engines {
+        Some(path) => Some(
+            JsonlWriter::create(path)
+                .with_context(|| format!("cannot create {}", path.display()))?,
+        ),
+        None => None,
+    };
     let live = std::io::stdout().is_terminal();
     if live {
         println!("{}", live::header());
@@ -144,6 +174,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
         writer,
         steps,
         metrics,
+        engines,
         live,
         write_failed: false,
     };

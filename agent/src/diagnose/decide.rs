@@ -1,6 +1,7 @@
 //! The rules: from two windows' signals to a phase, a cause and a confidence.
 use super::{
-    Cause, Diagnosis, Evidence, Pair, Phase, Test, TimeWindow, WindowSignals, thresholds as t,
+    Cause, CauseShare, ConfigChange, Diagnosis, Evidence, Inputs, LoadForm, Pair, Phase, Test,
+    TimeWindow, Timeline, WindowSignals, human_ns, thresholds as t,
 };
 
 fn ratio(b: Option<f64>, w: Option<f64>) -> Option<f64> {
@@ -23,6 +24,7 @@ fn line(
     let crossed = match (test, threshold) {
         (Test::Ratio, Some(th)) => r.is_some_and(|r| r >= th),
         (Test::AtLeast, Some(th)) => w.is_some_and(|w| w >= th),
+        (Test::RatioAtMost, Some(th)) => r.is_some_and(|r| r <= th),
         _ => false,
     };
     Evidence {
@@ -108,30 +110,45 @@ fn decode_step_line(b: &WindowSignals, w: &WindowSignals) -> Option<Evidence> {
 
 /// Every signal both windows have, each tagged with the cause it points to.
 fn evidence(b: &WindowSignals, w: &WindowSignals) -> Vec<Evidence> {
+    let mut arrivals = line(
+        "arrival_rate_per_s",
+        "req/s",
+        b.arrival_rate_per_s,
+        w.arrival_rate_per_s,
+        Test::Ratio,
+        Some(t::ARRIVAL_RATE_RATIO),
+        Cause::TrafficSpike,
+    );
+    arrivals.detail = Some("open-loop form: more requests per second".to_owned());
+    let mut admission = line(
+        "admission_rate_per_s",
+        "req/s",
+        b.admission_rate_per_s,
+        w.admission_rate_per_s,
+        Test::Context,
+        None,
+        Cause::None,
+    );
+    admission.detail = ratio(w.arrival_rate_per_s, w.admission_rate_per_s)
+        .map(|r| format!("admitted / arrived in the incident window: {r:.2}"));
     let mut ev = vec![
+        arrivals,
+        in_system_line(b, w),
+        admission,
         line(
-            "arrival_rate_per_s",
-            "req/s",
-            b.arrival_rate_per_s,
-            w.arrival_rate_per_s,
-            Test::Ratio,
-            Some(t::ARRIVAL_RATE_RATIO),
-            Cause::TrafficSpike,
-        ),
-        line(
-            "admission_rate_per_s",
-            "req/s",
-            b.admission_rate_per_s,
-            w.admission_rate_per_s,
+            "queue_wait_share",
+            "fraction",
+            b.queue_wait_share,
+            w.queue_wait_share,
             Test::Context,
             None,
             Cause::None,
         ),
         line(
-            "requests_in_system_mean",
-            "req",
-            b.in_system_mean,
-            w.in_system_mean,
+            "engine_time_per_request_ms",
+            "ms",
+            b.engine_time_mean_ms,
+            w.engine_time_mean_ms,
             Test::Context,
             None,
             Cause::None,
@@ -172,9 +189,23 @@ fn evidence(b: &WindowSignals, w: &WindowSignals) -> Vec<Evidence> {
             _ => true,
         };
     pre.detail = Some(format!(
-        "at least {} /s and {}x the baseline",
+        "at least {} /s and {}x the baseline{}",
         t::PREEMPTION_RATE_MIN_PER_S,
-        t::PREEMPTION_RATE_RATIO
+        t::PREEMPTION_RATE_RATIO,
+        if w.preempted_requests > 0 {
+            format!(
+                "; preempted in the incident window: {} request(s): {}{}",
+                w.preempted_requests,
+                w.preempted_ids.join(", "),
+                if w.preempted_requests > w.preempted_ids.len() {
+                    ", ..."
+                } else {
+                    ""
+                }
+            )
+        } else {
+            String::new()
+        }
     ));
     ev.push(pre);
     // Prompts: tokens where both windows have them, else bytes of prompt text.
@@ -256,6 +287,25 @@ fn evidence(b: &WindowSignals, w: &WindowSignals) -> Vec<Evidence> {
     steps.crossed = steps.crossed && !prompts_grew;
     steps.detail = Some("counts only while prompts did not grow".to_owned());
     ev.push(steps);
+    // Fewer slots: the engine ran fewer requests per step while requests waited for one.
+    let mut batch = line(
+        "batch_requests_max",
+        "req",
+        b.batch_requests_max,
+        w.batch_requests_max,
+        Test::RatioAtMost,
+        Some(t::BATCH_MAX_FALL_RATIO),
+        Cause::SchedulerConfig,
+    );
+    let waited = w
+        .in_system_littles
+        .zip(w.batch_requests_max)
+        .is_some_and(|(l, m)| l > m)
+        && queue_grew(b, w);
+    batch.crossed = batch.crossed && waited;
+    batch.detail =
+        Some("the most requests one step carried; counts only while requests waited".to_owned());
+    ev.push(batch);
     ev.push(line(
         "step_ms_p50",
         "ms",
@@ -265,8 +315,81 @@ fn evidence(b: &WindowSignals, w: &WindowSignals) -> Vec<Evidence> {
         None,
         Cause::None,
     ));
+    gate_concurrency(&mut ev);
     ev.retain(|e| e.baseline.is_some() || e.window.is_some());
     ev
+}
+
+fn queue_grew(b: &WindowSignals, w: &WindowSignals) -> bool {
+    match (b.queue_wait_p99_ms, w.queue_wait_p99_ms) {
+        (Some(bq), Some(wq)) => wq > bq,
+        // Without the split, the time in the system stands in for it.
+        _ => ratio(b.time_in_system_mean_s, w.time_in_system_mean_s).is_some_and(|r| r > 1.0),
+    }
+}
+
+/// The closed-loop form of demand: requests in the system by Little's law (arrival rate x mean
+/// time in system), scaled to the baseline's engine time per request so that longer service
+/// (longer prompts) does not pass for more clients.
+fn in_system_line(b: &WindowSignals, w: &WindowSignals) -> Evidence {
+    let mut e = line(
+        "requests_in_system",
+        "req",
+        b.in_system_littles,
+        w.in_system_littles,
+        Test::Ratio,
+        Some(t::IN_SYSTEM_RATIO),
+        Cause::TrafficSpike,
+    );
+    let service = ratio(b.engine_time_mean_ms, w.engine_time_mean_ms)
+        .unwrap_or(1.0)
+        .max(1.0);
+    let raw = e.ratio;
+    e.ratio = raw.map(|r| r / service);
+    e.crossed = e.ratio.is_some_and(|r| r >= t::IN_SYSTEM_RATIO) && queue_grew(b, w);
+    let little = match (w.arrival_rate_per_s, w.time_in_system_mean_s) {
+        (Some(l), Some(s)) => format!("{l:.2}/s x {s:.2} s = {}", fmt_num(w.in_system_littles)),
+        _ => "?".to_owned(),
+    };
+    e.detail = Some(format!(
+        "closed-loop form, Little's law L = arrival rate x time in system: {little} (time-averaged {} -> {}); x{} raw, / x{service:.2} engine time per request",
+        fmt_num(b.in_system_mean),
+        fmt_num(w.in_system_mean),
+        fmt_num(raw),
+    ));
+    e
+}
+
+/// Requests in the system also rise in an open loop when capacity falls (slower steps, fewer
+/// slots, a full KV cache): the concurrency form counts as demand only while no capacity signal
+/// crossed ("demand rose while per-step service time did not").
+fn gate_concurrency(ev: &mut [Evidence]) {
+    let capacity: Vec<&'static str> = ev
+        .iter()
+        .filter(|e| {
+            e.crossed
+                && matches!(
+                    e.points_to,
+                    Cause::DegradedDevice | Cause::KvPressure | Cause::SchedulerConfig
+                )
+        })
+        .map(|e| e.signal)
+        .collect();
+    if capacity.is_empty() {
+        return;
+    }
+    if let Some(e) = ev
+        .iter_mut()
+        .find(|e| e.signal == "requests_in_system" && e.crossed)
+    {
+        e.crossed = false;
+        if let Some(d) = e.detail.as_mut() {
+            d.push_str(&format!(
+                "; not counted: capacity fell ({})",
+                capacity.join(", ")
+            ));
+        }
+    }
 }
 
 /// The order causes are tried in, given the phase that grew: changes in the workload (more
@@ -300,11 +423,241 @@ fn fmt_ms(v: Option<f64>) -> String {
     v.map_or("?".to_owned(), |v| format!("{v:.0} ms"))
 }
 
+/// What the inputs cover as a whole: the recording's span and which sources were given at all.
+#[derive(Debug, Clone, Default)]
+pub struct Coverage {
+    pub recording: Option<Timeline>,
+    pub steps: usize,
+    pub engine_samples: usize,
+    pub configs: usize,
+    /// Records with admission times (a queue-wait / prefill split).
+    pub admitted: usize,
+    /// Records with preemption counts.
+    pub preemption_counts: usize,
+}
+
+impl Coverage {
+    pub fn of(inputs: &Inputs) -> Coverage {
+        Coverage {
+            recording: Timeline::of(&inputs.requests),
+            steps: inputs.steps.len(),
+            engine_samples: inputs.engine.len(),
+            configs: inputs.configs.len(),
+            admitted: inputs
+                .requests
+                .iter()
+                .filter(|r| r.admitted_mono_ns.is_some())
+                .count(),
+            preemption_counts: inputs
+                .requests
+                .iter()
+                .filter(|r| r.preemptions.is_some())
+                .count(),
+        }
+    }
+}
+
+fn span_text(start: u64, end: u64) -> String {
+    format!("{start}..{end} ({})", human_ns(end.saturating_sub(start)))
+}
+
+/// A window that misses the recording, or one that misses it in part.
+fn window_outside(name: &str, w: TimeWindow, rec: &Timeline) -> Option<String> {
+    if w.end_mono_ns <= rec.start_mono_ns || w.start_mono_ns >= rec.end_mono_ns {
+        let side = if w.end_mono_ns <= rec.start_mono_ns {
+            "ends before the recording starts"
+        } else {
+            "starts after the recording ends"
+        };
+        return Some(format!(
+            "the {name} window {} {side} ({}): pick a window inside the recording",
+            span_text(w.start_mono_ns, w.end_mono_ns),
+            span_text(rec.start_mono_ns, rec.end_mono_ns)
+        ));
+    }
+    None
+}
+
+/// What the inputs lack, and which signals that leaves unjudged.
+fn missing(c: &Coverage, b: &WindowSignals, w: &WindowSignals) -> Vec<String> {
+    let mut m = Vec::new();
+    if c.admitted == 0 {
+        m.push("no admission times in the records (no scheduler hooks for this engine): queue wait and prefill cannot be told apart".to_owned());
+    }
+    if c.steps == 0 {
+        m.push("no step records (record with --steps, on an engine with scheduler hooks): per-step service time is unknown, so a slower device cannot be ruled out and prefill steps / batch sizes are not judged".to_owned());
+    } else if b.steps_in_window == 0 || w.steps_in_window == 0 {
+        m.push(format!(
+            "no step records in the {} window: device speed, prefill steps and batch sizes are not judged there",
+            if w.steps_in_window == 0 {
+                "incident"
+            } else {
+                "baseline"
+            }
+        ));
+    }
+    if c.engine_samples == 0 && c.preemption_counts == 0 {
+        m.push("no engine metrics (--engine-metrics, or --metrics when recording) and no preemption counts in the records: kv_pressure cannot be judged".to_owned());
+    } else if c.engine_samples == 0 {
+        m.push("no engine metrics (KV cache usage): kv_pressure is judged from the records' preemption counts only".to_owned());
+    }
+    if c.configs == 0 {
+        m.push(
+            "no engine config (record with --engines): scheduler settings are not shown".to_owned(),
+        );
+    }
+    m
+}
+
+/// The phases a cause lengthens: a heavier or slower engine lengthens both; demand and a full
+/// KV cache make requests wait.
+fn phases(c: Cause) -> (bool, bool) {
+    match c {
+        Cause::TrafficSpike | Cause::KvPressure => (true, false),
+        _ => (true, true),
+    }
+}
+
+/// How far a crossed signal moved, as a factor >= 1.
+fn factor(e: &Evidence) -> f64 {
+    let f = match e.test {
+        Test::Ratio => e.ratio.unwrap_or(1.0),
+        Test::RatioAtMost => e.ratio.filter(|r| *r > 0.0).map_or(1.0, |r| 1.0 / r),
+        Test::AtLeast => 1.0 + e.window.unwrap_or(0.0) / e.threshold.unwrap_or(1.0).max(1e-9),
+        Test::Context => 1.0,
+    };
+    if f.is_finite() { f.max(1.1) } else { 10.0 }
+}
+
+/// Ranks the crossed causes by how much of the growth each explains: the queue-wait growth is
+/// split among the causes that lengthen queue wait, the prefill growth among those that
+/// lengthen prefill, each in proportion to the log of the factor it moved by (factors multiply:
+/// 4x the clients and 1.8x the engine time per request give log 4 : log 1.8 of the queue).
+/// On the queue, a heavier workload (prompts, prefill steps) counts by how much longer each
+/// request held the engine; demand by the requests in the system (or arrivals, whichever rose
+/// more). Growth no crossed cause lengthens is left unexplained.
+fn rank(
+    crossed: &[Cause],
+    ev: &[Evidence],
+    dq: Option<f64>,
+    dp: Option<f64>,
+    ttft_delta: f64,
+) -> (Vec<CauseShare>, Option<f64>) {
+    let signal_factor = |c: Cause| {
+        ev.iter()
+            .filter(|e| e.points_to == c && e.crossed)
+            .map(factor)
+            .fold(1.1_f64, f64::max)
+    };
+    let raw = |signal: &str| {
+        ev.iter()
+            .find(|e| e.signal == signal)
+            .and_then(|e| ratio(e.baseline, e.window))
+            .filter(|r| r.is_finite())
+    };
+    let weight = |c: Cause, queue: bool| -> f64 {
+        let f = match (c, queue) {
+            (Cause::TrafficSpike, _) => {
+                let concurrency = ev
+                    .iter()
+                    .any(|e| e.signal == "requests_in_system" && e.crossed);
+                let l = if concurrency {
+                    raw("requests_in_system").unwrap_or(1.0)
+                } else {
+                    1.0
+                };
+                signal_factor(c).max(l)
+            }
+            (Cause::PromptGrowth, true) => raw("engine_time_per_request_ms")
+                .unwrap_or(1.1)
+                .min(signal_factor(c)),
+            (Cause::SchedulerConfig, true) => {
+                let slots = ev
+                    .iter()
+                    .filter(|e| e.signal == "batch_requests_max" && e.crossed)
+                    .map(factor)
+                    .fold(1.0_f64, f64::max);
+                raw("engine_time_per_request_ms")
+                    .unwrap_or(1.1)
+                    .min(signal_factor(c))
+                    .max(slots)
+            }
+            _ => signal_factor(c),
+        };
+        f.max(1.1).ln()
+    };
+    let (q, p) = match (dq, dp) {
+        (Some(q), Some(p)) if q.max(0.0) + p.max(0.0) > 0.0 => (q.max(0.0), p.max(0.0)),
+        // Split unknown: the whole growth, shared by every crossed cause.
+        _ => (ttft_delta.max(1.0), 0.0),
+    };
+    let total = q + p;
+    let mut out: Vec<CauseShare> = crossed
+        .iter()
+        .map(|&c| CauseShare {
+            cause: c,
+            share: 0.0,
+            explains_ms: 0.0,
+            factor: round2_any(signal_factor(c)),
+            signals: ev
+                .iter()
+                .filter(|e| e.points_to == c && e.crossed)
+                .map(|e| e.signal)
+                .collect(),
+        })
+        .collect();
+    let mut explained = 0.0;
+    for (amount, queue) in [(q, true), (p, false)] {
+        let in_phase = |c: Cause| if queue { phases(c).0 } else { phases(c).1 };
+        if amount <= 0.0 {
+            continue;
+        }
+        let sum: f64 = crossed
+            .iter()
+            .filter(|c| in_phase(**c))
+            .map(|c| weight(*c, queue))
+            .sum();
+        if sum <= 0.0 {
+            continue;
+        }
+        for cs in out.iter_mut().filter(|cs| in_phase(cs.cause)) {
+            let part = amount * weight(cs.cause, queue) / sum;
+            cs.share += part / total;
+            explained += part;
+        }
+    }
+    for cs in &mut out {
+        cs.explains_ms = (cs.share * ttft_delta.max(0.0) * 10.0).round() / 10.0;
+        cs.share = round2_any(cs.share);
+    }
+    // Largest share first; ties keep the phase order (workload before capacity).
+    out.sort_by(|a, b| b.share.total_cmp(&a.share));
+    let unexplained = (total > 0.0).then(|| round2_any((1.0 - explained / total).max(0.0)));
+    (out, unexplained)
+}
+
+fn config_changes(b: &WindowSignals, w: &WindowSignals) -> Vec<ConfigChange> {
+    let keys: std::collections::BTreeSet<&String> = b
+        .engine_settings
+        .keys()
+        .chain(w.engine_settings.keys())
+        .collect();
+    keys.into_iter()
+        .filter(|k| b.engine_settings.get(*k) != w.engine_settings.get(*k))
+        .map(|k| ConfigChange {
+            setting: k.clone(),
+            baseline: b.engine_settings.get(k).cloned(),
+            window: w.engine_settings.get(k).cloned(),
+        })
+        .collect()
+}
+
 pub fn decide(
     b: &WindowSignals,
     w: &WindowSignals,
     baseline_window: TimeWindow,
     incident_window: TimeWindow,
+    coverage: &Coverage,
 ) -> Diagnosis {
     let ttft = Pair {
         baseline: b.ttft_p99_ms,
@@ -337,18 +690,51 @@ pub fn decide(
         cause: Cause::None,
         confidence: 0.0,
         also_crossed: Vec::new(),
+        secondary_cause: Cause::None,
+        causes: Vec::new(),
+        unexplained_share: None,
+        traffic_form: None,
+        preempted_requests: w.preempted_ids.clone(),
+        preempted_count: w.preempted_requests,
+        engine_config_changes: config_changes(b, w),
+        missing: missing(coverage, b, w),
         summary: String::new(),
         evidence: evidence(b, w),
         notes: Vec::new(),
     };
+    let outside: Vec<String> = match &coverage.recording {
+        None => vec!["the records hold no requests".to_owned()],
+        Some(rec) => [
+            window_outside("baseline", baseline_window, rec),
+            window_outside("incident", incident_window, rec),
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
+    };
+    if !outside.is_empty() {
+        d.summary = format!("No decision: {}.", outside.join("; "));
+        for (i, o) in outside.into_iter().enumerate() {
+            d.missing.insert(i, o);
+        }
+        return d;
+    }
     if b.requests < t::MIN_REQUESTS_PER_WINDOW || w.requests < t::MIN_REQUESTS_PER_WINDOW {
+        let short: Vec<&str> = [
+            (b.requests < t::MIN_REQUESTS_PER_WINDOW).then_some("baseline"),
+            (w.requests < t::MIN_REQUESTS_PER_WINDOW).then_some("incident"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         d.summary = format!(
-            "Not enough requests to decide: {} in the baseline and {} in the incident window (at least {} each).",
+            "Not enough requests to decide: {} in the baseline and {} in the incident window (at least {} each, with a TTFT); widen the {} window.",
             b.requests,
             w.requests,
-            t::MIN_REQUESTS_PER_WINDOW
+            t::MIN_REQUESTS_PER_WINDOW,
+            short.join(" and ")
         );
-        d.notes.push(d.summary.clone());
+        d.missing.insert(0, d.summary.clone());
         return d;
     }
     let samples =
@@ -389,25 +775,53 @@ pub fn decide(
         .into_iter()
         .filter(|c| d.evidence.iter().any(|e| e.points_to == *c && e.crossed))
         .collect();
-    let Some(&cause) = crossed.first() else {
+    if crossed.is_empty() {
+        d.unexplained_share = Some(1.0);
         d.summary = format!(
-            "P99 TTFT regressed {} -> {} (x{ttft_ratio:.1}), {}, but no measured signal crossed its threshold; see the evidence.",
+            "P99 TTFT regressed {} -> {} (x{ttft_ratio:.1}), {}, but no measured signal crossed its threshold; see the evidence{}.",
             fmt_ms(ttft.baseline),
             fmt_ms(ttft.window),
-            phase_text(d.dominant_phase)
+            phase_text(d.dominant_phase),
+            if d.missing.is_empty() {
+                String::new()
+            } else {
+                " and what was missing".to_owned()
+            }
         );
         return d;
-    };
+    }
+    let (causes, unexplained) = rank(&crossed, &d.evidence, dq, dp, ttft_delta);
+    let cause = causes[0].cause;
     d.cause = cause;
-    d.also_crossed = crossed[1..].to_vec();
-    // Deciding signals first, then the other crossed ones, then context.
+    d.secondary_cause = causes
+        .get(1)
+        .filter(|c| c.share >= t::SECONDARY_MIN_SHARE)
+        .map_or(Cause::None, |c| c.cause);
+    d.also_crossed = causes[1..].iter().map(|c| c.cause).collect();
+    d.unexplained_share = unexplained;
+    if crossed.contains(&Cause::TrafficSpike) {
+        let hit = |s: &str| d.evidence.iter().any(|e| e.signal == s && e.crossed);
+        d.traffic_form = match (hit("arrival_rate_per_s"), hit("requests_in_system")) {
+            (true, true) => Some(LoadForm::RateAndConcurrency),
+            (true, false) => Some(LoadForm::Rate),
+            (false, true) => Some(LoadForm::Concurrency),
+            (false, false) => None,
+        };
+    }
+    let primary_share = causes[0].share;
+    d.causes = causes;
+    // Deciding signals first, then the secondary cause's, then the other crossed ones, then
+    // context.
+    let secondary = d.secondary_cause;
     d.evidence.sort_by_key(|e| {
         if e.points_to == cause && e.crossed {
             0
-        } else if e.crossed {
+        } else if e.crossed && e.points_to == secondary {
             1
-        } else {
+        } else if e.crossed {
             2
+        } else {
+            3
         }
     });
     let strength = d
@@ -417,9 +831,14 @@ pub fn decide(
         .map(|e| {
             let v = match e.test {
                 Test::Ratio => e.ratio.unwrap_or(0.0),
+                Test::RatioAtMost => e.ratio.filter(|r| *r > 0.0).map_or(0.0, |r| 1.0 / r),
                 _ => e.window.unwrap_or(0.0),
             };
-            e.threshold.map_or(1.0, |th| v / th)
+            let th = match e.test {
+                Test::RatioAtMost => e.threshold.filter(|t| *t > 0.0).map(|t| 1.0 / t),
+                _ => e.threshold,
+            };
+            th.map_or(1.0, |th| v / th)
         })
         .fold(1.0_f64, f64::max);
     let margin = 0.5 + 0.5 * (strength - 1.0).clamp(0.0, 1.0);
@@ -429,10 +848,16 @@ pub fn decide(
         }
         _ => 0.75,
     };
-    let ambiguity = if d.also_crossed.is_empty() { 1.0 } else { 0.75 };
-    d.confidence = round2(samples * margin * clarity * ambiguity);
-    let lead = d.evidence.first();
-    let lead_text = lead.map_or(String::new(), |e| {
+    // Another cause explaining part of the growth: the primary's share of it.
+    let ambiguity = if d.also_crossed.is_empty() {
+        1.0
+    } else {
+        0.5 + 0.5 * primary_share
+    };
+    // Without step records a slower device cannot be ruled out.
+    let blind = if coverage.steps == 0 { 0.7 } else { 1.0 };
+    d.confidence = round2(samples * margin * clarity * ambiguity * blind);
+    let lead_text = d.evidence.first().map_or(String::new(), |e| {
         format!(
             ": {} {} -> {}",
             e.signal,
@@ -440,8 +865,26 @@ pub fn decide(
             fmt_num(e.window)
         )
     });
+    let form = match d.traffic_form {
+        Some(LoadForm::Concurrency) if cause == Cause::TrafficSpike => " (concurrency)",
+        Some(LoadForm::Rate) if cause == Cause::TrafficSpike => " (rate)",
+        Some(LoadForm::RateAndConcurrency) if cause == Cause::TrafficSpike => {
+            " (rate and concurrency)"
+        }
+        _ => "",
+    };
+    let second = if secondary == Cause::None {
+        String::new()
+    } else {
+        let share = d.causes.get(1).map_or(0.0, |c| c.share);
+        format!(
+            "; secondary: {} ({:.0}% of the growth)",
+            secondary.as_str(),
+            share * 100.0
+        )
+    };
     d.summary = format!(
-        "P99 TTFT regressed {} -> {} (x{ttft_ratio:.1}), {}; cause: {}{lead_text}.",
+        "P99 TTFT regressed {} -> {} (x{ttft_ratio:.1}), {}; cause: {}{form}{lead_text}{second}.",
         fmt_ms(ttft.baseline),
         fmt_ms(ttft.window),
         phase_text(d.dominant_phase),
@@ -464,6 +907,15 @@ pub fn fmt_num(v: Option<f64>) -> String {
         Some(v) if v.abs() >= 100.0 => format!("{v:.0}"),
         Some(v) if v.abs() >= 10.0 => format!("{v:.1}"),
         Some(v) => format!("{v:.2}"),
+    }
+}
+
+/// Two decimals (non-finite values as 0).
+fn round2_any(v: f64) -> f64 {
+    if v.is_finite() {
+        (v * 100.0).round() / 100.0
+    } else {
+        0.0
     }
 }
 

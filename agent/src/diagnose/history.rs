@@ -2,7 +2,7 @@
 //! by age), from which [`Inputs`] for any baseline and incident window inside them are cut.
 use std::collections::VecDeque;
 
-use super::{DeviceSample, EngineSample, Inputs, RequestSample, StepSample};
+use super::{DeviceSample, EngineConfigSample, EngineSample, Inputs, RequestSample, StepSample};
 
 #[derive(Debug, Clone, Copy)]
 pub struct HistoryLimits {
@@ -12,6 +12,8 @@ pub struct HistoryLimits {
     pub steps: usize,
     pub engine: usize,
     pub devices: usize,
+    /// Engine processes' scheduler settings (one per process attached).
+    pub configs: usize,
 }
 
 impl Default for HistoryLimits {
@@ -22,6 +24,7 @@ impl Default for HistoryLimits {
             steps: 200_000,
             engine: 20_000,
             devices: 50_000,
+            configs: 256,
         }
     }
 }
@@ -33,6 +36,7 @@ pub struct History {
     steps: VecDeque<StepSample>,
     engine: VecDeque<EngineSample>,
     devices: VecDeque<DeviceSample>,
+    configs: VecDeque<EngineConfigSample>,
     /// Samples dropped because a ring was full (not because they aged out).
     pub dropped: u64,
 }
@@ -79,6 +83,11 @@ impl History {
         push(&mut self.devices, cap, d, &mut self.dropped);
     }
 
+    pub fn push_config(&mut self, c: EngineConfigSample) {
+        let cap = self.limits.configs;
+        push(&mut self.configs, cap, c, &mut self.dropped);
+    }
+
     /// Drops what is older than the age limit before `now_ns`.
     pub fn expire(&mut self, now_ns: u64) {
         let oldest = now_ns.saturating_sub(self.limits.max_age_ns);
@@ -123,6 +132,8 @@ impl History {
                 .filter(|d| d.mono_ns >= from_ns)
                 .cloned()
                 .collect(),
+            // A process's settings hold for as long as it runs, however long ago it attached.
+            configs: self.configs.iter().cloned().collect(),
         }
     }
 }

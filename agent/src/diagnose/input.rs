@@ -12,6 +12,10 @@ use crate::correlate::{RequestRecord, StepRecord};
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct RequestSample {
+    /// The agent's id (names preempted requests in the evidence).
+    pub request_id: String,
+    /// The engine process that served it (joins to its [`EngineConfigSample`]).
+    pub pid: u32,
     pub method: String,
     pub arrival_mono_ns: u64,
     /// Wall clock at arrival (0 when unknown): maps RFC 3339 times onto the monotonic clock.
@@ -30,6 +34,8 @@ pub struct RequestSample {
 impl From<&RequestRecord> for RequestSample {
     fn from(r: &RequestRecord) -> Self {
         RequestSample {
+            request_id: r.request_id.clone(),
+            pid: r.pid,
             method: r.method.clone(),
             arrival_mono_ns: r.arrival_mono_ns,
             arrival_unix_ns: r.arrival_unix_ns,
@@ -134,6 +140,18 @@ impl DeviceSample {
     }
 }
 
+/// The scheduler settings an engine process was started with (`inferscope record --engines`),
+/// read from its command line by the engine's plugin.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, Deserialize)]
+#[serde(default)]
+pub struct EngineConfigSample {
+    /// When the agent attached to the process.
+    pub mono_ns: u64,
+    pub pid: u32,
+    pub engine: String,
+    pub settings: std::collections::BTreeMap<String, String>,
+}
+
 /// Everything the diagnosis reads. Only `requests` is required.
 #[derive(Debug, Clone, Default)]
 pub struct Inputs {
@@ -141,6 +159,7 @@ pub struct Inputs {
     pub steps: Vec<StepSample>,
     pub engine: Vec<EngineSample>,
     pub devices: Vec<DeviceSample>,
+    pub configs: Vec<EngineConfigSample>,
 }
 
 /// Lines longer than this are skipped (a record is well under 4 KiB).

@@ -21,8 +21,8 @@ mod window;
 use serde::Serialize;
 
 pub use input::{
-    DeviceSample, EngineSample, InputError, Inputs, MAX_LINE_BYTES, MAX_LINES, ReadStats,
-    RequestSample, StepSample, read_jsonl, read_steps,
+    DeviceSample, EngineConfigSample, EngineSample, InputError, Inputs, MAX_LINE_BYTES, MAX_LINES,
+    ReadStats, RequestSample, StepSample, read_jsonl, read_steps,
 };
 pub use report::render;
 pub use signals::WindowSignals;
@@ -76,6 +76,8 @@ pub struct Pair<T> {
 pub enum Test {
     /// window / baseline at or above the threshold.
     Ratio,
+    /// window / baseline at or below the threshold (a capacity that fell).
+    RatioAtMost,
     /// the window's value at or above the threshold.
     AtLeast,
     /// measured for context; no threshold.
@@ -101,6 +103,38 @@ pub struct Evidence {
     pub detail: Option<String>,
 }
 
+/// One cause's part in the TTFT growth.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CauseShare {
+    pub cause: Cause,
+    /// Share of the P99 growth (queue wait + prefill) this cause explains, 0..1.
+    pub share: f64,
+    /// The same share of the P99 TTFT growth, in ms.
+    pub explains_ms: f64,
+    /// The factor its strongest crossed signal moved by (a fall counts as its inverse).
+    pub factor: f64,
+    /// Its crossed signals.
+    pub signals: Vec<&'static str>,
+}
+
+/// How a traffic spike showed: more arrivals per second (open loop), more requests in the
+/// system (closed loop: more clients), or both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadForm {
+    Rate,
+    Concurrency,
+    RateAndConcurrency,
+}
+
+/// A scheduler setting that differs between the windows' engine processes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConfigChange {
+    pub setting: String,
+    pub baseline: Option<String>,
+    pub window: Option<String>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Diagnosis {
     pub baseline_window: TimeWindow,
@@ -119,8 +153,23 @@ pub struct Diagnosis {
     /// 0..1: samples, the deciding signal's margin over its threshold, how clearly one phase
     /// dominates, and whether other causes' signals crossed too.
     pub confidence: f64,
-    /// Other causes whose signals also crossed their thresholds.
+    /// Other causes whose signals also crossed their thresholds, by their share.
     pub also_crossed: Vec<Cause>,
+    /// The second cause, where it explains at least SECONDARY_MIN_SHARE of the growth.
+    pub secondary_cause: Cause,
+    /// Every crossed cause by how much of the growth it explains, largest first.
+    pub causes: Vec<CauseShare>,
+    /// Share of the P99 growth (queue wait + prefill) no crossed cause explains.
+    pub unexplained_share: Option<f64>,
+    /// How a traffic spike showed, where one is named.
+    pub traffic_form: Option<LoadForm>,
+    /// Requests the engine preempted in the incident window (ids, at most 20) and how many.
+    pub preempted_requests: Vec<String>,
+    pub preempted_count: usize,
+    /// The engines' scheduler settings (from their command lines) that differ between windows.
+    pub engine_config_changes: Vec<ConfigChange>,
+    /// What the inputs lacked, and what could not be judged for it.
+    pub missing: Vec<String>,
     /// One sentence for people.
     pub summary: String,
     /// The deciding signals first.
@@ -132,5 +181,6 @@ pub struct Diagnosis {
 pub fn diagnose(inputs: &Inputs, baseline: TimeWindow, window: TimeWindow) -> Diagnosis {
     let b = signals::measure(inputs, &baseline);
     let w = signals::measure(inputs, &window);
-    decide::decide(&b, &w, baseline, window)
+    let coverage = decide::Coverage::of(inputs);
+    decide::decide(&b, &w, baseline, window, &coverage)
 }

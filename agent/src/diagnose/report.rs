@@ -1,12 +1,12 @@
 //! The report for people: the decomposition table, the cause in words, the evidence lines.
 use std::fmt::Write as _;
 
-use super::{Cause, Diagnosis, Pair, Phase, Test, decide::fmt_num};
+use super::{Cause, Diagnosis, LoadForm, Pair, Phase, Test, decide::fmt_num};
 
 fn meaning(c: Cause) -> &'static str {
     match c {
         Cause::TrafficSpike => {
-            "more requests arrived per second than before; the extra ones waited for a free slot"
+            "demand rose while per-step service time did not: more requests per second (open loop) or more requests in the system at once (closed loop: more clients, each waiting for its answer); the extra ones waited for a free slot"
         }
         Cause::KvPressure => {
             "the KV cache ran full (high usage or preemptions), so the engine admitted fewer requests than arrived"
@@ -16,7 +16,7 @@ fn meaning(c: Cause) -> &'static str {
             "the same work runs slower on the device (steps of the same size take longer): a throttled, contended or faulty device"
         }
         Cause::SchedulerConfig => {
-            "prefills take more engine steps at unchanged prompt sizes: the scheduler's token/chunk budget splits them more finely"
+            "the scheduler's settings cut capacity: prefills take more engine steps at unchanged prompt sizes (a smaller batch / token budget splits them), or steps carry fewer requests while others wait (fewer slots / sequences)"
         }
         Cause::None => "no measured signal explains it",
     }
@@ -86,9 +86,49 @@ pub fn render(d: &Diagnosis) -> String {
             meaning(d.cause),
             d.confidence
         );
-        if !d.also_crossed.is_empty() {
-            let others: Vec<&str> = d.also_crossed.iter().map(|c| c.as_str()).collect();
-            let _ = writeln!(out, "Also seen: {}", others.join(", "));
+        if d.secondary_cause != Cause::None {
+            let _ = writeln!(
+                out,
+                "Secondary: {} - {}",
+                d.secondary_cause.as_str(),
+                meaning(d.secondary_cause)
+            );
+        }
+        if let Some(form) = d.traffic_form {
+            let text = match form {
+                LoadForm::Rate => "rate (more arrivals per second)",
+                LoadForm::Concurrency => {
+                    "concurrency (more requests in the system at once; arrivals capped by the service rate)"
+                }
+                LoadForm::RateAndConcurrency => "rate and concurrency",
+            };
+            let _ = writeln!(out, "Load form: {text}");
+        }
+        if !d.causes.is_empty() {
+            let parts: Vec<String> = d
+                .causes
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{} {:.0}% (~{:.0} ms, x{:.2})",
+                        c.cause.as_str(),
+                        c.share * 100.0,
+                        c.explains_ms,
+                        c.factor
+                    )
+                })
+                .collect();
+            let rest = d
+                .unexplained_share
+                .filter(|u| *u > 0.0)
+                .map_or(String::new(), |u| {
+                    format!(", unexplained {:.0}%", u * 100.0)
+                });
+            let _ = writeln!(
+                out,
+                "Growth:    {}{rest} (of the queue-wait + prefill growth)",
+                parts.join(", ")
+            );
         }
     } else {
         let _ = writeln!(out, "Cause:     none (confidence {:.2})", d.confidence);
@@ -108,6 +148,7 @@ pub fn render(d: &Diagnosis) -> String {
         let rule = match (e.test, e.threshold) {
             (Test::Ratio, Some(th)) => format!("needs x{th}"),
             (Test::AtLeast, Some(th)) => format!("needs >= {th}"),
+            (Test::RatioAtMost, Some(th)) => format!("needs <= x{th}"),
             _ => String::new(),
         };
         let points = if e.points_to == Cause::None {
@@ -129,8 +170,34 @@ pub fn render(d: &Diagnosis) -> String {
             let _ = writeln!(out, "      {detail}");
         }
     }
+    if d.preempted_count > 0 {
+        let _ = writeln!(
+            out,
+            "Preempted in the incident window: {} request(s): {}",
+            d.preempted_count,
+            d.preempted_requests.join(", ")
+        );
+    }
+    if !d.engine_config_changes.is_empty() {
+        let parts: Vec<String> = d
+            .engine_config_changes
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} {} -> {}",
+                    c.setting,
+                    c.baseline.as_deref().unwrap_or("default"),
+                    c.window.as_deref().unwrap_or("default")
+                )
+            })
+            .collect();
+        let _ = writeln!(out, "Engine config (command line): {}", parts.join(", "));
+    }
     for n in &d.notes {
         let _ = writeln!(out, "Note: {n}");
+    }
+    for m in &d.missing {
+        let _ = writeln!(out, "Missing: {m}");
     }
     // Padded columns leave trailing spaces on rows without a ratio or rule.
     let mut trimmed: String = out

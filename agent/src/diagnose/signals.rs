@@ -15,8 +15,28 @@ pub struct WindowSignals {
     pub prefill_p99_ms: Option<f64>,
     pub arrival_rate_per_s: Option<f64>,
     pub admission_rate_per_s: Option<f64>,
-    /// Time-averaged requests between arrival and end (Little's law's L).
+    /// Time-averaged requests between arrival and end, over the window.
     pub in_system_mean: Option<f64>,
+    /// Mean time in the system (arrival to end) of the requests that arrived in the window.
+    pub time_in_system_mean_s: Option<f64>,
+    /// Little's law's L = arrival rate x mean time in system: the requests in the system, the
+    /// demand of a closed loop (each client has one request in the system at a time).
+    pub in_system_littles: Option<f64>,
+    /// Mean time in the engine (admission to end) per request: the service time.
+    pub engine_time_mean_ms: Option<f64>,
+    /// Mean queue wait over mean TTFT of the window's requests.
+    pub queue_wait_share: Option<f64>,
+    /// The most requests one engine step carried (the slots or sequences the engine ran).
+    pub batch_requests_max: Option<f64>,
+    /// Steps inside the window's span.
+    pub steps_in_window: usize,
+    /// Requests the engine preempted at least once (ids, at most MAX_PREEMPTED_IDS) and how many.
+    pub preempted_ids: Vec<String>,
+    pub preempted_requests: usize,
+    /// Engine samples (KV usage, waiting, preemption counter) inside the window.
+    pub engine_samples: usize,
+    /// The scheduler settings of the processes that served the window's requests.
+    pub engine_settings: BTreeMap<String, String>,
     pub prompt_tokens_p99: Option<f64>,
     pub prompt_bytes_p99: Option<f64>,
     pub prefill_ms_per_token_p50: Option<f64>,
@@ -32,6 +52,13 @@ pub struct WindowSignals {
     /// The largest share of one device's samples flagged as an outlier.
     pub device_outlier_share: Option<f64>,
     pub outlier_device: Option<String>,
+}
+
+/// Preempted request ids kept per window for the evidence.
+pub const MAX_PREEMPTED_IDS: usize = 20;
+
+fn mean(v: &[f64]) -> Option<f64> {
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }
 
 fn sorted(mut v: Vec<f64>) -> Vec<f64> {
@@ -116,11 +143,54 @@ pub fn measure(inputs: &Inputs, w: &TimeWindow) -> WindowSignals {
             .map(|r| u128::from(w.overlap_ns(r.arrival_mono_ns, r.end_mono_ns)))
             .sum();
         s.in_system_mean = Some(busy_ns as f64 / 1e9 / dur_s);
+        let times: Vec<f64> = in_window
+            .iter()
+            .filter(|r| is_load(&r.method))
+            .map(|r| r.end_mono_ns.saturating_sub(r.arrival_mono_ns) as f64 / 1e9)
+            .collect();
+        s.time_in_system_mean_s = mean(&times);
+        s.in_system_littles = s.time_in_system_mean_s.map(|w| arrivals as f64 / dur_s * w);
         // Preemptions: the engine's counter when scraped, else the per-request counts.
         s.preemptions_per_s = counter_rate(inputs, w).or_else(|| {
             let counts: Vec<u64> = served.iter().filter_map(|r| r.preemptions).collect();
             (!counts.is_empty()).then(|| counts.iter().sum::<u64>() as f64 / dur_s)
         });
+    }
+    let engine_ms: Vec<f64> = served
+        .iter()
+        .filter_map(|r| {
+            let a = r.admitted_mono_ns?;
+            (r.end_mono_ns >= a).then(|| (r.end_mono_ns - a) as f64 / 1e6)
+        })
+        .collect();
+    s.engine_time_mean_ms = mean(&engine_ms);
+    let queue: Vec<f64> = served.iter().filter_map(|r| r.queue_wait_ms).collect();
+    let ttft: Vec<f64> = served.iter().filter_map(|r| r.ttft_ms).collect();
+    s.queue_wait_share = match (mean(&queue), mean(&ttft)) {
+        (Some(q), Some(t)) if t > 0.0 => Some((q / t).clamp(0.0, 1.0)),
+        _ => None,
+    };
+    for r in served
+        .iter()
+        .filter(|r| r.preemptions.is_some_and(|n| n > 0))
+    {
+        s.preempted_requests += 1;
+        if s.preempted_ids.len() < MAX_PREEMPTED_IDS {
+            s.preempted_ids.push(r.request_id.clone());
+        }
+    }
+    let pids: std::collections::BTreeSet<u32> = served.iter().map(|r| r.pid).collect();
+    for c in inputs.configs.iter().filter(|c| pids.contains(&c.pid)) {
+        for (k, v) in &c.settings {
+            let e = s.engine_settings.entry(k.clone()).or_default();
+            // Two processes with different values: show both.
+            if e.is_empty() {
+                e.clone_from(v);
+            } else if !e.split('/').any(|x| x == v) {
+                e.push('/');
+                e.push_str(v);
+            }
+        }
     }
     // Steps: the engine's work for this window's requests, which runs on after the window's
     // last arrival until its last request ends.
@@ -138,6 +208,11 @@ pub fn measure(inputs: &Inputs, w: &TimeWindow) -> WindowSignals {
         .filter(|st| work.contains(st.start_mono_ns))
         .collect();
     s.step_ms_p50 = p(steps.iter().map(|st| st.duration_ms).collect(), 0.5);
+    s.steps_in_window = steps.len();
+    s.batch_requests_max = steps
+        .iter()
+        .map(|st| f64::from(st.prefill_requests.saturating_add(st.decode_requests)))
+        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
     for st in steps {
         if st.prefill_requests == 0 && st.decode_requests > 0 {
             s.decode_steps_ms
@@ -162,6 +237,7 @@ pub fn measure(inputs: &Inputs, w: &TimeWindow) -> WindowSignals {
             .collect(),
         0.9,
     );
+    s.engine_samples = engine.len();
     let waiting: Vec<f64> = engine.iter().filter_map(|e| e.requests_waiting).collect();
     if !waiting.is_empty() {
         s.requests_waiting_mean = Some(waiting.iter().sum::<f64>() / waiting.len() as f64);

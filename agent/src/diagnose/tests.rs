@@ -13,6 +13,8 @@ struct Load {
     prefill_steps: u64,
     step_ms: f64,
     preemptions: u64,
+    /// Requests per decode step.
+    batch: u32,
 }
 
 impl Default for Load {
@@ -25,6 +27,7 @@ impl Default for Load {
             prefill_steps: 1,
             step_ms: 20.0,
             preemptions: 0,
+            batch: 2,
         }
     }
 }
@@ -38,6 +41,8 @@ fn add(inputs: &mut Inputs, t0: u64, load: Load) {
         let p = load.prefill_ms + jitter;
         let admitted = arrival + (q * 1e6) as u64;
         inputs.requests.push(RequestSample {
+            request_id: format!("{t0}-{i}"),
+            pid: (t0 / S) as u32,
             method: "POST".into(),
             arrival_mono_ns: arrival,
             arrival_unix_ns: arrival + 1_000 * S,
@@ -49,7 +54,7 @@ fn add(inputs: &mut Inputs, t0: u64, load: Load) {
             prefill_steps: Some(load.prefill_steps),
             prompt_tokens: Some(load.prompt_tokens + i % 7),
             prompt_bytes: Some(load.prompt_tokens * 4),
-            preemptions: Some(load.preemptions),
+            preemptions: Some(if i % 4 == 0 { load.preemptions } else { 0 }),
         });
     }
     for i in 0..200 {
@@ -57,7 +62,7 @@ fn add(inputs: &mut Inputs, t0: u64, load: Load) {
             start_mono_ns: t0 + i * 10 * S / 200,
             duration_ms: load.step_ms + (i % 3) as f64,
             prefill_requests: 0,
-            decode_requests: 2,
+            decode_requests: load.batch,
         });
     }
 }
@@ -402,11 +407,353 @@ fn the_report_shows_the_split_the_cause_and_the_evidence() {
         "    queue wait ",
         "    prefill ",
         "Grew most: queue wait",
-        "Cause:     traffic_spike - more requests arrived per second",
+        "Cause:     traffic_spike - demand rose",
+        "Load form: rate",
         "[x] arrival_rate_per_s",
         "[ ] prompt_tokens_p99",
     ] {
         assert!(text.contains(needle), "{needle:?} missing:\n{text}");
     }
     assert!(lines.iter().all(|l| l.len() == l.trim_end().len()));
+}
+
+fn windows() -> (TimeWindow, TimeWindow) {
+    (
+        TimeWindow {
+            start_mono_ns: 100 * S,
+            end_mono_ns: 110 * S,
+        },
+        TimeWindow {
+            start_mono_ns: 200 * S,
+            end_mono_ns: 210 * S,
+        },
+    )
+}
+
+fn evidence<'a>(d: &'a Diagnosis, signal: &str) -> &'a Evidence {
+    d.evidence
+        .iter()
+        .find(|e| e.signal == signal)
+        .unwrap_or_else(|| panic!("no {signal}:\n{}", render(&d.clone())))
+}
+
+/// The headline case: more clients in a closed loop. Arrivals can never outrun the service
+/// rate, so the rate barely moves (x1.1); the clients show as requests in the system.
+#[test]
+fn more_clients_in_a_closed_loop_is_a_traffic_spike_by_concurrency() {
+    let d = run(Load {
+        n: 44,
+        queue_ms: 1200.0,
+        ..Default::default()
+    });
+    assert_eq!(d.cause, Cause::TrafficSpike, "{}", render(&d));
+    assert_eq!(d.traffic_form, Some(LoadForm::Concurrency));
+    assert!(!crossed(&d, "arrival_rate_per_s"));
+    let e = evidence(&d, "requests_in_system");
+    assert!(e.crossed, "{e:?}");
+    assert!(e.ratio.unwrap() > 3.0, "{e:?}");
+    // L = rate x time in system: 4.4/s x (1.2 + 0.36) s.
+    assert!((e.window.unwrap() - 4.4 * 1.562).abs() < 0.2, "{e:?}");
+    assert!(e.detail.as_deref().unwrap().contains("Little's law"));
+    assert_eq!(d.evidence[0].signal, "requests_in_system");
+    assert_eq!(d.causes.len(), 1);
+    assert!(render(&d).contains("Load form: concurrency"));
+}
+
+#[test]
+fn more_in_the_system_because_steps_slowed_is_the_device_not_demand() {
+    let d = run(Load {
+        n: 44,
+        queue_ms: 1200.0,
+        step_ms: 60.0,
+        ..Default::default()
+    });
+    assert_eq!(d.cause, Cause::DegradedDevice, "{}", render(&d));
+    let e = evidence(&d, "requests_in_system");
+    assert!(!e.crossed);
+    assert!(
+        e.detail
+            .as_deref()
+            .unwrap()
+            .contains("not counted: capacity fell (decode_step_ms_p50)"),
+        "{e:?}"
+    );
+    assert_eq!(d.traffic_form, None);
+}
+
+#[test]
+fn longer_service_alone_is_not_more_clients() {
+    // Open loop, same arrivals, prompts x3: requests stay longer in the engine, and some queue
+    // behind them. Scaled to the baseline's engine time, requests in the system did not grow.
+    let d = run(Load {
+        queue_ms: 60.0,
+        prefill_ms: 400.0,
+        prompt_tokens: 150,
+        ..Default::default()
+    });
+    assert_eq!(d.cause, Cause::PromptGrowth, "{}", render(&d));
+    let e = evidence(&d, "requests_in_system");
+    assert!(!e.crossed, "{e:?}");
+    assert!(e.ratio.unwrap() < 1.5, "{e:?}");
+    assert_eq!(d.secondary_cause, Cause::None);
+}
+
+#[test]
+fn fewer_slots_while_requests_wait_is_scheduler_config() {
+    let mut inputs = Inputs::default();
+    add(&mut inputs, 100 * S, Load::default());
+    add(
+        &mut inputs,
+        200 * S,
+        Load {
+            queue_ms: 900.0,
+            batch: 1,
+            ..Default::default()
+        },
+    );
+    for (pid, slots) in [(100, "2"), (200, "1")] {
+        inputs.configs.push(EngineConfigSample {
+            mono_ns: pid * S,
+            pid: pid as u32,
+            engine: "llamacpp".into(),
+            settings: [("n_parallel".to_owned(), slots.to_owned())].into(),
+        });
+    }
+    let (b, w) = windows();
+    let d = diagnose(&inputs, b, w);
+    assert_eq!(d.cause, Cause::SchedulerConfig, "{}", render(&d));
+    let e = evidence(&d, "batch_requests_max");
+    assert!(e.crossed, "{e:?}");
+    assert_eq!((e.baseline, e.window), (Some(2.0), Some(1.0)));
+    // Requests in the system grew, but capacity fell: not counted as demand.
+    assert!(!crossed(&d, "requests_in_system"));
+    assert_eq!(
+        d.engine_config_changes,
+        vec![ConfigChange {
+            setting: "n_parallel".into(),
+            baseline: Some("2".into()),
+            window: Some("1".into()),
+        }]
+    );
+    assert!(render(&d).contains("Engine config (command line): n_parallel 2 -> 1"));
+}
+
+#[test]
+fn more_clients_with_longer_prompts_ranks_both_causes() {
+    let d = run(Load {
+        n: 44,
+        queue_ms: 1500.0,
+        prefill_ms: 500.0,
+        prompt_tokens: 150,
+        ..Default::default()
+    });
+    assert_eq!(d.cause, Cause::TrafficSpike, "{}", render(&d));
+    assert_eq!(d.secondary_cause, Cause::PromptGrowth, "{}", render(&d));
+    assert_eq!(d.causes.len(), 2);
+    let (first, second) = (&d.causes[0], &d.causes[1]);
+    assert!(first.share > second.share && second.share >= 0.2, "{d:?}");
+    assert!((first.share + second.share - 1.0).abs() < 0.02, "{d:?}");
+    let growth = d.ttft_p99_ms.window.unwrap() - d.ttft_p99_ms.baseline.unwrap();
+    assert!((first.explains_ms + second.explains_ms - growth).abs() < growth * 0.02);
+    assert_eq!(first.signals, ["requests_in_system"]);
+    assert_eq!(second.signals, ["prompt_tokens_p99"]);
+    // The secondary cause's evidence comes right after the primary's.
+    assert_eq!(d.evidence[1].signal, "prompt_tokens_p99");
+    let text = render(&d);
+    assert!(text.contains("Secondary: prompt_growth"), "{text}");
+    assert!(text.contains("Growth:    traffic_spike"), "{text}");
+    assert!(
+        d.summary.contains("secondary: prompt_growth"),
+        "{}",
+        d.summary
+    );
+}
+
+#[test]
+fn prompt_growth_with_a_bit_more_traffic_keeps_prompts_first() {
+    // Prefill carries the growth; a small rise in arrivals also crossed.
+    let d = run(Load {
+        n: 64,
+        queue_ms: 40.0,
+        prefill_ms: 500.0,
+        prompt_tokens: 300,
+        ..Default::default()
+    });
+    assert_eq!(d.cause, Cause::PromptGrowth, "{}", render(&d));
+    assert!(
+        d.also_crossed.contains(&Cause::TrafficSpike),
+        "{}",
+        render(&d)
+    );
+}
+
+#[test]
+fn kv_pressure_names_rate_usage_and_the_preempted_requests() {
+    let mut inputs = Inputs::default();
+    add(&mut inputs, 100 * S, Load::default());
+    add(
+        &mut inputs,
+        200 * S,
+        Load {
+            queue_ms: 800.0,
+            preemptions: 2,
+            ..Default::default()
+        },
+    );
+    for i in 0..20u64 {
+        for (t0, usage, preempted) in [(100 * S, 0.55, 0.0), (200 * S, 0.98, 2.0 * i as f64)] {
+            inputs.engine.push(EngineSample {
+                mono_ns: t0 + i * S / 2,
+                kv_cache_usage: Some(usage),
+                requests_waiting: Some(if usage > 0.9 { 5.0 } else { 0.0 }),
+                requests_running: Some(2.0),
+                preemptions_total: Some(preempted),
+            });
+        }
+    }
+    let (b, w) = windows();
+    let d = diagnose(&inputs, b, w);
+    assert_eq!(d.cause, Cause::KvPressure, "{}", render(&d));
+    assert!(crossed(&d, "kv_cache_usage_p90"));
+    let pre = evidence(&d, "preemptions_per_s");
+    assert!(pre.crossed);
+    // The engine's counter: 2 preemptions per 0.5 s sample.
+    assert!((pre.window.unwrap() - 4.0).abs() < 0.01, "{pre:?}");
+    // Every 4th request of 40 was preempted: ids 200000000000-0, -4, ...
+    assert_eq!(d.preempted_count, 10);
+    assert_eq!(d.preempted_requests[0], format!("{}-0", 200 * S));
+    assert!(pre.detail.as_deref().unwrap().contains("10 request(s)"));
+    assert!(render(&d).contains("Preempted in the incident window: 10 request(s)"));
+    // The queue grew from memory, not demand.
+    assert!(!crossed(&d, "requests_in_system"));
+    assert!(!d.missing.iter().any(|m| m.contains("kv_pressure")));
+}
+
+#[test]
+fn a_window_outside_the_recording_decides_nothing_and_says_why() {
+    let mut inputs = Inputs::default();
+    add(&mut inputs, 100 * S, Load::default());
+    add(&mut inputs, 200 * S, Load::default());
+    let d = diagnose(
+        &inputs,
+        windows().0,
+        TimeWindow {
+            start_mono_ns: 900 * S,
+            end_mono_ns: 910 * S,
+        },
+    );
+    assert_eq!(d.cause, Cause::None);
+    assert!(!d.regression);
+    assert_eq!(d.confidence, 0.0);
+    assert!(
+        d.summary.contains("the incident window")
+            && d.summary.contains("starts after the recording ends"),
+        "{}",
+        d.summary
+    );
+    let d = diagnose(&Inputs::default(), windows().0, windows().1);
+    assert!(d.summary.contains("no requests"), "{}", d.summary);
+}
+
+#[test]
+fn too_few_requests_says_which_window() {
+    let d = run(Load {
+        n: 3,
+        queue_ms: 900.0,
+        ..Default::default()
+    });
+    assert!(
+        d.summary.contains("widen the incident window"),
+        "{}",
+        d.summary
+    );
+}
+
+#[test]
+fn without_steps_or_engine_metrics_it_says_what_is_missing() {
+    let mut inputs = Inputs::default();
+    add(&mut inputs, 100 * S, Load::default());
+    add(
+        &mut inputs,
+        200 * S,
+        Load {
+            n: 44,
+            queue_ms: 1200.0,
+            ..Default::default()
+        },
+    );
+    let with_steps = {
+        let (b, w) = windows();
+        diagnose(&inputs, b, w)
+    };
+    inputs.steps.clear();
+    for r in &mut inputs.requests {
+        r.preemptions = None;
+    }
+    let (b, w) = windows();
+    let d = diagnose(&inputs, b, w);
+    assert!(
+        d.missing.iter().any(|m| m.contains("no step records")),
+        "{:?}",
+        d.missing
+    );
+    assert!(
+        d.missing
+            .iter()
+            .any(|m| m.contains("kv_pressure cannot be judged")),
+        "{:?}",
+        d.missing
+    );
+    // The demand signal still shows, with less confidence: a slower device is not ruled out.
+    assert_eq!(d.cause, Cause::TrafficSpike);
+    assert!(
+        d.confidence < with_steps.confidence,
+        "{} vs {}",
+        d.confidence,
+        with_steps.confidence
+    );
+    assert!(render(&d).contains("Missing: no step records"));
+}
+
+#[test]
+fn a_regression_no_signal_explains_stays_none() {
+    // Prefill doubled: same prompts, same steps, same arrivals (e.g. a cache that stopped
+    // hitting): nothing measured explains it.
+    let d = run(Load {
+        prefill_ms: 200.0,
+        ..Default::default()
+    });
+    assert!(d.regression, "{}", render(&d));
+    assert_eq!(d.cause, Cause::None, "{}", render(&d));
+    assert_eq!(d.unexplained_share, Some(1.0));
+    assert!(d.causes.is_empty());
+}
+
+#[test]
+fn engine_flags_reach_the_diagnosis_through_the_plugin() {
+    let args = [
+        "/usr/bin/llama-server",
+        "-m",
+        "m.gguf",
+        "-np",
+        "1",
+        "-b",
+        "16",
+    ];
+    let settings = crate::engines::scheduler_config("llamacpp", &args);
+    assert_eq!(settings.get("n_parallel").map(String::as_str), Some("1"));
+    assert_eq!(settings.get("n_batch").map(String::as_str), Some("16"));
+    let vllm = crate::engines::scheduler_config(
+        "vllm",
+        &[
+            "vllm",
+            "serve",
+            "m",
+            "--max-num-batched-tokens=256",
+            "--max-num-seqs",
+            "8",
+        ],
+    );
+    assert_eq!(vllm.len(), 2, "{vllm:?}");
+    assert!(crate::engines::scheduler_config("custom", &args).is_empty());
 }

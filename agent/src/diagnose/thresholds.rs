@@ -13,8 +13,18 @@ pub const TTFT_REGRESSED_MIN_REQUESTS: usize = 3;
 /// Fewer requests with a TTFT than this in either window: no decision.
 pub const MIN_REQUESTS_PER_WINDOW: usize = 5;
 
-/// Arrivals per second grew by this ratio: a traffic spike.
+/// Arrivals per second grew by this ratio: a traffic spike (the open-loop form).
 pub const ARRIVAL_RATE_RATIO: f64 = 1.5;
+/// Requests in the system (Little's law: arrival rate x time in system), scaled to the
+/// baseline's engine time per request, grew by this ratio while queue wait grew and no capacity
+/// signal crossed: a traffic spike (the closed-loop form: more clients, each waiting for its
+/// answer, raise concurrency while the arrival rate stays capped by the service rate).
+pub const IN_SYSTEM_RATIO: f64 = 1.5;
+/// The most requests one step carried fell to this share of the baseline's, while requests
+/// waited: fewer slots / sequences (scheduler config).
+pub const BATCH_MAX_FALL_RATIO: f64 = 0.67;
+/// A cause explaining at least this share of the TTFT growth is reported as the secondary cause.
+pub const SECONDARY_MIN_SHARE: f64 = 0.2;
 /// KV cache usage (0..1, the window's P90 of engine samples) at or above this: memory pressure...
 pub const KV_USAGE_HIGH: f64 = 0.90;
 /// ...or preemptions per second at or above this, and at least this ratio over the baseline.

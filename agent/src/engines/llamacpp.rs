@@ -2,7 +2,7 @@
 //! process (libllama, or the xllamacpp Python extension).
 use super::{
     Engine, HookLayout, MetricSource, MetricsEndpoint, ProcessInfo, SchedulerHook, Signal,
-    StructMember,
+    StructMember, config::ConfigFlag,
 };
 
 static HOOKS: &[SchedulerHook] = &[
@@ -109,7 +109,51 @@ impl Engine for LlamaCpp {
     fn metrics(&self) -> Option<&'static MetricsEndpoint> {
         Some(&METRICS)
     }
+
+    fn scheduler_flags(&self) -> &'static [ConfigFlag] {
+        FLAGS
+    }
 }
+
+/// llama-server's scheduler flags (tools/server: common/arg.cpp). A prompt longer than n_batch
+/// is prefilled over several steps; n_parallel is the number of slots.
+static FLAGS: &[ConfigFlag] = &[
+    ConfigFlag {
+        setting: "n_parallel",
+        flags: &["-np", "--parallel"],
+        takes_value: true,
+    },
+    ConfigFlag {
+        setting: "n_batch",
+        flags: &["-b", "--batch-size"],
+        takes_value: true,
+    },
+    ConfigFlag {
+        setting: "n_ubatch",
+        flags: &["-ub", "--ubatch-size"],
+        takes_value: true,
+    },
+    ConfigFlag {
+        setting: "n_ctx",
+        flags: &["-c", "--ctx-size"],
+        takes_value: true,
+    },
+    ConfigFlag {
+        setting: "cont_batching",
+        flags: &["-cb", "--cont-batching"],
+        takes_value: false,
+    },
+    ConfigFlag {
+        setting: "no_cont_batching",
+        flags: &["-nocb", "--no-cont-batching"],
+        takes_value: false,
+    },
+    ConfigFlag {
+        setting: "n_threads",
+        flags: &["-t", "--threads"],
+        takes_value: true,
+    },
+];
 
 /// The ids the hook programs read: both are their struct's first member in the source
 /// (tools/server), which DWARF confirms where the build has it.

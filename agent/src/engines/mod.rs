@@ -1,6 +1,7 @@
 //! Engine plugins. Each engine module says how to recognise its processes; later stages (scheduler
 //! probes, IPC decoders, metric names) hang off the same trait. Nothing engine-specific lives
 //! outside these modules.
+pub mod config;
 mod ipc_router;
 mod llamacpp;
 mod metrics;
@@ -137,6 +138,22 @@ pub trait Engine: Sync {
     fn ipc(&self) -> Option<Box<dyn EngineIpc>> {
         None
     }
+    /// The command-line flags that set the engine's scheduler (slots, batch and token
+    /// budgets), for `diagnose` to show a setting next to its effect.
+    fn scheduler_flags(&self) -> &'static [config::ConfigFlag] {
+        &[]
+    }
+}
+
+/// The scheduler settings of `engine`'s process from its arguments (empty for engines without
+/// a flag table, or none of those flags given: the engine's defaults).
+pub fn scheduler_config<S: AsRef<str>>(
+    engine: &str,
+    args: &[S],
+) -> std::collections::BTreeMap<String, String> {
+    by_name(engine)
+        .map(|e| config::parse(e.scheduler_flags(), args))
+        .unwrap_or_default()
 }
 
 /// The plugin behind an engine name from discovery.

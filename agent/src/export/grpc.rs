@@ -41,6 +41,9 @@ pub fn diagnosis_message(d: &diagnose::Diagnosis) -> pb::Diagnosis {
     pb::Diagnosis {
         json: serde_json::to_string(d).unwrap_or_default(),
         report: diagnose::render(d),
+        cause: d.cause.as_str().to_owned(),
+        secondary_cause: d.secondary_cause.as_str().to_owned(),
+        confidence: d.confidence,
     }
 }
 

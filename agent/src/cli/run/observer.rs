@@ -11,7 +11,8 @@ use inferscope::{
         timeline::{KernelRecord, RequestTimeline, TimelineBuilder},
     },
     diagnose::{
-        DeviceSample, EngineSample, RequestSample, StepSample, history::History, watch::Watch,
+        DeviceSample, EngineConfigSample, EngineSample, RequestSample, StepSample,
+        history::History, watch::Watch,
     },
     export::grpc::diagnosis_message,
     export::{
@@ -250,6 +251,13 @@ impl Observer for DaemonObserver {
     fn on_discovery(&mut self, change: &DiscoveryChange) {
         for p in &change.added {
             info!(pid = p.tgid, engine = p.engine, ports = ?p.ports, "attached");
+            let sample = EngineConfigSample {
+                mono_ns: monotonic_now_ns(),
+                pid: p.tgid,
+                engine: p.engine.to_owned(),
+                settings: p.scheduler_config(),
+            };
+            self.remember(|h| h.push_config(sample));
         }
         for p in &change.removed {
             self.metrics.forget_process(p.engine, p.tgid);

@@ -32,6 +32,55 @@ impl Engine for Vllm {
     fn metrics(&self) -> Option<&'static MetricsEndpoint> {
         Some(&METRICS)
     }
+
+    fn scheduler_flags(&self) -> &'static [super::config::ConfigFlag] {
+        FLAGS
+    }
+}
+
+/// `vllm serve`'s scheduler and KV-cache flags (vllm/engine/arg_utils.py).
+static FLAGS: &[super::config::ConfigFlag] = &[
+    flag("max_num_seqs", &["--max-num-seqs"], true),
+    flag(
+        "max_num_batched_tokens",
+        &["--max-num-batched-tokens"],
+        true,
+    ),
+    flag(
+        "enable_chunked_prefill",
+        &["--enable-chunked-prefill"],
+        false,
+    ),
+    flag(
+        "no_enable_chunked_prefill",
+        &["--no-enable-chunked-prefill"],
+        false,
+    ),
+    flag(
+        "gpu_memory_utilization",
+        &["--gpu-memory-utilization"],
+        true,
+    ),
+    flag(
+        "num_gpu_blocks_override",
+        &["--num-gpu-blocks-override"],
+        true,
+    ),
+    flag("block_size", &["--block-size"], true),
+    flag("max_model_len", &["--max-model-len"], true),
+    flag("scheduling_policy", &["--scheduling-policy"], true),
+];
+
+const fn flag(
+    setting: &'static str,
+    flags: &'static [&'static str],
+    takes_value: bool,
+) -> super::config::ConfigFlag {
+    super::config::ConfigFlag {
+        setting,
+        flags,
+        takes_value,
+    }
 }
 
 /// vLLM's `/metrics` (on by default; vllm/v1/metrics/loggers.py). Series carry `model_name`
