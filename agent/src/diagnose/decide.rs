@@ -329,8 +329,10 @@ fn queue_grew(b: &WindowSignals, w: &WindowSignals) -> bool {
 }
 
 /// The closed-loop form of demand: requests in the system by Little's law (arrival rate x mean
-/// time in system), scaled to the baseline's engine time per request so that longer service
-/// (longer prompts) does not pass for more clients.
+/// time in system), scaled to the baseline's work per request (the growth of engine time per
+/// request, or of prompt tokens where prompts grew and that is smaller), so that heavier
+/// requests do not pass for more clients; and counted only while the system stayed full rather
+/// than still filling up (see IN_SYSTEM_TREND_MAX).
 fn in_system_line(b: &WindowSignals, w: &WindowSignals) -> Evidence {
     let mut e = line(
         "requests_in_system",
@@ -341,21 +343,37 @@ fn in_system_line(b: &WindowSignals, w: &WindowSignals) -> Evidence {
         Some(t::IN_SYSTEM_RATIO),
         Cause::TrafficSpike,
     );
-    let service = ratio(b.engine_time_mean_ms, w.engine_time_mean_ms)
-        .unwrap_or(1.0)
-        .max(1.0);
+    let engine = ratio(b.engine_time_mean_ms, w.engine_time_mean_ms).unwrap_or(1.0);
+    let prompts = ratio(b.prompt_tokens_p99, w.prompt_tokens_p99)
+        .or_else(|| ratio(b.prompt_bytes_p99, w.prompt_bytes_p99))
+        .unwrap_or(1.0);
+    let work = if prompts >= t::PROMPT_GROWTH_RATIO {
+        engine.min(prompts)
+    } else {
+        engine
+    }
+    .max(1.0);
     let raw = e.ratio;
-    e.ratio = raw.map(|r| r / service);
-    e.crossed = e.ratio.is_some_and(|r| r >= t::IN_SYSTEM_RATIO) && queue_grew(b, w);
+    e.ratio = raw.map(|r| r / work);
+    let filling = w
+        .in_system_trend
+        .is_some_and(|x| x > t::IN_SYSTEM_TREND_MAX);
+    e.crossed = e.ratio.is_some_and(|r| r >= t::IN_SYSTEM_RATIO) && queue_grew(b, w) && !filling;
     let little = match (w.arrival_rate_per_s, w.time_in_system_mean_s) {
         (Some(l), Some(s)) => format!("{l:.2}/s x {s:.2} s = {}", fmt_num(w.in_system_littles)),
         _ => "?".to_owned(),
     };
     e.detail = Some(format!(
-        "closed-loop form, Little's law L = arrival rate x time in system: {little} (time-averaged {} -> {}); x{} raw, / x{service:.2} engine time per request",
+        "closed-loop form, Little's law L = arrival rate x time in system: {little} (time-averaged {} -> {}); x{} raw, / x{work:.2} work per request; late/early in the window x{}{}",
         fmt_num(b.in_system_mean),
         fmt_num(w.in_system_mean),
         fmt_num(raw),
+        fmt_num(w.in_system_trend),
+        if filling {
+            "; not counted: still filling up (arrivals outrunning service)"
+        } else {
+            ""
+        }
     ));
     e
 }
@@ -557,17 +575,6 @@ fn rank(
     };
     let weight = |c: Cause, queue: bool| -> f64 {
         let f = match (c, queue) {
-            (Cause::TrafficSpike, _) => {
-                let concurrency = ev
-                    .iter()
-                    .any(|e| e.signal == "requests_in_system" && e.crossed);
-                let l = if concurrency {
-                    raw("requests_in_system").unwrap_or(1.0)
-                } else {
-                    1.0
-                };
-                signal_factor(c).max(l)
-            }
             (Cause::PromptGrowth, true) => raw("engine_time_per_request_ms")
                 .unwrap_or(1.1)
                 .min(signal_factor(c)),

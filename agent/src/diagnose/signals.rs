@@ -22,6 +22,11 @@ pub struct WindowSignals {
     /// Little's law's L = arrival rate x mean time in system: the requests in the system, the
     /// demand of a closed loop (each client has one request in the system at a time).
     pub in_system_littles: Option<f64>,
+    /// Requests in the system late in the window over early in it (counts at instants in its
+    /// last quarter over its second quarter): well above 1 while the system is still
+    /// filling (arrivals outrunning service, an open-loop overload); about 1 when it stays full
+    /// (a closed loop: each client has one request in the system).
+    pub in_system_trend: Option<f64>,
     /// Mean time in the engine (admission to end) per request: the service time.
     pub engine_time_mean_ms: Option<f64>,
     /// Mean queue wait over mean TTFT of the window's requests.
@@ -149,6 +154,7 @@ pub fn measure(inputs: &Inputs, w: &TimeWindow) -> WindowSignals {
             .map(|r| r.end_mono_ns.saturating_sub(r.arrival_mono_ns) as f64 / 1e9)
             .collect();
         s.time_in_system_mean_s = mean(&times);
+        s.in_system_trend = trend(inputs, w, &is_load);
         s.in_system_littles = s.time_in_system_mean_s.map(|w| arrivals as f64 / dur_s * w);
         // Preemptions: the engine's counter when scraped, else the per-request counts.
         s.preemptions_per_s = counter_rate(inputs, w).or_else(|| {
@@ -257,6 +263,24 @@ pub fn measure(inputs: &Inputs, w: &TimeWindow) -> WindowSignals {
         s.outlier_device = Some(dev.to_owned());
     }
     s
+}
+
+/// Requests in the system at four instants in the window's last quarter over four in its second
+/// quarter (its first quarter is left out: a window that starts on an empty system fills up
+/// first, closed loop or not).
+fn trend(inputs: &Inputs, w: &TimeWindow, is_load: &dyn Fn(&str) -> bool) -> Option<f64> {
+    let span = w.end_mono_ns.saturating_sub(w.start_mono_ns);
+    let at = |k: u64| {
+        let t = w.start_mono_ns + span / 32 * (2 * k + 1);
+        inputs
+            .requests
+            .iter()
+            .filter(|r| is_load(&r.method) && r.arrival_mono_ns <= t && r.end_mono_ns > t)
+            .count() as f64
+    };
+    let early: f64 = (4..8).map(at).sum();
+    let late: f64 = (12..16).map(at).sum();
+    (early > 0.0).then(|| late / early)
 }
 
 /// Preemptions per second from the engine's cumulative counter (resets count from zero).

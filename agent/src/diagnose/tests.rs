@@ -542,7 +542,7 @@ fn fewer_slots_while_requests_wait_is_scheduler_config() {
 fn more_clients_with_longer_prompts_ranks_both_causes() {
     let d = run(Load {
         n: 44,
-        queue_ms: 1500.0,
+        queue_ms: 3000.0,
         prefill_ms: 500.0,
         prompt_tokens: 150,
         ..Default::default()
@@ -571,7 +571,7 @@ fn more_clients_with_longer_prompts_ranks_both_causes() {
 
 #[test]
 fn prompt_growth_with_a_bit_more_traffic_keeps_prompts_first() {
-    // Prefill carries the growth; a small rise in arrivals also crossed.
+    // Prefill carries the growth; a rise in arrivals also crossed.
     let d = run(Load {
         n: 64,
         queue_ms: 40.0,
@@ -756,4 +756,45 @@ fn engine_flags_reach_the_diagnosis_through_the_plugin() {
     );
     assert_eq!(vllm.len(), 2, "{vllm:?}");
     assert!(crate::engines::scheduler_config("custom", &args).is_empty());
+}
+
+/// Open loop, same arrivals, prompts x2.5 and the engine overloaded: each request waits longer
+/// than the one before (the backlog grows through the window). Requests in the system soar, but
+/// that is arrivals outrunning the heavier work, not more clients.
+#[test]
+fn an_open_loop_overload_from_longer_prompts_is_not_more_clients() {
+    let mut inputs = Inputs::default();
+    add(&mut inputs, 100 * S, Load::default());
+    add(
+        &mut inputs,
+        200 * S,
+        Load {
+            prefill_ms: 120.0,
+            prompt_tokens: 125,
+            ..Default::default()
+        },
+    );
+    // The backlog: the i-th request of the incident waits i x 150 ms.
+    for (i, r) in inputs
+        .requests
+        .iter_mut()
+        .filter(|r| r.arrival_mono_ns >= 200 * S)
+        .enumerate()
+    {
+        let q = 150.0 * i as f64;
+        let admitted = r.arrival_mono_ns + (q * 1e6) as u64;
+        r.end_mono_ns = admitted + (r.end_mono_ns - r.admitted_mono_ns.unwrap());
+        r.admitted_mono_ns = Some(admitted);
+        r.queue_wait_ms = Some(q);
+        r.ttft_ms = Some(q + r.prefill_ms.unwrap());
+    }
+    let (b, w) = windows();
+    let d = diagnose(&inputs, b, w);
+    assert_eq!(d.cause, Cause::PromptGrowth, "{}", render(&d));
+    let e = evidence(&d, "requests_in_system");
+    assert!(!e.crossed, "{e:?}");
+    assert!(
+        e.detail.as_deref().unwrap().contains("still filling up"),
+        "{e:?}"
+    );
 }

@@ -20,6 +20,11 @@ pub const ARRIVAL_RATE_RATIO: f64 = 1.5;
 /// signal crossed: a traffic spike (the closed-loop form: more clients, each waiting for its
 /// answer, raise concurrency while the arrival rate stays capped by the service rate).
 pub const IN_SYSTEM_RATIO: f64 = 1.5;
+/// ...and only while the system was not still filling up through the window (requests in the
+/// system in its second half at most this ratio of its first half): a system that keeps filling
+/// is arrivals outrunning service (an open-loop overload, whose cause is the rate or the heavier
+/// work), not more clients.
+pub const IN_SYSTEM_TREND_MAX: f64 = 1.5;
 /// The most requests one step carried fell to this share of the baseline's, while requests
 /// waited: fewer slots / sequences (scheduler config).
 pub const BATCH_MAX_FALL_RATIO: f64 = 0.67;
