@@ -553,7 +553,9 @@ fn factor(e: &Evidence) -> f64 {
 /// 4x the clients and 1.8x the engine time per request give log 4 : log 1.8 of the queue).
 /// On the queue, a heavier workload (prompts, prefill steps) counts by how much longer each
 /// request held the engine; demand by the requests in the system (or arrivals, whichever rose
-/// more). Growth no crossed cause lengthens is left unexplained.
+/// more). Where a workload cause (traffic, prompts) lengthens a phase, the capacity causes
+/// (KV, device, scheduler) share none of that phase: a heavier workload also slows steps and
+/// fills memory. Growth no crossed cause lengthens is left unexplained.
 fn rank(
     crossed: &[Cause],
     ev: &[Evidence],
@@ -614,8 +616,13 @@ fn rank(
         })
         .collect();
     let mut explained = 0.0;
+    let workload = |c: Cause| matches!(c, Cause::TrafficSpike | Cause::PromptGrowth);
     for (amount, queue) in [(q, true), (p, false)] {
-        let in_phase = |c: Cause| if queue { phases(c).0 } else { phases(c).1 };
+        let lengthens = |c: Cause| if queue { phases(c).0 } else { phases(c).1 };
+        // A heavier workload also slows steps and fills memory: where a workload cause
+        // lengthens this phase, capacity causes get no part of it.
+        let by_workload = crossed.iter().any(|c| workload(*c) && lengthens(*c));
+        let in_phase = |c: Cause| lengthens(c) && (workload(c) || !by_workload);
         if amount <= 0.0 {
             continue;
         }

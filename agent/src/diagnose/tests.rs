@@ -798,3 +798,19 @@ fn an_open_loop_overload_from_longer_prompts_is_not_more_clients() {
         "{e:?}"
     );
 }
+
+/// More arrivals and slower steps at once: the heavier workload takes the queue growth (it also
+/// slows steps); the device is still listed.
+#[test]
+fn a_workload_cause_takes_the_queue_before_a_capacity_cause() {
+    let d = run(Load {
+        n: 120,
+        queue_ms: 900.0,
+        step_ms: 40.0,
+        ..Default::default()
+    });
+    assert!(crossed(&d, "decode_step_ms_p50"), "{}", render(&d));
+    assert_eq!(d.cause, Cause::TrafficSpike, "{}", render(&d));
+    assert!(d.also_crossed.contains(&Cause::DegradedDevice));
+    assert_eq!(d.secondary_cause, Cause::None, "{}", render(&d));
+}
