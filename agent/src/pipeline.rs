@@ -15,6 +15,7 @@ use crate::{
         FdClassifier, SocketProbes, TargetSelector,
         late_attach::{LateAttach, Missing},
         metrics::{MetricsScraper, ScrapeConfig},
+        privileges::Privileges,
         records,
         records::SyscallEvent,
         sched_hooks,
@@ -97,6 +98,12 @@ const LATE_ATTACH_INTERVAL: Duration = Duration::from_secs(2);
 
 impl Pipeline {
     pub fn new(config: PipelineConfig) -> Result<Self, CaptureError> {
+        let privileges = Privileges::read();
+        if privileges.missing().is_empty() && privileges.btf && privileges.tracefs {
+            info!("{}", privileges.summary());
+        } else {
+            warn!("{}", privileges.summary());
+        }
         let probes = SocketProbes::load(config.capture)?;
         Ok(Self {
             scraper: None,
