@@ -181,6 +181,32 @@ mod tests {
     }
 
     #[test]
+    fn podman_with_runc_and_cgroupfs_on_a_hybrid_host_as_captured() {
+        // /proc/self/cgroup inside `podman --runtime runc --cgroup-manager cgroupfs run` on the
+        // CI machine (Debian 12, hybrid cgroups), as printed.
+        let id = "0f4337bf4f7defbae24b920de3376723c4c4680fa1943f352c9299dd9b087d35";
+        let text = [
+            "9:name=systemd",
+            "8:pids",
+            "7:blkio",
+            "6:freezer",
+            "5:devices",
+            "4:memory",
+            "3:cpuset",
+            "2:cpuacct",
+            "1:cpu",
+            "0:",
+        ]
+        .iter()
+        .map(|h| format!("{h}:/libpod_parent/libpod-{id}\n"))
+        .collect::<String>();
+        let got = parse(&text).unwrap();
+        assert_eq!(got.id, id);
+        assert_eq!(got.runtime, "podman");
+        assert_eq!(got.pod_uid, None);
+    }
+
+    #[test]
     fn docker_and_podman_systemd_and_cgroupfs() {
         expect(
             &format!("0::/system.slice/docker-{ID}.scope\n"),
