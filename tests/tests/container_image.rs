@@ -192,6 +192,38 @@ fn records_the_host_engine(form_name: &str, form: &[&str]) -> (Container, PathBu
     assert!(logs.contains("scheduler hook attached"), "{logs}");
     std::thread::sleep(Duration::from_millis(300));
 
+    // The host's client, the containerised agent, one socket on a shared host path. `top`
+    // shows live requests: it subscribes before they are sent.
+    let mut top = Command::new(agent::binary())
+        .args([
+            "top",
+            "--interval",
+            "500ms",
+            "--iterations",
+            "120",
+            "--connect",
+        ])
+        .arg(format!("unix://{}/agent.sock", dir.display()))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("running inferscope top");
+    let (frames_tx, frames) = std::sync::mpsc::channel::<String>();
+    let top_out = top.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(top_out)).map_while(Result::ok)
+        {
+            if frames_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // Its first frame says it is connected.
+    let first = frames
+        .recv_timeout(Duration::from_secs(10))
+        .expect("inferscope top printed nothing");
+    assert!(first.contains("inferscope top"), "{first}");
+
     let topics = ["lighthouses", "beetles", "volcanoes", "violins"];
     let clients: Vec<_> = topics
         .iter()
@@ -204,20 +236,24 @@ fn records_the_host_engine(form_name: &str, form: &[&str]) -> (Container, PathBu
     for c in clients {
         c.join().expect("client");
     }
-    std::thread::sleep(Duration::from_millis(800));
-
-    // The host's client, the containerised agent, one socket on a shared host path.
-    let top = Command::new(agent::binary())
-        .args(["top", "--iterations", "1", "--connect"])
-        .arg(format!("unix://{}/agent.sock", dir.display()))
-        .output()
-        .expect("running inferscope top");
-    let top_text = ok(&top, "inferscope top");
-    assert!(
-        top_text.contains("4 requests in the last"),
-        "inferscope top on the host:\n{top_text}"
-    );
-    assert!(top_text.contains("queue wait"), "{top_text}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = Vec::new();
+    loop {
+        let line = frames
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .unwrap_or_else(|_| {
+                panic!(
+                    "inferscope top never showed 4 requests:\n{}",
+                    seen.join("\n")
+                )
+            });
+        if line.contains("4 requests in the last") {
+            break;
+        }
+        seen.push(line);
+    }
+    let _ = top.kill();
+    let _ = top.wait();
     drop(engine);
     (container, dir, prometheus)
 }
@@ -269,6 +305,8 @@ fn minimal_form_records_queue_wait_and_prefill_and_takes_the_shim_from_a_host_pa
             "--network=none",
             "--ulimit",
             "nofile=20000:20000",
+            "--ulimit",
+            "nproc=4096:4096",
             "-v",
             &mount,
             &image(),
