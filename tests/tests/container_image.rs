@@ -15,8 +15,8 @@ use std::{
 };
 
 use inferscope_integration_tests::{
-    agent, client::Client, engine::Engine, free_port, http_get, mock_cuda,
-    split::assert_llamacpp_split,
+    agent, client::Client, daemon::Daemon, engine::Engine, free_port, http_get, mock_cuda,
+    otlp::Rotel, split::assert_llamacpp_split,
 };
 use serde_json::Value;
 
@@ -409,6 +409,7 @@ fn records_name_the_engines_container() {
         .args(["import", "-", image])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
         .spawn()
         .expect("podman import");
     std::io::Write::write_all(&mut import.stdin.take().unwrap(), &tar.stdout).unwrap();
@@ -483,13 +484,14 @@ fn records_name_the_engines_container() {
     .parse()
     .expect("the engine's host pid");
 
+    // Without Kubernetes (podman on a bare host): the container id, and no errors.
     let mut recorder = agent::Recorder::start(&dir, &["--pid", &pid.to_string()]);
     recorder.wait_attached(pid, Duration::from_secs(60));
     std::thread::sleep(Duration::from_millis(300));
     Client::connect(port).chat("Name three rivers.", 8, None);
     std::thread::sleep(Duration::from_millis(500));
+    let log = recorder.log_text();
     let records = recorder.stop();
-    drop(engine);
     let chats: Vec<&Value> = records
         .iter()
         .filter(|r| r["path"] == "/v1/chat/completions")
@@ -499,8 +501,134 @@ fn records_name_the_engines_container() {
     assert_eq!(r["pid"], pid, "{r:#?}");
     assert_eq!(r["container_id"], id.as_str(), "{r:#?}");
     assert_eq!(r["container_runtime"], "podman", "{r:#?}");
-    // No Kubernetes here: no pod fields, and no errors about it.
     assert!(r.get("k8s_pod_name").is_none(), "{r:#?}");
+    assert!(!log.contains("ERROR"), "{log}");
+
+    // With the Kubernetes API (a local server answering list and watch the way the API does,
+    // its pod's status naming this container): records, spans and metrics name the pod.
+    let api = serve_pod_list(&id);
+    let rotel = Rotel::start(&dir, free_port());
+    let records_path = dir.join("run-records.jsonl");
+    let mut daemon = Daemon::start_with_env(
+        &dir,
+        &[
+            "--pid",
+            &pid.to_string(),
+            "--records",
+            records_path.to_str().unwrap(),
+            "--otlp-endpoint",
+            &format!("http://127.0.0.1:{}", rotel.port),
+            "--shim-socket",
+            "off",
+        ],
+        &[
+            ("NODE_NAME", "gpu-node-1"),
+            ("INFERSCOPE_KUBE_API", &format!("http://127.0.0.1:{api}")),
+        ],
+    );
+    daemon.wait_attached(pid, Duration::from_secs(60));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !daemon.log_text().contains("watching this node's pods") {
+        assert!(Instant::now() < deadline, "{}", daemon.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    Client::connect(port).chat("Name three lakes.", 8, None);
+    let spans = rotel.wait_for(Duration::from_secs(15), |spans| {
+        spans.iter().any(|s| s.kind == "SPAN_KIND_SERVER")
+    });
+    let metrics = daemon.scrape();
+    let log = daemon.stop();
+    drop(engine);
+    let records = agent::read_records(&records_path);
+    let r = records
+        .iter()
+        .find(|r| r["path"] == "/v1/chat/completions")
+        .unwrap_or_else(|| panic!("no record: {records:#?}\n{log}"));
+    assert_eq!(r["container_id"], id.as_str(), "{r:#?}");
+    assert_eq!(r["k8s_pod_name"], "vllm-7d9f8c6b5-x2k4p", "{r:#?}");
+    assert_eq!(r["k8s_namespace_name"], "inference", "{r:#?}");
+    assert_eq!(r["k8s_container_name"], "engine", "{r:#?}");
+    assert_eq!(r["k8s_deployment_name"], "vllm", "{r:#?}");
+    assert_eq!(r["k8s_node_name"], "gpu-node-1", "{r:#?}");
+    assert_eq!(
+        r["k8s_pod_uid"], "8c1f0a4e-6b2d-4f3a-9e7c-1d2b3c4d5e6f",
+        "{r:#?}"
+    );
+    let server = spans
+        .iter()
+        .find(|s| s.kind == "SPAN_KIND_SERVER")
+        .unwrap_or_else(|| panic!("no request span: {spans:#?}"));
+    for (key, value) in [
+        ("container.id", id.as_str()),
+        ("k8s.pod.name", "vllm-7d9f8c6b5-x2k4p"),
+        ("k8s.namespace.name", "inference"),
+        ("k8s.container.name", "engine"),
+        ("k8s.deployment.name", "vllm"),
+        ("k8s.node.name", "gpu-node-1"),
+        ("k8s.pod.uid", "8c1f0a4e-6b2d-4f3a-9e7c-1d2b3c4d5e6f"),
+    ] {
+        assert_eq!(
+            server.resource.get(key).map(String::as_str),
+            Some(value),
+            "{key}: {:#?}",
+            server.resource
+        );
+    }
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("gen_ai_server_time_to_first_token_seconds_count")
+                && l.contains("namespace=\"inference\"")
+                && l.contains("pod=\"vllm-7d9f8c6b5-x2k4p\"")
+                && l.contains("container=\"engine\"")
+        ),
+        "{metrics}"
+    );
     let _ = podman(&["rmi", "-f", image]);
     let _ = fs::remove_dir_all(&dir);
+}
+
+/// Answers the agent's list of this node's pods with tests/fixtures/kube/pods-list.json, its
+/// vLLM pod's container id replaced by `container_id`, then holds its watch open.
+fn serve_pod_list(container_id: &str) -> u16 {
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/kube/pods-list.json");
+    let list = fs::read_to_string(fixture)
+        .expect("the pod list fixture")
+        .replace(
+            "3e8b0d1c2a4f5e6d7c8b9a0f1e2d3c4b5a6978877665544332211ffeeddccbba",
+            container_id,
+        );
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding the API server");
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let list = list.clone();
+            std::thread::spawn(move || {
+                use std::io::{BufRead, Write};
+                let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+                let mut first = String::new();
+                let _ = reader.read_line(&mut first);
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                        break;
+                    }
+                }
+                if first.contains("watch=1") {
+                    let _ = stream.write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n",
+                    );
+                    std::thread::sleep(Duration::from_secs(120));
+                } else {
+                    let _ = write!(
+                        stream,
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{list}",
+                        list.len()
+                    );
+                }
+            });
+        }
+    });
+    port
 }
