@@ -739,4 +739,41 @@ mod tests {
         assert!(text.contains("model=\"other\""));
         assert!(!text.contains(&format!("model-{}\"", MAX_MODELS_PER_ENGINE + 5)));
     }
+
+    #[test]
+    fn pods_are_labels_where_known_and_absent_otherwise() {
+        let m = Metrics::new(None);
+        m.record_request(&timeline("smol"));
+        let mut in_pod = timeline("smol");
+        in_pod.request.identity = Some(crate::identity::ProcessIdentity {
+            container_id: Some("ab".repeat(32)),
+            k8s_namespace_name: Some("inference".into()),
+            k8s_pod_name: Some("vllm-7d9f8c6b5-x2k4p".into()),
+            k8s_container_name: Some("engine".into()),
+            ..Default::default()
+        });
+        m.record_request(&in_pod);
+        // A container without a pod (podman on a bare host): no pod labels.
+        let mut in_container = timeline("smol");
+        in_container.request.identity = Some(crate::identity::ProcessIdentity {
+            container_id: Some("cd".repeat(32)),
+            ..Default::default()
+        });
+        m.record_request(&in_container);
+        let text = m.encode().unwrap();
+        let counts: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("gen_ai_server_time_to_first_token_seconds_count"))
+            .collect();
+        assert_eq!(counts.len(), 2, "{counts:?}");
+        assert!(counts.contains(
+            &"gen_ai_server_time_to_first_token_seconds_count{engine=\"llama.cpp\",model=\"smol\",namespace=\"inference\",pod=\"vllm-7d9f8c6b5-x2k4p\",container=\"engine\"} 1"
+        ), "{counts:?}");
+        assert!(counts.contains(
+            &"gen_ai_server_time_to_first_token_seconds_count{engine=\"llama.cpp\",model=\"smol\"} 2"
+        ), "{counts:?}");
+        assert!(text.contains(
+            "inferscope_requests_total{engine=\"llama.cpp\",model=\"smol\",outcome=\"ok\",namespace=\"inference\",pod=\"vllm-7d9f8c6b5-x2k4p\",container=\"engine\"} 1"
+        ));
+    }
 }
