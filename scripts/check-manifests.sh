@@ -15,3 +15,21 @@ for dir in deploy/base deploy/overlays/* deploy/examples/*; do
   echo "check-manifests: $dir renders and validates ($(grep -c '^kind:' "$out/$name.yaml") objects)"
 done
 .venv/bin/kubernetes-validate --strict --quiet deploy/otel-collector.yaml
+# The README's install step 2, on a copy: the images: block points the DaemonSet (and the gpu
+# overlay's init container) at the pushed image.
+copy="$out/deploy"
+cp -r deploy "$copy"
+for overlay in minimal gpu; do
+  cat >>"$copy/overlays/$overlay/kustomization.yaml" <<'YAML'
+images:
+  - name: inferscope
+    newName: registry.example.com/inferscope
+    newTag: 0.1.0
+YAML
+  rendered=$("$kubectl" kustomize "$copy/overlays/$overlay")
+  if echo "$rendered" | grep 'image:' | grep -qv 'registry.example.com/inferscope:0.1.0'; then
+    echo "check-manifests: overlays/$overlay still names an image other than the pushed one" >&2
+    exit 1
+  fi
+done
+echo "check-manifests: the README's images: step retargets every inferscope image"
