@@ -40,6 +40,8 @@ pub struct KubeConfig {
     pub request_timeout: Duration,
     /// Asked of the API server per watch (it then ends the watch; the agent resumes it).
     pub watch_seconds: u64,
+    /// The first wait after a failure; it doubles per failure up to 30 s.
+    pub backoff: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +90,7 @@ impl KubeConfig {
             node_name,
             request_timeout: Duration::from_secs(10),
             watch_seconds: 290,
+            backoff: Duration::from_millis(500),
         })
     }
 
@@ -139,7 +142,7 @@ pub fn start(config: KubeConfig, runtime: &tokio::runtime::Handle) -> Arc<PodSto
 
 /// List, then watch from the list's resourceVersion; on any failure count it, wait, re-list.
 pub async fn watch_pods(config: KubeConfig, store: Arc<PodStore>) {
-    let mut backoff = Duration::from_millis(500);
+    let mut backoff = config.backoff;
     let mut failing = false;
     loop {
         let result = async {
@@ -148,7 +151,7 @@ pub async fn watch_pods(config: KubeConfig, store: Arc<PodStore>) {
                 info!("the Kubernetes API answers again; pod identity resumes");
                 failing = false;
             }
-            backoff = Duration::from_millis(500);
+            backoff = config.backoff;
             loop {
                 match watch(&config, &store, &mut version).await? {
                     WatchEnd::Closed => continue,

@@ -111,15 +111,27 @@ fn config(port: u16) -> KubeConfig {
         token_path: None,
         ca_path: None,
         node_name: "gpu-node-1".into(),
-        request_timeout: Duration::from_millis(500),
+        request_timeout: Duration::from_millis(300),
         watch_seconds: 5,
+        backoff: Duration::from_millis(50),
     }
 }
 
-/// Runs the watcher for `time`, then returns the store.
-async fn run_for(port: u16, time: Duration) -> Arc<PodStore> {
+/// Runs the watcher until `done` holds for its store (checked every 10 ms; at most 20 s, so a
+/// loaded machine only makes the test slower), then stops it and returns the store.
+async fn run_until(port: u16, done: impl Fn(&PodStore) -> bool) -> Arc<PodStore> {
     let store = Arc::new(PodStore::default());
-    let _ = tokio::time::timeout(time, watch_pods(config(port), store.clone())).await;
+    let watcher = tokio::spawn(watch_pods(config(port), store.clone()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !done(&store) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition not reached: {:?}",
+            store.counters
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    watcher.abort();
     store
 }
 
@@ -142,7 +154,11 @@ async fn lists_then_follows_the_watch_and_resumes_from_the_last_version() {
         Reply::Open,
     ])
     .await;
-    let store = run_for(server.port, Duration::from_millis(1500)).await;
+    let paths = server.paths.clone();
+    let store = run_until(server.port, |s| {
+        count(&s.counters.watch_events) == 4 && paths.lock().unwrap().len() >= 3
+    })
+    .await;
 
     assert!(store.synced());
     let vllm = store.find(VLLM, None).expect("the listed vLLM pod");
@@ -180,7 +196,7 @@ async fn an_expired_watch_relists() {
         Reply::Full(200, fixture("pods-list.json")),
     ])
     .await;
-    let store = run_for(server.port, Duration::from_millis(1500)).await;
+    let store = run_until(server.port, |s| count(&s.counters.lists) == 2).await;
     assert_eq!(count(&store.counters.watch_expired), 1);
     assert_eq!(count(&store.counters.lists), 2);
     assert!(store.find(SGLANG, None).is_some());
@@ -192,10 +208,8 @@ async fn an_api_that_is_down_is_counted_and_retried() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let store = run_for(port, Duration::from_millis(2000)).await;
+    let store = run_until(port, |s| count(&s.counters.api_errors) >= 3).await;
     assert!(!store.synced());
-    // 0.5 s, 1 s backoff: at least two attempts in 2 s.
-    assert!(count(&store.counters.api_errors) >= 2);
     assert!(store.find(VLLM, None).is_none());
 }
 
@@ -206,7 +220,7 @@ async fn a_slow_api_times_out_then_a_later_answer_is_used() {
         Reply::Full(200, fixture("pods-list.json")),
     ])
     .await;
-    let store = run_for(server.port, Duration::from_millis(2500)).await;
+    let store = run_until(server.port, PodStore::synced).await;
     assert!(count(&store.counters.api_errors) >= 1);
     assert!(store.synced());
     assert!(store.find(VLLM, None).is_some());
@@ -232,7 +246,7 @@ async fn garbage_and_refusals_are_counted_and_never_fill_the_cache() {
         ),
     ])
     .await;
-    let store = run_for(server.port, Duration::from_millis(4500)).await;
+    let store = run_until(server.port, |s| count(&s.counters.garbage) >= 5).await;
     // Two bad lists, the pod without a uid, the unknown event type, the bad line.
     assert!(count(&store.counters.garbage) >= 5, "{:?}", store.counters);
     assert!(
