@@ -276,3 +276,191 @@ fn urls_and_selectors() {
     assert_eq!(percent_encode("node-1.eu_w"), "node-1.eu_w");
     assert_eq!(percent_encode("a b&c"), "a%20b%26c");
 }
+
+fn openssl(args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .output()
+        .expect("running openssl");
+    assert!(out.status.success(), "openssl {args:?}: {out:?}");
+}
+
+/// The in-cluster path: TLS verified against the service account's CA, the token as a bearer
+/// header (re-read per request), against a TLS server with a certificate made for the test.
+#[tokio::test]
+async fn in_cluster_tls_and_token() {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+    let dir = tempfile::tempdir().unwrap();
+    let d = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
+    // A cluster CA and an API server certificate it signed, for the service's IP.
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    openssl(
+        &[
+            &["req", "-x509", "-days", "1", "-subj", "/CN=kubernetes-ca"][..],
+            &ec,
+            &["-keyout", &d("ca.key"), "-out", &d("ca.crt")],
+        ]
+        .concat(),
+    );
+    openssl(
+        &[
+            &["req", "-subj", "/CN=kube-apiserver"][..],
+            &ec,
+            &["-keyout", &d("key.pem"), "-out", &d("srv.csr")],
+        ]
+        .concat(),
+    );
+    std::fs::write(d("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-days",
+        "1",
+        "-in",
+        &d("srv.csr"),
+        "-CA",
+        &d("ca.crt"),
+        "-CAkey",
+        &d("ca.key"),
+        "-CAcreateserial",
+        "-extfile",
+        &d("san.ext"),
+        "-out",
+        &d("srv.crt"),
+    ]);
+    let (cert, key, ca) = (
+        dir.path().join("srv.crt"),
+        dir.path().join("key.pem"),
+        dir.path().join("ca.crt"),
+    );
+    let token = dir.path().join("token");
+    std::fs::write(&token, "eyJhbGciOi.test-token\n").unwrap();
+
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cert)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(&key).unwrap();
+    let tls = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let heads = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = heads.clone();
+    let list = fixture("pods-list.json");
+    tokio::spawn(async move {
+        loop {
+            let Ok((socket, _)) = listener.accept().await else {
+                return;
+            };
+            let Ok(mut tls) = acceptor.accept(socket).await else {
+                continue;
+            };
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                if tls.read(&mut byte).await.unwrap_or(0) == 0 {
+                    break;
+                }
+                head.push(byte[0]);
+            }
+            let head = String::from_utf8_lossy(&head).to_string();
+            let is_watch = head.contains("watch=1");
+            seen.lock().unwrap().push(head);
+            if is_watch {
+                let _ = tls
+                    .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+                    .await;
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+            } else {
+                let text = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{list}",
+                    list.len()
+                );
+                let _ = tls.write_all(text.as_bytes()).await;
+                let _ = tls.flush().await;
+            }
+        }
+    });
+
+    let store = Arc::new(PodStore::default());
+    let config = KubeConfig {
+        tls: true,
+        token_path: Some(token),
+        ca_path: Some(ca),
+        ..config(port)
+    };
+    let watcher = tokio::spawn(watch_pods(config, store.clone()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while heads.lock().unwrap().len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            store.counters
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    watcher.abort();
+    assert!(store.find(VLLM, None).is_some());
+    assert_eq!(count(&store.counters.api_errors), 0);
+    for head in heads.lock().unwrap().iter() {
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("authorization: bearer eyjhbgcioi.test-token\r\n"),
+            "{head}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_server_the_ca_does_not_vouch_for_is_refused() {
+    // The CA file names no server this one presents: the handshake fails, counted.
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.crt");
+    let out = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=other"])
+        .arg("-keyout")
+        .arg(dir.path().join("key.pem"))
+        .arg("-out")
+        .arg(&ca)
+        .output()
+        .expect("running openssl");
+    assert!(out.status.success());
+    // A plain-HTTP server where TLS is expected answers garbage to the handshake.
+    let server = serve(vec![Reply::Full(200, fixture("pods-list.json"))]).await;
+    let store = Arc::new(PodStore::default());
+    let config = KubeConfig {
+        tls: true,
+        ca_path: Some(ca),
+        ..config(server.port)
+    };
+    let watcher = tokio::spawn(watch_pods(config, store.clone()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while count(&store.counters.api_errors) == 0 {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    watcher.abort();
+    assert!(!store.synced());
+}
