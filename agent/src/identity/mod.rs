@@ -191,7 +191,6 @@ impl Identities {
                 ("kube_garbage".to_string(), load(&c.garbage)),
                 ("kube_pods_dropped".to_string(), load(&c.pods_dropped)),
                 ("kube_watch_expired".to_string(), load(&c.watch_expired)),
-                ("kube_pods".to_string(), store.len() as u64),
             ]);
         }
         out
