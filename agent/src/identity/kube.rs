@@ -268,6 +268,15 @@ async fn watch(
     }
 }
 
+/// Applies one watch line to `store` (for the fuzz target): whether it ends the watch.
+pub fn apply_watch_line(
+    store: &PodStore,
+    line: &[u8],
+    version: &mut String,
+) -> Result<bool, KubeError> {
+    apply_event(store, line, version).map(|end| end.is_some())
+}
+
 /// One watch line: `{"type": "ADDED|MODIFIED|DELETED|BOOKMARK|ERROR", "object": {...}}`.
 fn apply_event(
     store: &PodStore,
