@@ -20,7 +20,11 @@ fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(rest);
     if let Some(id) = container::parse(&text) {
         assert_eq!(id.id.len(), 64);
-        assert!(id.id.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert!(
+            id.id
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        );
         if let Some(uid) = &id.pod_uid {
             assert_eq!(uid.len(), 36);
         }
