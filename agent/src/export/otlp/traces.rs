@@ -2,7 +2,6 @@
 //! `decode` children, engine steps as span events on the phase they belong to, and (behind a
 //! switch) one span per GPU kernel. A `traceparent` the caller sent makes the request span a
 //! child of the caller's span, so a gateway's trace continues into the engine.
-use crate::identity::ProcessIdentity;
 use std::{
     collections::HashMap,
     sync::{Arc, atomic::Ordering},
@@ -26,6 +25,7 @@ use super::{OtlpConfig, OtlpError, counting::CountingExporter, counting::ExportC
 use crate::{
     correlate::{StepRecord, timeline::RequestTimeline},
     export::names,
+    identity::ProcessIdentity,
 };
 
 /// Engine processes with a tracer at once (each has its own resource and batch queue).
