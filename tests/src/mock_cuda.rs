@@ -103,11 +103,21 @@ pub fn shim_library() -> PathBuf {
 /// Runs the mock engine with the shim injected the way the driver expects
 /// (`CUDA_INJECTION64_PATH`), the mock libraries first on the search path, and `env` on top.
 pub fn run_engine(args: &[&str], socket: &Path, env: &[(&str, &str)]) -> Output {
+    run_engine_with_shim(&shim_library(), args, socket, env)
+}
+
+/// [`run_engine`] with another copy of the shim (e.g. the one an image installed).
+pub fn run_engine_with_shim(
+    shim: &Path,
+    args: &[&str],
+    socket: &Path,
+    env: &[(&str, &str)],
+) -> Output {
     let dir = mock_dir();
     let mut cmd = Command::new(dir.join("engine"));
     cmd.args(args)
         .env("LD_LIBRARY_PATH", dir)
-        .env("CUDA_INJECTION64_PATH", shim_library())
+        .env("CUDA_INJECTION64_PATH", shim)
         .env("INFERSCOPE_SHIM_SOCKET", socket)
         .stdin(Stdio::null());
     for (k, v) in env {

@@ -5,6 +5,7 @@ mod diagnose;
 mod export_cmd;
 mod gpu;
 mod inspect;
+mod install_shim;
 mod record;
 mod run;
 mod signals;
@@ -46,6 +47,8 @@ enum Command {
     Gpu(gpu::GpuArgs),
     /// Why P99 TTFT regressed between a baseline and an incident window of a recording.
     Diagnose(diagnose::DiagnoseArgs),
+    /// Copy the CUPTI shim onto a host path shared with GPU pods (the DaemonSet's init container).
+    InstallShim(install_shim::InstallShimArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -65,6 +68,7 @@ pub fn main() -> ExitCode {
         Command::Export(args) => export_cmd::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Gpu(args) => gpu::run(args),
+        Command::InstallShim(args) => install_shim::run(args),
         Command::Diagnose(args) => return diagnose::main(args),
     };
     match result {

@@ -96,6 +96,11 @@ pub struct RequestRecord {
     pub kv_cache_usage_at_arrival: Option<f64>,
     pub requests_waiting_at_arrival: Option<f64>,
     pub engine_metrics_offset_ms: Option<f64>,
+
+    /// The engine process's container and Kubernetes pod (`container_id`, `k8s_pod_name`,
+    /// `k8s_namespace_name`, …), where known; absent for a process on the host.
+    #[serde(flatten)]
+    pub identity: Option<crate::identity::ProcessIdentity>,
 }
 
 /// One engine step (a forward pass over the current batch), from the scheduler hooks.

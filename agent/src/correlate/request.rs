@@ -209,6 +209,8 @@ impl RequestProgress {
             kv_cache_usage_at_arrival: None,
             requests_waiting_at_arrival: None,
             engine_metrics_offset_ms: None,
+            // Stamped by the pipeline (identity::Identities) when the record is emitted.
+            identity: None,
         }
     }
 }

@@ -42,6 +42,8 @@ const MAX_MODELS_PER_ENGINE: usize = 32;
 struct RequestLabels {
     engine: String,
     model: String,
+    #[prometheus(flatten)]
+    pod: PodLabels,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -49,6 +51,55 @@ struct OutcomeLabels {
     engine: String,
     model: String,
     outcome: String,
+    #[prometheus(flatten)]
+    pod: PodLabels,
+}
+
+/// `namespace`, `pod`, `container` (Kubernetes' own label names) where the engine runs in a
+/// pod the API described; no labels at all otherwise. Pods on one node bound their values.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq)]
+struct PodLabels {
+    namespace: Option<String>,
+    pod: Option<String>,
+    container: Option<String>,
+}
+
+impl PodLabels {
+    fn of(identity: Option<&crate::identity::ProcessIdentity>) -> Self {
+        identity.map_or_else(PodLabels::default, |i| PodLabels {
+            namespace: i.k8s_namespace_name.clone(),
+            pod: i.k8s_pod_name.clone(),
+            container: i.k8s_container_name.clone(),
+        })
+    }
+
+    fn otel(&self) -> Vec<KeyValue> {
+        [
+            ("k8s.namespace.name", &self.namespace),
+            ("k8s.pod.name", &self.pod),
+            ("k8s.container.name", &self.container),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| KeyValue::new(k, v.clone())))
+        .collect()
+    }
+}
+
+impl prometheus_client::encoding::EncodeLabelSet for PodLabels {
+    fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::LabelSetEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        let labels: Vec<(&str, &str)> = [
+            ("namespace", &self.namespace),
+            ("pod", &self.pod),
+            ("container", &self.container),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.as_deref().map(|v| (k, v)))
+        .collect();
+        labels.encode(encoder)
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -317,6 +368,7 @@ impl Metrics {
         let labels = RequestLabels {
             engine: r.engine.clone(),
             model: self.model_label(&r.engine, r.model.as_deref()),
+            pod: PodLabels::of(r.identity.as_ref()),
         };
         let outcome = if r.aborted {
             "aborted"
@@ -330,15 +382,17 @@ impl Metrics {
                 engine: labels.engine.clone(),
                 model: labels.model.clone(),
                 outcome: outcome.into(),
+                pod: labels.pod.clone(),
             })
             .inc();
         let engine = EngineLabels {
             engine: r.engine.clone(),
         };
-        let attrs = [
+        let mut attrs = vec![
             KeyValue::new("inferscope.engine", labels.engine.clone()),
             KeyValue::new("gen_ai.request.model", labels.model.clone()),
         ];
+        attrs.extend(labels.pod.otel());
         let secs = |ms: f64| ms / 1000.0;
         self.duration.get_or_create(&labels).observe(secs(r.e2e_ms));
         if let Some(ttft) = r.ttft_ms {
@@ -381,14 +435,9 @@ impl Metrics {
             if let Some(tokens) = r.prompt_tokens {
                 o.prompt_tokens.record(tokens, &attrs);
             }
-            o.requests.add(
-                1,
-                &[
-                    attrs[0].clone(),
-                    attrs[1].clone(),
-                    KeyValue::new("inferscope.outcome", outcome),
-                ],
-            );
+            let mut outcome_attrs = attrs.clone();
+            outcome_attrs.push(KeyValue::new("inferscope.outcome", outcome));
+            o.requests.add(1, &outcome_attrs);
             if r.admitted_mono_ns.is_some() {
                 o.admitted.add(1, &attrs[..1]);
             }
@@ -689,5 +738,42 @@ mod tests {
         let text = m.encode().unwrap();
         assert!(text.contains("model=\"other\""));
         assert!(!text.contains(&format!("model-{}\"", MAX_MODELS_PER_ENGINE + 5)));
+    }
+
+    #[test]
+    fn pods_are_labels_where_known_and_absent_otherwise() {
+        let m = Metrics::new(None);
+        m.record_request(&timeline("smol"));
+        let mut in_pod = timeline("smol");
+        in_pod.request.identity = Some(crate::identity::ProcessIdentity {
+            container_id: Some("ab".repeat(32)),
+            k8s_namespace_name: Some("inference".into()),
+            k8s_pod_name: Some("vllm-7d9f8c6b5-x2k4p".into()),
+            k8s_container_name: Some("engine".into()),
+            ..Default::default()
+        });
+        m.record_request(&in_pod);
+        // A container without a pod (podman on a bare host): no pod labels.
+        let mut in_container = timeline("smol");
+        in_container.request.identity = Some(crate::identity::ProcessIdentity {
+            container_id: Some("cd".repeat(32)),
+            ..Default::default()
+        });
+        m.record_request(&in_container);
+        let text = m.encode().unwrap();
+        let counts: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("gen_ai_server_time_to_first_token_seconds_count"))
+            .collect();
+        assert_eq!(counts.len(), 2, "{counts:?}");
+        assert!(counts.contains(
+            &"gen_ai_server_time_to_first_token_seconds_count{engine=\"llama.cpp\",model=\"smol\",namespace=\"inference\",pod=\"vllm-7d9f8c6b5-x2k4p\",container=\"engine\"} 1"
+        ), "{counts:?}");
+        assert!(counts.contains(
+            &"gen_ai_server_time_to_first_token_seconds_count{engine=\"llama.cpp\",model=\"smol\"} 2"
+        ), "{counts:?}");
+        assert!(text.contains(
+            "inferscope_requests_total{engine=\"llama.cpp\",model=\"smol\",outcome=\"ok\",namespace=\"inference\",pod=\"vllm-7d9f8c6b5-x2k4p\",container=\"engine\"} 1"
+        ));
     }
 }

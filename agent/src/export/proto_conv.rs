@@ -55,6 +55,9 @@ pub fn gpu(g: &GpuSample) -> pb::GpuSample {
 
 pub fn request(t: &RequestTimeline) -> pb::Request {
     let r = &t.request;
+    let identity = |field: fn(&crate::identity::ProcessIdentity) -> &Option<String>| {
+        r.identity.as_ref().and_then(|i| field(i).clone())
+    };
     pb::Request {
         request_id: r.request_id.clone(),
         response_id: r.response_id.clone().unwrap_or_default(),
@@ -95,6 +98,13 @@ pub fn request(t: &RequestTimeline) -> pb::Request {
         requeued_mono_ns: r.requeued_mono_ns,
         engine_first_token_mono_ns: r.engine_first_token_mono_ns,
         engine_finished_mono_ns: r.engine_finished_mono_ns,
+        container_id: identity(|i| &i.container_id),
+        k8s_pod_name: identity(|i| &i.k8s_pod_name),
+        k8s_namespace_name: identity(|i| &i.k8s_namespace_name),
+        k8s_pod_uid: identity(|i| &i.k8s_pod_uid),
+        k8s_container_name: identity(|i| &i.k8s_container_name),
+        k8s_node_name: identity(|i| &i.k8s_node_name),
+        k8s_deployment_name: identity(|i| &i.k8s_deployment_name),
     }
 }
 

@@ -398,7 +398,7 @@ mod tests {
     fn the_deploy_configmap_is_a_valid_config() {
         let manifest = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../deploy/configmap.yaml"
+            "/../deploy/base/configmap.yaml"
         ))
         .unwrap();
         let block: String = manifest

@@ -63,6 +63,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     })
     .context("starting the socket probes failed (inferscope needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_PTRACE + CAP_SYS_ADMIN)")?;
 
+    // Pod identity: in a pod with NODE_NAME set, watch this node's pods (never blocks records).
+    if let Some(kube) = inferscope::identity::kube::KubeConfig::from_env() {
+        pipeline.use_pod_store(inferscope::identity::kube::start(kube, runtime.handle()));
+    }
+
     if let Some(spec) = config.probes.clone() {
         pipeline
             .use_probe_spec(spec)

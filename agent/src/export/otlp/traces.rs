@@ -25,6 +25,7 @@ use super::{OtlpConfig, OtlpError, counting::CountingExporter, counting::ExportC
 use crate::{
     correlate::{StepRecord, timeline::RequestTimeline},
     export::names,
+    identity::ProcessIdentity,
 };
 
 /// Engine processes with a tracer at once (each has its own resource and batch queue).
@@ -33,7 +34,8 @@ const MAX_PROCESSES: usize = 64;
 pub struct TraceExporter {
     config: OtlpConfig,
     runtime: tokio::runtime::Handle,
-    providers: FxHashMap<u32, (SdkTracerProvider, SdkTracer)>,
+    /// Per engine process: its provider and tracer, and the identity its resource names.
+    providers: FxHashMap<u32, (SdkTracerProvider, SdkTracer, Option<ProcessIdentity>)>,
     counters: Arc<ExportCounters>,
     host: String,
     /// The host's GPUs (NVML), named on every engine resource created after they are known.
@@ -60,7 +62,21 @@ impl TraceExporter {
 
     /// Each engine process is its own OTLP resource (service, process, host, GPUs), so backends
     /// show its spans under the engine rather than under the agent.
-    fn tracer_for(&mut self, pid: u32, engine: &str) -> Result<&SdkTracer, OtlpError> {
+    fn tracer_for(
+        &mut self,
+        pid: u32,
+        engine: &str,
+        identity: Option<&ProcessIdentity>,
+    ) -> Result<&SdkTracer, OtlpError> {
+        // The pod became known after the first requests (the API answered late): a resource
+        // is fixed per provider, so the process gets a new one that names its pod.
+        if self
+            .providers
+            .get(&pid)
+            .is_some_and(|(_, _, known)| known.as_ref() != identity)
+        {
+            self.forget_process(pid);
+        }
         if !self.providers.contains_key(&pid) {
             if self.providers.len() >= MAX_PROCESSES {
                 return Err(OtlpError::TooManyProcesses(MAX_PROCESSES));
@@ -82,7 +98,13 @@ impl TraceExporter {
                         .clone()
                         .unwrap_or_else(|| engine.to_string()),
                 )
-                .with_attributes(process_attributes(pid, engine, &self.host, &self.gpu_uuids))
+                .with_attributes(process_attributes(
+                    pid,
+                    engine,
+                    &self.host,
+                    &self.gpu_uuids,
+                    identity,
+                ))
                 .build();
             let provider = SdkTracerProvider::builder()
                 .with_span_processor(processor)
@@ -94,11 +116,12 @@ impl TraceExporter {
                 pid,
                 engine, "exporting this process's requests as OTLP traces"
             );
-            self.providers.insert(pid, (provider, tracer));
+            self.providers
+                .insert(pid, (provider, tracer, identity.cloned()));
         }
         self.providers
             .get(&pid)
-            .map(|(_, tracer)| tracer)
+            .map(|(_, tracer, _)| tracer)
             .ok_or(OtlpError::TooManyProcesses(MAX_PROCESSES))
     }
 
@@ -108,7 +131,7 @@ impl TraceExporter {
 
     /// The engine process exited: flush and drop its tracer off the pipeline thread.
     pub fn forget_process(&mut self, pid: u32) {
-        if let Some((provider, _)) = self.providers.remove(&pid) {
+        if let Some((provider, _, _)) = self.providers.remove(&pid) {
             std::thread::spawn(move || {
                 let _ = provider.shutdown();
             });
@@ -116,7 +139,7 @@ impl TraceExporter {
     }
 
     pub fn shutdown(&mut self) {
-        for (_, (provider, _)) in self.providers.drain() {
+        for (_, (provider, _, _)) in self.providers.drain() {
             if let Err(e) = provider.shutdown() {
                 warn!("flushing OTLP spans at exit failed: {e}");
             }
@@ -127,7 +150,8 @@ impl TraceExporter {
         let kernel_spans = self.config.kernel_spans;
         let parent = self.parent_context(timeline.request.traceparent.as_deref());
         let request = &timeline.request;
-        let tracer = match self.tracer_for(request.pid, &request.engine) {
+        let tracer = match self.tracer_for(request.pid, &request.engine, request.identity.as_ref())
+        {
             Ok(tracer) => tracer.clone(),
             Err(e) => {
                 warn!("cannot export spans for pid {}: {e}", request.pid);
@@ -311,12 +335,26 @@ fn step_attributes(step: &StepRecord) -> Vec<KeyValue> {
     attrs
 }
 
-fn process_attributes(pid: u32, engine: &str, host: &str, gpus: &[String]) -> Vec<KeyValue> {
+fn process_attributes(
+    pid: u32,
+    engine: &str,
+    host: &str,
+    gpus: &[String],
+    identity: Option<&ProcessIdentity>,
+) -> Vec<KeyValue> {
     let mut attrs = vec![
         KeyValue::new("host.name", host.to_string()),
         KeyValue::new("process.pid", pid as i64),
         KeyValue::new("inferscope.engine", engine.to_string()),
     ];
+    if let Some(identity) = identity {
+        attrs.extend(
+            identity
+                .attributes()
+                .into_iter()
+                .map(|(k, v)| KeyValue::new(k, v)),
+        );
+    }
     if !gpus.is_empty() {
         attrs.push(KeyValue::new("inferscope.host.gpu_uuids", gpus.join(",")));
     }
