@@ -45,6 +45,8 @@ fn event(kind: SyscallKind, fd: i32, ts: u64, payload: &[u8]) -> SyscallEvent<'_
         truncated: false,
         copy_failed: false,
         conn_gen: 0,
+        conn_flags: 0,
+        sock: 0,
         payload,
     }
 }

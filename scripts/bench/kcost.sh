@@ -49,10 +49,11 @@ mine = {int(x) for x in open(sys.argv[4]).read().split()}
 b = [p for p in json.load(open(sys.argv[2])) if p["id"] in mine]
 runs, ns = collections.Counter(), collections.Counter()
 for p in b:
-    if p.get("type") != "tracepoint":
+    # fexit programs ("tracing": the accept hook) count too.
+    if p.get("type") not in ("tracepoint", "tracing"):
         continue
     n = p.get("name", "")
-    if not n.startswith(("enter_", "exit_", "tcp_probe", "sys_")):
+    if not n.startswith(("enter_", "exit_", "tcp_probe", "sys_", "accepted_sock")):
         continue
     if n.startswith("sys_"):  # bpftrace: one program per attach point
         n = "enter" if "enter" in n else "exit"

@@ -6,6 +6,7 @@ pub mod fd_class;
 pub mod gpu;
 pub mod late_attach;
 pub mod metrics;
+pub mod preexisting;
 pub mod probes;
 pub mod procfs;
 pub mod records;

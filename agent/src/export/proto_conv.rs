@@ -95,6 +95,9 @@ pub fn request(t: &RequestTimeline) -> pb::Request {
         requeued_mono_ns: r.requeued_mono_ns,
         engine_first_token_mono_ns: r.engine_first_token_mono_ns,
         engine_finished_mono_ns: r.engine_finished_mono_ns,
+        ended_by: r.ended_by.as_str().to_owned(),
+        connection_preexisting: r.connection_preexisting,
+        request_unparsed: r.request_unparsed,
     }
 }
 
