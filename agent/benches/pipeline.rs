@@ -62,6 +62,7 @@ fn main() {
     let peer = Peer {
         local_port: Some(8089),
         remote: Some("127.0.0.1:40000".parse().unwrap()),
+        ..Peer::default()
     };
     let mut out = Vec::new();
     let mut records = 0usize;

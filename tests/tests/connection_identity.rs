@@ -54,6 +54,17 @@ fn tcpdump(pcap_path: &Path, port: u16) -> KillOnDrop {
         .stderr(Stdio::null())
         .spawn()
         .expect("starting tcpdump (apt-get install tcpdump)");
+    // tcpdump writes the file header once its capture is live: wait for it, so the test's
+    // first packets are not sent before the capture sees them.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::fs::metadata(pcap_path).map_or(true, |m| m.len() < 24) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "tcpdump did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(200));
     KillOnDrop(child)
 }
 
