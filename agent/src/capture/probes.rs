@@ -94,7 +94,6 @@ const ATTACHMENTS: &[(&str, &str, &str)] = &[
     ("exit_syscall", "syscalls", "sys_exit_dup2"),
     ("exit_syscall", "syscalls", "sys_exit_dup3"),
     ("tcp_probe", "tcp", "tcp_probe"),
-    ("rcv_space_adjust", "tcp", "tcp_rcv_space_adjust"),
 ];
 
 static PROGRAM_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/inferscope"));
@@ -118,6 +117,8 @@ pub struct SocketProbes {
     conns: HashMap<MapData, u64, ConnEntry>,
     /// Bitmap of processes whose unknown fds are still captured (engines with IPC decoding).
     unknown_fds: Array<MapData, u64>,
+    /// Bitmap of processes with verdicts in `fd_verdicts` (the kernel looks only for those).
+    verdict_pids: Array<MapData, u64>,
     /// fexit on inet_csk_accept is attached: an accept without a socket address is not TCP.
     sock_hook: bool,
     counters: PerCpuArray<MapData, u64>,
@@ -203,8 +204,9 @@ impl SocketProbes {
             Ok(()) => true,
             Err(e) => {
                 info!(
-                    "fexit on inet_csk_accept unavailable ({e}): an accepted connection's TCP socket is learnt at its first read"
+                    "fexit on inet_csk_accept unavailable ({e}): an accepted connection's TCP socket is learnt at its first read (tcp:tcp_rcv_space_adjust)"
                 );
+                attach_read_sock_hook(&mut ebpf)?;
                 false
             }
         };
@@ -247,6 +249,8 @@ impl SocketProbes {
         let conns = HashMap::try_from(take_map(&mut ebpf, "CONNS")?).map_err(map_err("CONNS"))?;
         let unknown_fds =
             Array::try_from(take_map(&mut ebpf, "UNKNOWN_FDS")?).map_err(map_err("UNKNOWN_FDS"))?;
+        let verdict_pids = Array::try_from(take_map(&mut ebpf, "VERDICT_PIDS")?)
+            .map_err(map_err("VERDICT_PIDS"))?;
         let user_configs =
             Array::try_from(take_map(&mut ebpf, "USER_PROBES")?).map_err(map_err("USER_PROBES"))?;
         Ok(Self {
@@ -260,6 +264,7 @@ impl SocketProbes {
             fd_verdicts,
             conns,
             unknown_fds,
+            verdict_pids,
             sock_hook,
             counters,
             logger,
@@ -283,6 +288,7 @@ impl SocketProbes {
     pub fn untrace_process(&mut self, tgid: u32) {
         let _ = set_bit(&mut self.targets, tgid, false);
         let _ = set_bit(&mut self.unknown_fds, tgid, false);
+        let _ = set_bit(&mut self.verdict_pids, tgid, false);
     }
 
     /// Whether fds of `tgid` the kernel does not know as connections are captured too (for
@@ -329,6 +335,10 @@ impl SocketProbes {
     /// that reuses the fd number later is captured again.
     pub fn ignore_connection(&mut self, tgid: u32, fd: i32, conn_gen: u64) {
         let _ = self.fd_verdicts.insert(fd_key(tgid, fd), conn_gen, 0);
+        // After the verdict: the kernel looks for verdicts of this process from now on.
+        if let Err(e) = set_bit(&mut self.verdict_pids, tgid, true) {
+            warn!("cannot record a verdict for pid {tgid}: {e}");
+        }
     }
 
     /// Kernel-side counters summed over CPUs.
@@ -472,6 +482,27 @@ fn attach_accept_hook(ebpf: &mut Ebpf) -> Result<(), String> {
         .load("inet_csk_accept", &btf)
         .map_err(|e| format!("loading: {e}"))?;
     program.attach().map_err(|e| format!("attaching: {e}"))?;
+    Ok(())
+}
+
+/// Without fexit, tcp:tcp_rcv_space_adjust (in the reading thread, on every TCP read of the
+/// host) names the socket a connection's first read reads; it costs every TCP read a program
+/// run, so it is attached only then.
+fn attach_read_sock_hook(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
+    let (program, category, tracepoint) = ("rcv_space_adjust", "tcp", "tcp_rcv_space_adjust");
+    let attach_err = |source| CaptureError::Attach {
+        program,
+        category,
+        tracepoint,
+        source: Box::new(source),
+    };
+    let prog: &mut TracePoint = ebpf
+        .program_mut(program)
+        .ok_or(CaptureError::MissingProgram { name: program })?
+        .try_into()
+        .map_err(attach_err)?;
+    prog.load().map_err(attach_err)?;
+    prog.attach(category, tracepoint).map_err(attach_err)?;
     Ok(())
 }
 

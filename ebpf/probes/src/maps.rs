@@ -49,6 +49,37 @@ pub fn captures_unknown_fds(tgid: u32) -> bool {
     }
 }
 
+/// Processes for which user space has issued verdicts (FD_VERDICT), one bit per tgid: the
+/// verdict lookup is skipped for the others (an HTTP server's connections rarely get one).
+#[map]
+pub static VERDICT_PIDS: Array<u64> = Array::with_max_entries(TARGET_WORDS, 0);
+
+/// Until when (CLOCK_MONOTONIC ns) a read may be waiting to learn its connection's socket (no
+/// fexit at accept): tcp_rcv_space_adjust, which runs on every TCP read of the host, returns
+/// at once outside that window. Set, never counted down: concurrent plain stores only move it
+/// within the same few milliseconds.
+#[map]
+pub static SOCK_WANTED_UNTIL: Array<u64> = Array::with_max_entries(1, 0);
+
+/// How long after a read's entry its socket may still be learnt. The socket matters for the
+/// wire arrival of bytes that sat in the buffer before the read, and such a read returns at
+/// once; a read that blocks longer returns when the bytes arrive (its own time is then the
+/// arrival) and the connection learns its socket at its next read.
+pub const SOCK_WANTED_NS: u64 = 10_000_000;
+
+#[inline(always)]
+pub fn want_sock(now_ns: u64) {
+    if let Some(ptr) = SOCK_WANTED_UNTIL.get_ptr_mut(0) {
+        // SAFETY: a plain u64 map value; racing stores all hold about the same time.
+        unsafe { *ptr = now_ns + SOCK_WANTED_NS };
+    }
+}
+
+#[inline(always)]
+pub fn sock_wanted_until() -> u64 {
+    SOCK_WANTED_UNTIL.get(0).copied().unwrap_or(0)
+}
+
 /// Per (tgid, fd): the connection id user space wants ignored (not an HTTP server connection;
 /// 0 for an fd the kernel does not know). It applies only while the fd still holds that
 /// connection. LRU so leaked entries can never fill it.
@@ -66,9 +97,16 @@ pub static CONNS: LruHashMap<u64, ConnEntry> = LruHashMap::with_max_entries(6553
 #[map]
 pub static CONN_REFS: LruHashMap<u64, u32> = LruHashMap::with_max_entries(16384, 0);
 
-/// Whether user space asked to ignore connection `id` on fd `key`.
+/// Whether user space asked to ignore connection `id` on fd `key` of `tgid`.
 #[inline(always)]
-pub fn ignored(key: u64, id: u64) -> bool {
+pub fn ignored(tgid: u32, key: u64, id: u64) -> bool {
+    let any = match VERDICT_PIDS.get(tgid >> 6) {
+        Some(word) => (*word >> (tgid & 63)) & 1 != 0,
+        None => false,
+    };
+    if !any {
+        return false;
+    }
     match unsafe { FD_VERDICT.get(&key) } {
         Some(ignored_id) => *ignored_id == id,
         None => false,
@@ -119,7 +157,8 @@ pub struct Inflight {
     pub shape: Shape,
     /// 1 from entry until the exit consumes it.
     pub live: u8,
-    pub _pad: u8,
+    /// 1 when this read's connection has no known socket yet (see SOCK_WANTED_UNTIL).
+    pub wants_sock: u8,
     /// The connection the fd held at entry (see CONNS); for accept, `sock` is filled in by
     /// fexit on inet_csk_accept.
     pub conn_id: u64,

@@ -5,7 +5,7 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use inferscope_common::{
-    CONN_SHARED, ConnEntry, Counter, RecordType, SyscallKind, SyscallRecord, fd_key,
+    CONN_INET, CONN_SHARED, ConnEntry, Counter, RecordType, SyscallKind, SyscallRecord, fd_key,
 };
 
 use crate::{
@@ -13,7 +13,7 @@ use crate::{
     ctx::field,
     maps::{
         CONN_REFS, CONNS, FD_VERDICT, INFLIGHT, Inflight, Shape, captures_unknown_fds, ignored,
-        traced,
+        sock_wanted_until, traced, want_sock,
     },
     ringbuf::output,
 };
@@ -39,12 +39,13 @@ fn save(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), 
     let fd = fd as i32;
     let mut conn = ConnEntry::default();
     let mut ptr: u64 = 0;
+    let mut wants_sock = 0u8;
     if kind == SyscallKind::Read || kind == SyscallKind::Write {
         let key = fd_key(tgid, fd);
         // One lookup tells a connection from everything else, whatever the fd number's past.
         match unsafe { CONNS.get(&key) } {
             Some(known) => {
-                if ignored(key, known.id) {
+                if ignored(tgid, key, known.id) {
                     return Ok(());
                 }
                 conn = *known;
@@ -54,12 +55,16 @@ fn save(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), 
                     bump(Counter::UnknownFdSkipped);
                     return Ok(());
                 }
-                if ignored(key, 0) {
+                if ignored(tgid, key, 0) {
                     return Ok(());
                 }
             }
         }
         ptr = field(ctx, ARG1);
+        if kind == SyscallKind::Read && conn.id != 0 && conn.flags & CONN_INET == 0 {
+            // A connection accepted without fexit: its first TCP read names its socket.
+            wants_sock = 1;
+        }
     } else if kind == SyscallKind::Dup {
         // dup2/dup3 name the new fd; dup returns it (and leaves -1 here).
         let newfd: i64 = if shape == Shape::Iovec {
@@ -82,7 +87,7 @@ fn save(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), 
         kind: kind as u8,
         shape,
         live: 1,
-        _pad: 0,
+        wants_sock,
         conn_id: conn.id,
         sock: conn.sock,
         conn_flags: conn.flags,
@@ -98,6 +103,10 @@ fn save(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), 
             ctx,
             "in-flight syscall map full: fd {} of pid {} not captured", fd, tgid
         );
+        return Ok(());
+    }
+    if wants_sock == 1 {
+        want_sock(inflight.ts_enter_ns);
     }
     Ok(())
 }
@@ -156,6 +165,11 @@ const RCV_SKADDR: usize = 8;
 /// never pass here.
 #[tracepoint]
 pub fn rcv_space_adjust(ctx: TracePointContext) -> u32 {
+    // Every TCP read of the host passes here: one inlined array load unless a read waits.
+    let until = sock_wanted_until();
+    if until == 0 || unsafe { bpf_ktime_get_ns() } > until {
+        return 0;
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     if !traced((pid_tgid >> 32) as u32) {
         return 0;
@@ -163,7 +177,7 @@ pub fn rcv_space_adjust(ctx: TracePointContext) -> u32 {
     if let Some(slot) = INFLIGHT.get_ptr_mut(&pid_tgid) {
         // SAFETY: only this thread touches its entry (see INFLIGHT).
         unsafe {
-            if (*slot).live == 1 && (*slot).kind == SyscallKind::Read as u8 && (*slot).sock == 0 {
+            if (*slot).live == 1 && (*slot).wants_sock == 1 && (*slot).sock == 0 {
                 (*slot).sock = field(&ctx, RCV_SKADDR);
             }
         }
@@ -209,7 +223,7 @@ pub fn close_fd(tgid: u32, tid: u32, fd: i32) -> Result<(), i32> {
             ConnEntry::default()
         }
     };
-    let was_ignored = ignored(key, conn.id);
+    let was_ignored = ignored(tgid, key, conn.id);
     if conn.id != 0 {
         let _ = CONNS.remove(&key);
         if conn.flags & CONN_SHARED != 0 {

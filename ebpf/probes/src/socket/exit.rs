@@ -97,7 +97,7 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
         kind: SyscallKind::Accept as u8,
         shape: Shape::None,
         live: 0,
-        _pad: 0,
+        wants_sock: 0,
         conn_id: 0,
         sock: 0,
         conn_flags: 0,
@@ -108,8 +108,8 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
         let saved = unsafe { *slot };
         if saved.live == 1 && saved.kind == SyscallKind::Accept as u8 {
             inflight = saved;
+            unsafe { (*slot).live = 0 };
         }
-        unsafe { (*slot).live = 0 };
     }
     if ret < 0 {
         return Ok(());
