@@ -76,6 +76,14 @@ pub fn want_sock(now_ns: u64) {
 }
 
 #[inline(always)]
+pub fn clear_sock_wanted() {
+    if let Some(ptr) = SOCK_WANTED_UNTIL.get_ptr_mut(0) {
+        // SAFETY: as in `want_sock`.
+        unsafe { *ptr = 0 };
+    }
+}
+
+#[inline(always)]
 pub fn sock_wanted_until() -> u64 {
     SOCK_WANTED_UNTIL.get(0).copied().unwrap_or(0)
 }

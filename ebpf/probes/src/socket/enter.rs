@@ -12,8 +12,8 @@ use crate::{
     counters::bump,
     ctx::field,
     maps::{
-        CONN_REFS, CONNS, FD_VERDICT, INFLIGHT, Inflight, Shape, captures_unknown_fds, ignored,
-        sock_wanted_until, traced, want_sock,
+        CONN_REFS, CONNS, FD_VERDICT, INFLIGHT, Inflight, Shape, captures_unknown_fds,
+        clear_sock_wanted, ignored, sock_wanted_until, traced, want_sock,
     },
     ringbuf::output,
 };
@@ -167,7 +167,13 @@ const RCV_SKADDR: usize = 8;
 pub fn rcv_space_adjust(ctx: TracePointContext) -> u32 {
     // Every TCP read of the host passes here: one inlined array load unless a read waits.
     let until = sock_wanted_until();
-    if until == 0 || unsafe { bpf_ktime_get_ns() } > until {
+    if until == 0 {
+        return 0;
+    }
+    if unsafe { bpf_ktime_get_ns() } > until {
+        // Closed: the next runs return after the load alone, without a helper call. (A read
+        // that set it again meanwhile learns its socket at its connection's next read.)
+        clear_sock_wanted();
         return 0;
     }
     let pid_tgid = bpf_get_current_pid_tgid();
