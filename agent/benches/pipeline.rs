@@ -45,6 +45,8 @@ fn event(kind: SyscallKind, fd: i32, ts: u64, payload: &[u8]) -> SyscallEvent<'_
         truncated: false,
         copy_failed: false,
         conn_gen: 0,
+        conn_flags: 0,
+        sock: 0,
         payload,
     }
 }
@@ -60,6 +62,7 @@ fn main() {
     let peer = Peer {
         local_port: Some(8089),
         remote: Some("127.0.0.1:40000".parse().unwrap()),
+        ..Peer::default()
     };
     let mut out = Vec::new();
     let mut records = 0usize;

@@ -5,7 +5,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use inferscope_common::{Counter, SyscallKind};
+use inferscope_common::{CONN_PREEXISTING, Counter, SyscallKind};
 use rustc_hash::FxHashMap;
 use tracing::{info, warn};
 
@@ -16,7 +16,7 @@ use crate::{
         late_attach::{LateAttach, Missing},
         metrics::{MetricsScraper, ScrapeConfig},
         privileges::Privileges,
-        records,
+        preexisting, records,
         records::SyscallEvent,
         sched_hooks,
         user_probes::{ProbeSpec, UserProbes},
@@ -108,6 +108,7 @@ impl Pipeline {
             warn!("{}", privileges.summary());
         }
         let probes = SocketProbes::load(config.capture)?;
+        let classifier = FdClassifier::new(probes.sock_hook());
         Ok(Self {
             scraper: None,
             engine_metrics: EngineMetrics::new(prometheus::Limits::default(), 0),
@@ -115,7 +116,7 @@ impl Pipeline {
             tracker: Tracker::new(config.limits),
             config,
             probes,
-            classifier: FdClassifier::default(),
+            classifier,
             ports: FxHashMap::default(),
             ipc: IpcRouter::default(),
             stats: Stats::default(),
@@ -280,7 +281,22 @@ impl Pipeline {
             self.tracker.set_engine(new.tgid, new.engine);
             self.watch_metrics(new.tgid, new.engine, &new.ports);
             self.ipc.add_process(new.tgid, new.engine);
+            // IPC sockets are not accepted HTTP connections: engines whose IPC is decoded keep
+            // the fds the kernel does not know captured.
+            self.probes
+                .capture_unknown_fds(new.tgid, self.ipc.wants(new.tgid));
+            // Connections opened before the agent: registered before tracing starts (so their
+            // first bytes are not skipped) and again after (those accepted in between).
+            let mut preexisting =
+                preexisting::register(&mut self.probes, &mut self.classifier, new.tgid, &new.ports);
             self.probes.trace_process(new.tgid);
+            preexisting +=
+                preexisting::register(&mut self.probes, &mut self.classifier, new.tgid, &new.ports);
+            self.stats
+                .add("connections_preexisting", preexisting as u64);
+            if preexisting > 0 {
+                self.tracker.join_arrivals_by_address();
+            }
             let hooks = sched_hooks::attach(
                 &mut self.probes,
                 new.tgid,
@@ -422,22 +438,25 @@ impl Pipeline {
                     };
                     match ev.kind {
                         SyscallKind::Accept => {
-                            classifier.on_accept(ev.tgid, ev.ret as i32);
-                            tracker.on_accept(&ev, Peer::default(), records);
+                            classifier.on_close(ev.tgid, ev.conn_key());
+                            let peer = Peer {
+                                sock: ev.sock,
+                                ..Peer::default()
+                            };
+                            tracker.on_accept(&ev, peer, records);
                         }
                         SyscallKind::Close => {
                             ipc.on_close(ev.tgid, ev.fd);
                             tracker.on_close(&ev, records);
-                            classifier.on_close(ev.tgid, ev.fd);
+                            classifier.on_close(ev.tgid, ev.conn_key());
                         }
+                        // Kept in the kernel between entry and exit; never emitted.
+                        SyscallKind::Dup => stats.bump("record_unexpected_kind"),
                         SyscallKind::Read | SyscallKind::Write => {
-                            let first_read = (ev.kind == SyscallKind::Read).then_some(ev.payload);
                             let wants_ipc = ipc
                                 .wants(ev.tgid)
                                 .then(|| zmtp::looks_like_zmtp(ev.payload) && ev.lost_bytes() == 0);
-                            match classifier
-                                .classify(ev.tgid, ev.fd, listening, first_read, wants_ipc)
-                            {
+                            match classifier.classify(&ev, listening, wants_ipc) {
                                 FdClass::Ipc if ev.ret > 0 => {
                                     if ipc.on_bytes(&ipc_bytes(&ev), steps) == IpcVerdict::NotIpc {
                                         stats.bump("records_not_engine_ipc");
@@ -451,7 +470,12 @@ impl Pipeline {
                                     ignore.push((ev.tgid, ev.fd, ev.conn_gen));
                                 }
                                 FdClass::Server { local_port, remote } => {
-                                    let peer = Peer { local_port, remote };
+                                    let peer = Peer {
+                                        local_port,
+                                        remote,
+                                        sock: ev.sock,
+                                        preexisting: ev.conn_flags & CONN_PREEXISTING != 0,
+                                    };
                                     if ev.kind == SyscallKind::Read {
                                         tracker.on_read(&ev, peer, records);
                                     } else {
@@ -467,7 +491,12 @@ impl Pipeline {
         for (tgid, fd, conn_gen) in tracker.take_ignored() {
             // Not HTTP on a listening port of an engine with IPC: a ZeroMQ tcp:// connection
             // joined after its greeting. Its IPC decoder looks for a frame boundary.
-            if ipc.wants(tgid) && classifier.reroute_to_ipc(tgid, fd) {
+            let key = if conn_gen != 0 {
+                conn_gen
+            } else {
+                u64::from(fd as u32)
+            };
+            if ipc.wants(tgid) && classifier.reroute_to_ipc(tgid, key) {
                 stats.bump("connections_rerouted_to_ipc");
             } else {
                 ignore.push((tgid, fd, conn_gen));

@@ -49,10 +49,11 @@ mine = {int(x) for x in open(sys.argv[4]).read().split()}
 b = [p for p in json.load(open(sys.argv[2])) if p["id"] in mine]
 runs, ns = collections.Counter(), collections.Counter()
 for p in b:
-    if p.get("type") != "tracepoint":
+    # fexit programs ("tracing": the accept hook) count too.
+    if p.get("type") not in ("tracepoint", "tracing"):
         continue
     n = p.get("name", "")
-    if not n.startswith(("enter_", "exit_", "tcp_probe", "sys_")):
+    if not n.startswith(("enter_", "exit_", "tcp_probe", "sys_", "accepted_sock", "rcv_space_adj")):
         continue
     if n.startswith("sys_"):  # bpftrace: one program per attach point
         n = "enter" if "enter" in n else "exit"
@@ -76,6 +77,8 @@ for r in $(seq "$rounds"); do
     n=$(wc -l < "$work/r.jsonl"); echo "$bin records $n $n" >> "$work/samples"
     n=$(grep -o 'counter="kernel_records_emitted" value=[0-9]*' "$work/agent.log" | tail -1 | grep -o '[0-9]*$')
     echo "$bin emitted $n $n" >> "$work/samples"
+    n=$(grep -o 'counter="kernel_ringbuf_full_drops" value=[0-9]*' "$work/agent.log" | tail -1 | grep -o '[0-9]*$' || true)
+    echo "$bin ringbuf_drops ${n:-0} ${n:-0}" >> "$work/samples"
     kill $server; wait $server 2>/dev/null || true
   done
   if [ -n "${FLOOR:-}" ]; then

@@ -163,7 +163,8 @@ fn records_match_the_wire_for_concurrent_keep_alive_streams() {
         assert_eq!(rp.len(), 1, "exactly one record for {id}");
         let rp = rp[0];
         assert_eq!(rp["aborted"], false);
-        assert_eq!(rp["stream"], Value::Null);
+        // No "stream" in the body: false, the OpenAI default.
+        assert_eq!(rp["stream"], false);
         assert_eq!(rp["completion_tokens"].as_u64(), p.completion_tokens);
         assert_eq!(rp["seq_on_connection"], 0);
         let rs = ids[s.response_id.as_deref().unwrap()][0];
@@ -241,12 +242,20 @@ fn engine_started_after_the_agent_and_bad_input_on_its_port() {
         agent::counter(&log, "not_http") >= 2,
         "garbage counted as not_http:\n{log}"
     );
-    // The 20 KB head (over the 16 KiB head limit) is counted, not invented into a record. The
-    // only other records are the launcher's readiness probes (GET /health, short).
+    // The 20 KB head (over the 16 KiB head limit) is counted, not invented into a request. The
+    // only other records are the launcher's readiness probes (GET /health, short) and the
+    // server's answers to the bytes that did not parse (a 4xx each, marked unparsed; nothing
+    // for bytes it did not answer).
     assert!(agent::counter(&log, "head_too_large") >= 1, "{log}");
     for r in &records {
         assert!(r["request_bytes"].as_u64().unwrap() < 1000, "{r:#?}");
-        if r["path"] != "/v1/chat/completions" {
+        if r["request_unparsed"] == true {
+            assert_eq!(r["path"], "", "{r:#?}");
+            let status = r["status"]
+                .as_u64()
+                .expect("an answered request has a status");
+            assert!((400..500).contains(&status), "{r:#?}");
+        } else if r["path"] != "/v1/chat/completions" {
             assert_eq!(r["path"], "/health", "{r:#?}");
         }
     }
@@ -255,4 +264,9 @@ fn engine_started_after_the_agent_and_bad_input_on_its_port() {
         .filter(|r| r["path"] == "/v1/chat/completions")
         .count();
     assert_eq!(chats, 1, "{records:#?}");
+    // llama.cpp answers the garbage with a 400: users see those.
+    assert!(
+        records.iter().any(|r| r["request_unparsed"] == true),
+        "{records:#?}"
+    );
 }

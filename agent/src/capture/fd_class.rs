@@ -1,16 +1,23 @@
-//! Decides which fds of a traced process are HTTP server connections worth decoding. Files,
-//! pipes, Unix sockets and the process's own outgoing connections are not; the kernel is told to
-//! stop copying their bytes.
+//! Decides which connections of a traced process are HTTP server connections worth decoding.
+//! The kernel names every connection it saw accepted (and the pre-existing ones the agent
+//! registered at attach), so a server connection is known from its first byte and an fd number
+//! reused for a file can never become one. Only what the kernel cannot tell is looked up here:
+//! whether a connection carries an engine's IPC, and, without the accept hook, what an accepted
+//! socket is.
 use std::net::SocketAddr;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use inferscope_common::{CONN_INET, CONN_PREEXISTING};
+use rustc_hash::FxHashMap;
 
-use super::sockets::{self, FdNow};
+use super::{
+    SyscallEvent,
+    sockets::{self, FdNow},
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FdClass {
     /// A TCP connection accepted on one of the process's listening ports. `remote` is None when
-    /// the connection was gone before /proc could be read.
+    /// the kernel joins its arrivals by socket, or the connection was gone before it was read.
     Server {
         local_port: Option<u16>,
         remote: Option<SocketAddr>,
@@ -26,31 +33,40 @@ const MAX_CACHED: usize = 65536;
 
 #[derive(Default)]
 pub struct FdClassifier {
-    /// Looked up once per captured syscall, hence FxHash.
-    cache: FxHashMap<(u32, i32), FdClass>,
-    /// fds we saw being accepted: server side even if /proc has already lost them.
-    accepted: FxHashSet<(u32, i32)>,
+    /// By (tgid, connection key: the kernel's id, else the fd); looked up once per captured
+    /// syscall, hence FxHash.
+    cache: FxHashMap<(u32, u64), FdClass>,
+    /// Pre-existing connections registered at attach, with the addresses /proc gave.
+    preexisting: FxHashMap<(u32, u64), (u16, SocketAddr)>,
+    /// The kernel's accept hook runs: an accepted socket without a socket address is not TCP.
+    pub sock_hook: bool,
     pub lookups: u64,
 }
 
 impl FdClassifier {
-    pub fn on_accept(&mut self, tgid: u32, fd: i32) {
-        self.cache.remove(&(tgid, fd));
-        if self.accepted.len() >= MAX_CACHED {
-            self.accepted.clear();
+    pub fn new(sock_hook: bool) -> Self {
+        Self {
+            sock_hook,
+            ..Self::default()
         }
-        self.accepted.insert((tgid, fd));
     }
 
-    pub fn on_close(&mut self, tgid: u32, fd: i32) {
-        self.cache.remove(&(tgid, fd));
-        self.accepted.remove(&(tgid, fd));
+    /// A connection found open at attach and registered with the kernel under `id`.
+    pub fn add_preexisting(&mut self, tgid: u32, id: u64, local_port: u16, peer: SocketAddr) {
+        if self.preexisting.len() < MAX_CACHED {
+            self.preexisting.insert((tgid, id), (local_port, peer));
+        }
+    }
+
+    pub fn on_close(&mut self, tgid: u32, key: u64) {
+        self.cache.remove(&(tgid, key));
+        self.preexisting.remove(&(tgid, key));
     }
 
     /// A server connection that turned out not to be HTTP becomes an IPC candidate (once: a
     /// connection already rerouted is not rerouted again). Whether it was.
-    pub fn reroute_to_ipc(&mut self, tgid: u32, fd: i32) -> bool {
-        match self.cache.get_mut(&(tgid, fd)) {
+    pub fn reroute_to_ipc(&mut self, tgid: u32, key: u64) -> bool {
+        match self.cache.get_mut(&(tgid, key)) {
             Some(class @ FdClass::Server { .. }) => {
                 *class = FdClass::Ipc;
                 true
@@ -61,103 +77,149 @@ impl FdClassifier {
 
     pub fn forget_process(&mut self, tgid: u32) {
         self.cache.retain(|(t, _), _| *t != tgid);
-        self.accepted.retain(|(t, _)| *t != tgid);
+        self.preexisting.retain(|(t, _), _| *t != tgid);
     }
 
-    /// `first_read` is the payload of the event being classified when it is a read: if the fd
-    /// is already closed when the agent looks (short connections, accepted before the agent
-    /// attached), a read that opens with an HTTP request line still marks a server connection.
-    /// `ipc` is Some when the process's engine decodes IPC sockets ([`FdClass::Ipc`]), holding
-    /// whether this event's bytes look like that IPC (the decode stage says: for ZeroMQ, a
-    /// greeting or whole frames, which HTTP bytes never are). A connection accepted on a
-    /// listening port is IPC when they do: ZeroMQ's tcp:// binds listen too.
+    /// What the connection of `ev` is. `ipc` is Some when the process's engine decodes IPC
+    /// sockets ([`FdClass::Ipc`]), holding whether this event's bytes look like that IPC (the
+    /// decode stage says: for ZeroMQ, a greeting or whole frames, which HTTP bytes never are).
+    /// A connection accepted on a listening port is IPC when they do: ZeroMQ's tcp:// binds
+    /// listen too.
     pub fn classify(
         &mut self,
-        tgid: u32,
-        fd: i32,
+        ev: &SyscallEvent<'_>,
         listening_ports: &[u16],
-        first_read: Option<&[u8]>,
+        ipc: Option<bool>,
+    ) -> FdClass {
+        let key = (ev.tgid, ev.conn_key());
+        if let Some(class) = self.cache.get(&key) {
+            return *class;
+        }
+        let class = self.resolve(ev, listening_ports, ipc);
+        if self.cache.len() >= MAX_CACHED {
+            self.cache.clear();
+        }
+        self.cache.insert(key, class);
+        class
+    }
+
+    fn resolve(
+        &mut self,
+        ev: &SyscallEvent<'_>,
+        listening_ports: &[u16],
         ipc: Option<bool>,
     ) -> FdClass {
         let ipc_greeting = ipc == Some(true);
         let ipc = ipc.is_some();
-        if let Some(class) = self.cache.get(&(tgid, fd)) {
-            return *class;
-        }
-        self.lookups += 1;
-        let unknown_peer = FdClass::Server {
-            local_port: None,
-            remote: None,
-        };
-        let class = match sockets::tcp_connection(tgid, fd) {
-            FdNow::TcpConnection { local, .. }
-                if ipc_greeting && listening_ports.contains(&local.port()) =>
-            {
+        let server = |local_port, remote| {
+            if ipc_greeting {
                 FdClass::Ipc
+            } else {
+                FdClass::Server { local_port, remote }
             }
-            FdNow::TcpConnection { local, peer } if listening_ports.contains(&local.port()) => {
-                FdClass::Server {
-                    local_port: Some(local.port()),
-                    remote: Some(peer),
-                }
+        };
+        if ev.conn_known() {
+            if ev.conn_flags & CONN_PREEXISTING != 0 {
+                let peer = self.preexisting.get(&(ev.tgid, ev.conn_gen)).copied();
+                return server(peer.map(|p| p.0), peer.map(|p| p.1));
+            }
+            if ev.conn_flags & CONN_INET != 0 || ev.sock != 0 {
+                // Accepted TCP: the kernel joins its arrivals by socket; no lookup needed.
+                return server(None, None);
+            }
+            if self.sock_hook {
+                // Accepted, but not through TCP's accept: a Unix socket.
+                return if ipc { FdClass::Ipc } else { FdClass::Other };
+            }
+            // No accept hook: ask the process what the accepted fd is. Whatever it holds now
+            // was accepted, so a TCP connection there is this one or a later accepted one.
+            self.lookups += 1;
+            return match sockets::tcp_connection(ev.tgid, ev.fd) {
+                FdNow::TcpConnection { local, peer } => server(Some(local.port()), Some(peer)),
+                FdNow::UnixStream if ipc => FdClass::Ipc,
+                FdNow::Gone => server(None, None),
+                FdNow::UnixStream | FdNow::Other => FdClass::Other,
+            };
+        }
+        // An fd the kernel never saw accepted (captured only for engines with IPC decoding): an
+        // IPC candidate at most, never an HTTP server connection.
+        self.lookups += 1;
+        match sockets::tcp_connection(ev.tgid, ev.fd) {
+            FdNow::TcpConnection { local, .. } if listening_ports.contains(&local.port()) => {
+                FdClass::Other
             }
             FdNow::TcpConnection { .. } | FdNow::UnixStream if ipc => FdClass::Ipc,
-            FdNow::TcpConnection { .. } | FdNow::UnixStream | FdNow::Other => FdClass::Other,
-            FdNow::Gone if self.accepted.contains(&(tgid, fd)) => unknown_peer,
-            FdNow::Gone if first_read.is_some_and(starts_like_http_request) => unknown_peer,
-            FdNow::Gone => FdClass::Other,
-        };
-        if self.cache.len() >= MAX_CACHED {
-            self.cache.clear();
+            _ => FdClass::Other,
         }
-        self.cache.insert((tgid, fd), class);
-        class
     }
-}
-
-/// `METHOD SP /...`: the opening of an HTTP/1.x request line.
-fn starts_like_http_request(bytes: &[u8]) -> bool {
-    const METHODS: [&[u8]; 7] = [
-        b"GET ",
-        b"POST ",
-        b"PUT ",
-        b"DELETE ",
-        b"HEAD ",
-        b"OPTIONS ",
-        b"PATCH ",
-    ];
-    METHODS.iter().any(|m| bytes.starts_with(m))
 }
 
 #[cfg(test)]
 mod tests {
+    use inferscope_common::{CONN_ID_BIT, CONN_KNOWN, SyscallKind};
+
     use super::*;
 
+    fn ev(fd: i32, conn_gen: u64, conn_flags: u32) -> SyscallEvent<'static> {
+        SyscallEvent {
+            kind: SyscallKind::Read,
+            tgid: std::process::id(),
+            tid: 1,
+            fd,
+            ts_enter_ns: 1,
+            ts_exit_ns: 2,
+            ret: 10,
+            truncated: false,
+            copy_failed: false,
+            conn_gen,
+            conn_flags,
+            sock: 0,
+            payload: b"GET / HTTP/1.1\r\n",
+        }
+    }
+
     #[test]
-    fn a_closed_fd_is_judged_by_its_first_read() {
-        let mut c = FdClassifier::default();
-        let gone_fd = 100_000;
-        let me = std::process::id();
+    fn the_kernel_decides_what_is_a_server_connection() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        use std::os::fd::AsRawFd;
+        let fd = accepted.as_raw_fd();
+        let id = CONN_ID_BIT | 7;
+        let mut c = FdClassifier::new(true);
+        // Accepted TCP: a server connection, whatever the fd is now.
+        assert!(matches!(
+            c.classify(&ev(100_000, id, CONN_KNOWN | CONN_INET), &[port], None),
+            FdClass::Server { .. }
+        ));
+        // The same accepted TCP fd, unknown to the kernel: never a server connection.
+        assert_eq!(c.classify(&ev(fd, 0, 0), &[port], None), FdClass::Other);
+        assert_eq!(c.lookups, 1);
+        // Accepted, not TCP (Unix): IPC for engines that decode it, else nothing.
+        let unix = ev(5, id + 1, CONN_KNOWN);
         assert_eq!(
-            c.classify(
-                me,
-                gone_fd,
-                &[80],
-                Some(b"POST /v1/chat/completions HTTP/1.1\r\n"),
-                None
-            ),
+            FdClassifier::new(true).classify(&unix, &[port], Some(false)),
+            FdClass::Ipc
+        );
+        assert_eq!(
+            FdClassifier::new(true).classify(&unix, &[port], None),
+            FdClass::Other
+        );
+        // Without the accept hook, the accepted fd is looked at.
+        assert!(matches!(
+            FdClassifier::new(false).classify(&ev(fd, id + 2, CONN_KNOWN), &[port], None),
+            FdClass::Server { local_port: Some(p), .. } if p == port
+        ));
+        // Pre-existing: the addresses registered at attach.
+        let peer: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        c.add_preexisting(std::process::id(), id + 3, 8080, peer);
+        assert_eq!(
+            c.classify(&ev(9, id + 3, CONN_KNOWN | CONN_PREEXISTING), &[8080], None),
             FdClass::Server {
-                local_port: None,
-                remote: None
+                local_port: Some(8080),
+                remote: Some(peer)
             }
-        );
-        assert_eq!(
-            c.classify(me, gone_fd + 1, &[80], Some(b"\x16\x03\x01"), None),
-            FdClass::Other
-        );
-        assert_eq!(
-            c.classify(me, gone_fd + 2, &[80], None, None),
-            FdClass::Other
         );
     }
 
@@ -167,34 +229,31 @@ mod tests {
         let (unix, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let out = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let me = std::process::id();
         for fd in [unix.as_raw_fd(), out.as_raw_fd()] {
             assert_eq!(
-                FdClassifier::default().classify(me, fd, &[], None, Some(false)),
+                FdClassifier::new(true).classify(&ev(fd, 0, 0), &[], Some(false)),
                 FdClass::Ipc
             );
             assert_eq!(
-                FdClassifier::default().classify(me, fd, &[], None, None),
+                FdClassifier::new(true).classify(&ev(fd, 0, 0), &[], None),
                 FdClass::Other
             );
         }
         // Accepted on a listening port: HTTP, unless it opens with a ZMTP greeting.
-        let (accepted, _) = listener.accept().unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let fd = accepted.as_raw_fd();
+        let accepted = ev(50, CONN_ID_BIT | 1, CONN_KNOWN | CONN_INET);
         assert!(matches!(
-            FdClassifier::default().classify(me, fd, &[port], None, Some(false)),
+            FdClassifier::new(true).classify(&accepted, &[], Some(false)),
             FdClass::Server { .. }
         ));
         assert_eq!(
-            FdClassifier::default().classify(me, fd, &[port], None, Some(true)),
+            FdClassifier::new(true).classify(&accepted, &[], Some(true)),
             FdClass::Ipc
         );
         // Joined after the greeting: HTTP first, rerouted once the HTTP decoder gives up.
-        let mut c = FdClassifier::default();
-        c.classify(me, fd, &[port], None, Some(false));
-        assert!(c.reroute_to_ipc(me, fd));
-        assert_eq!(c.classify(me, fd, &[port], None, Some(false)), FdClass::Ipc);
-        assert!(!c.reroute_to_ipc(me, fd));
+        let mut c = FdClassifier::new(true);
+        c.classify(&accepted, &[], Some(false));
+        assert!(c.reroute_to_ipc(accepted.tgid, accepted.conn_key()));
+        assert_eq!(c.classify(&accepted, &[], Some(false)), FdClass::Ipc);
+        assert!(!c.reroute_to_ipc(accepted.tgid, accepted.conn_key()));
     }
 }

@@ -8,6 +8,7 @@ pub mod gpu;
 pub mod late_attach;
 pub mod metrics;
 pub mod privileges;
+pub mod preexisting;
 pub mod probes;
 pub mod procfs;
 pub mod records;

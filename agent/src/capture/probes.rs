@@ -3,16 +3,18 @@
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 
 use aya::{
-    Ebpf, EbpfLoader,
+    Btf, Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
-        TracePoint, UProbe,
+        FExit, TracePoint, UProbe,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
     },
 };
 use aya_log::EbpfLogger;
-use inferscope_common::{COUNTER_SLOTS, Counter, MAX_CAPTURE_BYTES, UserProbeConfig, fd_key};
-use tracing::{debug, warn};
+use inferscope_common::{
+    COUNTER_SLOTS, ConnEntry, Counter, MAX_CAPTURE_BYTES, UserProbeConfig, fd_key,
+};
+use tracing::{debug, info, warn};
 
 /// Sizes of the kernel-side buffers.
 #[derive(Debug, Clone, Copy)]
@@ -74,6 +76,9 @@ const ATTACHMENTS: &[(&str, &str, &str)] = &[
     ("enter_accept", "syscalls", "sys_enter_accept"),
     ("enter_accept", "syscalls", "sys_enter_accept4"),
     ("enter_close", "syscalls", "sys_enter_close"),
+    ("enter_dup", "syscalls", "sys_enter_dup"),
+    ("enter_dup2", "syscalls", "sys_enter_dup2"),
+    ("enter_dup2", "syscalls", "sys_enter_dup3"),
     ("thread_exit", "sched", "sched_process_exit"),
     ("exit_syscall", "syscalls", "sys_exit_read"),
     ("exit_syscall", "syscalls", "sys_exit_recvfrom"),
@@ -83,8 +88,11 @@ const ATTACHMENTS: &[(&str, &str, &str)] = &[
     ("exit_syscall", "syscalls", "sys_exit_sendto"),
     ("exit_syscall", "syscalls", "sys_exit_writev"),
     ("exit_syscall", "syscalls", "sys_exit_sendmsg"),
-    ("exit_syscall", "syscalls", "sys_exit_accept"),
-    ("exit_syscall", "syscalls", "sys_exit_accept4"),
+    ("exit_accept", "syscalls", "sys_exit_accept"),
+    ("exit_accept", "syscalls", "sys_exit_accept4"),
+    ("exit_syscall", "syscalls", "sys_exit_dup"),
+    ("exit_syscall", "syscalls", "sys_exit_dup2"),
+    ("exit_syscall", "syscalls", "sys_exit_dup3"),
     ("tcp_probe", "tcp", "tcp_probe"),
 ];
 
@@ -104,6 +112,15 @@ pub struct SocketProbes {
     /// Bitmap of watched local ports (see PORTS in the eBPF crate).
     ports: Array<MapData, u64>,
     fd_verdicts: HashMap<MapData, u64, u64>,
+    /// (tgid, fd) → connection, written by the kernel at accept; user space adds only the
+    /// connections that predate the agent.
+    conns: HashMap<MapData, u64, ConnEntry>,
+    /// Bitmap of processes whose unknown fds are still captured (engines with IPC decoding).
+    unknown_fds: Array<MapData, u64>,
+    /// Bitmap of processes with verdicts in `fd_verdicts` (the kernel looks only for those).
+    verdict_pids: Array<MapData, u64>,
+    /// fexit on inet_csk_accept is attached: an accept without a socket address is not TCP.
+    sock_hook: bool,
     counters: PerCpuArray<MapData, u64>,
     logger: Option<EbpfLogger<&'static dyn log::Log>>,
 }
@@ -141,8 +158,15 @@ impl SocketProbes {
             )));
         }
         raise_memlock_limit();
+        let skaddr_offset = tcp_probe_skaddr_offset().unwrap_or(0);
+        if skaddr_offset == 0 {
+            warn!(
+                "tcp:tcp_probe has no skaddr field here: TCP arrivals join connections by address only"
+            );
+        }
         let mut ebpf = EbpfLoader::new()
             .override_global("CAPTURE_BYTES", &config.capture_bytes, true)
+            .override_global("TCP_PROBE_SKADDR", &skaddr_offset, true)
             .map_max_entries("EVENTS", config.ring_buffer_bytes)
             .load(PROGRAM_OBJECT)
             .map_err(|e| CaptureError::Load(Box::new(e)))?;
@@ -176,6 +200,16 @@ impl SocketProbes {
                     source: Box::new(source),
                 })?;
         }
+        let sock_hook = match attach_accept_hook(&mut ebpf) {
+            Ok(()) => true,
+            Err(e) => {
+                info!(
+                    "fexit on inet_csk_accept unavailable ({e}): an accepted connection's TCP socket is learnt at its first read (tcp:tcp_rcv_space_adjust)"
+                );
+                attach_read_sock_hook(&mut ebpf)?;
+                false
+            }
+        };
         // Engine scheduler uprobes are loaded now and attached per process when one is found.
         for (name, program) in ebpf.programs_mut() {
             if let Ok(uprobe) = <&mut UProbe>::try_from(program) {
@@ -212,6 +246,11 @@ impl SocketProbes {
             HashMap::try_from(take_map(&mut ebpf, "FD_VERDICT")?).map_err(map_err("FD_VERDICT"))?;
         let counters =
             PerCpuArray::try_from(take_map(&mut ebpf, "COUNTERS")?).map_err(map_err("COUNTERS"))?;
+        let conns = HashMap::try_from(take_map(&mut ebpf, "CONNS")?).map_err(map_err("CONNS"))?;
+        let unknown_fds =
+            Array::try_from(take_map(&mut ebpf, "UNKNOWN_FDS")?).map_err(map_err("UNKNOWN_FDS"))?;
+        let verdict_pids = Array::try_from(take_map(&mut ebpf, "VERDICT_PIDS")?)
+            .map_err(map_err("VERDICT_PIDS"))?;
         let user_configs =
             Array::try_from(take_map(&mut ebpf, "USER_PROBES")?).map_err(map_err("USER_PROBES"))?;
         Ok(Self {
@@ -223,6 +262,10 @@ impl SocketProbes {
             targets,
             ports,
             fd_verdicts,
+            conns,
+            unknown_fds,
+            verdict_pids,
+            sock_hook,
             counters,
             logger,
         })
@@ -244,6 +287,38 @@ impl SocketProbes {
 
     pub fn untrace_process(&mut self, tgid: u32) {
         let _ = set_bit(&mut self.targets, tgid, false);
+        let _ = set_bit(&mut self.unknown_fds, tgid, false);
+        let _ = set_bit(&mut self.verdict_pids, tgid, false);
+    }
+
+    /// Whether fds of `tgid` the kernel does not know as connections are captured too (for
+    /// engines whose IPC the agent decodes).
+    pub fn capture_unknown_fds(&mut self, tgid: u32, on: bool) {
+        if let Err(e) = set_bit(&mut self.unknown_fds, tgid, on) {
+            warn!("cannot set IPC capture for pid {tgid}: {e}");
+        }
+    }
+
+    /// Registers a connection that predates the agent on `fd`, unless the kernel already knows
+    /// what the fd holds (an accept seen meanwhile wins). Whether it was added.
+    pub fn register_preexisting(&mut self, tgid: u32, fd: i32, entry: ConnEntry) -> bool {
+        const BPF_NOEXIST: u64 = 1;
+        self.conns
+            .insert(fd_key(tgid, fd), entry, BPF_NOEXIST)
+            .is_ok()
+    }
+
+    /// Drops a registration made by [`Self::register_preexisting`] if it still holds `id`.
+    pub fn unregister_preexisting(&mut self, tgid: u32, fd: i32, id: u64) {
+        let key = fd_key(tgid, fd);
+        if self.conns.get(&key, 0).is_ok_and(|e| e.id == id) {
+            let _ = self.conns.remove(&key);
+        }
+    }
+
+    /// fexit on inet_csk_accept is attached: accepted fds are known TCP or known not.
+    pub fn sock_hook(&self) -> bool {
+        self.sock_hook
     }
 
     pub fn watch_port(&mut self, port: u16) {
@@ -260,6 +335,10 @@ impl SocketProbes {
     /// that reuses the fd number later is captured again.
     pub fn ignore_connection(&mut self, tgid: u32, fd: i32, conn_gen: u64) {
         let _ = self.fd_verdicts.insert(fd_key(tgid, fd), conn_gen, 0);
+        // After the verdict: the kernel looks for verdicts of this process from now on.
+        if let Err(e) = set_bit(&mut self.verdict_pids, tgid, true) {
+            warn!("cannot record a verdict for pid {tgid}: {e}");
+        }
     }
 
     /// Kernel-side counters summed over CPUs.
@@ -391,6 +470,60 @@ impl SocketProbes {
 
 const _: () = assert!(COUNTER_SLOTS as usize >= Counter::ALL.len());
 
+/// Loads and attaches fexit on inet_csk_accept (needs BTF and BPF trampolines).
+fn attach_accept_hook(ebpf: &mut Ebpf) -> Result<(), String> {
+    let btf = Btf::from_sys_fs().map_err(|e| format!("kernel BTF: {e}"))?;
+    let program: &mut FExit = ebpf
+        .program_mut("accepted_sock")
+        .ok_or("no accepted_sock program")?
+        .try_into()
+        .map_err(|e| format!("{e}"))?;
+    program
+        .load("inet_csk_accept", &btf)
+        .map_err(|e| format!("loading: {e}"))?;
+    program.attach().map_err(|e| format!("attaching: {e}"))?;
+    Ok(())
+}
+
+/// Without fexit, tcp:tcp_rcv_space_adjust (in the reading thread, on every TCP read of the
+/// host) names the socket a connection's first read reads; it costs every TCP read a program
+/// run, so it is attached only then.
+fn attach_read_sock_hook(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
+    let (program, category, tracepoint) = ("rcv_space_adjust", "tcp", "tcp_rcv_space_adjust");
+    let attach_err = |source| CaptureError::Attach {
+        program,
+        category,
+        tracepoint,
+        source: Box::new(source),
+    };
+    let prog: &mut TracePoint = ebpf
+        .program_mut(program)
+        .ok_or(CaptureError::MissingProgram { name: program })?
+        .try_into()
+        .map_err(attach_err)?;
+    prog.load().map_err(attach_err)?;
+    prog.attach(category, tracepoint).map_err(attach_err)?;
+    Ok(())
+}
+
+/// Where tcp:tcp_probe keeps `skaddr` on this kernel, from its tracefs format.
+fn tcp_probe_skaddr_offset() -> Option<u32> {
+    let format = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .iter()
+        .find_map(|root| {
+            std::fs::read_to_string(format!("{root}/events/tcp/tcp_probe/format")).ok()
+        })?;
+    skaddr_offset(&format)
+}
+
+fn skaddr_offset(format: &str) -> Option<u32> {
+    let line = format.lines().find(|l| l.contains(" skaddr;"))?;
+    let offset = line.split("offset:").nth(1)?.split(';').next()?;
+    let size = line.split("size:").nth(1)?.split(';').next()?;
+    (size.trim() == "8").then_some(())?;
+    offset.trim().parse().ok()
+}
+
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; raising it is harmless on newer ones.
 fn raise_memlock_limit() {
     let limit = libc::rlimit {
@@ -400,5 +533,18 @@ fn raise_memlock_limit() {
     // SAFETY: plain syscall with a valid struct.
     if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) } != 0 {
         debug!("setrlimit(RLIMIT_MEMLOCK) failed; fine on kernels >= 5.11");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn finds_skaddr_in_a_tracepoint_format() {
+        let format = "\tfield:__u64 sock_cookie;\toffset:112;\tsize:8;\tsigned:0;\n\tfield:const void * skaddr;\toffset:128;\tsize:8;\tsigned:0;\n";
+        assert_eq!(super::skaddr_offset(format), Some(128));
+        assert_eq!(
+            super::skaddr_offset("field:int x;\toffset:8;\tsize:4;"),
+            None
+        );
     }
 }

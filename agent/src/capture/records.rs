@@ -42,12 +42,31 @@ pub struct SyscallEvent<'a> {
     pub ret: i64,
     pub truncated: bool,
     pub copy_failed: bool,
-    /// The fd's connection generation (0: accepted before the agent started).
+    /// The connection's id, from the kernel (0: an fd the kernel does not know as one).
     pub conn_gen: u64,
+    /// `CONN_*` flags of that connection.
+    pub conn_flags: u32,
+    /// The connection's `struct sock` address (0: unknown).
+    pub sock: u64,
     pub payload: &'a [u8],
 }
 
 impl SyscallEvent<'_> {
+    /// What names this event's connection in user space: the kernel's connection id (its high
+    /// bit is set), else the fd number (which can never collide with an id).
+    pub fn conn_key(&self) -> u64 {
+        if self.conn_gen != 0 {
+            self.conn_gen
+        } else {
+            u64::from(self.fd as u32)
+        }
+    }
+
+    /// The connection was seen accepted by the kernel (or registered as pre-existing).
+    pub fn conn_known(&self) -> bool {
+        self.conn_gen != 0 && self.conn_flags & inferscope_common::CONN_KNOWN != 0
+    }
+
     /// Bytes the syscall moved that are not in `payload`.
     pub fn lost_bytes(&self) -> u64 {
         if self.ret > 0 {
@@ -66,6 +85,8 @@ pub struct Segment {
     pub remote: IpAddr,
     pub remote_port: u16,
     pub data_len: u32,
+    /// The receiving socket's `struct sock` address (0: unknown).
+    pub sock: u64,
 }
 
 /// A scheduler event from an engine uprobe.
@@ -142,6 +163,8 @@ pub fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
             truncated: header.flags & FLAG_TRUNCATED != 0,
             copy_failed: header.flags & FLAG_COPY_FAILED != 0,
             conn_gen: header.conn_gen,
+            conn_flags: header.conn_flags,
+            sock: header.sock,
             payload,
         }))
     } else if record_type == RecordType::Segment as u8 {
@@ -152,6 +175,7 @@ pub fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
             remote: sockaddr_ip(record.family, &record.remote_sockaddr),
             remote_port: record.remote_port,
             data_len: record.data_len,
+            sock: record.sock,
         }))
     } else if record_type == RecordType::Sched as u8 {
         let record: SchedRecord = read_struct(bytes).ok_or(RecordError::Short)?;
@@ -220,8 +244,9 @@ mod tests {
             ts_exit_ns: 20,
             ret: 100,
             captured,
-            _pad: 0,
+            conn_flags: 0,
             conn_gen: 0,
+            sock: 0,
         };
         let mut bytes = vec![0u8; std::mem::size_of::<SyscallRecord>()];
         unsafe { std::ptr::write_unaligned(bytes.as_mut_ptr().cast(), header) };

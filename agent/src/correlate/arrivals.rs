@@ -1,5 +1,7 @@
-//! When did a request's bytes reach the server? TCP segment arrivals (tcp:tcp_probe) per peer,
-//! looked up when the server reads the request. The lookup window starts after the previous
+//! When did a request's bytes reach the server? TCP segment arrivals (tcp:tcp_probe) per
+//! receiving socket (the kernel names the socket of every connection it saw accepted), or per
+//! peer address for connections that predate the agent, looked up when the server reads the
+//! request. The lookup window starts after the previous
 //! response on the connection ended, because an HTTP/1.1 client sends its next request only
 //! after it has the previous response.
 use std::{
@@ -21,22 +23,73 @@ type PeerKey = (u16, IpAddr, u16);
 #[derive(Default)]
 pub struct ArrivalIndex {
     by_peer: HashMap<PeerKey, VecDeque<u64>>,
+    by_sock: HashMap<u64, VecDeque<u64>>,
+    /// Also index segments by address: some connections join that way (they predate the
+    /// agent, or the kernel cannot name sockets here).
+    pub by_address: bool,
     pub dropped: u64,
+}
+
+fn push<K: std::hash::Hash + Eq>(
+    map: &mut HashMap<K, VecDeque<u64>>,
+    key: K,
+    ts_ns: u64,
+    dropped: &mut u64,
+) {
+    if !map.contains_key(&key) && map.len() >= MAX_PEERS {
+        *dropped += 1;
+        return;
+    }
+    let times = map.entry(key).or_default();
+    if times.len() >= MAX_PER_PEER {
+        times.pop_front();
+        *dropped += 1;
+    }
+    times.push_back(ts_ns);
+}
+
+/// The first time in `(after_ns, upto_ns]`; times up to `upto_ns` are consumed.
+fn take_first(times: &mut VecDeque<u64>, after_ns: u64, upto_ns: u64) -> Option<u64> {
+    let found = times
+        .iter()
+        .copied()
+        .find(|&t| t > after_ns && t <= upto_ns);
+    while times.front().is_some_and(|&t| t <= upto_ns) {
+        times.pop_front();
+    }
+    found
 }
 
 impl ArrivalIndex {
     pub fn on_segment(&mut self, segment: &Segment) {
-        let key = (segment.local_port, segment.remote, segment.remote_port);
-        if !self.by_peer.contains_key(&key) && self.by_peer.len() >= MAX_PEERS {
-            self.dropped += 1;
-            return;
+        if segment.sock != 0 {
+            push(
+                &mut self.by_sock,
+                segment.sock,
+                segment.ts_ns,
+                &mut self.dropped,
+            );
         }
-        let times = self.by_peer.entry(key).or_default();
-        if times.len() >= MAX_PER_PEER {
-            times.pop_front();
-            self.dropped += 1;
+        if segment.sock == 0 || self.by_address {
+            let key = (segment.local_port, segment.remote, segment.remote_port);
+            push(&mut self.by_peer, key, segment.ts_ns, &mut self.dropped);
         }
-        times.push_back(segment.ts_ns);
+    }
+
+    /// The first segment received by socket `sock` in `(after_ns, upto_ns]`; segments up to
+    /// `upto_ns` are consumed.
+    pub fn first_arrival_on(&mut self, sock: u64, after_ns: u64, upto_ns: u64) -> Option<u64> {
+        let times = self.by_sock.get_mut(&sock)?;
+        let found = take_first(times, after_ns, upto_ns);
+        if times.is_empty() {
+            self.by_sock.remove(&sock);
+        }
+        found
+    }
+
+    /// The socket's connection ended: its address may be reused by the next one.
+    pub fn forget_sock(&mut self, sock: u64) {
+        self.by_sock.remove(&sock);
     }
 
     /// The first segment from `remote` to `local_port` that arrived in `(after_ns, upto_ns]`;
@@ -50,13 +103,7 @@ impl ArrivalIndex {
     ) -> Option<u64> {
         let key = (local_port, remote.ip(), remote.port());
         let times = self.by_peer.get_mut(&key)?;
-        let found = times
-            .iter()
-            .copied()
-            .find(|&t| t > after_ns && t <= upto_ns);
-        while times.front().is_some_and(|&t| t <= upto_ns) {
-            times.pop_front();
-        }
+        let found = take_first(times, after_ns, upto_ns);
         if times.is_empty() {
             self.by_peer.remove(&key);
         }
@@ -70,20 +117,23 @@ impl ArrivalIndex {
 
     pub fn sweep(&mut self, now_ns: u64) {
         let cutoff = now_ns.saturating_sub(MAX_AGE_NS);
-        self.by_peer.retain(|_, times| {
+        let keep = |times: &mut VecDeque<u64>| {
             while times.front().is_some_and(|&t| t < cutoff) {
                 times.pop_front();
             }
             !times.is_empty()
-        });
+        };
+        self.by_peer.retain(|_, times| keep(times));
+        self.by_sock.retain(|_, times| keep(times));
     }
 
     pub fn len(&self) -> usize {
-        self.by_peer.values().map(VecDeque::len).sum()
+        self.by_peer.values().map(VecDeque::len).sum::<usize>()
+            + self.by_sock.values().map(VecDeque::len).sum::<usize>()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_peer.is_empty()
+        self.by_peer.is_empty() && self.by_sock.is_empty()
     }
 }
 
@@ -98,6 +148,7 @@ mod tests {
             remote: "127.0.0.1".parse().unwrap(),
             remote_port: port,
             data_len: 10,
+            sock: 0,
         }
     }
 
@@ -125,6 +176,28 @@ mod tests {
         assert_eq!(index.len(), MAX_PER_PEER);
         assert_eq!(index.dropped, 10);
         index.sweep(MAX_AGE_NS + 1_000);
+        assert!(index.is_empty());
+    }
+
+    #[test]
+    fn joins_by_socket_without_an_address_and_forgets_it_at_close() {
+        let mut index = ArrivalIndex::default();
+        let on = |sock, ts| Segment {
+            sock,
+            ..seg(7000, ts)
+        };
+        // Two connections from the same address in turn (the client port reused): the socket
+        // tells them apart; the address index is off.
+        index.on_segment(&on(0xa0, 100));
+        index.on_segment(&on(0xb0, 150));
+        assert_eq!(
+            index.first_arrival(8080, "127.0.0.1:7000".parse().unwrap(), 0, 500),
+            None
+        );
+        // Read late (an accept 20 ms after the bytes came): still the segment's time.
+        assert_eq!(index.first_arrival_on(0xb0, 0, 20_000_150), Some(150));
+        assert_eq!(index.first_arrival_on(0xb0, 0, 20_000_150), None);
+        index.forget_sock(0xa0);
         assert!(index.is_empty());
     }
 }

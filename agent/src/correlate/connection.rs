@@ -10,6 +10,7 @@ use crate::{
 use super::{
     Peer, RequestRecord, Stats, Work,
     arrivals::ArrivalIndex,
+    record::EndedBy,
     request::{RecordContext, RequestProgress},
 };
 
@@ -33,6 +34,9 @@ pub struct Connection {
     last_response_end_ns: u64,
     /// Not HTTP, or framing lost: nothing more is decoded on this connection.
     failed: bool,
+    /// A request did not parse: no more requests are decoded here, but the answer to it is
+    /// (servers answer malformed requests with a 4xx, users want to see those).
+    requests_failed: bool,
 }
 
 impl Connection {
@@ -49,6 +53,7 @@ impl Connection {
             next_seq: 0,
             last_response_end_ns: 0,
             failed: false,
+            requests_failed: false,
         }
     }
 
@@ -59,10 +64,15 @@ impl Connection {
             connection_id: self.id,
             unix_offset_ns,
             last_loss_ns,
+            preexisting: self.peer.preexisting,
         }
     }
 
     pub fn learn_peer(&mut self, peer: Peer) {
+        if self.peer.sock == 0 {
+            self.peer.sock = peer.sock;
+        }
+        self.peer.preexisting |= peer.preexisting;
         if self.peer.remote.is_none() {
             self.peer.remote = peer.remote;
         }
@@ -80,10 +90,10 @@ impl Connection {
     ) {
         if ev.ret <= 0 {
             // EOF or reset from the peer: whatever is still being answered was abandoned.
-            self.abort_all(ev.ts_exit_ns, work.stats, ctx, work.out);
+            self.abort_all(ev.ts_exit_ns, EndedBy::Client, work.stats, ctx, work.out);
             return;
         }
-        if self.failed {
+        if self.failed || self.requests_failed {
             return;
         }
         let chunk = Chunk {
@@ -96,8 +106,13 @@ impl Connection {
         for event in events.drain(..) {
             match event {
                 RequestEvent::Started { ts_ns } => {
-                    let wire_ns = match (self.peer.local_port, self.peer.remote) {
-                        (Some(port), Some(remote)) => {
+                    // The kernel names the socket: its segments are this connection's, however
+                    // late the accept. Connections that predate the agent join by address.
+                    let wire_ns = match (self.peer.sock, self.peer.local_port, self.peer.remote) {
+                        (sock, ..) if sock != 0 => {
+                            arrivals.first_arrival_on(sock, self.last_response_end_ns, ts_ns)
+                        }
+                        (_, Some(port), Some(remote)) => {
                             arrivals.first_arrival(port, remote, self.last_response_end_ns, ts_ns)
                         }
                         _ => None,
@@ -134,10 +149,22 @@ impl Connection {
                 }
                 RequestEvent::Error(e) => {
                     work.stats.bump(e.as_str());
-                    if self.reading.take().is_some() {
-                        work.stats.bump("requests_unparsed");
+                    match self.reading.take() {
+                        // Kept for the server's answer (a record if it answers, else nothing);
+                        // only a connection that speaks HTTP at all can have one.
+                        Some(mut progress) if self.waiting.len() < MAX_WAITING => {
+                            work.stats.bump("requests_unparsed");
+                            progress.unparsed = true;
+                            progress.truncated |= ev.truncated;
+                            self.waiting.push_back(progress);
+                            self.requests_failed = true;
+                        }
+                        Some(_) => {
+                            work.stats.bump("requests_unparsed");
+                            self.fail(ev, work.to_ignore);
+                        }
+                        None => self.fail(ev, work.to_ignore),
                     }
-                    self.fail(ev, work.to_ignore);
                 }
             }
         }
@@ -147,7 +174,7 @@ impl Connection {
     pub fn on_write(&mut self, ev: &SyscallEvent<'_>, ctx: RecordContext<'_>, work: &mut Work<'_>) {
         if ev.ret < 0 {
             // EPIPE/ECONNRESET: the client went away mid-response.
-            self.abort_all(ev.ts_enter_ns, work.stats, ctx, work.out);
+            self.abort_all(ev.ts_enter_ns, EndedBy::Client, work.stats, ctx, work.out);
             return;
         }
         if self.failed {
@@ -202,7 +229,8 @@ impl Connection {
             ResponseEvent::End { ts_ns, .. } => {
                 self.last_response_end_ns = ts_ns;
                 if let Some(done) = self.pop_answered() {
-                    work.out.push(done.into_record(ctx, ts_ns, false));
+                    work.out
+                        .push(done.into_record(ctx, ts_ns, EndedBy::Complete));
                 }
             }
             ResponseEvent::Error(e) => {
@@ -210,7 +238,8 @@ impl Connection {
                 // Framing is lost: report what we have, marked truncated, and stop decoding.
                 if let Some(mut done) = self.pop_answered() {
                     done.truncated = true;
-                    work.out.push(done.into_record(ctx, ev.ts_enter_ns, false));
+                    work.out
+                        .push(done.into_record(ctx, ev.ts_enter_ns, EndedBy::Complete));
                 }
                 self.fail(ev, work.to_ignore);
             }
@@ -247,23 +276,34 @@ impl Connection {
         }
     }
 
-    /// Requests that were read completely but not fully answered end as aborted; a request
-    /// still being read was never complete and yields no record.
+    /// Requests that were read completely but not fully answered end, cut by `by`; a request
+    /// still being read was never complete and yields no record, nor does one that did not
+    /// parse and got no answer.
     fn abort_all(
         &mut self,
         ts_ns: u64,
+        by: EndedBy,
         stats: &mut Stats,
         ctx: RecordContext<'_>,
         out: &mut Vec<RequestRecord>,
     ) {
+        let counter = match by {
+            EndedBy::Client => "requests_aborted",
+            EndedBy::Server => "requests_cut_by_server",
+            EndedBy::Complete | EndedBy::Unknown => "requests_unfinished",
+        };
         for progress in self.waiting.drain(..) {
-            stats.bump("requests_aborted");
-            out.push(progress.into_record(ctx, ts_ns, true));
+            if progress.unparsed && !progress.response_started() {
+                stats.bump("requests_unparsed_unanswered");
+                continue;
+            }
+            stats.bump(counter);
+            out.push(progress.into_record(ctx, ts_ns, by));
         }
         if let Some(progress) = self.reading.take() {
             if progress.response_started() {
-                stats.bump("requests_aborted");
-                out.push(progress.into_record(ctx, ts_ns, true));
+                stats.bump(counter);
+                out.push(progress.into_record(ctx, ts_ns, by));
             } else {
                 stats.bump("requests_incomplete");
             }
@@ -272,9 +312,12 @@ impl Connection {
         self.responses.reset();
     }
 
+    /// The connection ends on the server's side: its close (`by` = server), its process
+    /// exiting, or the agent stopping (`by` = unknown).
     pub fn close(
         mut self,
         ts_ns: u64,
+        by: EndedBy,
         stats: &mut Stats,
         ctx: RecordContext<'_>,
         out: &mut Vec<RequestRecord>,
@@ -291,12 +334,12 @@ impl Connection {
                 }
                 ResponseEvent::End { ts_ns, .. } => {
                     if let Some(done) = self.pop_answered() {
-                        out.push(done.into_record(ctx, ts_ns, false));
+                        out.push(done.into_record(ctx, ts_ns, EndedBy::Complete));
                     }
                 }
                 _ => {}
             }
         }
-        self.abort_all(ts_ns, stats, ctx, out);
+        self.abort_all(ts_ns, by, stats, ctx, out);
     }
 }

@@ -17,7 +17,7 @@ use std::{
 
 pub use arrivals::ArrivalIndex;
 pub use engine_metrics::{EngineMetrics, EngineMetricsRecord};
-pub use record::{RequestRecord, StepMember, StepRecord};
+pub use record::{EndedBy, RequestRecord, StepMember, StepRecord};
 pub use stats::Stats;
 
 use crate::{
@@ -39,7 +39,14 @@ pub const MAX_CONNECTIONS: usize = 65536;
 pub struct Peer {
     pub local_port: Option<u16>,
     pub remote: Option<SocketAddr>,
+    /// The kernel's socket address (0: unknown): arrivals join by it.
+    pub sock: u64,
+    /// The connection predates the agent.
+    pub preexisting: bool,
 }
+
+/// A connection in user space: (tgid, [`SyscallEvent::conn_key`]).
+type ConnKey = (u32, u64);
 
 pub struct Tracker {
     connections: ConnectionTable,
@@ -97,9 +104,15 @@ impl Tracker {
         self.engines.insert(tgid, engine);
     }
 
-    /// The process exited or is no longer traced: its open requests end as aborted.
+    /// Also join arrivals by address (for connections that predate the agent, or where the
+    /// kernel does not name sockets).
+    pub fn join_arrivals_by_address(&mut self) {
+        self.arrivals.by_address = true;
+    }
+
+    /// The process exited or is no longer traced: its open requests end, cut by the server.
     pub fn forget_process(&mut self, tgid: u32, now_ns: u64, out: &mut Vec<RequestRecord>) {
-        let keys: Vec<(u32, i32)> = self
+        let keys: Vec<ConnKey> = self
             .connections
             .map
             .keys()
@@ -107,7 +120,7 @@ impl Tracker {
             .copied()
             .collect();
         for key in keys {
-            self.finish_connection(key, now_ns, out);
+            self.finish_connection(key, now_ns, EndedBy::Server, out);
         }
         self.engines.remove(&tgid);
         self.joins.forget_process(tgid);
@@ -118,15 +131,23 @@ impl Tracker {
     }
 
     pub fn on_accept(&mut self, ev: &SyscallEvent<'_>, peer: Peer, out: &mut Vec<RequestRecord>) {
-        let key = (ev.tgid, ev.ret as i32);
-        // The fd number came back without us seeing its close: end the old connection first.
-        self.finish_connection(key, ev.ts_exit_ns, out);
+        let key = (ev.tgid, ev.conn_key());
+        // Without a kernel id the key is the fd number, which came back without us seeing its
+        // close: end the old connection first.
+        self.finish_connection(key, ev.ts_exit_ns, EndedBy::Server, out);
         self.connections
             .get_or_open(key, peer, &self.engines, &mut self.stats);
     }
 
+    /// The server closed the connection (its last fd): what it had not finished answering
+    /// ends cut by the server.
     pub fn on_close(&mut self, ev: &SyscallEvent<'_>, out: &mut Vec<RequestRecord>) {
-        self.finish_connection((ev.tgid, ev.fd), ev.ts_enter_ns, out);
+        self.finish_connection(
+            (ev.tgid, ev.conn_key()),
+            ev.ts_enter_ns,
+            EndedBy::Server,
+            out,
+        );
     }
 
     pub fn on_read(&mut self, ev: &SyscallEvent<'_>, peer: Peer, out: &mut Vec<RequestRecord>) {
@@ -145,10 +166,12 @@ impl Tracker {
         out: &mut Vec<RequestRecord>,
         read: bool,
     ) {
-        let Some(conn) =
-            self.connections
-                .get_or_open((ev.tgid, ev.fd), peer, &self.engines, &mut self.stats)
-        else {
+        let Some(conn) = self.connections.get_or_open(
+            (ev.tgid, ev.conn_key()),
+            peer,
+            &self.engines,
+            &mut self.stats,
+        ) else {
             return;
         };
         let ctx = conn.context(self.unix_offset_ns, self.last_loss_ns);
@@ -166,7 +189,7 @@ impl Tracker {
             conn.on_write(ev, ctx, &mut work);
         }
         if let Some((tid, seq)) = work.read_complete {
-            self.joins.request_read(ev.tgid, tid, ev.fd, seq);
+            self.joins.request_read(ev.tgid, tid, ev.conn_key(), seq);
         }
     }
 
@@ -190,13 +213,13 @@ impl Tracker {
             Some(join) => self.joins.locate_user(event, join, &mut self.stats),
             None => self.joins.locate(event, &mut self.stats),
         };
-        let Some((fd, seq)) = located else {
+        let Some((conn, seq)) = located else {
             return;
         };
         let request = self
             .connections
             .map
-            .get_mut(&(event.tgid, fd))
+            .get_mut(&(event.tgid, conn))
             .and_then(|conn| conn.request_mut(seq));
         let Some(request) = request else {
             self.stats.bump("sched_request_gone");
@@ -332,15 +355,22 @@ impl Tracker {
         self.connections.map.len()
     }
 
-    /// Ends every connection (agent shutdown): open requests are reported as aborted.
+    /// Ends every connection (agent shutdown): open requests are reported with `ended_by`
+    /// unknown.
     pub fn finish_all(&mut self, now_ns: u64, out: &mut Vec<RequestRecord>) {
-        let keys: Vec<(u32, i32)> = self.connections.map.keys().copied().collect();
+        let keys: Vec<ConnKey> = self.connections.map.keys().copied().collect();
         for key in keys {
-            self.finish_connection(key, now_ns, out);
+            self.finish_connection(key, now_ns, EndedBy::Unknown, out);
         }
     }
 
-    fn finish_connection(&mut self, key: (u32, i32), ts_ns: u64, out: &mut Vec<RequestRecord>) {
+    fn finish_connection(
+        &mut self,
+        key: ConnKey,
+        ts_ns: u64,
+        by: EndedBy,
+        out: &mut Vec<RequestRecord>,
+    ) {
         let Some(conn) = self.connections.map.remove(&key) else {
             return;
         };
@@ -348,14 +378,17 @@ impl Tracker {
         if let (Some(port), Some(remote)) = (conn.peer.local_port, conn.peer.remote) {
             self.arrivals.forget_peer(port, remote);
         }
-        conn.close(ts_ns, &mut self.stats, ctx, out);
+        if conn.peer.sock != 0 {
+            self.arrivals.forget_sock(conn.peer.sock);
+        }
+        conn.close(ts_ns, by, &mut self.stats, ctx, out);
     }
 }
 
-/// Open connections by (tgid, fd). FxHash: the key is two small integers chosen by the kernel,
-/// and this lookup runs once per captured syscall.
+/// Open connections by (tgid, connection key). FxHash: the key is two integers chosen by the
+/// kernel, and this lookup runs once per captured syscall.
 struct ConnectionTable {
-    map: FxHashMap<(u32, i32), Box<Connection>>,
+    map: FxHashMap<ConnKey, Box<Connection>>,
     next_id: u64,
     limits: Limits,
 }
@@ -365,7 +398,7 @@ impl ConnectionTable {
     /// peer filled in.
     fn get_or_open(
         &mut self,
-        key: (u32, i32),
+        key: ConnKey,
         peer: Peer,
         engines: &HashMap<u32, &'static str>,
         stats: &mut Stats,
@@ -442,6 +475,8 @@ mod tests {
             truncated: false,
             copy_failed: false,
             conn_gen: 0,
+            conn_flags: 0,
+            sock: 0,
             payload,
         }
     }
@@ -564,5 +599,115 @@ mod tests {
         t.on_close(&close(60), &mut out);
         assert_eq!(out.len(), 1);
         assert_eq!(t.stats().get("requests_incomplete"), 1);
+    }
+
+    fn stream_request() -> Vec<u8> {
+        let body = r#"{"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+    }
+
+    #[test]
+    fn a_stream_the_server_cuts_is_ended_by_the_server_not_aborted() {
+        let mut t = Tracker::new(Limits::default());
+        let mut out = Vec::new();
+        let peer = Peer::default();
+        t.on_read(
+            &ev(SyscallKind::Read, 10, &stream_request()),
+            peer,
+            &mut out,
+        );
+        t.on_write(&ev(SyscallKind::Write, 20, b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"), peer, &mut out);
+        let event = b"data: {\"id\":\"c-1\",\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n";
+        let chunk = [format!("{:x}\r\n", event.len()).as_bytes(), event, b"\r\n"].concat();
+        t.on_write(&ev(SyscallKind::Write, 30, &chunk), peer, &mut out);
+        // The server closes before the last chunk: its cut, not the client's.
+        t.on_close(&close(40), &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].ended_by, EndedBy::Server);
+        assert!(!out[0].aborted);
+        assert_eq!(out[0].output_chunks, 1);
+        assert_eq!(t.stats().get("requests_cut_by_server"), 1);
+        assert_eq!(t.stats().get("requests_aborted"), 0);
+    }
+
+    #[test]
+    fn a_malformed_request_the_server_answers_is_recorded_and_one_it_ignores_is_not() {
+        let mut t = Tracker::new(Limits::default());
+        let mut out = Vec::new();
+        let peer = Peer::default();
+        let head = b"POST /completion HTTP/1.1\r\nContent-Length: zz\r\n\r\n";
+        t.on_read(&ev(SyscallKind::Read, 10, head), peer, &mut out);
+        let answer =
+            b"HTTP/1.1 400 Bad Request\r\nContent-Length: 2\r\nConnection: close\r\n\r\nno";
+        t.on_write(&ev(SyscallKind::Write, 20, answer), peer, &mut out);
+        t.on_close(&close(30), &mut out);
+        assert_eq!(out.len(), 1, "{out:#?}");
+        assert!(out[0].request_unparsed);
+        assert_eq!(out[0].status, Some(400));
+        assert_eq!(out[0].ended_by, EndedBy::Complete);
+        assert_eq!(out[0].response_bytes, answer.len() as u64);
+        // The same bytes, never answered: nothing invented.
+        let mut t = Tracker::new(Limits::default());
+        let mut out = Vec::new();
+        t.on_read(&ev(SyscallKind::Read, 10, head), peer, &mut out);
+        t.on_close(&close(30), &mut out);
+        assert!(out.is_empty(), "{out:#?}");
+        assert_eq!(t.stats().get("requests_unparsed_unanswered"), 1);
+    }
+
+    #[test]
+    fn the_kernels_connection_id_keeps_a_reused_fd_number_apart() {
+        let mut t = Tracker::new(Limits::default());
+        let mut out = Vec::new();
+        let peer = Peer::default();
+        let on = |conn_gen, e: SyscallEvent<'static>| SyscallEvent {
+            conn_gen,
+            conn_flags: inferscope_common::CONN_KNOWN | inferscope_common::CONN_INET,
+            ..e
+        };
+        let first = inferscope_common::CONN_ID_BIT | 100;
+        let second = inferscope_common::CONN_ID_BIT | 200;
+        t.on_read(
+            &on(
+                first,
+                ev(SyscallKind::Read, 10, b"GET /a HTTP/1.1\r\nHost: a\r\n\r\n"),
+            ),
+            peer,
+            &mut out,
+        );
+        // Same fd number, another connection (the first one's close came later in the stream):
+        // its request and answer stay its own.
+        t.on_read(
+            &on(
+                second,
+                ev(SyscallKind::Read, 20, b"GET /b HTTP/1.1\r\nHost: a\r\n\r\n"),
+            ),
+            peer,
+            &mut out,
+        );
+        t.on_write(
+            &on(
+                second,
+                ev(
+                    SyscallKind::Write,
+                    30,
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+                ),
+            ),
+            peer,
+            &mut out,
+        );
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].path, "/b");
+        t.on_close(&on(first, close(40)), &mut out);
+        assert_eq!(out.len(), 2);
+        assert_eq!(
+            (out[1].path.as_str(), out[1].ended_by),
+            ("/a", EndedBy::Server)
+        );
     }
 }

@@ -80,7 +80,16 @@ pub struct RequestRecord {
     pub engine_predicted_ms: Option<f64>,
     pub request_bytes: u64,
     pub response_bytes: u64,
+    /// The client went away before the response ended (`ended_by` is `client`).
     pub aborted: bool,
+    /// Who ended the request: the response completed, or the client or the server cut it.
+    pub ended_by: EndedBy,
+    /// The connection was open before the agent attached (found in /proc, not seen accepted):
+    /// its first request may have started earlier, and its arrivals join by address.
+    pub connection_preexisting: bool,
+    /// The server answered bytes that did not parse as an HTTP request (method, path and body
+    /// fields are empty; status and sizes are the answer's).
+    pub request_unparsed: bool,
     /// Some bytes of this request or response were not captured; fields may be missing.
     pub capture_truncated: bool,
 
@@ -101,6 +110,32 @@ pub struct RequestRecord {
     /// `k8s_namespace_name`, …), where known; absent for a process on the host.
     #[serde(flatten)]
     pub identity: Option<crate::identity::ProcessIdentity>,
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndedBy {
+    /// The response ended as its framing says (length, last chunk, or a close-delimited body).
+    #[default]
+    Complete,
+    /// The client closed or reset the connection before the response ended.
+    Client,
+    /// The server closed the connection (or exited) before the response ended.
+    Server,
+    /// The agent stopped before the end was seen.
+    Unknown,
+}
+
+impl EndedBy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndedBy::Complete => "complete",
+            EndedBy::Client => "client",
+            EndedBy::Server => "server",
+            EndedBy::Unknown => "unknown",
+        }
+    }
 }
 
 /// One engine step (a forward pass over the current batch), from the scheduler hooks.

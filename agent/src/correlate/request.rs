@@ -1,7 +1,11 @@
 //! One request's progress from its first byte read to the end of its response.
 use crate::decode::http::{BodySummary, RequestSummary, SseEvent, Timings, Usage};
 
-use super::{Stats, percentile::percentile, record::RequestRecord};
+use super::{
+    Stats,
+    percentile::percentile,
+    record::{EndedBy, RequestRecord},
+};
 
 /// Inter-token gaps kept per request; a longer stream keeps its first gaps and counts the rest.
 pub const MAX_GAPS: usize = 65536;
@@ -46,6 +50,8 @@ pub struct RequestProgress {
     pub engine_finished_ns: Option<u64>,
     /// When the request's slot became free again.
     pub slot_released_ns: Option<u64>,
+    /// Its bytes did not parse as HTTP; it is reported only if the server answers.
+    pub unparsed: bool,
 }
 
 impl RequestProgress {
@@ -117,7 +123,7 @@ impl RequestProgress {
         mut self,
         base: RecordContext<'_>,
         end_ns: u64,
-        aborted: bool,
+        ended_by: EndedBy,
     ) -> RequestRecord {
         let arrival = self.arrival_ns();
         let ms = |from: u64, to: u64| to.saturating_sub(from) as f64 / 1e6;
@@ -197,7 +203,10 @@ impl RequestProgress {
             engine_predicted_ms: self.timings.as_ref().and_then(|t| t.predicted_ms),
             request_bytes: self.request_bytes,
             response_bytes: self.response_bytes,
-            aborted,
+            aborted: ended_by == EndedBy::Client,
+            ended_by,
+            connection_preexisting: base.preexisting,
+            request_unparsed: self.unparsed,
             capture_truncated: self.truncated
                 || summary.body_truncated
                 || self.gaps_dropped > 0
@@ -226,6 +235,8 @@ pub struct RecordContext<'a> {
     /// When capture last lost records (ring buffer full), 0 if never: a request alive then may
     /// miss events.
     pub last_loss_ns: u64,
+    /// The connection predates the agent.
+    pub preexisting: bool,
 }
 
 #[cfg(test)]
@@ -245,8 +256,9 @@ mod tests {
             connection_id: 3,
             unix_offset_ns: 1_000,
             last_loss_ns: 0,
+            preexisting: false,
         };
-        let r = p.into_record(ctx, 21_000_000, false);
+        let r = p.into_record(ctx, 21_000_000, EndedBy::Complete);
         assert_eq!(r.arrival_mono_ns, 900_000);
         assert_eq!(r.ttft_ms, Some(9.1));
         assert_eq!(r.tpot_ms, Some(10.0 / 3.0));
@@ -267,9 +279,16 @@ mod tests {
             connection_id: 3,
             unix_offset_ns: 0,
             last_loss_ns,
+            preexisting: false,
         };
         let p = || RequestProgress::new(0, 11, 1_000, None);
-        assert!(p().into_record(ctx(2_000), 3_000, true).capture_truncated);
-        assert!(!p().into_record(ctx(500), 3_000, true).capture_truncated);
+        assert!(
+            p().into_record(ctx(2_000), 3_000, EndedBy::Client)
+                .capture_truncated
+        );
+        assert!(
+            !p().into_record(ctx(500), 3_000, EndedBy::Client)
+                .capture_truncated
+        );
     }
 }

@@ -14,17 +14,17 @@ const MAX_ENTRIES: usize = 65536;
 
 #[derive(Default)]
 pub struct SchedJoins {
-    /// (tgid, tid) → the request (fd, seq) that thread finished reading last, not yet posted.
-    read_by_thread: FxHashMap<(u32, u32), (i32, u32)>,
-    /// (tgid, task id) → the request (fd, seq), until it is admitted.
-    by_task: FxHashMap<(u32, i64), (i32, u32)>,
-    /// (tgid, id) → the request (fd, seq) a user-defined probe linked the id to, until a
+    /// (tgid, tid) → the request (connection, seq) that thread finished reading last, not yet posted.
+    read_by_thread: FxHashMap<(u32, u32), (u64, u32)>,
+    /// (tgid, task id) → the request (connection, seq), until it is admitted.
+    by_task: FxHashMap<(u32, i64), (u64, u32)>,
+    /// (tgid, id) → the request (connection, seq) a user-defined probe linked the id to, until a
     /// `finish` probe (or the request's end) releases it.
-    by_user_id: FxHashMap<(u32, i64), (i32, u32)>,
+    by_user_id: FxHashMap<(u32, i64), (u64, u32)>,
     /// (tgid, tid) → (start, batch tokens) of the step that thread is running.
     open_steps: FxHashMap<(u32, u32), (u64, i64)>,
-    /// (tgid, slot) → the request (fd, seq) the slot is serving, from admission to release.
-    by_slot: FxHashMap<(u32, u32), (i32, u32)>,
+    /// (tgid, slot) → the request (connection, seq) the slot is serving, from admission to release.
+    by_slot: FxHashMap<(u32, u32), (u64, u32)>,
     /// Per process: when freed slots took parked tasks back, most recent last. The engine puts
     /// each such task at the front of its queue, so the next deferred task admitted is the one
     /// requeued last.
@@ -35,15 +35,15 @@ pub struct SchedJoins {
 const MAX_REQUEUES: usize = 64;
 
 impl SchedJoins {
-    pub fn request_read(&mut self, tgid: u32, tid: u32, fd: i32, seq: u32) {
+    pub fn request_read(&mut self, tgid: u32, tid: u32, conn: u64, seq: u32) {
         if self.read_by_thread.len() < MAX_ENTRIES || self.read_by_thread.contains_key(&(tgid, tid))
         {
-            self.read_by_thread.insert((tgid, tid), (fd, seq));
+            self.read_by_thread.insert((tgid, tid), (conn, seq));
         }
     }
 
-    /// Which request (fd, seq) `event` belongs to.
-    pub fn locate(&mut self, event: &SchedEvent, stats: &mut Stats) -> Option<(i32, u32)> {
+    /// Which request (connection, seq) `event` belongs to.
+    pub fn locate(&mut self, event: &SchedEvent, stats: &mut Stats) -> Option<(u64, u32)> {
         match event.kind {
             SchedKind::TaskPosted => {
                 let Some(request) = self.read_by_thread.remove(&(event.tgid, event.tid)) else {
@@ -112,14 +112,14 @@ impl SchedJoins {
         self.requeues.get_mut(&tgid).and_then(Vec::pop)
     }
 
-    /// Which request (fd, seq) a user-defined probe's `event` belongs to: the one its thread
+    /// Which request (connection, seq) a user-defined probe's `event` belongs to: the one its thread
     /// just read (linking the id read to it), or the one its id was linked to.
     pub fn locate_user(
         &mut self,
         event: &SchedEvent,
         join: UserJoin,
         stats: &mut Stats,
-    ) -> Option<(i32, u32)> {
+    ) -> Option<(u64, u32)> {
         let key = (event.tgid, event.task_id);
         if join.by_thread {
             let Some(request) = self.read_by_thread.remove(&(event.tgid, event.tid)) else {

@@ -39,7 +39,11 @@ pub fn line(r: &RequestRecord) -> String {
         opt(r.prompt_tokens),
         opt(r.completion_tokens),
         r.response_id.as_deref().unwrap_or("-"),
-        if r.aborted { "  (aborted)" } else { "" },
+        match r.ended_by {
+            crate::correlate::EndedBy::Client => "  (aborted by the client)",
+            crate::correlate::EndedBy::Server => "  (cut by the server)",
+            crate::correlate::EndedBy::Complete | crate::correlate::EndedBy::Unknown => "",
+        },
     )
 }
 

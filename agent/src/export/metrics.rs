@@ -18,7 +18,9 @@ use prometheus_client::{
 
 use crate::{
     capture::gpu::GpuSample,
-    correlate::{StepRecord, engine_metrics::EngineMetricsRecord, timeline::RequestTimeline},
+    correlate::{
+        EndedBy, StepRecord, engine_metrics::EngineMetricsRecord, timeline::RequestTimeline,
+    },
 };
 
 const TTFT_BUCKETS: [f64; 16] = [
@@ -257,7 +259,7 @@ impl Metrics {
         let requests = Family::<OutcomeLabels, Counter>::default();
         registry.register(
             "inferscope_requests",
-            "Finished requests by outcome (ok, error, aborted); counted when each one ends",
+            "Finished requests by outcome (ok, error, aborted by the client, server_closed before the response ended); counted when each one ends",
             requests.clone(),
         );
         let admitted = Family::<EngineLabels, Counter>::default();
@@ -372,6 +374,8 @@ impl Metrics {
         };
         let outcome = if r.aborted {
             "aborted"
+        } else if r.ended_by == EndedBy::Server {
+            "server_closed"
         } else if r.status.is_some_and(|s| s >= 400) {
             "error"
         } else {

@@ -50,6 +50,7 @@ pub fn request_attributes(timeline: &RequestTimeline) -> Vec<KeyValue> {
         KeyValue::new("inferscope.request_bytes", r.request_bytes as i64),
         KeyValue::new("inferscope.response_bytes", r.response_bytes as i64),
         KeyValue::new("inferscope.aborted", r.aborted),
+        KeyValue::new("inferscope.ended_by", r.ended_by.as_str()),
         KeyValue::new("inferscope.capture_truncated", r.capture_truncated),
     ];
     if let Some(op) = operation_name(&r.path) {

@@ -105,6 +105,9 @@ pub fn request(t: &RequestTimeline) -> pb::Request {
         k8s_container_name: identity(|i| &i.k8s_container_name),
         k8s_node_name: identity(|i| &i.k8s_node_name),
         k8s_deployment_name: identity(|i| &i.k8s_deployment_name),
+        ended_by: r.ended_by.as_str().to_owned(),
+        connection_preexisting: r.connection_preexisting,
+        request_unparsed: r.request_unparsed,
     }
 }
 

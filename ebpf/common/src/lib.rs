@@ -32,6 +32,8 @@ pub enum SyscallKind {
     Read = 2,
     Write = 3,
     Close = 4,
+    /// dup/dup2/dup3: never emitted, only kept between entry and exit in the kernel.
+    Dup = 5,
 }
 
 impl SyscallKind {
@@ -51,6 +53,33 @@ pub const FLAG_TRUNCATED: u16 = 1;
 /// Copying from user memory failed; the payload is absent though the syscall moved bytes.
 pub const FLAG_COPY_FAILED: u16 = 2;
 
+/// The kernel saw this connection accepted (or user space registered it as pre-existing): the
+/// record's `conn_id` names it, whatever fd number it has now.
+pub const CONN_KNOWN: u32 = 1;
+/// A TCP socket: fexit on inet_csk_accept saw the accept return it, or tcp_rcv_space_adjust
+/// saw a read of it; `sock` is its address.
+pub const CONN_INET: u32 = 2;
+/// The connection existed before the agent attached: user space found it in /proc and
+/// registered it; it has no socket address, so arrivals join by peer address.
+pub const CONN_PREEXISTING: u32 = 4;
+/// The fd was duplicated (dup/dup2/dup3): several fds name this connection.
+pub const CONN_SHARED: u32 = 8;
+
+/// What the kernel knows about the connection an fd holds, per (tgid, fd).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnEntry {
+    /// Unique per connection (bit 63 set, so it never equals an fd number).
+    pub id: u64,
+    /// The kernel's `struct sock` address (0 when unknown): joins TCP segments to it.
+    pub sock: u64,
+    pub flags: u32,
+    pub _pad: u32,
+}
+
+/// Bit set in every connection id, kernel- or user-assigned.
+pub const CONN_ID_BIT: u64 = 1 << 63;
+
 /// One socket syscall of a traced process, followed in the ring buffer by `captured` payload bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -69,10 +98,13 @@ pub struct SyscallRecord {
     pub ret: i64,
     /// Payload bytes that follow this header.
     pub captured: u32,
-    pub _pad: u32,
-    /// Connection generation of this fd: set when the kernel saw it accepted, 0 for fds that
-    /// predate the agent. Verdicts name it, so a late verdict never hits a reused fd number.
+    /// `CONN_*` flags of the connection (0: an fd the kernel does not know).
+    pub conn_flags: u32,
+    /// The connection's id ([`ConnEntry::id`]), 0 for an fd the kernel does not know. Verdicts
+    /// name it, so a late verdict never hits a reused fd number.
     pub conn_gen: u64,
+    /// The connection's `struct sock` address, 0 when unknown. For a close, `ret` is 0.
+    pub sock: u64,
 }
 
 /// A TCP segment with payload that reached a traced listening port (tcp:tcp_probe). It tells
@@ -92,6 +124,8 @@ pub struct SegmentRecord {
     /// The remote address as the tracepoint gives it: a `sockaddr_in` or `sockaddr_in6`.
     pub remote_sockaddr: [u8; 28],
     pub _pad2: u32,
+    /// The receiving socket's `struct sock` address: joins the segment to its connection.
+    pub sock: u64,
 }
 
 /// What an engine's scheduler did, seen by a uprobe.
@@ -236,12 +270,21 @@ pub enum Counter {
     SchedEvents = 6,
     /// A uprobe could not read the engine's memory where it expected its task.
     SchedReadFailed = 7,
+    /// Connections the kernel saw accepted by a traced process.
+    ConnsAccepted = 8,
+    /// Reads/writes on fds that are no known connection, skipped in the kernel (files, pipes,
+    /// eventfds, sockets the process did not accept).
+    UnknownFdSkipped = 9,
+    /// Connections whose TCP socket was learnt at their first read (no fexit at accept).
+    SockFromRead = 10,
+    /// fds duplicated (dup/dup2/dup3) onto a known connection.
+    ConnsDuplicated = 11,
 }
 
-pub const COUNTER_SLOTS: u32 = 8;
+pub const COUNTER_SLOTS: u32 = 12;
 
 impl Counter {
-    pub const ALL: [Counter; 8] = [
+    pub const ALL: [Counter; 12] = [
         Counter::RecordsEmitted,
         Counter::RingbufFull,
         Counter::PayloadTruncated,
@@ -250,6 +293,10 @@ impl Counter {
         Counter::Segments,
         Counter::SchedEvents,
         Counter::SchedReadFailed,
+        Counter::ConnsAccepted,
+        Counter::UnknownFdSkipped,
+        Counter::SockFromRead,
+        Counter::ConnsDuplicated,
     ];
 
     pub fn name(self) -> &'static str {
@@ -262,6 +309,10 @@ impl Counter {
             Counter::Segments => "segments",
             Counter::SchedEvents => "sched_events",
             Counter::SchedReadFailed => "sched_read_failed",
+            Counter::ConnsAccepted => "conns_accepted",
+            Counter::UnknownFdSkipped => "unknown_fd_skipped",
+            Counter::SockFromRead => "conn_sock_from_read",
+            Counter::ConnsDuplicated => "conns_duplicated",
         }
     }
 }
@@ -280,6 +331,7 @@ mod pod {
     unsafe impl aya::Pod for super::SchedRecord {}
     unsafe impl aya::Pod for super::UserProbeConfig {}
     unsafe impl aya::Pod for super::UserProbeRecord {}
+    unsafe impl aya::Pod for super::ConnEntry {}
 }
 
 #[cfg(test)]
@@ -289,8 +341,9 @@ mod tests {
 
     #[test]
     fn layouts_are_stable() {
-        assert_eq!(core::mem::size_of::<SyscallRecord>(), 56);
-        assert_eq!(core::mem::size_of::<SegmentRecord>(), 56);
+        assert_eq!(core::mem::size_of::<SyscallRecord>(), 64);
+        assert_eq!(core::mem::size_of::<SegmentRecord>(), 64);
+        assert_eq!(core::mem::size_of::<ConnEntry>(), 24);
         assert_eq!(core::mem::size_of::<SchedRecord>(), 32);
         assert_eq!(core::mem::size_of::<UserProbeRecord>(), 32);
         assert_eq!(core::mem::size_of::<UserProbeConfig>(), 32);

@@ -4,7 +4,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use inferscope_common::{
-    COUNTER_SLOTS, MAX_CAPTURE_BYTES, PORT_WORDS, SyscallRecord, TARGET_WORDS,
+    COUNTER_SLOTS, ConnEntry, MAX_CAPTURE_BYTES, PORT_WORDS, SyscallRecord, TARGET_WORDS,
 };
 
 /// Processes (tgid) whose socket syscalls are captured, one bit per tgid; written by user-space
@@ -34,26 +34,89 @@ pub fn watched(port: u16) -> bool {
     }
 }
 
-/// Per (tgid, fd): the connection generation user space wants ignored (not an HTTP server
-/// connection). It applies only while the fd still holds that generation. LRU so leaked
-/// entries can never fill it.
+/// Processes whose fds the kernel does not know (not accepted since the agent attached, not
+/// registered as pre-existing) are still captured, one bit per tgid: engines whose internal
+/// IPC (Unix sockets, outgoing connections) the agent decodes. Elsewhere such fds are files,
+/// pipes, eventfds or client sockets, and are skipped in the kernel.
+#[map]
+pub static UNKNOWN_FDS: Array<u64> = Array::with_max_entries(TARGET_WORDS, 0);
+
+#[inline(always)]
+pub fn captures_unknown_fds(tgid: u32) -> bool {
+    match UNKNOWN_FDS.get(tgid >> 6) {
+        Some(word) => (*word >> (tgid & 63)) & 1 != 0,
+        None => false,
+    }
+}
+
+/// Processes for which user space has issued verdicts (FD_VERDICT), one bit per tgid: the
+/// verdict lookup is skipped for the others (an HTTP server's connections rarely get one).
+#[map]
+pub static VERDICT_PIDS: Array<u64> = Array::with_max_entries(TARGET_WORDS, 0);
+
+/// Until when (CLOCK_MONOTONIC ns) a read may be waiting to learn its connection's socket (no
+/// fexit at accept): tcp_rcv_space_adjust, which runs on every TCP read of the host, returns
+/// at once outside that window. Set, never counted down: concurrent plain stores only move it
+/// within the same few milliseconds.
+#[map]
+pub static SOCK_WANTED_UNTIL: Array<u64> = Array::with_max_entries(1, 0);
+
+/// How long after a read's entry its socket may still be learnt. The socket matters for the
+/// wire arrival of bytes that sat in the buffer before the read, and such a read returns at
+/// once; a read that blocks longer returns when the bytes arrive (its own time is then the
+/// arrival) and the connection learns its socket at its next read.
+pub const SOCK_WANTED_NS: u64 = 10_000_000;
+
+#[inline(always)]
+pub fn want_sock(now_ns: u64) {
+    if let Some(ptr) = SOCK_WANTED_UNTIL.get_ptr_mut(0) {
+        // SAFETY: a plain u64 map value; racing stores all hold about the same time.
+        unsafe { *ptr = now_ns + SOCK_WANTED_NS };
+    }
+}
+
+#[inline(always)]
+pub fn clear_sock_wanted() {
+    if let Some(ptr) = SOCK_WANTED_UNTIL.get_ptr_mut(0) {
+        // SAFETY: as in `want_sock`.
+        unsafe { *ptr = 0 };
+    }
+}
+
+#[inline(always)]
+pub fn sock_wanted_until() -> u64 {
+    SOCK_WANTED_UNTIL.get(0).copied().unwrap_or(0)
+}
+
+/// Per (tgid, fd): the connection id user space wants ignored (not an HTTP server connection;
+/// 0 for an fd the kernel does not know). It applies only while the fd still holds that
+/// connection. LRU so leaked entries can never fill it.
 #[map]
 pub static FD_VERDICT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
 
-/// Per (tgid, fd): the generation of the connection the fd holds (its accept time).
+/// Per (tgid, fd): the connection the fd holds, from its accept (or dup) on; user space adds
+/// the connections that predate the agent. Removed at close. LRU: a process that exits with
+/// open connections leaves entries the next ones push out.
 #[map]
-pub static FD_GEN: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
+pub static CONNS: LruHashMap<u64, ConnEntry> = LruHashMap::with_max_entries(65536, 0);
 
-#[inline(always)]
-pub fn conn_gen(key: u64) -> u64 {
-    unsafe { FD_GEN.get(&key) }.copied().unwrap_or(0)
-}
+/// Per connection id, for connections held by several fds (dup): how many. The connection ends
+/// when the last one closes.
+#[map]
+pub static CONN_REFS: LruHashMap<u64, u32> = LruHashMap::with_max_entries(16384, 0);
 
-/// Whether user space asked to ignore the connection `key` holds now.
+/// Whether user space asked to ignore connection `id` on fd `key` of `tgid`.
 #[inline(always)]
-pub fn ignored(key: u64) -> bool {
+pub fn ignored(tgid: u32, key: u64, id: u64) -> bool {
+    let any = match VERDICT_PIDS.get(tgid >> 6) {
+        Some(word) => (*word >> (tgid & 63)) & 1 != 0,
+        None => false,
+    };
+    if !any {
+        return false;
+    }
     match unsafe { FD_VERDICT.get(&key) } {
-        Some(ignored_gen) => *ignored_gen == conn_gen(key),
+        Some(ignored_id) => *ignored_id == id,
         None => false,
     }
 }
@@ -102,7 +165,14 @@ pub struct Inflight {
     pub shape: Shape,
     /// 1 from entry until the exit consumes it.
     pub live: u8,
-    pub _pad: u8,
+    /// 1 when this read's connection has no known socket yet (see SOCK_WANTED_UNTIL).
+    pub wants_sock: u8,
+    /// The connection the fd held at entry (see CONNS); for accept, `sock` is filled in by
+    /// fexit on inet_csk_accept.
+    pub conn_id: u64,
+    pub sock: u64,
+    pub conn_flags: u32,
+    pub _pad1: u32,
 }
 
 #[repr(C)]

@@ -12,11 +12,25 @@ const SPORT: usize = 64;
 const DPORT: usize = 66;
 const FAMILY: usize = 68;
 const DATA_LEN: usize = 76;
+/// Offset of `skaddr` (the receiving socket, the address fexit on inet_csk_accept hands the
+/// accept) in this kernel's tcp_probe record: it moved between releases, so user space reads it
+/// from the tracepoint's format at load time (0: unknown, segments join by address only).
+#[unsafe(no_mangle)]
+static TCP_PROBE_SKADDR: u32 = 0;
 
 #[tracepoint]
 pub fn tcp_probe(ctx: TracePointContext) -> u32 {
     let _ = try_tcp_probe(&ctx);
     0
+}
+
+#[inline(always)]
+fn skaddr(ctx: &TracePointContext) -> u64 {
+    let offset = unsafe { core::ptr::read_volatile(&TCP_PROBE_SKADDR) } as usize;
+    if offset == 0 || offset > 4096 {
+        return 0;
+    }
+    unsafe { ctx.read_at::<u64>(offset) }.unwrap_or(0)
 }
 
 #[inline(always)]
@@ -41,6 +55,7 @@ fn try_tcp_probe(ctx: &TracePointContext) -> Result<(), i32> {
         _pad1: 0,
         remote_sockaddr: unsafe { ctx.read_at(DADDR)? },
         _pad2: 0,
+        sock: skaddr(ctx),
     };
     output::<SegmentRecord>(&record, Counter::Segments);
     Ok(())

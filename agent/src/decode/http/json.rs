@@ -544,6 +544,16 @@ struct CompletionWire<'a> {
     choices: Option<ChoicesFlags>,
     usage: Option<UsageWire>,
     timings: Option<TimingsWire>,
+    /// llama.cpp's native /completion and /infill: `{"content": "…", "stop": false}` per
+    /// token, `stop: true` and the token counts on the last event.
+    #[serde(default)]
+    content: NonEmpty,
+    #[serde(default)]
+    stop: Option<bool>,
+    #[serde(default)]
+    tokens_predicted: LenientU64,
+    #[serde(default)]
+    tokens_evaluated: LenientU64,
 }
 
 /// What one completion document (SSE event data or whole body) reports.
@@ -562,14 +572,22 @@ pub(crate) struct CompletionFields<'a> {
 pub(crate) fn parse_completion(data: &[u8]) -> Option<CompletionFields<'_>> {
     let w: CompletionWire<'_> = serde_json::from_slice(data).ok()?;
     let choices = w.choices.unwrap_or_default();
+    let native_usage = (w.tokens_predicted.0.is_some() || w.tokens_evaluated.0.is_some())
+        .then_some(Usage {
+            prompt_tokens: w.tokens_evaluated.0,
+            completion_tokens: w.tokens_predicted.0,
+        });
     Some(CompletionFields {
         id: w.id.0,
-        content: choices.content,
-        finish: choices.finish,
-        usage: w.usage.map(|u| Usage {
-            prompt_tokens: u.prompt_tokens.0,
-            completion_tokens: u.completion_tokens.0,
-        }),
+        content: choices.content || w.content.0,
+        finish: choices.finish || w.stop == Some(true),
+        usage: w
+            .usage
+            .map(|u| Usage {
+                prompt_tokens: u.prompt_tokens.0,
+                completion_tokens: u.completion_tokens.0,
+            })
+            .or(native_usage),
         timings: w.timings.map(|t| Timings {
             prompt_n: t.prompt_n.0,
             prompt_ms: t.prompt_ms.0,
@@ -597,6 +615,24 @@ mod tests {
         // "hé\n" is 4 UTF-8 bytes, "abc" 3.
         assert_eq!(f.prompt_bytes, Some(7));
         assert_eq!(f.include_usage, Some(true));
+    }
+
+    #[test]
+    fn llama_cpp_native_completion_events() {
+        let token = br#"{"index":0,"content":" Paris","tokens":[6342],"stop":false,"id_slot":0,"tokens_predicted":1,"tokens_evaluated":9}"#;
+        let f = parse_completion(token).unwrap();
+        assert!(f.content && !f.finish);
+        let last = br#"{"index":0,"content":"","tokens":[],"id_slot":0,"stop":true,"model":"m","tokens_predicted":8,"tokens_evaluated":9,"timings":{"prompt_n":9,"prompt_ms":4.5,"predicted_n":8,"predicted_ms":80.0}}"#;
+        let f = parse_completion(last).unwrap();
+        assert!(!f.content && f.finish);
+        assert_eq!(
+            f.usage,
+            Some(Usage {
+                prompt_tokens: Some(9),
+                completion_tokens: Some(8)
+            })
+        );
+        assert_eq!(f.timings.unwrap().prompt_ms, Some(4.5));
     }
 
     #[test]

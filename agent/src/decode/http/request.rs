@@ -313,7 +313,8 @@ impl RequestDecoder {
             match json::parse_request(body) {
                 Some(f) => {
                     summary.model = f.model;
-                    summary.stream = f.stream;
+                    // Absent means false, as in the OpenAI API and llama.cpp's own endpoints.
+                    summary.stream = Some(f.stream.unwrap_or(false));
                     summary.max_tokens = f.max_tokens;
                     summary.prompt_bytes = f.prompt_bytes;
                     summary.include_usage = f.include_usage;

@@ -171,11 +171,14 @@ impl TraceExporter {
             .with_attributes(names::request_attributes(timeline))
             .start_with_context(&tracer, &parent);
         spans += 1;
-        let is_error = request.aborted || request.status.is_some_and(|s| s >= 500);
+        let server_closed = request.ended_by == crate::correlate::EndedBy::Server;
+        let is_error = request.aborted || server_closed || request.status.is_some_and(|s| s >= 500);
         let root_cx = parent.with_span(root);
         if is_error {
             root_cx.span().set_status(Status::error(if request.aborted {
                 "client aborted"
+            } else if server_closed {
+                "server closed the connection before the response ended"
             } else {
                 "server error"
             }));

@@ -1,15 +1,20 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::tracepoint,
-    programs::TracePointContext,
+    macros::{fexit, tracepoint},
+    programs::{FExitContext, TracePointContext},
 };
 use aya_log_ebpf::warn;
-use inferscope_common::{Counter, RecordType, SyscallKind, SyscallRecord, fd_key};
+use inferscope_common::{
+    CONN_INET, CONN_SHARED, ConnEntry, Counter, RecordType, SyscallKind, SyscallRecord, fd_key,
+};
 
 use crate::{
     counters::bump,
     ctx::field,
-    maps::{FD_GEN, FD_VERDICT, INFLIGHT, Inflight, Shape, conn_gen, ignored, traced},
+    maps::{
+        CONN_REFS, CONNS, FD_VERDICT, INFLIGHT, Inflight, Shape, captures_unknown_fds,
+        clear_sock_wanted, ignored, sock_wanted_until, traced, want_sock,
+    },
     ringbuf::output,
 };
 
@@ -32,11 +37,44 @@ fn save(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), 
     };
     let fd: i64 = field(ctx, ARG0);
     let fd = fd as i32;
-    if kind != SyscallKind::Accept && ignored(fd_key(tgid, fd)) {
-        return Ok(());
+    let mut conn = ConnEntry::default();
+    let mut ptr: u64 = 0;
+    let mut wants_sock = 0u8;
+    if kind == SyscallKind::Read || kind == SyscallKind::Write {
+        let key = fd_key(tgid, fd);
+        // One lookup tells a connection from everything else, whatever the fd number's past.
+        match unsafe { CONNS.get(&key) } {
+            Some(known) => {
+                if ignored(tgid, key, known.id) {
+                    return Ok(());
+                }
+                conn = *known;
+            }
+            None => {
+                if !captures_unknown_fds(tgid) {
+                    bump(Counter::UnknownFdSkipped);
+                    return Ok(());
+                }
+                if ignored(tgid, key, 0) {
+                    return Ok(());
+                }
+            }
+        }
+        ptr = field(ctx, ARG1);
+        if kind == SyscallKind::Read && conn.id != 0 && conn.flags & CONN_INET == 0 {
+            // A connection accepted without fexit: its first TCP read names its socket.
+            wants_sock = 1;
+        }
+    } else if kind == SyscallKind::Dup {
+        // dup2/dup3 name the new fd; dup returns it (and leaves -1 here).
+        let newfd: i64 = if shape == Shape::Iovec {
+            field(ctx, ARG1)
+        } else {
+            -1
+        };
+        ptr = newfd as u64;
     }
-    let ptr: u64 = field(ctx, ARG1);
-    let iovcnt: u64 = if shape == Shape::Iovec {
+    let iovcnt: u64 = if shape == Shape::Iovec && kind != SyscallKind::Dup {
         field(ctx, ARG2)
     } else {
         0
@@ -49,7 +87,11 @@ fn save(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), 
         kind: kind as u8,
         shape,
         live: 1,
-        _pad: 0,
+        wants_sock,
+        conn_id: conn.id,
+        sock: conn.sock,
+        conn_flags: conn.flags,
+        _pad1: 0,
     };
     if let Some(slot) = INFLIGHT.get_ptr_mut(&pid_tgid) {
         // Only this thread reads or writes its entry (entry, exit and thread exit all run in
@@ -61,6 +103,10 @@ fn save(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), 
             ctx,
             "in-flight syscall map full: fd {} of pid {} not captured", fd, tgid
         );
+        return Ok(());
+    }
+    if wants_sock == 1 {
+        want_sock(inflight.ts_enter_ns);
     }
     Ok(())
 }
@@ -82,6 +128,68 @@ entry_program!(enter_write, SyscallKind::Write, Shape::Buffer);
 entry_program!(enter_writev, SyscallKind::Write, Shape::Iovec);
 entry_program!(enter_sendmsg, SyscallKind::Write, Shape::Msghdr);
 entry_program!(enter_accept, SyscallKind::Accept, Shape::None);
+// Shape only tells the exit where the new fd comes from: the return value (dup) or the second
+// argument (dup2, dup3).
+entry_program!(enter_dup, SyscallKind::Dup, Shape::None);
+entry_program!(enter_dup2, SyscallKind::Dup, Shape::Iovec);
+
+/// inet_csk_accept returns the accepted TCP socket: the accepting thread's in-flight accept
+/// keeps its address for the syscall's exit, which learns the fd it gets. An accept of any
+/// other kind of socket (Unix) never passes here and leaves 0. Where BPF trampolines are not
+/// allowed, a connection's socket is learnt at its first read instead (`rcv_space_adjust`).
+#[fexit(function = "inet_csk_accept")]
+pub fn accepted_sock(ctx: FExitContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if !traced((pid_tgid >> 32) as u32) {
+        return 0;
+    }
+    // inet_csk_accept(struct sock *sk, struct proto_accept_arg *arg): the return value follows
+    // the two arguments.
+    let sock: u64 = ctx.arg(2);
+    if let Some(slot) = INFLIGHT.get_ptr_mut(&pid_tgid) {
+        // SAFETY: only this thread touches its entry (see INFLIGHT).
+        unsafe {
+            if (*slot).live == 1 && (*slot).kind == SyscallKind::Accept as u8 {
+                (*slot).sock = sock;
+            }
+        }
+    }
+    0
+}
+
+// tcp:tcp_rcv_space_adjust: `skaddr` leads the record (stable since the tracepoint exists).
+const RCV_SKADDR: usize = 8;
+
+/// tcp_recvmsg calls tcp_rcv_space_adjust in the reading thread, inside the read syscall: the
+/// thread's in-flight read learns which TCP socket it reads. Files, pipes and Unix sockets
+/// never pass here.
+#[tracepoint]
+pub fn rcv_space_adjust(ctx: TracePointContext) -> u32 {
+    // Every TCP read of the host passes here: one inlined array load unless a read waits.
+    let until = sock_wanted_until();
+    if until == 0 {
+        return 0;
+    }
+    if unsafe { bpf_ktime_get_ns() } > until {
+        // Closed: the next runs return after the load alone, without a helper call. (A read
+        // that set it again meanwhile learns its socket at its connection's next read.)
+        clear_sock_wanted();
+        return 0;
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if !traced((pid_tgid >> 32) as u32) {
+        return 0;
+    }
+    if let Some(slot) = INFLIGHT.get_ptr_mut(&pid_tgid) {
+        // SAFETY: only this thread touches its entry (see INFLIGHT).
+        unsafe {
+            if (*slot).live == 1 && (*slot).wants_sock == 1 && (*slot).sock == 0 {
+                (*slot).sock = field(&ctx, RCV_SKADDR);
+            }
+        }
+    }
+    0
+}
 
 /// A thread's in-flight entry outlives its syscalls (see INFLIGHT); it goes with the thread.
 #[tracepoint]
@@ -98,23 +206,49 @@ pub fn thread_exit(_ctx: TracePointContext) -> u32 {
 /// close() needs no exit: the fd is gone either way, and the verdict must not outlive it.
 #[tracepoint]
 pub fn enter_close(ctx: TracePointContext) -> u32 {
-    let _ = try_close(&ctx);
+    let Some((pid_tgid, tgid)) = traced_tgid() else {
+        return 0;
+    };
+    let fd: i64 = field(&ctx, ARG0);
+    let _ = close_fd(tgid, pid_tgid as u32, fd as i32);
     0
 }
 
+/// The fd `fd` of `tgid` stops naming what it held: its connection ends with its last fd (a
+/// close record), a verdict on it goes. Shared by close and by dup2/dup3 onto a used fd.
 #[inline(always)]
-fn try_close(ctx: &TracePointContext) -> Result<(), i32> {
-    let Some((pid_tgid, tgid)) = traced_tgid() else {
-        return Ok(());
-    };
-    let fd: i64 = field(ctx, ARG0);
-    let fd = fd as i32;
+pub fn close_fd(tgid: u32, tid: u32, fd: i32) -> Result<(), i32> {
     let key = fd_key(tgid, fd);
-    let was_ignored = ignored(key);
-    let generation = conn_gen(key);
+    let conn = match unsafe { CONNS.get(&key) } {
+        Some(conn) => *conn,
+        None => {
+            if !captures_unknown_fds(tgid) {
+                // Not a connection; nothing downstream knows this fd.
+                return Ok(());
+            }
+            ConnEntry::default()
+        }
+    };
+    let was_ignored = ignored(tgid, key, conn.id);
+    if conn.id != 0 {
+        let _ = CONNS.remove(&key);
+        if conn.flags & CONN_SHARED != 0 {
+            if let Some(refs) = CONN_REFS.get_ptr_mut(&conn.id) {
+                // SAFETY: a plain counter; racing closes of one connection's fds on two CPUs
+                // can only make it end late (at LRU eviction), never early.
+                let left = unsafe { *refs }.saturating_sub(1);
+                if left > 0 {
+                    unsafe { *refs = left };
+                    let _ = FD_VERDICT.remove(&key);
+                    return Ok(());
+                }
+                let _ = CONN_REFS.remove(&conn.id);
+            }
+        }
+    }
     let _ = FD_VERDICT.remove(&key);
-    let _ = FD_GEN.remove(&key);
-    if was_ignored {
+    // A known connection's end is always told (user space holds state for it, ignored or not).
+    if was_ignored && conn.id == 0 {
         return Ok(());
     }
     let ts = unsafe { bpf_ktime_get_ns() };
@@ -123,14 +257,15 @@ fn try_close(ctx: &TracePointContext) -> Result<(), i32> {
         kind: SyscallKind::Close as u8,
         flags: 0,
         tgid,
-        tid: pid_tgid as u32,
+        tid,
         fd,
         ts_enter_ns: ts,
         ts_exit_ns: ts,
         ret: 0,
         captured: 0,
-        _pad: 0,
-        conn_gen: generation,
+        conn_flags: conn.flags,
+        conn_gen: conn.id,
+        sock: conn.sock,
     };
     output::<SyscallRecord>(&record, Counter::RecordsEmitted);
     Ok(())

@@ -4,14 +4,15 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use inferscope_common::{
-    Counter, FLAG_COPY_FAILED, FLAG_TRUNCATED, RecordType, SyscallKind, SyscallRecord, fd_key,
+    CONN_ID_BIT, CONN_INET, CONN_KNOWN, CONN_SHARED, ConnEntry, Counter, FLAG_COPY_FAILED,
+    FLAG_TRUNCATED, RecordType, SyscallKind, SyscallRecord, fd_key,
 };
 
-use super::copy::copy_payload;
+use super::{copy::copy_payload, enter::close_fd};
 use crate::{
     counters::bump,
     ctx::field,
-    maps::{FD_GEN, FD_VERDICT, INFLIGHT, SCRATCH, conn_gen, traced},
+    maps::{CONN_REFS, CONNS, FD_VERDICT, INFLIGHT, Inflight, SCRATCH, Shape, traced},
 };
 
 // syscalls:sys_exit_* layout: 8 bytes of common fields, the syscall number, then `long ret`.
@@ -37,7 +38,7 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
     }
     let slot = INFLIGHT.get_ptr_mut(&pid_tgid).ok_or(0)?;
     // SAFETY: only this thread touches its entry (see INFLIGHT).
-    let inflight = unsafe { *slot };
+    let mut inflight = unsafe { *slot };
     if inflight.live == 0 {
         return Ok(());
     }
@@ -48,24 +49,86 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
         return Ok(());
     }
     let kind = inflight.kind;
-    let mut fd = inflight.fd;
-    if kind == SyscallKind::Accept as u8 {
-        if ret < 0 {
-            return Ok(());
+    let fd = inflight.fd;
+    if kind == SyscallKind::Dup as u8 {
+        if ret >= 0 {
+            dup(tgid, pid_tgid as u32, &inflight, ret as i32);
         }
-        fd = ret as i32;
-        // A new connection on a reused fd number: a new generation, and no old verdict.
-        let key = fd_key(tgid, fd);
-        let _ = FD_VERDICT.remove(&key);
-        let _ = FD_GEN.insert(&key, &unsafe { bpf_ktime_get_ns() }, 0);
+        return Ok(());
+    }
+    if kind == SyscallKind::Accept as u8 {
+        // Handled by exit_accept; an entry left live here is stale.
+        return Ok(());
+    }
+    if kind == SyscallKind::Read as u8
+        && inflight.sock != 0
+        && inflight.conn_id != 0
+        && inflight.conn_flags & CONN_INET == 0
+    {
+        learn_sock(tgid, &mut inflight);
     }
 
+    emit_syscall(tgid, pid_tgid as u32, fd, ret, &inflight)
+}
+
+/// accept/accept4 returned: a new connection. Its own exit program, because it must work even
+/// when the accept began before the process was traced (an idle server blocked in accept when
+/// the agent attaches): then there is no in-flight entry, only the new fd.
+#[tracepoint]
+pub fn exit_accept(ctx: TracePointContext) -> u32 {
+    let _ = try_exit_accept(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if !traced(tgid) {
+        return Ok(());
+    }
+    let ret: i64 = field(ctx, RET);
+    let now = unsafe { bpf_ktime_get_ns() };
+    let mut inflight = Inflight {
+        ts_enter_ns: now,
+        ptr: 0,
+        iovcnt: 0,
+        fd: -1,
+        kind: SyscallKind::Accept as u8,
+        shape: Shape::None,
+        live: 0,
+        wants_sock: 0,
+        conn_id: 0,
+        sock: 0,
+        conn_flags: 0,
+        _pad1: 0,
+    };
+    if let Some(slot) = INFLIGHT.get_ptr_mut(&pid_tgid) {
+        // SAFETY: only this thread touches its entry (see INFLIGHT).
+        let saved = unsafe { *slot };
+        if saved.live == 1 && saved.kind == SyscallKind::Accept as u8 {
+            inflight = saved;
+            unsafe { (*slot).live = 0 };
+        }
+    }
+    if ret < 0 {
+        return Ok(());
+    }
+    let fd = ret as i32;
+    accepted(tgid, pid_tgid as u32, fd, &mut inflight);
+    emit_syscall(tgid, pid_tgid as u32, fd, ret, &inflight)
+}
+
+/// Writes the syscall's record, with up to the capture limit of the bytes it moved.
+#[inline(always)]
+fn emit_syscall(tgid: u32, tid: u32, fd: i32, ret: i64, inflight: &Inflight) -> Result<(), i32> {
+    let kind = inflight.kind;
     let scratch = SCRATCH.get_ptr_mut(0).ok_or(0)?;
     let scratch = unsafe { &mut *scratch };
     let mut captured = 0usize;
     let mut flags = 0u16;
     if ret > 0 && kind != SyscallKind::Accept as u8 {
-        let copy = copy_payload(&inflight, ret as u64, &mut scratch.payload);
+        let copy = copy_payload(inflight, ret as u64, &mut scratch.payload);
         captured = copy.captured;
         if copy.truncated {
             flags |= FLAG_TRUNCATED;
@@ -82,15 +145,90 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
         kind,
         flags,
         tgid,
-        tid: pid_tgid as u32,
+        tid,
         fd,
         ts_enter_ns: inflight.ts_enter_ns,
         ts_exit_ns: ts_exit,
         ret,
         captured: captured as u32,
-        _pad: 0,
-        conn_gen: conn_gen(fd_key(tgid, fd)),
+        conn_flags: inflight.conn_flags,
+        conn_gen: inflight.conn_id,
+        sock: inflight.sock,
     };
     super::copy::emit(scratch, captured);
     Ok(())
+}
+
+/// A new connection on `fd`: from now on the fd names it, whatever the number held before (a
+/// file, or a connection whose close the kernel did not see through close(2)).
+#[inline(always)]
+fn accepted(tgid: u32, tid: u32, fd: i32, inflight: &mut Inflight) {
+    let key = fd_key(tgid, fd);
+    if unsafe { CONNS.get(&key) }.is_some() {
+        // The old connection left without a close we saw (close_range, io_uring): end it.
+        let _ = close_fd(tgid, tid, fd);
+    }
+    let _ = FD_VERDICT.remove(&key);
+    let mut flags = CONN_KNOWN;
+    if inflight.sock != 0 {
+        flags |= CONN_INET;
+    }
+    let entry = ConnEntry {
+        id: unsafe { bpf_ktime_get_ns() } | CONN_ID_BIT,
+        sock: inflight.sock,
+        flags,
+        _pad: 0,
+    };
+    let _ = CONNS.insert(&key, &entry, 0);
+    bump(Counter::ConnsAccepted);
+    inflight.conn_id = entry.id;
+    inflight.conn_flags = flags;
+}
+
+/// The connection's first TCP read named its socket: the connection map keeps it, so later
+/// records (writes too) carry it.
+#[inline(always)]
+fn learn_sock(tgid: u32, inflight: &mut Inflight) {
+    inflight.conn_flags |= CONN_INET;
+    if let Some(conn) = CONNS.get_ptr_mut(&fd_key(tgid, inflight.fd)) {
+        // SAFETY: map value pointer from the lookup; only the id check matters for a race
+        // with a close on another thread (the entry then belongs to nobody).
+        unsafe {
+            if (*conn).id == inflight.conn_id {
+                (*conn).sock = inflight.sock;
+                (*conn).flags |= CONN_INET;
+            }
+        }
+    }
+    bump(Counter::SockFromRead);
+}
+
+/// dup/dup2/dup3 returned `newfd`: it now names what the old fd names (and no longer what it
+/// held before, which dup2/dup3 closed).
+#[inline(always)]
+fn dup(tgid: u32, tid: u32, inflight: &Inflight, newfd: i32) {
+    let oldfd = inflight.fd;
+    if newfd == oldfd {
+        return;
+    }
+    if inflight.shape == Shape::Iovec {
+        let _ = close_fd(tgid, tid, newfd);
+    }
+    let old_key = fd_key(tgid, oldfd);
+    let Some(conn) = CONNS.get_ptr_mut(&old_key) else {
+        return;
+    };
+    // SAFETY: map value pointer from the lookup; a racing close on another thread can only
+    // leave an entry the LRU ages out.
+    let mut entry = unsafe { *conn };
+    let refs = if entry.flags & CONN_SHARED != 0 {
+        unsafe { CONN_REFS.get(&entry.id) }.copied().unwrap_or(1)
+    } else {
+        1
+    };
+    entry.flags |= CONN_SHARED;
+    unsafe { (*conn).flags = entry.flags };
+    let _ = CONN_REFS.insert(&entry.id, &(refs + 1), 0);
+    let _ = CONNS.insert(&fd_key(tgid, newfd), &entry, 0);
+    bump(Counter::ConnsDuplicated);
 }

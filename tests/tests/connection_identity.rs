@@ -1,0 +1,311 @@
+//! Connections known from accept to close, in the kernel: with real eBPF against real servers
+//! whose fd numbers are reused (files read before accept and after close, late accepts, servers
+//! that close first), every request on the wire has exactly one record, TTFT within 1 ms of the
+//! wire, nothing recorded for non-connection fds, and `ended_by` right. Then the same on the
+//! real llama.cpp engine: a burst of fresh connections, and 300 short sequential requests.
+use std::{
+    collections::HashMap,
+    io::{BufRead, BufReader, Read, Write},
+    net::TcpStream,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use inferscope_integration_tests::{
+    agent::{self, Recorder},
+    client::Client,
+    engine::{self, Engine},
+    free_port, pcap,
+};
+use serde_json::Value;
+
+/// A helper process that must not outlive a failed test.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn tempdir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("inferscope-it-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("creating a temp dir");
+    dir
+}
+
+fn tcpdump(pcap_path: &Path, port: u16) -> KillOnDrop {
+    let child = Command::new("tcpdump")
+        .args([
+            "-i",
+            "lo",
+            "-s",
+            "0",
+            "-U",
+            "--time-stamp-precision=nano",
+            "-w",
+        ])
+        .arg(pcap_path)
+        .args(["tcp", "port", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting tcpdump (apt-get install tcpdump)");
+    // tcpdump writes the file header once its capture is live: wait for it, so the test's
+    // first packets are not sent before the capture sees them.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::fs::metadata(pcap_path).map_or(true, |m| m.len() < 24) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "tcpdump did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    KillOnDrop(child)
+}
+
+/// Requests on the wire: client packets that open with a request line.
+fn wire_requests(packets: &[pcap::Packet], port: u16, method: &[u8]) -> usize {
+    packets
+        .iter()
+        .filter(|p| p.dst_port == port && p.payload.starts_with(method))
+        .count()
+}
+
+/// tcpdump writes with -U; give it a moment, then stop it (SIGINT flushes the file).
+fn stop_tcpdump(mut dump: KillOnDrop) {
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = Command::new("kill")
+        .args(["-INT", &dump.0.id().to_string()])
+        .status();
+    let _ = dump.0.wait();
+}
+
+/// One request on a fresh connection, read until the server closes it.
+fn post_and_read_to_close(port: u16, n: usize) -> Vec<u8> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connecting to the server");
+    s.set_nodelay(true).expect("TCP_NODELAY");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    let body =
+        format!(r#"{{"model":"m","stream":true,"messages":[{{"role":"user","content":"q{n}"}}]}}"#);
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(request.as_bytes())
+        .expect("sending the request");
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    raw
+}
+
+fn ms(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(f64::NAN)
+}
+
+#[test]
+fn fd_reuse_late_accept_and_server_close_match_the_wire() {
+    const PER: usize = 10;
+    let dir = tempdir("fd-reuse");
+    let port = free_port();
+    let mut server = Command::new(engine::python())
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("engine/fd_reuse_server.py"))
+        .args([&port.to_string(), &PER.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting the test server");
+    let mut ready = String::new();
+    BufReader::new(server.stdout.take().expect("server stdout"))
+        .read_line(&mut ready)
+        .expect("server ready line");
+    assert_eq!(ready.trim(), "ready");
+    let server = KillOnDrop(server);
+    let pid = server.0.id();
+
+    let pcap_path = dir.join("lo.pcap");
+    let dump = tcpdump(&pcap_path, port);
+    let mut recorder = Recorder::start(&dir, &["--port", &port.to_string()]);
+    recorder.wait_attached(pid, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(300));
+
+    let scenarios = [
+        "file-before-accept",
+        "late-accept",
+        "file-after-close",
+        "server-closes-first",
+    ];
+    for n in 0..PER * scenarios.len() {
+        let raw = post_and_read_to_close(port, n);
+        assert!(raw.starts_with(b"HTTP/1.1 200"), "request {n}: {raw:?}");
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    stop_tcpdump(dump);
+    let log_recorder = recorder.log.clone();
+    let records = recorder.stop();
+    let log = std::fs::read_to_string(log_recorder).unwrap_or_default();
+
+    let packets = pcap::read(&pcap_path);
+    let on_wire = wire_requests(&packets, port, b"POST ");
+    assert_eq!(on_wire, PER * scenarios.len(), "requests on the wire");
+    let wire = pcap::wire_ttfts(&packets, port);
+    assert_eq!(
+        wire.len(),
+        on_wire,
+        "a first token on the wire for every request"
+    );
+
+    // Exactly one record per request, and no record for anything else (a file's bytes).
+    assert_eq!(
+        records.len(),
+        on_wire,
+        "one record per request: {records:#?}\n{log}"
+    );
+    let mut by_id: HashMap<&str, &Value> = HashMap::new();
+    for r in &records {
+        let id = r["response_id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{r:#?}"));
+        assert!(by_id.insert(id, r).is_none(), "two records for {id}");
+        assert_eq!(r["method"], "POST", "{r:#?}");
+        assert_eq!(r["path"], "/v1/chat/completions", "{r:#?}");
+        assert_eq!(r["connection_preexisting"], false, "{r:#?}");
+    }
+    for (id, wire_ttft) in &wire {
+        let r = by_id
+            .get(id.as_str())
+            .unwrap_or_else(|| panic!("no record for {id}"));
+        assert!(
+            r["arrival_wire_mono_ns"].is_u64(),
+            "{id}: wire arrival lost: {r:#?}"
+        );
+        let ttft = ms(&r["ttft_ms"]);
+        assert!(
+            (ttft - wire_ttft).abs() < 1.0,
+            "{id}: TTFT {ttft:.3} ms, on the wire {wire_ttft:.3} ms"
+        );
+        let scenario = scenarios
+            .iter()
+            .find(|s| id.contains(*s))
+            .expect("a scenario in the id");
+        if *scenario == "server-closes-first" {
+            assert_eq!(r["ended_by"], "server", "{r:#?}");
+            assert_eq!(r["aborted"], false, "{r:#?}");
+            assert_eq!(r["output_chunks"], 2, "{r:#?}");
+        } else {
+            assert_eq!(r["ended_by"], "complete", "{r:#?}");
+            assert_eq!(r["output_chunks"], 3, "{r:#?}");
+        }
+        if *scenario == "late-accept" {
+            // The bytes waited ~20 ms for the accept: TTFT counts that wait.
+            assert!(ms(&r["read_delay_ms"]) >= 15.0, "{r:#?}");
+        }
+    }
+    // The files were never captured: the kernel skipped their reads.
+    assert!(
+        agent::counter(&log, "kernel_unknown_fd_skipped") >= (2 * PER) as u64,
+        "{log}"
+    );
+    assert_eq!(
+        agent::counter(&log, "records_not_server_connection"),
+        0,
+        "{log}"
+    );
+    assert_eq!(
+        agent::counter(&log, "kernel_conns_accepted"),
+        on_wire as u64,
+        "{log}"
+    );
+}
+
+#[test]
+fn real_engine_burst_and_sequential_requests_all_recorded_with_wire_arrivals() {
+    const BURST: usize = 32;
+    const SEQUENTIAL: usize = 300;
+    let dir = tempdir("engine-burst");
+    let port = free_port();
+    let engine = Engine::start(port, 2);
+    let pcap_path = dir.join("lo.pcap");
+    let dump = tcpdump(&pcap_path, port);
+    let mut recorder = Recorder::start(&dir, &["--port", &port.to_string()]);
+    recorder.wait_attached(engine.pid(), Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(300));
+
+    // A burst of fresh connections, all at once.
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(BURST));
+    let workers: Vec<_> = (0..BURST)
+        .map(|i| {
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                let mut client = Client::connect(port);
+                barrier.wait();
+                client.chat(&format!("({i}) Name a colour."), 3, None)
+            })
+        })
+        .collect();
+    let streams: Vec<_> = workers
+        .into_iter()
+        .map(|w| w.join().expect("client thread"))
+        .collect();
+    assert!(streams.iter().all(|s| s.completed));
+    // Short requests one after another, each on a fresh connection.
+    for _ in 0..SEQUENTIAL {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connecting");
+        s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .expect("sending");
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    stop_tcpdump(dump);
+    let log_path = recorder.log.clone();
+    let records = recorder.stop();
+    let log = std::fs::read_to_string(log_path).unwrap_or_default();
+
+    let packets = pcap::read(&pcap_path);
+    assert_eq!(wire_requests(&packets, port, b"POST "), BURST);
+    assert_eq!(wire_requests(&packets, port, b"GET "), SEQUENTIAL);
+    let wire = pcap::wire_ttfts(&packets, port);
+    assert_eq!(wire.len(), BURST);
+
+    let chats: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["path"] == "/v1/chat/completions")
+        .collect();
+    let health: Vec<&Value> = records.iter().filter(|r| r["path"] == "/health").collect();
+    assert_eq!(
+        chats.len() + health.len(),
+        records.len(),
+        "a record that is no request on the wire: {records:#?}"
+    );
+    assert_eq!(chats.len(), BURST, "{log}");
+    assert_eq!(health.len(), SEQUENTIAL, "{log}");
+    for r in &health {
+        assert!(r["arrival_wire_mono_ns"].is_u64(), "{r:#?}");
+        assert_eq!(r["status"], 200);
+        assert_eq!(r["ended_by"], "complete", "{r:#?}");
+    }
+    for (id, wire_ttft) in &wire {
+        let matching: Vec<_> = chats.iter().filter(|r| r["response_id"] == *id).collect();
+        assert_eq!(matching.len(), 1, "{id}: {matching:#?}");
+        let r = matching[0];
+        assert!(r["arrival_wire_mono_ns"].is_u64(), "{r:#?}");
+        let ttft = ms(&r["ttft_ms"]);
+        assert!(
+            (ttft - wire_ttft).abs() < 1.0,
+            "{id}: TTFT {ttft:.3} ms, on the wire {wire_ttft:.3} ms"
+        );
+        assert_eq!(r["ended_by"], "complete", "{r:#?}");
+    }
+    assert_eq!(
+        agent::counter(&log, "records_not_server_connection"),
+        0,
+        "{log}"
+    );
+}
