@@ -45,6 +45,8 @@ fn event(kind: SyscallKind, fd: i32, ts: u64, payload: &[u8]) -> SyscallEvent<'_
         truncated: false,
         copy_failed: false,
         conn_gen: 0,
+        conn_seq: None,
+        lost_heads: 0,
         payload,
     }
 }

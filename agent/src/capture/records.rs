@@ -7,6 +7,9 @@ use inferscope_common::{
     SyscallKind, SyscallRecord, USER_FLAG_READ_FAILED, UserProbeRecord,
 };
 
+/// The kind of a captured syscall, for callers outside the agent (fuzz targets, benchmarks).
+pub use inferscope_common::SyscallKind as Kind;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum RecordError {
     #[error("ring-buffer record shorter than its header")]
@@ -44,6 +47,11 @@ pub struct SyscallEvent<'a> {
     pub copy_failed: bool,
     /// The fd's connection generation (0: accepted before the agent started).
     pub conn_gen: u64,
+    /// The record's number among its fd's records, lost ones included (`None` where no kernel
+    /// numbered it: tests, replays).
+    pub conn_seq: Option<u32>,
+    /// Records lost on this fd so far that began a response head.
+    pub lost_heads: u32,
     pub payload: &'a [u8],
 }
 
@@ -142,6 +150,8 @@ pub fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
             truncated: header.flags & FLAG_TRUNCATED != 0,
             copy_failed: header.flags & FLAG_COPY_FAILED != 0,
             conn_gen: header.conn_gen,
+            conn_seq: Some(header.conn_seq),
+            lost_heads: header.lost_heads,
             payload,
         }))
     } else if record_type == RecordType::Segment as u8 {
@@ -222,6 +232,8 @@ mod tests {
             captured,
             _pad: 0,
             conn_gen: 0,
+            conn_seq: 4,
+            lost_heads: 1,
         };
         let mut bytes = vec![0u8; std::mem::size_of::<SyscallRecord>()];
         unsafe { std::ptr::write_unaligned(bytes.as_mut_ptr().cast(), header) };
@@ -239,6 +251,7 @@ mod tests {
         assert_eq!(ev.kind, SyscallKind::Write);
         assert!(ev.truncated);
         assert_eq!(ev.lost_bytes(), 95);
+        assert_eq!((ev.conn_seq, ev.lost_heads), (Some(4), 1));
     }
 
     #[test]

@@ -3,9 +3,12 @@
 mod arrivals;
 mod connection;
 pub mod engine_metrics;
+pub mod loss;
 pub mod percentile;
 pub mod record;
 mod request;
+#[cfg(test)]
+mod resync_tests;
 mod sched;
 pub mod stats;
 pub mod timeline;
@@ -24,7 +27,7 @@ use crate::{
     capture::{SchedEvent, Segment, SyscallEvent},
     decode::http::{Limits, RequestEvent, ResponseEvent},
 };
-use connection::Connection;
+use connection::{Connection, Ending};
 use inferscope_common::SchedKind;
 use rustc_hash::FxHashMap;
 
@@ -107,7 +110,12 @@ impl Tracker {
             .copied()
             .collect();
         for key in keys {
-            self.finish_connection(key, now_ns, out);
+            self.finish_connection(
+                key,
+                now_ns,
+                Ending::Incomplete(loss::Reason::ServerExited),
+                out,
+            );
         }
         self.engines.remove(&tgid);
         self.joins.forget_process(tgid);
@@ -119,14 +127,31 @@ impl Tracker {
 
     pub fn on_accept(&mut self, ev: &SyscallEvent<'_>, peer: Peer, out: &mut Vec<RequestRecord>) {
         let key = (ev.tgid, ev.ret as i32);
-        // The fd number came back without us seeing its close: end the old connection first.
-        self.finish_connection(key, ev.ts_exit_ns, out);
-        self.connections
-            .get_or_open(key, peer, &self.engines, &mut self.stats);
+        // The fd number came back without us seeing its close (its record was lost): end the
+        // old connection first.
+        self.finish_connection(
+            key,
+            ev.ts_exit_ns,
+            Ending::Incomplete(loss::Reason::EventsLost),
+            out,
+        );
+        if let Some(conn) =
+            self.connections
+                .get_or_open(key, peer, &self.engines, &mut self.stats, true)
+        {
+            let ctx = conn.context(self.unix_offset_ns, self.last_loss_ns);
+            conn.observe(ev, ctx, &mut self.stats, out);
+        }
     }
 
     pub fn on_close(&mut self, ev: &SyscallEvent<'_>, out: &mut Vec<RequestRecord>) {
-        self.finish_connection((ev.tgid, ev.fd), ev.ts_enter_ns, out);
+        let key = (ev.tgid, ev.fd);
+        if let Some(conn) = self.connections.map.get_mut(&key) {
+            // Records lost just before the close settle first.
+            let ctx = conn.context(self.unix_offset_ns, self.last_loss_ns);
+            conn.observe(ev, ctx, &mut self.stats, out);
+        }
+        self.finish_connection(key, ev.ts_enter_ns, Ending::Closed, out);
     }
 
     pub fn on_read(&mut self, ev: &SyscallEvent<'_>, peer: Peer, out: &mut Vec<RequestRecord>) {
@@ -145,10 +170,13 @@ impl Tracker {
         out: &mut Vec<RequestRecord>,
         read: bool,
     ) {
-        let Some(conn) =
-            self.connections
-                .get_or_open((ev.tgid, ev.fd), peer, &self.engines, &mut self.stats)
-        else {
+        let Some(conn) = self.connections.get_or_open(
+            (ev.tgid, ev.fd),
+            peer,
+            &self.engines,
+            &mut self.stats,
+            false,
+        ) else {
             return;
         };
         let ctx = conn.context(self.unix_offset_ns, self.last_loss_ns);
@@ -332,15 +360,36 @@ impl Tracker {
         self.connections.map.len()
     }
 
-    /// Ends every connection (agent shutdown): open requests are reported as aborted.
+    /// Requests open right now (read in part, or waiting for their answer), all connections.
+    pub fn open_requests(&self) -> usize {
+        self.connections
+            .map
+            .values()
+            .map(|c| c.open_requests())
+            .sum()
+    }
+
+    /// Ends every connection (agent shutdown): open requests are reported as incomplete
+    /// (`agent_shutdown`); nobody aborted them.
     pub fn finish_all(&mut self, now_ns: u64, out: &mut Vec<RequestRecord>) {
         let keys: Vec<(u32, i32)> = self.connections.map.keys().copied().collect();
         for key in keys {
-            self.finish_connection(key, now_ns, out);
+            self.finish_connection(
+                key,
+                now_ns,
+                Ending::Incomplete(loss::Reason::AgentShutdown),
+                out,
+            );
         }
     }
 
-    fn finish_connection(&mut self, key: (u32, i32), ts_ns: u64, out: &mut Vec<RequestRecord>) {
+    fn finish_connection(
+        &mut self,
+        key: (u32, i32),
+        ts_ns: u64,
+        ending: Ending,
+        out: &mut Vec<RequestRecord>,
+    ) {
         let Some(conn) = self.connections.map.remove(&key) else {
             return;
         };
@@ -348,7 +397,7 @@ impl Tracker {
         if let (Some(port), Some(remote)) = (conn.peer.local_port, conn.peer.remote) {
             self.arrivals.forget_peer(port, remote);
         }
-        conn.close(ts_ns, &mut self.stats, ctx, out);
+        conn.close(ts_ns, ending, &mut self.stats, ctx, out);
     }
 }
 
@@ -361,14 +410,15 @@ struct ConnectionTable {
 }
 
 impl ConnectionTable {
-    /// The connection for `key`, opened on first sight (one that predates the agent), with its
-    /// peer filled in.
+    /// The connection for `key`, opened on first sight (one that predates the agent, or whose
+    /// accept was lost, unless `accepted`), with its peer filled in.
     fn get_or_open(
         &mut self,
         key: (u32, i32),
         peer: Peer,
         engines: &HashMap<u32, &'static str>,
         stats: &mut Stats,
+        accepted: bool,
     ) -> Option<&mut Connection> {
         let at_limit = self.map.len() >= MAX_CONNECTIONS;
         match self.map.entry(key) {
@@ -392,6 +442,7 @@ impl ConnectionTable {
                     engine,
                     peer,
                     self.limits,
+                    accepted,
                 ))))
             }
         }
@@ -442,6 +493,8 @@ mod tests {
             truncated: false,
             copy_failed: false,
             conn_gen: 0,
+            conn_seq: None,
+            lost_heads: 0,
             payload,
         }
     }
@@ -563,6 +616,6 @@ mod tests {
         );
         t.on_close(&close(60), &mut out);
         assert_eq!(out.len(), 1);
-        assert_eq!(t.stats().get("requests_incomplete"), 1);
+        assert_eq!(t.stats().get("requests_unread"), 1);
     }
 }

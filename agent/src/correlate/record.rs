@@ -81,6 +81,10 @@ pub struct RequestRecord {
     pub request_bytes: u64,
     pub response_bytes: u64,
     pub aborted: bool,
+    /// Set when the agent could not follow the request to its end, naming why (`events_lost`,
+    /// `chunk_framing`, `head_too_large`, `agent_shutdown`, ...): the fields it has are right,
+    /// the ones after the loss are missing. Never set for a client that went away (`aborted`).
+    pub incomplete: Option<String>,
     /// Some bytes of this request or response were not captured; fields may be missing.
     pub capture_truncated: bool,
 

@@ -39,7 +39,11 @@ pub fn line(r: &RequestRecord) -> String {
         opt(r.prompt_tokens),
         opt(r.completion_tokens),
         r.response_id.as_deref().unwrap_or("-"),
-        if r.aborted { "  (aborted)" } else { "" },
+        match (&r.incomplete, r.aborted) {
+            (_, true) => "  (aborted)".to_owned(),
+            (Some(reason), false) => format!("  (incomplete: {reason})"),
+            (None, false) => String::new(),
+        },
     )
 }
 

@@ -62,10 +62,13 @@ struct CounterLabels {
 }
 
 /// Agent values that go down as well as up: exported as gauges, not counters.
-const AGENT_GAUGES: [&str; 3] = [
+const AGENT_GAUGES: [&str; 6] = [
     "open_connections",
     "grpc_subscribers",
     "otlp_spans_pending_or_dropped",
+    "shim_connections_active",
+    "shim_buffered_bytes",
+    "open_requests",
 ];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -206,7 +209,7 @@ impl Metrics {
         let requests = Family::<OutcomeLabels, Counter>::default();
         registry.register(
             "inferscope_requests",
-            "Finished requests by outcome (ok, error, aborted); counted when each one ends",
+            "Finished requests by outcome (ok, error, aborted, incomplete: followed only in part); counted when each one ends. Answered requests with no record at all: inferscope_agent_events_total{counter=\"requests_lost\"}",
             requests.clone(),
         );
         let admitted = Family::<EngineLabels, Counter>::default();
@@ -320,6 +323,8 @@ impl Metrics {
         };
         let outcome = if r.aborted {
             "aborted"
+        } else if r.incomplete.is_some() {
+            "incomplete"
         } else if r.status.is_some_and(|s| s >= 400) {
             "error"
         } else {

@@ -73,6 +73,11 @@ pub struct SyscallRecord {
     /// Connection generation of this fd: set when the kernel saw it accepted, 0 for fds that
     /// predate the agent. Verdicts name it, so a late verdict never hits a reused fd number.
     pub conn_gen: u64,
+    /// Number of this record among the fd's records (0 at accept), lost ones included: a jump
+    /// tells user space this connection lost records.
+    pub conn_seq: u32,
+    /// Lost records on this fd so far whose payload began a response head (`HTTP/`).
+    pub lost_heads: u32,
 }
 
 /// A TCP segment with payload that reached a traced listening port (tcp:tcp_probe). It tells
@@ -289,7 +294,7 @@ mod tests {
 
     #[test]
     fn layouts_are_stable() {
-        assert_eq!(core::mem::size_of::<SyscallRecord>(), 56);
+        assert_eq!(core::mem::size_of::<SyscallRecord>(), 64);
         assert_eq!(core::mem::size_of::<SegmentRecord>(), 56);
         assert_eq!(core::mem::size_of::<SchedRecord>(), 32);
         assert_eq!(core::mem::size_of::<UserProbeRecord>(), 32);

@@ -22,10 +22,16 @@ fn wakeup_flag(size: u64) -> u64 {
 }
 
 #[inline(always)]
-pub fn output<T: ?Sized>(record: &T, counter: Counter) {
+pub fn output<T: ?Sized>(record: &T, counter: Counter) -> bool {
     let size = core::mem::size_of_val(record) as u64;
     match EVENTS.output::<T>(record, wakeup_flag(size)) {
-        Ok(()) => bump(counter),
-        Err(_) => bump(Counter::RingbufFull),
+        Ok(()) => {
+            bump(counter);
+            true
+        }
+        Err(_) => {
+            bump(Counter::RingbufFull);
+            false
+        }
     }
 }

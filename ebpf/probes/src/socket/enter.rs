@@ -114,6 +114,8 @@ fn try_close(ctx: &TracePointContext) -> Result<(), i32> {
     let generation = conn_gen(key);
     let _ = FD_VERDICT.remove(&key);
     let _ = FD_GEN.remove(&key);
+    let (conn_seq, lost_heads) = crate::conn_seq::take(key, false);
+    crate::conn_seq::forget(key);
     if was_ignored {
         return Ok(());
     }
@@ -131,6 +133,8 @@ fn try_close(ctx: &TracePointContext) -> Result<(), i32> {
         captured: 0,
         _pad: 0,
         conn_gen: generation,
+        conn_seq,
+        lost_heads,
     };
     output::<SyscallRecord>(&record, Counter::RecordsEmitted);
     Ok(())

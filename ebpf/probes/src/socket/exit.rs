@@ -77,6 +77,8 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
         }
     }
     let ts_exit = unsafe { bpf_ktime_get_ns() };
+    let key = fd_key(tgid, fd);
+    let (conn_seq, lost_heads) = crate::conn_seq::take(key, kind == SyscallKind::Accept as u8);
     scratch.header = SyscallRecord {
         record_type: RecordType::Syscall as u8,
         kind,
@@ -89,8 +91,16 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
         ret,
         captured: captured as u32,
         _pad: 0,
-        conn_gen: conn_gen(fd_key(tgid, fd)),
+        conn_gen: conn_gen(key),
+        conn_seq,
+        lost_heads,
     };
-    super::copy::emit(scratch, captured);
+    if !super::copy::emit(scratch, captured) {
+        let head = kind == SyscallKind::Write as u8 && captured >= 5 && {
+            let p = &scratch.payload;
+            p[0] == b'H' && p[1] == b'T' && p[2] == b'T' && p[3] == b'P' && p[4] == b'/'
+        };
+        crate::conn_seq::lost(key, head);
+    }
     Ok(())
 }
