@@ -49,6 +49,11 @@ fn sse_server(port: u16, tokens: u32) -> KillOnDrop {
 
 /// `sse_load load` in the background: `connections` keep-alive clients for `seconds`.
 fn start_load(port: u16, connections: u32, seconds: u32) -> Child {
+    start_load_n(port, connections, seconds, 100_000_000)
+}
+
+/// The same, stopping after `requests` per connection.
+fn start_load_n(port: u16, connections: u32, seconds: u32, requests: u32) -> Child {
     Command::new(SSE_LOAD)
         .args([
             "load",
@@ -57,7 +62,7 @@ fn start_load(port: u16, connections: u32, seconds: u32) -> Child {
             "--connections",
             &connections.to_string(),
             "--requests",
-            "100000000",
+            &requests.to_string(),
             "--seconds",
             &seconds.to_string(),
         ])
@@ -273,7 +278,7 @@ fn a_second_agent_refuses_and_the_first_keeps_its_sockets() {
         &["--port", &port.to_string(), "--shim-socket", shim_arg],
     );
     first.wait_attached(server.0.id(), Duration::from_secs(30));
-    let done = completed(start_load(port, 2, 1));
+    let done = completed(start_load_n(port, 2, 0, 50));
     assert!(done > 0);
     assert!(first.socket.exists() && shim.exists());
 
