@@ -326,6 +326,9 @@ impl Connection {
         };
         target.response_bytes += ev.ret as u64;
         target.last_write_ns = ev.ts_enter_ns;
+        // Bytes of the response were not captured (capture limit, or the kernel's adaptive
+        // capture behind a filling ring buffer): fields after them may be missing.
+        target.truncated |= ev.lost_bytes() > 0;
         if target.first_byte_ns.is_none() {
             target.first_byte_ns = Some(ev.ts_enter_ns);
         }

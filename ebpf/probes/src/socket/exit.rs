@@ -76,6 +76,22 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
             bump(Counter::CopyFailed);
         }
     }
+    // Adaptive capture: behind a filling ring, response writes other than heads keep only a
+    // prefix (counted as truncation), so a stalled agent loses token text, not requests.
+    if kind == SyscallKind::Write as u8
+        && captured > crate::ringbuf::PRESSURE_PREFIX
+        && crate::ringbuf::under_pressure()
+    {
+        let p = &scratch.payload;
+        let head = p[0] == b'H' && p[1] == b'T' && p[2] == b'T' && p[3] == b'P' && p[4] == b'/';
+        if !head {
+            captured = crate::ringbuf::PRESSURE_PREFIX;
+            if flags & FLAG_TRUNCATED == 0 {
+                flags |= FLAG_TRUNCATED;
+                bump(Counter::PayloadTruncated);
+            }
+        }
+    }
     let ts_exit = unsafe { bpf_ktime_get_ns() };
     let key = fd_key(tgid, fd);
     let (conn_seq, lost_heads) = crate::conn_seq::take(key, kind == SyscallKind::Accept as u8);
