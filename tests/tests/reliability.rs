@@ -346,3 +346,56 @@ fn a_second_agent_refuses_and_the_first_keeps_its_sockets() {
     let log = first.stop();
     assert!(!log.contains("gRPC API stopped"), "{log}");
 }
+
+/// Ids of the loaded eBPF programs with the agent's program names (bpftool).
+fn agent_programs() -> std::collections::BTreeSet<u64> {
+    let out = Command::new("bpftool")
+        .args(["-j", "prog", "show"])
+        .output()
+        .expect("running bpftool (scripts/setup.sh installs it)");
+    let progs: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    progs
+        .iter()
+        .filter(|p| {
+            matches!(
+                p["name"].as_str(),
+                Some("exit_syscall" | "enter_close" | "tcp_probe")
+            )
+        })
+        .filter_map(|p| p["id"].as_u64())
+        .collect()
+}
+
+/// kill -9 under load leaves no program of the agent loaded, and a new agent attaches and
+/// records again.
+#[test]
+fn kill_9_leaves_nothing_attached() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = 17104;
+    let server = sse_server(port, 4);
+    let before = agent_programs();
+    let mut recorder = Recorder::start(dir.path(), &["--port", &port.to_string()]);
+    recorder.wait_attached(server.0.id(), Duration::from_secs(30));
+    let ours: Vec<u64> = agent_programs().difference(&before).copied().collect();
+    assert!(!ours.is_empty(), "the agent's programs are loaded");
+    let load = start_load(port, 2, 2);
+    thread::sleep(Duration::from_millis(500));
+    signal(recorder.pid(), "-KILL");
+    let _ = completed(load);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = agent_programs();
+        if ours.iter().all(|id| !now.contains(id)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "programs left behind: {ours:?}");
+        thread::sleep(Duration::from_millis(100));
+    }
+    drop(recorder);
+    let dir2 = tempfile::tempdir().expect("temp dir");
+    let mut again = Recorder::start(dir2.path(), &["--port", &port.to_string()]);
+    again.wait_attached(server.0.id(), Duration::from_secs(30));
+    let done = completed(start_load_n(port, 1, 0, 20));
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(again.stop().len() as u64, done, "a new agent records again");
+}
