@@ -2,7 +2,9 @@
 # Runs every cargo-fuzz target for N seconds (default 30). Needs a nightly toolchain (rustup).
 # Targets (fuzz/fuzz_targets/): http_decoder (HTTP/1.1, chunked, SSE, JSON fields), vllm_ipc
 # (ZMTP 3.x framing, msgpack, vLLM V1 IPC messages and request state), probe_spec (the
-# user-defined probe spec parser), pod_identity (cgroup paths, Kubernetes watch lines and pods).
+# user-defined probe spec parser), pod_identity (cgroup paths, Kubernetes watch lines and pods),
+# connection_tracker (the per-connection tracker under dropped records, truncated captures and
+# stray bytes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-30}"
@@ -14,5 +16,10 @@ fi
 command -v cargo-fuzz >/dev/null || cargo install -q --locked cargo-fuzz || cargo install -q cargo-fuzz
 for target in $(cargo +nightly fuzz list); do
   echo "fuzzing $target for ${seconds}s"
-  cargo +nightly fuzz run "$target" -- -max_total_time="$seconds" -rss_limit_mb=2048
+  # Committed seeds (fuzz/seeds/TARGET) start each run from valid inputs; new finds go to the
+  # gitignored fuzz/corpus/TARGET.
+  mkdir -p "fuzz/corpus/$target"
+  seeds=()
+  [ -d "fuzz/seeds/$target" ] && seeds=("fuzz/seeds/$target")
+  cargo +nightly fuzz run "$target" "fuzz/corpus/$target" "${seeds[@]}" -- -max_total_time="$seconds" -rss_limit_mb=2048
 done

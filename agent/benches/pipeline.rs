@@ -47,6 +47,8 @@ fn event(kind: SyscallKind, fd: i32, ts: u64, payload: &[u8]) -> SyscallEvent<'_
         conn_gen: 0,
         conn_flags: 0,
         sock: 0,
+        conn_seq: None,
+        lost_heads: 0,
         payload,
     }
 }

@@ -542,6 +542,7 @@ impl Pipeline {
             "open_connections".into(),
             self.tracker.open_connections() as u64,
         ));
+        all.push(("open_requests".into(), self.tracker.open_requests() as u64));
         all
     }
 

@@ -52,6 +52,11 @@ impl Recorder {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The agent's pid (to signal it).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Waits until the agent reports it attached to `pid`.
     pub fn wait_attached(&mut self, pid: u32, timeout: Duration) {
         wait_attached(&mut self.child, &self.log, pid, timeout);

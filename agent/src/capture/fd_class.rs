@@ -174,6 +174,8 @@ mod tests {
             conn_gen,
             conn_flags,
             sock: 0,
+            conn_seq: None,
+            lost_heads: 0,
             payload: b"GET / HTTP/1.1\r\n",
         }
     }

@@ -14,6 +14,7 @@ pub mod procfs;
 pub mod records;
 pub mod sched_hooks;
 pub mod sockets;
+pub mod sockpath;
 pub mod symbols;
 pub mod user_probes;
 

@@ -7,6 +7,9 @@ use inferscope_common::{
     SyscallKind, SyscallRecord, USER_FLAG_READ_FAILED, UserProbeRecord,
 };
 
+/// The kind of a captured syscall, for callers outside the agent (fuzz targets, benchmarks).
+pub use inferscope_common::SyscallKind as Kind;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum RecordError {
     #[error("ring-buffer record shorter than its header")]
@@ -48,6 +51,11 @@ pub struct SyscallEvent<'a> {
     pub conn_flags: u32,
     /// The connection's `struct sock` address (0: unknown).
     pub sock: u64,
+    /// The record's number among its fd's records, lost ones included (`None` where no kernel
+    /// numbered it: tests, replays).
+    pub conn_seq: Option<u32>,
+    /// Records lost on this fd so far that began a response head.
+    pub lost_heads: u32,
     pub payload: &'a [u8],
 }
 
@@ -165,6 +173,8 @@ pub fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
             conn_gen: header.conn_gen,
             conn_flags: header.conn_flags,
             sock: header.sock,
+            conn_seq: Some(header.conn_seq),
+            lost_heads: header.lost_heads,
             payload,
         }))
     } else if record_type == RecordType::Segment as u8 {
@@ -247,6 +257,8 @@ mod tests {
             conn_flags: 0,
             conn_gen: 0,
             sock: 0,
+            conn_seq: 4,
+            lost_heads: 1,
         };
         let mut bytes = vec![0u8; std::mem::size_of::<SyscallRecord>()];
         unsafe { std::ptr::write_unaligned(bytes.as_mut_ptr().cast(), header) };
@@ -264,6 +276,7 @@ mod tests {
         assert_eq!(ev.kind, SyscallKind::Write);
         assert!(ev.truncated);
         assert_eq!(ev.lost_bytes(), 95);
+        assert_eq!((ev.conn_seq, ev.lost_heads), (Some(4), 1));
     }
 
     #[test]

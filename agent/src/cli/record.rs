@@ -64,7 +64,9 @@ impl Observer for RecordObserver {
         }
         if let Err(e) = self.writer.write(&record) {
             if !self.write_failed {
-                error!("writing a record failed: {e}; later records are lost too");
+                error!(
+                    "writing a record failed: {e}; that line is dropped whole, later ones are tried (failures are counted)"
+                );
             }
             self.write_failed = true;
         }
@@ -75,7 +77,9 @@ impl Observer for RecordObserver {
             && let Err(e) = w.write(&step)
         {
             if !self.write_failed {
-                error!("writing a step record failed: {e}; later records are lost too");
+                error!(
+                    "writing a step record failed: {e}; that line is dropped whole, later ones are tried"
+                );
             }
             self.write_failed = true;
         }
@@ -86,7 +90,9 @@ impl Observer for RecordObserver {
             && let Err(e) = w.write(&record)
         {
             if !self.write_failed {
-                error!("writing an engine metrics record failed: {e}; later records are lost too");
+                error!(
+                    "writing an engine metrics record failed: {e}; that line is dropped whole, later ones are tried"
+                );
             }
             self.write_failed = true;
         }
@@ -190,7 +196,8 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
     info!(records = observer.writer.written, "done");
     if observer.write_failed {
         anyhow::bail!(
-            "some records could not be written to {}",
+            "{} records could not be written to {} (each was dropped whole; the file holds only complete lines)",
+            observer.writer.failed,
             args.out.display()
         );
     }

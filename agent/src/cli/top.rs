@@ -11,7 +11,9 @@ use anyhow::Context as _;
 use clap::Args;
 use crossterm::{cursor, execute, terminal};
 use inferscope::correlate::percentile::percentile;
-use inferscope_proto::v1::agent::{GpuSample, Request, SubscribeRequest, event::Record};
+use inferscope_proto::v1::agent::{
+    GpuSample, ListRequestsRequest, Request, SubscribeRequest, event::Record,
+};
 
 use super::{
     client::{ConnectArgs, runtime},
@@ -178,6 +180,27 @@ pub fn run(args: TopArgs) -> anyhow::Result<()> {
             .context("subscribing to the agent failed")?
             .into_inner();
         let mut view = View::default();
+        // Requests that finished within the window before we subscribed: the first snapshot
+        // shows what the agent holds, not only what finishes from now on.
+        let now_mono = inferscope::correlate::monotonic_now_ns();
+        let window_ns = u64::try_from(args.window.as_nanos()).unwrap_or(u64::MAX);
+        let mut recent = client
+            .list_requests(ListRequestsRequest {
+                limit: 10_000,
+                engine: args.engine.clone().unwrap_or_default(),
+                since_mono_ns: now_mono.saturating_sub(window_ns),
+                ..Default::default()
+            })
+            .await
+            .context("listing the agent's recent requests failed")?
+            .into_inner()
+            .requests;
+        recent.sort_by_key(|r| r.end_mono_ns);
+        let now = Instant::now();
+        for r in recent {
+            let age = Duration::from_nanos(now_mono.saturating_sub(r.end_mono_ns));
+            view.add(now.checked_sub(age).unwrap_or(now), r, args.window);
+        }
         let mut ticker = tokio::time::interval(args.interval);
         ticker.tick().await;
         let mut printed = 0u64;

@@ -1,15 +1,23 @@
 //! One TCP connection of a traced server: requests read in order, responses written in the same
 //! order (HTTP/1.1 keep-alive and pipelining).
+//!
+//! Losses never blind a connection: when the kernel's record numbers jump (ring buffer full) or
+//! a decoder loses framing, the open requests are settled (`incomplete`, or counted as lost when
+//! their response head itself was dropped) and decoding resumes at the next boundary it can
+//! prove: a read that starts with a request line, a write that starts with a response head.
 use std::collections::VecDeque;
 
 use crate::{
     capture::SyscallEvent,
-    decode::http::{Chunk, Limits, RequestDecoder, RequestEvent, ResponseDecoder, ResponseEvent},
+    decode::http::{
+        Chunk, Limits, ParseError, RequestDecoder, RequestEvent, ResponseDecoder, ResponseEvent,
+    },
 };
 
 use super::{
     Peer, RequestRecord, Stats, Work,
     arrivals::ArrivalIndex,
+    loss::{self, Reason},
     record::EndedBy,
     request::{RecordContext, RequestProgress},
 };
@@ -17,6 +25,20 @@ use super::{
 /// Requests read but not yet answered, per connection. Requests and connections are boxed so
 /// that idle table slots and queue capacity cost a pointer, not a whole struct (10k in flight).
 const MAX_WAITING: usize = 64;
+
+/// Reads skipped while looking for a request line on a connection that never spoke HTTP, before
+/// capture is told to ignore it (TLS, HTTP/2 or another protocol on the server's port).
+const MAX_HUNT_READS_BEFORE_HTTP: u32 = 16;
+
+/// How a connection's tracking ends, which decides what its open requests become.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// The connection ended (`by` the server, or the process or agent stopping): unanswered
+    /// requests end cut by that side.
+    Closed(EndedBy),
+    /// Tracking stopped for another reason: open requests are `incomplete` with it.
+    Incomplete(Reason),
+}
 
 pub struct Connection {
     pub id: u64,
@@ -32,15 +54,36 @@ pub struct Connection {
     next_seq: u32,
     /// When the previous response ended: the next request's bytes arrived after it.
     last_response_end_ns: u64,
-    /// Not HTTP, or framing lost: nothing more is decoded on this connection.
+    /// Not HTTP: nothing more is decoded on this connection.
     failed: bool,
     /// A request did not parse: no more requests are decoded here, but the answer to it is
     /// (servers answer malformed requests with a 4xx, users want to see those).
     requests_failed: bool,
+    /// The kernel's number for the next record of this fd, once one was seen.
+    expected_record: Option<u32>,
+    /// The kernel's count of lost response heads on this fd, as of the last record.
+    lost_heads_seen: u32,
+    /// After a loss (or when first seen mid-stream): reads are skipped until one starts a
+    /// request line, writes until one starts a response head.
+    hunt_request: bool,
+    hunt_response: bool,
+    /// Reads skipped while hunting.
+    hunted_reads: u32,
+    /// A request was decoded here: later garbage is a loss, not a protocol verdict.
+    spoke_http: bool,
 }
 
 impl Connection {
-    pub fn new(id: u64, pid: u32, engine: &'static str, peer: Peer, limits: Limits) -> Self {
+    /// `fresh`: the connection was seen from its accept; otherwise it is joined mid-stream and
+    /// decoding starts at the first provable request boundary.
+    pub fn new(
+        id: u64,
+        pid: u32,
+        engine: &'static str,
+        peer: Peer,
+        limits: Limits,
+        fresh: bool,
+    ) -> Self {
         Self {
             id,
             pid,
@@ -54,6 +97,12 @@ impl Connection {
             last_response_end_ns: 0,
             failed: false,
             requests_failed: false,
+            expected_record: None,
+            lost_heads_seen: 0,
+            hunt_request: !fresh,
+            hunt_response: !fresh,
+            hunted_reads: 0,
+            spoke_http: false,
         }
     }
 
@@ -81,6 +130,85 @@ impl Connection {
         }
     }
 
+    /// Checks the kernel's record number of `ev` against the last one: a jump means records of
+    /// this connection were dropped, and the open requests are settled before `ev` is decoded.
+    pub fn observe(
+        &mut self,
+        ev: &SyscallEvent<'_>,
+        ctx: RecordContext<'_>,
+        stats: &mut Stats,
+        out: &mut Vec<RequestRecord>,
+    ) {
+        let Some(seq) = ev.conn_seq else {
+            return;
+        };
+        let missing = match self.expected_record {
+            Some(expected) => seq.wrapping_sub(expected),
+            // First sight: records before this one on the fd were lost.
+            None => seq,
+        };
+        if missing >= 1 << 31 {
+            // Behind what was expected: two threads raced on one fd; out of order, not lost.
+            stats.bump("connection_records_out_of_order");
+            return;
+        }
+        let lost_heads = ev.lost_heads.wrapping_sub(self.lost_heads_seen);
+        self.expected_record = Some(seq.wrapping_add(1));
+        self.lost_heads_seen = ev.lost_heads;
+        if missing > 0 {
+            stats.add("connection_records_lost", u64::from(missing));
+            self.gap(Reason::EventsLost, lost_heads, ctx, stats, out);
+        }
+    }
+
+    /// Framing is lost (dropped records, or a decoder error): settle what is open and hunt for
+    /// the next provable request and response boundaries.
+    fn gap(
+        &mut self,
+        reason: Reason,
+        lost_heads: u32,
+        ctx: RecordContext<'_>,
+        stats: &mut Stats,
+        out: &mut Vec<RequestRecord>,
+    ) {
+        stats.bump("connection_gaps");
+        if lost_heads > 0 {
+            stats.add(loss::LOST_EVENTS, u64::from(lost_heads));
+            stats.add(loss::LOST_TOTAL, u64::from(lost_heads));
+        }
+        // A request read in part: its answer still comes, after those of the older ones.
+        if let Some(mut progress) = self.reading.take() {
+            progress.incomplete.get_or_insert(reason);
+            if self.waiting.len() < MAX_WAITING {
+                self.waiting.push_back(progress);
+            } else {
+                stats.bump("requests_waiting_over_limit");
+            }
+        }
+        // The response being written was answered; its end may be among what was lost.
+        if self.waiting.front().is_some_and(|p| p.response_started())
+            && let Some(mut progress) = self.waiting.pop_front()
+        {
+            progress.incomplete.get_or_insert(reason);
+            let end = progress.last_io_ns();
+            emit(progress, ctx, end, EndedBy::Unknown, stats, out);
+        }
+        // Each lost response head answered the oldest request still waiting (counted above).
+        for _ in 0..lost_heads {
+            if self.waiting.pop_front().is_none() {
+                break;
+            }
+        }
+        // Requests still waiting lived through the loss: their fields may lack what was lost.
+        for progress in &mut self.waiting {
+            progress.incomplete.get_or_insert(reason);
+        }
+        self.requests.reset();
+        self.responses.reset();
+        self.hunt_request = true;
+        self.hunt_response = true;
+    }
+
     pub fn on_read(
         &mut self,
         ev: &SyscallEvent<'_>,
@@ -88,6 +216,7 @@ impl Connection {
         ctx: RecordContext<'_>,
         work: &mut Work<'_>,
     ) {
+        self.observe(ev, ctx, work.stats, work.out);
         if ev.ret <= 0 {
             // EOF or reset from the peer: whatever is still being answered was abandoned.
             self.abort_all(ev.ts_exit_ns, EndedBy::Client, work.stats, ctx, work.out);
@@ -95,6 +224,19 @@ impl Connection {
         }
         if self.failed || self.requests_failed {
             return;
+        }
+        if self.hunt_request {
+            if !loss::starts_request(ev.payload) {
+                work.stats.add("resync_bytes_skipped", ev.ret as u64);
+                self.hunted_reads = self.hunted_reads.saturating_add(1);
+                if !self.spoke_http && self.hunted_reads >= MAX_HUNT_READS_BEFORE_HTTP {
+                    work.stats.bump("connections_never_http");
+                    self.fail(ev, work.to_ignore);
+                }
+                return;
+            }
+            self.hunt_request = false;
+            work.stats.bump("connection_resyncs");
         }
         let chunk = Chunk {
             bytes: ev.payload,
@@ -126,10 +268,11 @@ impl Connection {
                     progress.truncated = ev.truncated && ev.lost_bytes() > 0;
                     if let Some(old) = self.reading.replace(progress) {
                         drop(old);
-                        work.stats.bump("requests_incomplete");
+                        work.stats.bump("requests_unread");
                     }
                 }
                 RequestEvent::Complete(summary) => {
+                    self.spoke_http = true;
                     let Some(mut progress) = self.reading.take() else {
                         work.stats.bump("request_complete_without_start");
                         continue;
@@ -149,29 +292,38 @@ impl Connection {
                 }
                 RequestEvent::Error(e) => {
                     work.stats.bump(e.as_str());
-                    match self.reading.take() {
-                        // Kept for the server's answer (a record if it answers, else nothing);
-                        // only a connection that speaks HTTP at all can have one.
-                        Some(mut progress) if self.waiting.len() < MAX_WAITING => {
-                            work.stats.bump("requests_unparsed");
-                            progress.unparsed = true;
-                            progress.truncated |= ev.truncated;
-                            self.waiting.push_back(progress);
-                            self.requests_failed = true;
+                    if e == ParseError::NotHttp && !self.spoke_http {
+                        match self.reading.take() {
+                            // Kept for the server's answer (a record if it answers, else
+                            // nothing); no more requests are decoded on this connection.
+                            Some(mut progress) if self.waiting.len() < MAX_WAITING => {
+                                work.stats.bump("requests_unparsed");
+                                progress.unparsed = true;
+                                progress.truncated |= ev.truncated;
+                                self.waiting.push_back(progress);
+                                self.requests_failed = true;
+                            }
+                            Some(_) => {
+                                work.stats.bump("requests_unparsed");
+                                self.fail(ev, work.to_ignore);
+                            }
+                            // Never HTTP: stop capturing it.
+                            None => self.fail(ev, work.to_ignore),
                         }
-                        Some(_) => {
-                            work.stats.bump("requests_unparsed");
-                            self.fail(ev, work.to_ignore);
-                        }
-                        None => self.fail(ev, work.to_ignore),
+                    } else {
+                        self.gap(Reason::from(e), 0, ctx, work.stats, work.out);
                     }
+                    // The rest of this batch came from bytes the decoder no longer trusts.
+                    break;
                 }
             }
         }
+        events.clear();
         *work.request_events = events;
     }
 
     pub fn on_write(&mut self, ev: &SyscallEvent<'_>, ctx: RecordContext<'_>, work: &mut Work<'_>) {
+        self.observe(ev, ctx, work.stats, work.out);
         if ev.ret < 0 {
             // EPIPE/ECONNRESET: the client went away mid-response.
             self.abort_all(ev.ts_enter_ns, EndedBy::Client, work.stats, ctx, work.out);
@@ -180,11 +332,31 @@ impl Connection {
         if self.failed {
             return;
         }
+        let head = loss::starts_response(ev.payload);
+        if self.hunt_response {
+            if !head {
+                work.stats.add("resync_bytes_skipped", ev.ret.max(0) as u64);
+                return;
+            }
+            self.hunt_response = false;
+        }
         let Some(target) = self.waiting.front_mut().or(self.reading.as_mut()) else {
-            work.stats.bump("response_without_request");
+            if head {
+                // An answer to a request that was never captured: count it, skip its body.
+                work.stats.bump(loss::LOST_REQUEST_NOT_CAPTURED);
+                work.stats.bump(loss::LOST_TOTAL);
+                self.hunt_response = true;
+            } else {
+                work.stats.bump("response_without_request");
+            }
+            self.responses.reset();
             return;
         };
         target.response_bytes += ev.ret as u64;
+        target.last_write_ns = ev.ts_enter_ns;
+        // Bytes of the response were not captured (capture limit, or the kernel's adaptive
+        // capture behind a filling ring buffer): fields after them may be missing.
+        target.truncated |= ev.lost_bytes() > 0;
         if target.first_byte_ns.is_none() {
             target.first_byte_ns = Some(ev.ts_enter_ns);
         }
@@ -198,21 +370,30 @@ impl Connection {
         let mut events = std::mem::take(work.response_events);
         self.responses.feed(chunk, &mut events);
         for event in events.drain(..) {
-            self.apply_response_event(event, ev, ctx, work);
+            if !self.apply_response_event(event, ctx, work) {
+                break;
+            }
         }
+        events.clear();
         *work.response_events = events;
     }
 
+    /// Applies one response event; false when framing was lost and the rest of the batch must
+    /// be dropped.
     fn apply_response_event(
         &mut self,
         event: ResponseEvent,
-        ev: &SyscallEvent<'_>,
         ctx: RecordContext<'_>,
         work: &mut Work<'_>,
-    ) {
+    ) -> bool {
+        if let ResponseEvent::Error(e) = event {
+            work.stats.bump(e.as_str());
+            self.gap(Reason::from(e), 0, ctx, work.stats, work.out);
+            return false;
+        }
         let Some(target) = self.waiting.front_mut().or(self.reading.as_mut()) else {
             work.stats.bump("response_without_request");
-            return;
+            return true;
         };
         match event {
             ResponseEvent::Head { ts_ns, status, .. } => {
@@ -229,21 +410,12 @@ impl Connection {
             ResponseEvent::End { ts_ns, .. } => {
                 self.last_response_end_ns = ts_ns;
                 if let Some(done) = self.pop_answered() {
-                    work.out
-                        .push(done.into_record(ctx, ts_ns, EndedBy::Complete));
+                    emit(done, ctx, ts_ns, EndedBy::Complete, work.stats, work.out);
                 }
             }
-            ResponseEvent::Error(e) => {
-                work.stats.bump(e.as_str());
-                // Framing is lost: report what we have, marked truncated, and stop decoding.
-                if let Some(mut done) = self.pop_answered() {
-                    done.truncated = true;
-                    work.out
-                        .push(done.into_record(ctx, ev.ts_enter_ns, EndedBy::Complete));
-                }
-                self.fail(ev, work.to_ignore);
-            }
+            ResponseEvent::Error(_) => {}
         }
+        true
     }
 
     /// Requests the engine is working on: admitted, and neither the engine (where a hook says
@@ -263,6 +435,11 @@ impl Connection {
             .chain(self.waiting.iter_mut())
             .map(|b| &mut **b)
             .find(|r| r.seq == seq)
+    }
+
+    /// Requests open on this connection (read in part, or waiting for their answer).
+    pub fn open_requests(&self) -> usize {
+        self.waiting.len() + usize::from(self.reading.is_some())
     }
 
     fn pop_answered(&mut self) -> Option<Box<RequestProgress>> {
@@ -298,48 +475,81 @@ impl Connection {
                 continue;
             }
             stats.bump(counter);
-            out.push(progress.into_record(ctx, ts_ns, by));
+            emit(progress, ctx, ts_ns, by, stats, out);
         }
         if let Some(progress) = self.reading.take() {
             if progress.response_started() {
                 stats.bump(counter);
-                out.push(progress.into_record(ctx, ts_ns, by));
+                emit(progress, ctx, ts_ns, by, stats, out);
             } else {
-                stats.bump("requests_incomplete");
+                stats.bump("requests_unread");
             }
         }
         self.requests.reset();
         self.responses.reset();
     }
 
-    /// The connection ends on the server's side: its close (`by` = server), its process
-    /// exiting, or the agent stopping (`by` = unknown).
     pub fn close(
         mut self,
         ts_ns: u64,
-        by: EndedBy,
+        ending: Ending,
         stats: &mut Stats,
         ctx: RecordContext<'_>,
         out: &mut Vec<RequestRecord>,
     ) {
         // A body delimited by the connection's close (no length, not chunked) is complete now.
-        let mut events = Vec::new();
-        self.responses.close(ts_ns, &mut events);
-        for event in events {
-            match event {
-                ResponseEvent::Body(body) => {
-                    if let Some(target) = self.waiting.front_mut().or(self.reading.as_mut()) {
-                        target.on_body(body, stats);
+        if matches!(ending, Ending::Closed(_)) {
+            let mut events = Vec::new();
+            self.responses.close(ts_ns, &mut events);
+            for event in events {
+                match event {
+                    ResponseEvent::Body(body) => {
+                        if let Some(target) = self.waiting.front_mut().or(self.reading.as_mut()) {
+                            target.on_body(body, stats);
+                        }
                     }
-                }
-                ResponseEvent::End { ts_ns, .. } => {
-                    if let Some(done) = self.pop_answered() {
-                        out.push(done.into_record(ctx, ts_ns, EndedBy::Complete));
+                    ResponseEvent::End { ts_ns, .. } => {
+                        if let Some(done) = self.pop_answered() {
+                            emit(done, ctx, ts_ns, EndedBy::Complete, stats, out);
+                        }
                     }
+                    _ => {}
                 }
-                _ => {}
             }
         }
-        self.abort_all(ts_ns, by, stats, ctx, out);
+        match ending {
+            Ending::Closed(by) => self.abort_all(ts_ns, by, stats, ctx, out),
+            Ending::Incomplete(reason) => {
+                // Still in flight when tracking stopped: nobody aborted them.
+                let open = self.reading.take().into_iter().filter(|p| {
+                    let read = p.summary.is_some() || p.response_started();
+                    if !read {
+                        stats.bump("requests_unread");
+                    }
+                    read
+                });
+                let all: Vec<_> = self.waiting.drain(..).chain(open).collect();
+                for mut progress in all {
+                    progress.incomplete.get_or_insert(reason);
+                    emit(progress, ctx, ts_ns, EndedBy::Unknown, stats, out);
+                }
+            }
+        }
     }
+}
+
+/// Turns a finished request into its record, counting incomplete ones by reason.
+fn emit(
+    progress: Box<RequestProgress>,
+    ctx: RecordContext<'_>,
+    end_ns: u64,
+    ended_by: EndedBy,
+    stats: &mut Stats,
+    out: &mut Vec<RequestRecord>,
+) {
+    if let Some(reason) = progress.incomplete {
+        stats.bump(loss::INCOMPLETE_TOTAL);
+        stats.bump(reason.counter());
+    }
+    out.push(progress.into_record(ctx, end_ns, ended_by));
 }

@@ -3,9 +3,12 @@
 mod arrivals;
 mod connection;
 pub mod engine_metrics;
+pub mod loss;
 pub mod percentile;
 pub mod record;
 mod request;
+#[cfg(test)]
+mod resync_tests;
 mod sched;
 pub mod stats;
 pub mod timeline;
@@ -24,7 +27,7 @@ use crate::{
     capture::{SchedEvent, Segment, SyscallEvent},
     decode::http::{Limits, RequestEvent, ResponseEvent},
 };
-use connection::Connection;
+use connection::{Connection, Ending};
 use inferscope_common::SchedKind;
 use rustc_hash::FxHashMap;
 
@@ -120,7 +123,12 @@ impl Tracker {
             .copied()
             .collect();
         for key in keys {
-            self.finish_connection(key, now_ns, EndedBy::Server, out);
+            self.finish_connection(
+                key,
+                now_ns,
+                Ending::Incomplete(loss::Reason::ServerExited),
+                out,
+            );
         }
         self.engines.remove(&tgid);
         self.joins.forget_process(tgid);
@@ -133,21 +141,32 @@ impl Tracker {
     pub fn on_accept(&mut self, ev: &SyscallEvent<'_>, peer: Peer, out: &mut Vec<RequestRecord>) {
         let key = (ev.tgid, ev.conn_key());
         // Without a kernel id the key is the fd number, which came back without us seeing its
-        // close: end the old connection first.
-        self.finish_connection(key, ev.ts_exit_ns, EndedBy::Server, out);
-        self.connections
-            .get_or_open(key, peer, &self.engines, &mut self.stats);
+        // close (its record was lost): end the old connection first.
+        self.finish_connection(
+            key,
+            ev.ts_exit_ns,
+            Ending::Incomplete(loss::Reason::EventsLost),
+            out,
+        );
+        if let Some(conn) =
+            self.connections
+                .get_or_open(key, peer, &self.engines, &mut self.stats, true)
+        {
+            let ctx = conn.context(self.unix_offset_ns, self.last_loss_ns);
+            conn.observe(ev, ctx, &mut self.stats, out);
+        }
     }
 
     /// The server closed the connection (its last fd): what it had not finished answering
     /// ends cut by the server.
     pub fn on_close(&mut self, ev: &SyscallEvent<'_>, out: &mut Vec<RequestRecord>) {
-        self.finish_connection(
-            (ev.tgid, ev.conn_key()),
-            ev.ts_enter_ns,
-            EndedBy::Server,
-            out,
-        );
+        let key = (ev.tgid, ev.conn_key());
+        if let Some(conn) = self.connections.map.get_mut(&key) {
+            // Records lost just before the close settle first.
+            let ctx = conn.context(self.unix_offset_ns, self.last_loss_ns);
+            conn.observe(ev, ctx, &mut self.stats, out);
+        }
+        self.finish_connection(key, ev.ts_enter_ns, Ending::Closed(EndedBy::Server), out);
     }
 
     pub fn on_read(&mut self, ev: &SyscallEvent<'_>, peer: Peer, out: &mut Vec<RequestRecord>) {
@@ -171,6 +190,7 @@ impl Tracker {
             peer,
             &self.engines,
             &mut self.stats,
+            false,
         ) else {
             return;
         };
@@ -355,12 +375,26 @@ impl Tracker {
         self.connections.map.len()
     }
 
-    /// Ends every connection (agent shutdown): open requests are reported with `ended_by`
-    /// unknown.
+    /// Requests open right now (read in part, or waiting for their answer), all connections.
+    pub fn open_requests(&self) -> usize {
+        self.connections
+            .map
+            .values()
+            .map(|c| c.open_requests())
+            .sum()
+    }
+
+    /// Ends every connection (agent shutdown): open requests are reported as incomplete
+    /// (`agent_shutdown`); nobody aborted them.
     pub fn finish_all(&mut self, now_ns: u64, out: &mut Vec<RequestRecord>) {
         let keys: Vec<ConnKey> = self.connections.map.keys().copied().collect();
         for key in keys {
-            self.finish_connection(key, now_ns, EndedBy::Unknown, out);
+            self.finish_connection(
+                key,
+                now_ns,
+                Ending::Incomplete(loss::Reason::AgentShutdown),
+                out,
+            );
         }
     }
 
@@ -368,7 +402,7 @@ impl Tracker {
         &mut self,
         key: ConnKey,
         ts_ns: u64,
-        by: EndedBy,
+        ending: Ending,
         out: &mut Vec<RequestRecord>,
     ) {
         let Some(conn) = self.connections.map.remove(&key) else {
@@ -381,7 +415,7 @@ impl Tracker {
         if conn.peer.sock != 0 {
             self.arrivals.forget_sock(conn.peer.sock);
         }
-        conn.close(ts_ns, by, &mut self.stats, ctx, out);
+        conn.close(ts_ns, ending, &mut self.stats, ctx, out);
     }
 }
 
@@ -394,14 +428,15 @@ struct ConnectionTable {
 }
 
 impl ConnectionTable {
-    /// The connection for `key`, opened on first sight (one that predates the agent), with its
-    /// peer filled in.
+    /// The connection for `key`, opened on first sight (one that predates the agent, or whose
+    /// accept was lost, unless `accepted`), with its peer filled in.
     fn get_or_open(
         &mut self,
         key: ConnKey,
         peer: Peer,
         engines: &HashMap<u32, &'static str>,
         stats: &mut Stats,
+        accepted: bool,
     ) -> Option<&mut Connection> {
         let at_limit = self.map.len() >= MAX_CONNECTIONS;
         match self.map.entry(key) {
@@ -425,6 +460,7 @@ impl ConnectionTable {
                     engine,
                     peer,
                     self.limits,
+                    accepted,
                 ))))
             }
         }
@@ -477,6 +513,8 @@ mod tests {
             conn_gen: 0,
             conn_flags: 0,
             sock: 0,
+            conn_seq: None,
+            lost_heads: 0,
             payload,
         }
     }
@@ -598,7 +636,7 @@ mod tests {
         );
         t.on_close(&close(60), &mut out);
         assert_eq!(out.len(), 1);
-        assert_eq!(t.stats().get("requests_incomplete"), 1);
+        assert_eq!(t.stats().get("requests_unread"), 1);
     }
 
     fn stream_request() -> Vec<u8> {

@@ -90,6 +90,10 @@ pub struct RequestRecord {
     /// The server answered bytes that did not parse as an HTTP request (method, path and body
     /// fields are empty; status and sizes are the answer's).
     pub request_unparsed: bool,
+    /// Set when the agent could not follow the request to its end, naming why (`events_lost`,
+    /// `chunk_framing`, `head_too_large`, `agent_shutdown`, ...): the fields it has are right,
+    /// the ones after the loss are missing. Never set for a client that went away (`aborted`).
+    pub incomplete: Option<String>,
     /// Some bytes of this request or response were not captured; fields may be missing.
     pub capture_truncated: bool,
 

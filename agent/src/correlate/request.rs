@@ -52,6 +52,10 @@ pub struct RequestProgress {
     pub slot_released_ns: Option<u64>,
     /// Its bytes did not parse as HTTP; it is reported only if the server answers.
     pub unparsed: bool,
+    /// Why the agent could not follow the request to its end, if it could not.
+    pub incomplete: Option<super::loss::Reason>,
+    /// The last response write seen for it.
+    pub last_write_ns: u64,
 }
 
 impl RequestProgress {
@@ -67,6 +71,14 @@ impl RequestProgress {
 
     pub fn response_started(&self) -> bool {
         self.first_byte_ns.is_some()
+    }
+
+    /// The last moment the request was seen to progress: where an incomplete record ends.
+    pub fn last_io_ns(&self) -> u64 {
+        self.last_write_ns
+            .max(self.last_token_ns.unwrap_or(0))
+            .max(self.summary.as_ref().map_or(0, |s| s.ts_ns))
+            .max(self.read_ns)
     }
 
     pub fn on_content(&mut self, ts_ns: u64) {
@@ -207,6 +219,7 @@ impl RequestProgress {
             ended_by,
             connection_preexisting: base.preexisting,
             request_unparsed: self.unparsed,
+            incomplete: self.incomplete.map(|r| r.as_str().to_owned()),
             capture_truncated: self.truncated
                 || summary.body_truncated
                 || self.gaps_dropped > 0

@@ -20,8 +20,10 @@ impl Default for HistoryLimits {
     fn default() -> Self {
         Self {
             max_age_ns: 2 * 3600 * 1_000_000_000,
-            requests: 200_000,
-            steps: 200_000,
+            // Powers of two: a VecDeque grows by doubling, so a cap just above one (200,000)
+            // made each ring allocate room for 262,144 (memory bound of `run`: README).
+            requests: 1 << 17,
+            steps: 1 << 17,
             engine: 20_000,
             devices: 50_000,
             configs: 256,

@@ -39,10 +39,11 @@ pub fn line(r: &RequestRecord) -> String {
         opt(r.prompt_tokens),
         opt(r.completion_tokens),
         r.response_id.as_deref().unwrap_or("-"),
-        match r.ended_by {
-            crate::correlate::EndedBy::Client => "  (aborted by the client)",
-            crate::correlate::EndedBy::Server => "  (cut by the server)",
-            crate::correlate::EndedBy::Complete | crate::correlate::EndedBy::Unknown => "",
+        match (&r.incomplete, r.ended_by) {
+            (_, crate::correlate::EndedBy::Client) => "  (aborted by the client)".to_owned(),
+            (Some(reason), _) => format!("  (incomplete: {reason})"),
+            (None, crate::correlate::EndedBy::Server) => "  (cut by the server)".to_owned(),
+            (None, _) => String::new(),
         },
     )
 }

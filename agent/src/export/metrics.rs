@@ -115,10 +115,13 @@ struct CounterLabels {
 }
 
 /// Agent values that go down as well as up: exported as gauges, not counters.
-const AGENT_GAUGES: [&str; 3] = [
+const AGENT_GAUGES: [&str; 6] = [
     "open_connections",
     "grpc_subscribers",
     "otlp_spans_pending_or_dropped",
+    "shim_connections_active",
+    "shim_buffered_bytes",
+    "open_requests",
 ];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -259,7 +262,7 @@ impl Metrics {
         let requests = Family::<OutcomeLabels, Counter>::default();
         registry.register(
             "inferscope_requests",
-            "Finished requests by outcome (ok, error, aborted by the client, server_closed before the response ended); counted when each one ends",
+            "Finished requests by outcome (ok, error, aborted by the client, server_closed before the response ended, incomplete: followed only in part); counted when each one ends. Answered requests with no record at all: inferscope_agent_events_total{counter=\"requests_lost\"}",
             requests.clone(),
         );
         let admitted = Family::<EngineLabels, Counter>::default();
@@ -374,6 +377,8 @@ impl Metrics {
         };
         let outcome = if r.aborted {
             "aborted"
+        } else if r.incomplete.is_some() {
+            "incomplete"
         } else if r.ended_by == EndedBy::Server {
             "server_closed"
         } else if r.status.is_some_and(|s| s >= 400) {

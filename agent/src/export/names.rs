@@ -53,6 +53,9 @@ pub fn request_attributes(timeline: &RequestTimeline) -> Vec<KeyValue> {
         KeyValue::new("inferscope.ended_by", r.ended_by.as_str()),
         KeyValue::new("inferscope.capture_truncated", r.capture_truncated),
     ];
+    if let Some(reason) = &r.incomplete {
+        a.push(KeyValue::new("inferscope.incomplete", reason.clone()));
+    }
     if let Some(op) = operation_name(&r.path) {
         a.push(KeyValue::new("gen_ai.operation.name", op));
     }

@@ -108,6 +108,7 @@ pub fn request(t: &RequestTimeline) -> pb::Request {
         ended_by: r.ended_by.as_str().to_owned(),
         connection_preexisting: r.connection_preexisting,
         request_unparsed: r.request_unparsed,
+        incomplete: r.incomplete.clone(),
     }
 }
 

@@ -44,9 +44,18 @@ pub fn render(records: &[RequestRecord]) -> String {
     let fmt = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| format!("{v:.2}"));
     let mut out = String::new();
     let aborted = records.iter().filter(|r| r.aborted).count();
+    let incomplete = records
+        .iter()
+        .filter(|r| !r.aborted && r.incomplete.is_some())
+        .count();
+    let incomplete = if incomplete > 0 {
+        format!(", {incomplete} incomplete")
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         out,
-        "{} requests ({} aborted)\n{:<14} {:>6} {:>10} {:>10} {:>10}",
+        "{} requests ({} aborted{incomplete})\n{:<14} {:>6} {:>10} {:>10} {:>10}",
         records.len(),
         aborted,
         "metric",

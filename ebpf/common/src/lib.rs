@@ -105,6 +105,11 @@ pub struct SyscallRecord {
     pub conn_gen: u64,
     /// The connection's `struct sock` address, 0 when unknown. For a close, `ret` is 0.
     pub sock: u64,
+    /// Number of this record among the fd's records (0 at accept), lost ones included: a jump
+    /// tells user space this connection lost records.
+    pub conn_seq: u32,
+    /// Lost records on this fd so far whose payload began a response head (`HTTP/`).
+    pub lost_heads: u32,
 }
 
 /// A TCP segment with payload that reached a traced listening port (tcp:tcp_probe). It tells
@@ -341,7 +346,7 @@ mod tests {
 
     #[test]
     fn layouts_are_stable() {
-        assert_eq!(core::mem::size_of::<SyscallRecord>(), 64);
+        assert_eq!(core::mem::size_of::<SyscallRecord>(), 72);
         assert_eq!(core::mem::size_of::<SegmentRecord>(), 64);
         assert_eq!(core::mem::size_of::<ConnEntry>(), 24);
         assert_eq!(core::mem::size_of::<SchedRecord>(), 32);

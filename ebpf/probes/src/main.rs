@@ -4,6 +4,7 @@
 #![no_std]
 #![no_main]
 
+mod conn_seq;
 mod counters;
 mod ctx;
 mod engines;

@@ -3,7 +3,9 @@
 //! not pay for a wake-up per record. Only the record that takes the queue across the threshold
 //! wakes: forcing a wake-up on every record while the queue stays above it (the agent is slow
 //! to be scheduled) queued an irq_work per record and doubled exit_syscall's cost.
-use aya_ebpf::bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP};
+use aya_ebpf::bindings::{
+    BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
+};
 use inferscope_common::Counter;
 
 use crate::{counters::bump, maps::EVENTS};
@@ -21,11 +23,29 @@ fn wakeup_flag(size: u64) -> u64 {
     }
 }
 
+/// Bytes of a response write kept once the ring buffer is more than a quarter full (the agent is
+/// behind): enough for a chunk-size line and a short terminator, so chunked framing survives
+/// and whole records keep fitting, where full payloads would overflow and lose requests.
+pub const PRESSURE_PREFIX: usize = 32;
+
+/// The ring buffer is more than a quarter full: the agent is behind (it drains a healthy ring
+/// to near empty every 50 ms).
 #[inline(always)]
-pub fn output<T: ?Sized>(record: &T, counter: Counter) {
+pub fn under_pressure() -> bool {
+    EVENTS.query(BPF_RB_AVAIL_DATA as u64) * 4 > EVENTS.query(BPF_RB_RING_SIZE as u64)
+}
+
+#[inline(always)]
+pub fn output<T: ?Sized>(record: &T, counter: Counter) -> bool {
     let size = core::mem::size_of_val(record) as u64;
     match EVENTS.output::<T>(record, wakeup_flag(size)) {
-        Ok(()) => bump(counter),
-        Err(_) => bump(Counter::RingbufFull),
+        Ok(()) => {
+            bump(counter);
+            true
+        }
+        Err(_) => {
+            bump(Counter::RingbufFull);
+            false
+        }
     }
 }

@@ -3,7 +3,10 @@
 //! terminator (the syscall pattern of a streaming engine), far faster than a real model.
 //!
 //! sse_load serve --port P [--tokens N] [--hold-ms H]
-//! sse_load load  --port P [--connections C] [--requests R]     (keep-alive, prints req/s)
+//! sse_load load  --port P [--connections C] [--requests R] [--seconds S]
+//!                                          (keep-alive; stops after R requests per connection or
+//!                                           S seconds; --rate N paces all connections together
+//!                                           to N requests/s; prints the responses it completed)
 //! sse_load hold  --port P [--connections C]                    (C requests in flight at once)
 use std::{
     io::{BufRead, BufReader, Read, Write},
@@ -119,8 +122,11 @@ fn read_response(stream: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
     }
 }
 
-fn load(port: u16, connections: u64, requests: u64) {
+fn load(port: u16, connections: u64, requests: u64, seconds: u64, rate: u64) {
     let start = Instant::now();
+    let limit = (seconds > 0).then(|| Duration::from_secs(seconds));
+    // With a total rate, each connection sends on its own schedule of rate/connections per s.
+    let interval = (rate > 0).then(|| Duration::from_secs_f64(connections as f64 / rate as f64));
     let workers: Vec<_> = (0..connections)
         .map(|c| {
             std::thread::spawn(move || {
@@ -129,6 +135,15 @@ fn load(port: u16, connections: u64, requests: u64) {
                 let mut buf = Vec::new();
                 let mut done = 0u64;
                 for r in 0..requests {
+                    if limit.is_some_and(|l| start.elapsed() >= l) {
+                        break;
+                    }
+                    if let Some(every) = interval {
+                        let due = start + every.mul_f64(r as f64);
+                        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                            std::thread::sleep(wait);
+                        }
+                    }
                     stream
                         .write_all(&request(port, c * requests + r))
                         .expect("send");
@@ -192,6 +207,8 @@ fn main() {
             port,
             arg(&args, "--connections", 8),
             arg(&args, "--requests", 1000),
+            arg(&args, "--seconds", 0),
+            arg(&args, "--rate", 0),
         ),
         Some("hold") => hold(port, arg(&args, "--connections", 10_000)),
         _ => {

@@ -60,6 +60,15 @@ impl FrameDecoder {
         self.buf.extend_from_slice(bytes);
     }
 
+    /// Gives back the buffer's memory once it holds nothing, so an idle connection costs no
+    /// more than its last message needed.
+    pub fn release(&mut self) {
+        if self.pos == self.buf.len() {
+            self.buf = Vec::new();
+            self.pos = 0;
+        }
+    }
+
     /// Bytes held for an incomplete message.
     pub fn buffered(&self) -> usize {
         self.buf.len() - self.pos

@@ -31,15 +31,23 @@ pub struct ListenerConfig {
     /// Kernel records held for the pipeline; beyond this new records are dropped and counted.
     pub queue_capacity: usize,
     pub max_connections: usize,
+    /// A connection that has not sent a whole message for this long is closed, so idle or
+    /// hostile peers cannot hold the connection slots (a real shim sends its hello at once).
+    pub idle_timeout: Duration,
+    /// Bytes of partial messages all connections together may hold; a connection that would
+    /// take the total past it is closed (each one is also capped by `MAX_MESSAGE_BYTES`).
+    pub max_buffered_bytes: usize,
 }
 
 impl ListenerConfig {
     pub fn new(path: impl Into<PathBuf>) -> Self {
         ListenerConfig {
             path: path.into(),
-            mode: 0o660,
+            mode: 0o600,
             queue_capacity: 262_144,
             max_connections: 256,
+            idle_timeout: Duration::from_secs(300),
+            max_buffered_bytes: 16 << 20,
         }
     }
 }
@@ -68,11 +76,17 @@ struct Counters {
     shim_dropped: AtomicU64,
     shim_cupti_dropped: AtomicU64,
     read_errors: AtomicU64,
+    idle_closed: AtomicU64,
+    over_budget: AtomicU64,
 }
 
 struct Shared {
     stop: AtomicBool,
     active: AtomicU64,
+    /// Bytes of partial messages held by all readers.
+    buffered: AtomicU64,
+    /// The socket file this listener bound (removed at drop only if still that file).
+    bound: Option<crate::capture::sockpath::Bound>,
     kernels: Mutex<VecDeque<KernelRecord>>,
     memcpys: Mutex<VecDeque<MemcpyRecord>>,
     shims: Mutex<Vec<ShimInfo>>,
@@ -89,6 +103,8 @@ pub struct ShimListener {
 pub enum ListenerError {
     #[error("creating the socket directory {0}: {1} (run as root or pick another --socket)")]
     Dir(PathBuf, std::io::Error),
+    #[error("the shim socket: {0}")]
+    Claim(#[from] crate::capture::sockpath::ClaimError),
     #[error("binding the shim socket {0}: {1}")]
     Bind(PathBuf, std::io::Error),
     #[error("setting permissions on {0}: {1}")]
@@ -105,13 +121,8 @@ impl ShimListener {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| ListenerError::Dir(dir.into(), e))?;
         }
-        // A socket left by a previous agent would make bind fail; nothing else may be there.
-        if let Ok(meta) = std::fs::symlink_metadata(&path) {
-            use std::os::unix::fs::FileTypeExt;
-            if meta.file_type().is_socket() {
-                let _ = std::fs::remove_file(&path);
-            }
-        }
+        // A stale socket of ours is replaced; a live one (another agent) or anything else is not.
+        crate::capture::sockpath::claim(&path)?;
         let listener =
             UnixListener::bind(&path).map_err(|e| ListenerError::Bind(path.clone(), e))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(config.mode))
@@ -122,6 +133,8 @@ impl ShimListener {
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             active: AtomicU64::new(0),
+            buffered: AtomicU64::new(0),
+            bound: crate::capture::sockpath::Bound::new(&path),
             kernels: Mutex::new(VecDeque::new()),
             memcpys: Mutex::new(VecDeque::new()),
             shims: Mutex::new(Vec::new()),
@@ -171,6 +184,9 @@ impl ShimListener {
         vec![
             ("shim_connections".into(), get(&c.connections)),
             ("shim_connections_active".into(), get(&self.shared.active)),
+            ("shim_connections_idle_closed".into(), get(&c.idle_closed)),
+            ("shim_connections_over_budget".into(), get(&c.over_budget)),
+            ("shim_buffered_bytes".into(), get(&self.shared.buffered)),
             (
                 "shim_connections_rejected".into(),
                 get(&c.connections_rejected),
@@ -197,7 +213,9 @@ impl Drop for ShimListener {
         if let Some(h) = self.accept.take() {
             let _ = h.join();
         }
-        let _ = std::fs::remove_file(&self.shared.config.path);
+        if let Some(bound) = &self.shared.bound {
+            bound.remove();
+        }
     }
 }
 
@@ -260,14 +278,26 @@ fn peer_pid(stream: &UnixStream) -> Option<u32> {
     (rc == 0 && cred.pid > 0).then_some(cred.pid as u32)
 }
 
-fn read_loop(mut stream: UnixStream, shared: &Shared) {
+fn read_loop(stream: UnixStream, shared: &Shared) {
+    let mut held = 0u64;
+    read_messages(stream, shared, &mut held);
+    // Whatever this connection still held is released with it.
+    shared.buffered.fetch_sub(held, Ordering::Relaxed);
+}
+
+fn read_messages(mut stream: UnixStream, shared: &Shared, held: &mut u64) {
     let c = &shared.counters;
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
     let pid = peer_pid(&stream).unwrap_or(0);
     let mut decoder = FrameDecoder::new();
     let mut buf = vec![0u8; 64 * 1024];
+    let mut last_message = std::time::Instant::now();
     while !shared.stop.load(Ordering::Acquire) {
+        if last_message.elapsed() >= shared.config.idle_timeout {
+            c.idle_closed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         let n = match stream.read(&mut buf) {
             Ok(0) => return,
             Ok(n) => n,
@@ -278,11 +308,22 @@ fn read_loop(mut stream: UnixStream, shared: &Shared) {
                 return;
             }
         };
-        decoder.push(&buf[..n]);
+        decoder.push(buf.get(..n).unwrap_or_default());
+        if !account(shared, held, decoder.buffered()) {
+            c.over_budget.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                "shim connection from pid {pid} closed: partial messages of all shims would exceed {} bytes",
+                shared.config.max_buffered_bytes
+            );
+            return;
+        }
         loop {
             match decoder.next_batch() {
                 Ok(None) => break,
-                Ok(Some(batch)) => accept_batch(shared, pid, batch),
+                Ok(Some(batch)) => {
+                    last_message = std::time::Instant::now();
+                    accept_batch(shared, pid, batch);
+                }
                 Err(FrameError::Decode) => {
                     c.parse_failures.fetch_add(1, Ordering::Relaxed);
                 }
@@ -294,6 +335,24 @@ fn read_loop(mut stream: UnixStream, shared: &Shared) {
                 }
             }
         }
+        decoder.release();
+        account(shared, held, decoder.buffered());
+    }
+}
+
+/// Moves this connection's share of the global partial-message budget to `now` bytes; false
+/// when that would take the total past the budget.
+fn account(shared: &Shared, held: &mut u64, now: usize) -> bool {
+    let now = now as u64;
+    if now > *held {
+        let grow = now - *held;
+        let total = shared.buffered.fetch_add(grow, Ordering::Relaxed) + grow;
+        *held = now;
+        total <= shared.config.max_buffered_bytes as u64
+    } else {
+        shared.buffered.fetch_sub(*held - now, Ordering::Relaxed);
+        *held = now;
+        true
     }
 }
 
@@ -420,5 +479,55 @@ mod tests {
         assert_eq!(counters["shim_batches"], 2);
         drop(l);
         assert!(!path.exists());
+    }
+
+    /// Hostile peers: connections that never send a message are closed after the idle
+    /// timeout, and partial messages of all connections together stay within the budget.
+    #[test]
+    fn idle_and_greedy_clients_are_closed_within_the_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shim.sock");
+        let mut cfg = ListenerConfig::new(&path);
+        cfg.idle_timeout = Duration::from_millis(400);
+        cfg.max_buffered_bytes = 256 * 1024;
+        let l = ShimListener::bind(cfg).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "the default socket mode is owner-only");
+        let _idle: Vec<UnixStream> = (0..4)
+            .map(|_| UnixStream::connect(&path).unwrap())
+            .collect();
+        let mut greedy: Vec<UnixStream> = Vec::new();
+        for _ in 0..3 {
+            let mut s = UnixStream::connect(&path).unwrap();
+            let mut prefix = Vec::new();
+            prost::encoding::encode_varint(3 << 20, &mut prefix);
+            let _ = s.write_all(&prefix);
+            let _ = s.write_all(&vec![0u8; 200 * 1024]);
+            greedy.push(s);
+        }
+        let counters =
+            || -> std::collections::HashMap<String, u64> { l.counters().into_iter().collect() };
+        for _ in 0..100 {
+            if counters()["shim_connections"] >= 7 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut peak = 0;
+        for _ in 0..100 {
+            let c = counters();
+            peak = peak.max(c["shim_buffered_bytes"]);
+            if c["shim_connections_active"] == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let c = counters();
+        assert_eq!(c["shim_connections_active"], 0, "{c:?}");
+        assert!(c["shim_connections_over_budget"] >= 1, "{c:?}");
+        assert!(c["shim_connections_idle_closed"] >= 4, "{c:?}");
+        // A reader may overshoot by one read (64 KiB) before it sees the total.
+        assert!(peak <= (256 + 3 * 64) * 1024, "peak {peak}");
+        assert_eq!(c["shim_buffered_bytes"], 0);
     }
 }

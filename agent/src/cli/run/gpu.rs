@@ -1,8 +1,9 @@
 //! The daemon's GPU inputs: kernel records from CUPTI shims, and NVML samples.
 use std::time::{Duration, Instant};
 
-use inferscope::capture::gpu::{
-    GpuSample, KernelRecord, ListenerConfig, NvmlSampler, ShimListener,
+use inferscope::capture::{
+    gpu::{GpuSample, KernelRecord, ListenerConfig, ListenerError, NvmlSampler, ShimListener},
+    sockpath::ClaimError,
 };
 use tracing::{info, warn};
 
@@ -17,19 +18,24 @@ pub struct GpuInputs {
 
 impl GpuInputs {
     /// Neither input is required: without them, records say the GPU layer is unknown.
-    pub fn start(config: &RunConfig) -> Self {
-        let shim = config.shim_socket.as_ref().and_then(|path| {
+    /// Fails only when another live agent holds the shim socket: two agents would split the
+    /// shims between them.
+    pub fn start(config: &RunConfig) -> anyhow::Result<Self> {
+        let mut shim = None;
+        if let Some(path) = config.shim_socket.as_ref() {
             match ShimListener::bind(ListenerConfig::new(path)) {
                 Ok(listener) => {
                     info!(socket = %path.display(), "listening for CUPTI shims (CUDA_INJECTION64_PATH=libinferscope_cupti.so)");
-                    Some(listener)
+                    shim = Some(listener);
+                }
+                Err(ListenerError::Claim(e @ ClaimError::InUse(_))) => {
+                    anyhow::bail!("{e}; pass --shim-socket PATH (or off)")
                 }
                 Err(e) => {
                     warn!("GPU kernel records are off: {e}; pass --shim-socket PATH (or off)");
-                    None
                 }
             }
-        });
+        }
         let nvml = config
             .nvml_interval
             .and_then(|interval| match NvmlSampler::start(interval) {
@@ -42,12 +48,12 @@ impl GpuInputs {
                     None
                 }
             });
-        Self {
+        Ok(Self {
             shim,
             nvml,
             nvml_interval: config.nvml_interval.unwrap_or(Duration::from_secs(1)),
             last_sample: None,
-        }
+        })
     }
 
     pub fn drain_kernels(&self, out: &mut Vec<KernelRecord>) {

@@ -9,7 +9,7 @@ use std::{sync::Arc, time::Instant};
 
 use anyhow::Context as _;
 use inferscope::{
-    capture::{CaptureConfig, TargetSelector, metrics::ScrapeConfig},
+    capture::{CaptureConfig, CaptureError, TargetSelector, metrics::ScrapeConfig},
     correlate::timeline::{TimelineBuilder, TimelineLimits},
     decode::http::Limits,
     diagnose::{
@@ -51,7 +51,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             patterns: config.patterns.clone(),
         },
     };
-    let mut pipeline = Pipeline::new(PipelineConfig {
+    let pipeline = Pipeline::new(PipelineConfig {
         selector,
         capture: CaptureConfig {
             capture_bytes: config.capture_bytes,
@@ -60,8 +60,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         limits: Limits::default(),
         discovery_interval: std::time::Duration::from_millis(500),
         token_hooks: config.token_hooks,
-    })
-    .context("starting the socket probes failed (inferscope needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_PTRACE + CAP_SYS_ADMIN)")?;
+    });
+    // A setting out of range is the configuration's fault, not a missing privilege.
+    let mut pipeline = match pipeline {
+        Err(CaptureError::Config(msg)) => {
+            anyhow::bail!("the capture settings are not usable: {msg}")
+        }
+        other => other.context("starting the socket probes failed (inferscope needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_PTRACE + CAP_SYS_ADMIN)")?,
+    };
 
     // Pod identity: in a pod with NODE_NAME set, watch this node's pods (never blocks records).
     if let Some(kube) = inferscope::identity::kube::KubeConfig::from_env() {
@@ -146,14 +152,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         _ => None,
     };
-    servers::start(
+    // The shim socket first: when another live agent holds it, nothing of ours is bound yet.
+    let gpu = gpu::GpuInputs::start(&config)?;
+    let grpc_socket = servers::start(
         &runtime,
         &config,
         metrics.clone(),
         hub.clone(),
         history.clone(),
     )?;
-    let gpu = gpu::GpuInputs::start(&config);
 
     let mut observer = DaemonObserver::new(
         TimelineBuilder::new(TimelineLimits::default()),
@@ -193,6 +200,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         warn!("flushing OTLP metrics at exit failed: {e}");
     }
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    if let Some(socket) = grpc_socket {
+        socket.remove();
+    }
     result.context("the capture loop failed")?;
     if observer.records_failed {
         anyhow::bail!("some records could not be written");

@@ -200,7 +200,9 @@ impl DaemonObserver {
                 && let Err(e) = w.write(&timeline.request)
                 && !self.records_failed
             {
-                error!("writing a record failed: {e}; later records are lost too");
+                error!(
+                    "writing a record failed: {e}; that line is dropped whole, later ones are tried (counter records_write_failed)"
+                );
                 self.records_failed = true;
             }
             self.hub.publish_request(timeline);
@@ -325,6 +327,9 @@ impl Observer for DaemonObserver {
         counters.push(("otlp_spans_failed".into(), c.failed.load(Ordering::Relaxed)));
         counters.push(("otlp_spans_pending_or_dropped".into(), c.unaccounted()));
         counters.push(("otlp_requests_sampled_out".into(), self.sampled_out));
+        if let Some(w) = &self.records {
+            counters.push(("records_write_failed".into(), w.failed));
+        }
         counters.push((
             "grpc_subscriber_records_lagged".into(),
             self.hub.subscriber_lagged.load(Ordering::Relaxed),

@@ -6,6 +6,7 @@ use std::{
 
 use anyhow::Context as _;
 use inferscope::{
+    capture::sockpath::{self, Bound},
     diagnose::history::History,
     export::{grpc::ApiService, hub::Hub, metrics::Metrics, prometheus_http},
 };
@@ -22,7 +23,8 @@ pub fn start(
     metrics: Arc<Metrics>,
     hub: Arc<Hub>,
     history: Option<Arc<Mutex<History>>>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Option<Bound>> {
+    let mut bound = None;
     if let Some(addr) = config.prometheus {
         let listener = runtime
             .block_on(prometheus_http::bind(addr))
@@ -44,13 +46,15 @@ pub fn start(
                 std::fs::create_dir_all(dir)
                     .with_context(|| format!("cannot create {}", dir.display()))?;
             }
-            // A socket left by a previous run would make bind fail.
-            let _ = std::fs::remove_file(path);
+            // A stale socket of ours is replaced; a live one (another agent) or anything else
+            // at the path is not touched.
+            sockpath::claim(path).context("cannot serve the gRPC API; pass --grpc")?;
             let listener = {
                 let _runtime = runtime.enter();
                 tokio::net::UnixListener::bind(path)
                     .with_context(|| format!("cannot listen on {}; pass --grpc", path.display()))?
             };
+            bound = Bound::new(path);
             // The API shows request metadata: root only.
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
                 .with_context(|| format!("cannot restrict {}", path.display()))?;
@@ -91,5 +95,5 @@ pub fn start(
             });
         }
     }
-    Ok(())
+    Ok(bound)
 }

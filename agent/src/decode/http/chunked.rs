@@ -122,6 +122,27 @@ impl ChunkedDecoder {
                 }
                 Ok(at_end)
             }
+            // The loss also covered the CRLF after the data (a capture cut at the end of a
+            // one-chunk write): the framing is still known; a wrong guess fails at the next size
+            // line, which the caller treats as lost framing.
+            State::Data { remaining } if lost <= *remaining + 2 => {
+                let past = lost - *remaining;
+                self.state = if past == 2 {
+                    SIZE_START
+                } else {
+                    State::DataEnd { seen_cr: true }
+                };
+                Ok(true)
+            }
+            State::DataEnd { seen_cr } if lost <= 2 - u64::from(*seen_cr) => {
+                let seen = u64::from(*seen_cr) + lost;
+                self.state = if seen == 2 {
+                    SIZE_START
+                } else {
+                    State::DataEnd { seen_cr: true }
+                };
+                Ok(false)
+            }
             _ => Err(ParseError::FramingLost),
         }
     }
@@ -255,7 +276,12 @@ mod tests {
 
         let mut d = ChunkedDecoder::new(1024);
         d.advance(b"a\r\n01").unwrap();
-        assert_eq!(d.skip_lost(9), Err(ParseError::FramingLost));
+        assert_eq!(d.skip_lost(11), Err(ParseError::FramingLost));
+        // A loss that also covers the data's CRLF keeps the framing.
+        let mut d = ChunkedDecoder::new(1024);
+        d.advance(b"a\r\n01").unwrap();
+        assert_eq!(d.skip_lost(10), Ok(true));
+        assert!(d.advance(b"0\r\n\r\n").unwrap().done);
         let mut d = ChunkedDecoder::new(1024);
         assert_eq!(d.skip_lost(1), Err(ParseError::FramingLost));
     }

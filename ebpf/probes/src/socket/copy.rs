@@ -139,9 +139,10 @@ pub fn copy_payload(
     out
 }
 
-/// Writes header plus `captured` payload bytes as one ring-buffer record.
+/// Writes header plus `captured` payload bytes as one ring-buffer record; false when the ring
+/// buffer had no room.
 #[inline(always)]
-pub fn emit(scratch: &Scratch, captured: usize) {
+pub fn emit(scratch: &Scratch, captured: usize) -> bool {
     let len = if captured > MAX_CAPTURE_BYTES {
         MAX_CAPTURE_BYTES
     } else {
@@ -150,5 +151,5 @@ pub fn emit(scratch: &Scratch, captured: usize) {
     let size = core::mem::size_of::<SyscallRecord>() + len;
     let bytes =
         unsafe { core::slice::from_raw_parts((scratch as *const Scratch).cast::<u8>(), size) };
-    output::<[u8]>(bytes, Counter::RecordsEmitted);
+    output::<[u8]>(bytes, Counter::RecordsEmitted)
 }

@@ -230,6 +230,9 @@ pub fn close_fd(tgid: u32, tid: u32, fd: i32) -> Result<(), i32> {
         }
     };
     let was_ignored = ignored(tgid, key, conn.id);
+    // The fd's record numbers end with it, whether or not its connection lives on in a dup.
+    let (conn_seq, lost_heads) = crate::conn_seq::take(key, false);
+    crate::conn_seq::forget(key);
     if conn.id != 0 {
         let _ = CONNS.remove(&key);
         if conn.flags & CONN_SHARED != 0 {
@@ -266,6 +269,8 @@ pub fn close_fd(tgid: u32, tid: u32, fd: i32) -> Result<(), i32> {
         conn_flags: conn.flags,
         conn_gen: conn.id,
         sock: conn.sock,
+        conn_seq,
+        lost_heads,
     };
     output::<SyscallRecord>(&record, Counter::RecordsEmitted);
     Ok(())

@@ -139,7 +139,25 @@ fn emit_syscall(tgid: u32, tid: u32, fd: i32, ret: i64, inflight: &Inflight) -> 
             bump(Counter::CopyFailed);
         }
     }
+    // Adaptive capture: behind a filling ring, response writes other than heads keep only a
+    // prefix (counted as truncation), so a stalled agent loses token text, not requests.
+    if kind == SyscallKind::Write as u8
+        && captured > crate::ringbuf::PRESSURE_PREFIX
+        && crate::ringbuf::under_pressure()
+    {
+        let p = &scratch.payload;
+        let head = p[0] == b'H' && p[1] == b'T' && p[2] == b'T' && p[3] == b'P' && p[4] == b'/';
+        if !head {
+            captured = crate::ringbuf::PRESSURE_PREFIX;
+            if flags & FLAG_TRUNCATED == 0 {
+                flags |= FLAG_TRUNCATED;
+                bump(Counter::PayloadTruncated);
+            }
+        }
+    }
     let ts_exit = unsafe { bpf_ktime_get_ns() };
+    let key = fd_key(tgid, fd);
+    let (conn_seq, lost_heads) = crate::conn_seq::take(key, kind == SyscallKind::Accept as u8);
     scratch.header = SyscallRecord {
         record_type: RecordType::Syscall as u8,
         kind,
@@ -154,8 +172,16 @@ fn emit_syscall(tgid: u32, tid: u32, fd: i32, ret: i64, inflight: &Inflight) -> 
         conn_flags: inflight.conn_flags,
         conn_gen: inflight.conn_id,
         sock: inflight.sock,
+        conn_seq,
+        lost_heads,
     };
-    super::copy::emit(scratch, captured);
+    if !super::copy::emit(scratch, captured) {
+        let head = kind == SyscallKind::Write as u8 && captured >= 5 && {
+            let p = &scratch.payload;
+            p[0] == b'H' && p[1] == b'T' && p[2] == b'T' && p[3] == b'P' && p[4] == b'/'
+        };
+        crate::conn_seq::lost(key, head);
+    }
     Ok(())
 }
 

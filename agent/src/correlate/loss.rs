@@ -1,0 +1,136 @@
+//! Losses in user terms. A request the agent saw answered but could not follow to its end is
+//! still recorded, with `incomplete` naming why; an answered request it never saw at all is
+//! counted as lost. Records plus `requests_lost` add up to the requests the server answered.
+use crate::decode::http::ParseError;
+
+/// Counter of answered requests without a record, all reasons together.
+pub const LOST_TOTAL: &str = "requests_lost";
+/// The kernel dropped the record of the response head (ring buffer full).
+pub const LOST_EVENTS: &str = "requests_lost_events_lost";
+/// A response head was seen but its request was not (lost, or read before the agent looked).
+pub const LOST_REQUEST_NOT_CAPTURED: &str = "requests_lost_request_not_captured";
+/// Records emitted with `incomplete` set, all reasons together.
+pub const INCOMPLETE_TOTAL: &str = "requests_incomplete";
+
+/// Why a record is incomplete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// The ring buffer dropped events of this connection while the request was open.
+    EventsLost,
+    /// The request or response head was larger than the decoder accepts.
+    HeadTooLarge,
+    /// Bytes of a head were not captured.
+    HeadLost,
+    /// A chunk-size line was malformed, or lost bytes covered chunk framing.
+    ChunkFraming,
+    /// One server-sent event was larger than the decoder accepts.
+    SseEventTooLarge,
+    /// The bytes stopped looking like HTTP/1.x.
+    NotHttp,
+    /// The agent stopped while the request was open.
+    AgentShutdown,
+    /// The server process exited (or stopped being traced) while the request was open.
+    ServerExited,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::EventsLost => "events_lost",
+            Reason::HeadTooLarge => "head_too_large",
+            Reason::HeadLost => "head_lost",
+            Reason::ChunkFraming => "chunk_framing",
+            Reason::SseEventTooLarge => "sse_event_too_large",
+            Reason::NotHttp => "not_http",
+            Reason::AgentShutdown => "agent_shutdown",
+            Reason::ServerExited => "server_exited",
+        }
+    }
+
+    /// The per-reason counter of incomplete records.
+    pub fn counter(self) -> &'static str {
+        match self {
+            Reason::EventsLost => "requests_incomplete_events_lost",
+            Reason::HeadTooLarge => "requests_incomplete_head_too_large",
+            Reason::HeadLost => "requests_incomplete_head_lost",
+            Reason::ChunkFraming => "requests_incomplete_chunk_framing",
+            Reason::SseEventTooLarge => "requests_incomplete_sse_event_too_large",
+            Reason::NotHttp => "requests_incomplete_not_http",
+            Reason::AgentShutdown => "requests_incomplete_agent_shutdown",
+            Reason::ServerExited => "requests_incomplete_server_exited",
+        }
+    }
+}
+
+impl From<ParseError> for Reason {
+    fn from(e: ParseError) -> Self {
+        match e {
+            ParseError::NotHttp => Reason::NotHttp,
+            ParseError::HeadTooLarge => Reason::HeadTooLarge,
+            ParseError::HeadLost => Reason::HeadLost,
+            ParseError::BadChunkSize | ParseError::FramingLost | ParseError::BodyTooLarge => {
+                Reason::ChunkFraming
+            }
+            ParseError::SseEventTooLarge => Reason::SseEventTooLarge,
+        }
+    }
+}
+
+/// Whether a read can be proven to start a request: an HTTP method token, a space, and (when
+/// the line is captured whole) an `HTTP/1.x` version at its end.
+pub fn starts_request(payload: &[u8]) -> bool {
+    let method_len = payload
+        .iter()
+        .take(17)
+        .take_while(|b| b.is_ascii_uppercase())
+        .count();
+    if !(3..=16).contains(&method_len) || payload.get(method_len) != Some(&b' ') {
+        return false;
+    }
+    let Some(eol) = payload.windows(2).take(8192).position(|w| w == b"\r\n") else {
+        return true;
+    };
+    let line = payload.get(..eol).unwrap_or_default();
+    line.ends_with(b" HTTP/1.1") || line.ends_with(b" HTTP/1.0")
+}
+
+/// Whether a write starts a response head.
+pub fn starts_response(payload: &[u8]) -> bool {
+    payload.starts_with(b"HTTP/1.")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_starts_are_proven_not_guessed() {
+        assert!(starts_request(b"POST /v1/chat HTTP/1.1\r\nHost: a\r\n\r\n"));
+        assert!(starts_request(b"GET /health HTTP/1.0\r\n\r\n"));
+        assert!(starts_request(b"POST /v1/chat/compl")); // line cut by the capture
+        assert!(!starts_request(b"{\"messages\":[]}"));
+        assert!(!starts_request(b"data: {\"a\":1}\n\n"));
+        assert!(!starts_request(b"POST /x SPDY/3\r\n"));
+        assert!(!starts_request(b"\x16\x03\x01\x02\x00"));
+        assert!(!starts_request(b"GE"));
+        assert!(starts_response(b"HTTP/1.1 200 OK\r\n"));
+        assert!(!starts_response(b"1a\r\ndata: x\n\n\r\n"));
+    }
+
+    #[test]
+    fn every_reason_has_its_own_counter() {
+        let all = [
+            Reason::EventsLost,
+            Reason::HeadTooLarge,
+            Reason::HeadLost,
+            Reason::ChunkFraming,
+            Reason::SseEventTooLarge,
+            Reason::NotHttp,
+            Reason::AgentShutdown,
+            Reason::ServerExited,
+        ];
+        for r in all {
+            assert_eq!(r.counter(), format!("requests_incomplete_{}", r.as_str()));
+        }
+    }
+}

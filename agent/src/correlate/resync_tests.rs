@@ -1,0 +1,262 @@
+//! Losses never blind a connection: after dropped records or lost framing, the tracker
+//! settles what was open and decodes the next request it can prove.
+use inferscope_common::SyscallKind;
+
+use super::*;
+
+struct Conn {
+    t: Tracker,
+    out: Vec<RequestRecord>,
+    seq: u32,
+    lost_heads: u32,
+    ts: u64,
+}
+
+const SSE_HEAD: &[u8] =
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n";
+
+fn request(path: &str) -> Vec<u8> {
+    let body = r#"{"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    format!(
+        "POST {path} HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+fn token(text: &str) -> Vec<u8> {
+    let event = format!(
+        "data: {{\"id\":\"c\",\"choices\":[{{\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n"
+    );
+    [
+        format!("{:x}\r\n", event.len()).as_bytes(),
+        event.as_bytes(),
+        b"\r\n",
+    ]
+    .concat()
+}
+
+impl Conn {
+    fn new() -> Self {
+        let mut c = Self {
+            t: Tracker::new(Limits {
+                max_head_bytes: 1024,
+                ..Limits::default()
+            }),
+            out: Vec::new(),
+            seq: 0,
+            lost_heads: 0,
+            ts: 0,
+        };
+        let accept = c.event(SyscallKind::Accept, b"", 5);
+        c.t.on_accept(&accept, Peer::default(), &mut c.out);
+        c
+    }
+
+    fn event<'a>(&mut self, kind: SyscallKind, payload: &'a [u8], ret: i64) -> SyscallEvent<'a> {
+        self.ts += 10;
+        let ev = SyscallEvent {
+            kind,
+            tgid: 1,
+            tid: 2,
+            fd: 5,
+            ts_enter_ns: self.ts,
+            ts_exit_ns: self.ts,
+            ret,
+            truncated: false,
+            copy_failed: false,
+            conn_gen: 0,
+            conn_flags: 0,
+            sock: 0,
+            conn_seq: Some(self.seq),
+            lost_heads: self.lost_heads,
+            payload,
+        };
+        self.seq += 1;
+        ev
+    }
+
+    fn read(&mut self, bytes: &[u8]) {
+        let ev = self.event(SyscallKind::Read, bytes, bytes.len() as i64);
+        self.t.on_read(&ev, Peer::default(), &mut self.out);
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let ev = self.event(SyscallKind::Write, bytes, bytes.len() as i64);
+        self.t.on_write(&ev, Peer::default(), &mut self.out);
+    }
+
+    /// The kernel dropped `records` records of this fd, `heads` of them response heads.
+    fn lose(&mut self, records: u32, heads: u32) {
+        self.seq += records;
+        self.lost_heads += heads;
+    }
+
+    fn exchange(&mut self, path: &str, tokens: usize) {
+        self.read(&request(path));
+        self.write(SSE_HEAD);
+        for i in 0..tokens {
+            self.write(&token(&format!("t{i}")));
+        }
+        self.write(b"0\r\n\r\n");
+    }
+
+    fn count(&self, name: &str) -> u64 {
+        self.t.stats().get(name)
+    }
+}
+
+#[test]
+fn dropped_records_mid_stream_resynchronise_at_the_next_request() {
+    let mut c = Conn::new();
+    c.exchange("/a", 3);
+    c.read(&request("/b"));
+    c.write(SSE_HEAD);
+    c.write(&token("x"));
+    // Lost: the rest of /b, all of /c (read, head, tokens, end).
+    c.lose(9, 1);
+    c.write(&token("tail of /b"));
+    c.write(b"0\r\n\r\n");
+    c.exchange("/d", 2);
+    let paths: Vec<_> = c.out.iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(paths, ["/a", "/b", "/d"], "{:#?}", c.out);
+    assert_eq!(c.out[0].incomplete, None);
+    assert_eq!(c.out[1].incomplete.as_deref(), Some("events_lost"));
+    assert!(!c.out[1].aborted);
+    assert_eq!(c.out[1].output_chunks, 1);
+    assert_eq!(c.out[2].incomplete, None);
+    assert_eq!(c.out[2].output_chunks, 2);
+    assert_eq!(c.count("requests_lost_events_lost"), 1);
+    assert_eq!(c.count("requests_lost"), 1);
+    assert_eq!(c.count("requests_incomplete_events_lost"), 1);
+    // Records plus lost requests: the four the server answered.
+    assert_eq!(c.out.len() as u64 + c.count("requests_lost"), 4);
+}
+
+#[test]
+fn a_lost_head_of_a_waiting_request_is_counted_not_misattributed() {
+    let mut c = Conn::new();
+    c.read(&request("/a"));
+    // Lost: /a's whole response.
+    c.lose(5, 1);
+    c.exchange("/b", 1);
+    assert_eq!(c.out.len(), 1, "{:#?}", c.out);
+    assert_eq!(c.out[0].path, "/b");
+    assert_eq!(c.out[0].incomplete, None);
+    assert_eq!(c.count("requests_lost_events_lost"), 1);
+}
+
+#[test]
+fn a_lost_request_read_leaves_its_answer_counted() {
+    let mut c = Conn::new();
+    c.exchange("/a", 1);
+    c.lose(1, 0); // the read of /b
+    c.write(SSE_HEAD);
+    c.write(&token("x"));
+    c.write(b"0\r\n\r\n");
+    c.exchange("/c", 1);
+    let paths: Vec<_> = c.out.iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(paths, ["/a", "/c"]);
+    assert_eq!(c.count("requests_lost_request_not_captured"), 1);
+    assert_eq!(c.out.len() as u64 + c.count("requests_lost"), 3);
+}
+
+#[test]
+fn a_bad_chunk_no_longer_blinds_the_connection() {
+    let mut c = Conn::new();
+    c.read(&request("/a"));
+    c.write(SSE_HEAD);
+    c.write(&token("x"));
+    c.write(b"zz\r\nnot a chunk\r\n");
+    c.write(&token("y"));
+    c.write(b"0\r\n\r\n");
+    c.exchange("/b", 2);
+    c.exchange("/c", 2);
+    let paths: Vec<_> = c.out.iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(paths, ["/a", "/b", "/c"]);
+    assert_eq!(c.out[0].incomplete.as_deref(), Some("chunk_framing"));
+    assert_eq!(c.out[2].incomplete, None);
+    assert!(
+        c.t.take_ignored().is_empty(),
+        "the connection must not be ignored"
+    );
+    assert_eq!(c.count("bad_chunk_size"), 1);
+}
+
+#[test]
+fn an_oversized_head_is_recorded_incomplete_and_the_next_request_decodes() {
+    let mut c = Conn::new();
+    c.exchange("/a", 1);
+    let huge = format!(
+        "POST /big HTTP/1.1\r\nX-Pad: {}\r\nContent-Length: 2\r\n\r\n{{}}",
+        "p".repeat(2000)
+    );
+    c.read(huge.as_bytes());
+    c.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n\r\n");
+    c.exchange("/c", 1);
+    assert_eq!(c.out.len(), 3, "{:#?}", c.out);
+    assert_eq!(c.out[1].incomplete.as_deref(), Some("head_too_large"));
+    assert_eq!(c.out[1].status, Some(431));
+    assert_eq!(c.out[2].path, "/c");
+    assert_eq!(c.out[2].incomplete, None);
+}
+
+#[test]
+fn requests_open_at_shutdown_are_incomplete_not_aborted() {
+    let mut c = Conn::new();
+    c.read(&request("/a"));
+    c.write(SSE_HEAD);
+    c.write(&token("x"));
+    assert_eq!(c.t.open_requests(), 1);
+    c.t.finish_all(1_000, &mut c.out);
+    assert_eq!(c.out.len(), 1);
+    assert!(!c.out[0].aborted);
+    assert_eq!(c.out[0].incomplete.as_deref(), Some("agent_shutdown"));
+    assert_eq!(c.count("requests_incomplete_agent_shutdown"), 1);
+}
+
+#[test]
+fn a_connection_that_never_spoke_http_is_still_ignored() {
+    let mut c = Conn::new();
+    c.read(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03");
+    assert_eq!(c.t.take_ignored(), vec![(1, 5, 0)]);
+}
+
+/// Random losses over a long keep-alive exchange: never a panic, never a connection left dark,
+/// and every answered request is a record or a counted loss.
+#[test]
+fn random_losses_always_reconcile() {
+    let mut rng = crate::decode::http::testutil::XorShift(0x5eed_1234_abcd);
+    for round in 0..200 {
+        let mut c = Conn::new();
+        let answered = 40;
+        for i in 0..answered {
+            let path = format!("/r{i}");
+            let req = request(&path);
+            let mut parts: Vec<Vec<u8>> = vec![req, SSE_HEAD.to_vec()];
+            for k in 0..3 {
+                parts.push(token(&format!("{k}")));
+            }
+            parts.push(b"0\r\n\r\n".to_vec());
+            for (n, part) in parts.iter().enumerate() {
+                if round > 0 && rng.below(12) == 0 {
+                    c.lose(1, u32::from(n == 1));
+                } else if n == 0 {
+                    c.read(part);
+                } else {
+                    c.write(part);
+                }
+            }
+        }
+        // The last request is always seen whole: the connection is not dark.
+        c.exchange("/last", 2);
+        assert_eq!(c.out.last().map(|r| r.path.as_str()), Some("/last"));
+        assert_eq!(
+            c.out.len() as u64 + c.count("requests_lost"),
+            answered + 1,
+            "round {round}: {} records, lost {}",
+            c.out.len(),
+            c.count("requests_lost")
+        );
+    }
+}

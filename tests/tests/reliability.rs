@@ -1,0 +1,401 @@
+//! Faults the agent must survive without losing anything silently, with real eBPF against real
+//! processes on loopback: a stalled agent (ring buffer overflow), a full disk, a second agent on
+//! the same sockets. Ground truth is the load client's own count of completed responses.
+use std::{
+    net::TcpStream,
+    path::Path,
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use inferscope_integration_tests::{
+    agent::{self, Recorder},
+    daemon::Daemon,
+};
+use serde_json::Value;
+
+const SSE_LOAD: &str = env!("CARGO_BIN_EXE_sse_load");
+
+/// A helper process that must not outlive a failed test.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `sse_load serve` on `port` (helper #17's range), ready to accept.
+fn sse_server(port: u16, tokens: u32) -> KillOnDrop {
+    let child = Command::new(SSE_LOAD)
+        .args([
+            "serve",
+            "--port",
+            &port.to_string(),
+            "--tokens",
+            &tokens.to_string(),
+        ])
+        .spawn()
+        .expect("starting sse_load serve");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "sse_load serve did not listen");
+        thread::sleep(Duration::from_millis(50));
+    }
+    KillOnDrop(child)
+}
+
+/// `sse_load load` in the background: `connections` keep-alive clients for `seconds`.
+fn start_load(port: u16, connections: u32, seconds: u32) -> Child {
+    start_load_n(port, connections, seconds, 100_000_000)
+}
+
+/// The same, stopping after `requests` per connection.
+fn start_load_n(port: u16, connections: u32, seconds: u32, requests: u32) -> Child {
+    Command::new(SSE_LOAD)
+        .args([
+            "load",
+            "--port",
+            &port.to_string(),
+            "--connections",
+            &connections.to_string(),
+            "--requests",
+            &requests.to_string(),
+            "--seconds",
+            &seconds.to_string(),
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("starting sse_load load")
+}
+
+/// The responses the load client completed, by its own count.
+fn completed(load: Child) -> u64 {
+    let out = load.wait_with_output().expect("waiting for sse_load load");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("sse_load load printed no count: {text}"))
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("running kill")
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+/// The agent is descheduled for 2 s (SIGSTOP, as a CPU limit would do) while 8 keep-alive
+/// connections stream at full rate into a small ring buffer. Every connection is decoded again
+/// after the stall, nothing is marked aborted, and records plus counted lost requests equal the
+/// responses the client completed.
+#[test]
+fn a_stalled_agent_leaves_no_connection_dark_and_counts_every_lost_request() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = 17101;
+    let server = sse_server(port, 16);
+    let mut recorder = Recorder::start(
+        dir.path(),
+        &["--port", &port.to_string(), "--ring-buffer-mb", "1"],
+    );
+    recorder.wait_attached(server.0.id(), Duration::from_secs(30));
+    let agent_pid = recorder.pid();
+    let log = recorder.log.clone();
+
+    let load = start_load(port, 8, 6);
+    thread::sleep(Duration::from_secs(1));
+    signal(agent_pid, "-STOP");
+    thread::sleep(Duration::from_secs(2));
+    let resumed_ns = inferscope::correlate::monotonic_now_ns();
+    signal(agent_pid, "-CONT");
+    let done = completed(load);
+    // Let the agent drain what queued up.
+    thread::sleep(Duration::from_secs(2));
+    let records = recorder.stop();
+    let log = std::fs::read_to_string(log).unwrap_or_default();
+
+    let drops = agent::counter(&log, "kernel_ringbuf_full_drops");
+    assert!(drops > 0, "the stall must overflow the ring buffer:\n{log}");
+    let lost = agent::counter(&log, "requests_lost");
+    let incomplete = records
+        .iter()
+        .filter(|r| r["incomplete"].is_string())
+        .count();
+    eprintln!(
+        "client completed {done}; {} records ({incomplete} incomplete), {lost} lost requests, {drops} kernel records dropped",
+        records.len()
+    );
+    assert!(
+        records.iter().all(|r| r["aborted"] == Value::Bool(false)),
+        "nobody aborted anything"
+    );
+    assert!(
+        records
+            .iter()
+            .filter_map(|r| r["incomplete"].as_str())
+            .all(|reason| reason == "events_lost"),
+        "the only reason here is the overflow"
+    );
+    assert_eq!(
+        records.len() as u64 + lost,
+        done,
+        "records + lost requests = responses the client completed"
+    );
+    let mut after: Vec<u64> = records
+        .iter()
+        .filter(|r| {
+            r["arrival_mono_ns"]
+                .as_u64()
+                .is_some_and(|t| t > resumed_ns)
+        })
+        .filter(|r| r["incomplete"].is_null())
+        .filter_map(|r| r["connection_id"].as_u64())
+        .collect();
+    after.sort_unstable();
+    after.dedup();
+    assert_eq!(
+        after.len(),
+        8,
+        "every connection is decoded again after the stall"
+    );
+}
+
+/// Mounts a tmpfs of `kib` KiB at `dir` for the test's lifetime.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, kib: u32) -> Tmpfs {
+        std::fs::create_dir_all(dir).expect("mount point");
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={kib}k"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .expect("running mount")
+            .success();
+        assert!(ok, "mounting a tmpfs (the tests run as root)");
+        Tmpfs(dir.into())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// The disk fills while records stream: the JSONL file keeps only whole lines, each failed
+/// write is counted, and writing resumes once space returns.
+#[test]
+fn a_full_disk_drops_whole_lines_and_writing_resumes() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = 17102;
+    let server = sse_server(port, 4);
+    let fs = Tmpfs::mount(&dir.path().join("small"), 128);
+    let filler = fs.0.join("filler");
+    std::fs::write(&filler, vec![0u8; 96 * 1024]).expect("filling the tmpfs");
+    let out = fs.0.join("records.jsonl");
+    let log = dir.path().join("agent.log");
+    let mut agent = KillOnDrop(
+        Command::new(agent::binary())
+            .args(["record", "--port", &port.to_string(), "--out"])
+            .arg(&out)
+            .env("INFERSCOPE_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("agent log"))
+            .spawn()
+            .expect("starting inferscope record"),
+    );
+    agent::wait_attached(&mut agent.0, &log, server.0.id(), Duration::from_secs(30));
+
+    let first = completed(start_load(port, 1, 2));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("writing a record failed")
+    {
+        assert!(Instant::now() < deadline, "the disk never filled");
+        thread::sleep(Duration::from_millis(100));
+    }
+    let lines_full = std::fs::read_to_string(&out)
+        .unwrap_or_default()
+        .lines()
+        .count();
+    std::fs::remove_file(&filler).expect("freeing space");
+    let second = completed(start_load(port, 1, 1));
+    thread::sleep(Duration::from_secs(1));
+    signal(agent.0.id(), "-INT");
+    let status = agent.0.wait().expect("waiting for the agent");
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!status.success(), "failed writes make the exit status fail");
+
+    let text = std::fs::read_to_string(&out).expect("reading the records");
+    assert!(
+        text.is_empty() || text.ends_with('\n'),
+        "no cut line at the end"
+    );
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every line is a whole JSON object"))
+        .collect();
+    assert!(
+        lines.len() > lines_full,
+        "writing resumed after space returned ({lines_full} lines before, {} after)",
+        lines.len()
+    );
+    let failed: u64 = log
+        .lines()
+        .rev()
+        .find_map(|l| {
+            let rest = l.strip_prefix("inferscope: ")?;
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("the exit error counts the failed lines:\n{log}"));
+    let lost = agent::counter(&log, "requests_lost");
+    assert_eq!(
+        lines.len() as u64 + failed + lost,
+        first + second,
+        "every completed request is a line, a counted failed write or a counted loss"
+    );
+}
+
+/// A second `run` on the same sockets refuses to start and leaves the first agent's API and
+/// shim socket in place; a path that is not a socket is never removed. The first agent's `top`
+/// shows the requests it already holds.
+#[test]
+fn a_second_agent_refuses_and_the_first_keeps_its_sockets() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = 17103;
+    let server = sse_server(port, 4);
+    let shim = dir.path().join("shim.sock");
+    let shim_arg = shim.to_str().expect("utf-8 path");
+    let mut first = Daemon::start(
+        dir.path(),
+        &["--port", &port.to_string(), "--shim-socket", shim_arg],
+    );
+    first.wait_attached(server.0.id(), Duration::from_secs(30));
+    let done = completed(start_load_n(port, 2, 0, 50));
+    assert!(done > 0);
+    assert!(first.socket.exists() && shim.exists());
+
+    let second = |grpc: String, shim: &str| {
+        Command::new(agent::binary())
+            .args(["run", "--port", &port.to_string(), "--prometheus", "off"])
+            .args(["--grpc", &grpc, "--shim-socket", shim])
+            .env("INFERSCOPE_LOG", "info")
+            .output()
+            .expect("running a second agent")
+    };
+    let out = second(format!("unix://{}", first.socket.display()), shim_arg);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the second agent must not start");
+    assert!(stderr.contains("in use"), "{stderr}");
+
+    let other_shim = dir.path().join("other-shim.sock");
+    let out = second(
+        format!("unix://{}", first.socket.display()),
+        other_shim.to_str().expect("utf-8"),
+    );
+    assert!(!out.status.success());
+    assert!(!other_shim.exists(), "it stopped before binding anything");
+
+    let out = second(
+        format!("unix://{}", dir.path().join("x.sock").display()),
+        shim_arg,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the shim socket is held too");
+    assert!(stderr.contains("in use"), "{stderr}");
+
+    let file = dir.path().join("not-a-socket");
+    std::fs::write(&file, b"keep me").expect("writing a file");
+    let out = second(
+        format!("unix://{}", file.display()),
+        dir.path().join("s2.sock").to_str().expect("utf-8"),
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a socket"));
+    assert_eq!(
+        std::fs::read(&file).expect("the file is still there"),
+        b"keep me"
+    );
+
+    assert!(
+        first.socket.exists() && shim.exists(),
+        "the first agent's sockets stay"
+    );
+    let top = first.client(&["top", "--iterations", "1", "--interval", "300ms"]);
+    let text = String::from_utf8_lossy(&top.stdout);
+    assert!(
+        top.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&top.stderr)
+    );
+    let shown: u64 = text
+        .split_once(" — ")
+        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    assert_eq!(
+        shown, done,
+        "top's first snapshot shows the requests the agent holds:\n{text}"
+    );
+    let log = first.stop();
+    assert!(!log.contains("gRPC API stopped"), "{log}");
+}
+
+/// Ids of the loaded eBPF programs with the agent's program names (bpftool).
+fn agent_programs() -> std::collections::BTreeSet<u64> {
+    let out = Command::new("bpftool")
+        .args(["-j", "prog", "show"])
+        .output()
+        .expect("running bpftool (scripts/setup.sh installs it)");
+    let progs: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    progs
+        .iter()
+        .filter(|p| {
+            matches!(
+                p["name"].as_str(),
+                Some("exit_syscall" | "enter_close" | "tcp_probe")
+            )
+        })
+        .filter_map(|p| p["id"].as_u64())
+        .collect()
+}
+
+/// kill -9 under load leaves no program of the agent loaded, and a new agent attaches and
+/// records again.
+#[test]
+fn kill_9_leaves_nothing_attached() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = 17104;
+    let server = sse_server(port, 4);
+    let before = agent_programs();
+    let mut recorder = Recorder::start(dir.path(), &["--port", &port.to_string()]);
+    recorder.wait_attached(server.0.id(), Duration::from_secs(30));
+    let ours: Vec<u64> = agent_programs().difference(&before).copied().collect();
+    assert!(!ours.is_empty(), "the agent's programs are loaded");
+    let load = start_load(port, 2, 2);
+    thread::sleep(Duration::from_millis(500));
+    signal(recorder.pid(), "-KILL");
+    let _ = completed(load);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = agent_programs();
+        if ours.iter().all(|id| !now.contains(id)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "programs left behind: {ours:?}");
+        thread::sleep(Duration::from_millis(100));
+    }
+    drop(recorder);
+    let dir2 = tempfile::tempdir().expect("temp dir");
+    let mut again = Recorder::start(dir2.path(), &["--port", &port.to_string()]);
+    again.wait_attached(server.0.id(), Duration::from_secs(30));
+    let done = completed(start_load_n(port, 1, 0, 20));
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(again.stop().len() as u64, done, "a new agent records again");
+}
