@@ -293,7 +293,10 @@ impl Connection {
                 RequestEvent::Error(e) => {
                     work.stats.bump(e.as_str());
                     if e == ParseError::NotHttp && !self.spoke_http {
-                        match self.reading.take() {
+                        // Text that fails to parse is a malformed request a server may answer
+                        // (a 400 users want to see); binary (TLS, another protocol) is not.
+                        let text = ev.payload.first().is_some_and(u8::is_ascii_graphic);
+                        match self.reading.take().filter(|_| text) {
                             // Kept for the server's answer (a record if it answers, else
                             // nothing); no more requests are decoded on this connection.
                             Some(mut progress) if self.waiting.len() < MAX_WAITING => {
