@@ -183,6 +183,8 @@ impl RequestProgress {
                 self.engine_first_token_ns.or(self.first_token_ns),
             ) {
                 (Some(a), Some(t)) => Some(ms(a, t)),
+                // Not streamed: no token is seen leaving, but the engine's own prefill time is.
+                (Some(_), None) => self.timings.as_ref().and_then(|t| t.prompt_ms),
                 _ => None,
             },
             first_token_handoff_ms: match (
@@ -282,6 +284,27 @@ mod tests {
         assert_eq!(r.request_id, "1-3-0");
         assert_eq!(r.read_delay_ms, Some(0.1));
         assert!(!r.capture_truncated);
+    }
+
+    #[test]
+    fn a_non_streaming_request_takes_prefill_from_the_engines_timings() {
+        let mut p = RequestProgress::new(0, 11, 1_000_000, None);
+        p.admitted_ns = Some(3_000_000);
+        p.timings = Some(Timings {
+            prompt_ms: Some(4.5),
+            ..Timings::default()
+        });
+        let ctx = RecordContext {
+            pid: 1,
+            engine: "llamacpp",
+            connection_id: 3,
+            unix_offset_ns: 0,
+            last_loss_ns: 0,
+            preexisting: false,
+        };
+        let r = p.into_record(ctx, 9_000_000, EndedBy::Complete);
+        assert_eq!((r.queue_wait_ms, r.prefill_ms), (Some(2.0), Some(4.5)));
+        assert_eq!(r.ttft_ms, None);
     }
 
     #[test]
