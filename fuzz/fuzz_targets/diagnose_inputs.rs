@@ -1,5 +1,5 @@
-//! Feeds arbitrary bytes to `inferscope diagnose`'s file readers (request, step, engine and
-//! device JSON Lines) and window parser, then runs the diagnosis and the report on whatever
+//! Feeds arbitrary bytes to `inferscope diagnose`'s file readers (request, step, engine,
+//! device and engine-config JSON Lines) and window parser, then runs the diagnosis and the report on whatever
 //! parsed. Beyond "never panics": counts add up and the confidence stays in 0..=1.
 //!
 //! Input layout: byte 0 picks which reader sees the bytes; up to the first NUL is the window
@@ -7,7 +7,7 @@
 #![no_main]
 
 use inferscope::diagnose::{
-    self, DeviceSample, EngineSample, Inputs, RequestSample, Timeline, parse_window, read_jsonl,
+    self, DeviceSample, EngineConfigSample, EngineSample, Inputs, RequestSample, Timeline, parse_window, read_jsonl,
     read_steps,
 };
 use libfuzzer_sys::fuzz_target;
@@ -27,7 +27,7 @@ fuzz_target!(|data: &[u8]| {
     let lines = file.split(|b| *b == b'\n').count() as u64;
     assert!(stats.parsed + stats.invalid + stats.too_long <= lines);
     inputs.requests = requests;
-    match cfg % 4 {
+    match cfg % 5 {
         1 => inputs.steps = read_steps(file).map(|v| v.0).unwrap_or_default(),
         2 => {
             inputs.engine = read_jsonl::<EngineSample, _>(file)
@@ -36,6 +36,11 @@ fuzz_target!(|data: &[u8]| {
         }
         3 => {
             inputs.devices = read_jsonl::<DeviceSample, _>(file)
+                .map(|v| v.0)
+                .unwrap_or_default()
+        }
+        4 => {
+            inputs.configs = read_jsonl::<EngineConfigSample, _>(file)
                 .map(|v| v.0)
                 .unwrap_or_default()
         }
@@ -54,5 +59,9 @@ fuzz_target!(|data: &[u8]| {
     };
     let d = diagnose::diagnose(&inputs, base, win);
     assert!((0.0..=1.0).contains(&d.confidence));
+    let shares: f64 = d.causes.iter().map(|c| c.share).sum();
+    assert!(d.causes.iter().all(|c| (0.0..=1.0).contains(&c.share)));
+    assert!(shares <= 1.0 + 0.01 * d.causes.len() as f64, "{shares}");
+    assert!(d.preempted_requests.len() <= 20);
     let _ = diagnose::render(&d);
 });
