@@ -293,10 +293,7 @@ impl Connection {
                 RequestEvent::Error(e) => {
                     work.stats.bump(e.as_str());
                     if e == ParseError::NotHttp && !self.spoke_http {
-                        // Text that fails to parse is a malformed request a server may answer
-                        // (a 400 users want to see); binary (TLS, another protocol) is not.
-                        let text = ev.payload.first().is_some_and(u8::is_ascii_graphic);
-                        match self.reading.take().filter(|_| text) {
+                        match self.reading.take() {
                             // Kept for the server's answer (a record if it answers, else
                             // nothing); no more requests are decoded on this connection.
                             Some(mut progress) if self.waiting.len() < MAX_WAITING => {
@@ -336,6 +333,20 @@ impl Connection {
             return;
         }
         let head = loss::starts_response(ev.payload);
+        if self.requests_failed
+            && !self.spoke_http
+            && !head
+            && self
+                .waiting
+                .front()
+                .is_some_and(|p| p.unparsed && !p.response_started())
+        {
+            // Neither side speaks HTTP (TLS, another protocol): stop capturing it.
+            work.stats.bump("requests_unparsed_unanswered");
+            self.waiting.clear();
+            self.fail(ev, work.to_ignore);
+            return;
+        }
         if self.hunt_response {
             if !head {
                 work.stats.add("resync_bytes_skipped", ev.ret.max(0) as u64);
