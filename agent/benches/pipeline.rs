@@ -46,6 +46,8 @@ fn event(kind: SyscallKind, fd: i32, ts: u64, payload: &[u8]) -> SyscallEvent<'_
         copy_failed: false,
         conn_gen: 0,
         payload,
+        more: false,
+        chunk_offset: None,
     }
 }
 

@@ -3,8 +3,8 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use inferscope_common::{
-    FLAG_COPY_FAILED, FLAG_TRUNCATED, RecordType, SchedKind, SchedRecord, SegmentRecord,
-    SyscallKind, SyscallRecord, USER_FLAG_READ_FAILED, UserProbeRecord,
+    FLAG_CHUNK, FLAG_COPY_FAILED, FLAG_MORE, FLAG_TRUNCATED, RecordType, SchedKind, SchedRecord,
+    SegmentRecord, SyscallKind, SyscallRecord, USER_FLAG_READ_FAILED, UserProbeRecord,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -45,6 +45,10 @@ pub struct SyscallEvent<'a> {
     /// The fd's connection generation (0: accepted before the agent started).
     pub conn_gen: u64,
     pub payload: &'a [u8],
+    /// Chunk records of the same syscall follow (see `capture::chunks`).
+    pub more: bool,
+    /// This record continues its thread's previous syscall record at this byte offset.
+    pub chunk_offset: Option<u32>,
 }
 
 impl SyscallEvent<'_> {
@@ -143,6 +147,8 @@ pub fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
             copy_failed: header.flags & FLAG_COPY_FAILED != 0,
             conn_gen: header.conn_gen,
             payload,
+            more: header.flags & FLAG_MORE != 0,
+            chunk_offset: (header.flags & FLAG_CHUNK != 0).then_some(header.chunk_offset),
         }))
     } else if record_type == RecordType::Segment as u8 {
         let record: SegmentRecord = read_struct(bytes).ok_or(RecordError::Short)?;
@@ -220,7 +226,7 @@ mod tests {
             ts_exit_ns: 20,
             ret: 100,
             captured,
-            _pad: 0,
+            chunk_offset: 0,
             conn_gen: 0,
         };
         let mut bytes = vec![0u8; std::mem::size_of::<SyscallRecord>()];

@@ -443,6 +443,8 @@ mod tests {
             copy_failed: false,
             conn_gen: 0,
             payload,
+            more: false,
+            chunk_offset: None,
         }
     }
 

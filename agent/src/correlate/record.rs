@@ -96,6 +96,12 @@ pub struct RequestRecord {
     pub kv_cache_usage_at_arrival: Option<f64>,
     pub requests_waiting_at_arrival: Option<f64>,
     pub engine_metrics_offset_ms: Option<f64>,
+    /// Engine-side fields (by record field name) the engine served this request with but the
+    /// agent could not learn, e.g. `preemptions` of an aborted vLLM request (vLLM reports a
+    /// preemption only with the request's next output) or `prompt_tokens` of a new-request IPC
+    /// message that was not captured. Empty when nothing is missing.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub engine_unknown: Vec<&'static str>,
 }
 
 /// One engine step (a forward pass over the current batch), from the scheduler hooks.

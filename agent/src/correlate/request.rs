@@ -209,6 +209,7 @@ impl RequestProgress {
             kv_cache_usage_at_arrival: None,
             requests_waiting_at_arrival: None,
             engine_metrics_offset_ms: None,
+            engine_unknown: Vec::new(),
         }
     }
 }

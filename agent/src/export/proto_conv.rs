@@ -95,6 +95,7 @@ pub fn request(t: &RequestTimeline) -> pb::Request {
         requeued_mono_ns: r.requeued_mono_ns,
         engine_first_token_mono_ns: r.engine_first_token_mono_ns,
         engine_finished_mono_ns: r.engine_finished_mono_ns,
+        engine_unknown: r.engine_unknown.iter().map(|s| s.to_string()).collect(),
     }
 }
 

@@ -50,6 +50,14 @@ impl SyscallKind {
 pub const FLAG_TRUNCATED: u16 = 1;
 /// Copying from user memory failed; the payload is absent though the syscall moved bytes.
 pub const FLAG_COPY_FAILED: u16 = 2;
+/// More records of the same syscall follow (a large send of a process with large captures,
+/// see `LARGE_CAPTURE`), each a [`FLAG_CHUNK`] record of this thread.
+pub const FLAG_MORE: u16 = 4;
+/// This record continues the previous syscall record of its thread at byte `chunk_offset`.
+pub const FLAG_CHUNK: u16 = 8;
+/// Most records one syscall of a large-capture process is split into: up to
+/// `MAX_CHUNKS * MAX_CAPTURE_BYTES` (256 KiB) of one send or receive.
+pub const MAX_CHUNKS: usize = 32;
 
 /// One socket syscall of a traced process, followed in the ring buffer by `captured` payload bytes.
 #[repr(C)]
@@ -69,7 +77,8 @@ pub struct SyscallRecord {
     pub ret: i64,
     /// Payload bytes that follow this header.
     pub captured: u32,
-    pub _pad: u32,
+    /// For a [`FLAG_CHUNK`] record: where its payload starts in the syscall's bytes.
+    pub chunk_offset: u32,
     /// Connection generation of this fd: set when the kernel saw it accepted, 0 for fds that
     /// predate the agent. Verdicts name it, so a late verdict never hits a reused fd number.
     pub conn_gen: u64,

@@ -129,7 +129,7 @@ fn try_close(ctx: &TracePointContext) -> Result<(), i32> {
         ts_exit_ns: ts,
         ret: 0,
         captured: 0,
-        _pad: 0,
+        chunk_offset: 0,
         conn_gen: generation,
     };
     output::<SyscallRecord>(&record, Counter::RecordsEmitted);

@@ -88,9 +88,9 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
         ts_exit_ns: ts_exit,
         ret,
         captured: captured as u32,
-        _pad: 0,
+        chunk_offset: 0,
         conn_gen: conn_gen(fd_key(tgid, fd)),
     };
-    super::copy::emit(scratch, captured);
+    super::copy::emit_chunks(scratch, captured, &inflight);
     Ok(())
 }
