@@ -61,7 +61,7 @@ pub fn mix(count: usize, tag: &str) -> Vec<Job> {
                 1 => (Kind::Completion, 16, 30 + i % 40),
                 2 => (Kind::CompletionN2, 12, 25),
                 3 => (Kind::CompletionBatch, 10, 15),
-                4 => (Kind::LongChat, 8, 3000),
+                4 => (Kind::LongChat, 32, 3000),
                 5 => (Kind::AbortMidStream, 200, 40),
                 6 => (Kind::AbortQueued, 64, 60),
                 _ => (Kind::Chat, 20, 50 + i % 20),

@@ -299,6 +299,7 @@ impl Tracker {
             kv_cache_usage: None,
             running_requests: None,
             waiting_requests: None,
+            start_from: None,
         })
     }
 

@@ -131,6 +131,12 @@ pub struct StepRecord {
     pub running_requests: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub waiting_requests: Option<u64>,
+    /// How `start_mono_ns` is known, where it is not a hook's own stamp (vLLM's IPC):
+    /// `scheduled` (a SCHEDULED or PREEMPTED event of the step: the scheduler's own clock at the
+    /// step's schedule()), `previous_step` (the previous step's end: steps run back to back, so
+    /// the engine's work between steps counts in), `unknown` (after an idle gap: the end).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_from: Option<&'static str>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

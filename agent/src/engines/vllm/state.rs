@@ -200,6 +200,9 @@ impl IpcState {
             self.stats.bump("vllm_outputs_partial");
         }
         let mut members = Vec::with_capacity(outputs.outputs.len());
+        // SCHEDULED / PREEMPTED stamps carried by this message: the scheduler's clock at some
+        // step's schedule().
+        let mut sched_stamps: Vec<u64> = Vec::new();
         for out in outputs.outputs {
             let r = self.entry(&out.request_id);
             let mut bad_time = 0;
@@ -213,6 +216,9 @@ impl IpcState {
                 }
                 if r.events.len() < MAX_EVENTS {
                     r.events.push((ev.kind, ns));
+                }
+                if ev.kind != EventKind::Queued && sched_stamps.len() < MAX_EVENTS {
+                    sched_stamps.push(ns);
                 }
                 match ev.kind {
                     EventKind::Queued => r.queued_ns = Some(r.queued_ns.map_or(ns, |q| q.min(ns))),
@@ -240,12 +246,21 @@ impl IpcState {
         let (Some(end), Some(stats)) = (ts_ns, outputs.stats) else {
             return;
         };
-        // vLLM steps back to back while requests run: the previous step's end is this one's
-        // start. After an idle gap the start is unknown and reported as the end.
+        // A SCHEDULED or PREEMPTED stamp after the previous step's end was taken in this
+        // step's schedule(): its start, on the scheduler's own clock. Otherwise, while requests
+        // run, vLLM steps back to back: the previous step's end (the engine's work between
+        // steps, such as reading new requests, counts in). After an idle gap the start is
+        // unknown and reported as the end.
         let engine = (server, outputs.engine_index.unwrap_or(0));
-        let start = match self.last_step.get(&engine) {
-            Some(&(prev, true)) if prev <= end => prev,
-            _ => end,
+        let (start, start_from) = match self.last_step.get(&engine) {
+            Some(&(prev, running)) if prev <= end => {
+                match sched_stamps.iter().filter(|&&t| t > prev && t <= end).min() {
+                    Some(&t) => (t, "scheduled"),
+                    None if running => (prev, "previous_step"),
+                    None => (end, "unknown"),
+                }
+            }
+            _ => (end, "unknown"),
         };
         if self.last_step.len() >= MAX_ENGINES && !self.last_step.contains_key(&engine) {
             self.last_step.clear();
@@ -267,6 +282,7 @@ impl IpcState {
             kv_cache_usage: stats.kv_cache_usage,
             running_requests: stats.running,
             waiting_requests: stats.waiting,
+            start_from: Some(start_from),
         });
     }
 
