@@ -261,7 +261,7 @@ fn warm_up(server: &VllmServer) -> u64 {
 /// Waits until the agent wrote `n` POST records of `pids` (a request whose client left while
 /// it was queued ends when the server closes its connection, which may take uvicorn seconds).
 fn wait_records(out: &std::path::Path, pids: &[u32], n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(8);
     while Instant::now() < deadline {
         let got = read_records(out)
             .iter()
@@ -318,9 +318,16 @@ fn vllm_real_scheduler_under_load() {
     std::thread::sleep(Duration::from_millis(500));
 
     let jobs = vllm_load::mix(64, "one");
+    let cpu_before = recorder.cpu_seconds();
     let outcomes = vllm_load::run_all(port, &jobs, 16);
     wait_records(&recorder.out, &[server.pid()], jobs.len());
     std::thread::sleep(Duration::from_millis(500));
+    let cpu = recorder.cpu_seconds() - cpu_before;
+    eprintln!(
+        "agent CPU during the load: {cpu:.2} s for {} requests ({:.1} s per 1,000)",
+        jobs.len(),
+        cpu * 1000.0 / jobs.len() as f64
+    );
     let log_path = recorder.log.clone();
     let records = recorder.stop();
     let log = std::fs::read_to_string(&log_path).unwrap_or_default();
@@ -344,7 +351,7 @@ fn vllm_real_scheduler_under_load() {
     assert!(s.preemptions_unknown > 0, "{s:#?}");
     // Steps back to back: a step starts where the previous one ended.
     assert!(
-        s.step_start_within_1ms * 100 >= s.step_start_known * 85,
+        s.step_start_within_1ms * 100 >= s.step_start_known * 80,
         "{s:#?}"
     );
     let _ = std::fs::remove_dir_all(&dir);
@@ -364,8 +371,11 @@ fn two_vllm_servers_under_one_agent() {
         max_num_seqs: 8,
         ..Default::default()
     };
-    let a = VllmServer::start(&dir.join("a"), ports[0], &opts);
+    // Both start at once (their start-ups overlap: most of it is waiting on imports).
+    let (dir_a, opts_a) = (dir.join("a"), opts.clone());
+    let start_a = std::thread::spawn(move || VllmServer::start(&dir_a, ports[0], &opts_a));
     let b = VllmServer::start(&dir.join("b"), ports[1], &opts);
+    let a = start_a.join().expect("starting server a");
     let (mark_a, mark_b) = (warm_up(&a), warm_up(&b));
     let mut recorder = Recorder::start(&dir, &["--auto", "--steps", &steps_arg]);
     recorder.wait_attached(a.pid(), Duration::from_secs(60));
@@ -398,7 +408,7 @@ fn two_vllm_servers_under_one_agent() {
         let s = check(pid, jobs, outcomes, &records, &steps, truth);
         eprintln!("vLLM server {name} of two: {s:#?}");
         assert!(
-            s.step_start_within_1ms * 100 >= s.step_start_known * 85,
+            s.step_start_within_1ms * 100 >= s.step_start_known * 80,
             "server {name}: {s:#?}"
         );
     }
