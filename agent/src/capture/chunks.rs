@@ -105,10 +105,10 @@ impl Chunks {
                 } else {
                     self.stats.bump("capture_chunks_lost");
                 }
-                if !in_place || !ev.more {
-                    if let Some((_, joined)) = self.pending.remove(&ev.tid) {
-                        done.push(joined);
-                    }
+                if (!in_place || !ev.more)
+                    && let Some((_, joined)) = self.pending.remove(&ev.tid)
+                {
+                    done.push(joined);
                 }
                 None
             }
