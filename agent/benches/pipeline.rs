@@ -50,6 +50,8 @@ fn event(kind: SyscallKind, fd: i32, ts: u64, payload: &[u8]) -> SyscallEvent<'_
         conn_seq: None,
         lost_heads: 0,
         payload,
+        more: false,
+        chunk_offset: None,
     }
 }
 

@@ -13,6 +13,7 @@ use crate::{
     capture::{
         CaptureConfig, CaptureError, CapturedEvent, Discovery, DiscoveryChange, FdClass,
         FdClassifier, SocketProbes, TargetSelector,
+        chunks::{Chunks, Joined},
         late_attach::{LateAttach, Missing},
         metrics::{MetricsScraper, ScrapeConfig},
         privileges::Privileges,
@@ -94,7 +95,15 @@ pub struct Pipeline {
     late: LateAttach,
     /// Container and pod of each engine process, stamped on its records.
     identities: Identities,
+    /// Large sends/receives of engine IPC, captured in chunks, joined again.
+    chunks: Chunks,
 }
+
+/// Bytes of one send/receive captured for processes whose engine IPC is decoded: vLLM's
+/// largest message is a new request with its prompt's token ids (up to ~3 bytes a token), and
+/// libzmq batches queued messages into one send.
+const IPC_CAPTURE_BYTES: u32 =
+    (inferscope_common::MAX_CHUNKS * inferscope_common::MAX_CAPTURE_BYTES) as u32;
 
 /// How often processes with missing hooks have their mappings looked at again.
 const LATE_ATTACH_INTERVAL: Duration = Duration::from_secs(2);
@@ -127,6 +136,7 @@ impl Pipeline {
             user_probes: None,
             late: LateAttach::default(),
             identities: Identities::default(),
+            chunks: Chunks::default(),
         })
     }
 
@@ -245,6 +255,7 @@ impl Pipeline {
                 "engine process gone; detaching"
             );
             self.probes.untrace_process(gone.tgid);
+            self.probes.capture_large(gone.tgid, 0);
             self.probes.detach_uprobes(gone.tgid);
             self.late.forget(gone.tgid);
             if let Some(user) = self.user_probes.as_mut() {
@@ -289,6 +300,11 @@ impl Pipeline {
             // first bytes are not skipped) and again after (those accepted in between).
             let mut preexisting =
                 preexisting::register(&mut self.probes, &mut self.classifier, new.tgid, &new.ports);
+            if self.ipc.wants(new.tgid) {
+                // Engine IPC is decoded whole: libzmq sends large messages and batches in one
+                // syscall, beyond the per-record capture.
+                self.probes.capture_large(new.tgid, IPC_CAPTURE_BYTES);
+            }
             self.probes.trace_process(new.tgid);
             preexisting +=
                 preexisting::register(&mut self.probes, &mut self.classifier, new.tgid, &new.ports);
@@ -404,9 +420,11 @@ impl Pipeline {
             ipc,
             user_probes,
             identities,
+            chunks,
             ..
         } = self;
         let mut ignore: Vec<(u32, i32, u64)> = Vec::new();
+        let mut joined: Vec<Joined> = Vec::new();
         // Bound one drain so discovery and shutdown still run under a flood.
         for n in 0..1_000_000u32 {
             // A drop happened before the records that follow it: look before reading them.
@@ -431,59 +449,22 @@ impl Pipeline {
                     }
                 }
                 Ok(CapturedEvent::Syscall(ev)) => {
-                    let Some(listening) = ports.get(&ev.tgid) else {
-                        // A record from a process detached a moment ago.
-                        stats.bump("records_untraced_process");
-                        continue;
+                    let mut sockets = Sockets {
+                        ports,
+                        classifier,
+                        tracker,
+                        ipc,
+                        stats,
+                        records,
+                        steps,
+                        ignore: &mut ignore,
                     };
-                    match ev.kind {
-                        SyscallKind::Accept => {
-                            classifier.on_close(ev.tgid, ev.conn_key());
-                            let peer = Peer {
-                                sock: ev.sock,
-                                ..Peer::default()
-                            };
-                            tracker.on_accept(&ev, peer, records);
-                        }
-                        SyscallKind::Close => {
-                            ipc.on_close(ev.tgid, ev.fd);
-                            tracker.on_close(&ev, records);
-                            classifier.on_close(ev.tgid, ev.conn_key());
-                        }
-                        // Kept in the kernel between entry and exit; never emitted.
-                        SyscallKind::Dup => stats.bump("record_unexpected_kind"),
-                        SyscallKind::Read | SyscallKind::Write => {
-                            let wants_ipc = ipc
-                                .wants(ev.tgid)
-                                .then(|| zmtp::looks_like_zmtp(ev.payload) && ev.lost_bytes() == 0);
-                            match classifier.classify(&ev, listening, wants_ipc) {
-                                FdClass::Ipc if ev.ret > 0 => {
-                                    if ipc.on_bytes(&ipc_bytes(&ev), steps) == IpcVerdict::NotIpc {
-                                        stats.bump("records_not_engine_ipc");
-                                        ignore.push((ev.tgid, ev.fd, ev.conn_gen));
-                                    }
-                                }
-                                // EOF or an error: nothing to decode.
-                                FdClass::Ipc => {}
-                                FdClass::Other => {
-                                    stats.bump("records_not_server_connection");
-                                    ignore.push((ev.tgid, ev.fd, ev.conn_gen));
-                                }
-                                FdClass::Server { local_port, remote } => {
-                                    let peer = Peer {
-                                        local_port,
-                                        remote,
-                                        sock: ev.sock,
-                                        preexisting: ev.conn_flags & CONN_PREEXISTING != 0,
-                                    };
-                                    if ev.kind == SyscallKind::Read {
-                                        tracker.on_read(&ev, peer, records);
-                                    } else {
-                                        tracker.on_write(&ev, peer, records);
-                                    }
-                                }
-                            }
-                        }
+                    let plain = chunks.push(ev, &mut joined);
+                    for whole in joined.drain(..) {
+                        sockets.on_syscall(&whole.event());
+                    }
+                    if let Some(ev) = plain {
+                        sockets.on_syscall(&ev);
                     }
                 }
             }
@@ -525,6 +506,7 @@ impl Pipeline {
         all.extend(self.stats.iter().map(|(k, v)| (k.to_string(), v)));
         all.extend(self.tracker.stats().iter().map(|(k, v)| (k.to_string(), v)));
         all.extend(self.ipc.counters());
+        all.extend(self.chunks.stats.iter().map(|(k, v)| (k.to_string(), v)));
         if let Some(user) = &self.user_probes {
             all.extend(user.stats().iter().map(|(k, v)| (k.to_string(), v)));
         }
@@ -627,4 +609,77 @@ fn could_hold_hooks(engine: &str, user_probes: Option<&UserProbes>, path: &str) 
     let name = path.rsplit('/').next().unwrap_or(path);
     engines::by_name(engine).is_some_and(|e| e.hook_objects().iter().any(|h| name.contains(h)))
         || user_probes.is_some_and(|u| u.wants_object(path))
+}
+
+/// What one syscall record is handed to: the drain's state, borrowed.
+struct Sockets<'p> {
+    ports: &'p FxHashMap<u32, Vec<u16>>,
+    classifier: &'p mut FdClassifier,
+    tracker: &'p mut Tracker,
+    ipc: &'p mut IpcRouter,
+    stats: &'p mut Stats,
+    records: &'p mut Vec<RequestRecord>,
+    steps: &'p mut Vec<StepRecord>,
+    ignore: &'p mut Vec<(u32, i32, u64)>,
+}
+
+impl Sockets<'_> {
+    fn on_syscall(&mut self, ev: &SyscallEvent<'_>) {
+        let Some(listening) = self.ports.get(&ev.tgid) else {
+            // A record from a process detached a moment ago.
+            self.stats.bump("records_untraced_process");
+            return;
+        };
+        let records = &mut *self.records;
+        match ev.kind {
+            SyscallKind::Accept => {
+                self.classifier.on_close(ev.tgid, ev.conn_key());
+                let peer = Peer {
+                    sock: ev.sock,
+                    ..Peer::default()
+                };
+                self.tracker.on_accept(ev, peer, records);
+            }
+            SyscallKind::Close => {
+                self.ipc.on_close(ev.tgid, ev.fd);
+                self.tracker.on_close(ev, records);
+                self.classifier.on_close(ev.tgid, ev.conn_key());
+            }
+            // Kept in the kernel between entry and exit; never emitted.
+            SyscallKind::Dup => self.stats.bump("record_unexpected_kind"),
+            SyscallKind::Read | SyscallKind::Write => {
+                let wants_ipc = self
+                    .ipc
+                    .wants(ev.tgid)
+                    .then(|| zmtp::looks_like_zmtp(ev.payload) && ev.lost_bytes() == 0);
+                match self.classifier.classify(ev, listening, wants_ipc) {
+                    FdClass::Ipc if ev.ret > 0 => {
+                        if self.ipc.on_bytes(&ipc_bytes(ev), self.steps) == IpcVerdict::NotIpc {
+                            self.stats.bump("records_not_engine_ipc");
+                            self.ignore.push((ev.tgid, ev.fd, ev.conn_gen));
+                        }
+                    }
+                    // EOF or an error: nothing to decode.
+                    FdClass::Ipc => {}
+                    FdClass::Other => {
+                        self.stats.bump("records_not_server_connection");
+                        self.ignore.push((ev.tgid, ev.fd, ev.conn_gen));
+                    }
+                    FdClass::Server { local_port, remote } => {
+                        let peer = Peer {
+                            local_port,
+                            remote,
+                            sock: ev.sock,
+                            preexisting: ev.conn_flags & CONN_PREEXISTING != 0,
+                        };
+                        if ev.kind == SyscallKind::Read {
+                            self.tracker.on_read(ev, peer, records);
+                        } else {
+                            self.tracker.on_write(ev, peer, records);
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

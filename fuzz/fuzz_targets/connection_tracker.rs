@@ -53,6 +53,8 @@ impl Feed {
             conn_seq: Some(self.seq),
             lost_heads: self.lost_heads,
             payload: shown,
+            more: false,
+            chunk_offset: None,
         };
         self.seq = self.seq.wrapping_add(1);
         let peer = Peer::default();

@@ -48,6 +48,23 @@ impl Recorder {
         Recorder { child, out, log }
     }
 
+    /// CPU seconds (user + system) the agent has used so far, from /proc (100 ticks a second).
+    pub fn cpu_seconds(&self) -> f64 {
+        let stat =
+            fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        let ticks = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        (ticks(11) + ticks(12)) / 100.0
+    }
+
     pub fn log_text(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
     }

@@ -10,6 +10,8 @@ pub mod otlp;
 pub mod pcap;
 pub mod prometheus;
 pub mod split;
+pub mod vllm;
+pub mod vllm_load;
 
 use std::{
     io::{Read, Write},

@@ -177,6 +177,8 @@ mod tests {
             conn_seq: None,
             lost_heads: 0,
             payload: b"GET / HTTP/1.1\r\n",
+            more: false,
+            chunk_offset: None,
         }
     }
 

@@ -1,6 +1,7 @@
 //! Capture stage: loads the eBPF programs, finds the processes to trace, and hands raw records to
 //! the decoders. Nothing here interprets payload bytes.
 pub mod container;
+pub mod chunks;
 pub mod discovery;
 pub mod dwarf;
 pub mod fd_class;

@@ -121,6 +121,8 @@ pub struct SocketProbes {
     verdict_pids: Array<MapData, u64>,
     /// fexit on inet_csk_accept is attached: an accept without a socket address is not TCP.
     sock_hook: bool,
+    /// Processes whose sends/receives are captured whole, in chunks (see LARGE_CAPTURE).
+    large_capture: HashMap<MapData, u32, u32>,
     counters: PerCpuArray<MapData, u64>,
     logger: Option<EbpfLogger<&'static dyn log::Log>>,
 }
@@ -244,6 +246,8 @@ impl SocketProbes {
         let ports = Array::try_from(take_map(&mut ebpf, "PORTS")?).map_err(map_err("PORTS"))?;
         let fd_verdicts =
             HashMap::try_from(take_map(&mut ebpf, "FD_VERDICT")?).map_err(map_err("FD_VERDICT"))?;
+        let large_capture = HashMap::try_from(take_map(&mut ebpf, "LARGE_CAPTURE")?)
+            .map_err(map_err("LARGE_CAPTURE"))?;
         let counters =
             PerCpuArray::try_from(take_map(&mut ebpf, "COUNTERS")?).map_err(map_err("COUNTERS"))?;
         let conns = HashMap::try_from(take_map(&mut ebpf, "CONNS")?).map_err(map_err("CONNS"))?;
@@ -266,6 +270,7 @@ impl SocketProbes {
             unknown_fds,
             verdict_pids,
             sock_hook,
+            large_capture,
             counters,
             logger,
         })
@@ -329,6 +334,16 @@ impl SocketProbes {
 
     pub fn unwatch_port(&mut self, port: u16) {
         let _ = set_bit(&mut self.ports, u32::from(port), false);
+    }
+
+    /// Captures up to `bytes` of each send/receive of `tgid` (in chunk records beyond one
+    /// record's worth), for engines whose IPC messages are decoded whole; 0 stops it.
+    pub fn capture_large(&mut self, tgid: u32, bytes: u32) {
+        if bytes == 0 {
+            let _ = self.large_capture.remove(&tgid);
+        } else if let Err(e) = self.large_capture.insert(tgid, bytes, 0) {
+            warn!("pid {tgid}: cannot raise its capture size for engine IPC: {e}");
+        }
     }
 
     /// Stops payload capture for the connection generation `conn_gen` of one fd; a connection

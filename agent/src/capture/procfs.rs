@@ -172,6 +172,13 @@ pub fn start_time(tgid: u32) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// The parent's pid (an engine's worker process names the server that started it).
+pub fn parent_pid(tgid: u32) -> Option<u32> {
+    let stat = fs::read_to_string(format!("/proc/{tgid}/stat")).ok()?;
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
 pub fn all_pids() -> Vec<u32> {
     let Ok(dir) = fs::read_dir("/proc") else {
         return Vec::new();

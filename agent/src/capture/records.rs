@@ -3,8 +3,8 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use inferscope_common::{
-    FLAG_COPY_FAILED, FLAG_TRUNCATED, RecordType, SchedKind, SchedRecord, SegmentRecord,
-    SyscallKind, SyscallRecord, USER_FLAG_READ_FAILED, UserProbeRecord,
+    FLAG_CHUNK, FLAG_COPY_FAILED, FLAG_MORE, FLAG_TRUNCATED, RecordType, SchedKind, SchedRecord,
+    SegmentRecord, SyscallKind, SyscallRecord, USER_FLAG_READ_FAILED, UserProbeRecord,
 };
 
 /// The kind of a captured syscall, for callers outside the agent (fuzz targets, benchmarks).
@@ -57,6 +57,10 @@ pub struct SyscallEvent<'a> {
     /// Records lost on this fd so far that began a response head.
     pub lost_heads: u32,
     pub payload: &'a [u8],
+    /// Chunk records of the same syscall follow (see `capture::chunks`).
+    pub more: bool,
+    /// This record continues its thread's previous syscall record at this byte offset.
+    pub chunk_offset: Option<u32>,
 }
 
 impl SyscallEvent<'_> {
@@ -176,6 +180,8 @@ pub fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
             conn_seq: Some(header.conn_seq),
             lost_heads: header.lost_heads,
             payload,
+            more: header.flags & FLAG_MORE != 0,
+            chunk_offset: (header.flags & FLAG_CHUNK != 0).then_some(header.chunk_offset),
         }))
     } else if record_type == RecordType::Segment as u8 {
         let record: SegmentRecord = read_struct(bytes).ok_or(RecordError::Short)?;
@@ -255,10 +261,12 @@ mod tests {
             ret: 100,
             captured,
             conn_flags: 0,
+            chunk_offset: 0,
             conn_gen: 0,
             sock: 0,
             conn_seq: 4,
             lost_heads: 1,
+            _pad: 0,
         };
         let mut bytes = vec![0u8; std::mem::size_of::<SyscallRecord>()];
         unsafe { std::ptr::write_unaligned(bytes.as_mut_ptr().cast(), header) };

@@ -342,6 +342,7 @@ impl Tracker {
             kv_cache_usage: None,
             running_requests: None,
             waiting_requests: None,
+            start_from: None,
         })
     }
 
@@ -516,6 +517,8 @@ mod tests {
             conn_seq: None,
             lost_heads: 0,
             payload,
+            more: false,
+            chunk_offset: None,
         }
     }
 

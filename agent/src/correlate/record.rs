@@ -110,6 +110,12 @@ pub struct RequestRecord {
     pub requests_waiting_at_arrival: Option<f64>,
     pub engine_metrics_offset_ms: Option<f64>,
 
+    /// Engine-side fields (by record field name) the engine served this request with but the
+    /// agent could not learn, e.g. `preemptions` of an aborted vLLM request (vLLM reports a
+    /// preemption only with the request's next output) or `prompt_tokens` of a new-request IPC
+    /// message that was not captured. Empty when nothing is missing.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub engine_unknown: Vec<&'static str>,
     /// The engine process's container and Kubernetes pod (`container_id`, `k8s_pod_name`,
     /// `k8s_namespace_name`, …), where known; absent for a process on the host.
     #[serde(flatten)]
@@ -169,6 +175,12 @@ pub struct StepRecord {
     pub running_requests: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub waiting_requests: Option<u64>,
+    /// How `start_mono_ns` is known, where it is not a hook's own stamp (vLLM's IPC):
+    /// `scheduled` (a SCHEDULED or PREEMPTED event of the step: the scheduler's own clock at the
+    /// step's schedule()), `previous_step` (the previous step's end: steps run back to back, so
+    /// the engine's work between steps counts in), `unknown` (after an idle gap: the end).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_from: Option<&'static str>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -235,6 +235,7 @@ impl RequestProgress {
             engine_metrics_offset_ms: None,
             // Stamped by the pipeline (identity::Identities) when the record is emitted.
             identity: None,
+            engine_unknown: Vec::new(),
         }
     }
 }

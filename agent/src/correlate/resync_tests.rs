@@ -71,6 +71,8 @@ impl Conn {
             conn_seq: Some(self.seq),
             lost_heads: self.lost_heads,
             payload,
+            more: false,
+            chunk_offset: None,
         };
         self.seq += 1;
         ev

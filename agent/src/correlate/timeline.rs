@@ -375,6 +375,7 @@ mod tests {
             kv_cache_usage: None,
             running_requests: None,
             waiting_requests: None,
+            start_from: None,
             requests: members
                 .iter()
                 .map(|(id, phase)| StepMember {

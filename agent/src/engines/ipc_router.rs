@@ -20,6 +20,9 @@ impl IpcRouter {
         {
             self.decoders.insert(engine, decoder);
         }
+        if let Some(decoder) = self.decoders.get_mut(engine) {
+            decoder.add_process(tgid);
+        }
     }
 
     pub fn forget_process(&mut self, tgid: u32) {

@@ -104,6 +104,8 @@ pub enum IpcVerdict {
 /// An engine's IPC decoder: one per engine kind, fed every candidate socket of its processes
 /// (Unix stream sockets, TCP connections that are not the HTTP server's).
 pub trait EngineIpc {
+    /// Discovery found a process of this engine (before any of its bytes).
+    fn add_process(&mut self, _tgid: u32) {}
     fn on_bytes(&mut self, bytes: &IpcBytes<'_>, steps: &mut Vec<StepRecord>) -> IpcVerdict;
     fn on_close(&mut self, tgid: u32, fd: i32);
     fn forget_process(&mut self, tgid: u32);

@@ -59,6 +59,12 @@ pub fn request_attributes(timeline: &RequestTimeline) -> Vec<KeyValue> {
     if let Some(op) = operation_name(&r.path) {
         a.push(KeyValue::new("gen_ai.operation.name", op));
     }
+    if !r.engine_unknown.is_empty() {
+        a.push(KeyValue::new(
+            "inferscope.engine_unknown",
+            r.engine_unknown.join(","),
+        ));
+    }
     let mut opt_str = |key: &'static str, v: &Option<String>| {
         if let Some(v) = v {
             a.push(KeyValue::new(key, v.clone()));

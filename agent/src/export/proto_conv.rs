@@ -109,6 +109,7 @@ pub fn request(t: &RequestTimeline) -> pb::Request {
         connection_preexisting: r.connection_preexisting,
         request_unparsed: r.request_unparsed,
         incomplete: r.incomplete.clone(),
+        engine_unknown: r.engine_unknown.iter().map(|s| s.to_string()).collect(),
     }
 }
 

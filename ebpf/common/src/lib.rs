@@ -52,6 +52,14 @@ impl SyscallKind {
 pub const FLAG_TRUNCATED: u16 = 1;
 /// Copying from user memory failed; the payload is absent though the syscall moved bytes.
 pub const FLAG_COPY_FAILED: u16 = 2;
+/// More records of the same syscall follow (a large send of a process with large captures,
+/// see `LARGE_CAPTURE`), each a [`FLAG_CHUNK`] record of this thread.
+pub const FLAG_MORE: u16 = 4;
+/// This record continues the previous syscall record of its thread at byte `chunk_offset`.
+pub const FLAG_CHUNK: u16 = 8;
+/// Most records one syscall of a large-capture process is split into: up to
+/// `MAX_CHUNKS * MAX_CAPTURE_BYTES` (256 KiB) of one send or receive.
+pub const MAX_CHUNKS: usize = 32;
 
 /// The kernel saw this connection accepted (or user space registered it as pre-existing): the
 /// record's `conn_id` names it, whatever fd number it has now.
@@ -110,6 +118,9 @@ pub struct SyscallRecord {
     pub conn_seq: u32,
     /// Lost records on this fd so far whose payload began a response head (`HTTP/`).
     pub lost_heads: u32,
+    /// For a [`FLAG_CHUNK`] record: where its payload starts in the syscall's bytes.
+    pub chunk_offset: u32,
+    pub _pad: u32,
 }
 
 /// A TCP segment with payload that reached a traced listening port (tcp:tcp_probe). It tells
@@ -346,7 +357,7 @@ mod tests {
 
     #[test]
     fn layouts_are_stable() {
-        assert_eq!(core::mem::size_of::<SyscallRecord>(), 72);
+        assert_eq!(core::mem::size_of::<SyscallRecord>(), 80);
         assert_eq!(core::mem::size_of::<SegmentRecord>(), 64);
         assert_eq!(core::mem::size_of::<ConnEntry>(), 24);
         assert_eq!(core::mem::size_of::<SchedRecord>(), 32);

@@ -341,8 +341,13 @@ pub fn looks_like_zmtp(data: &[u8]) -> bool {
 }
 
 /// Whether `data` is exactly a run of whole frames whose last one ends a message.
+/// Whether `data` starts on a frame boundary: it is a run of whole frames ending a message, or
+/// (a batch that libzmq cut at its 8 KiB send buffer) at least two whole messages followed by
+/// part of another.
 fn whole_frames(data: &[u8]) -> bool {
     let mut pos = 0usize;
+    // Whole messages walked.
+    let mut messages = 0u32;
     loop {
         let Some(&flags) = data.get(pos) else {
             return false;
@@ -373,7 +378,10 @@ fn whole_frames(data: &[u8]) -> bool {
             return flags & (FLAG_MORE | FLAG_COMMAND) == 0;
         }
         if end > data.len() {
-            return false;
+            return messages >= 2 && flags & FLAG_COMMAND == 0;
+        }
+        if flags & (FLAG_MORE | FLAG_COMMAND) == 0 {
+            messages += 1;
         }
         pos = end;
     }

@@ -219,3 +219,24 @@ fn tells_zmtp_syscalls_from_http_ones() {
         assert!(!looks_like_zmtp(http));
     }
 }
+
+#[test]
+fn a_stream_joined_late_locks_on_at_a_batch_cut_mid_message() {
+    // libzmq batches queued messages into one send and cuts the batch at its buffer size, so
+    // a busy socket's sends rarely end on a message boundary; they start on one when the
+    // previous send ended there. Two whole messages, then a message cut off: locked on.
+    let whole = [0x01, 1, b'a', 0x00, 2, b'h', b'i', 0x00, 1, b'z'];
+    let mut first = whole.to_vec();
+    first.extend_from_slice(&[0x01, 1, b'b', 0x00, 5, b'h', b'e']);
+    let mut stream = ZmtpStream::mid_stream(ZmtpLimits::default());
+    let mut out = Vec::new();
+    let stats = stream.feed(&first, 0, &mut out);
+    assert_eq!(stats.hunt_skipped, 0);
+    stream.feed(b"llo", 0, &mut out);
+    assert_eq!(out.len(), 3);
+    assert_eq!(out[2].frames[1].data, b"hello");
+    // One whole message and a cut-off one is too little to trust.
+    let mut lone = ZmtpStream::mid_stream(ZmtpLimits::default());
+    let stats = lone.feed(&[0x01, 1, b'a', 0x00, 1, b'b', 0x00, 9, b'x'], 0, &mut out);
+    assert_eq!(stats.hunt_skipped, 1);
+}

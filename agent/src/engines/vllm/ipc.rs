@@ -1,14 +1,20 @@
 //! vLLM V1's API server ↔ EngineCore traffic, as captured on the sockets of either process:
-//! ZMTP streams → messages → [`IpcState`]. The engine's version comes from its start-up message
-//! (`EngineCoreReadyResponse.vllm_version`) and picks the pinned layout; an unsupported version
-//! is counted and decoded no further, and when the start-up was missed (the agent attached later)
-//! the newest layout is used with every field's type checked.
+//! ZMTP streams → messages → [`IpcState`]. The engine's version comes from the process's
+//! installed package (read at discovery, [`package`]) and from its start-up message
+//! (`EngineCoreReadyResponse.vllm_version`), and picks the pinned layout; an unsupported version
+//! is refused (logged once, counted per message) and decoded no further. Only when neither is
+//! known is the newest layout used, with every field's type checked.
+//!
+//! Several vLLM servers (and data-parallel engine cores) may run on one node: each server is
+//! named by its API server's pid (an EngineCore process by its parent's), so steps are chained
+//! per (server, engine index).
 use rustc_hash::FxHashMap;
 use tracing::warn;
 
 use super::{
     layout::{self, Layout},
     messages::{self, IpcMessage},
+    package,
     state::IpcState,
 };
 use crate::{
@@ -36,8 +42,12 @@ enum Version {
 #[derive(Default)]
 pub struct VllmIpc {
     sockets: FxHashMap<(u32, i32), Socket>,
-    /// Per process: the version its engine reported.
+    /// Per process: the version its package or its engine reported.
     versions: FxHashMap<u32, Version>,
+    /// Per process: its parent, when that is a vLLM process too (EngineCore → API server).
+    parents: FxHashMap<u32, u32>,
+    /// Processes discovery reported.
+    known: rustc_hash::FxHashSet<u32>,
     state: IpcState,
     stats: Stats,
     messages: Vec<Message>,
@@ -50,6 +60,38 @@ impl VllmIpc {
         &self.state
     }
 
+    /// The pinned layout for a reported version, or Unsupported (logged).
+    fn version(tgid: u32, version: &str, source: &str) -> Version {
+        match layout::for_version(version) {
+            Some(l) => Version::Supported(l),
+            None => {
+                warn!(
+                    pid = tgid,
+                    version,
+                    source,
+                    supported = layout::SUPPORTED,
+                    "vLLM version without a pinned IPC layout: its IPC is not decoded \
+                     (admission, preemptions and KV use need a supported version; HTTP records \
+                     go on)"
+                );
+                Version::Unsupported
+            }
+        }
+    }
+
+    /// The server a process belongs to: its API server's pid.
+    fn server(&self, tgid: u32) -> u32 {
+        let mut server = tgid;
+        // EngineCore → API server; bounded for a cycle that a pid reuse could make.
+        for _ in 0..4 {
+            match self.parents.get(&server) {
+                Some(&p) if p != server => server = p,
+                _ => break,
+            }
+        }
+        server
+    }
+
     /// Decodes one message seen in process `tgid` and applies it.
     fn on_message(&mut self, message: &Message, tgid: u32, tid: u32, steps: &mut Vec<StepRecord>) {
         let frames: Vec<&[u8]> = message.frames.iter().map(|f| f.data.as_slice()).collect();
@@ -60,17 +102,12 @@ impl VllmIpc {
         };
         let decoded = messages::decode(&frames, layout);
         if let Ok(IpcMessage::Ready { version }) = &decoded {
-            let v = match layout::for_version(version) {
-                Some(l) => Version::Supported(l),
-                None => {
-                    warn!(
-                        pid = tgid,
-                        version = version.as_str(),
-                        "vLLM version without a pinned IPC layout: its IPC is not decoded \
-                         (admission, preemptions and KV use need a supported version)"
-                    );
+            let v = match known {
+                // Already refused (from its package): said once.
+                Some(Version::Unsupported) if layout::for_version(version).is_none() => {
                     Version::Unsupported
                 }
+                _ => Self::version(tgid, version, "handshake"),
             };
             self.versions.insert(tgid, v);
             self.stats.bump("vllm_ipc_ready");
@@ -84,13 +121,34 @@ impl VllmIpc {
                     self.stats.bump("vllm_ipc_layout_assumed");
                 }
                 self.stats.bump("vllm_ipc_messages");
-                self.state.apply(m, tgid, tid, steps);
+                let server = self.server(tgid);
+                self.state.apply(m, (tgid, tid, server), steps);
             }
         }
     }
 }
 
 impl EngineIpc for VllmIpc {
+    fn add_process(&mut self, tgid: u32) {
+        if let Some(parent) = crate::capture::procfs::parent_pid(tgid)
+            && self.known.contains(&parent)
+        {
+            self.parents.insert(tgid, parent);
+        }
+        self.known.insert(tgid);
+        match package::process_version(tgid) {
+            Some(v) => {
+                let version = Self::version(tgid, &v, "installed package");
+                self.stats.bump(match version {
+                    Version::Supported(_) => "vllm_version_from_package",
+                    Version::Unsupported => "vllm_version_unsupported",
+                });
+                self.versions.insert(tgid, version);
+            }
+            None => self.stats.bump("vllm_version_package_not_found"),
+        }
+    }
+
     fn on_bytes(&mut self, b: &IpcBytes<'_>, steps: &mut Vec<StepRecord>) -> IpcVerdict {
         let key = (b.tgid, b.fd);
         if self
@@ -148,6 +206,8 @@ impl EngineIpc for VllmIpc {
     fn forget_process(&mut self, tgid: u32) {
         self.sockets.retain(|(t, _), _| *t != tgid);
         self.versions.remove(&tgid);
+        self.parents.remove(&tgid);
+        self.known.remove(&tgid);
     }
 
     fn enrich(&mut self, record: &mut RequestRecord) {

@@ -23,6 +23,8 @@ pub struct Layout {
     /// The most fields an EngineCoreOutput has in this version (more means another layout).
     pub out_fields: u32,
     /// EngineCoreOutputs
+    /// The data-parallel rank of the engine core that sent it.
+    pub outs_engine_index: u32,
     pub outs_outputs: u32,
     pub outs_scheduler_stats: u32,
     pub outs_timestamp: u32,
@@ -52,6 +54,7 @@ pub const V0_33: Layout = Layout {
     out_finish_reason: 5,
     out_events: 7,
     out_fields: 19,
+    outs_engine_index: 0,
     outs_outputs: 1,
     outs_scheduler_stats: 2,
     outs_timestamp: 3,
@@ -60,6 +63,9 @@ pub const V0_33: Layout = Layout {
 };
 
 static LAYOUTS: &[Layout] = &[V0_33];
+
+/// The versions with a pinned layout, for messages.
+pub const SUPPORTED: &str = "0.33.x";
 
 /// The newest pinned layout: used, with strict shape checks, when the engine's version was not
 /// seen (the agent attached after the engine's start-up handshake).

@@ -39,6 +39,8 @@ pub struct AddRequest {
 pub struct Outputs {
     /// CLOCK_MONOTONIC seconds when the engine built this message (end of its step).
     pub timestamp: Option<f64>,
+    /// The data-parallel rank of the engine core that sent it.
+    pub engine_index: Option<i64>,
     pub outputs: Vec<Output>,
     pub stats: Option<SchedulerStats>,
     pub finished_requests: Vec<String>,
@@ -246,6 +248,8 @@ fn decode_outputs(frame: &[u8], l: &Layout) -> Result<Outputs, DecodeError> {
                 if !r.nil()? {
                     outs.stats = Some(decode_stats(&mut r)?);
                 }
+            } else if i == l.outs_engine_index {
+                outs.engine_index = Some(r.int().map_err(layout_on_type)?);
             } else if i == l.outs_timestamp {
                 outs.timestamp = Some(r.float().map_err(layout_on_type)?);
             } else if i == l.outs_finished_requests {

@@ -3,6 +3,7 @@
 mod ipc;
 mod layout;
 mod messages;
+mod package;
 mod state;
 
 use super::{Engine, EngineIpc, MetricSource, MetricsEndpoint, ProcessInfo, Signal};

@@ -47,14 +47,29 @@ pub struct IpcState {
     /// External id (`chatcmpl-…`) → engine ids carrying it.
     by_external: FxHashMap<String, Vec<String>>,
     seen_outputs: VecDeque<u64>,
-    /// The previous step's timestamp and whether requests were running then.
-    last_step: Option<(u64, bool)>,
+    /// Per engine (server, engine index): the previous step's timestamp and whether requests
+    /// were running then. Each engine core steps on its own clock of work.
+    last_step: FxHashMap<(u32, i64), (u64, bool)>,
     pub stats: Stats,
 }
 
-/// `<external>-<8 chars>` → `<external>`, when the id has vLLM's suffix.
+/// Engines whose previous step is remembered; beyond this the table starts over (counted).
+const MAX_ENGINES: usize = 1024;
+/// Prompts of one batched completions request looked up (`cmpl-<id>-0`, `-1`, ...).
+const MAX_PROMPTS: usize = 4096;
+
+/// `<n>_<id>` (a child of an `n > 1` request) → `<id>`.
+fn parent_of(request_id: &str) -> &str {
+    match request_id.split_once('_') {
+        Some((n, rest)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => rest,
+        _ => request_id,
+    }
+}
+
+/// `<external>-<8 chars>` → `<external>`, when the id has vLLM's suffix (children of `n > 1`
+/// requests carry their parent's external id).
 fn external_of(request_id: &str) -> Option<&str> {
-    let (head, tail) = request_id.rsplit_once('-')?;
+    let (head, tail) = parent_of(request_id).rsplit_once('-')?;
     (tail.len() == 8 && !head.is_empty()).then_some(head)
 }
 
@@ -115,8 +130,14 @@ impl IpcState {
         Some(state)
     }
 
-    /// Applies one decoded message; `tgid`/`tid` say where it was seen (for step records).
-    pub fn apply(&mut self, message: IpcMessage, tgid: u32, tid: u32, steps: &mut Vec<StepRecord>) {
+    /// Applies one decoded message; `tgid`/`tid` say where it was seen (for step records) and
+    /// `server` which vLLM server it belongs to (the API server's pid, for both its processes).
+    pub fn apply(
+        &mut self,
+        message: IpcMessage,
+        (tgid, tid, server): (u32, u32, u32),
+        steps: &mut Vec<StepRecord>,
+    ) {
         match message {
             IpcMessage::Add(add) => self.on_add(add),
             IpcMessage::Abort { request_ids } => {
@@ -126,7 +147,7 @@ impl IpcState {
                     }
                 }
             }
-            IpcMessage::Outputs(outputs) => self.on_outputs(outputs, tgid, tid, steps),
+            IpcMessage::Outputs(outputs) => self.on_outputs(outputs, (tgid, tid, server), steps),
             IpcMessage::Ready { .. } | IpcMessage::Other => {}
         }
     }
@@ -158,7 +179,12 @@ impl IpcState {
         }
     }
 
-    fn on_outputs(&mut self, outputs: Outputs, tgid: u32, tid: u32, steps: &mut Vec<StepRecord>) {
+    fn on_outputs(
+        &mut self,
+        outputs: Outputs,
+        (tgid, tid, server): (u32, u32, u32),
+        steps: &mut Vec<StepRecord>,
+    ) {
         let ts_ns = outputs.timestamp.and_then(mono_ns);
         if let Some(ts) = ts_ns {
             if self.seen_outputs.contains(&ts) {
@@ -174,6 +200,9 @@ impl IpcState {
             self.stats.bump("vllm_outputs_partial");
         }
         let mut members = Vec::with_capacity(outputs.outputs.len());
+        // SCHEDULED / PREEMPTED stamps carried by this message: the scheduler's clock at some
+        // step's schedule().
+        let mut sched_stamps: Vec<u64> = Vec::new();
         for out in outputs.outputs {
             let r = self.entry(&out.request_id);
             let mut bad_time = 0;
@@ -187,6 +216,9 @@ impl IpcState {
                 }
                 if r.events.len() < MAX_EVENTS {
                     r.events.push((ev.kind, ns));
+                }
+                if ev.kind != EventKind::Queued && sched_stamps.len() < MAX_EVENTS {
+                    sched_stamps.push(ns);
                 }
                 match ev.kind {
                     EventKind::Queued => r.queued_ns = Some(r.queued_ns.map_or(ns, |q| q.min(ns))),
@@ -203,6 +235,7 @@ impl IpcState {
             r.output_tokens += out.new_tokens as u64;
             if out.finish_reason.is_some() {
                 r.finish_reason = out.finish_reason;
+                r.aborted |= out.finish_reason == Some("abort");
             }
             members.push(StepMember {
                 request_id: out.request_id,
@@ -213,13 +246,28 @@ impl IpcState {
         let (Some(end), Some(stats)) = (ts_ns, outputs.stats) else {
             return;
         };
-        // vLLM steps back to back while requests run: the previous step's end is this one's
-        // start. After an idle gap the start is unknown and reported as the end.
-        let start = match self.last_step {
-            Some((prev, true)) if prev <= end => prev,
-            _ => end,
+        // A SCHEDULED or PREEMPTED stamp after the previous step's end was taken in this
+        // step's schedule(): its start, on the scheduler's own clock. Otherwise, while requests
+        // run, vLLM steps back to back: the previous step's end (the engine's work between
+        // steps, such as reading new requests, counts in). After an idle gap the start is
+        // unknown and reported as the end.
+        let engine = (server, outputs.engine_index.unwrap_or(0));
+        let (start, start_from) = match self.last_step.get(&engine) {
+            Some(&(prev, running)) if prev <= end => {
+                match sched_stamps.iter().filter(|&&t| t > prev && t <= end).min() {
+                    Some(&t) => (t, "scheduled"),
+                    None if running => (prev, "previous_step"),
+                    None => (end, "unknown"),
+                }
+            }
+            _ => (end, "unknown"),
         };
-        self.last_step = Some((end, stats.running.unwrap_or(0) > 0));
+        if self.last_step.len() >= MAX_ENGINES && !self.last_step.contains_key(&engine) {
+            self.last_step.clear();
+            self.stats.bump("vllm_engine_table_full");
+        }
+        self.last_step
+            .insert(engine, (end, stats.running.unwrap_or(0) > 0));
         steps.push(StepRecord {
             pid: tgid,
             engine: "vllm".into(),
@@ -234,13 +282,16 @@ impl IpcState {
             kv_cache_usage: stats.kv_cache_usage,
             running_requests: stats.running,
             waiting_requests: stats.waiting,
+            start_from: Some(start_from),
         });
     }
 
-    /// Fills `record` (an HTTP request that just finished) from the engine request with its id,
-    /// and forgets that engine request. Admission is attached only when it lies inside the HTTP
-    /// request's lifetime and exactly one engine request matches.
-    pub fn enrich(&mut self, record: &mut RequestRecord) {
+    /// Engine ids that belong to `record`: those whose external id is one of its ids (the
+    /// stream id, `chatcmpl-`/`cmpl-` + X-Request-Id), or that id plus `-<prompt index>`
+    /// (completions: one engine request per prompt), and whose events lie inside the HTTP
+    /// request's lifetime. `n > 1` children share their parent's external id. None when one
+    /// external id names engine requests of different HTTP requests (a reused X-Request-Id).
+    fn members(&mut self, record: &RequestRecord) -> Option<Vec<String>> {
         let mut keys: Vec<String> = Vec::with_capacity(3);
         if let Some(id) = &record.response_id {
             keys.push(id.clone());
@@ -249,37 +300,90 @@ impl IpcState {
             keys.push(format!("chatcmpl-{x}"));
             keys.push(format!("cmpl-{x}"));
         }
-        let Some(ids) = keys.iter().find_map(|k| self.by_external.get(k)).cloned() else {
-            return;
-        };
+        let key = keys.iter().find(|k| {
+            self.by_external.contains_key(k.as_str())
+                || self.by_external.contains_key(&format!("{k}-0"))
+        })?;
         let inside = |r: &RequestState| {
             let first = r.queued_ns.or(r.scheduled_ns);
             first.is_none_or(|t| t >= record.arrival_mono_ns)
                 && r.scheduled_ns.is_none_or(|t| t <= record.end_mono_ns)
         };
-        let matching: Vec<&String> = ids
-            .iter()
-            .filter(|id| self.requests.get(*id).is_some_and(inside))
-            .collect();
-        let id = match matching.as_slice() {
-            [one] => (*one).clone(),
-            [] => {
-                self.stats.bump("vllm_join_outside_request_time");
-                return;
+        let mut externals = vec![key.clone()];
+        for i in 0..MAX_PROMPTS {
+            let ext = format!("{key}-{i}");
+            if !self.by_external.contains_key(&ext) {
+                break;
             }
-            _ => {
+            externals.push(ext);
+        }
+        let mut members = Vec::new();
+        let mut outside = false;
+        for ext in &externals {
+            let Some(ids) = self.by_external.get(ext) else {
+                continue;
+            };
+            let mut parents: Vec<&str> = Vec::new();
+            for id in ids {
+                if !self.requests.get(id).is_some_and(inside) {
+                    outside = true;
+                    continue;
+                }
+                let parent = parent_of(id);
+                if !parents.contains(&parent) {
+                    parents.push(parent);
+                }
+                members.push(id.clone());
+            }
+            if parents.len() > 1 {
                 self.stats.bump("vllm_join_ambiguous");
-                return;
+                return None;
             }
-        };
-        let Some(state) = self.remove(&id) else {
+        }
+        if members.is_empty() && outside {
+            self.stats.bump("vllm_join_outside_request_time");
+        }
+        (!members.is_empty()).then_some(members)
+    }
+
+    /// Fills `record` (an HTTP request that just finished) from the engine requests that
+    /// served it (one, or one per prompt and per `n`), and forgets them. Admission is the
+    /// first SCHEDULED of any; preemptions add up, and are unknown (not 0) when a request was
+    /// aborted: vLLM reports a preemption only with the request's next output, which an
+    /// aborted request may never get.
+    pub fn enrich(&mut self, record: &mut RequestRecord) {
+        let served = record.first_token_mono_ns.is_some();
+        let Some(members) = self.members(record) else {
+            if served && record.path.contains("completions") {
+                // The engine generated for it, yet no IPC message named it.
+                self.stats.bump("vllm_requests_unjoined");
+                record.engine_unknown = vec!["admitted_mono_ns", "prompt_tokens", "preemptions"];
+            }
             return;
         };
-        self.stats.bump("vllm_requests_joined");
+        let states: Vec<RequestState> = members.iter().filter_map(|id| self.remove(id)).collect();
+        self.stats.add("vllm_requests_joined", states.len() as u64);
         if record.prompt_tokens.is_none() {
-            record.prompt_tokens = state.prompt_tokens;
+            // One prompt per parent: `n > 1` children repeat their parent's prompt.
+            let mut seen: Vec<&str> = Vec::new();
+            let mut sum = Some(0u64);
+            for s in &states {
+                let parent = parent_of(&s.request_id);
+                if seen.contains(&parent) {
+                    continue;
+                }
+                seen.push(parent);
+                sum = sum.zip(s.prompt_tokens).map(|(a, b)| a + b);
+            }
+            record.prompt_tokens = sum;
+            if sum.is_none() {
+                record.engine_unknown.push("prompt_tokens");
+            }
         }
-        let Some(admitted) = state.scheduled_ns else {
+        let Some(admitted) = states.iter().filter_map(|s| s.scheduled_ns).min() else {
+            if served {
+                record.engine_unknown.push("admitted_mono_ns");
+            }
             return;
         };
         record.admitted_mono_ns = Some(admitted);
@@ -288,7 +392,14 @@ impl IpcState {
             .first_token_mono_ns
             .filter(|t| *t >= admitted)
             .map(|t| (t - admitted) as f64 / 1e6);
-        record.preemptions = Some(state.preemptions);
+        let aborted = record.aborted || states.iter().any(|s| s.aborted);
+        record.preemptions = if aborted {
+            self.stats.bump("vllm_preemptions_unknown_aborted");
+            record.engine_unknown.push("preemptions");
+            None
+        } else {
+            Some(states.iter().map(|s| s.preemptions).sum())
+        };
     }
 }
 
@@ -300,6 +411,7 @@ mod tests {
     fn output(id: &str, kind: EventKind, ts: f64) -> IpcMessage {
         IpcMessage::Outputs(Outputs {
             timestamp: Some(ts + 0.5),
+            engine_index: Some(0),
             outputs: vec![Output {
                 request_id: id.into(),
                 new_tokens: 1,
@@ -334,8 +446,7 @@ mod tests {
             let id = format!("chatcmpl-r{i}-abcdefgh");
             state.apply(
                 output(&id, EventKind::Queued, 10.0 + i as f64),
-                1,
-                1,
+                (1, 1, 1),
                 &mut steps,
             );
             // Every other request is joined (its HTTP record finished).
@@ -361,14 +472,12 @@ mod tests {
         // A client reused its X-Request-Id: two engine requests share the external id.
         state.apply(
             output("chatcmpl-x-aaaaaaaa", EventKind::Scheduled, 10.0),
-            1,
-            1,
+            (1, 1, 1),
             &mut steps,
         );
         state.apply(
             output("chatcmpl-x-bbbbbbbb", EventKind::Scheduled, 11.0),
-            1,
-            1,
+            (1, 1, 1),
             &mut steps,
         );
         let mut record = RequestRecord {
@@ -384,5 +493,119 @@ mod tests {
         record.arrival_mono_ns = 10_500_000_000;
         state.enrich(&mut record);
         assert_eq!(record.admitted_mono_ns, Some(11_000_000_000));
+    }
+
+    fn add(id: &str, external: &str, prompt: u64) -> IpcMessage {
+        IpcMessage::Add(AddRequest {
+            request_id: id.into(),
+            external_req_id: Some(external.into()),
+            prompt_tokens: Some(prompt),
+            arrival_time: None,
+        })
+    }
+
+    #[test]
+    fn completions_join_every_prompt_and_every_choice() {
+        let mut state = IpcState::default();
+        let mut steps = Vec::new();
+        // Two prompts with n = 2: four engine requests, `<k>_cmpl-<id>-<prompt>-<8 chars>`.
+        for (id, ext, prompt, t) in [
+            ("0_cmpl-x-0-aaaaaaaa", "cmpl-x-0", 5, 10.2),
+            ("1_cmpl-x-0-aaaaaaaa", "cmpl-x-0", 5, 10.1),
+            ("0_cmpl-x-1-bbbbbbbb", "cmpl-x-1", 7, 10.3),
+            ("1_cmpl-x-1-bbbbbbbb", "cmpl-x-1", 7, 10.3),
+        ] {
+            state.apply(add(id, ext, prompt), (1, 1, 1), &mut steps);
+            state.apply(output(id, EventKind::Scheduled, t), (1, 1, 1), &mut steps);
+        }
+        let mut record = RequestRecord {
+            response_id: Some("cmpl-x".into()),
+            arrival_mono_ns: 9_000_000_000,
+            end_mono_ns: 12_000_000_000,
+            ..Default::default()
+        };
+        state.enrich(&mut record);
+        assert_eq!(record.admitted_mono_ns, Some(10_100_000_000));
+        // Each prompt once, however many choices it had.
+        assert_eq!(record.prompt_tokens, Some(12));
+        assert_eq!(record.preemptions, Some(0));
+        assert!(state.is_empty());
+    }
+
+    #[test]
+    fn a_preempted_then_aborted_request_has_unknown_preemptions() {
+        let mut state = IpcState::default();
+        let mut steps = Vec::new();
+        state.apply(
+            add("chatcmpl-a-aaaaaaaa", "chatcmpl-a", 3),
+            (1, 1, 1),
+            &mut steps,
+        );
+        state.apply(
+            output("chatcmpl-a-aaaaaaaa", EventKind::Scheduled, 10.0),
+            (1, 1, 1),
+            &mut steps,
+        );
+        state.apply(
+            IpcMessage::Abort {
+                request_ids: vec!["chatcmpl-a-aaaaaaaa".into()],
+            },
+            (1, 1, 1),
+            &mut steps,
+        );
+        let mut record = RequestRecord {
+            response_id: Some("chatcmpl-a".into()),
+            arrival_mono_ns: 9_000_000_000,
+            end_mono_ns: 12_000_000_000,
+            ..Default::default()
+        };
+        state.enrich(&mut record);
+        assert_eq!(record.admitted_mono_ns, Some(10_000_000_000));
+        assert_eq!(record.preemptions, None);
+        assert_eq!(record.engine_unknown, vec!["preemptions"]);
+    }
+
+    fn step(ts: f64, running: u64) -> IpcMessage {
+        IpcMessage::Outputs(Outputs {
+            timestamp: Some(ts),
+            engine_index: Some(0),
+            outputs: Vec::new(),
+            stats: Some(crate::engines::vllm::messages::SchedulerStats {
+                running: Some(running),
+                ..Default::default()
+            }),
+            finished_requests: Vec::new(),
+            partial: false,
+        })
+    }
+
+    #[test]
+    fn two_servers_chain_their_own_steps() {
+        let mut state = IpcState::default();
+        let mut steps = Vec::new();
+        // Interleaved steps of servers 100 and 200.
+        for (ts, server) in [
+            (1.0, 100),
+            (1.001, 200),
+            (1.004, 100),
+            (1.006, 200),
+            (1.008, 100),
+        ] {
+            state.apply(step(ts, 1), (server, server, server), &mut steps);
+        }
+        let starts: Vec<(u32, u64, u64)> = steps
+            .iter()
+            .map(|s| (s.pid, s.start_mono_ns, s.end_mono_ns))
+            .collect();
+        assert_eq!(
+            starts,
+            vec![
+                (100, 1_000_000_000, 1_000_000_000),
+                (200, 1_001_000_000, 1_001_000_000),
+                (100, 1_000_000_000, 1_004_000_000),
+                (200, 1_001_000_000, 1_006_000_000),
+                (100, 1_004_000_000, 1_008_000_000),
+            ]
+        );
     }
 }

@@ -160,11 +160,19 @@ fn both_processes_traced_count_each_message_once() {
 fn the_step_records_chain_busy_steps() {
     let (_, steps) = api_server_view("tcp", 4096);
     // Step 1 follows an idle engine: its start is unknown. Later ones start where the previous
-    // (busy) step ended.
+    // (busy) step ended, or at a SCHEDULED stamp after that, which the step's schedule() took.
     assert_eq!(steps[0].start_mono_ns, steps[0].end_mono_ns);
+    assert_eq!(steps[0].start_from, Some("unknown"));
     for w in steps.windows(2) {
-        assert_eq!(w[1].start_mono_ns, w[0].end_mono_ns);
+        match w[1].start_from {
+            Some("scheduled") => {
+                assert!(w[1].start_mono_ns > w[0].end_mono_ns);
+                assert!(w[1].start_mono_ns <= w[1].end_mono_ns);
+            }
+            _ => assert_eq!(w[1].start_mono_ns, w[0].end_mono_ns),
+        }
     }
+    assert!(steps.iter().any(|s| s.start_from == Some("scheduled")));
     let b = "chatcmpl-fixture-b-a0b1c2d3";
     let phase = |i: usize| {
         steps[i]

@@ -1,10 +1,30 @@
-use aya_ebpf::helpers::generated::bpf_probe_read_user;
-use inferscope_common::{Counter, MAX_CAPTURE_BYTES, MAX_IOV, SyscallRecord};
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, generated::bpf_probe_read_user},
+    macros::map,
+    maps::HashMap,
+};
+use inferscope_common::{
+    Counter, FLAG_CHUNK, FLAG_COPY_FAILED, FLAG_MORE, FLAG_TRUNCATED, MAX_CAPTURE_BYTES,
+    MAX_CHUNKS, MAX_IOV, SyscallRecord,
+};
 
 use crate::{
     maps::{Inflight, Scratch, Shape, capture_limit},
     ringbuf::output,
 };
+
+/// Processes whose engine IPC the agent decodes (vLLM's ZeroMQ sockets), tgid → the most bytes
+/// of one send/recv to capture. libzmq batches queued messages into one send of 8 KiB or more
+/// and sends a large message whole: for these processes a syscall is captured in
+/// `MAX_CAPTURE_BYTES` records (the first flagged [`FLAG_MORE`], the rest [`FLAG_CHUNK`]) that
+/// user space joins again. Looked up only for a syscall that moved more than the capture limit.
+#[map]
+pub static LARGE_CAPTURE: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
+
+#[inline(always)]
+fn large_capture(tgid: u32) -> Option<u32> {
+    unsafe { LARGE_CAPTURE.get(&tgid) }.copied()
+}
 
 pub struct Copied {
     pub captured: usize,
@@ -64,7 +84,13 @@ pub fn copy_payload(
     moved: u64,
     payload: &mut [u8; 2 * MAX_CAPTURE_BYTES],
 ) -> Copied {
-    let limit = capture_limit();
+    let mut limit = capture_limit();
+    if moved > limit as u64
+        && inflight.shape == Shape::Buffer
+        && large_capture((bpf_get_current_pid_tgid() >> 32) as u32).is_some()
+    {
+        limit = MAX_CAPTURE_BYTES;
+    }
     let mut out = Copied {
         captured: 0,
         truncated: false,
@@ -152,4 +178,70 @@ pub fn emit(scratch: &Scratch, captured: usize) -> bool {
     let bytes =
         unsafe { core::slice::from_raw_parts((scratch as *const Scratch).cast::<u8>(), size) };
     output::<[u8]>(bytes, Counter::RecordsEmitted)
+}
+
+/// Emits the syscall record in `scratch` and, for a large-capture process whose send/recv moved
+/// more than one record holds, the rest of its bytes (up to the process's limit) as chunk
+/// records. A chunk that cannot be copied ends the series, flagged. False when the first record
+/// found no room in the ring buffer.
+#[inline(always)]
+pub fn emit_chunks(scratch: &mut Scratch, captured: usize, inflight: &Inflight) -> bool {
+    let h = scratch.header;
+    let whole_first = captured == MAX_CAPTURE_BYTES
+        && inflight.shape == Shape::Buffer
+        && h.flags & FLAG_TRUNCATED != 0
+        && h.flags & FLAG_COPY_FAILED == 0
+        && h.ret > 0;
+    let limit = if whole_first {
+        large_capture(h.tgid)
+    } else {
+        None
+    };
+    let Some(limit) = limit else {
+        return emit(scratch, captured);
+    };
+    let moved = h.ret as u64;
+    let total = if moved < limit as u64 {
+        moved
+    } else {
+        limit as u64
+    };
+    if total <= MAX_CAPTURE_BYTES as u64 {
+        return emit(scratch, captured);
+    }
+    scratch.header.flags = h.flags | FLAG_MORE;
+    let first = emit(scratch, captured);
+    let mut offset = MAX_CAPTURE_BYTES as u64;
+    for _ in 1..MAX_CHUNKS {
+        if offset >= total {
+            break;
+        }
+        let rest = total - offset;
+        let len = if rest > MAX_CAPTURE_BYTES as u64 {
+            MAX_CAPTURE_BYTES
+        } else {
+            rest as usize
+        };
+        let copied = copy_at(&mut scratch.payload, 0, inflight.ptr + offset, len);
+        let last = offset + len as u64 >= total || !copied;
+        let mut flags = FLAG_CHUNK;
+        if !last {
+            flags |= FLAG_MORE;
+        } else if total < moved || !copied {
+            flags |= FLAG_TRUNCATED;
+        }
+        if !copied {
+            flags |= FLAG_COPY_FAILED;
+        }
+        scratch.header.flags = flags;
+        scratch.header.chunk_offset = offset as u32;
+        let n = if copied { len } else { 0 };
+        scratch.header.captured = n as u32;
+        emit(scratch, n);
+        if !copied {
+            break;
+        }
+        offset += len as u64;
+    }
+    first
 }

@@ -271,6 +271,8 @@ pub fn close_fd(tgid: u32, tid: u32, fd: i32) -> Result<(), i32> {
         sock: conn.sock,
         conn_seq,
         lost_heads,
+        chunk_offset: 0,
+        _pad: 0,
     };
     output::<SyscallRecord>(&record, Counter::RecordsEmitted);
     Ok(())

@@ -174,8 +174,10 @@ fn emit_syscall(tgid: u32, tid: u32, fd: i32, ret: i64, inflight: &Inflight) -> 
         sock: inflight.sock,
         conn_seq,
         lost_heads,
+        chunk_offset: 0,
+        _pad: 0,
     };
-    if !super::copy::emit(scratch, captured) {
+    if !super::copy::emit_chunks(scratch, captured, inflight) {
         let head = kind == SyscallKind::Write as u8 && captured >= 5 && {
             let p = &scratch.payload;
             p[0] == b'H' && p[1] == b'T' && p[2] == b'T' && p[3] == b'P' && p[4] == b'/'

@@ -1,0 +1,136 @@
+"""A vLLM worker whose forward pass only sleeps.
+
+Everything around it is vLLM's: the scheduler decides which requests run and how many tokens
+each computes, the KV cache manager allocates (and runs out of) blocks. Per step the worker
+sleeps `INFERSCOPE_VLLM_STEP_MS` (default 4 ms) plus `INFERSCOPE_VLLM_TOKEN_US` (default 20 µs)
+per scheduled token, like a small model on a GPU, and samples one token for each request whose
+prompt (and any output it must recompute after a preemption) is fully computed after the step.
+"""
+import os
+import time
+
+import torch
+
+from vllm.v1.kv_cache_interface import FullAttentionSpec
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
+
+STEP_S = float(os.environ.get("INFERSCOPE_VLLM_STEP_MS", "4")) / 1e3
+TOKEN_S = float(os.environ.get("INFERSCOPE_VLLM_TOKEN_US", "20")) / 1e6
+# Sampled ids stay clear of the special tokens at the start of the vocabulary.
+FIRST_WORD = 16
+
+
+class Worker(WorkerBase):
+    def init_device(self) -> None:
+        self.device = torch.device("cpu")
+        # req id -> tokens the request holds (prompt + sampled outputs)
+        self.lengths: dict[str, int] = {}
+        self.kv_cache_config = None
+
+    def load_model(self, *args, **kwargs) -> None:
+        pass
+
+    def _spec(self) -> FullAttentionSpec:
+        hf = self.model_config.hf_config
+        heads = getattr(hf, "num_key_value_heads", hf.num_attention_heads)
+        return FullAttentionSpec(
+            block_size=self.cache_config.block_size,
+            num_kv_heads=heads,
+            head_size=hf.hidden_size // hf.num_attention_heads,
+            dtype=torch.float32,
+        )
+
+    def get_kv_cache_spec(self):
+        layers = self.model_config.hf_config.num_hidden_layers
+        return {f"model.layers.{i}.self_attn.attn": self._spec() for i in range(layers)}
+
+    def get_supported_kv_cache_layouts(self) -> list[str]:
+        return ["LBNHC"]
+
+    def determine_available_memory(self) -> int:
+        # Room for 64k tokens; --num-gpu-blocks-override sets the pool the tests use.
+        layers = self.model_config.hf_config.num_hidden_layers
+        return self._spec().page_size_bytes * layers * (65536 // self.cache_config.block_size)
+
+    def initialize_from_config(self, kv_cache_config) -> None:
+        self.kv_cache_config = kv_cache_config
+
+    def initialize_cache(self, num_gpu_blocks: int, num_cpu_blocks: int) -> None:
+        pass
+
+    def compile_or_warm_up_model(self) -> CompilationTimes:
+        return CompilationTimes(0.0, 0.0)
+
+    def get_cache_block_size_bytes(self) -> int:
+        return self._spec().page_size_bytes
+
+    def check_health(self) -> None:
+        return
+
+    def get_supported_tasks(self):
+        return ("generate",)
+
+    def supports_draft_weight_updates(self) -> bool:
+        return False
+
+    def reset_mm_cache(self) -> None:
+        pass
+
+    def reset_encoder_cache(self) -> None:
+        pass
+
+    def get_kv_connector_handshake_metadata(self):
+        return None
+
+    def get_simple_cpu_offload_num_cpu_blocks(self):
+        return None
+
+    def update_max_model_len(self, max_model_len: int) -> None:
+        self.model_config.max_model_len = max_model_len
+
+    def execute_dummy_batch(self) -> None:
+        pass
+
+    def list_loras(self) -> set:
+        return set()
+
+    def execute_model(self, scheduler_output) -> ModelRunnerOutput:
+        so = scheduler_output
+        for rid in so.finished_req_ids:
+            self.lengths.pop(rid, None)
+        for new in so.scheduled_new_reqs:
+            self.lengths[new.req_id] = new.prompt_len
+        cached = so.scheduled_cached_reqs
+        computed = {new.req_id: new.num_computed_tokens for new in so.scheduled_new_reqs}
+        for i, rid in enumerate(cached.req_ids):
+            computed[rid] = cached.num_computed_tokens[i]
+            if rid in cached.resumed_req_ids and rid in cached.all_token_ids:
+                self.lengths[rid] = len(cached.all_token_ids[rid])
+        req_ids = list(so.num_scheduled_tokens.keys())
+        sampled: list[list[int]] = []
+        for rid in req_ids:
+            done = computed.get(rid, 0) + so.num_scheduled_tokens[rid]
+            length = self.lengths.get(rid, 0)
+            if done >= length:
+                token = FIRST_WORD + (length * 7919) % (self.model_config.get_vocab_size() - FIRST_WORD)
+                sampled.append([token])
+                self.lengths[rid] = length + 1
+            else:
+                sampled.append([])  # a chunk of a prefill: nothing sampled yet
+        if req_ids:
+            time.sleep(STEP_S + TOKEN_S * so.total_num_scheduled_tokens)
+        return ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+        )
+
+    def sample_tokens(self, grammar_output) -> None:
+        return None
+
+    def take_draft_token_ids(self):
+        return None
+
+    def shutdown(self) -> None:
+        pass

@@ -1,0 +1,418 @@
+//! vLLM on its real scheduler (tests/engine/vllm): `vllm serve` on CPU with vLLM's own API
+//! server, EngineCore, Scheduler, KV cache manager and ZeroMQ IPC; only the forward pass
+//! sleeps. The real agent records it with eBPF; every record and step is checked against what
+//! vLLM's scheduler itself logged (CLOCK_MONOTONIC): admission, prompt tokens, preemptions and
+//! step times, with nothing invented and no IPC message lost.
+use std::{
+    collections::{HashMap, HashSet},
+    time::{Duration, Instant},
+};
+
+use inferscope_integration_tests::{
+    agent::{Recorder, counter, read_records},
+    free_port,
+    vllm::{Truth, VllmOptions, VllmServer},
+    vllm_load::{self, IdSource, Job, Kind, Outcome},
+};
+use serde_json::Value;
+
+fn work_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("inferscope-it-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("work dir");
+    dir
+}
+
+fn prefix(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Completion | Kind::CompletionN2 | Kind::CompletionBatch => "cmpl-",
+        _ => "chatcmpl-",
+    }
+}
+
+/// The external id vLLM gave the job's request.
+fn external(job: &Job, outcome: &Outcome) -> Option<String> {
+    match &job.id {
+        IdSource::Header(id) | IdSource::Body(id) => Some(format!("{}{id}", prefix(job.kind))),
+        IdSource::Generated => outcome.response_id.clone(),
+    }
+}
+
+fn record_external(r: &Value) -> Option<String> {
+    if let Some(id) = r["response_id"].as_str() {
+        return Some(id.to_owned());
+    }
+    let x = r["x_request_id"].as_str()?;
+    let p = if r["path"].as_str() == Some("/v1/completions") {
+        "cmpl-"
+    } else {
+        "chatcmpl-"
+    };
+    Some(format!("{p}{x}"))
+}
+
+fn parent(id: &str) -> &str {
+    match id.split_once('_') {
+        Some((k, rest)) if k.bytes().all(|b| b.is_ascii_digit()) => rest,
+        _ => id,
+    }
+}
+
+#[derive(Debug, Default)]
+struct Summary {
+    records: usize,
+    /// Clients that left while queued whose connection the server had not closed yet.
+    queued_aborts_open: usize,
+    admitted: usize,
+    admission_max_err_ns: u64,
+    preempted_requests: usize,
+    preemptions_unknown: usize,
+    long_prompts: usize,
+    steps_truth: usize,
+    steps_matched: usize,
+    step_start_known: usize,
+    step_start_within_1ms: usize,
+    step_start_max_err_ns: u64,
+    /// Steps whose start came from a SCHEDULED/PREEMPTED stamp, and their largest error.
+    step_start_scheduled: usize,
+    step_start_scheduled_max_err_ns: u64,
+}
+
+/// Checks one server's records and steps against its scheduler's ground truth.
+fn check(
+    pid: u32,
+    jobs: &[Job],
+    outcomes: &[Outcome],
+    records: &[Value],
+    steps: &[Value],
+    truth: &Truth,
+) -> Summary {
+    let mut s = Summary::default();
+    let mine: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["pid"] == pid && r["method"] == "POST")
+        .collect();
+    s.records = mine.len();
+    assert!(
+        mine.len() <= jobs.len(),
+        "records nobody asked for: {mine:#?}"
+    );
+    let by_external: HashMap<String, &Value> = mine
+        .iter()
+        .filter_map(|r| record_external(r).map(|e| (e, *r)))
+        .collect();
+    let mut joined_engine_ids: HashSet<&String> = HashSet::new();
+    for (job, outcome) in jobs.iter().zip(outcomes) {
+        let ext = external(job, outcome)
+            .unwrap_or_else(|| panic!("{job:?} got no stream id: {outcome:?}"));
+        let members = truth.members(&ext);
+        joined_engine_ids.extend(members.iter().map(|(id, _)| *id));
+        let Some(rec) = by_external.get(&ext) else {
+            // A client that left while its request was queued: the record ends when the
+            // server closes the connection, which uvicorn may not have done yet.
+            assert_eq!(
+                job.kind,
+                Kind::AbortQueued,
+                "no record for {ext}: {outcome:?}"
+            );
+            s.queued_aborts_open += 1;
+            continue;
+        };
+        assert_eq!(rec["engine"], "vllm", "{rec:#?}");
+        let completed = !outcome.aborted_by_client;
+        if completed {
+            assert!(outcome.done, "{job:?}: {outcome:?}");
+            let want = match job.kind {
+                Kind::CompletionN2 => 2,
+                Kind::CompletionBatch => 3,
+                _ => 1,
+            };
+            assert_eq!(members.len(), want, "{ext}: {members:#?}");
+        }
+        // Admission: the first SCHEDULED of any of its engine requests, to the nanosecond
+        // the engine stamped it (allowed: 1 ms).
+        let scheduled = members
+            .iter()
+            .filter_map(|(_, t)| t.scheduled.first().copied())
+            .min();
+        match scheduled {
+            Some(want) => {
+                let got = rec["admitted_mono_ns"].as_u64().unwrap_or_else(|| {
+                    panic!("{ext}: scheduled at {want}, no admission: {rec:#?}")
+                });
+                let err = got.abs_diff(want);
+                assert!(
+                    err <= 1_000_000,
+                    "{ext}: admitted {got}, vLLM {want}: {rec:#?}"
+                );
+                s.admission_max_err_ns = s.admission_max_err_ns.max(err);
+                s.admitted += 1;
+            }
+            None => assert!(
+                rec["admitted_mono_ns"].is_null(),
+                "{ext}: never scheduled, yet admitted: {rec:#?}"
+            ),
+        }
+        if !members.is_empty() {
+            let mut seen = HashSet::new();
+            let prompt: u64 = members
+                .iter()
+                .filter(|(id, _)| seen.insert(parent(id)))
+                .map(|(_, t)| t.prompt_tokens)
+                .sum();
+            assert_eq!(rec["prompt_tokens"], prompt, "{ext}: {rec:#?}");
+            if prompt >= 2800 {
+                s.long_prompts += 1;
+            }
+        }
+        let preempted: usize = members.iter().map(|(_, t)| t.preempted.len()).sum();
+        let aborted = rec["aborted"] == true || members.iter().any(|(_, t)| t.aborted);
+        if scheduled.is_some() {
+            if aborted {
+                // vLLM tells a preemption only with the request's next output.
+                assert!(rec["preemptions"].is_null(), "{ext}: {rec:#?}");
+                s.preemptions_unknown += 1;
+            } else {
+                assert_eq!(rec["preemptions"], preempted as u64, "{ext}: {rec:#?}");
+                if preempted > 0 {
+                    s.preempted_requests += 1;
+                }
+            }
+        }
+    }
+    // Every engine request belongs to a client request.
+    let stray: Vec<&String> = truth
+        .requests
+        .keys()
+        .filter(|id| !joined_engine_ids.contains(id))
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "engine requests without a client: {stray:?}"
+    );
+
+    // Steps: one agent step per EngineCoreOutputs the scheduler produced, same end stamp.
+    let agent_steps: Vec<&Value> = steps
+        .iter()
+        .filter(|st| st["engine"] == "vllm" && st["pid"] == pid)
+        .collect();
+    let by_end: HashMap<u64, &Value> = agent_steps
+        .iter()
+        .filter_map(|st| st["end_mono_ns"].as_u64().map(|e| (e, *st)))
+        .collect();
+    assert_eq!(
+        by_end.len(),
+        agent_steps.len(),
+        "two agent steps with one end"
+    );
+    let truth_ends: HashSet<u64> = truth.steps.iter().map(|t| t.end_ns).collect();
+    let invented: Vec<&&Value> = agent_steps
+        .iter()
+        .filter(|st| {
+            !st["end_mono_ns"]
+                .as_u64()
+                .is_some_and(|e| truth_ends.contains(&e))
+        })
+        .collect();
+    assert!(
+        invented.is_empty(),
+        "agent steps vLLM never took: {invented:#?}"
+    );
+    s.steps_truth = truth.steps.len();
+    for t in &truth.steps {
+        let Some(st) = by_end.get(&t.end_ns) else {
+            continue;
+        };
+        s.steps_matched += 1;
+        assert_eq!(st["running_requests"].as_u64(), t.running, "{st:#?} {t:?}");
+        assert_eq!(st["waiting_requests"].as_u64(), t.waiting, "{st:#?} {t:?}");
+        let start = st["start_mono_ns"].as_u64().unwrap();
+        if st["start_from"] == "scheduled" {
+            s.step_start_scheduled += 1;
+            let err = start.abs_diff(t.start_ns);
+            s.step_start_scheduled_max_err_ns = s.step_start_scheduled_max_err_ns.max(err);
+            assert!(err <= 1_000_000, "{st:#?} {t:?}");
+        }
+        if st["start_from"] != "unknown" {
+            s.step_start_known += 1;
+            let err = start.abs_diff(t.start_ns);
+            s.step_start_max_err_ns = s.step_start_max_err_ns.max(err);
+            if err <= 1_000_000 {
+                s.step_start_within_1ms += 1;
+            }
+        }
+    }
+    assert_eq!(
+        s.steps_matched, s.steps_truth,
+        "every step vLLM took is recorded"
+    );
+    s
+}
+
+/// A few requests of every kind before the agent attaches: the first requests a fresh vLLM
+/// serves run its lazy start-up work (tokenizer, renderers) on the event loop.
+fn warm_up(server: &VllmServer) -> u64 {
+    let jobs = vllm_load::mix(8, "warm");
+    let _ = vllm_load::run_all(server.port, &jobs, 8);
+    std::thread::sleep(Duration::from_millis(500));
+    server.truth_mark()
+}
+
+/// Waits until the agent wrote `n` POST records of `pids` (a request whose client left while
+/// it was queued ends when the server closes its connection, which may take uvicorn seconds).
+fn wait_records(out: &std::path::Path, pids: &[u32], n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while Instant::now() < deadline {
+        let got = read_records(out)
+            .iter()
+            .filter(|r| r["method"] == "POST" && pids.iter().any(|p| r["pid"] == *p))
+            .count();
+        if got >= n {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn assert_nothing_lost(log: &str) {
+    for name in [
+        "zmtp_desync",
+        "vllm_ipc_truncated",
+        "vllm_outputs_partial",
+        "vllm_ipc_bad_msgpack",
+        "vllm_ipc_layout_mismatch",
+        "vllm_ipc_layout_assumed",
+        "capture_chunks_lost",
+        "capture_chunks_orphaned",
+        "zmtp_frames_dropped",
+        "kernel_ringbuf_full",
+    ] {
+        assert_eq!(counter(log, name), 0, "{name} in\n{log}");
+    }
+    assert!(counter(log, "vllm_version_from_package") >= 1, "{log}");
+}
+
+/// One server under load: chat and completions (n = 2, batched prompts), ids of every kind,
+/// aborts mid-stream and while queued, ~3,000-token prompts (9 KiB new-request messages), and
+/// a KV pool small enough that vLLM preempts.
+#[test]
+fn vllm_real_scheduler_under_load() {
+    let t0 = Instant::now();
+    let dir = work_dir("vllm-real");
+    let port = free_port();
+    // 200 blocks of 16 tokens: one 3,000-token prompt takes 188 of them.
+    let opts = VllmOptions {
+        kv_blocks: 200,
+        max_num_seqs: 8,
+        max_model_len: 3100,
+        ..Default::default()
+    };
+    let server = VllmServer::start(&dir.join("vllm"), port, &opts);
+    let started = t0.elapsed();
+    let mark = warm_up(&server);
+    let steps_path = dir.join("steps.jsonl");
+    let steps_arg = steps_path.to_string_lossy().into_owned();
+    // The agent attaches after vLLM's start-up handshake: the version comes from the package.
+    let mut recorder = Recorder::start(&dir, &["--port", &port.to_string(), "--steps", &steps_arg]);
+    recorder.wait_attached(server.pid(), Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(500));
+
+    let jobs = vllm_load::mix(64, "one");
+    let cpu_before = recorder.cpu_seconds();
+    let outcomes = vllm_load::run_all(port, &jobs, 16);
+    wait_records(&recorder.out, &[server.pid()], jobs.len());
+    std::thread::sleep(Duration::from_millis(500));
+    let cpu = recorder.cpu_seconds() - cpu_before;
+    eprintln!(
+        "agent CPU during the load: {cpu:.2} s for {} requests ({:.1} s per 1,000)",
+        jobs.len(),
+        cpu * 1000.0 / jobs.len() as f64
+    );
+    let log_path = recorder.log.clone();
+    let records = recorder.stop();
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let steps = read_records(&steps_path);
+    let truth = server.read_truth_since(mark);
+    let pid = server.pid();
+    drop(server);
+
+    let s = check(pid, &jobs, &outcomes, &records, &steps, &truth);
+    eprintln!(
+        "vLLM real scheduler, one server: {s:#?} (engine start {started:?}, total {:?})",
+        t0.elapsed()
+    );
+    assert_nothing_lost(&log);
+    assert!(counter(&log, "capture_chunked_syscalls") > 0, "{log}");
+    assert!(s.long_prompts >= 4, "{s:#?}");
+    assert!(
+        s.preempted_requests > 0,
+        "the KV pool must make vLLM preempt: {s:#?}"
+    );
+    assert!(s.preemptions_unknown > 0, "{s:#?}");
+    // Steps back to back: a step starts where the previous one ended.
+    assert!(
+        s.step_start_within_1ms * 100 >= s.step_start_known * 80,
+        "{s:#?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Two vLLM servers under one agent (found by discovery): each server's steps chain on its own
+/// engine, never on the other's.
+#[test]
+fn two_vllm_servers_under_one_agent() {
+    let t0 = Instant::now();
+    let dir = work_dir("vllm-two");
+    let steps_path = dir.join("steps.jsonl");
+    let steps_arg = steps_path.to_string_lossy().into_owned();
+    let ports = [free_port(), free_port()];
+    let opts = VllmOptions {
+        kv_blocks: 256,
+        max_num_seqs: 8,
+        ..Default::default()
+    };
+    // Both start at once (their start-ups overlap: most of it is waiting on imports).
+    let (dir_a, opts_a) = (dir.join("a"), opts.clone());
+    let start_a = std::thread::spawn(move || VllmServer::start(&dir_a, ports[0], &opts_a));
+    let b = VllmServer::start(&dir.join("b"), ports[1], &opts);
+    let a = start_a.join().expect("starting server a");
+    let (mark_a, mark_b) = (warm_up(&a), warm_up(&b));
+    let mut recorder = Recorder::start(&dir, &["--auto", "--steps", &steps_arg]);
+    recorder.wait_attached(a.pid(), Duration::from_secs(60));
+    recorder.wait_attached(b.pid(), Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(500));
+    let jobs_a = vllm_load::mix(24, "a");
+    let jobs_b = vllm_load::mix(24, "b");
+    let (ja, jb) = (jobs_a.clone(), jobs_b.clone());
+    let (pa, pb) = (ports[0], ports[1]);
+    let ta = std::thread::spawn(move || vllm_load::run_all(pa, &ja, 8));
+    let tb = std::thread::spawn(move || vllm_load::run_all(pb, &jb, 8));
+    let (oa, ob) = (ta.join().unwrap(), tb.join().unwrap());
+    wait_records(
+        &recorder.out,
+        &[a.pid(), b.pid()],
+        jobs_a.len() + jobs_b.len(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let log_path = recorder.log.clone();
+    let records = recorder.stop();
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let steps = read_records(&steps_path);
+    let (truth_a, truth_b) = (a.read_truth_since(mark_a), b.read_truth_since(mark_b));
+    let (pid_a, pid_b) = (a.pid(), b.pid());
+    drop((a, b));
+    for (name, pid, jobs, outcomes, truth) in [
+        ("a", pid_a, &jobs_a, &oa, &truth_a),
+        ("b", pid_b, &jobs_b, &ob, &truth_b),
+    ] {
+        let s = check(pid, jobs, outcomes, &records, &steps, truth);
+        eprintln!("vLLM server {name} of two: {s:#?}");
+        assert!(
+            s.step_start_within_1ms * 100 >= s.step_start_known * 80,
+            "server {name}: {s:#?}"
+        );
+    }
+    assert_nothing_lost(&log);
+    eprintln!("two servers: {:?}", t0.elapsed());
+    let _ = std::fs::remove_dir_all(&dir);
+}
