@@ -1,15 +1,15 @@
 //! Capture stage: loads the eBPF programs, finds the processes to trace, and hands raw records to
 //! the decoders. Nothing here interprets payload bytes.
-pub mod container;
 pub mod chunks;
+pub mod container;
 pub mod discovery;
 pub mod dwarf;
 pub mod fd_class;
 pub mod gpu;
 pub mod late_attach;
 pub mod metrics;
-pub mod privileges;
 pub mod preexisting;
+pub mod privileges;
 pub mod probes;
 pub mod procfs;
 pub mod records;
