@@ -58,8 +58,8 @@ pub const FLAG_MORE: u16 = 4;
 /// This record continues the previous syscall record of its thread at byte `chunk_offset`.
 pub const FLAG_CHUNK: u16 = 8;
 /// Most records one syscall of a large-capture process is split into: up to
-/// `MAX_CHUNKS * MAX_CAPTURE_BYTES` (256 KiB) of one send or receive.
-pub const MAX_CHUNKS: usize = 32;
+/// `MAX_CHUNKS * MAX_CAPTURE_BYTES` (128 KiB) of one send or receive.
+pub const MAX_CHUNKS: usize = 16;
 
 /// The kernel saw this connection accepted (or user space registered it as pre-existing): the
 /// record's `conn_id` names it, whatever fd number it has now.
