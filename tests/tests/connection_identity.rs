@@ -45,6 +45,11 @@ fn tcpdump(pcap_path: &Path, port: u16) -> KillOnDrop {
             "-s",
             "0",
             "-U",
+            // Packets go to the file as they come, not when a kernel block fills or times out
+            // (1 s): otherwise the last requests can still be in the kernel at the stop.
+            "--immediate-mode",
+            "-B",
+            "16384",
             "--time-stamp-precision=nano",
             "-w",
         ])
