@@ -81,9 +81,21 @@ fn wire_requests(packets: &[pcap::Packet], port: u16, method: &[u8]) -> usize {
         .count()
 }
 
-/// tcpdump writes with -U; give it a moment, then stop it (SIGINT flushes the file).
-fn stop_tcpdump(mut dump: KillOnDrop) {
-    std::thread::sleep(Duration::from_millis(300));
+/// tcpdump writes each packet as it reads it (-U, immediate mode), but on a busy machine it
+/// reads late, and SIGINT ends it without reading what is still queued: stop it once the file
+/// has stopped growing.
+fn stop_tcpdump(mut dump: KillOnDrop, pcap_path: &Path) {
+    let size = || std::fs::metadata(pcap_path).map_or(0, |m| m.len());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut last = size();
+    loop {
+        std::thread::sleep(Duration::from_millis(400));
+        let now = size();
+        if now == last || std::time::Instant::now() > deadline {
+            break;
+        }
+        last = now;
+    }
     let _ = Command::new("kill")
         .args(["-INT", &dump.0.id().to_string()])
         .status();
@@ -150,7 +162,7 @@ fn fd_reuse_late_accept_and_server_close_match_the_wire() {
         assert!(raw.starts_with(b"HTTP/1.1 200"), "request {n}: {raw:?}");
     }
     std::thread::sleep(Duration::from_millis(500));
-    stop_tcpdump(dump);
+    stop_tcpdump(dump, &pcap_path);
     let log_recorder = recorder.log.clone();
     let records = recorder.stop();
     let log = std::fs::read_to_string(log_recorder).unwrap_or_default();
@@ -268,7 +280,7 @@ fn real_engine_burst_and_sequential_requests_all_recorded_with_wire_arrivals() {
         assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     }
     std::thread::sleep(Duration::from_millis(500));
-    stop_tcpdump(dump);
+    stop_tcpdump(dump, &pcap_path);
     let log_path = recorder.log.clone();
     let records = recorder.stop();
     let log = std::fs::read_to_string(log_path).unwrap_or_default();

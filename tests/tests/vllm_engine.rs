@@ -349,9 +349,12 @@ fn vllm_real_scheduler_under_load() {
         "the KV pool must make vLLM preempt: {s:#?}"
     );
     assert!(s.preemptions_unknown > 0, "{s:#?}");
-    // Steps back to back: a step starts where the previous one ended.
+    // Steps back to back: a step with no SCHEDULED stamp starts where the previous one of its
+    // engine ended. That is an estimate (the engine's work between steps is not on the IPC):
+    // 87-92 % within 1 ms on a quiet machine, fewer under load. Chaining steps across engines
+    // (the bug this guards) put 13 % within 1 ms.
     assert!(
-        s.step_start_within_1ms * 100 >= s.step_start_known * 80,
+        s.step_start_within_1ms * 100 >= s.step_start_known * 60,
         "{s:#?}"
     );
     let _ = std::fs::remove_dir_all(&dir);
@@ -407,8 +410,9 @@ fn two_vllm_servers_under_one_agent() {
     ] {
         let s = check(pid, jobs, outcomes, &records, &steps, truth);
         eprintln!("vLLM server {name} of two: {s:#?}");
+        // Chained across the two servers, 13 % were within 1 ms (see the one-server test).
         assert!(
-            s.step_start_within_1ms * 100 >= s.step_start_known * 80,
+            s.step_start_within_1ms * 100 >= s.step_start_known * 60,
             "server {name}: {s:#?}"
         );
     }
