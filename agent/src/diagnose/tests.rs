@@ -55,6 +55,7 @@ fn add(inputs: &mut Inputs, t0: u64, load: Load) {
             prompt_tokens: Some(load.prompt_tokens + i % 7),
             prompt_bytes: Some(load.prompt_tokens * 4),
             preemptions: Some(if i % 4 == 0 { load.preemptions } else { 0 }),
+            first_token_mono_ns: None,
         });
     }
     for i in 0..200 {
@@ -63,6 +64,7 @@ fn add(inputs: &mut Inputs, t0: u64, load: Load) {
             duration_ms: load.step_ms + (i % 3) as f64,
             prefill_requests: 0,
             decode_requests: load.batch,
+            ..Default::default()
         });
     }
 }
@@ -324,6 +326,7 @@ fn steps_at(t0: u64, groups: &[(u64, u32, f64)]) -> Vec<StepSample> {
                 duration_ms: ms,
                 prefill_requests: 0,
                 decode_requests: size,
+                ..Default::default()
             });
             i += 1;
         }
