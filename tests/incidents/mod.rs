@@ -13,7 +13,7 @@ use std::{
 };
 
 use inferscope_integration_tests::{
-    agent::{Recorder, binary},
+    agent::{Recorder, binary, read_records},
     client::Client,
     engine::Engine,
     free_port,
@@ -364,6 +364,7 @@ pub fn run_scenario(s: Scenario) -> Outcome {
     let limit = s.between.and_then(|f| f(engine.pid()));
     let window = send_load(s.launcher, port, s.incident, 2_000);
     drop(limit);
+    wait_records(&recorder.out, window.start, s.incident.requests());
     thread::sleep(Duration::from_millis(500));
     let log = recorder.log_text();
     let records_path = recorder.out.clone();
@@ -408,6 +409,25 @@ pub fn run_scenario(s: Scenario) -> Outcome {
         report,
         exit_code: json_out.status.code(),
         dir,
+    }
+}
+
+/// Waits (up to 10 s) until the agent wrote `n` POST records that arrived from `since` on: on
+/// a loaded machine the last answers' records may trail the clients by more than a moment.
+fn wait_records(out: &Path, since: SystemTime, n: usize) {
+    let since_ns = since
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let got = read_records(out)
+            .iter()
+            .filter(|r| r["method"] == "POST" && r["arrival_unix_ns"].as_u64() >= Some(since_ns))
+            .count();
+        if got >= n {
+            return;
+        }
+        thread::sleep(Duration::from_millis(200));
     }
 }
 
