@@ -1,8 +1,9 @@
-//! The incident suite: each scenario runs a real engine (llama.cpp, 2 slots, through a
-//! [`Launcher`]) under the real agent (`inferscope record --out --steps --engines`, scheduler
+//! The incident suite: each scenario runs a real engine (llama.cpp with 2 slots, or vLLM's real
+//! scheduler, through a [`Launcher`]) under the real agent (`inferscope record --out --steps --engines`, scheduler
 //! hooks on), sends a baseline phase and then an incident phase of open-loop or closed-loop load,
 //! and runs `inferscope diagnose` on what was recorded.
 pub mod cgroup;
+pub mod vllm;
 
 use std::{
     path::{Path, PathBuf},
@@ -12,7 +13,7 @@ use std::{
 };
 
 use inferscope_integration_tests::{
-    agent::{Recorder, binary},
+    agent::{Recorder, binary, read_records},
     client::Client,
     engine::Engine,
     free_port,
@@ -78,8 +79,14 @@ impl Span {
     }
 }
 
-/// Sends a phase and waits for every answer; `seed0` keeps prompts distinct across phases.
+/// Sends a phase to llama.cpp and waits for every answer; `seed0` keeps prompts distinct across
+/// phases.
 pub fn send(port: u16, phase: Phase, seed0: u64) -> Span {
+    send_to(&LlamaCpp, port, phase, seed0)
+}
+
+/// Sends a phase to the engine `to` launched and waits for every answer.
+pub fn send_to(to: &'static dyn Launcher, port: u16, phase: Phase, seed0: u64) -> Span {
     let start = SystemTime::now();
     let t0 = Instant::now();
     let mut clients = Vec::new();
@@ -88,16 +95,15 @@ pub fn send(port: u16, phase: Phase, seed0: u64) -> Span {
         if let Some(wait) = at.checked_duration_since(Instant::now()) {
             thread::sleep(wait);
         }
-        let text = prompt(seed0 + i as u64, phase.prompt_words);
+        let seed = seed0 + i as u64;
         clients.push(thread::spawn(move || {
-            Client::connect(port).chat(&text, phase.max_tokens, None)
+            to.ask(port, seed, phase.prompt_words, phase.max_tokens)
         }));
     }
     // The window closes one interval after the last send: every arrival of this phase is in it.
     let end = SystemTime::now() + phase.every.min(Duration::from_millis(200));
     for c in clients {
-        let s = c.join().expect("client thread");
-        assert!(s.completed, "a request did not complete: {s:?}");
+        c.join().expect("client thread");
     }
     Span { start, end }
 }
@@ -140,17 +146,16 @@ pub const CLOSED_BASELINE: Clients = Clients {
 };
 
 /// Sends a closed-loop phase; the window closes just after the last request was sent.
-pub fn send_closed(port: u16, c: Clients, seed0: u64) -> Span {
+pub fn send_closed(to: &'static dyn Launcher, port: u16, c: Clients, seed0: u64) -> Span {
     let start = SystemTime::now();
     let workers: Vec<_> = (0..c.clients)
         .map(|k| {
             thread::spawn(move || {
                 let mut last = SystemTime::now();
                 for i in 0..c.requests_each {
-                    let text = prompt(seed0 + (k * c.requests_each + i) as u64, c.prompt_words);
+                    let seed = seed0 + (k * c.requests_each + i) as u64;
                     last = SystemTime::now();
-                    let s = Client::connect(port).chat(&text, c.max_tokens, None);
-                    assert!(s.completed, "a request did not complete: {s:?}");
+                    to.ask(port, seed, c.prompt_words, c.max_tokens);
                     if i + 1 < c.requests_each {
                         thread::sleep(c.think);
                     }
@@ -170,10 +175,10 @@ pub fn send_closed(port: u16, c: Clients, seed0: u64) -> Span {
     }
 }
 
-fn send_load(port: u16, load: Load, seed0: u64) -> Span {
+fn send_load(to: &'static dyn Launcher, port: u16, load: Load, seed0: u64) -> Span {
     match load {
-        Load::Open(p) => send(port, p, seed0),
-        Load::Closed(c) => send_closed(port, c, seed0),
+        Load::Open(p) => send_to(to, port, p, seed0),
+        Load::Closed(c) => send_closed(to, port, c, seed0),
     }
 }
 
@@ -185,11 +190,15 @@ pub struct EngineSettings {
     /// Tokens one step may carry (llama.cpp n_batch, vLLM max_num_batched_tokens); None: the
     /// engine's default.
     pub batch_tokens: Option<u32>,
+    /// Tokens the KV cache holds (llama.cpp --ctx-size, vLLM blocks x block size); None: the
+    /// launcher's default.
+    pub kv_tokens: Option<u32>,
 }
 
 pub const DEFAULT_ENGINE: EngineSettings = EngineSettings {
     slots: SLOTS,
     batch_tokens: None,
+    kv_tokens: None,
 };
 
 /// A running engine process, whatever launched it.
@@ -203,11 +212,28 @@ impl Running for Engine {
     }
 }
 
-/// Starts an engine with given settings: the one place a scenario meets a particular engine (a
-/// vLLM launcher plugs in here).
-pub trait Launcher {
+/// Starts an engine with given settings and talks to it: the one place a scenario meets a
+/// particular engine.
+pub trait Launcher: Sync {
     fn name(&self) -> &'static str;
     fn start(&self, port: u16, settings: EngineSettings) -> Box<dyn Running>;
+    /// Sends one streaming chat request of `words` words (distinct per `seed`) and reads it to
+    /// the end; panics unless it completed.
+    fn ask(&self, port: u16, seed: u64, words: usize, max_tokens: u32);
+    /// A line the agent logs once the engine's scheduler is observed (None: the steps file
+    /// shows it).
+    fn scheduler_seen_line(&self) -> Option<&'static str> {
+        None
+    }
+    /// Whether the engine serves Prometheus metrics (KV cache use) for `record --metrics`.
+    fn serves_metrics(&self) -> bool {
+        false
+    }
+    /// How long to let the machine settle once the agent attached (loading its probes costs
+    /// CPU that a phase must not pay).
+    fn settle(&self) -> Duration {
+        Duration::from_millis(300)
+    }
 }
 
 /// llama.cpp (xllamacpp) through tests/engine/llamacpp_server.py, with llama-server's flags.
@@ -221,13 +247,26 @@ impl Launcher for LlamaCpp {
     fn start(&self, port: u16, settings: EngineSettings) -> Box<dyn Running> {
         let slots = settings.slots.to_string();
         let batch = settings.batch_tokens.map(|b| b.to_string());
+        let ctx = settings.kv_tokens.map(|c| c.to_string());
         let mut flags = vec!["--parallel", slots.as_str()];
         if let Some(b) = batch.as_deref() {
             flags.extend(["--batch-size", b, "--ubatch-size", b]);
         }
+        if let Some(c) = ctx.as_deref() {
+            flags.extend(["--ctx-size", c]);
+        }
         let engine = Engine::start_with(port, &flags);
         prioritize(engine.pid());
         Box::new(engine)
+    }
+
+    fn ask(&self, port: u16, seed: u64, words: usize, max_tokens: u32) {
+        let s = Client::connect(port).chat(&prompt(seed, words), max_tokens, None);
+        assert!(s.completed, "a request did not complete: {s:?}");
+    }
+
+    fn scheduler_seen_line(&self) -> Option<&'static str> {
+        Some("scheduler hook attached")
     }
 }
 
@@ -291,42 +330,49 @@ pub fn run_scenario(s: Scenario) -> Outcome {
     let engines = dir.join("engines.jsonl");
     let steps_arg = steps.to_string_lossy().into_owned();
     let engines_arg = engines.to_string_lossy().into_owned();
-    let mut recorder = Recorder::start(
-        &dir,
-        &[
-            "--port",
-            &port.to_string(),
-            "--steps",
-            &steps_arg,
-            "--engines",
-            &engines_arg,
-        ],
-    );
+    let metrics = dir.join("metrics.jsonl");
+    let metrics_arg = metrics.to_string_lossy().into_owned();
+    let port_arg = port.to_string();
+    let mut args = vec![
+        "--port",
+        &port_arg,
+        "--steps",
+        &steps_arg,
+        "--engines",
+        &engines_arg,
+    ];
+    if s.launcher.serves_metrics() {
+        args.extend(["--metrics", &metrics_arg, "--metrics-interval", "250ms"]);
+    }
+    let mut recorder = Recorder::start(&dir, &args);
     recorder.wait_attached(engine.pid(), Duration::from_secs(30));
-    thread::sleep(Duration::from_millis(300));
+    thread::sleep(s.launcher.settle());
     // Warm-up outside both windows: the first request pays one-time costs.
-    let _ = Client::connect(port).chat(&prompt(1, 4), 2, None);
+    s.launcher.ask(port, 1, 4, 2);
 
-    let baseline = send_load(port, s.baseline, 1_000);
+    let baseline = send_load(s.launcher, port, s.baseline, 1_000);
     // A gap, so the two windows cannot overlap.
     thread::sleep(Duration::from_millis(300));
     if let Some(settings) = s.incident_engine {
         drop(engine);
         engine = s.launcher.start(port, settings);
         recorder.wait_attached(engine.pid(), Duration::from_secs(30));
-        thread::sleep(Duration::from_millis(300));
-        let _ = Client::connect(port).chat(&prompt(2, 4), 2, None);
+        thread::sleep(s.launcher.settle());
+        s.launcher.ask(port, 2, 4, 2);
         thread::sleep(Duration::from_millis(200));
     }
     let limit = s.between.and_then(|f| f(engine.pid()));
-    let window = send_load(port, s.incident, 2_000);
+    let window = send_load(s.launcher, port, s.incident, 2_000);
     drop(limit);
+    wait_records(&recorder.out, window.start, s.incident.requests());
     thread::sleep(Duration::from_millis(500));
     let log = recorder.log_text();
     let records_path = recorder.out.clone();
     let _ = recorder.stop();
     drop(engine);
-    assert!(log.contains("scheduler hook attached"), "{log}");
+    if let Some(line) = s.launcher.scheduler_seen_line() {
+        assert!(log.contains(line), "{log}");
+    }
 
     let diagnose = |json: bool| {
         let mut cmd = Command::new(binary());
@@ -341,6 +387,9 @@ pub fn run_scenario(s: Scenario) -> Outcome {
             .arg(baseline.arg())
             .arg("--window")
             .arg(window.arg());
+        if s.launcher.serves_metrics() {
+            cmd.arg("--engine-metrics").arg(&metrics);
+        }
         if json {
             cmd.arg("--json");
         }
@@ -360,6 +409,25 @@ pub fn run_scenario(s: Scenario) -> Outcome {
         report,
         exit_code: json_out.status.code(),
         dir,
+    }
+}
+
+/// Waits (up to 10 s) until the agent wrote `n` POST records that arrived from `since` on: on
+/// a loaded machine the last answers' records may trail the clients by more than a moment.
+fn wait_records(out: &Path, since: SystemTime, n: usize) {
+    let since_ns = since
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let got = read_records(out)
+            .iter()
+            .filter(|r| r["method"] == "POST" && r["arrival_unix_ns"].as_u64() >= Some(since_ns))
+            .count();
+        if got >= n {
+            return;
+        }
+        thread::sleep(Duration::from_millis(200));
     }
 }
 

@@ -7,8 +7,8 @@ mod incidents;
 use std::time::Duration;
 
 use incidents::{
-    BASELINE, CLOSED_BASELINE, Clients, EngineSettings, Load, Phase, SLOTS, Scenario,
-    cgroup::CpuLimit, evidence, run, run_scenario,
+    BASELINE, CLOSED_BASELINE, Clients, DEFAULT_ENGINE, EngineSettings, Load, Phase, SLOTS,
+    Scenario, cgroup::CpuLimit, evidence, run, run_scenario, vllm::Vllm,
 };
 
 fn ratio(e: &serde_json::Value) -> f64 {
@@ -117,8 +117,8 @@ fn traffic_spike_more_clients_in_a_closed_loop() {
 fn scheduler_config_smaller_batch() {
     let mut s = Scenario::new("scheduler_config", Load::Open(BASELINE));
     s.incident_engine = Some(EngineSettings {
-        slots: SLOTS,
         batch_tokens: Some(2),
+        ..DEFAULT_ENGINE
     });
     let o = run_scenario(s);
     let d = &o.diagnosis;
@@ -377,4 +377,165 @@ fn traffic_spike_seen_live_by_the_daemon() {
     ]);
     assert!(String::from_utf8_lossy(&report.stdout).contains("traffic"));
     daemon.stop();
+}
+
+/// vLLM's real scheduler with a fake device: 8 ms a step plus 20 us a scheduled token, 16-token
+/// KV blocks, contexts up to 352 tokens (a pool needs one block more than the longest context).
+static KV_VLLM: Vllm = Vllm {
+    step_ms: 8.0,
+    token_us: 20.0,
+    block_size: 16,
+    max_model_len: 352,
+    kv_blocks: 512,
+};
+
+/// Open-loop traffic both vLLM KV phases share: 24 chats 150 ms apart, ~110-token prompts and
+/// 64-token answers (~11 KV blocks each by the end), so up to ~8 run at once.
+const KV_TRAFFIC: Phase = Phase {
+    requests: 24,
+    every: Duration::from_millis(150),
+    prompt_words: 100,
+    max_tokens: 64,
+};
+
+/// The same traffic against a KV pool of 24 blocks (384 tokens) instead of 512: only two
+/// requests fit, vLLM preempts running requests to make room and new ones wait for blocks. Named kv_pressure from the preemption counts vLLM itself sent over its IPC and the
+/// KV use its /metrics reported.
+#[test]
+fn kv_pressure_vllm_small_kv_pool() {
+    let roomy = EngineSettings {
+        slots: 16,
+        batch_tokens: None,
+        kv_tokens: None,
+    };
+    let s = Scenario {
+        name: "kv_pressure",
+        launcher: &KV_VLLM,
+        engine: roomy,
+        baseline: Load::Open(KV_TRAFFIC),
+        incident: Load::Open(KV_TRAFFIC),
+        incident_engine: Some(EngineSettings {
+            kv_tokens: Some(24 * 16),
+            ..roomy
+        }),
+        between: None,
+    };
+    let o = run_scenario(s);
+    let d = &o.diagnosis;
+    assert_eq!(d["cause"], "kv_pressure", "{}", o.report);
+    assert_eq!(o.exit_code, Some(3), "{}", o.report);
+    incidents::check_recorded(&o, KV_TRAFFIC.requests, KV_TRAFFIC.requests);
+    let ttft = &d["ttft_p99_ms"];
+    assert!(
+        ttft["window"].as_f64().unwrap() > 3.0 * ttft["baseline"].as_f64().unwrap(),
+        "{}",
+        o.report
+    );
+    let pre = evidence(d, "preemptions_per_s");
+    assert_eq!(pre["crossed"], true, "{}", o.report);
+    assert!(
+        pre["detail"]
+            .as_str()
+            .is_some_and(|t| t.contains("preempted in the incident window")),
+        "{}",
+        o.report
+    );
+    // KV use from vLLM's /metrics: a few percent of the roomy pool, most of the small one (its
+    // P90 stays under 1: preempting frees the blocks of the request preempted).
+    let kv = evidence(d, "kv_cache_usage_p90");
+    let (kv_b, kv_w) = (
+        kv["baseline"].as_f64().unwrap(),
+        kv["window"].as_f64().unwrap(),
+    );
+    assert!(kv_w >= 0.5 && kv_w > 4.0 * kv_b, "{}", o.report);
+    for signal in ["arrival_rate_per_s", "prompt_tokens_p99"] {
+        assert_eq!(
+            evidence(d, signal)["crossed"],
+            false,
+            "{signal}: {}",
+            o.report
+        );
+    }
+    let changes = d["engine_config_changes"].as_array().expect("a list");
+    assert!(
+        changes
+            .iter()
+            .any(|c| c["setting"] == "num_gpu_blocks_override" && c["window"] == "24"),
+        "{}",
+        o.report
+    );
+}
+
+/// vLLM with a slower fake step (25 ms): a prompt's cost is mostly steps, as on a GPU.
+static CHUNK_VLLM: Vllm = Vllm {
+    step_ms: 25.0,
+    token_us: 20.0,
+    block_size: 16,
+    max_model_len: 1024,
+    kv_blocks: 256,
+};
+
+/// ~400-token prompts, 12 of them 250 ms apart, short answers.
+const CHUNK_TRAFFIC: Phase = Phase {
+    requests: 12,
+    every: Duration::from_millis(250),
+    prompt_words: 400,
+    max_tokens: 8,
+};
+
+/// The same traffic on vLLM restarted with `--max-num-batched-tokens 64` (vLLM's default
+/// otherwise): every prompt is prefilled in chunks over ~7 steps instead of one. Named
+/// scheduler_config from the steps (prefill steps per request) with the setting read from the
+/// real `vllm serve` command line.
+#[test]
+fn scheduler_config_vllm_smaller_token_budget() {
+    let default = EngineSettings {
+        slots: 16,
+        batch_tokens: None,
+        kv_tokens: None,
+    };
+    let s = Scenario {
+        name: "scheduler_config_vllm",
+        launcher: &CHUNK_VLLM,
+        engine: default,
+        baseline: Load::Open(CHUNK_TRAFFIC),
+        incident: Load::Open(CHUNK_TRAFFIC),
+        incident_engine: Some(EngineSettings {
+            batch_tokens: Some(64),
+            ..default
+        }),
+        between: None,
+    };
+    let o = run_scenario(s);
+    let d = &o.diagnosis;
+    assert_eq!(d["cause"], "scheduler_config", "{}", o.report);
+    assert_eq!(o.exit_code, Some(3), "{}", o.report);
+    incidents::check_recorded(&o, CHUNK_TRAFFIC.requests, CHUNK_TRAFFIC.requests);
+    let ttft = &d["ttft_p99_ms"];
+    assert!(
+        ttft["window"].as_f64().unwrap() > 2.0 * ttft["baseline"].as_f64().unwrap(),
+        "{}",
+        o.report
+    );
+    let e = evidence(d, "prefill_steps_per_request_p50");
+    assert_eq!(e["crossed"], true, "{}", o.report);
+    assert!(ratio(e) >= 4.0, "{}", o.report);
+    for signal in ["arrival_rate_per_s", "prompt_tokens_p99"] {
+        assert_eq!(
+            evidence(d, signal)["crossed"],
+            false,
+            "{signal}: {}",
+            o.report
+        );
+    }
+    let changes = d["engine_config_changes"].as_array().expect("a list");
+    assert!(
+        changes
+            .iter()
+            .any(|c| c["setting"] == "max_num_batched_tokens"
+                && c["baseline"].is_null()
+                && c["window"] == "64"),
+        "{}",
+        o.report
+    );
 }

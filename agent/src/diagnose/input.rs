@@ -29,6 +29,10 @@ pub struct RequestSample {
     pub prompt_tokens: Option<u64>,
     pub prompt_bytes: Option<u64>,
     pub preemptions: Option<u64>,
+    /// The first token on the wire: with the admission, bounds the steps a request prefilled in
+    /// where the engine reports no per-request step count (vLLM's IPC shows a request in a step
+    /// only once it produced a token, not in the chunked-prefill steps before).
+    pub first_token_mono_ns: Option<u64>,
 }
 
 impl From<&RequestRecord> for RequestSample {
@@ -48,6 +52,7 @@ impl From<&RequestRecord> for RequestSample {
             prompt_tokens: r.prompt_tokens,
             prompt_bytes: r.prompt_bytes,
             preemptions: r.preemptions,
+            first_token_mono_ns: r.first_token_mono_ns,
         }
     }
 }
@@ -59,6 +64,9 @@ pub struct StepSample {
     pub duration_ms: f64,
     pub prefill_requests: u32,
     pub decode_requests: u32,
+    /// The engine process (0: unknown) and the step's end.
+    pub pid: u32,
+    pub end_mono_ns: u64,
 }
 
 impl From<&StepRecord> for StepSample {
@@ -69,6 +77,8 @@ impl From<&StepRecord> for StepSample {
             duration_ms: s.duration_ms,
             prefill_requests: u32::try_from(prefill).unwrap_or(u32::MAX),
             decode_requests: u32::try_from(s.requests.len() - prefill).unwrap_or(u32::MAX),
+            pid: s.pid,
+            end_mono_ns: s.end_mono_ns,
         }
     }
 }
@@ -78,6 +88,10 @@ impl From<&StepRecord> for StepSample {
 struct StepLine {
     start_mono_ns: u64,
     duration_ms: f64,
+    #[serde(default)]
+    pid: u32,
+    #[serde(default)]
+    end_mono_ns: u64,
     #[serde(default)]
     requests: Vec<StepMemberLine>,
 }
@@ -96,6 +110,8 @@ impl From<StepLine> for StepSample {
             duration_ms: s.duration_ms,
             prefill_requests: u32::try_from(prefill).unwrap_or(u32::MAX),
             decode_requests: u32::try_from(s.requests.len() - prefill).unwrap_or(u32::MAX),
+            pid: s.pid,
+            end_mono_ns: s.end_mono_ns,
         }
     }
 }

@@ -120,13 +120,17 @@ pub fn measure(inputs: &Inputs, w: &TimeWindow) -> WindowSignals {
                 .collect(),
             0.5,
         ),
-        prefill_steps_p50: p(
-            served
-                .iter()
-                .filter_map(|r| r.prefill_steps.map(|t| t as f64))
-                .collect(),
-            0.5,
-        ),
+        prefill_steps_p50: {
+            let ends = StepEnds::of(&inputs.steps);
+            p(
+                served
+                    .iter()
+                    .filter_map(|r| r.prefill_steps.or_else(|| ends.prefill_steps(r)))
+                    .map(|t| t as f64)
+                    .collect(),
+                0.5,
+            )
+        },
         ..Default::default()
     };
     if dur_s > 0.0 {
@@ -305,4 +309,35 @@ fn counter_rate(inputs: &Inputs, w: &TimeWindow) -> Option<f64> {
         })
         .sum();
     Some(increase / span_s)
+}
+
+/// Step ends per engine process, sorted: the steps a request prefilled in, where the engine
+/// reports no per-request count.
+struct StepEnds(std::collections::HashMap<u32, Vec<u64>>);
+
+impl StepEnds {
+    fn of(steps: &[super::StepSample]) -> StepEnds {
+        let mut by_pid: std::collections::HashMap<u32, Vec<u64>> = Default::default();
+        for s in steps.iter().filter(|s| s.pid != 0 && s.end_mono_ns != 0) {
+            by_pid.entry(s.pid).or_default().push(s.end_mono_ns);
+        }
+        for v in by_pid.values_mut() {
+            v.sort_unstable();
+        }
+        StepEnds(by_pid)
+    }
+
+    /// The steps of the request's engine that ended after its admission and no later than its
+    /// first token: the prefill steps (chunked prefill spreads a prompt over several; the last
+    /// one produced the first token). None without an admission, a first token or that
+    /// engine's steps.
+    fn prefill_steps(&self, r: &super::RequestSample) -> Option<u64> {
+        let ends = self.0.get(&r.pid)?;
+        let (from, to) = (r.admitted_mono_ns?, r.first_token_mono_ns?);
+        if to < from {
+            return None;
+        }
+        let n = ends.partition_point(|&e| e <= to) - ends.partition_point(|&e| e <= from);
+        (n > 0).then_some(n as u64)
+    }
 }

@@ -55,6 +55,7 @@ fn add(inputs: &mut Inputs, t0: u64, load: Load) {
             prompt_tokens: Some(load.prompt_tokens + i % 7),
             prompt_bytes: Some(load.prompt_tokens * 4),
             preemptions: Some(if i % 4 == 0 { load.preemptions } else { 0 }),
+            first_token_mono_ns: None,
         });
     }
     for i in 0..200 {
@@ -63,6 +64,7 @@ fn add(inputs: &mut Inputs, t0: u64, load: Load) {
             duration_ms: load.step_ms + (i % 3) as f64,
             prefill_requests: 0,
             decode_requests: load.batch,
+            ..Default::default()
         });
     }
 }
@@ -324,6 +326,7 @@ fn steps_at(t0: u64, groups: &[(u64, u32, f64)]) -> Vec<StepSample> {
                 duration_ms: ms,
                 prefill_requests: 0,
                 decode_requests: size,
+                ..Default::default()
             });
             i += 1;
         }
@@ -813,4 +816,52 @@ fn a_workload_cause_takes_the_queue_before_a_capacity_cause() {
     assert_eq!(d.cause, Cause::TrafficSpike, "{}", render(&d));
     assert!(d.also_crossed.contains(&Cause::DegradedDevice));
     assert_eq!(d.secondary_cause, Cause::None, "{}", render(&d));
+}
+
+/// vLLM's IPC names no request in the chunked-prefill steps before its first token: the records
+/// carry no prefill step count, and the steps of the request's engine between its admission and
+/// its first token stand in (1 step per prompt before, 6 with a smaller token budget).
+#[test]
+fn prefill_steps_from_the_engine_steps_where_records_have_none() {
+    let mut inputs = Inputs::default();
+    add(&mut inputs, 100 * S, Load::default());
+    add(
+        &mut inputs,
+        200 * S,
+        Load {
+            prefill_ms: 150.0,
+            ..Default::default()
+        },
+    );
+    let mut steps = Vec::new();
+    for r in &mut inputs.requests {
+        r.prefill_steps = None;
+        let admitted = r.admitted_mono_ns.unwrap();
+        let first = admitted + (r.prefill_ms.unwrap() * 1e6) as u64;
+        r.first_token_mono_ns = Some(first);
+        let k = if r.prefill_ms.unwrap() > 100.0 { 6 } else { 1 };
+        // The last one produced the first token; one more ends after it.
+        for i in 1..=k + 1 {
+            steps.push(StepSample {
+                pid: r.pid,
+                end_mono_ns: admitted + (first - admitted) * i / k,
+                duration_ms: 20.0,
+                ..Default::default()
+            });
+        }
+    }
+    inputs.steps.extend(steps);
+    let (b, w) = windows();
+    let d = diagnose(&inputs, b, w);
+    let e = evidence(&d, "prefill_steps_per_request_p50");
+    assert_eq!((e.baseline, e.window), (Some(1.0), Some(6.0)), "{e:?}");
+    assert_eq!(d.cause, Cause::SchedulerConfig, "{}", render(&d));
+    // Without the engine's steps there is no count, and no such cause.
+    inputs.steps.retain(|s| s.pid == 0);
+    let d = diagnose(&inputs, b, w);
+    assert!(
+        !crossed(&d, "prefill_steps_per_request_p50"),
+        "{}",
+        render(&d)
+    );
 }

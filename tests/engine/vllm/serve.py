@@ -76,7 +76,10 @@ def main() -> None:
     if a.max_num_batched_tokens:
         args += ["--max-num-batched-tokens", str(a.max_num_batched_tokens)]
     args += a.extra
-    os.execve(vllm, args, env)
+    # Through this Python rather than the script's shebang, which names the path the venv was
+    # created at (a venv moved or reached through a symlink would not start). The command line
+    # is the one the kernel gives a shebang script: python3 .../bin/vllm serve ...
+    os.execve(sys.executable, [sys.executable, *args], env)
 
 
 if __name__ == "__main__":
