@@ -66,6 +66,8 @@ impl Feed {
                 let ev = SyscallEvent { ret: 3, ..ev };
                 self.t.on_accept(&ev, peer, &mut self.out)
             }
+            // The kernel keeps dups to itself; the pipeline never hands one to the tracker.
+            SyscallKind::Dup => {}
         }
     }
 }
