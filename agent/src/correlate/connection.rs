@@ -30,6 +30,12 @@ const MAX_WAITING: usize = 64;
 /// capture is told to ignore it (TLS, HTTP/2 or another protocol on the server's port).
 const MAX_HUNT_READS_BEFORE_HTTP: u32 = 16;
 
+/// The longest a request's first bytes are taken to have waited in the kernel for the server's
+/// accept. A socket's address is reused by later connections, and segments of one the agent
+/// never tracked (it closed before the agent attached to its server) stay indexed under it:
+/// older segments are not this connection's.
+const MAX_ACCEPT_DELAY_NS: u64 = 2_000_000_000;
+
 /// How a connection's tracking ends, which decides what its open requests become.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ending {
@@ -115,6 +121,12 @@ impl Connection {
             last_loss_ns,
             preexisting: self.peer.preexisting,
         }
+    }
+
+    /// The kernel saw this connection accepted at `ts_ns`: its first request's bytes came after
+    /// its handshake, at most [`MAX_ACCEPT_DELAY_NS`] before that.
+    pub fn accepted_at(&mut self, ts_ns: u64) {
+        self.last_response_end_ns = ts_ns.saturating_sub(MAX_ACCEPT_DELAY_NS);
     }
 
     pub fn learn_peer(&mut self, peer: Peer) {

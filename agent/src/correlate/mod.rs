@@ -152,6 +152,7 @@ impl Tracker {
             self.connections
                 .get_or_open(key, peer, &self.engines, &mut self.stats, true)
         {
+            conn.accepted_at(ev.ts_exit_ns);
             let ctx = conn.context(self.unix_offset_ns, self.last_loss_ns);
             conn.observe(ev, ctx, &mut self.stats, out);
         }
@@ -698,6 +699,62 @@ mod tests {
         t.on_close(&close(30), &mut out);
         assert!(out.is_empty(), "{out:#?}");
         assert_eq!(t.stats().get("requests_unparsed_unanswered"), 1);
+    }
+
+    #[test]
+    fn a_reused_socket_address_does_not_lend_its_old_segments_to_a_new_connection() {
+        let mut t = Tracker::new(Limits::default());
+        let mut out = Vec::new();
+        let sock = 0xffff_8880_1234_5600;
+        let conn = inferscope_common::CONN_ID_BIT | 300;
+        let flags = inferscope_common::CONN_KNOWN | inferscope_common::CONN_INET;
+        let on = |e: SyscallEvent<'static>| SyscallEvent {
+            conn_gen: conn,
+            conn_flags: flags,
+            sock,
+            ..e
+        };
+        let segment = |ts_ns| Segment {
+            ts_ns,
+            local_port: 8080,
+            remote: "127.0.0.1".parse().unwrap(),
+            remote_port: 40000,
+            data_len: 60,
+            sock,
+        };
+        // A connection the agent never tracked sent bytes on this socket address 5 s ago.
+        let second = 1_000_000_000u64;
+        t.on_segment(&segment(10 * second));
+        // A new connection with the same address: accepted at 15 s, its bytes came 20 ms
+        // before the accept.
+        t.on_segment(&segment(15 * second - 20_000_000));
+        let peer = Peer {
+            sock,
+            ..Peer::default()
+        };
+        let mut accept = on(ev(SyscallKind::Accept, 15 * second, b""));
+        accept.ret = 10;
+        t.on_accept(&accept, peer, &mut out);
+        t.on_read(
+            &on(ev(
+                SyscallKind::Read,
+                15 * second + 1_000,
+                b"GET /a HTTP/1.1\r\nHost: a\r\n\r\n",
+            )),
+            peer,
+            &mut out,
+        );
+        t.on_write(
+            &on(ev(
+                SyscallKind::Write,
+                15 * second + 2_000,
+                b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+            )),
+            peer,
+            &mut out,
+        );
+        assert_eq!(out.len(), 1, "{out:#?}");
+        assert_eq!(out[0].arrival_wire_mono_ns, Some(15 * second - 20_000_000));
     }
 
     #[test]
