@@ -139,20 +139,23 @@ fn emit_syscall(tgid: u32, tid: u32, fd: i32, ret: i64, inflight: &Inflight) -> 
             bump(Counter::CopyFailed);
         }
     }
+    // A write that opens a response head (`HTTP/`): read once, before emitting may reuse the
+    // scratch payload for later chunks.
+    let head = kind == SyscallKind::Write as u8 && captured >= 5 && {
+        let p = &scratch.payload;
+        p[0] == b'H' && p[1] == b'T' && p[2] == b'T' && p[3] == b'P' && p[4] == b'/'
+    };
     // Adaptive capture: behind a filling ring, response writes other than heads keep only a
     // prefix (counted as truncation), so a stalled agent loses token text, not requests.
     if kind == SyscallKind::Write as u8
+        && !head
         && captured > crate::ringbuf::PRESSURE_PREFIX
         && crate::ringbuf::under_pressure()
     {
-        let p = &scratch.payload;
-        let head = p[0] == b'H' && p[1] == b'T' && p[2] == b'T' && p[3] == b'P' && p[4] == b'/';
-        if !head {
-            captured = crate::ringbuf::PRESSURE_PREFIX;
-            if flags & FLAG_TRUNCATED == 0 {
-                flags |= FLAG_TRUNCATED;
-                bump(Counter::PayloadTruncated);
-            }
+        captured = crate::ringbuf::PRESSURE_PREFIX;
+        if flags & FLAG_TRUNCATED == 0 {
+            flags |= FLAG_TRUNCATED;
+            bump(Counter::PayloadTruncated);
         }
     }
     let ts_exit = unsafe { bpf_ktime_get_ns() };
@@ -178,10 +181,6 @@ fn emit_syscall(tgid: u32, tid: u32, fd: i32, ret: i64, inflight: &Inflight) -> 
         _pad: 0,
     };
     if !super::copy::emit_chunks(scratch, captured, inflight) {
-        let head = kind == SyscallKind::Write as u8 && captured >= 5 && {
-            let p = &scratch.payload;
-            p[0] == b'H' && p[1] == b'T' && p[2] == b'T' && p[3] == b'P' && p[4] == b'/'
-        };
         crate::conn_seq::lost(key, head);
     }
     Ok(())
