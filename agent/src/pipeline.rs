@@ -646,6 +646,7 @@ impl Sockets<'_> {
                 self.tracker.on_close(ev, records);
                 self.classifier.on_close(ev.tgid, ev.conn_key());
             }
+            SyscallKind::Shutdown => self.tracker.on_shutdown(ev),
             // Kept in the kernel between entry and exit; never emitted.
             SyscallKind::Dup => self.stats.bump("record_unexpected_kind"),
             SyscallKind::Read | SyscallKind::Write => {

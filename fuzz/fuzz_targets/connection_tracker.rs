@@ -62,6 +62,7 @@ impl Feed {
             SyscallKind::Read => self.t.on_read(&ev, peer, &mut self.out),
             SyscallKind::Write => self.t.on_write(&ev, peer, &mut self.out),
             SyscallKind::Close => self.t.on_close(&ev, &mut self.out),
+            SyscallKind::Shutdown => self.t.on_shutdown(&ev),
             SyscallKind::Accept => {
                 let ev = SyscallEvent { ret: 3, ..ev };
                 self.t.on_accept(&ev, peer, &mut self.out)
@@ -108,10 +109,10 @@ fuzz_target!(|data: &[u8]| {
                 f.event(kind, bytes, 0);
             }
             _ => {
-                if param % 2 == 0 {
-                    f.event(SyscallKind::Close, b"", 0);
-                } else {
-                    f.event(SyscallKind::Accept, b"", 0);
+                match param % 3 {
+                    0 => f.event(SyscallKind::Close, b"", 0),
+                    1 => f.event(SyscallKind::Accept, b"", 0),
+                    _ => f.event(SyscallKind::Shutdown, b"", 0),
                 }
             }
         }

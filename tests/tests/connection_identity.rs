@@ -326,3 +326,151 @@ fn real_engine_burst_and_sequential_requests_all_recorded_with_wire_arrivals() {
         "{log}"
     );
 }
+
+/// A non-streamed chat request (content-length framed response) with its own `X-Request-Id`.
+fn chat_request(id: &str, stream: bool) -> String {
+    let body = format!(
+        r#"{{"messages":[{{"role":"user","content":"{id}: name a colour"}}],"max_tokens":3,"stream":{stream}}}"#
+    );
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Request-Id: {id}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// Reads one content-length framed response off `s` (`pending` keeps bytes of the next).
+fn read_framed_response(s: &mut TcpStream, pending: &mut Vec<u8>) -> String {
+    let mut buf = [0u8; 8192];
+    loop {
+        if let Some(head_end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&pending[..head_end]).to_ascii_lowercase();
+            let length: usize = head
+                .split("content-length:")
+                .nth(1)
+                .and_then(|v| v.lines().next())
+                .and_then(|v| v.trim().parse().ok())
+                .expect("a content-length framed response");
+            let total = head_end + 4 + length;
+            if pending.len() >= total {
+                let response: Vec<u8> = pending.drain(..total).collect();
+                return String::from_utf8_lossy(&response).into_owned();
+            }
+        }
+        let n = s.read(&mut buf).expect("reading a response");
+        assert!(n > 0, "the server closed before answering");
+        pending.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// Keep-alive shapes the engine's clients produce that the tests above do not: requests
+/// pipelined into one write (each must join its own scheduler task, in order), and a request
+/// pipelined behind a stream (llama.cpp shuts the connection down after a stream, drains and
+/// closes: the request is the server's cut, never a client abort).
+#[test]
+fn real_engine_pipelined_requests_and_a_request_after_the_servers_shutdown() {
+    const CONNECTIONS: usize = 3;
+    const PIPELINED: usize = 3;
+    let dir = tempdir("engine-pipelined");
+    let port = free_port();
+    let engine = Engine::start(port, 2);
+    let pcap_path = dir.join("lo.pcap");
+    let dump = tcpdump(&pcap_path, port);
+    let mut recorder = Recorder::start(&dir, &["--port", &port.to_string()]);
+    recorder.wait_attached(engine.pid(), Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(300));
+
+    for c in 0..CONNECTIONS {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connecting");
+        s.set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("read timeout");
+        let all: String = (0..PIPELINED)
+            .map(|k| chat_request(&format!("p{c}-{k}"), false))
+            .collect();
+        s.write_all(all.as_bytes()).expect("sending");
+        let mut pending = Vec::new();
+        for _ in 0..PIPELINED {
+            let response = read_framed_response(&mut s, &mut pending);
+            assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        }
+    }
+
+    // A stream with a request pipelined behind it: llama.cpp shuts the connection down after
+    // a stream, drains what the client sent, and closes without answering it.
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connecting");
+    s.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("read timeout");
+    let both = chat_request("s-0", true)
+        + "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Request-Id: after\r\n\r\n";
+    s.write_all(both.as_bytes()).expect("sending");
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    assert!(
+        raw.ends_with(b"\r\n0\r\n\r\n"),
+        "the stream did not end whole"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&raw).matches("HTTP/1.1 ").count(),
+        1,
+        "llama.cpp answered the request behind a stream"
+    );
+    drop(s);
+
+    std::thread::sleep(Duration::from_millis(500));
+    stop_tcpdump(dump, &pcap_path);
+    let log_path = recorder.log.clone();
+    let records = recorder.stop();
+    let log = std::fs::read_to_string(log_path).unwrap_or_default();
+
+    // The wire: each connection's requests left in one segment (pipelined for real).
+    let packets = pcap::read(&pcap_path);
+    assert_eq!(wire_requests(&packets, port, b"POST "), CONNECTIONS + 1);
+
+    let by_id = |id: &str| -> &Value {
+        let matching: Vec<&Value> = records.iter().filter(|r| r["x_request_id"] == id).collect();
+        assert_eq!(matching.len(), 1, "{id}: {matching:#?}\n{log}");
+        matching[0]
+    };
+    for c in 0..CONNECTIONS {
+        let mut previous_end = 0u64;
+        let mut tasks = Vec::new();
+        for k in 0..PIPELINED {
+            let r = by_id(&format!("p{c}-{k}"));
+            assert_eq!(r["status"], 200, "{r:#?}");
+            assert_eq!(r["ended_by"], "complete", "{r:#?}");
+            assert_eq!(r["seq_on_connection"], k as u64, "{r:#?}");
+            // Its own task, admitted after it was read and after the previous answer ended
+            // (the server handles a connection's requests in order), before its own answer.
+            let admitted = r["admitted_mono_ns"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("p{c}-{k} has no admission: {r:#?}\n{log}"));
+            let read = r["arrival_read_mono_ns"].as_u64().expect("read time");
+            let first_byte = r["first_byte_mono_ns"].as_u64().expect("first byte");
+            assert!(admitted >= read && admitted <= first_byte, "{r:#?}");
+            assert!(
+                admitted >= previous_end,
+                "p{c}-{k} admitted before the previous answer ended: {r:#?}"
+            );
+            previous_end = r["end_mono_ns"].as_u64().expect("end");
+            tasks.push(r["engine_task_id"].as_i64().expect("task id"));
+        }
+        tasks.dedup();
+        assert_eq!(
+            tasks.len(),
+            PIPELINED,
+            "tasks shared between pipelined requests"
+        );
+    }
+    let stream = by_id("s-0");
+    assert_eq!(stream["ended_by"], "complete", "{stream:#?}");
+    let after = by_id("after");
+    assert_eq!(after["ended_by"], "server", "{after:#?}");
+    assert_eq!(after["aborted"], false, "{after:#?}");
+    assert!(after["status"].is_null(), "{after:#?}");
+    assert_eq!(agent::counter(&log, "requests_cut_by_server"), 1, "{log}");
+    assert_eq!(agent::counter(&log, "requests_aborted"), 0, "{log}");
+    assert_eq!(
+        records.len(),
+        CONNECTIONS * PIPELINED + 2,
+        "a record that is no request on the wire: {records:#?}"
+    );
+}

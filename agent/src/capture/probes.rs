@@ -76,6 +76,7 @@ const ATTACHMENTS: &[(&str, &str, &str)] = &[
     ("enter_accept", "syscalls", "sys_enter_accept"),
     ("enter_accept", "syscalls", "sys_enter_accept4"),
     ("enter_close", "syscalls", "sys_enter_close"),
+    ("enter_shutdown", "syscalls", "sys_enter_shutdown"),
     ("enter_dup", "syscalls", "sys_enter_dup"),
     ("enter_dup2", "syscalls", "sys_enter_dup2"),
     ("enter_dup2", "syscalls", "sys_enter_dup3"),

@@ -77,6 +77,9 @@ pub struct Connection {
     hunted_reads: u32,
     /// A request was decoded here: later garbage is a loss, not a protocol verdict.
     spoke_http: bool,
+    /// When the server shut down its sending side (shutdown(2)): it answers nothing more, so
+    /// what it reads afterwards is drained, and the client's close that follows is its reply.
+    server_shut_ns: Option<u64>,
 }
 
 impl Connection {
@@ -109,6 +112,23 @@ impl Connection {
             hunt_response: !fresh,
             hunted_reads: 0,
             spoke_http: false,
+            server_shut_ns: None,
+        }
+    }
+
+    /// The server shut down its sending side: requests not answered by now never will be.
+    pub fn on_server_shutdown(&mut self, ts_ns: u64) {
+        self.server_shut_ns.get_or_insert(ts_ns);
+    }
+
+    /// Who ended what is left open when the peer's end shows (EOF or a reset on a read, a
+    /// failed write): the client, unless the server had already shut the connection down
+    /// (then the client's close only answered the server's).
+    fn peer_end(&self) -> EndedBy {
+        if self.server_shut_ns.is_some() {
+            EndedBy::Server
+        } else {
+            EndedBy::Client
         }
     }
 
@@ -231,7 +251,8 @@ impl Connection {
         self.observe(ev, ctx, work.stats, work.out);
         if ev.ret <= 0 {
             // EOF or reset from the peer: whatever is still being answered was abandoned.
-            self.abort_all(ev.ts_exit_ns, EndedBy::Client, work.stats, ctx, work.out);
+            let by = self.peer_end();
+            self.abort_all(ev.ts_exit_ns, by, work.stats, ctx, work.out);
             return;
         }
         if self.failed || self.requests_failed {
@@ -295,7 +316,11 @@ impl Connection {
                         work.stats.bump("request_body_json_error");
                     }
                     progress.summary = Some(summary);
-                    work.read_complete = Some((ev.tid, progress.seq));
+                    if self.server_shut_ns.is_some() {
+                        // Sent after the server said it would answer no more: drained.
+                        work.stats.bump("requests_after_server_shutdown");
+                    }
+                    work.read_complete.push((ev.tid, progress.seq));
                     if self.waiting.len() >= MAX_WAITING {
                         work.stats.bump("requests_waiting_over_limit");
                         continue;
@@ -338,7 +363,8 @@ impl Connection {
         self.observe(ev, ctx, work.stats, work.out);
         if ev.ret < 0 {
             // EPIPE/ECONNRESET: the client went away mid-response.
-            self.abort_all(ev.ts_enter_ns, EndedBy::Client, work.stats, ctx, work.out);
+            let by = self.peer_end();
+            self.abort_all(ev.ts_enter_ns, by, work.stats, ctx, work.out);
             return;
         }
         if self.failed {
@@ -385,6 +411,7 @@ impl Connection {
         target.truncated |= ev.lost_bytes() > 0;
         if target.first_byte_ns.is_none() {
             target.first_byte_ns = Some(ev.ts_enter_ns);
+            work.response_started = Some((target.reader_tid, target.seq));
         }
         let is_head = target.summary.as_ref().is_some_and(|s| s.method == "HEAD");
         self.responses.set_next_is_head_reply(is_head);
@@ -461,6 +488,14 @@ impl Connection {
             .chain(self.waiting.iter_mut())
             .map(|b| &mut **b)
             .find(|r| r.seq == seq)
+    }
+
+    /// Whether request `seq` is still open here.
+    pub fn has_open_request(&self, seq: u32) -> bool {
+        self.reading
+            .iter()
+            .chain(self.waiting.iter())
+            .any(|r| r.seq == seq)
     }
 
     /// Requests open on this connection (read in part, or waiting for their answer).

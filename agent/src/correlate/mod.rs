@@ -64,6 +64,7 @@ pub struct Tracker {
     /// Decoder output buffers, shared by all connections (one connection is fed at a time).
     request_events: Vec<RequestEvent>,
     response_events: Vec<ResponseEvent>,
+    read_complete: Vec<(u32, u32)>,
     /// Scheduler-hook joins: reading thread → request → engine task.
     joins: sched::SchedJoins,
 }
@@ -75,8 +76,11 @@ pub(crate) struct Work<'a> {
     pub to_ignore: &'a mut Vec<(u32, i32, u64)>,
     pub request_events: &'a mut Vec<RequestEvent>,
     pub response_events: &'a mut Vec<ResponseEvent>,
-    /// Set when a request finished arriving: (reading thread, its sequence number).
-    pub read_complete: Option<(u32, u32)>,
+    /// Requests that finished arriving, in order: (reading thread, sequence number). Several
+    /// when a client pipelines them into one read.
+    pub read_complete: &'a mut Vec<(u32, u32)>,
+    /// Set when a request's response began: (its reading thread, its sequence number).
+    pub response_started: Option<(u32, u32)>,
 }
 
 impl Tracker {
@@ -95,6 +99,7 @@ impl Tracker {
             to_ignore: Vec::new(),
             request_events: Vec::new(),
             response_events: Vec::new(),
+            read_complete: Vec::new(),
             joins: sched::SchedJoins::default(),
         }
     }
@@ -170,6 +175,13 @@ impl Tracker {
         self.finish_connection(key, ev.ts_enter_ns, Ending::Closed(EndedBy::Server), out);
     }
 
+    /// The server shut down the connection's sending side (shutdown(2)); it closes it later.
+    pub fn on_shutdown(&mut self, ev: &SyscallEvent<'_>) {
+        if let Some(conn) = self.connections.map.get_mut(&(ev.tgid, ev.conn_key())) {
+            conn.on_server_shutdown(ev.ts_enter_ns);
+        }
+    }
+
     pub fn on_read(&mut self, ev: &SyscallEvent<'_>, peer: Peer, out: &mut Vec<RequestRecord>) {
         self.feed(ev, peer, out, true);
     }
@@ -202,15 +214,21 @@ impl Tracker {
             to_ignore: &mut self.to_ignore,
             request_events: &mut self.request_events,
             response_events: &mut self.response_events,
-            read_complete: None,
+            read_complete: &mut self.read_complete,
+            response_started: None,
         };
         if read {
             conn.on_read(ev, &mut self.arrivals, ctx, &mut work);
         } else {
             conn.on_write(ev, ctx, &mut work);
         }
-        if let Some((tid, seq)) = work.read_complete {
-            self.joins.request_read(ev.tgid, tid, ev.conn_key(), seq);
+        if let Some((tid, seq)) = work.response_started {
+            self.joins
+                .response_started(ev.tgid, tid, ev.conn_key(), seq);
+        }
+        for (tid, seq) in self.read_complete.drain(..) {
+            self.joins
+                .request_read(ev.tgid, tid, ev.conn_key(), seq, &mut self.stats);
         }
     }
 
@@ -229,6 +247,14 @@ impl Tracker {
                 return;
             }
             _ => {}
+        }
+        if event.kind == SchedKind::TaskPosted || event.user.is_some_and(|join| join.by_thread) {
+            let connections = &self.connections.map;
+            self.joins.prune_reads(event.tgid, event.tid, |conn, seq| {
+                connections
+                    .get(&(event.tgid, conn))
+                    .is_some_and(|c| c.has_open_request(seq))
+            });
         }
         let located = match event.user {
             Some(join) => self.joins.locate_user(event, join, &mut self.stats),
@@ -650,6 +676,60 @@ mod tests {
             body.len()
         )
         .into_bytes()
+    }
+
+    #[test]
+    fn requests_drained_after_the_servers_shutdown_are_ended_by_the_server() {
+        // llama.cpp's HTTP server shuts a connection down after a stream, drains what the
+        // client sent meanwhile, and closes: the client's EOF answers the server's, and the
+        // drained request was never going to be answered.
+        let mut t = Tracker::new(Limits::default());
+        let mut out = Vec::new();
+        let peer = Peer::default();
+        t.on_read(
+            &ev(SyscallKind::Read, 10, &stream_request()),
+            peer,
+            &mut out,
+        );
+        let body = b"data: [DONE]\n\n";
+        let response = [
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n".as_slice(),
+            format!("{:x}\r\n", body.len()).as_bytes(),
+            body,
+            b"\r\n0\r\n\r\n",
+        ]
+        .concat();
+        t.on_write(&ev(SyscallKind::Write, 20, &response), peer, &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].ended_by, EndedBy::Complete);
+        t.on_shutdown(&SyscallEvent {
+            ret: 1,
+            ..ev(SyscallKind::Shutdown, 21, b"")
+        });
+        t.on_read(
+            &ev(
+                SyscallKind::Read,
+                22,
+                b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+            ),
+            peer,
+            &mut out,
+        );
+        t.on_read(
+            &SyscallEvent {
+                ret: 0,
+                ..ev(SyscallKind::Read, 23, b"")
+            },
+            peer,
+            &mut out,
+        );
+        t.on_close(&close(24), &mut out);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[1].path, "/health");
+        assert_eq!(out[1].ended_by, EndedBy::Server);
+        assert!(!out[1].aborted);
+        assert_eq!(t.stats().get("requests_after_server_shutdown"), 1);
+        assert_eq!(t.stats().get("requests_aborted"), 0);
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! request (llama.cpp's handler runs there), so (process, thread) → the request it just read →
 //! the task id; deferral and admission then name the task id, and admission names the slot the
 //! task got, which first-token, finish and release events name in turn.
+use std::collections::VecDeque;
+
 use rustc_hash::FxHashMap;
 
 use inferscope_common::SchedKind;
@@ -12,10 +14,18 @@ use crate::capture::{SchedEvent, records::UserJoin};
 /// Entries per map; beyond it new joins are refused (counted).
 const MAX_ENTRIES: usize = 65536;
 
+/// Requests one thread may have read and not yet posted or answered: more than one only when a
+/// client pipelines requests (several in one read); the oldest goes beyond it (counted).
+const MAX_READ_PER_THREAD: usize = 16;
+
 #[derive(Default)]
 pub struct SchedJoins {
-    /// (tgid, tid) → the request (connection, seq) that thread finished reading last, not yet posted.
-    read_by_thread: FxHashMap<(u32, u32), (u64, u32)>,
+    /// (tgid, tid) → the requests (connection, seq) that thread finished reading and has neither
+    /// posted as a task nor begun answering, oldest first. A server handles one connection's
+    /// requests in order, so the oldest is the one a post belongs to (pipelined requests
+    /// arrive several to a read; requests answered without a task, such as a health check,
+    /// leave when their answer begins).
+    read_by_thread: FxHashMap<(u32, u32), VecDeque<(u64, u32)>>,
     /// (tgid, task id) → the request (connection, seq), until it is admitted.
     by_task: FxHashMap<(u32, i64), (u64, u32)>,
     /// (tgid, id) → the request (connection, seq) a user-defined probe linked the id to, until a
@@ -35,18 +45,65 @@ pub struct SchedJoins {
 const MAX_REQUEUES: usize = 64;
 
 impl SchedJoins {
-    pub fn request_read(&mut self, tgid: u32, tid: u32, conn: u64, seq: u32) {
-        if self.read_by_thread.len() < MAX_ENTRIES || self.read_by_thread.contains_key(&(tgid, tid))
+    pub fn request_read(&mut self, tgid: u32, tid: u32, conn: u64, seq: u32, stats: &mut Stats) {
+        if self.read_by_thread.len() >= MAX_ENTRIES
+            && !self.read_by_thread.contains_key(&(tgid, tid))
         {
-            self.read_by_thread.insert((tgid, tid), (conn, seq));
+            stats.bump("sched_joins_over_limit");
+            return;
         }
+        let queue = self.read_by_thread.entry((tgid, tid)).or_default();
+        if queue.len() >= MAX_READ_PER_THREAD {
+            queue.pop_front();
+            stats.bump("sched_reads_over_limit");
+        }
+        queue.push_back((conn, seq));
+    }
+
+    /// The answer to request `seq` of `conn` (read by `tid`) began: it and the requests read
+    /// before it on that connection will post no task any more.
+    pub fn response_started(&mut self, tgid: u32, tid: u32, conn: u64, seq: u32) {
+        let Some(queue) = self.read_by_thread.get_mut(&(tgid, tid)) else {
+            return;
+        };
+        queue.retain(|&(c, s)| c != conn || s > seq);
+        if queue.is_empty() {
+            self.read_by_thread.remove(&(tgid, tid));
+        }
+    }
+
+    /// Drops the requests at the front of `tid`'s queue that ended without an answer or a task
+    /// (the client left first), so that the thread's next post joins the request it belongs to.
+    pub fn prune_reads(&mut self, tgid: u32, tid: u32, is_open: impl Fn(u64, u32) -> bool) {
+        let Some(queue) = self.read_by_thread.get_mut(&(tgid, tid)) else {
+            return;
+        };
+        while queue
+            .front()
+            .is_some_and(|&(conn, seq)| !is_open(conn, seq))
+        {
+            queue.pop_front();
+        }
+        if queue.is_empty() {
+            self.read_by_thread.remove(&(tgid, tid));
+        }
+    }
+
+    /// The oldest request `tid` read and has not posted or answered yet.
+    fn take_read(&mut self, tgid: u32, tid: u32) -> Option<(u64, u32)> {
+        let queue = self.read_by_thread.get_mut(&(tgid, tid))?;
+        let request = queue.pop_front();
+        if queue.is_empty() {
+            self.read_by_thread.remove(&(tgid, tid));
+        }
+        request
     }
 
     /// Which request (connection, seq) `event` belongs to.
     pub fn locate(&mut self, event: &SchedEvent, stats: &mut Stats) -> Option<(u64, u32)> {
         match event.kind {
             SchedKind::TaskPosted => {
-                let Some(request) = self.read_by_thread.remove(&(event.tgid, event.tid)) else {
+                let Some(request) = self.take_read(event.tgid, event.tid) else {
                     // Posted by a thread that read no HTTP request: an internal task.
                     stats.bump("sched_post_without_request");
                     return None;
@@ -122,7 +179,7 @@ impl SchedJoins {
     ) -> Option<(u64, u32)> {
         let key = (event.tgid, event.task_id);
         if join.by_thread {
-            let Some(request) = self.read_by_thread.remove(&(event.tgid, event.tid)) else {
+            let Some(request) = self.take_read(event.tgid, event.tid) else {
                 stats.bump("user_probe_thread_read_no_request");
                 return None;
             };
@@ -198,7 +255,7 @@ mod tests {
         let mut joins = SchedJoins::default();
         let mut stats = Stats::default();
         let request = (5, 0);
-        joins.request_read(7, 100, request.0, request.1);
+        joins.request_read(7, 100, request.0, request.1, &mut stats);
         let mut at = |joins: &mut SchedJoins, kind, task, slot| {
             joins.locate(&event(kind, 1, task, slot), &mut stats)
         };
@@ -262,5 +319,43 @@ mod tests {
         assert_eq!(joins.take_requeue(7), Some(MAX_REQUEUES as u64 + 4));
         joins.forget_process(7);
         assert_eq!(joins.take_requeue(7), None);
+    }
+
+    #[test]
+    fn pipelined_requests_join_their_own_tasks_in_order() {
+        let mut joins = SchedJoins::default();
+        let mut stats = Stats::default();
+        // Three requests in one read: the thread posts their tasks one at a time, answering each
+        // before the next (a server handles a connection's requests in order).
+        for seq in 0..3 {
+            joins.request_read(7, 100, 5, seq, &mut stats);
+        }
+        for seq in 0..3 {
+            let posted = joins.locate(
+                &event(SchedKind::TaskPosted, 1, seq.into(), None),
+                &mut stats,
+            );
+            assert_eq!(posted, Some((5, seq)));
+            joins.response_started(7, 100, 5, seq);
+        }
+        assert_eq!(stats.get("sched_post_without_request"), 0);
+    }
+
+    #[test]
+    fn a_request_answered_without_a_task_does_not_take_the_next_post() {
+        let mut joins = SchedJoins::default();
+        let mut stats = Stats::default();
+        // A health check read and answered, then a completion read and posted.
+        joins.request_read(7, 100, 5, 0, &mut stats);
+        joins.response_started(7, 100, 5, 0);
+        joins.request_read(7, 100, 5, 1, &mut stats);
+        let posted = joins.locate(&event(SchedKind::TaskPosted, 1, 9, None), &mut stats);
+        assert_eq!(posted, Some((5, 1)));
+        // A request whose client left before any answer or task is pruned, not joined.
+        joins.request_read(7, 100, 6, 0, &mut stats);
+        joins.request_read(7, 100, 7, 0, &mut stats);
+        joins.prune_reads(7, 100, |conn, _| conn != 6);
+        let posted = joins.locate(&event(SchedKind::TaskPosted, 1, 10, None), &mut stats);
+        assert_eq!(posted, Some((7, 0)));
     }
 }

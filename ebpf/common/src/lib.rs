@@ -34,6 +34,10 @@ pub enum SyscallKind {
     Close = 4,
     /// dup/dup2/dup3: never emitted, only kept between entry and exit in the kernel.
     Dup = 5,
+    /// shutdown(2) of a connection's sending side by the server (`ret` holds `how`): what the
+    /// server reads after it is the client's last bytes, drained before the close, never
+    /// answered.
+    Shutdown = 6,
 }
 
 impl SyscallKind {
@@ -43,6 +47,7 @@ impl SyscallKind {
             2 => Some(Self::Read),
             3 => Some(Self::Write),
             4 => Some(Self::Close),
+            6 => Some(Self::Shutdown),
             _ => None,
         }
     }

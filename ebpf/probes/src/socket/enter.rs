@@ -203,6 +203,56 @@ pub fn thread_exit(_ctx: TracePointContext) -> u32 {
     0
 }
 
+/// `how` of shutdown(2) that closes nothing the agent cares about (the server's reading side).
+const SHUT_RD: i64 = 0;
+
+/// shutdown(fd, SHUT_WR | SHUT_RDWR) by the server: it will answer nothing more on this
+/// connection (HTTP servers do it before draining and closing one they will not keep alive).
+/// Told at entry like close: whether it succeeds changes nothing downstream.
+#[tracepoint]
+pub fn enter_shutdown(ctx: TracePointContext) -> u32 {
+    let Some((pid_tgid, tgid)) = traced_tgid() else {
+        return 0;
+    };
+    let fd: i64 = field(&ctx, ARG0);
+    let how: i64 = field(&ctx, ARG1);
+    if how == SHUT_RD {
+        return 0;
+    }
+    let fd = fd as i32;
+    let key = fd_key(tgid, fd);
+    // Only known connections: user space holds no state for anything else.
+    let Some(conn) = (unsafe { CONNS.get(&key) }).copied() else {
+        return 0;
+    };
+    if ignored(tgid, key, conn.id) {
+        return 0;
+    }
+    let ts = unsafe { bpf_ktime_get_ns() };
+    let record = SyscallRecord {
+        record_type: RecordType::Syscall as u8,
+        kind: SyscallKind::Shutdown as u8,
+        flags: 0,
+        tgid,
+        tid: pid_tgid as u32,
+        fd,
+        ts_enter_ns: ts,
+        ts_exit_ns: ts,
+        ret: how,
+        captured: 0,
+        conn_flags: conn.flags,
+        conn_gen: conn.id,
+        sock: conn.sock,
+        // Not a data record: the fd's record numbers do not move.
+        conn_seq: 0,
+        lost_heads: 0,
+        chunk_offset: 0,
+        _pad: 0,
+    };
+    output::<SyscallRecord>(&record, Counter::RecordsEmitted);
+    0
+}
+
 /// close() needs no exit: the fd is gone either way, and the verdict must not outlive it.
 #[tracepoint]
 pub fn enter_close(ctx: TracePointContext) -> u32 {
