@@ -16,7 +16,7 @@ dir=$(mktemp -d)
 trap 'kill $server $agent 2>/dev/null || true; rm -rf "$dir"' EXIT
 "$bin/sse_load" serve --port "$port" --tokens "$tokens" & server=$!
 sleep 0.3
-INFERSCOPE_LOG=info "$bin/inferscope" record --port "$port" --ring-buffer-mb "$ring" \
+INFERSCOPE_LOG=info "${STALL_BENCH_AGENT:-$bin/inferscope}" record --port "$port" --ring-buffer-mb "$ring" \
   --out "$dir/r.jsonl" 2>"$dir/log" & agent=$!
 until grep -q "attached pid=$server" "$dir/log"; do sleep 0.1; done
 "$bin/sse_load" load --port "$port" --connections 8 --requests 100000000 --seconds 8 \

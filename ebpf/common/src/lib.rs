@@ -22,6 +22,8 @@ pub enum RecordType {
     Segment = 2,
     Sched = 3,
     UserProbe = 4,
+    /// A [`CompactWriteRecord`]: a response write captured behind a filling ring buffer.
+    CompactWrite = 5,
 }
 
 /// Which socket operation a [`SyscallRecord`] describes.
@@ -121,6 +123,37 @@ pub struct SyscallRecord {
     /// For a [`FLAG_CHUNK`] record: where its payload starts in the syscall's bytes.
     pub chunk_offset: u32,
     pub _pad: u32,
+}
+
+/// A response write on a known connection, captured while the ring buffer is filling (the agent
+/// is behind): only the fields user space reads for a write, in half a [`SyscallRecord`],
+/// followed by `captured` payload bytes (at most the adaptive capture's prefix). Behind a
+/// stalled agent most records are token writes cut to a prefix, so their header is most of
+/// the ring buffer's bytes: halving it lets twice as many requests through a stall.
+/// Its thread, exit time and socket are not kept (a write's time is its entry; the
+/// connection's socket came with its earlier records).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CompactWriteRecord {
+    pub record_type: u8,
+    /// [`FLAG_TRUNCATED`] and [`FLAG_COPY_FAILED`].
+    pub flags: u8,
+    /// Payload bytes that follow this header.
+    pub captured: u8,
+    /// `CONN_*` flags of the connection (all fit in a byte).
+    pub conn_flags: u8,
+    pub tgid: u32,
+    pub fd: i32,
+    /// Bytes the write moved (a write that failed or moved more takes a full record).
+    pub ret: u32,
+    /// CLOCK_MONOTONIC at syscall entry.
+    pub ts_enter_ns: u64,
+    /// As [`SyscallRecord::conn_gen`] (never 0 here: only known connections are compacted).
+    pub conn_gen: u64,
+    /// As [`SyscallRecord::conn_seq`]: compact and full records share the fd's numbering.
+    pub conn_seq: u32,
+    /// As [`SyscallRecord::lost_heads`].
+    pub lost_heads: u32,
 }
 
 /// A TCP segment with payload that reached a traced listening port (tcp:tcp_probe). It tells
@@ -295,12 +328,14 @@ pub enum Counter {
     SockFromRead = 10,
     /// fds duplicated (dup/dup2/dup3) onto a known connection.
     ConnsDuplicated = 11,
+    /// Response writes emitted as a [`CompactWriteRecord`] (the ring buffer was filling).
+    CompactWrites = 12,
 }
 
-pub const COUNTER_SLOTS: u32 = 12;
+pub const COUNTER_SLOTS: u32 = 13;
 
 impl Counter {
-    pub const ALL: [Counter; 12] = [
+    pub const ALL: [Counter; 13] = [
         Counter::RecordsEmitted,
         Counter::RingbufFull,
         Counter::PayloadTruncated,
@@ -313,6 +348,7 @@ impl Counter {
         Counter::UnknownFdSkipped,
         Counter::SockFromRead,
         Counter::ConnsDuplicated,
+        Counter::CompactWrites,
     ];
 
     pub fn name(self) -> &'static str {
@@ -329,6 +365,7 @@ impl Counter {
             Counter::UnknownFdSkipped => "unknown_fd_skipped",
             Counter::SockFromRead => "conn_sock_from_read",
             Counter::ConnsDuplicated => "conns_duplicated",
+            Counter::CompactWrites => "compact_writes",
         }
     }
 }
@@ -343,6 +380,7 @@ pub fn fd_key(tgid: u32, fd: i32) -> u64 {
 mod pod {
     // SAFETY: plain repr(C) integers and byte arrays with explicit padding fields.
     unsafe impl aya::Pod for super::SyscallRecord {}
+    unsafe impl aya::Pod for super::CompactWriteRecord {}
     unsafe impl aya::Pod for super::SegmentRecord {}
     unsafe impl aya::Pod for super::SchedRecord {}
     unsafe impl aya::Pod for super::UserProbeConfig {}
@@ -358,6 +396,7 @@ mod tests {
     #[test]
     fn layouts_are_stable() {
         assert_eq!(core::mem::size_of::<SyscallRecord>(), 80);
+        assert_eq!(core::mem::size_of::<CompactWriteRecord>(), 40);
         assert_eq!(core::mem::size_of::<SegmentRecord>(), 64);
         assert_eq!(core::mem::size_of::<ConnEntry>(), 24);
         assert_eq!(core::mem::size_of::<SchedRecord>(), 32);

@@ -6,9 +6,12 @@
 use aya_ebpf::bindings::{
     BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
 };
-use inferscope_common::Counter;
+use inferscope_common::{CONN_INET, CONN_PREEXISTING, Counter};
 
-use crate::{counters::bump, maps::EVENTS};
+use crate::{
+    counters::bump,
+    maps::{EVENTS, Inflight, captures_unknown_fds},
+};
 
 /// Queued bytes that trigger a wake-up.
 const WAKEUP_BYTES: u64 = 256 * 1024;
@@ -27,6 +30,17 @@ fn wakeup_flag(size: u64) -> u64 {
 /// behind): enough for a chunk-size line and a short terminator, so chunked framing survives
 /// and whole records keep fitting, where full payloads would overflow and lose requests.
 pub const PRESSURE_PREFIX: usize = 32;
+
+/// Whether the adaptive capture may cut this write: a response on a connection the kernel knows.
+/// Never an fd it does not know (engine IPC: a message cut to a prefix is a message lost), nor,
+/// in a process whose IPC is decoded, a connection that is not a TCP server connection (an
+/// accepted Unix socket may carry IPC too).
+#[inline(always)]
+pub fn may_cut(tgid: u32, inflight: &Inflight) -> bool {
+    inflight.conn_id != 0
+        && (inflight.conn_flags & (CONN_INET | CONN_PREEXISTING) != 0
+            || !captures_unknown_fds(tgid))
+}
 
 /// The ring buffer is more than a quarter full: the agent is behind (it drains a healthy ring
 /// to near empty every 50 ms).
