@@ -166,8 +166,10 @@ impl SocketProbes {
                 "tcp:tcp_probe has no skaddr field here: TCP arrivals join connections by address only"
             );
         }
+        let pressure_bytes = inferscope_common::pressure_bytes(config.ring_buffer_bytes);
         let mut ebpf = EbpfLoader::new()
             .override_global("CAPTURE_BYTES", &config.capture_bytes, true)
+            .override_global("PRESSURE_BYTES", &pressure_bytes, true)
             .override_global("TCP_PROBE_SKADDR", &skaddr_offset, true)
             .map_max_entries("EVENTS", config.ring_buffer_bytes)
             .load(PROGRAM_OBJECT)

@@ -6,6 +6,16 @@
 /// Largest payload prefix one syscall record can carry. The per-CPU scratch buffer is twice this
 /// so that the verifier can prove `offset < MAX && len <= MAX` stays in bounds.
 pub const MAX_CAPTURE_BYTES: usize = 8192;
+/// Queued ring-buffer bytes past which the kernel's adaptive capture cuts response writes (the
+/// agent is behind; it is woken every 256 KiB queued and drains a healthy ring to near empty):
+/// an eighth of the ring, so that most of it fills with cut records and a stall lasts longer
+/// before records are lost, but never under 1 MiB (a busy healthy agent may lag that much, and
+/// cutting costs response fields) unless that is more than a quarter of a small ring.
+pub fn pressure_bytes(ring_bytes: u32) -> u32 {
+    const FLOOR: u32 = 1 << 20;
+    (ring_bytes / 8).max(FLOOR).min(ring_bytes / 4)
+}
+
 /// iovec entries copied per readv/writev/sendmsg/recvmsg (later entries are counted as truncated).
 pub const MAX_IOV: usize = 8;
 
@@ -403,6 +413,15 @@ mod tests {
         assert_eq!(core::mem::size_of::<UserProbeRecord>(), 32);
         assert_eq!(core::mem::size_of::<UserProbeConfig>(), 32);
         assert_eq!(core::mem::offset_of!(SegmentRecord, remote_sockaddr), 24);
+    }
+
+    #[test]
+    fn pressure_starts_at_an_eighth_of_large_rings_and_a_quarter_of_small_ones() {
+        const MIB: u32 = 1 << 20;
+        assert_eq!(pressure_bytes(16 * MIB), 2 * MIB);
+        assert_eq!(pressure_bytes(64 * MIB), 8 * MIB);
+        assert_eq!(pressure_bytes(8 * MIB), MIB);
+        assert_eq!(pressure_bytes(MIB), MIB / 4);
     }
 
     #[test]

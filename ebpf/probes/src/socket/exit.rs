@@ -15,7 +15,7 @@ use crate::{
     counters::bump,
     ctx::field,
     maps::{CONN_REFS, CONNS, FD_VERDICT, INFLIGHT, Inflight, SCRATCH, Scratch, Shape, traced},
-    ringbuf::{PRESSURE_PREFIX, output},
+    ringbuf::{PRESSURE_PREFIX, PRESSURE_WHOLE, output},
 };
 
 // syscalls:sys_exit_* layout: 8 bytes of common fields, the syscall number, then `long ret`.
@@ -191,13 +191,14 @@ fn emit_syscall(tgid: u32, tid: u32, fd: i32, ret: i64, inflight: &Inflight) -> 
 // The compact header fits in front of the payload, and its byte-wide fields hold what they carry.
 const _: () = assert!(
     size_of::<CompactWriteRecord>() <= size_of::<SyscallRecord>()
-        && PRESSURE_PREFIX <= u8::MAX as usize
+        && PRESSURE_WHOLE <= u8::MAX as usize
+        && PRESSURE_PREFIX <= PRESSURE_WHOLE
         && CONN_SHARED <= u8::MAX as u32
         && FLAG_COPY_FAILED <= u8::MAX as u16
 );
 
-/// A write behind a filling ring buffer: a [`CompactWriteRecord`] with at most
-/// `PRESSURE_PREFIX` bytes of payload. Its header is written into the scratch just before the
+/// A write behind a filling ring buffer: a [`CompactWriteRecord`] with the write whole if it is
+/// short, else its first `PRESSURE_PREFIX` bytes. Its header is written into the scratch just before the
 /// payload, so header and payload go out as one contiguous record.
 #[inline(always)]
 fn emit_compact(
@@ -209,7 +210,7 @@ fn emit_compact(
     inflight: &Inflight,
     scratch: &mut Scratch,
 ) -> Result<(), i32> {
-    let keep = if captured > PRESSURE_PREFIX {
+    let keep = if captured > PRESSURE_WHOLE {
         if flags & FLAG_TRUNCATED == 0 {
             flags |= FLAG_TRUNCATED;
             bump(Counter::PayloadTruncated);
