@@ -4,11 +4,11 @@
 //! wakes: forcing a wake-up on every record while the queue stays above it (the agent is slow
 //! to be scheduled) queued an irq_work per record and doubled exit_syscall's cost.
 use aya_ebpf::bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP};
-use inferscope_common::{CONN_INET, CONN_PREEXISTING, Counter};
+use inferscope_common::{CONN_INET, CONN_PREEXISTING, Counter, fd_key};
 
 use crate::{
     counters::bump,
-    maps::{EVENTS, Inflight, captures_unknown_fds},
+    maps::{EVENTS, Inflight, KEEP_WHOLE, captures_unknown_fds},
 };
 
 /// Queued bytes that trigger a wake-up.
@@ -41,12 +41,23 @@ pub static PRESSURE_BYTES: u32 = 4 * 1024 * 1024;
 /// Whether the adaptive capture may cut this write: a response on a connection the kernel knows.
 /// Never an fd it does not know (engine IPC: a message cut to a prefix is a message lost), nor,
 /// in a process whose IPC is decoded, a connection that is not a TCP server connection (an
-/// accepted Unix socket may carry IPC too).
+/// accepted Unix socket may carry IPC too) or one user space found carrying IPC (ZeroMQ over
+/// an accepted TCP connection: `KEEP_WHOLE`).
 #[inline(always)]
-pub fn may_cut(tgid: u32, inflight: &Inflight) -> bool {
-    inflight.conn_id != 0
-        && (inflight.conn_flags & (CONN_INET | CONN_PREEXISTING) != 0
-            || !captures_unknown_fds(tgid))
+pub fn may_cut(tgid: u32, fd: i32, inflight: &Inflight) -> bool {
+    if inflight.conn_id == 0 {
+        return false;
+    }
+    if !captures_unknown_fds(tgid) {
+        return true;
+    }
+    if inflight.conn_flags & (CONN_INET | CONN_PREEXISTING) == 0 {
+        return false;
+    }
+    match unsafe { KEEP_WHOLE.get(&fd_key(tgid, fd)) } {
+        Some(id) => *id != inflight.conn_id,
+        None => true,
+    }
 }
 
 /// The ring buffer holds more than [`PRESSURE_BYTES`]: the agent is behind.

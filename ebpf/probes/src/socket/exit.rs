@@ -155,7 +155,7 @@ fn emit_syscall(tgid: u32, tid: u32, fd: i32, ret: i64, inflight: &Inflight) -> 
         && !head
         && ret > 0
         && ret <= u32::MAX as i64
-        && crate::ringbuf::may_cut(tgid, inflight)
+        && crate::ringbuf::may_cut(tgid, fd, inflight)
         && crate::ringbuf::under_pressure()
     {
         return emit_compact(tgid, fd, ret as u32, captured, flags, inflight, scratch);
