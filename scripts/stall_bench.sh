@@ -16,7 +16,7 @@ dir=$(mktemp -d)
 trap 'kill $server $agent 2>/dev/null || true; rm -rf "$dir"' EXIT
 "$bin/sse_load" serve --port "$port" --tokens "$tokens" & server=$!
 sleep 0.3
-INFERSCOPE_LOG=info "$bin/inferscope" record --port "$port" --ring-buffer-mb "$ring" \
+INFERSCOPE_LOG=info "${STALL_BENCH_AGENT:-$bin/inferscope}" record --port "$port" --ring-buffer-mb "$ring" \
   --out "$dir/r.jsonl" 2>"$dir/log" & agent=$!
 until grep -q "attached pid=$server" "$dir/log"; do sleep 0.1; done
 "$bin/sse_load" load --port "$port" --connections 8 --requests 100000000 --seconds 8 \
@@ -38,4 +38,5 @@ records=$(wc -l <"$dir/r.jsonl")
 incomplete=$(grep -c '"incomplete":"' "$dir/r.jsonl" || true)
 counter() { { grep -o "counter=\"$1\" value=[0-9]*" "$dir/log" || true; } | tail -1 | sed 's/.*value=//'; }
 lost=$(counter requests_lost); drops=$(counter kernel_ringbuf_full_drops)
+grep -o "counter=\"kernel_[a-z_]*\" value=[0-9]*" "$dir/log" | sort -u -t" " -k1,1 | tr "\n" " " >&2 || true; echo >&2
 echo "rate=$rate ring_mb=$ring stall_s=$stall tokens=$tokens client_completed=$done_n records=$records incomplete=$incomplete lost=${lost:-0} kernel_drops=${drops:-0} peak_rss_kib=$peak"

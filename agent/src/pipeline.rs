@@ -480,12 +480,18 @@ impl Pipeline {
             };
             if ipc.wants(tgid) && classifier.reroute_to_ipc(tgid, key) {
                 stats.bump("connections_rerouted_to_ipc");
+                if conn_gen != 0 {
+                    classifier.new_ipc.push((tgid, fd, conn_gen));
+                }
             } else {
                 ignore.push((tgid, fd, conn_gen));
             }
         }
         for (tgid, fd, conn_gen) in ignore {
             probes.ignore_connection(tgid, fd, conn_gen);
+        }
+        for (tgid, fd, conn_gen) in classifier.new_ipc.drain(..) {
+            probes.keep_whole(tgid, fd, conn_gen);
         }
         if let Some(user) = user_probes.as_mut() {
             user.detach_failed(probes);

@@ -30,6 +30,8 @@ pub enum FdClass {
 
 /// Bounded: a process with more live connections than this is re-resolved on overflow.
 const MAX_CACHED: usize = 65536;
+/// IPC connections noted between two drains of [`FdClassifier::new_ipc`].
+const MAX_NEW_IPC: usize = 1024;
 
 #[derive(Default)]
 pub struct FdClassifier {
@@ -38,6 +40,9 @@ pub struct FdClassifier {
     cache: FxHashMap<(u32, u64), FdClass>,
     /// Pre-existing connections registered at attach, with the addresses /proc gave.
     preexisting: FxHashMap<(u32, u64), (u16, SocketAddr)>,
+    /// Connections the kernel knows (accepted) just found carrying IPC, as (tgid, fd, id): the
+    /// caller tells the kernel not to cut their writes under back-pressure, then clears it.
+    pub new_ipc: Vec<(u32, i32, u64)>,
     /// The kernel's accept hook runs: an accepted socket without a socket address is not TCP.
     pub sock_hook: bool,
     pub lookups: u64,
@@ -96,6 +101,9 @@ impl FdClassifier {
             return *class;
         }
         let class = self.resolve(ev, listening_ports, ipc);
+        if class == FdClass::Ipc && ev.conn_gen != 0 && self.new_ipc.len() < MAX_NEW_IPC {
+            self.new_ipc.push((ev.tgid, ev.fd, ev.conn_gen));
+        }
         if self.cache.len() >= MAX_CACHED {
             self.cache.clear();
         }
@@ -249,10 +257,16 @@ mod tests {
             FdClassifier::new(true).classify(&accepted, &[], Some(false)),
             FdClass::Server { .. }
         ));
-        assert_eq!(
-            FdClassifier::new(true).classify(&accepted, &[], Some(true)),
-            FdClass::Ipc
-        );
+        let mut zmtp = FdClassifier::new(true);
+        assert_eq!(zmtp.classify(&accepted, &[], Some(true)), FdClass::Ipc);
+        // The kernel is to keep that connection's writes whole under back-pressure; an IPC
+        // fd the kernel does not know is never cut anyway.
+        assert_eq!(zmtp.new_ipc, [(accepted.tgid, 50, CONN_ID_BIT | 1)]);
+        zmtp.classify(&accepted, &[], Some(true));
+        assert_eq!(zmtp.new_ipc.len(), 1, "noted once, not per record");
+        let mut unknown = FdClassifier::new(true);
+        unknown.classify(&ev(unix.as_raw_fd(), 0, 0), &[], Some(false));
+        assert!(unknown.new_ipc.is_empty());
         // Joined after the greeting: HTTP first, rerouted once the HTTP decoder gives up.
         let mut c = FdClassifier::new(true);
         c.classify(&accepted, &[], Some(false));

@@ -113,6 +113,8 @@ pub struct SocketProbes {
     /// Bitmap of watched local ports (see PORTS in the eBPF crate).
     ports: Array<MapData, u64>,
     fd_verdicts: HashMap<MapData, u64, u64>,
+    /// (tgid, fd) → connection id carrying engine IPC, never cut under back-pressure.
+    keep_whole: HashMap<MapData, u64, u64>,
     /// (tgid, fd) → connection, written by the kernel at accept; user space adds only the
     /// connections that predate the agent.
     conns: HashMap<MapData, u64, ConnEntry>,
@@ -167,8 +169,10 @@ impl SocketProbes {
                 "tcp:tcp_probe has no skaddr field here: TCP arrivals join connections by address only"
             );
         }
+        let pressure_bytes = inferscope_common::pressure_bytes(config.ring_buffer_bytes);
         let mut ebpf = EbpfLoader::new()
             .override_global("CAPTURE_BYTES", &config.capture_bytes, true)
+            .override_global("PRESSURE_BYTES", &pressure_bytes, true)
             .override_global("TCP_PROBE_SKADDR", &skaddr_offset, true)
             .map_max_entries("EVENTS", config.ring_buffer_bytes)
             .load(PROGRAM_OBJECT)
@@ -247,6 +251,8 @@ impl SocketProbes {
         let ports = Array::try_from(take_map(&mut ebpf, "PORTS")?).map_err(map_err("PORTS"))?;
         let fd_verdicts =
             HashMap::try_from(take_map(&mut ebpf, "FD_VERDICT")?).map_err(map_err("FD_VERDICT"))?;
+        let keep_whole =
+            HashMap::try_from(take_map(&mut ebpf, "KEEP_WHOLE")?).map_err(map_err("KEEP_WHOLE"))?;
         let large_capture = HashMap::try_from(take_map(&mut ebpf, "LARGE_CAPTURE")?)
             .map_err(map_err("LARGE_CAPTURE"))?;
         let counters =
@@ -267,6 +273,7 @@ impl SocketProbes {
             targets,
             ports,
             fd_verdicts,
+            keep_whole,
             conns,
             unknown_fds,
             verdict_pids,
@@ -354,6 +361,14 @@ impl SocketProbes {
         // After the verdict: the kernel looks for verdicts of this process from now on.
         if let Err(e) = set_bit(&mut self.verdict_pids, tgid, true) {
             warn!("cannot record a verdict for pid {tgid}: {e}");
+        }
+    }
+
+    /// The connection `conn_gen` on `fd` carries engine IPC: the kernel's adaptive capture must
+    /// not cut its writes behind a filling ring buffer (a cut message is a lost message).
+    pub fn keep_whole(&mut self, tgid: u32, fd: i32, conn_gen: u64) {
+        if let Err(e) = self.keep_whole.insert(fd_key(tgid, fd), conn_gen, 0) {
+            warn!("pid {tgid}: cannot exempt IPC connection on fd {fd} from cut captures: {e}");
         }
     }
 

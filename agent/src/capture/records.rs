@@ -3,8 +3,9 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use inferscope_common::{
-    FLAG_CHUNK, FLAG_COPY_FAILED, FLAG_MORE, FLAG_TRUNCATED, RecordType, SchedKind, SchedRecord,
-    SegmentRecord, SyscallKind, SyscallRecord, USER_FLAG_READ_FAILED, UserProbeRecord,
+    CompactWriteRecord, FLAG_CHUNK, FLAG_COPY_FAILED, FLAG_MORE, FLAG_TRUNCATED, RecordType,
+    SchedKind, SchedRecord, SegmentRecord, SyscallKind, SyscallRecord, USER_FLAG_READ_FAILED,
+    UserProbeRecord,
 };
 
 /// The kind of a captured syscall, for callers outside the agent (fuzz targets, benchmarks).
@@ -183,6 +184,8 @@ pub fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
             more: header.flags & FLAG_MORE != 0,
             chunk_offset: (header.flags & FLAG_CHUNK != 0).then_some(header.chunk_offset),
         }))
+    } else if record_type == RecordType::CompactWrite as u8 {
+        compact_write(bytes)
     } else if record_type == RecordType::Segment as u8 {
         let record: SegmentRecord = read_struct(bytes).ok_or(RecordError::Short)?;
         Ok(CapturedEvent::Segment(Segment {
@@ -218,6 +221,36 @@ pub fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
     } else {
         Err(RecordError::UnknownType)
     }
+}
+
+/// A write the kernel captured behind a filling ring buffer: the same event as a full record,
+/// without what it does not keep (thread, exit time and socket, which writes do not use).
+fn compact_write(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
+    let header: CompactWriteRecord = read_struct(bytes).ok_or(RecordError::Short)?;
+    let start = std::mem::size_of::<CompactWriteRecord>();
+    let payload = bytes
+        .get(start..start + usize::from(header.captured))
+        .ok_or(RecordError::BadLength)?;
+    let flags = u16::from(header.flags);
+    Ok(CapturedEvent::Syscall(SyscallEvent {
+        kind: SyscallKind::Write,
+        tgid: header.tgid,
+        tid: 0,
+        fd: header.fd,
+        ts_enter_ns: header.ts_enter_ns,
+        ts_exit_ns: header.ts_enter_ns,
+        ret: i64::from(header.ret),
+        truncated: flags & FLAG_TRUNCATED != 0,
+        copy_failed: flags & FLAG_COPY_FAILED != 0,
+        conn_gen: header.conn_gen,
+        conn_flags: u32::from(header.conn_flags),
+        sock: 0,
+        conn_seq: Some(header.conn_seq),
+        lost_heads: header.lost_heads,
+        payload,
+        more: false,
+        chunk_offset: None,
+    }))
 }
 
 const AF_INET: u16 = 2;
@@ -285,6 +318,42 @@ mod tests {
         assert!(ev.truncated);
         assert_eq!(ev.lost_bytes(), 95);
         assert_eq!((ev.conn_seq, ev.lost_heads), (Some(4), 1));
+    }
+
+    #[test]
+    fn parses_a_compact_write_as_a_write() {
+        let header = CompactWriteRecord {
+            record_type: RecordType::CompactWrite as u8,
+            flags: FLAG_TRUNCATED as u8,
+            captured: 4,
+            conn_flags: inferscope_common::CONN_KNOWN as u8,
+            tgid: 7,
+            fd: 3,
+            ret: 270,
+            ts_enter_ns: 10,
+            conn_gen: 1 << 63 | 5,
+            conn_seq: 9,
+            lost_heads: 2,
+        };
+        let mut bytes = vec![0u8; std::mem::size_of::<CompactWriteRecord>()];
+        unsafe { std::ptr::write_unaligned(bytes.as_mut_ptr().cast(), header) };
+        bytes.extend_from_slice(b"10e\r");
+        let CapturedEvent::Syscall(ev) = parse(&bytes).unwrap() else {
+            panic!("expected syscall")
+        };
+        assert_eq!(ev.kind, SyscallKind::Write);
+        assert_eq!(ev.payload, b"10e\r");
+        assert_eq!(ev.lost_bytes(), 266);
+        assert!(ev.truncated && ev.conn_known());
+        assert_eq!(
+            (ev.ts_enter_ns, ev.ret, ev.conn_key()),
+            (10, 270, 1 << 63 | 5)
+        );
+        assert_eq!((ev.conn_seq, ev.lost_heads), (Some(9), 2));
+        // A payload shorter than it claims is refused, as for full records.
+        bytes.pop();
+        assert_eq!(parse(&bytes).unwrap_err(), RecordError::BadLength);
+        assert_eq!(parse(&bytes[..20]).unwrap_err(), RecordError::Short);
     }
 
     #[test]

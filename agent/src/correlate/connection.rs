@@ -454,7 +454,9 @@ impl Connection {
                 target.first_byte_ns.get_or_insert(ts_ns);
             }
             ResponseEvent::Sse(sse) => {
-                if sse.json_error {
+                if sse.lost {
+                    work.stats.bump("sse_events_cut");
+                } else if sse.json_error {
                     work.stats.bump("sse_json_error");
                 }
                 target.on_sse(&sse);

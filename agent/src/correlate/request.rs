@@ -96,7 +96,11 @@ impl RequestProgress {
     }
 
     pub fn on_sse(&mut self, event: &SseEvent) {
-        if event.content {
+        // An event whose bytes the capture cut (behind a filling ring buffer) counts as output:
+        // servers send their first event (role, often with text) when the first token is out,
+        // and nearly all later ones carry tokens, so TTFT and the token gaps stay measured
+        // (the record says `capture_truncated`) instead of vanishing with the text.
+        if event.content || event.lost {
             self.on_content(event.ts_ns);
         }
         if self.response_id.is_none() {

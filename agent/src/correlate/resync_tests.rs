@@ -266,3 +266,27 @@ fn random_losses_always_reconcile() {
         );
     }
 }
+
+#[test]
+fn token_writes_cut_to_a_prefix_still_give_ttft_and_chunk_count() {
+    let mut c = Conn::new();
+    c.read(&request("/cut"));
+    c.write(SSE_HEAD);
+    // Behind a filling ring buffer the kernel keeps only the first 16 bytes of each token
+    // write (the chunk-size line and the start of the event).
+    for i in 0..4 {
+        let whole = token(&format!("t{i}"));
+        let mut ev = c.event(SyscallKind::Write, &whole[..16], whole.len() as i64);
+        ev.truncated = true;
+        c.t.on_write(&ev, Peer::default(), &mut c.out);
+    }
+    c.write(b"0\r\n\r\n");
+    assert_eq!(c.out.len(), 1, "{:#?}", c.out);
+    let r = &c.out[0];
+    assert_eq!(r.incomplete, None);
+    assert!(r.capture_truncated);
+    assert_eq!(r.output_chunks, 4);
+    assert!(r.first_token_mono_ns.is_some() && r.ttft_ms.is_some());
+    assert_eq!(c.count("sse_events_cut"), 4);
+    assert_eq!(c.count("sse_json_error"), 0);
+}

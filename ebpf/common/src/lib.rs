@@ -6,6 +6,16 @@
 /// Largest payload prefix one syscall record can carry. The per-CPU scratch buffer is twice this
 /// so that the verifier can prove `offset < MAX && len <= MAX` stays in bounds.
 pub const MAX_CAPTURE_BYTES: usize = 8192;
+/// Queued ring-buffer bytes past which the kernel's adaptive capture cuts response writes (the
+/// agent is behind; it is woken every 256 KiB queued and drains a healthy ring to near empty):
+/// an eighth of the ring, so that most of it fills with cut records and a stall lasts longer
+/// before records are lost, but never under 1 MiB (a busy healthy agent may lag that much, and
+/// cutting costs response fields) unless that is more than a quarter of a small ring.
+pub fn pressure_bytes(ring_bytes: u32) -> u32 {
+    const FLOOR: u32 = 1 << 20;
+    (ring_bytes / 8).max(FLOOR).min(ring_bytes / 4)
+}
+
 /// iovec entries copied per readv/writev/sendmsg/recvmsg (later entries are counted as truncated).
 pub const MAX_IOV: usize = 8;
 
@@ -22,6 +32,8 @@ pub enum RecordType {
     Segment = 2,
     Sched = 3,
     UserProbe = 4,
+    /// A [`CompactWriteRecord`]: a response write captured behind a filling ring buffer.
+    CompactWrite = 5,
 }
 
 /// Which socket operation a [`SyscallRecord`] describes.
@@ -126,6 +138,37 @@ pub struct SyscallRecord {
     /// For a [`FLAG_CHUNK`] record: where its payload starts in the syscall's bytes.
     pub chunk_offset: u32,
     pub _pad: u32,
+}
+
+/// A response write on a known connection, captured while the ring buffer is filling (the agent
+/// is behind): only the fields user space reads for a write, in half a [`SyscallRecord`],
+/// followed by `captured` payload bytes (at most the adaptive capture's prefix). Behind a
+/// stalled agent most records are token writes cut to a prefix, so their header is most of
+/// the ring buffer's bytes: halving it lets twice as many requests through a stall.
+/// Its thread, exit time and socket are not kept (a write's time is its entry; the
+/// connection's socket came with its earlier records).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CompactWriteRecord {
+    pub record_type: u8,
+    /// [`FLAG_TRUNCATED`] and [`FLAG_COPY_FAILED`].
+    pub flags: u8,
+    /// Payload bytes that follow this header.
+    pub captured: u8,
+    /// `CONN_*` flags of the connection (all fit in a byte).
+    pub conn_flags: u8,
+    pub tgid: u32,
+    pub fd: i32,
+    /// Bytes the write moved (a write that failed or moved more takes a full record).
+    pub ret: u32,
+    /// CLOCK_MONOTONIC at syscall entry.
+    pub ts_enter_ns: u64,
+    /// As [`SyscallRecord::conn_gen`] (never 0 here: only known connections are compacted).
+    pub conn_gen: u64,
+    /// As [`SyscallRecord::conn_seq`]: compact and full records share the fd's numbering.
+    pub conn_seq: u32,
+    /// As [`SyscallRecord::lost_heads`].
+    pub lost_heads: u32,
 }
 
 /// A TCP segment with payload that reached a traced listening port (tcp:tcp_probe). It tells
@@ -300,12 +343,14 @@ pub enum Counter {
     SockFromRead = 10,
     /// fds duplicated (dup/dup2/dup3) onto a known connection.
     ConnsDuplicated = 11,
+    /// Response writes emitted as a [`CompactWriteRecord`] (the ring buffer was filling).
+    CompactWrites = 12,
 }
 
-pub const COUNTER_SLOTS: u32 = 12;
+pub const COUNTER_SLOTS: u32 = 13;
 
 impl Counter {
-    pub const ALL: [Counter; 12] = [
+    pub const ALL: [Counter; 13] = [
         Counter::RecordsEmitted,
         Counter::RingbufFull,
         Counter::PayloadTruncated,
@@ -318,6 +363,7 @@ impl Counter {
         Counter::UnknownFdSkipped,
         Counter::SockFromRead,
         Counter::ConnsDuplicated,
+        Counter::CompactWrites,
     ];
 
     pub fn name(self) -> &'static str {
@@ -334,6 +380,7 @@ impl Counter {
             Counter::UnknownFdSkipped => "unknown_fd_skipped",
             Counter::SockFromRead => "conn_sock_from_read",
             Counter::ConnsDuplicated => "conns_duplicated",
+            Counter::CompactWrites => "compact_writes",
         }
     }
 }
@@ -348,6 +395,7 @@ pub fn fd_key(tgid: u32, fd: i32) -> u64 {
 mod pod {
     // SAFETY: plain repr(C) integers and byte arrays with explicit padding fields.
     unsafe impl aya::Pod for super::SyscallRecord {}
+    unsafe impl aya::Pod for super::CompactWriteRecord {}
     unsafe impl aya::Pod for super::SegmentRecord {}
     unsafe impl aya::Pod for super::SchedRecord {}
     unsafe impl aya::Pod for super::UserProbeConfig {}
@@ -363,12 +411,22 @@ mod tests {
     #[test]
     fn layouts_are_stable() {
         assert_eq!(core::mem::size_of::<SyscallRecord>(), 80);
+        assert_eq!(core::mem::size_of::<CompactWriteRecord>(), 40);
         assert_eq!(core::mem::size_of::<SegmentRecord>(), 64);
         assert_eq!(core::mem::size_of::<ConnEntry>(), 24);
         assert_eq!(core::mem::size_of::<SchedRecord>(), 32);
         assert_eq!(core::mem::size_of::<UserProbeRecord>(), 32);
         assert_eq!(core::mem::size_of::<UserProbeConfig>(), 32);
         assert_eq!(core::mem::offset_of!(SegmentRecord, remote_sockaddr), 24);
+    }
+
+    #[test]
+    fn pressure_starts_at_an_eighth_of_large_rings_and_a_quarter_of_small_ones() {
+        const MIB: u32 = 1 << 20;
+        assert_eq!(pressure_bytes(16 * MIB), 2 * MIB);
+        assert_eq!(pressure_bytes(64 * MIB), 8 * MIB);
+        assert_eq!(pressure_bytes(8 * MIB), MIB);
+        assert_eq!(pressure_bytes(MIB), MIB / 4);
     }
 
     #[test]

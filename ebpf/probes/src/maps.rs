@@ -100,6 +100,12 @@ pub static FD_VERDICT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536
 #[map]
 pub static CONNS: LruHashMap<u64, ConnEntry> = LruHashMap::with_max_entries(65536, 0);
 
+/// Per (tgid, fd): the connection id user space found carrying engine IPC (a ZeroMQ tcp://
+/// connection the engine accepted), which the adaptive capture must never cut. Applies only
+/// while the fd holds that connection; LRU so leaked entries can never fill it.
+#[map]
+pub static KEEP_WHOLE: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096, 0);
+
 /// Per connection id, for connections held by several fds (dup): how many. The connection ends
 /// when the last one closes.
 #[map]

@@ -3,12 +3,13 @@
 //! not pay for a wake-up per record. Only the record that takes the queue across the threshold
 //! wakes: forcing a wake-up on every record while the queue stays above it (the agent is slow
 //! to be scheduled) queued an irq_work per record and doubled exit_syscall's cost.
-use aya_ebpf::bindings::{
-    BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
-};
-use inferscope_common::Counter;
+use aya_ebpf::bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP};
+use inferscope_common::{CONN_INET, CONN_PREEXISTING, Counter, fd_key};
 
-use crate::{counters::bump, maps::EVENTS};
+use crate::{
+    counters::bump,
+    maps::{EVENTS, Inflight, KEEP_WHOLE, captures_unknown_fds},
+};
 
 /// Queued bytes that trigger a wake-up.
 const WAKEUP_BYTES: u64 = 256 * 1024;
@@ -23,16 +24,47 @@ fn wakeup_flag(size: u64) -> u64 {
     }
 }
 
-/// Bytes of a response write kept once the ring buffer is more than a quarter full (the agent is
-/// behind): enough for a chunk-size line and a short terminator, so chunked framing survives
-/// and whole records keep fitting, where full payloads would overflow and lose requests.
-pub const PRESSURE_PREFIX: usize = 32;
+/// Bytes of a response write kept once the ring buffer fills past [`PRESSURE_BYTES`] (the agent
+/// is behind): enough for a chunk-size line, so chunked framing survives (user space skips the
+/// rest of the chunk, knowing how much the write moved) and whole records keep fitting, where
+/// full payloads would overflow and lose requests.
+pub const PRESSURE_PREFIX: usize = 16;
+/// Writes up to this size are kept whole even then: a response's last write (`0\r\n\r\n`, often
+/// after a last event) must not lose the terminator that ends it.
+pub const PRESSURE_WHOLE: usize = 32;
 
-/// The ring buffer is more than a quarter full: the agent is behind (it drains a healthy ring
-/// to near empty every 50 ms).
+/// Queued bytes past which the agent counts as behind; user space sets it from the ring size at
+/// load time (`inferscope_common::pressure_bytes`).
+#[unsafe(no_mangle)]
+pub static PRESSURE_BYTES: u32 = 4 * 1024 * 1024;
+
+/// Whether the adaptive capture may cut this write: a response on a connection the kernel knows.
+/// Never an fd it does not know (engine IPC: a message cut to a prefix is a message lost), nor,
+/// in a process whose IPC is decoded, a connection that is not a TCP server connection (an
+/// accepted Unix socket may carry IPC too) or one user space found carrying IPC (ZeroMQ over
+/// an accepted TCP connection: `KEEP_WHOLE`).
+#[inline(always)]
+pub fn may_cut(tgid: u32, fd: i32, inflight: &Inflight) -> bool {
+    if inflight.conn_id == 0 {
+        return false;
+    }
+    if !captures_unknown_fds(tgid) {
+        return true;
+    }
+    if inflight.conn_flags & (CONN_INET | CONN_PREEXISTING) == 0 {
+        return false;
+    }
+    match unsafe { KEEP_WHOLE.get(&fd_key(tgid, fd)) } {
+        Some(id) => *id != inflight.conn_id,
+        None => true,
+    }
+}
+
+/// The ring buffer holds more than [`PRESSURE_BYTES`]: the agent is behind.
 #[inline(always)]
 pub fn under_pressure() -> bool {
-    EVENTS.query(BPF_RB_AVAIL_DATA as u64) * 4 > EVENTS.query(BPF_RB_RING_SIZE as u64)
+    let mark = unsafe { core::ptr::read_volatile(&PRESSURE_BYTES) };
+    EVENTS.query(BPF_RB_AVAIL_DATA as u64) > u64::from(mark)
 }
 
 #[inline(always)]

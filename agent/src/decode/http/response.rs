@@ -67,6 +67,10 @@ pub struct SseEvent {
     /// The data was neither JSON of the expected shape nor `[DONE]`, or
     /// bytes of it were lost.
     pub json_error: bool,
+    /// Bytes of the event were not captured (the kernel cuts token writes to
+    /// a prefix behind a filling ring buffer), so whether it carried output
+    /// is unknown.
+    pub lost: bool,
 }
 
 /// A non-streaming completion body reduced to ids and counts.
@@ -471,6 +475,7 @@ fn sse_event(raw: RawEvent<'_>, ts_ns: u64, id_reported: &mut bool) -> SseEvent 
             return SseEvent {
                 ts_ns,
                 json_error: true,
+                lost: true,
                 ..SseEvent::default()
             };
         }
@@ -506,6 +511,7 @@ fn sse_event(raw: RawEvent<'_>, ts_ns: u64, id_reported: &mut bool) -> SseEvent 
         timings: f.timings,
         finish: f.finish,
         json_error: false,
+        lost: false,
     }
 }
 

@@ -3,16 +3,19 @@ use aya_ebpf::{
     macros::tracepoint,
     programs::TracePointContext,
 };
+use core::mem::size_of;
+
 use inferscope_common::{
-    CONN_ID_BIT, CONN_INET, CONN_KNOWN, CONN_SHARED, ConnEntry, Counter, FLAG_COPY_FAILED,
-    FLAG_TRUNCATED, RecordType, SyscallKind, SyscallRecord, fd_key,
+    CONN_ID_BIT, CONN_INET, CONN_KNOWN, CONN_SHARED, CompactWriteRecord, ConnEntry, Counter,
+    FLAG_COPY_FAILED, FLAG_TRUNCATED, RecordType, SyscallKind, SyscallRecord, fd_key,
 };
 
 use super::{copy::copy_payload, enter::close_fd};
 use crate::{
     counters::bump,
     ctx::field,
-    maps::{CONN_REFS, CONNS, FD_VERDICT, INFLIGHT, Inflight, SCRATCH, Shape, traced},
+    maps::{CONN_REFS, CONNS, FD_VERDICT, INFLIGHT, Inflight, SCRATCH, Scratch, Shape, traced},
+    ringbuf::{PRESSURE_PREFIX, PRESSURE_WHOLE, output},
 };
 
 // syscalls:sys_exit_* layout: 8 bytes of common fields, the syscall number, then `long ret`.
@@ -146,17 +149,16 @@ fn emit_syscall(tgid: u32, tid: u32, fd: i32, ret: i64, inflight: &Inflight) -> 
         p[0] == b'H' && p[1] == b'T' && p[2] == b'T' && p[3] == b'P' && p[4] == b'/'
     };
     // Adaptive capture: behind a filling ring, response writes other than heads keep only a
-    // prefix (counted as truncation), so a stalled agent loses token text, not requests.
+    // prefix (counted as truncation) under a half-size header, so a stalled agent loses token
+    // text, not requests.
     if kind == SyscallKind::Write as u8
         && !head
-        && captured > crate::ringbuf::PRESSURE_PREFIX
+        && ret > 0
+        && ret <= u32::MAX as i64
+        && crate::ringbuf::may_cut(tgid, fd, inflight)
         && crate::ringbuf::under_pressure()
     {
-        captured = crate::ringbuf::PRESSURE_PREFIX;
-        if flags & FLAG_TRUNCATED == 0 {
-            flags |= FLAG_TRUNCATED;
-            bump(Counter::PayloadTruncated);
-        }
+        return emit_compact(tgid, fd, ret as u32, captured, flags, inflight, scratch);
     }
     let ts_exit = unsafe { bpf_ktime_get_ns() };
     let key = fd_key(tgid, fd);
@@ -182,6 +184,66 @@ fn emit_syscall(tgid: u32, tid: u32, fd: i32, ret: i64, inflight: &Inflight) -> 
     };
     if !super::copy::emit_chunks(scratch, captured, inflight) {
         crate::conn_seq::lost(key, head);
+    }
+    Ok(())
+}
+
+// The compact header fits in front of the payload, and its byte-wide fields hold what they carry.
+const _: () = assert!(
+    size_of::<CompactWriteRecord>() <= size_of::<SyscallRecord>()
+        && PRESSURE_WHOLE <= u8::MAX as usize
+        && PRESSURE_PREFIX <= PRESSURE_WHOLE
+        && CONN_SHARED <= u8::MAX as u32
+        && FLAG_COPY_FAILED <= u8::MAX as u16
+);
+
+/// A write behind a filling ring buffer: a [`CompactWriteRecord`] with the write whole if it is
+/// short, else its first `PRESSURE_PREFIX` bytes. Its header is written into the scratch just before the
+/// payload, so header and payload go out as one contiguous record.
+#[inline(always)]
+fn emit_compact(
+    tgid: u32,
+    fd: i32,
+    ret: u32,
+    captured: usize,
+    mut flags: u16,
+    inflight: &Inflight,
+    scratch: &mut Scratch,
+) -> Result<(), i32> {
+    let keep = if captured > PRESSURE_WHOLE {
+        if flags & FLAG_TRUNCATED == 0 {
+            flags |= FLAG_TRUNCATED;
+            bump(Counter::PayloadTruncated);
+        }
+        PRESSURE_PREFIX
+    } else {
+        captured
+    };
+    let key = fd_key(tgid, fd);
+    let (conn_seq, lost_heads) = crate::conn_seq::take(key, false);
+    let header = CompactWriteRecord {
+        record_type: RecordType::CompactWrite as u8,
+        flags: flags as u8,
+        captured: keep as u8,
+        conn_flags: inflight.conn_flags as u8,
+        tgid,
+        fd,
+        ret,
+        ts_enter_ns: inflight.ts_enter_ns,
+        conn_gen: inflight.conn_id,
+        conn_seq,
+        lost_heads,
+    };
+    let offset = size_of::<SyscallRecord>() - size_of::<CompactWriteRecord>();
+    // SAFETY: the compact header overwrites the tail of the scratch's full header, which it
+    // fits (asserted above), and ends where the payload begins.
+    let bytes = unsafe {
+        let base = (scratch as *mut Scratch).cast::<u8>().add(offset);
+        core::ptr::write_unaligned(base.cast::<CompactWriteRecord>(), header);
+        core::slice::from_raw_parts(base, size_of::<CompactWriteRecord>() + keep)
+    };
+    if output::<[u8]>(bytes, Counter::RecordsEmitted) {
+        bump(Counter::CompactWrites);
     }
     Ok(())
 }
