@@ -192,6 +192,8 @@ pub struct TruthStep {
     pub start_ns: u64,
     pub end_ns: u64,
     pub ids: Vec<String>,
+    /// Engine ids the step sent an output for (a token, or the request's end).
+    pub outputs: Vec<String>,
     pub running: Option<u64>,
     pub waiting: Option<u64>,
 }
@@ -242,6 +244,12 @@ impl Truth {
                         .flatten()
                         .filter_map(|x| x.as_str().map(str::to_owned))
                         .collect(),
+                    outputs: v["outputs"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|x| x.as_str().map(str::to_owned))
+                        .collect(),
                     running: v["running"].as_u64(),
                     waiting: v["waiting"].as_u64(),
                 }),
@@ -249,6 +257,31 @@ impl Truth {
             }
         }
         truth
+    }
+
+    /// The steps (by end) any of `ids` was scheduled in, each with `true` where one of them
+    /// was prefilling: its first output (token) came in that step or later.
+    pub fn steps_of(&self, ids: &[&String]) -> Vec<(u64, bool)> {
+        let mut first_output: HashMap<&str, u64> = HashMap::new();
+        for st in &self.steps {
+            for id in &st.outputs {
+                first_output.entry(id.as_str()).or_insert(st.end_ns);
+            }
+        }
+        let mut out = Vec::new();
+        for st in &self.steps {
+            let mine: Vec<&&String> = ids.iter().filter(|id| st.ids.contains(id)).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let prefill = mine.iter().any(|id| {
+                first_output
+                    .get(id.as_str())
+                    .is_none_or(|&f| st.end_ns <= f)
+            });
+            out.push((st.end_ns, prefill));
+        }
+        out
     }
 
     /// Engine requests serving the HTTP request whose external id is `external`

@@ -76,6 +76,12 @@ struct Summary {
     /// Steps whose start came from a SCHEDULED/PREEMPTED stamp, and their largest error.
     step_start_scheduled: usize,
     step_start_scheduled_max_err_ns: u64,
+    /// Records whose step counts (prefill, decode) equal vLLM's own per-request step list.
+    request_steps_exact: usize,
+    /// Of those, prefilled over more than one step (chunked prefill, or budget shared).
+    request_prefill_chunked: usize,
+    /// Aborted records: their steps up to the client's leaving (a subset of vLLM's).
+    request_steps_aborted: usize,
 }
 
 /// Checks one server's records and steps against its scheduler's ground truth.
@@ -176,6 +182,36 @@ fn check(
                 assert_eq!(rec["preemptions"], preempted as u64, "{ext}: {rec:#?}");
                 if preempted > 0 {
                     s.preempted_requests += 1;
+                }
+            }
+        }
+        // Per-request steps: the steps vLLM scheduled any of its engine requests in, prefill
+        // up to its first token (chunks included), all listed, none invented.
+        if scheduled.is_some() {
+            let ids: Vec<&String> = members.iter().map(|(id, _)| *id).collect();
+            let want = truth.steps_of(&ids);
+            let want_prefill = want.iter().filter(|(_, p)| *p).count() as u64;
+            let want_decode = want.len() as u64 - want_prefill;
+            let got_prefill = rec["prefill_steps"].as_u64();
+            let got_decode = rec["decode_steps"].as_u64();
+            if aborted {
+                // Steps between the client's leaving and the engine's abort are not listed.
+                let (p, d) = (got_prefill.unwrap_or(0), got_decode.unwrap_or(0));
+                assert!(
+                    p <= want_prefill && p + d <= want.len() as u64,
+                    "{ext}: aborted, steps ({p}, {d}) beyond vLLM's ({want_prefill}, \
+                     {want_decode}): {rec:#?}"
+                );
+                s.request_steps_aborted += 1;
+            } else {
+                assert_eq!(
+                    (got_prefill, got_decode),
+                    (Some(want_prefill), Some(want_decode)),
+                    "{ext}: (prefill, decode) steps vs vLLM's {want:?}: {rec:#?}"
+                );
+                s.request_steps_exact += 1;
+                if want_prefill > 1 {
+                    s.request_prefill_chunked += 1;
                 }
             }
         }

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
-use super::{RequestRecord, Stats, StepRecord};
+use super::{RequestRecord, Stats, StepMember, StepRecord};
 
 pub use crate::capture::gpu::KernelRecord;
 
@@ -212,18 +212,38 @@ impl TimelineBuilder {
 
     fn build(&mut self, request: RequestRecord, now_ns: u64) -> RequestTimeline {
         let start = request.admitted_mono_ns.unwrap_or(request.arrival_mono_ns);
-        let mut steps: Vec<StepRecord> = self
+        let recent = self
             .steps
             .iter()
             .rev()
-            .take_while(|s| s.end_mono_ns >= start)
-            .filter(|s| {
-                s.requests
-                    .iter()
-                    .any(|m| m.request_id == request.request_id)
-            })
-            .cloned()
-            .collect();
+            .take_while(|s| s.end_mono_ns >= start);
+        let mut steps: Vec<StepRecord> = if request.engine_steps.is_empty() {
+            recent
+                .filter(|s| {
+                    s.requests
+                        .iter()
+                        .any(|m| m.request_id == request.request_id)
+                })
+                .cloned()
+                .collect()
+        } else {
+            // The engine joined its steps itself (they name engine ids): the timeline's copy of
+            // each names the request by the agent's id too, with its phase there.
+            let refs = &request.engine_steps;
+            recent
+                .filter_map(|s| {
+                    let at = refs
+                        .binary_search_by_key(&(s.end_mono_ns, s.pid), |r| (r.end_mono_ns, r.pid))
+                        .ok()?;
+                    let mut step = s.clone();
+                    step.requests.push(StepMember {
+                        request_id: request.request_id.clone(),
+                        phase: refs[at].phase,
+                    });
+                    Some(step)
+                })
+                .collect()
+        };
         steps.reverse();
 
         let mut unknown = Vec::new();
@@ -348,7 +368,6 @@ pub fn union_ns(intervals: &mut [(u64, u64)]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::correlate::StepMember;
 
     fn request(id: &str, arrival: u64, admitted: Option<u64>, end: u64) -> RequestRecord {
         RequestRecord {
