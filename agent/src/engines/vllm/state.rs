@@ -719,11 +719,11 @@ mod tests {
         })
     }
 
-    /// One step's message: (engine id, new tokens, finish, events) per output.
-    fn step_with(
-        ts: f64,
-        outputs: &[(&str, u32, Option<&'static str>, &[(EventKind, f64)])],
-    ) -> IpcMessage {
+    /// One output of a scripted step: engine id, new tokens, finish, events.
+    type ScriptedOutput<'a> = (&'a str, u32, Option<&'static str>, &'a [(EventKind, f64)]);
+
+    /// One step's message.
+    fn step_with(ts: f64, outputs: &[ScriptedOutput<'_>]) -> IpcMessage {
         IpcMessage::Outputs(Outputs {
             timestamp: Some(ts),
             engine_index: Some(0),
@@ -761,10 +761,7 @@ mod tests {
         // in chunks (1.1, 1.2: no output), its first token comes with 1.3; preempted in 1.5's
         // schedule(), back in 1.7's where it recomputes (no output), tokens again from 1.8,
         // finished at 1.9. `b` runs 1.4 .. 1.6 alone; 2.0 is an idle step.
-        let script: &[(
-            f64,
-            &[(&str, u32, Option<&'static str>, &[(EventKind, f64)])],
-        )] = &[
+        let script: &[(f64, &[ScriptedOutput<'_>])] = &[
             (1.0, &[]),
             (1.1, &[]),
             (1.2, &[]),
