@@ -145,6 +145,19 @@ impl VllmServer {
         );
     }
 
+    /// The EngineCore process (the API server's child titled `VLLM::EngineCore`), which runs
+    /// the scheduler and the worker: the process whose kernels a step launches.
+    pub fn engine_core_pid(&self) -> Option<u32> {
+        let server = self.pid().to_string();
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let ppid = stat.rsplit_once(") ")?.1.split_whitespace().nth(1)?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            (ppid == server && cmdline.starts_with(b"VLLM::EngineCore")).then_some(pid)
+        })
+    }
+
     pub fn read_truth(&self) -> Truth {
         Truth::read(&self.truth, 0)
     }

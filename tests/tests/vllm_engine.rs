@@ -86,7 +86,7 @@ struct Summary {
 
 /// Checks one server's records and steps against its scheduler's ground truth.
 fn check(
-    pid: u32,
+    (pid, engine_core): (u32, u32),
     jobs: &[Job],
     outcomes: &[Outcome],
     records: &[Value],
@@ -260,6 +260,12 @@ fn check(
             continue;
         };
         s.steps_matched += 1;
+        // Its kernels are the EngineCore's (the step is seen on the API server's socket).
+        assert_eq!(
+            st["kernel_pid"].as_u64().or(st["pid"].as_u64()),
+            Some(u64::from(engine_core)),
+            "{st:#?}"
+        );
         assert_eq!(st["running_requests"].as_u64(), t.running, "{st:#?} {t:?}");
         assert_eq!(st["waiting_requests"].as_u64(), t.waiting, "{st:#?} {t:?}");
         let start = st["start_mono_ns"].as_u64().unwrap();
@@ -326,6 +332,7 @@ fn assert_nothing_lost(log: &str) {
         assert_eq!(counter(log, name), 0, "{name} in\n{log}");
     }
     assert!(counter(log, "vllm_version_from_package") >= 1, "{log}");
+    assert!(counter(log, "vllm_engine_core_found") >= 1, "{log}");
 }
 
 /// One server under load: chat and completions (n = 2, batched prompts), ids of every kind,
@@ -370,9 +377,17 @@ fn vllm_real_scheduler_under_load() {
     let steps = read_records(&steps_path);
     let truth = server.read_truth_since(mark);
     let pid = server.pid();
+    let engine_core = server.engine_core_pid().expect("vLLM's EngineCore process");
     drop(server);
 
-    let s = check(pid, &jobs, &outcomes, &records, &steps, &truth);
+    let s = check(
+        (pid, engine_core),
+        &jobs,
+        &outcomes,
+        &records,
+        &steps,
+        &truth,
+    );
     eprintln!(
         "vLLM real scheduler, one server: {s:#?} (engine start {started:?}, total {:?})",
         t0.elapsed()
@@ -439,10 +454,12 @@ fn two_vllm_servers_under_one_agent() {
     let steps = read_records(&steps_path);
     let (truth_a, truth_b) = (a.read_truth_since(mark_a), b.read_truth_since(mark_b));
     let (pid_a, pid_b) = (a.pid(), b.pid());
+    let core = |s: &VllmServer| s.engine_core_pid().expect("vLLM's EngineCore process");
+    let (core_a, core_b) = (core(&a), core(&b));
     drop((a, b));
     for (name, pid, jobs, outcomes, truth) in [
-        ("a", pid_a, &jobs_a, &oa, &truth_a),
-        ("b", pid_b, &jobs_b, &ob, &truth_b),
+        ("a", (pid_a, core_a), &jobs_a, &oa, &truth_a),
+        ("b", (pid_b, core_b), &jobs_b, &ob, &truth_b),
     ] {
         let s = check(pid, jobs, outcomes, &records, &steps, truth);
         eprintln!("vLLM server {name} of two: {s:#?}");

@@ -337,6 +337,7 @@ mod tests {
             running_requests: None,
             waiting_requests: None,
             start_from: Some("previous_step"),
+            kernel_pid: None,
         };
         let mut b = TimelineBuilder::new(TimelineLimits::default());
         let engine_id = "chatcmpl-x-abcdef12";

@@ -344,6 +344,7 @@ impl Tracker {
             running_requests: None,
             waiting_requests: None,
             start_from: None,
+            kernel_pid: None,
         })
     }
 

@@ -188,6 +188,17 @@ pub struct StepRecord {
     /// the engine's work between steps counts in), `unknown` (after an idle gap: the end).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub start_from: Option<&'static str>,
+    /// The process that launched the step's GPU kernels, where not `pid` (vLLM: the step is
+    /// seen on the API server's IPC, its kernels run in the EngineCore process).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_pid: Option<u32>,
+}
+
+impl StepRecord {
+    /// The process whose kernels ran in this step.
+    pub fn gpu_pid(&self) -> u32 {
+        self.kernel_pid.unwrap_or(self.pid)
+    }
 }
 
 /// One engine step named by its process and end, with a request's phase in it.

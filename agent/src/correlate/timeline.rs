@@ -69,7 +69,7 @@ impl RequestTimeline {
 }
 
 fn launched_during(k: &KernelRecord, step: &StepRecord) -> bool {
-    k.pid == step.pid && (step.start_mono_ns..=step.end_mono_ns).contains(&k.launch_mono_ns)
+    k.pid == step.gpu_pid() && (step.start_mono_ns..=step.end_mono_ns).contains(&k.launch_mono_ns)
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -253,7 +253,9 @@ impl TimelineBuilder {
         if steps.is_empty() {
             unknown.push("steps");
         }
-        let shim = steps.iter().any(|s| self.has_recent_shim(s.pid, now_ns))
+        let shim = steps
+            .iter()
+            .any(|s| self.has_recent_shim(s.gpu_pid(), now_ns))
             || self.has_recent_shim(request.pid, now_ns);
         let mut timeline = RequestTimeline {
             unknown,
@@ -272,7 +274,7 @@ impl TimelineBuilder {
                 .iter()
                 .find(|m| m.request_id == timeline.request.request_id)
                 .map_or("decode", |m| m.phase);
-            let Some(ring) = self.kernels.get(&step.pid) else {
+            let Some(ring) = self.kernels.get(&step.gpu_pid()) else {
                 continue;
             };
             let from = ring.partition_point(|k| k.launch_mono_ns < step.start_mono_ns);
@@ -395,6 +397,7 @@ mod tests {
             running_requests: None,
             waiting_requests: None,
             start_from: None,
+            kernel_pid: None,
             requests: members
                 .iter()
                 .map(|(id, phase)| StepMember {

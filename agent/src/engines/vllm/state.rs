@@ -70,6 +70,9 @@ pub struct IpcState {
     last_step: FxHashMap<(u32, i64), (u64, bool)>,
     /// Per engine: its recent steps, by end.
     engine_steps: FxHashMap<(u32, i64), VecDeque<EngineStep>>,
+    /// Per engine: its EngineCore process, which launches the step's kernels (found by
+    /// [`super::VllmIpc`] in /proc).
+    pub engine_pids: FxHashMap<(u32, i64), u32>,
     pub stats: Stats,
 }
 
@@ -329,6 +332,11 @@ impl IpcState {
             running_requests: stats.running,
             waiting_requests: stats.waiting,
             start_from: Some(start_from),
+            kernel_pid: self
+                .engine_pids
+                .get(&engine)
+                .copied()
+                .filter(|&p| p != tgid),
         });
     }
 

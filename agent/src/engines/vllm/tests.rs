@@ -56,7 +56,14 @@ fn feed(
 /// message there, and reads the output socket (PULL). Inputs before outputs, as in the scenario
 /// (each request is added before any output names it).
 fn api_server_view(transport: &str, chunk: usize) -> (VllmIpc, Vec<StepRecord>) {
-    let mut ipc = VllmIpc::default();
+    api_server_view_with(transport, chunk, VllmIpc::default())
+}
+
+fn api_server_view_with(
+    transport: &str,
+    chunk: usize,
+    mut ipc: VllmIpc,
+) -> (VllmIpc, Vec<StepRecord>) {
     let mut steps = Vec::new();
     let pid = 100;
     let input_from = fixture(&format!("{transport}-input.from_engine.bin"));
@@ -374,13 +381,19 @@ fn kernel(pid: u32, launch: u64) -> crate::correlate::timeline::KernelRecord {
 }
 
 /// The replayed steps carry engine ids; the HTTP records joined to them get their steps (named
-/// by the agent's id, with the phase) and the kernels launched inside those steps, split into
-/// prefill and decode, as llama.cpp's hook steps do.
+/// by the agent's id, with the phase) and the kernels launched inside those steps by the
+/// EngineCore process (the steps are seen on the API server's sockets), split into prefill and
+/// decode, as llama.cpp's hook steps do.
 #[test]
 fn replayed_steps_give_http_requests_their_steps_and_kernels() {
     use crate::correlate::timeline::{TimelineBuilder, TimelineLimits};
     let want = expected();
-    let (mut ipc, steps) = api_server_view("ipc", 4096);
+    let (engine_core, api_server) = (200, 100);
+    let mut ipc = VllmIpc::default();
+    ipc.set_engine_core(api_server, 0, engine_core);
+    let (mut ipc, steps) = api_server_view_with("ipc", 4096, ipc);
+    assert!(steps.iter().all(|s| s.pid == api_server));
+    assert!(steps.iter().all(|s| s.gpu_pid() == engine_core));
     let mut timeline = TimelineBuilder::new(TimelineLimits::default());
     let mut launches = Vec::new();
     for step in &steps {
@@ -393,7 +406,9 @@ fn replayed_steps_give_http_requests_their_steps_and_kernels() {
         }
         launches.push(at.len() as u64);
         for t in at {
-            timeline.on_kernel(kernel(step.pid, t), 1);
+            timeline.on_kernel(kernel(engine_core, t), 1);
+            // The API server launches nothing; a kernel of another process never joins.
+            timeline.on_kernel(kernel(300, t), 1);
         }
         timeline.on_step(step.clone());
     }
