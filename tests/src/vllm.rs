@@ -40,6 +40,8 @@ pub struct VllmOptions {
     pub token_us: f64,
     /// More `vllm serve` arguments.
     pub extra: Vec<String>,
+    /// More environment for `vllm serve` and its EngineCore (e.g. the mock CUDA stack).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for VllmOptions {
@@ -53,6 +55,7 @@ impl Default for VllmOptions {
             step_ms: 4.0,
             token_us: 20.0,
             extra: Vec::new(),
+            env: Vec::new(),
         }
     }
 }
@@ -91,6 +94,7 @@ impl VllmServer {
             ])
             .env("INFERSCOPE_VLLM_STEP_MS", o.step_ms.to_string())
             .env("INFERSCOPE_VLLM_TOKEN_US", o.token_us.to_string())
+            .envs(o.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("vLLM log"))

@@ -10,7 +10,8 @@ use std::{
 
 use inferscope_integration_tests::{
     agent::{Recorder, counter, read_records},
-    free_port,
+    daemon::Daemon,
+    free_port, mock_cuda,
     vllm::{Truth, VllmOptions, VllmServer},
     vllm_load::{self, IdSource, Job, Kind, Outcome},
 };
@@ -471,5 +472,147 @@ fn two_vllm_servers_under_one_agent() {
     }
     assert_nothing_lost(&log);
     eprintln!("two servers: {:?}", t0.elapsed());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The number before `suffix` on the line of `text` that starts with `prefix`.
+fn number_after(text: &str, prefix: &str) -> Option<u64> {
+    let rest = text
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix(prefix))?;
+    rest.split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Kernels per request on vLLM's real scheduler: the CUPTI shim is injected into the EngineCore
+/// as on a GPU (its worker drives the mock CUDA driver, whose cuInit loads the real shim through
+/// CUDA_INJECTION64_PATH, and launches two kernels per step), and `inferscope run` joins every
+/// request's steps (seen on the API server's IPC, by engine id) and the kernels they launched:
+/// `inspect` draws each request's steps, and its prefill / decode kernels are exactly the
+/// worker's launches in vLLM's own per-request step list.
+#[test]
+fn vllm_kernels_per_request_through_the_shim() {
+    const KERNELS_PER_STEP: u64 = 2; // tests/engine/vllm/inferscope_vllm/worker.py
+    let t0 = Instant::now();
+    let dir = work_dir("vllm-kernels");
+    let shim_socket = dir.join("shim.sock");
+    let shim_arg = shim_socket.to_string_lossy().into_owned();
+    let mut daemon = Daemon::start(
+        &dir,
+        &[
+            "--auto",
+            "--shim-socket",
+            &shim_arg,
+            "--nvml-interval",
+            "off",
+        ],
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !shim_socket.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "no shim socket:\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mock = mock_cuda::mock_dir();
+    let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
+    let opts = VllmOptions {
+        kv_blocks: 256,
+        max_num_seqs: 8,
+        env: vec![
+            (
+                "INFERSCOPE_VLLM_MOCK_CUDA".into(),
+                path(&mock.join("libcuda.so")),
+            ),
+            (
+                "CUDA_INJECTION64_PATH".into(),
+                path(&mock_cuda::shim_library()),
+            ),
+            ("INFERSCOPE_SHIM_SOCKET".into(), shim_arg.clone()),
+            // The shim finds the mock libcupti as it would the real one.
+            ("LD_LIBRARY_PATH".into(), path(mock)),
+        ],
+        ..Default::default()
+    };
+    let server = VllmServer::start(&dir.join("vllm"), free_port(), &opts);
+    daemon.wait_attached(server.pid(), Duration::from_secs(60));
+    let _ = warm_up(&server);
+    let jobs: Vec<Job> = vllm_load::mix(32, "k")
+        .into_iter()
+        .filter(|j| !matches!(j.kind, Kind::AbortMidStream | Kind::AbortQueued))
+        .collect();
+    let outcomes = vllm_load::run_all(server.port, &jobs, 8);
+    // Timelines close once the kernels of their steps can have arrived (2 s settle).
+    std::thread::sleep(Duration::from_secs(4));
+    let truth = server.read_truth();
+    let mut checked = 0;
+    let mut chunked = 0;
+    for (job, outcome) in jobs.iter().zip(&outcomes) {
+        assert!(outcome.done, "{job:?}: {outcome:?}");
+        let ext = external(job, outcome).expect("stream id");
+        let ids: Vec<&String> = truth.members(&ext).iter().map(|(id, _)| *id).collect();
+        let want = truth.steps_of(&ids);
+        let want_prefill = want.iter().filter(|(_, p)| *p).count() as u64;
+        let want_decode = want.len() as u64 - want_prefill;
+        let id = outcome.response_id.clone().expect("stream id");
+        let out = daemon.client(&["inspect", &id, "--steps", "1000"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "inspect {id}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            number_after(&text, "steps ("),
+            Some(want.len() as u64),
+            "{ext}: vLLM's steps {want:?}\n{text}"
+        );
+        let drawn = |phase: &str| {
+            text.lines()
+                .skip_while(|l| !l.starts_with("steps ("))
+                .filter(|l| l.starts_with(&format!("{phase} ")))
+                .count() as u64
+        };
+        assert_eq!(
+            (drawn("prefill"), drawn("decode")),
+            (want_prefill, want_decode),
+            "{ext}\n{text}"
+        );
+        assert_eq!(
+            number_after(&text, "GPU prefill: "),
+            Some(KERNELS_PER_STEP * want_prefill),
+            "{ext}\n{text}"
+        );
+        assert_eq!(
+            number_after(&text, "GPU decode: "),
+            Some(KERNELS_PER_STEP * want_decode),
+            "{ext}\n{text}"
+        );
+        checked += 1;
+        if want_prefill > 1 {
+            chunked += 1;
+        }
+    }
+    let engine_core = server.engine_core_pid();
+    drop(server);
+    let scrape = daemon.scrape();
+    let log = daemon.stop();
+    eprintln!(
+        "vLLM kernels per request: {checked} requests checked ({chunked} with chunked prefill), \
+         EngineCore {engine_core:?}, {:?}",
+        t0.elapsed()
+    );
+    assert!(checked >= 20, "{checked}");
+    let received = scrape.lines().find_map(|l| {
+        l.strip_prefix("inferscope_agent_events_total{counter=\"shim_kernels_received\"} ")
+    });
+    assert!(
+        received.is_some_and(|v| v.trim() != "0"),
+        "no kernels received: {received:?}\n{log}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

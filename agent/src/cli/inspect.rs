@@ -338,6 +338,7 @@ mod tests {
             waiting_requests: None,
             start_from: Some("previous_step"),
             kernel_pid: None,
+            kernels_from_ns: None,
         };
         let mut b = TimelineBuilder::new(TimelineLimits::default());
         let engine_id = "chatcmpl-x-abcdef12";

@@ -345,6 +345,7 @@ impl Tracker {
             waiting_requests: None,
             start_from: None,
             kernel_pid: None,
+            kernels_from_ns: None,
         })
     }
 

@@ -192,12 +192,22 @@ pub struct StepRecord {
     /// seen on the API server's IPC, its kernels run in the EngineCore process).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel_pid: Option<u32>,
+    /// Where the step's kernels may start, where earlier than `start_mono_ns` (vLLM after an
+    /// idle gap: the start is unknown, but the engine ran nothing since its previous step).
+    #[serde(skip)]
+    pub kernels_from_ns: Option<u64>,
 }
 
 impl StepRecord {
     /// The process whose kernels ran in this step.
     pub fn gpu_pid(&self) -> u32 {
         self.kernel_pid.unwrap_or(self.pid)
+    }
+
+    /// The first launch time of the step's kernels.
+    pub fn kernels_from(&self) -> u64 {
+        self.kernels_from_ns
+            .map_or(self.start_mono_ns, |t| t.min(self.start_mono_ns))
     }
 }
 

@@ -69,7 +69,7 @@ impl RequestTimeline {
 }
 
 fn launched_during(k: &KernelRecord, step: &StepRecord) -> bool {
-    k.pid == step.gpu_pid() && (step.start_mono_ns..=step.end_mono_ns).contains(&k.launch_mono_ns)
+    k.pid == step.gpu_pid() && (step.kernels_from()..=step.end_mono_ns).contains(&k.launch_mono_ns)
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -277,7 +277,7 @@ impl TimelineBuilder {
             let Some(ring) = self.kernels.get(&step.gpu_pid()) else {
                 continue;
             };
-            let from = ring.partition_point(|k| k.launch_mono_ns < step.start_mono_ns);
+            let from = ring.partition_point(|k| k.launch_mono_ns < step.kernels_from());
             for event in ring.iter().skip(from) {
                 if event.launch_mono_ns > step.end_mono_ns {
                     break;
@@ -398,6 +398,7 @@ mod tests {
             waiting_requests: None,
             start_from: None,
             kernel_pid: None,
+            kernels_from_ns: None,
             requests: members
                 .iter()
                 .map(|(id, phase)| StepMember {

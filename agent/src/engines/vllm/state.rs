@@ -289,15 +289,17 @@ impl IpcState {
         // steps, such as reading new requests, counts in). After an idle gap the start is
         // unknown and reported as the end.
         let engine = (server, outputs.engine_index.unwrap_or(0));
-        let (start, start_from) = match self.last_step.get(&engine) {
+        // After an idle gap the engine ran nothing since its previous step: the kernels
+        // launched since then are this step's, though its start is unknown.
+        let (start, start_from, kernels_from) = match self.last_step.get(&engine) {
             Some(&(prev, running)) if prev <= end => {
                 match sched_stamps.iter().filter(|&&t| t > prev && t <= end).min() {
-                    Some(&t) => (t, "scheduled"),
-                    None if running => (prev, "previous_step"),
-                    None => (end, "unknown"),
+                    Some(&t) => (t, "scheduled", None),
+                    None if running => (prev, "previous_step", None),
+                    None => (end, "unknown", Some(prev + 1)),
                 }
             }
-            _ => (end, "unknown"),
+            _ => (end, "unknown", None),
         };
         if self.last_step.len() >= MAX_ENGINES && !self.last_step.contains_key(&engine) {
             self.last_step.clear();
@@ -332,6 +334,7 @@ impl IpcState {
             running_requests: stats.running,
             waiting_requests: stats.waiting,
             start_from: Some(start_from),
+            kernels_from_ns: kernels_from,
             kernel_pid: self
                 .engine_pids
                 .get(&engine)
