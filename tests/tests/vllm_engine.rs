@@ -501,13 +501,8 @@ fn vllm_kernels_per_request_through_the_shim() {
     let shim_arg = shim_socket.to_string_lossy().into_owned();
     let mut daemon = Daemon::start(
         &dir,
-        &[
-            "--auto",
-            "--shim-socket",
-            &shim_arg,
-            "--nvml-interval",
-            "off",
-        ],
+        // No target: the daemon discovers engines as they start (vLLM among them).
+        &["--shim-socket", &shim_arg, "--nvml-interval", "off"],
     );
     let deadline = Instant::now() + Duration::from_secs(30);
     while !shim_socket.exists() {

@@ -109,8 +109,9 @@ pub struct TimelineBuilder {
     kernels: FxHashMap<u32, VecDeque<KernelRecord>>,
     /// Per process: when its last kernel arrived, and the latest launch time seen.
     shim_seen: FxHashMap<u32, (u64, u64)>,
-    /// Finished requests waiting for kernels, oldest first, with the time they become ready.
-    pending: VecDeque<(u64, RequestRecord)>,
+    /// Finished requests waiting for kernels, oldest first, with the time they become ready
+    /// and the process whose kernels they wait for.
+    pending: VecDeque<(u64, u32, RequestRecord)>,
     stats: Stats,
 }
 
@@ -164,33 +165,34 @@ impl TimelineBuilder {
         now_ns: u64,
         out: &mut Vec<RequestTimeline>,
     ) {
-        let ready_at = if self.has_recent_shim(request.pid, now_ns) {
+        let gpu_pid = self.gpu_pid_of(&request);
+        let ready_at = if self.has_recent_shim(gpu_pid, now_ns) {
             now_ns.max(request.end_mono_ns) + self.limits.settle_ns
         } else {
             now_ns
         };
         if self.pending.len() >= self.limits.pending_requests
-            && let Some((_, oldest)) = self.pending.pop_front()
+            && let Some((_, _, oldest)) = self.pending.pop_front()
         {
             self.stats.bump("timeline_closed_early");
             out.push(self.build(oldest, now_ns));
         }
-        self.pending.push_back((ready_at, request));
+        self.pending.push_back((ready_at, gpu_pid, request));
         self.poll(now_ns, out);
     }
 
     /// Closes the timelines whose settle time has passed or whose process's kernels have been
     /// seen past the request's end.
     pub fn poll(&mut self, now_ns: u64, out: &mut Vec<RequestTimeline>) {
-        while let Some((ready_at, request)) = self.pending.front() {
+        while let Some((ready_at, gpu_pid, request)) = self.pending.front() {
             let watermark_passed = self
                 .shim_seen
-                .get(&request.pid)
+                .get(gpu_pid)
                 .is_some_and(|&(_, latest)| latest > request.end_mono_ns);
             if *ready_at > now_ns && !watermark_passed {
                 break;
             }
-            let Some((_, request)) = self.pending.pop_front() else {
+            let Some((_, _, request)) = self.pending.pop_front() else {
                 break;
             };
             out.push(self.build(request, now_ns));
@@ -199,9 +201,24 @@ impl TimelineBuilder {
 
     /// Closes every pending timeline now (shutdown).
     pub fn flush(&mut self, now_ns: u64, out: &mut Vec<RequestTimeline>) {
-        while let Some((_, request)) = self.pending.pop_front() {
+        while let Some((_, _, request)) = self.pending.pop_front() {
             out.push(self.build(request, now_ns));
         }
+    }
+
+    /// The process whose kernels `request` ran: its own, or that of its last step where its
+    /// engine listed the steps (vLLM: the EngineCore, not the API server that answered).
+    fn gpu_pid_of(&self, request: &RequestRecord) -> u32 {
+        let Some(last) = request.engine_steps.last() else {
+            return request.pid;
+        };
+        self.steps
+            .iter()
+            .rev()
+            // Its last step is among the newest (it just finished).
+            .take(4096)
+            .find(|s| s.end_mono_ns == last.end_mono_ns && s.pid == last.pid)
+            .map_or(request.pid, StepRecord::gpu_pid)
     }
 
     fn has_recent_shim(&self, pid: u32, now_ns: u64) -> bool {
@@ -460,6 +477,56 @@ mod tests {
         assert_eq!(decode.devices, vec![1]);
         assert_eq!(t.kernels.len(), 3);
         assert!(t.unknown.is_empty());
+    }
+
+    #[test]
+    fn engine_listed_steps_join_kernels_of_their_engine_process() {
+        use crate::correlate::StepRef;
+        let mut b = TimelineBuilder::new(TimelineLimits::default());
+        // Steps seen in process 7 (vLLM's API server) list engine ids; process 8 (its
+        // EngineCore) launched their kernels. The second step's start is unknown (after an idle
+        // gap) but its kernels are those since the engine's previous step.
+        let mut first = step(100, 200, &[("chatcmpl-a-12345678", "prefill")]);
+        first.kernel_pid = Some(8);
+        let mut second = step(400, 400, &[("chatcmpl-a-12345678", "decode")]);
+        second.kernel_pid = Some(8);
+        second.kernels_from_ns = Some(201);
+        b.on_step(first);
+        b.on_step(second);
+        let mut k = kernel(150, 160, 170, false, 0);
+        k.pid = 8;
+        b.on_kernel(k.clone(), 1000);
+        k.launch_mono_ns = 350;
+        b.on_kernel(k.clone(), 1000);
+        k.pid = 7;
+        b.on_kernel(k, 1000);
+        let mut r = request("7-1-0", 50, Some(100), 450);
+        r.engine_steps = vec![
+            StepRef {
+                pid: 7,
+                end_mono_ns: 200,
+                phase: "prefill",
+            },
+            StepRef {
+                pid: 7,
+                end_mono_ns: 400,
+                phase: "decode",
+            },
+        ];
+        let mut out = Vec::new();
+        b.on_request(r, 1000, &mut out);
+        assert!(out.is_empty(), "waits for the engine process's kernels");
+        b.poll(1000 + 2_000_000_000, &mut out);
+        let t = &out[0];
+        assert_eq!(t.steps.len(), 2);
+        assert!(
+            t.steps
+                .iter()
+                .all(|s| s.requests.iter().any(|m| m.request_id == "7-1-0"))
+        );
+        assert_eq!(t.prefill_gpu.as_ref().unwrap().kernels, 1);
+        assert_eq!(t.decode_gpu.as_ref().unwrap().kernels, 1);
+        assert_eq!(t.kernels_of(&t.steps[1]).count(), 1);
     }
 
     #[test]
