@@ -64,6 +64,8 @@ struct Summary {
     records: usize,
     /// Clients that left while queued whose connection the server had not closed yet.
     queued_aborts_open: usize,
+    /// Clients that left while queued, recorded as client aborts.
+    queued_aborts_recorded: usize,
     admitted: usize,
     admission_max_err_ns: u64,
     preempted_requests: usize,
@@ -126,6 +128,12 @@ fn check(
             continue;
         };
         assert_eq!(rec["engine"], "vllm", "{rec:#?}");
+        if job.kind == Kind::AbortQueued && outcome.aborted_by_client {
+            // The client left before any answer: a client abort, whoever closed first.
+            assert_eq!(rec["aborted"], true, "{ext}: {rec:#?}");
+            assert_eq!(rec["ended_by"], "client", "{ext}: {rec:#?}");
+            s.queued_aborts_recorded += 1;
+        }
         let completed = !outcome.aborted_by_client;
         if completed {
             assert!(outcome.done, "{job:?}: {outcome:?}");
