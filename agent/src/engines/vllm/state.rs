@@ -17,8 +17,12 @@ const MAX_EVENTS: usize = 64;
 const SEEN_OUTPUTS: usize = 256;
 /// Steps remembered per engine to list each request's steps when its HTTP record ends.
 const STEPS_PER_ENGINE: usize = 1 << 14;
-/// Steps that gave one request a token, remembered (a longer request's steps are counted).
+/// Steps that gave one request a token, remembered (a longer request's steps are unknown).
 const OUTPUT_STEPS: usize = 1 << 14;
+/// The same across all requests remembered (8 MiB); beyond it new ones' steps are unknown.
+const OUTPUT_STEPS_TOTAL: usize = 1 << 20;
+/// Engines whose recent steps are kept (each up to [`STEPS_PER_ENGINE`]).
+const STEP_ENGINES: usize = 64;
 
 /// CLOCK_MONOTONIC seconds (vLLM's time.monotonic()) → nanoseconds; None for values no clock
 /// reads (negative, NaN, more than ~300 years).
@@ -73,6 +77,8 @@ pub struct IpcState {
     /// Per engine: its EngineCore process, which launches the step's kernels (found by
     /// [`super::VllmIpc`] in /proc).
     pub engine_pids: FxHashMap<(u32, i64), u32>,
+    /// Output steps remembered across all requests.
+    output_steps_total: usize,
     pub stats: Stats,
 }
 
@@ -142,6 +148,9 @@ impl IpcState {
 
     fn remove(&mut self, request_id: &str) -> Option<RequestState> {
         let state = self.requests.remove(request_id)?;
+        self.output_steps_total = self
+            .output_steps_total
+            .saturating_sub(state.output_steps.len());
         if let Some(ext) = &state.external_req_id
             && let Some(ids) = self.by_external.get_mut(ext)
         {
@@ -228,6 +237,8 @@ impl IpcState {
         let mut sched_stamps: Vec<u64> = Vec::new();
         let engine_key = (server, outputs.engine_index.unwrap_or(0));
         for out in outputs.outputs {
+            let room = self.output_steps_total < OUTPUT_STEPS_TOTAL;
+            let mut kept = false;
             let r = self.entry(&out.request_id);
             let mut bad_time = 0;
             for ev in &out.events {
@@ -264,8 +275,9 @@ impl IpcState {
                 && (out.new_tokens > 0 || out.finish_reason.is_some())
                 && r.output_steps.last().is_none_or(|&l| l < ts)
             {
-                if r.output_steps.len() < OUTPUT_STEPS {
+                if room && r.output_steps.len() < OUTPUT_STEPS {
                     r.output_steps.push(ts);
+                    kept = true;
                 } else {
                     r.steps_overflow = true;
                 }
@@ -274,6 +286,7 @@ impl IpcState {
                 r.finish_reason = out.finish_reason;
                 r.aborted |= out.finish_reason == Some("abort");
             }
+            self.output_steps_total += usize::from(kept);
             members.push(StepMember {
                 request_id: out.request_id,
                 phase: if first { "prefill" } else { "decode" },
@@ -307,8 +320,9 @@ impl IpcState {
         }
         self.last_step
             .insert(engine, (end, stats.running.unwrap_or(0) > 0));
-        if self.engine_steps.len() >= MAX_ENGINES && !self.engine_steps.contains_key(&engine) {
+        if self.engine_steps.len() >= STEP_ENGINES && !self.engine_steps.contains_key(&engine) {
             self.engine_steps.clear();
+            self.stats.bump("vllm_step_engines_reset");
         }
         let ring = self.engine_steps.entry(engine).or_default();
         if ring.len() >= STEPS_PER_ENGINE {
@@ -613,6 +627,10 @@ mod tests {
         assert!(state.requests.len() <= MAX_REQUESTS);
         assert!(state.order.len() <= 2 * MAX_REQUESTS);
         assert!(state.by_external.len() <= MAX_REQUESTS);
+        // Output steps are accounted for as requests come and go.
+        let kept: usize = state.requests.values().map(|r| r.output_steps.len()).sum();
+        assert_eq!(state.output_steps_total, kept);
+        assert!(kept > 0 && kept <= OUTPUT_STEPS_TOTAL);
         assert!(state.stats.get("vllm_requests_evicted_unjoined") > 0);
     }
 
