@@ -411,11 +411,11 @@ fn vllm_real_scheduler_under_load() {
     assert!(s.preemptions_unknown > 0, "{s:#?}");
     // Steps back to back: a step with no SCHEDULED stamp starts where the previous one of its
     // engine ended. That is an estimate (the engine's work between steps is not on the IPC):
-    // 89-99.7 % within 1 ms over eight runs on a 2-core machine shared with other builds
-    // (fewer under load). Chaining steps across engines (the bug this guards) put 13 % within
+    // 84-99.7 % within 1 ms over eleven server-runs on a 2-core machine shared with other
+    // builds (fewer under load). Chaining steps across engines (the bug this guards) put 13 % within
     // 1 ms.
     assert!(
-        s.step_start_within_1ms * 100 >= s.step_start_known * 80,
+        s.step_start_within_1ms * 100 >= s.step_start_known * 75,
         "{s:#?}"
     );
     let _ = std::fs::remove_dir_all(&dir);
@@ -474,9 +474,9 @@ fn two_vllm_servers_under_one_agent() {
         let s = check(pid, jobs, outcomes, &records, &steps, truth);
         eprintln!("vLLM server {name} of two: {s:#?}");
         // Chained across the two servers, 13 % were within 1 ms (see the one-server test);
-        // 87-95 % per server in six runs.
+        // 84-100 % per server in eight runs.
         assert!(
-            s.step_start_within_1ms * 100 >= s.step_start_known * 80,
+            s.step_start_within_1ms * 100 >= s.step_start_known * 75,
             "server {name}: {s:#?}"
         );
     }
