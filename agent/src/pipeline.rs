@@ -496,10 +496,12 @@ impl Pipeline {
         if let Some(user) = user_probes.as_mut() {
             user.detach_failed(probes);
         }
-        emit(engine_metrics, ipc, identities, records, observer);
+        // Steps first: a request that ended in this batch joins its last steps (vLLM's final
+        // output and the HTTP response's end are seen together).
         for step in steps.drain(..) {
             observer.on_step(step);
         }
+        emit(engine_metrics, ipc, identities, records, observer);
     }
 
     /// Every counter: kernel side (`kernel_*`), capture and decode/correlate.

@@ -61,6 +61,7 @@ impl Launcher for Vllm {
             step_ms: self.step_ms,
             token_us: self.token_us,
             extra: Vec::new(),
+            env: Vec::new(),
         };
         let dir = work_dir(port);
         let _ = std::fs::remove_dir_all(&dir);

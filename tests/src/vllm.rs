@@ -40,6 +40,8 @@ pub struct VllmOptions {
     pub token_us: f64,
     /// More `vllm serve` arguments.
     pub extra: Vec<String>,
+    /// More environment for `vllm serve` and its EngineCore (e.g. the mock CUDA stack).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for VllmOptions {
@@ -53,6 +55,7 @@ impl Default for VllmOptions {
             step_ms: 4.0,
             token_us: 20.0,
             extra: Vec::new(),
+            env: Vec::new(),
         }
     }
 }
@@ -91,6 +94,7 @@ impl VllmServer {
             ])
             .env("INFERSCOPE_VLLM_STEP_MS", o.step_ms.to_string())
             .env("INFERSCOPE_VLLM_TOKEN_US", o.token_us.to_string())
+            .envs(o.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("vLLM log"))
@@ -145,6 +149,19 @@ impl VllmServer {
         );
     }
 
+    /// The EngineCore process (the API server's child titled `VLLM::EngineCore`), which runs
+    /// the scheduler and the worker: the process whose kernels a step launches.
+    pub fn engine_core_pid(&self) -> Option<u32> {
+        let server = self.pid().to_string();
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let ppid = stat.rsplit_once(") ")?.1.split_whitespace().nth(1)?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            (ppid == server && cmdline.starts_with(b"VLLM::EngineCore")).then_some(pid)
+        })
+    }
+
     pub fn read_truth(&self) -> Truth {
         Truth::read(&self.truth, 0)
     }
@@ -192,6 +209,8 @@ pub struct TruthStep {
     pub start_ns: u64,
     pub end_ns: u64,
     pub ids: Vec<String>,
+    /// Engine ids the step sent an output for (a token, or the request's end).
+    pub outputs: Vec<String>,
     pub running: Option<u64>,
     pub waiting: Option<u64>,
 }
@@ -242,6 +261,12 @@ impl Truth {
                         .flatten()
                         .filter_map(|x| x.as_str().map(str::to_owned))
                         .collect(),
+                    outputs: v["outputs"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|x| x.as_str().map(str::to_owned))
+                        .collect(),
                     running: v["running"].as_u64(),
                     waiting: v["waiting"].as_u64(),
                 }),
@@ -249,6 +274,31 @@ impl Truth {
             }
         }
         truth
+    }
+
+    /// The steps (by end) any of `ids` was scheduled in, each with `true` where one of them
+    /// was prefilling: its first output (token) came in that step or later.
+    pub fn steps_of(&self, ids: &[&String]) -> Vec<(u64, bool)> {
+        let mut first_output: HashMap<&str, u64> = HashMap::new();
+        for st in &self.steps {
+            for id in &st.outputs {
+                first_output.entry(id.as_str()).or_insert(st.end_ns);
+            }
+        }
+        let mut out = Vec::new();
+        for st in &self.steps {
+            let mine: Vec<&&String> = ids.iter().filter(|id| st.ids.contains(id)).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let prefill = mine.iter().any(|id| {
+                first_output
+                    .get(id.as_str())
+                    .is_none_or(|&f| st.end_ns <= f)
+            });
+            out.push((st.end_ns, prefill));
+        }
+        out
     }
 
     /// Engine requests serving the HTTP request whose external id is `external`

@@ -10,7 +10,8 @@ use std::{
 
 use inferscope_integration_tests::{
     agent::{Recorder, counter, read_records},
-    free_port,
+    daemon::Daemon,
+    free_port, mock_cuda,
     vllm::{Truth, VllmOptions, VllmServer},
     vllm_load::{self, IdSource, Job, Kind, Outcome},
 };
@@ -63,6 +64,8 @@ struct Summary {
     records: usize,
     /// Clients that left while queued whose connection the server had not closed yet.
     queued_aborts_open: usize,
+    /// Clients that left while queued, recorded as client aborts.
+    queued_aborts_recorded: usize,
     admitted: usize,
     admission_max_err_ns: u64,
     preempted_requests: usize,
@@ -76,11 +79,17 @@ struct Summary {
     /// Steps whose start came from a SCHEDULED/PREEMPTED stamp, and their largest error.
     step_start_scheduled: usize,
     step_start_scheduled_max_err_ns: u64,
+    /// Records whose step counts (prefill, decode) equal vLLM's own per-request step list.
+    request_steps_exact: usize,
+    /// Of those, prefilled over more than one step (chunked prefill, or budget shared).
+    request_prefill_chunked: usize,
+    /// Aborted records: their steps up to the client's leaving (a subset of vLLM's).
+    request_steps_aborted: usize,
 }
 
 /// Checks one server's records and steps against its scheduler's ground truth.
 fn check(
-    pid: u32,
+    (pid, engine_core): (u32, u32),
     jobs: &[Job],
     outcomes: &[Outcome],
     records: &[Value],
@@ -119,6 +128,12 @@ fn check(
             continue;
         };
         assert_eq!(rec["engine"], "vllm", "{rec:#?}");
+        if job.kind == Kind::AbortQueued && outcome.aborted_by_client {
+            // The client left before any answer: a client abort, whoever closed first.
+            assert_eq!(rec["aborted"], true, "{ext}: {rec:#?}");
+            assert_eq!(rec["ended_by"], "client", "{ext}: {rec:#?}");
+            s.queued_aborts_recorded += 1;
+        }
         let completed = !outcome.aborted_by_client;
         if completed {
             assert!(outcome.done, "{job:?}: {outcome:?}");
@@ -179,6 +194,36 @@ fn check(
                 }
             }
         }
+        // Per-request steps: the steps vLLM scheduled any of its engine requests in, prefill
+        // up to its first token (chunks included), all listed, none invented.
+        if scheduled.is_some() {
+            let ids: Vec<&String> = members.iter().map(|(id, _)| *id).collect();
+            let want = truth.steps_of(&ids);
+            let want_prefill = want.iter().filter(|(_, p)| *p).count() as u64;
+            let want_decode = want.len() as u64 - want_prefill;
+            let got_prefill = rec["prefill_steps"].as_u64();
+            let got_decode = rec["decode_steps"].as_u64();
+            if aborted {
+                // Steps between the client's leaving and the engine's abort are not listed.
+                let (p, d) = (got_prefill.unwrap_or(0), got_decode.unwrap_or(0));
+                assert!(
+                    p <= want_prefill && p + d <= want.len() as u64,
+                    "{ext}: aborted, steps ({p}, {d}) beyond vLLM's ({want_prefill}, \
+                     {want_decode}): {rec:#?}"
+                );
+                s.request_steps_aborted += 1;
+            } else {
+                assert_eq!(
+                    (got_prefill, got_decode),
+                    (Some(want_prefill), Some(want_decode)),
+                    "{ext}: (prefill, decode) steps vs vLLM's {want:?}: {rec:#?}"
+                );
+                s.request_steps_exact += 1;
+                if want_prefill > 1 {
+                    s.request_prefill_chunked += 1;
+                }
+            }
+        }
     }
     // Every engine request belongs to a client request.
     let stray: Vec<&String> = truth
@@ -224,6 +269,12 @@ fn check(
             continue;
         };
         s.steps_matched += 1;
+        // Its kernels are the EngineCore's (the step is seen on the API server's socket).
+        assert_eq!(
+            st["kernel_pid"].as_u64().or(st["pid"].as_u64()),
+            Some(u64::from(engine_core)),
+            "{st:#?}"
+        );
         assert_eq!(st["running_requests"].as_u64(), t.running, "{st:#?} {t:?}");
         assert_eq!(st["waiting_requests"].as_u64(), t.waiting, "{st:#?} {t:?}");
         let start = st["start_mono_ns"].as_u64().unwrap();
@@ -290,6 +341,7 @@ fn assert_nothing_lost(log: &str) {
         assert_eq!(counter(log, name), 0, "{name} in\n{log}");
     }
     assert!(counter(log, "vllm_version_from_package") >= 1, "{log}");
+    assert!(counter(log, "vllm_engine_core_found") >= 1, "{log}");
 }
 
 /// One server under load: chat and completions (n = 2, batched prompts), ids of every kind,
@@ -334,9 +386,17 @@ fn vllm_real_scheduler_under_load() {
     let steps = read_records(&steps_path);
     let truth = server.read_truth_since(mark);
     let pid = server.pid();
+    let engine_core = server.engine_core_pid().expect("vLLM's EngineCore process");
     drop(server);
 
-    let s = check(pid, &jobs, &outcomes, &records, &steps, &truth);
+    let s = check(
+        (pid, engine_core),
+        &jobs,
+        &outcomes,
+        &records,
+        &steps,
+        &truth,
+    );
     eprintln!(
         "vLLM real scheduler, one server: {s:#?} (engine start {started:?}, total {:?})",
         t0.elapsed()
@@ -351,10 +411,11 @@ fn vllm_real_scheduler_under_load() {
     assert!(s.preemptions_unknown > 0, "{s:#?}");
     // Steps back to back: a step with no SCHEDULED stamp starts where the previous one of its
     // engine ended. That is an estimate (the engine's work between steps is not on the IPC):
-    // 87-92 % within 1 ms on a quiet machine, fewer under load. Chaining steps across engines
-    // (the bug this guards) put 13 % within 1 ms.
+    // 84-99.7 % within 1 ms over eleven server-runs on a 2-core machine shared with other
+    // builds (fewer under load). Chaining steps across engines (the bug this guards) put 13 % within
+    // 1 ms.
     assert!(
-        s.step_start_within_1ms * 100 >= s.step_start_known * 60,
+        s.step_start_within_1ms * 100 >= s.step_start_known * 75,
         "{s:#?}"
     );
     let _ = std::fs::remove_dir_all(&dir);
@@ -403,20 +464,160 @@ fn two_vllm_servers_under_one_agent() {
     let steps = read_records(&steps_path);
     let (truth_a, truth_b) = (a.read_truth_since(mark_a), b.read_truth_since(mark_b));
     let (pid_a, pid_b) = (a.pid(), b.pid());
+    let core = |s: &VllmServer| s.engine_core_pid().expect("vLLM's EngineCore process");
+    let (core_a, core_b) = (core(&a), core(&b));
     drop((a, b));
     for (name, pid, jobs, outcomes, truth) in [
-        ("a", pid_a, &jobs_a, &oa, &truth_a),
-        ("b", pid_b, &jobs_b, &ob, &truth_b),
+        ("a", (pid_a, core_a), &jobs_a, &oa, &truth_a),
+        ("b", (pid_b, core_b), &jobs_b, &ob, &truth_b),
     ] {
         let s = check(pid, jobs, outcomes, &records, &steps, truth);
         eprintln!("vLLM server {name} of two: {s:#?}");
-        // Chained across the two servers, 13 % were within 1 ms (see the one-server test).
+        // Chained across the two servers, 13 % were within 1 ms (see the one-server test);
+        // 84-100 % per server in eight runs.
         assert!(
-            s.step_start_within_1ms * 100 >= s.step_start_known * 60,
+            s.step_start_within_1ms * 100 >= s.step_start_known * 75,
             "server {name}: {s:#?}"
         );
     }
     assert_nothing_lost(&log);
     eprintln!("two servers: {:?}", t0.elapsed());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The number before `suffix` on the line of `text` that starts with `prefix`.
+fn number_after(text: &str, prefix: &str) -> Option<u64> {
+    let rest = text
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix(prefix))?;
+    rest.split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Kernels per request on vLLM's real scheduler: the CUPTI shim is injected into the EngineCore
+/// as on a GPU (its worker drives the mock CUDA driver, whose cuInit loads the real shim through
+/// CUDA_INJECTION64_PATH, and launches two kernels per step), and `inferscope run` joins every
+/// request's steps (seen on the API server's IPC, by engine id) and the kernels they launched:
+/// `inspect` draws each request's steps, and its prefill / decode kernels are exactly the
+/// worker's launches in vLLM's own per-request step list.
+#[test]
+fn vllm_kernels_per_request_through_the_shim() {
+    const KERNELS_PER_STEP: u64 = 2; // tests/engine/vllm/inferscope_vllm/worker.py
+    let t0 = Instant::now();
+    let dir = work_dir("vllm-kernels");
+    let shim_socket = dir.join("shim.sock");
+    let shim_arg = shim_socket.to_string_lossy().into_owned();
+    let mut daemon = Daemon::start(
+        &dir,
+        // No target: the daemon discovers engines as they start (vLLM among them).
+        &["--shim-socket", &shim_arg, "--nvml-interval", "off"],
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !shim_socket.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "no shim socket:\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mock = mock_cuda::mock_dir();
+    let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
+    let opts = VllmOptions {
+        kv_blocks: 256,
+        max_num_seqs: 8,
+        env: vec![
+            (
+                "INFERSCOPE_VLLM_MOCK_CUDA".into(),
+                path(&mock.join("libcuda.so")),
+            ),
+            (
+                "CUDA_INJECTION64_PATH".into(),
+                path(&mock_cuda::shim_library()),
+            ),
+            ("INFERSCOPE_SHIM_SOCKET".into(), shim_arg.clone()),
+            // The shim finds the mock libcupti as it would the real one.
+            ("LD_LIBRARY_PATH".into(), path(mock)),
+        ],
+        ..Default::default()
+    };
+    let server = VllmServer::start(&dir.join("vllm"), free_port(), &opts);
+    daemon.wait_attached(server.pid(), Duration::from_secs(60));
+    let _ = warm_up(&server);
+    let jobs: Vec<Job> = vllm_load::mix(32, "k")
+        .into_iter()
+        .filter(|j| !matches!(j.kind, Kind::AbortMidStream | Kind::AbortQueued))
+        .collect();
+    let outcomes = vllm_load::run_all(server.port, &jobs, 8);
+    // Timelines close once the kernels of their steps can have arrived (2 s settle).
+    std::thread::sleep(Duration::from_secs(4));
+    let truth = server.read_truth();
+    let mut checked = 0;
+    let mut chunked = 0;
+    for (job, outcome) in jobs.iter().zip(&outcomes) {
+        assert!(outcome.done, "{job:?}: {outcome:?}");
+        let ext = external(job, outcome).expect("stream id");
+        let ids: Vec<&String> = truth.members(&ext).iter().map(|(id, _)| *id).collect();
+        let want = truth.steps_of(&ids);
+        let want_prefill = want.iter().filter(|(_, p)| *p).count() as u64;
+        let want_decode = want.len() as u64 - want_prefill;
+        let id = outcome.response_id.clone().expect("stream id");
+        let out = daemon.client(&["inspect", &id, "--steps", "1000"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "inspect {id}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            number_after(&text, "steps ("),
+            Some(want.len() as u64),
+            "{ext}: vLLM's steps {want:?}\n{text}"
+        );
+        let drawn = |phase: &str| {
+            text.lines()
+                .skip_while(|l| !l.starts_with("steps ("))
+                .filter(|l| l.starts_with(&format!("{phase} ")))
+                .count() as u64
+        };
+        assert_eq!(
+            (drawn("prefill"), drawn("decode")),
+            (want_prefill, want_decode),
+            "{ext}\n{text}"
+        );
+        assert_eq!(
+            number_after(&text, "GPU prefill: "),
+            Some(KERNELS_PER_STEP * want_prefill),
+            "{ext}\n{text}"
+        );
+        assert_eq!(
+            number_after(&text, "GPU decode: "),
+            Some(KERNELS_PER_STEP * want_decode),
+            "{ext}\n{text}"
+        );
+        checked += 1;
+        if want_prefill > 1 {
+            chunked += 1;
+        }
+    }
+    let engine_core = server.engine_core_pid();
+    drop(server);
+    let scrape = daemon.scrape();
+    let log = daemon.stop();
+    eprintln!(
+        "vLLM kernels per request: {checked} requests checked ({chunked} with chunked prefill), \
+         EngineCore {engine_core:?}, {:?}",
+        t0.elapsed()
+    );
+    assert!(checked >= 20, "{checked}");
+    let received = scrape.lines().find_map(|l| {
+        l.strip_prefix("inferscope_agent_events_total{counter=\"shim_kernels_received\"} ")
+    });
+    assert!(
+        received.is_some_and(|v| v.trim() != "0"),
+        "no kernels received: {received:?}\n{log}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

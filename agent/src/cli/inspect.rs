@@ -307,4 +307,115 @@ mod tests {
             "{text}"
         );
     }
+
+    /// vLLM's steps list engine ids (`chatcmpl-…-<8 chars>`), not the agent's: the record's own
+    /// step list (joined by the engine module) still draws each step with its phase and kernels.
+    #[test]
+    fn draws_vllm_steps_joined_by_engine_id() {
+        use inferscope::correlate::{
+            RequestRecord, StepMember as Member, StepRecord, StepRef,
+            timeline::{KernelRecord, TimelineBuilder, TimelineLimits},
+        };
+        let step = |start: u64, end: u64, ids: &[&str]| StepRecord {
+            pid: 9,
+            engine: "vllm".into(),
+            tid: 9,
+            start_mono_ns: start,
+            end_mono_ns: end,
+            duration_ms: (end - start) as f64 / 1e6,
+            batch_tokens: None,
+            sequences: ids.len() as u64,
+            prefilling: 0,
+            requests: ids
+                .iter()
+                .map(|id| Member {
+                    request_id: (*id).into(),
+                    phase: "decode",
+                })
+                .collect(),
+            kv_cache_usage: None,
+            running_requests: None,
+            waiting_requests: None,
+            start_from: Some("previous_step"),
+            kernel_pid: None,
+            kernels_from_ns: None,
+        };
+        let mut b = TimelineBuilder::new(TimelineLimits::default());
+        let engine_id = "chatcmpl-x-abcdef12";
+        // A prefill chunk with no output (not listed by vLLM), its first token, a decode step.
+        b.on_step(step(10_000_000, 20_000_000, &[]));
+        b.on_step(step(20_000_000, 30_000_000, &[engine_id]));
+        b.on_step(step(30_000_000, 40_000_000, &[engine_id]));
+        for launch in [15_000_000, 25_000_000, 35_000_000, 36_000_000] {
+            b.on_kernel(
+                KernelRecord {
+                    pid: 9,
+                    name: "gemm".into(),
+                    device_id: 0,
+                    context_id: 1,
+                    stream_id: 7,
+                    correlation_id: 1,
+                    launch_tid: 9,
+                    launch_api: "cuLaunchKernel".into(),
+                    launch_mono_ns: launch,
+                    start_mono_ns: launch + 1_000,
+                    end_mono_ns: launch + 500_000,
+                    grid: [1, 1, 1],
+                    block: [32, 1, 1],
+                    static_shared_bytes: 0,
+                    dynamic_shared_bytes: 0,
+                    graph_id: 0,
+                    graph_node_id: 0,
+                    tensor_core: false,
+                },
+                1,
+            );
+        }
+        let phase = |end: u64, phase| StepRef {
+            pid: 9,
+            end_mono_ns: end,
+            phase,
+        };
+        let record = RequestRecord {
+            request_id: "9-1-0".into(),
+            pid: 9,
+            engine: "vllm".into(),
+            arrival_mono_ns: 5_000_000,
+            admitted_mono_ns: Some(10_000_000),
+            first_token_mono_ns: Some(31_000_000),
+            end_mono_ns: 41_000_000,
+            prefill_steps: Some(2),
+            decode_steps: Some(1),
+            engine_steps: vec![
+                phase(20_000_000, "prefill"),
+                phase(30_000_000, "prefill"),
+                phase(40_000_000, "decode"),
+            ],
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        b.on_request(record, 2, &mut out);
+        b.flush(3, &mut out);
+        let t = inferscope::export::proto_conv::timeline(&out[0]);
+        let text = render(&t, 40, 12);
+        assert!(text.contains("steps (3):"), "{text}");
+        let rows: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("steps ("))
+            .skip(1)
+            .take(3)
+            .collect();
+        for (row, (phase, kernels)) in
+            rows.iter()
+                .zip([("prefill", 1), ("prefill", 1), ("decode", 2)])
+        {
+            assert!(row.starts_with(phase), "{row}\n{text}");
+            assert!(
+                row.contains(&format!("· {kernels} kernels")),
+                "{row}\n{text}"
+            );
+        }
+        assert!(text.contains("GPU prefill: 2 kernels"), "{text}");
+        assert!(text.contains("GPU decode: 2 kernels"), "{text}");
+    }
 }

@@ -20,7 +20,7 @@ use std::{
 
 pub use arrivals::ArrivalIndex;
 pub use engine_metrics::{EngineMetrics, EngineMetricsRecord};
-pub use record::{EndedBy, RequestRecord, StepMember, StepRecord};
+pub use record::{EndedBy, RequestRecord, StepMember, StepRecord, StepRef};
 pub use stats::Stats;
 
 use crate::{
@@ -370,6 +370,8 @@ impl Tracker {
             running_requests: None,
             waiting_requests: None,
             start_from: None,
+            kernel_pid: None,
+            kernels_from_ns: None,
         })
     }
 

@@ -116,6 +116,13 @@ pub struct RequestRecord {
     /// message that was not captured. Empty when nothing is missing.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub engine_unknown: Vec<&'static str>,
+    /// The engine steps this request took part in, where the engine's own module joins them
+    /// (vLLM: its steps list engine request ids, not the agent's): each step's process, end and
+    /// the request's phase in it, sorted by end. The timeline joins steps through these rather
+    /// than by the agent's id in the step's members. Not written to the record (the counts are
+    /// `prefill_steps` / `decode_steps`).
+    #[serde(skip)]
+    pub engine_steps: Vec<StepRef>,
     /// The engine process's container and Kubernetes pod (`container_id`, `k8s_pod_name`,
     /// `k8s_namespace_name`, …), where known; absent for a process on the host.
     #[serde(flatten)]
@@ -181,6 +188,35 @@ pub struct StepRecord {
     /// the engine's work between steps counts in), `unknown` (after an idle gap: the end).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub start_from: Option<&'static str>,
+    /// The process that launched the step's GPU kernels, where not `pid` (vLLM: the step is
+    /// seen on the API server's IPC, its kernels run in the EngineCore process).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_pid: Option<u32>,
+    /// Where the step's kernels may start, where earlier than `start_mono_ns` (vLLM after an
+    /// idle gap: the start is unknown, but the engine ran nothing since its previous step).
+    #[serde(skip)]
+    pub kernels_from_ns: Option<u64>,
+}
+
+impl StepRecord {
+    /// The process whose kernels ran in this step.
+    pub fn gpu_pid(&self) -> u32 {
+        self.kernel_pid.unwrap_or(self.pid)
+    }
+
+    /// The first launch time of the step's kernels.
+    pub fn kernels_from(&self) -> u64 {
+        self.kernels_from_ns
+            .map_or(self.start_mono_ns, |t| t.min(self.start_mono_ns))
+    }
+}
+
+/// One engine step named by its process and end, with a request's phase in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepRef {
+    pub pid: u32,
+    pub end_mono_ns: u64,
+    pub phase: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -240,6 +240,7 @@ impl RequestProgress {
             // Stamped by the pipeline (identity::Identities) when the record is emitted.
             identity: None,
             engine_unknown: Vec::new(),
+            engine_steps: Vec::new(),
         }
     }
 }

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
-use super::{RequestRecord, Stats, StepRecord};
+use super::{RequestRecord, Stats, StepMember, StepRecord};
 
 pub use crate::capture::gpu::KernelRecord;
 
@@ -69,7 +69,7 @@ impl RequestTimeline {
 }
 
 fn launched_during(k: &KernelRecord, step: &StepRecord) -> bool {
-    k.pid == step.pid && (step.start_mono_ns..=step.end_mono_ns).contains(&k.launch_mono_ns)
+    k.pid == step.gpu_pid() && (step.kernels_from()..=step.end_mono_ns).contains(&k.launch_mono_ns)
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -109,8 +109,9 @@ pub struct TimelineBuilder {
     kernels: FxHashMap<u32, VecDeque<KernelRecord>>,
     /// Per process: when its last kernel arrived, and the latest launch time seen.
     shim_seen: FxHashMap<u32, (u64, u64)>,
-    /// Finished requests waiting for kernels, oldest first, with the time they become ready.
-    pending: VecDeque<(u64, RequestRecord)>,
+    /// Finished requests waiting for kernels, oldest first, with the time they become ready
+    /// and the process whose kernels they wait for.
+    pending: VecDeque<(u64, u32, RequestRecord)>,
     stats: Stats,
 }
 
@@ -164,33 +165,34 @@ impl TimelineBuilder {
         now_ns: u64,
         out: &mut Vec<RequestTimeline>,
     ) {
-        let ready_at = if self.has_recent_shim(request.pid, now_ns) {
+        let gpu_pid = self.gpu_pid_of(&request);
+        let ready_at = if self.has_recent_shim(gpu_pid, now_ns) {
             now_ns.max(request.end_mono_ns) + self.limits.settle_ns
         } else {
             now_ns
         };
         if self.pending.len() >= self.limits.pending_requests
-            && let Some((_, oldest)) = self.pending.pop_front()
+            && let Some((_, _, oldest)) = self.pending.pop_front()
         {
             self.stats.bump("timeline_closed_early");
             out.push(self.build(oldest, now_ns));
         }
-        self.pending.push_back((ready_at, request));
+        self.pending.push_back((ready_at, gpu_pid, request));
         self.poll(now_ns, out);
     }
 
     /// Closes the timelines whose settle time has passed or whose process's kernels have been
     /// seen past the request's end.
     pub fn poll(&mut self, now_ns: u64, out: &mut Vec<RequestTimeline>) {
-        while let Some((ready_at, request)) = self.pending.front() {
+        while let Some((ready_at, gpu_pid, request)) = self.pending.front() {
             let watermark_passed = self
                 .shim_seen
-                .get(&request.pid)
+                .get(gpu_pid)
                 .is_some_and(|&(_, latest)| latest > request.end_mono_ns);
             if *ready_at > now_ns && !watermark_passed {
                 break;
             }
-            let Some((_, request)) = self.pending.pop_front() else {
+            let Some((_, _, request)) = self.pending.pop_front() else {
                 break;
             };
             out.push(self.build(request, now_ns));
@@ -199,9 +201,24 @@ impl TimelineBuilder {
 
     /// Closes every pending timeline now (shutdown).
     pub fn flush(&mut self, now_ns: u64, out: &mut Vec<RequestTimeline>) {
-        while let Some((_, request)) = self.pending.pop_front() {
+        while let Some((_, _, request)) = self.pending.pop_front() {
             out.push(self.build(request, now_ns));
         }
+    }
+
+    /// The process whose kernels `request` ran: its own, or that of its last step where its
+    /// engine listed the steps (vLLM: the EngineCore, not the API server that answered).
+    fn gpu_pid_of(&self, request: &RequestRecord) -> u32 {
+        let Some(last) = request.engine_steps.last() else {
+            return request.pid;
+        };
+        self.steps
+            .iter()
+            .rev()
+            // Its last step is among the newest (it just finished).
+            .take(4096)
+            .find(|s| s.end_mono_ns == last.end_mono_ns && s.pid == last.pid)
+            .map_or(request.pid, StepRecord::gpu_pid)
     }
 
     fn has_recent_shim(&self, pid: u32, now_ns: u64) -> bool {
@@ -212,18 +229,38 @@ impl TimelineBuilder {
 
     fn build(&mut self, request: RequestRecord, now_ns: u64) -> RequestTimeline {
         let start = request.admitted_mono_ns.unwrap_or(request.arrival_mono_ns);
-        let mut steps: Vec<StepRecord> = self
+        let recent = self
             .steps
             .iter()
             .rev()
-            .take_while(|s| s.end_mono_ns >= start)
-            .filter(|s| {
-                s.requests
-                    .iter()
-                    .any(|m| m.request_id == request.request_id)
-            })
-            .cloned()
-            .collect();
+            .take_while(|s| s.end_mono_ns >= start);
+        let mut steps: Vec<StepRecord> = if request.engine_steps.is_empty() {
+            recent
+                .filter(|s| {
+                    s.requests
+                        .iter()
+                        .any(|m| m.request_id == request.request_id)
+                })
+                .cloned()
+                .collect()
+        } else {
+            // The engine joined its steps itself (they name engine ids): the timeline's copy of
+            // each names the request by the agent's id too, with its phase there.
+            let refs = &request.engine_steps;
+            recent
+                .filter_map(|s| {
+                    let at = refs
+                        .binary_search_by_key(&(s.end_mono_ns, s.pid), |r| (r.end_mono_ns, r.pid))
+                        .ok()?;
+                    let mut step = s.clone();
+                    step.requests.push(StepMember {
+                        request_id: request.request_id.clone(),
+                        phase: refs[at].phase,
+                    });
+                    Some(step)
+                })
+                .collect()
+        };
         steps.reverse();
 
         let mut unknown = Vec::new();
@@ -233,7 +270,9 @@ impl TimelineBuilder {
         if steps.is_empty() {
             unknown.push("steps");
         }
-        let shim = steps.iter().any(|s| self.has_recent_shim(s.pid, now_ns))
+        let shim = steps
+            .iter()
+            .any(|s| self.has_recent_shim(s.gpu_pid(), now_ns))
             || self.has_recent_shim(request.pid, now_ns);
         let mut timeline = RequestTimeline {
             unknown,
@@ -252,10 +291,10 @@ impl TimelineBuilder {
                 .iter()
                 .find(|m| m.request_id == timeline.request.request_id)
                 .map_or("decode", |m| m.phase);
-            let Some(ring) = self.kernels.get(&step.pid) else {
+            let Some(ring) = self.kernels.get(&step.gpu_pid()) else {
                 continue;
             };
-            let from = ring.partition_point(|k| k.launch_mono_ns < step.start_mono_ns);
+            let from = ring.partition_point(|k| k.launch_mono_ns < step.kernels_from());
             for event in ring.iter().skip(from) {
                 if event.launch_mono_ns > step.end_mono_ns {
                     break;
@@ -348,7 +387,6 @@ pub fn union_ns(intervals: &mut [(u64, u64)]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::correlate::StepMember;
 
     fn request(id: &str, arrival: u64, admitted: Option<u64>, end: u64) -> RequestRecord {
         RequestRecord {
@@ -376,6 +414,8 @@ mod tests {
             running_requests: None,
             waiting_requests: None,
             start_from: None,
+            kernel_pid: None,
+            kernels_from_ns: None,
             requests: members
                 .iter()
                 .map(|(id, phase)| StepMember {
@@ -437,6 +477,56 @@ mod tests {
         assert_eq!(decode.devices, vec![1]);
         assert_eq!(t.kernels.len(), 3);
         assert!(t.unknown.is_empty());
+    }
+
+    #[test]
+    fn engine_listed_steps_join_kernels_of_their_engine_process() {
+        use crate::correlate::StepRef;
+        let mut b = TimelineBuilder::new(TimelineLimits::default());
+        // Steps seen in process 7 (vLLM's API server) list engine ids; process 8 (its
+        // EngineCore) launched their kernels. The second step's start is unknown (after an idle
+        // gap) but its kernels are those since the engine's previous step.
+        let mut first = step(100, 200, &[("chatcmpl-a-12345678", "prefill")]);
+        first.kernel_pid = Some(8);
+        let mut second = step(400, 400, &[("chatcmpl-a-12345678", "decode")]);
+        second.kernel_pid = Some(8);
+        second.kernels_from_ns = Some(201);
+        b.on_step(first);
+        b.on_step(second);
+        let mut k = kernel(150, 160, 170, false, 0);
+        k.pid = 8;
+        b.on_kernel(k.clone(), 1000);
+        k.launch_mono_ns = 350;
+        b.on_kernel(k.clone(), 1000);
+        k.pid = 7;
+        b.on_kernel(k, 1000);
+        let mut r = request("7-1-0", 50, Some(100), 450);
+        r.engine_steps = vec![
+            StepRef {
+                pid: 7,
+                end_mono_ns: 200,
+                phase: "prefill",
+            },
+            StepRef {
+                pid: 7,
+                end_mono_ns: 400,
+                phase: "decode",
+            },
+        ];
+        let mut out = Vec::new();
+        b.on_request(r, 1000, &mut out);
+        assert!(out.is_empty(), "waits for the engine process's kernels");
+        b.poll(1000 + 2_000_000_000, &mut out);
+        let t = &out[0];
+        assert_eq!(t.steps.len(), 2);
+        assert!(
+            t.steps
+                .iter()
+                .all(|s| s.requests.iter().any(|m| m.request_id == "7-1-0"))
+        );
+        assert_eq!(t.prefill_gpu.as_ref().unwrap().kernels, 1);
+        assert_eq!(t.decode_gpu.as_ref().unwrap().kernels, 1);
+        assert_eq!(t.kernels_of(&t.steps[1]).count(), 1);
     }
 
     #[test]

@@ -52,12 +52,40 @@ pub struct VllmIpc {
     stats: Stats,
     messages: Vec<Message>,
     limits: ZmtpLimits,
+    /// Per server: when its EngineCore processes were last looked for in /proc.
+    engine_lookups: FxHashMap<u32, std::time::Instant>,
+}
+
+/// Servers whose EngineCore lookups are remembered; beyond this the table starts over.
+const MAX_SERVERS: usize = 1024;
+/// How often a server whose EngineCore was not found is looked at again.
+const ENGINE_LOOKUP_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The data-parallel rank in an EngineCore's process title (`VLLM::EngineCore`: 0,
+/// `VLLM::EngineCore_DP<rank>`), None for other processes. The prefix is
+/// `VLLM_PROCESS_NAME_PREFIX` (default `VLLM`).
+fn engine_core_rank(cmdline: &str) -> Option<i64> {
+    let title = cmdline.split(['\0', ' ']).next()?;
+    let (_, name) = title.split_once("::")?;
+    let rest = name.strip_prefix("EngineCore")?;
+    match rest.strip_prefix("_DP") {
+        Some(rank) => rank.parse().ok(),
+        None => rest.is_empty().then_some(0),
+    }
 }
 
 impl VllmIpc {
     #[cfg(test)]
     pub fn state(&self) -> &IpcState {
         &self.state
+    }
+
+    /// As if /proc had shown `pid` as the EngineCore (data-parallel rank `rank`) of `server`.
+    #[cfg(test)]
+    pub fn set_engine_core(&mut self, server: u32, rank: i64, pid: u32) {
+        self.engine_lookups
+            .insert(server, std::time::Instant::now());
+        self.state.engine_pids.insert((server, rank), pid);
     }
 
     /// The pinned layout for a reported version, or Unsupported (logged).
@@ -92,6 +120,35 @@ impl VllmIpc {
         server
     }
 
+    /// Finds the EngineCore processes of `server` (its children named `…::EngineCore[_DP<n>]`),
+    /// whose kernels its steps launched: once, and again every [`ENGINE_LOOKUP_RETRY`] until
+    /// found.
+    fn find_engine_cores(&mut self, server: u32) {
+        let now = std::time::Instant::now();
+        if let Some(&at) = self.engine_lookups.get(&server)
+            && (self.state.engine_pids.keys().any(|&(s, _)| s == server)
+                || now.duration_since(at) < ENGINE_LOOKUP_RETRY)
+        {
+            return;
+        }
+        if self.engine_lookups.len() >= MAX_SERVERS {
+            self.engine_lookups.clear();
+            self.state.engine_pids.clear();
+        }
+        self.engine_lookups.insert(server, now);
+        for pid in crate::capture::procfs::all_pids() {
+            if crate::capture::procfs::parent_pid(pid) != Some(server) {
+                continue;
+            }
+            if let Some(rank) =
+                crate::capture::procfs::cmdline(pid).and_then(|c| engine_core_rank(&c))
+            {
+                self.state.engine_pids.insert((server, rank), pid);
+                self.stats.bump("vllm_engine_core_found");
+            }
+        }
+    }
+
     /// Decodes one message seen in process `tgid` and applies it.
     fn on_message(&mut self, message: &Message, tgid: u32, tid: u32, steps: &mut Vec<StepRecord>) {
         let frames: Vec<&[u8]> = message.frames.iter().map(|f| f.data.as_slice()).collect();
@@ -122,6 +179,9 @@ impl VllmIpc {
                 }
                 self.stats.bump("vllm_ipc_messages");
                 let server = self.server(tgid);
+                if matches!(m, IpcMessage::Outputs(_)) {
+                    self.find_engine_cores(server);
+                }
                 self.state.apply(m, (tgid, tid, server), steps);
             }
         }
@@ -207,6 +267,10 @@ impl EngineIpc for VllmIpc {
         self.sockets.retain(|(t, _), _| *t != tgid);
         self.versions.remove(&tgid);
         self.parents.remove(&tgid);
+        self.engine_lookups.remove(&tgid);
+        self.state
+            .engine_pids
+            .retain(|&(server, _), pid| server != tgid && *pid != tgid);
         self.known.remove(&tgid);
     }
 
@@ -216,5 +280,27 @@ impl EngineIpc for VllmIpc {
 
     fn counters(&self) -> Vec<(&'static str, u64)> {
         self.stats.iter().chain(self.state.stats.iter()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::engine_core_rank;
+
+    #[test]
+    fn engine_core_titles_name_their_rank() {
+        assert_eq!(engine_core_rank("VLLM::EngineCore"), Some(0));
+        assert_eq!(engine_core_rank("VLLM::EngineCore    "), Some(0));
+        assert_eq!(engine_core_rank("VLLM::EngineCore_DP3"), Some(3));
+        assert_eq!(engine_core_rank("myprefix::EngineCore_DP1"), Some(1));
+        for other in [
+            "VLLM::Worker_TP0",
+            "VLLM::EngineCore_DPx",
+            "VLLM::EngineCoreX",
+            "python3 -m vllm.entrypoints.openai.api_server",
+            "",
+        ] {
+            assert_eq!(engine_core_rank(other), None, "{other}");
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use rustc_hash::FxHashMap;
 
 use super::messages::{AddRequest, EventKind, IpcMessage, Outputs};
-use crate::correlate::{RequestRecord, Stats, StepMember, StepRecord};
+use crate::correlate::{RequestRecord, Stats, StepMember, StepRecord, StepRef};
 
 /// Requests remembered at once; the oldest is forgotten (counted) beyond this.
 const MAX_REQUESTS: usize = 16_384;
@@ -15,6 +15,14 @@ const MAX_REQUESTS: usize = 16_384;
 const MAX_EVENTS: usize = 64;
 /// Output-message timestamps remembered to drop the second sighting of a message.
 const SEEN_OUTPUTS: usize = 256;
+/// Steps remembered per engine to list each request's steps when its HTTP record ends.
+const STEPS_PER_ENGINE: usize = 1 << 14;
+/// Steps that gave one request a token, remembered (a longer request's steps are unknown).
+const OUTPUT_STEPS: usize = 1 << 14;
+/// The same across all requests remembered (8 MiB); beyond it new ones' steps are unknown.
+const OUTPUT_STEPS_TOTAL: usize = 1 << 20;
+/// Engines whose recent steps are kept (each up to [`STEPS_PER_ENGINE`]).
+const STEP_ENGINES: usize = 64;
 
 /// CLOCK_MONOTONIC seconds (vLLM's time.monotonic()) → nanoseconds; None for values no clock
 /// reads (negative, NaN, more than ~300 years).
@@ -38,6 +46,20 @@ pub struct RequestState {
     pub finish_reason: Option<&'static str>,
     pub aborted: bool,
     events: Vec<(EventKind, u64)>,
+    /// The engine (server, engine index) whose outputs carried it.
+    engine: Option<(u32, i64)>,
+    /// Ends of the steps that gave it tokens (or finished it), in step order.
+    output_steps: Vec<u64>,
+    /// Some of its events or output steps were not kept: its step list is unknown.
+    steps_overflow: bool,
+}
+
+/// One step of an engine, as remembered for the per-request join.
+#[derive(Debug, Clone, Copy)]
+struct EngineStep {
+    end: u64,
+    /// The process the step's message was seen in (the step record's pid).
+    tgid: u32,
 }
 
 #[derive(Debug, Default)]
@@ -50,6 +72,13 @@ pub struct IpcState {
     /// Per engine (server, engine index): the previous step's timestamp and whether requests
     /// were running then. Each engine core steps on its own clock of work.
     last_step: FxHashMap<(u32, i64), (u64, bool)>,
+    /// Per engine: its recent steps, by end.
+    engine_steps: FxHashMap<(u32, i64), VecDeque<EngineStep>>,
+    /// Per engine: its EngineCore process, which launches the step's kernels (found by
+    /// [`super::VllmIpc`] in /proc).
+    pub engine_pids: FxHashMap<(u32, i64), u32>,
+    /// Output steps remembered across all requests.
+    output_steps_total: usize,
     pub stats: Stats,
 }
 
@@ -119,6 +148,9 @@ impl IpcState {
 
     fn remove(&mut self, request_id: &str) -> Option<RequestState> {
         let state = self.requests.remove(request_id)?;
+        self.output_steps_total = self
+            .output_steps_total
+            .saturating_sub(state.output_steps.len());
         if let Some(ext) = &state.external_req_id
             && let Some(ids) = self.by_external.get_mut(ext)
         {
@@ -203,7 +235,10 @@ impl IpcState {
         // SCHEDULED / PREEMPTED stamps carried by this message: the scheduler's clock at some
         // step's schedule().
         let mut sched_stamps: Vec<u64> = Vec::new();
+        let engine_key = (server, outputs.engine_index.unwrap_or(0));
         for out in outputs.outputs {
+            let room = self.output_steps_total < OUTPUT_STEPS_TOTAL;
+            let mut kept = false;
             let r = self.entry(&out.request_id);
             let mut bad_time = 0;
             for ev in &out.events {
@@ -216,6 +251,8 @@ impl IpcState {
                 }
                 if r.events.len() < MAX_EVENTS {
                     r.events.push((ev.kind, ns));
+                } else {
+                    r.steps_overflow = true;
                 }
                 if ev.kind != EventKind::Queued && sched_stamps.len() < MAX_EVENTS {
                     sched_stamps.push(ns);
@@ -233,10 +270,23 @@ impl IpcState {
                 r.first_output_ns = r.first_output_ns.or(ts_ns);
             }
             r.output_tokens += out.new_tokens as u64;
+            r.engine = Some(engine_key);
+            if let Some(ts) = ts_ns
+                && (out.new_tokens > 0 || out.finish_reason.is_some())
+                && r.output_steps.last().is_none_or(|&l| l < ts)
+            {
+                if room && r.output_steps.len() < OUTPUT_STEPS {
+                    r.output_steps.push(ts);
+                    kept = true;
+                } else {
+                    r.steps_overflow = true;
+                }
+            }
             if out.finish_reason.is_some() {
                 r.finish_reason = out.finish_reason;
                 r.aborted |= out.finish_reason == Some("abort");
             }
+            self.output_steps_total += usize::from(kept);
             members.push(StepMember {
                 request_id: out.request_id,
                 phase: if first { "prefill" } else { "decode" },
@@ -252,15 +302,17 @@ impl IpcState {
         // steps, such as reading new requests, counts in). After an idle gap the start is
         // unknown and reported as the end.
         let engine = (server, outputs.engine_index.unwrap_or(0));
-        let (start, start_from) = match self.last_step.get(&engine) {
+        // After an idle gap the engine ran nothing since its previous step: the kernels
+        // launched since then are this step's, though its start is unknown.
+        let (start, start_from, kernels_from) = match self.last_step.get(&engine) {
             Some(&(prev, running)) if prev <= end => {
                 match sched_stamps.iter().filter(|&&t| t > prev && t <= end).min() {
-                    Some(&t) => (t, "scheduled"),
-                    None if running => (prev, "previous_step"),
-                    None => (end, "unknown"),
+                    Some(&t) => (t, "scheduled", None),
+                    None if running => (prev, "previous_step", None),
+                    None => (end, "unknown", Some(prev + 1)),
                 }
             }
-            _ => (end, "unknown"),
+            _ => (end, "unknown", None),
         };
         if self.last_step.len() >= MAX_ENGINES && !self.last_step.contains_key(&engine) {
             self.last_step.clear();
@@ -268,6 +320,19 @@ impl IpcState {
         }
         self.last_step
             .insert(engine, (end, stats.running.unwrap_or(0) > 0));
+        if self.engine_steps.len() >= STEP_ENGINES && !self.engine_steps.contains_key(&engine) {
+            self.engine_steps.clear();
+            self.stats.bump("vllm_step_engines_reset");
+        }
+        let ring = self.engine_steps.entry(engine).or_default();
+        if ring.len() >= STEPS_PER_ENGINE {
+            ring.pop_front();
+        }
+        // One engine's outputs come in step order; a late one is put in its place.
+        let at = ring.partition_point(|s| s.end < end);
+        if ring.get(at).is_none_or(|s| s.end != end) {
+            ring.insert(at, EngineStep { end, tgid });
+        }
         steps.push(StepRecord {
             pid: tgid,
             engine: "vllm".into(),
@@ -283,6 +348,12 @@ impl IpcState {
             running_requests: stats.running,
             waiting_requests: stats.waiting,
             start_from: Some(start_from),
+            kernels_from_ns: kernels_from,
+            kernel_pid: self
+                .engine_pids
+                .get(&engine)
+                .copied()
+                .filter(|&p| p != tgid),
         });
     }
 
@@ -346,6 +417,99 @@ impl IpcState {
         (!members.is_empty()).then_some(members)
     }
 
+    /// The steps of its engine that `r` took part in, with its phase in each: the steps that
+    /// gave it a token, and those it was scheduled in without one (prefill chunks, recomputing
+    /// after a preemption). vLLM sends an output only for a request that got a token, so the
+    /// latter are the engine's steps whose schedule() fell after a SCHEDULED event (stamped
+    /// inside a step's schedule(), so before that step's end and after the previous one's),
+    /// before the next PREEMPTED and before its next output. Up to its last
+    /// output when it finished, else to `until` (the HTTP request's end). Prefill up to and
+    /// including the step of its first token. None when the join cannot be exact (events or
+    /// steps not kept).
+    fn steps_of(&self, r: &RequestState, until: u64) -> Option<Vec<StepRef>> {
+        if r.steps_overflow {
+            return None;
+        }
+        let mut marks: Vec<(u64, bool)> = r
+            .events
+            .iter()
+            .filter(|(k, _)| *k != EventKind::Queued)
+            .map(|&(k, t)| (t, k == EventKind::Scheduled))
+            .collect();
+        marks.sort_unstable();
+        let Some(&(first, true)) = marks.first() else {
+            return Some(Vec::new());
+        };
+        let Some(ring) = r.engine.and_then(|e| self.engine_steps.get(&e)) else {
+            // No step of its engine was seen (its outputs carry no scheduler stats): nothing
+            // to join, and the timeline says its steps are unknown.
+            return Some(Vec::new());
+        };
+        if ring.front().is_none_or(|s| s.end > first) && ring.len() >= STEPS_PER_ENGINE {
+            // Its first steps were forgotten.
+            return None;
+        }
+        let last = match (r.finish_reason, r.output_steps.last()) {
+            (Some(reason), Some(&l)) if reason != "abort" => l,
+            (_, l) => until.max(l.copied().unwrap_or(0)),
+        };
+        let first_token = r.output_steps.first().copied();
+        let from = ring.partition_point(|s| s.end <= first);
+        let mut out = Vec::new();
+        for step in ring.range(from..) {
+            if step.end > last {
+                break;
+            }
+            // Without an output, it took part only while it was (re)computing its tokens:
+            // scheduled, and no output yet since. Once it has one, every step it is scheduled
+            // in gives it a token (a step without one skipped it for want of token budget).
+            let chunk = marks
+                .partition_point(|&(t, _)| t < step.end)
+                .checked_sub(1)
+                .is_some_and(|i| {
+                    let (since, running) = marks[i];
+                    let next = r.output_steps.partition_point(|&o| o <= since);
+                    running && r.output_steps.get(next).is_none_or(|&o| o >= step.end)
+                });
+            if !chunk && r.output_steps.binary_search(&step.end).is_err() {
+                continue;
+            }
+            let prefill = first_token.is_none_or(|f| step.end <= f);
+            out.push(StepRef {
+                pid: step.tgid,
+                end_mono_ns: step.end,
+                phase: if prefill { "prefill" } else { "decode" },
+            });
+        }
+        Some(out)
+    }
+
+    /// Lists on `record` the steps its engine requests took part in (one entry per step; a
+    /// step is prefill when any of them prefilled in it), and counts them.
+    fn join_steps(&mut self, record: &mut RequestRecord, states: &[RequestState]) {
+        let mut steps: Vec<StepRef> = Vec::new();
+        for s in states {
+            match self.steps_of(s, record.end_mono_ns) {
+                Some(mine) => steps.extend(mine),
+                None => {
+                    self.stats.bump("vllm_request_steps_unknown");
+                    record.engine_unknown.push("prefill_steps");
+                    record.engine_unknown.push("decode_steps");
+                    return;
+                }
+            }
+        }
+        steps.sort_unstable_by_key(|s| (s.end_mono_ns, s.pid, s.phase != "prefill"));
+        steps.dedup_by_key(|s| (s.end_mono_ns, s.pid));
+        if steps.is_empty() {
+            return;
+        }
+        let prefill = steps.iter().filter(|s| s.phase == "prefill").count() as u64;
+        record.prefill_steps = Some(prefill);
+        record.decode_steps = Some(steps.len() as u64 - prefill);
+        record.engine_steps = steps;
+    }
+
     /// Fills `record` (an HTTP request that just finished) from the engine requests that
     /// served it (one, or one per prompt and per `n`), and forgets them. Admission is the
     /// first SCHEDULED of any; preemptions add up, and are unknown (not 0) when a request was
@@ -362,6 +526,7 @@ impl IpcState {
             return;
         };
         let states: Vec<RequestState> = members.iter().filter_map(|id| self.remove(id)).collect();
+        self.join_steps(record, &states);
         self.stats.add("vllm_requests_joined", states.len() as u64);
         if record.prompt_tokens.is_none() {
             // One prompt per parent: `n > 1` children repeat their parent's prompt.
@@ -462,6 +627,10 @@ mod tests {
         assert!(state.requests.len() <= MAX_REQUESTS);
         assert!(state.order.len() <= 2 * MAX_REQUESTS);
         assert!(state.by_external.len() <= MAX_REQUESTS);
+        // Output steps are accounted for as requests come and go.
+        let kept: usize = state.requests.values().map(|r| r.output_steps.len()).sum();
+        assert_eq!(state.output_steps_total, kept);
+        assert!(kept > 0 && kept <= OUTPUT_STEPS_TOTAL);
         assert!(state.stats.get("vllm_requests_evicted_unjoined") > 0);
     }
 
@@ -577,6 +746,152 @@ mod tests {
             finished_requests: Vec::new(),
             partial: false,
         })
+    }
+
+    /// One output of a scripted step: engine id, new tokens, finish, events.
+    type ScriptedOutput<'a> = (&'a str, u32, Option<&'static str>, &'a [(EventKind, f64)]);
+
+    /// One step's message.
+    fn step_with(ts: f64, outputs: &[ScriptedOutput<'_>]) -> IpcMessage {
+        IpcMessage::Outputs(Outputs {
+            timestamp: Some(ts),
+            engine_index: Some(0),
+            outputs: outputs
+                .iter()
+                .map(|&(id, new_tokens, finish_reason, events)| Output {
+                    request_id: id.into(),
+                    new_tokens,
+                    finish_reason,
+                    events: events
+                        .iter()
+                        .map(|&(kind, timestamp)| Event { kind, timestamp })
+                        .collect(),
+                })
+                .collect(),
+            stats: Some(crate::engines::vllm::messages::SchedulerStats {
+                running: Some(1),
+                ..Default::default()
+            }),
+            finished_requests: Vec::new(),
+            partial: false,
+        })
+    }
+
+    #[test]
+    fn requests_get_their_steps_with_chunks_and_preemptions() {
+        use EventKind::{Preempted, Queued, Scheduled};
+        let mut state = IpcState::default();
+        let mut steps = Vec::new();
+        let a = "chatcmpl-a-aaaaaaaa";
+        let b = "chatcmpl-b-bbbbbbbb";
+        state.apply(add(a, "chatcmpl-a", 3000), (5, 5, 1), &mut steps);
+        state.apply(add(b, "chatcmpl-b", 10), (5, 5, 1), &mut steps);
+        // Step ends at 1.0, 1.1, ...: `a` is scheduled in step 1.1's schedule() and prefills
+        // in chunks (1.1, 1.2: no output), its first token comes with 1.3; preempted in 1.5's
+        // schedule(), back in 1.7's where it recomputes (no output), tokens again from 1.8,
+        // finished at 1.9. `b` runs 1.4 .. 1.6 alone; 2.0 is an idle step.
+        let script: &[(f64, &[ScriptedOutput<'_>])] = &[
+            (1.0, &[]),
+            (1.1, &[]),
+            (1.2, &[]),
+            (1.3, &[(a, 1, None, &[(Queued, 1.01), (Scheduled, 1.05)])]),
+            (
+                1.4,
+                &[(a, 1, None, &[]), (b, 1, None, &[(Scheduled, 1.35)])],
+            ),
+            (1.5, &[(b, 1, None, &[])]),
+            // 1.55: a step that skipped `b` (token budget): no output, not listed.
+            (1.55, &[]),
+            (1.6, &[(b, 1, Some("stop"), &[])]),
+            (1.7, &[]),
+            (
+                1.8,
+                &[(a, 1, None, &[(Preempted, 1.45), (Scheduled, 1.65)])],
+            ),
+            (1.9, &[(a, 1, Some("length"), &[])]),
+            (2.0, &[]),
+        ];
+        for &(ts, outs) in script {
+            state.apply(step_with(ts, outs), (5, 5, 1), &mut steps);
+        }
+        let mut record = RequestRecord {
+            response_id: Some("chatcmpl-a".into()),
+            arrival_mono_ns: 1_000_000_000,
+            end_mono_ns: 1_950_000_000,
+            ..Default::default()
+        };
+        state.enrich(&mut record);
+        let got: Vec<(u64, &str)> = record
+            .engine_steps
+            .iter()
+            .map(|s| (s.end_mono_ns / 1_000_000, s.phase))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (1100, "prefill"),
+                (1200, "prefill"),
+                (1300, "prefill"),
+                (1400, "decode"),
+                (1700, "decode"),
+                (1800, "decode"),
+                (1900, "decode"),
+            ]
+        );
+        assert_eq!(
+            (record.prefill_steps, record.decode_steps),
+            (Some(3), Some(4))
+        );
+        assert!(record.engine_steps.iter().all(|s| s.pid == 5));
+
+        let mut record = RequestRecord {
+            response_id: Some("chatcmpl-b".into()),
+            arrival_mono_ns: 1_000_000_000,
+            end_mono_ns: 1_950_000_000,
+            ..Default::default()
+        };
+        state.enrich(&mut record);
+        assert_eq!(
+            (record.prefill_steps, record.decode_steps),
+            (Some(1), Some(2))
+        );
+    }
+
+    #[test]
+    fn an_aborted_request_lists_steps_only_until_its_record_ends() {
+        use EventKind::Scheduled;
+        let mut state = IpcState::default();
+        let mut steps = Vec::new();
+        let a = "chatcmpl-a-aaaaaaaa";
+        state.apply(add(a, "chatcmpl-a", 3000), (5, 5, 1), &mut steps);
+        state.apply(step_with(1.0, &[]), (5, 5, 1), &mut steps);
+        state.apply(
+            step_with(1.1, &[(a, 1, None, &[(Scheduled, 1.05)])]),
+            (5, 5, 1),
+            &mut steps,
+        );
+        state.apply(step_with(1.2, &[(a, 1, None, &[])]), (5, 5, 1), &mut steps);
+        state.apply(
+            IpcMessage::Abort {
+                request_ids: vec![a.into()],
+            },
+            (5, 5, 1),
+            &mut steps,
+        );
+        // The engine ran one more step before the abort reached it: no output, not listed.
+        state.apply(step_with(1.3, &[]), (5, 5, 1), &mut steps);
+        let mut record = RequestRecord {
+            response_id: Some("chatcmpl-a".into()),
+            arrival_mono_ns: 1_000_000_000,
+            end_mono_ns: 1_250_000_000,
+            aborted: true,
+            ..Default::default()
+        };
+        state.enrich(&mut record);
+        assert_eq!(
+            (record.prefill_steps, record.decode_steps),
+            (Some(1), Some(1))
+        );
     }
 
     #[test]

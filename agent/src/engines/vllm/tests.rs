@@ -56,7 +56,14 @@ fn feed(
 /// message there, and reads the output socket (PULL). Inputs before outputs, as in the scenario
 /// (each request is added before any output names it).
 fn api_server_view(transport: &str, chunk: usize) -> (VllmIpc, Vec<StepRecord>) {
-    let mut ipc = VllmIpc::default();
+    api_server_view_with(transport, chunk, VllmIpc::default())
+}
+
+fn api_server_view_with(
+    transport: &str,
+    chunk: usize,
+    mut ipc: VllmIpc,
+) -> (VllmIpc, Vec<StepRecord>) {
     let mut steps = Vec::new();
     let pid = 100;
     let input_from = fixture(&format!("{transport}-input.from_engine.bin"));
@@ -347,4 +354,108 @@ fn garbage_and_other_protocols_never_panic_and_are_given_up() {
         *b = b.wrapping_mul(31).wrapping_add(i as u8);
     }
     let _ = feed(&mut ipc, &mut steps, &bytes, 1, 10, IpcDirection::Read, 97);
+}
+
+/// A kernel launched by process `pid` at `launch` (running 10 µs from 5 µs later).
+fn kernel(pid: u32, launch: u64) -> crate::correlate::timeline::KernelRecord {
+    crate::correlate::timeline::KernelRecord {
+        pid,
+        name: format!("k{launch}"),
+        device_id: 0,
+        context_id: 1,
+        stream_id: 7,
+        correlation_id: launch as u32,
+        launch_tid: pid,
+        launch_api: "cuLaunchKernel".into(),
+        launch_mono_ns: launch,
+        start_mono_ns: launch + 5_000,
+        end_mono_ns: launch + 15_000,
+        grid: [1, 1, 1],
+        block: [32, 1, 1],
+        static_shared_bytes: 0,
+        dynamic_shared_bytes: 0,
+        graph_id: 0,
+        graph_node_id: 0,
+        tensor_core: false,
+    }
+}
+
+/// The replayed steps carry engine ids; the HTTP records joined to them get their steps (named
+/// by the agent's id, with the phase) and the kernels launched inside those steps by the
+/// EngineCore process (the steps are seen on the API server's sockets), split into prefill and
+/// decode, as llama.cpp's hook steps do.
+#[test]
+fn replayed_steps_give_http_requests_their_steps_and_kernels() {
+    use crate::correlate::timeline::{TimelineBuilder, TimelineLimits};
+    let want = expected();
+    let (engine_core, api_server) = (200, 100);
+    let mut ipc = VllmIpc::default();
+    ipc.set_engine_core(api_server, 0, engine_core);
+    let (mut ipc, steps) = api_server_view_with("ipc", 4096, ipc);
+    assert!(steps.iter().all(|s| s.pid == api_server));
+    assert!(steps.iter().all(|s| s.gpu_pid() == engine_core));
+    let mut timeline = TimelineBuilder::new(TimelineLimits::default());
+    let mut launches = Vec::new();
+    for step in &steps {
+        // Two kernels inside each step's window (none in a step after an idle gap: its start
+        // is its end, which the next step starts at).
+        let mut at = Vec::new();
+        if step.start_mono_ns < step.end_mono_ns {
+            at.push(step.start_mono_ns + (step.end_mono_ns - step.start_mono_ns) / 2);
+            at.push(step.end_mono_ns - 1);
+        }
+        launches.push(at.len() as u64);
+        for t in at {
+            timeline.on_kernel(kernel(engine_core, t), 1);
+            // The API server launches nothing; a kernel of another process never joins.
+            timeline.on_kernel(kernel(300, t), 1);
+        }
+        timeline.on_step(step.clone());
+    }
+    let last_step = steps.last().unwrap().end_mono_ns;
+    let mut out = Vec::new();
+    for r in want["requests"].as_array().unwrap() {
+        if r["scheduled"].is_null() {
+            continue;
+        }
+        let queued = ns(&r["queued"]).unwrap();
+        let ext = r["external_req_id"].as_str().unwrap();
+        let first_token = ns(&r["first_output_ts"]).unwrap() + 100_000;
+        let mut rec = http_record(ext, queued - 2_000_000, first_token, last_step + 1);
+        rec.request_id = format!("100-1-{ext}");
+        rec.pid = 100;
+        ipc.enrich(&mut rec);
+        let prefill = rec
+            .prefill_steps
+            .unwrap_or_else(|| panic!("{ext}: {rec:#?}"));
+        let decode = rec.decode_steps.unwrap();
+        assert!(prefill >= 1 && decode >= 1, "{ext}: {rec:#?}");
+        assert_eq!(rec.engine_steps.len() as u64, prefill + decode);
+        timeline.on_request(rec, 2, &mut out);
+    }
+    timeline.flush(3, &mut out);
+    assert_eq!(out.len(), 3);
+    for t in &out {
+        let id = &t.request.request_id;
+        assert!(t.unknown.is_empty(), "{id}: {:?}", t.unknown);
+        assert_eq!(t.steps.len(), t.request.engine_steps.len());
+        let mut want_kernels = [0u64; 2];
+        for (step, r) in t.steps.iter().zip(&t.request.engine_steps) {
+            assert_eq!(step.end_mono_ns, r.end_mono_ns);
+            let member = step
+                .requests
+                .iter()
+                .find(|m| m.request_id == *id)
+                .expect("the step names the request by the agent's id");
+            assert_eq!(member.phase, r.phase);
+            let i = steps
+                .iter()
+                .position(|s| s.end_mono_ns == step.end_mono_ns)
+                .unwrap();
+            want_kernels[usize::from(r.phase == "decode")] += launches[i];
+            assert_eq!(t.kernels_of(step).count() as u64, launches[i]);
+        }
+        assert_eq!(t.prefill_gpu.as_ref().unwrap().kernels, want_kernels[0]);
+        assert_eq!(t.decode_gpu.as_ref().unwrap().kernels, want_kernels[1]);
+    }
 }

@@ -5,7 +5,13 @@ each computes, the KV cache manager allocates (and runs out of) blocks. Per step
 sleeps `INFERSCOPE_VLLM_STEP_MS` (default 4 ms) plus `INFERSCOPE_VLLM_TOKEN_US` (default 20 µs)
 per scheduled token, like a small model on a GPU, and samples one token for each request whose
 prompt (and any output it must recompute after a preemption) is fully computed after the step.
+
+With `INFERSCOPE_VLLM_MOCK_CUDA` naming the mock CUDA driver (tests/mock-cuda: libcuda.so), the
+worker calls its cuInit (which loads the injection library named by CUDA_INJECTION64_PATH, the
+CUPTI shim) and launches `KERNELS_PER_STEP` kernels through cuLaunchKernel in every step, as a
+GPU worker launches its forward pass: the shim sees them as it would on a GPU.
 """
+import ctypes
 import os
 import time
 
@@ -19,6 +25,7 @@ STEP_S = float(os.environ.get("INFERSCOPE_VLLM_STEP_MS", "4")) / 1e3
 TOKEN_S = float(os.environ.get("INFERSCOPE_VLLM_TOKEN_US", "20")) / 1e6
 # Sampled ids stay clear of the special tokens at the start of the vocabulary.
 FIRST_WORD = 16
+KERNELS_PER_STEP = 2
 
 
 class Worker(WorkerBase):
@@ -27,6 +34,17 @@ class Worker(WorkerBase):
         # req id -> tokens the request holds (prompt + sampled outputs)
         self.lengths: dict[str, int] = {}
         self.kv_cache_config = None
+        self.cuda = None
+        path = os.environ.get("INFERSCOPE_VLLM_MOCK_CUDA")
+        if path:
+            self.cuda = ctypes.CDLL(path)
+            self.cuda.cuLaunchKernel.argtypes = [ctypes.c_char_p] + [ctypes.c_uint] * 7 + [
+                ctypes.c_size_t,
+                ctypes.c_void_p,
+                ctypes.c_void_p,
+            ]
+            if self.cuda.cuInit(0) != 0:
+                raise RuntimeError(f"cuInit of {path} failed")
 
     def load_model(self, *args, **kwargs) -> None:
         pass
@@ -119,6 +137,9 @@ class Worker(WorkerBase):
             else:
                 sampled.append([])  # a chunk of a prefill: nothing sampled yet
         if req_ids:
+            if self.cuda is not None:
+                for name in (b"attention_fwd", b"gemm_bf16")[:KERNELS_PER_STEP]:
+                    self.cuda.cuLaunchKernel(name, 64, 1, 1, 128, 1, 1, 0, 1, None, None)
             time.sleep(STEP_S + TOKEN_S * so.total_num_scheduled_tokens)
         return ModelRunnerOutput(
             req_ids=req_ids,
