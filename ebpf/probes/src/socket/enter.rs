@@ -228,28 +228,17 @@ pub fn enter_shutdown(ctx: TracePointContext) -> u32 {
     if ignored(tgid, key, conn.id) {
         return 0;
     }
-    let ts = unsafe { bpf_ktime_get_ns() };
-    let record = SyscallRecord {
-        record_type: RecordType::Syscall as u8,
-        kind: SyscallKind::Shutdown as u8,
-        flags: 0,
+    // Not a data record: the fd's record numbers do not move.
+    emit_control(
+        SyscallKind::Shutdown,
         tgid,
-        tid: pid_tgid as u32,
+        pid_tgid as u32,
         fd,
-        ts_enter_ns: ts,
-        ts_exit_ns: ts,
-        ret: how,
-        captured: 0,
-        conn_flags: conn.flags,
-        conn_gen: conn.id,
-        sock: conn.sock,
-        // Not a data record: the fd's record numbers do not move.
-        conn_seq: 0,
-        lost_heads: 0,
-        chunk_offset: 0,
-        _pad: 0,
-    };
-    output::<SyscallRecord>(&record, Counter::RecordsEmitted);
+        how,
+        conn,
+        0,
+        0,
+    );
     0
 }
 
@@ -304,17 +293,43 @@ pub fn close_fd(tgid: u32, tid: u32, fd: i32) -> Result<(), i32> {
     if was_ignored && conn.id == 0 {
         return Ok(());
     }
+    emit_control(
+        SyscallKind::Close,
+        tgid,
+        tid,
+        fd,
+        0,
+        conn,
+        conn_seq,
+        lost_heads,
+    );
+    Ok(())
+}
+
+/// A record about a connection that moves no bytes (close, shutdown), stamped now.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn emit_control(
+    kind: SyscallKind,
+    tgid: u32,
+    tid: u32,
+    fd: i32,
+    ret: i64,
+    conn: ConnEntry,
+    conn_seq: u32,
+    lost_heads: u32,
+) {
     let ts = unsafe { bpf_ktime_get_ns() };
     let record = SyscallRecord {
         record_type: RecordType::Syscall as u8,
-        kind: SyscallKind::Close as u8,
+        kind: kind as u8,
         flags: 0,
         tgid,
         tid,
         fd,
         ts_enter_ns: ts,
         ts_exit_ns: ts,
-        ret: 0,
+        ret,
         captured: 0,
         conn_flags: conn.flags,
         conn_gen: conn.id,
@@ -325,5 +340,4 @@ pub fn close_fd(tgid: u32, tid: u32, fd: i32) -> Result<(), i32> {
         _pad: 0,
     };
     output::<SyscallRecord>(&record, Counter::RecordsEmitted);
-    Ok(())
 }
