@@ -409,7 +409,7 @@ impl<'a> Machine<'a> {
     }
 
     fn set_items(&mut self, items: Vec<Value>) -> Result<(), PickleError> {
-        if items.len() % 2 != 0 {
+        if !items.len().is_multiple_of(2) {
             return Err(PickleError::Stack);
         }
         let max_depth = self.limits.max_depth;
