@@ -5,7 +5,8 @@ socket code (the fallback issue 18 allows: SGLang's real Scheduler is not run he
     .venv-sglang/bin/python3 ipc_engine.py api sglang serve --port P --workdir DIR
         [--pool TOKENS] [--prefill-ms MS] [--decode-ms MS]
 
-API process (this one; SGLang's TokenizerManager + HTTP server role): HTTP on 127.0.0.1:P.
+API process (this one; SGLang's TokenizerManager + HTTP server role): HTTP on 127.0.0.1:P;
+GET /start spawns the scheduler process, GET anything answers "ok".
 POST /v1/chat/completions (stream) takes `rid` from the body or makes one (uuid4().hex, as
 SGLang's GenerateReqInput does); SSE chunks carry `id` = rid, as SGLang's OpenAI server does.
 The prompt is "tokenized" as one token per whitespace-separated word. It builds SGLang's
@@ -24,13 +25,15 @@ one step: each request in the batch gets one token.
 
 Ground truth: the scheduler appends one JSON line per finished request to DIR/truth.jsonl:
 rid, prompt_tokens, completion_tokens, retractions, forward_entry_time (repr, exact),
-wait_queue_entry_time; and one line per step to DIR/steps.jsonl.
+wait_queue_entry_time; and one line per step to DIR/steps.jsonl (mode, rids; for a prefill batch
+with first prefills also those rids and the step's start and end on SGLang's clock).
 """
 import argparse
 import json
 import os
 import queue
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -105,6 +108,7 @@ class Req:
         self.max_new = msg.sampling_params.max_new_tokens
         self.out = 0
         self.retractions = 0
+        self.first_prefill = True
         self.stats = SchedulerReqTimeStats()
         self.stats.has_timing_data = True
         self.stats.set_scheduler_recv_time()
@@ -141,12 +145,18 @@ def scheduler(args):
         return sum(r.kv() for r in running)
 
     def send(batch, finished, mode):
-        out = build_output(batch, finished)
-        sock_send(push, out)
-        steps.write(
-            json.dumps({"time": repr(time.perf_counter()), "mode": mode, "rids": [r.rid for r in batch]})
-            + "\n"
-        )
+        sock_send(push, build_output(batch, finished))
+        line = {"time": repr(time.perf_counter()), "mode": mode, "rids": [r.rid for r in batch]}
+        # A batch's first prefills: SGLang's own bounds of that step (first forward entry to
+        # last prefill end), what the agent reports as the step.
+        first = [r for r in batch if mode == "prefill" and r.first_prefill]
+        if first:
+            line["first"] = [r.rid for r in first]
+            line["start"] = repr(min(r.stats.forward_entry_time for r in first))
+            line["end"] = repr(max(r.stats.prefill_finished_time for r in first))
+        for r in first:
+            r.first_prefill = False
+        steps.write(json.dumps(line) + "\n")
 
     while True:
         # Block only when idle.
@@ -255,11 +265,19 @@ def api(args):
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     front = Front(workdir)
-    child = __import__("subprocess").Popen(
-        [sys.executable, __file__, "scheduler", "--workdir", str(workdir)]
-        + ["--pool", str(args.pool), "--prefill-ms", str(args.prefill_ms)]
-        + ["--decode-ms", str(args.decode_ms)]
-    )
+    children = []
+
+    def start():
+        # Started on demand, so that an agent attached to this process sees the scheduler
+        # connect (its ZMTP greeting) as for an engine started under the agent.
+        if not children:
+            children.append(
+                subprocess.Popen(
+                    [sys.executable, __file__, "scheduler", "--workdir", str(workdir)]
+                    + ["--pool", str(args.pool), "--prefill-ms", str(args.prefill_ms)]
+                    + ["--decode-ms", str(args.decode_ms)]
+                )
+            )
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -268,6 +286,8 @@ def api(args):
             pass
 
         def do_GET(self):
+            if self.path == "/start":
+                start()
             body = b"ok"
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
@@ -314,7 +334,8 @@ def api(args):
     try:
         server.serve_forever()
     finally:
-        child.terminate()
+        for child in children:
+            child.terminate()
 
 
 def main():
