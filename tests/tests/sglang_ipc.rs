@@ -212,6 +212,10 @@ fn sglang_ipc_admission_retractions_and_prompt_tokens() {
             waited += 1;
         }
     }
+    eprintln!(
+        "sglang_ipc: {} requests, {retracted} retractions, {waited} waited > 20 ms",
+        truth.len()
+    );
     assert!(retracted > 0, "the load retracted nothing: {truth:#?}");
     assert!(waited > 0, "no request waited: {records:#?}");
 
