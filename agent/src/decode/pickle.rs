@@ -71,12 +71,14 @@ pub struct PickleLimits {
 
 impl Default for PickleLimits {
     fn default() -> Self {
+        // SGLang's largest messages (a batched output for a few hundred requests) build some
+        // tens of thousands of values; 300k work units bound one message's memory to ~20 MB.
         Self {
             max_depth: 48,
-            max_work: 4_000_000,
-            max_stack: 65_536,
-            max_memo: 262_144,
-            max_items: 1_000_000,
+            max_work: 300_000,
+            max_stack: 16_384,
+            max_memo: 65_536,
+            max_items: 65_536,
         }
     }
 }
