@@ -60,11 +60,8 @@ fn http(port: u16, request: &str, timeout: Duration) -> Vec<u8> {
     s.write_all(request.as_bytes()).expect("sending");
     let mut raw = Vec::new();
     let mut buf = [0u8; 8192];
-    loop {
-        let n = match s.read(&mut buf) {
-            Ok(n) => n,
-            Err(_) => break,
-        };
+    // A read error (the timeout) ends the exchange; the caller checks what came.
+    while let Ok(n) = s.read(&mut buf) {
         if n == 0 {
             break;
         }
