@@ -56,6 +56,23 @@ static METRICS: MetricsEndpoint = MetricsEndpoint {
 
 #[cfg(test)]
 mod tests {
+    use super::{Engine, ProcessInfo, Sglang};
+
+    #[test]
+    fn claims_the_server_and_its_titled_processes() {
+        let p = |cmdline: &str| ProcessInfo {
+            tgid: 1,
+            cmdline: cmdline.into(),
+            mapped_files: Vec::new(),
+        };
+        assert!(Sglang.claims(&p("python -m sglang.launch_server --model-path m")));
+        assert!(Sglang.claims(&p("/v/bin/sglang serve --model-path m")));
+        assert!(Sglang.claims(&p("sglang::scheduler_TP0")));
+        assert!(Sglang.claims(&p("sglang::detokenizer")));
+        assert!(!Sglang.claims(&p("python serve.py sglang")));
+        assert!(Sglang.ipc().is_some());
+    }
+
     #[test]
     fn reads_the_engine_fixture() {
         let got = super::super::fixture_signals(
