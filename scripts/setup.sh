@@ -97,4 +97,29 @@ if ! .venv-vllm/bin/python3 -c 'import importlib.metadata as m; assert m.version
   python3 -m venv .venv-vllm
   .venv-vllm/bin/pip install -q --disable-pip-version-check vllm==0.33.0
 fi
+# --- SGLang test engines (issue 18): SGLang 0.5.23's real server on CPU, and its IPC classes --
+# tests/tests/sglang_engine.rs runs `python -m sglang.launch_server --device cpu` (torch,
+# transformers, ...); tests/engine/sglang/ipc_engine.py imports its io_struct. The full
+# `pip install sglang==0.5.23` pulls CUDA-only wheels (flashinfer, deep-gemm, cutlass-dsl,
+# nvshmem: far beyond 12 GB), so .venv-sglang holds sglang itself (--no-deps), the imports the
+# CPU path needs that .venv-vllm lacks (ipython, gguf, soundfile) and its own pyzmq (the agent
+# finds sglang's version through the site-packages of the extensions a process maps), and
+# reuses .venv-vllm's torch stack through a .pth line. About 40 s and 310 MB on top of .venv-vllm.
+if ! .venv-sglang/bin/python3 -c 'import importlib.metadata as m, importlib.util as u, sys
+assert m.version("sglang") == "0.5.23" and m.version("gguf") and m.version("ipython")
+assert m.version("soundfile")
+assert u.find_spec("zmq").origin.startswith(sys.prefix) and u.find_spec("torch")' 2>/dev/null; then
+  log "creating .venv-sglang with sglang 0.5.23 (no deps; torch from .venv-vllm)"
+  rm -rf .venv-sglang
+  python3 -m venv .venv-sglang
+  site=$(.venv-sglang/bin/python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  vllm_site=$(.venv-vllm/bin/python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$(realpath "$vllm_site")" > "$site/zz-vllm-torch.pth"
+  .venv-sglang/bin/pip install -q --disable-pip-version-check --no-deps sglang==0.5.23
+  .venv-sglang/bin/pip install -q --disable-pip-version-check ipython==9.18.1 gguf==0.19.0 \
+    soundfile==0.13.1
+  .venv-sglang/bin/pip install -q --disable-pip-version-check --ignore-installed --no-deps \
+    pyzmq==27.3.0
+fi
+# --- end SGLang ------------------------------------------------------------------------------
 log "ready"

@@ -75,6 +75,8 @@ pub struct RequestRecord {
     pub output_chunks: u64,
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
+    /// Prompt tokens the engine found in its prefix cache (SGLang's IPC says).
+    pub cached_tokens: Option<u64>,
     /// The engine's own prefill and decode times, where its final chunk reports them.
     pub engine_prompt_ms: Option<f64>,
     pub engine_predicted_ms: Option<f64>,

@@ -217,6 +217,7 @@ impl RequestProgress {
             output_chunks: self.output_chunks,
             prompt_tokens,
             completion_tokens,
+            cached_tokens: None,
             engine_prompt_ms: self.timings.as_ref().and_then(|t| t.prompt_ms),
             engine_predicted_ms: self.timings.as_ref().and_then(|t| t.predicted_ms),
             request_bytes: self.request_bytes,

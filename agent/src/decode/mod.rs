@@ -2,5 +2,6 @@
 //! never panic, keep bounded buffers and report what they could not parse.
 pub mod http;
 pub mod msgpack;
+pub mod pickle;
 pub mod prometheus;
 pub mod zmtp;

@@ -84,6 +84,7 @@ pub fn request_attributes(timeline: &RequestTimeline) -> Vec<KeyValue> {
     opt_i("gen_ai.usage.output_tokens", r.completion_tokens);
     opt_i("inferscope.prompt_bytes", r.prompt_bytes);
     opt_i("inferscope.preemptions", r.preemptions);
+    opt_i("gen_ai.usage.cache_read.input_tokens", r.cached_tokens);
     opt_i("inferscope.prefill_steps", r.prefill_steps);
     opt_i("inferscope.decode_steps", r.decode_steps);
     opt_i(

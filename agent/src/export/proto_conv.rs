@@ -93,6 +93,7 @@ pub fn request(t: &RequestTimeline) -> pb::Request {
         engine_task_id: r.engine_task_id.and_then(|v| u64::try_from(v).ok()),
         record_json: serde_json::to_string(r).unwrap_or_default(),
         first_token_handoff_ms: r.first_token_handoff_ms,
+        cached_tokens: r.cached_tokens,
         engine_slot: r.engine_slot,
         deferred_mono_ns: r.deferred_mono_ns,
         requeued_mono_ns: r.requeued_mono_ns,

@@ -1,5 +1,15 @@
-//! SGLang's server (`python -m sglang.launch_server`, `sglang serve`).
-use super::{Engine, MetricSource, MetricsEndpoint, ProcessInfo, Signal};
+//! SGLang's server (`python -m sglang.launch_server`, `sglang serve`), its scheduler and
+//! detokenizer processes (which title themselves `sglang::scheduler…`, `sglang::detokenizer`),
+//! and the pickled ZMQ IPC between them (see [`ipc`]).
+mod ipc;
+mod layout;
+mod messages;
+mod package;
+mod state;
+
+use super::{Engine, EngineIpc, MetricSource, MetricsEndpoint, ProcessInfo, Signal};
+
+pub use ipc::SglangIpc;
 
 pub struct Sglang;
 
@@ -9,7 +19,13 @@ impl Engine for Sglang {
     }
 
     fn claims(&self, p: &ProcessInfo) -> bool {
-        p.cmdline_has("sglang.launch_server") || p.cmdline_has("sglang serve")
+        p.cmdline_has("sglang.launch_server")
+            || p.cmdline_has("sglang serve")
+            || p.cmdline.starts_with("sglang::")
+    }
+
+    fn ipc(&self) -> Option<Box<dyn EngineIpc>> {
+        Some(Box::new(SglangIpc::default()))
     }
 
     fn metrics(&self) -> Option<&'static MetricsEndpoint> {
@@ -40,11 +56,28 @@ static METRICS: MetricsEndpoint = MetricsEndpoint {
 
 #[cfg(test)]
 mod tests {
+    use super::{Engine, ProcessInfo, Sglang};
+
+    #[test]
+    fn claims_the_server_and_its_titled_processes() {
+        let p = |cmdline: &str| ProcessInfo {
+            tgid: 1,
+            cmdline: cmdline.into(),
+            mapped_files: Vec::new(),
+        };
+        assert!(Sglang.claims(&p("python -m sglang.launch_server --model-path m")));
+        assert!(Sglang.claims(&p("/v/bin/sglang serve --model-path m")));
+        assert!(Sglang.claims(&p("sglang::scheduler_TP0")));
+        assert!(Sglang.claims(&p("sglang::detokenizer")));
+        assert!(!Sglang.claims(&p("python serve.py sglang")));
+        assert!(Sglang.ipc().is_some());
+    }
+
     #[test]
     fn reads_the_engine_fixture() {
         let got = super::super::fixture_signals(
             "sglang",
-            include_bytes!("../../../tests/fixtures/metrics/sglang.txt"),
+            include_bytes!("../../../../tests/fixtures/metrics/sglang.txt"),
         );
         super::super::assert_signals(
             &got,
@@ -60,3 +93,6 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod ipc_tests;

@@ -1,0 +1,188 @@
+//! SGLang's TokenizerManager ↔ Scheduler ↔ Detokenizer traffic, as captured on the sockets of
+//! any of its processes: ZMTP streams → pickled objects → [`IpcState`]. The version comes from
+//! each process's installed package (read at discovery) and picks the pinned layout; an
+//! unsupported version is refused (logged once, counted per message) and decoded no further.
+//! When the version is unknown the newest layout is used, every class and field checked.
+use rustc_hash::{FxHashMap, FxHashSet};
+use tracing::warn;
+
+use super::{
+    layout::{self, Layout},
+    messages, package,
+    state::IpcState,
+};
+use crate::{
+    correlate::{RequestRecord, Stats, StepRecord},
+    decode::zmtp::{Message, ZmtpError, ZmtpLimits, ZmtpStream},
+    engines::{EngineIpc, IpcBytes, IpcDirection, IpcVerdict},
+};
+
+/// Sockets followed at once; beyond this the table is cleared (counted).
+const MAX_SOCKETS: usize = 4096;
+
+struct Socket {
+    conn_gen: u64,
+    read: ZmtpStream,
+    write: ZmtpStream,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Version {
+    Supported(&'static Layout),
+    Unsupported,
+}
+
+#[derive(Default)]
+pub struct SglangIpc {
+    sockets: FxHashMap<(u32, i32), Socket>,
+    versions: FxHashMap<u32, Version>,
+    /// Versions already warned about.
+    warned: FxHashSet<String>,
+    state: IpcState,
+    stats: Stats,
+    messages: Vec<Message>,
+    limits: ZmtpLimits,
+}
+
+impl SglangIpc {
+    #[cfg(test)]
+    pub fn state(&self) -> &IpcState {
+        &self.state
+    }
+
+    #[cfg(test)]
+    pub fn set_version(&mut self, tgid: u32, version: &str) {
+        let v = self.version(tgid, version);
+        self.versions.insert(tgid, v);
+    }
+
+    fn version(&mut self, tgid: u32, version: &str) -> Version {
+        match layout::for_version(version) {
+            Some(l) => Version::Supported(l),
+            None => {
+                if self.warned.len() < 64 && self.warned.insert(version.to_owned()) {
+                    warn!(
+                        pid = tgid,
+                        version,
+                        supported = layout::SUPPORTED,
+                        "SGLang version without a pinned IPC layout: its IPC is not decoded \
+                         (admission, retractions and prompt tokens need a supported version; \
+                         HTTP records go on)"
+                    );
+                }
+                Version::Unsupported
+            }
+        }
+    }
+
+    fn on_message(&mut self, message: &Message, tgid: u32, tid: u32, steps: &mut Vec<StepRecord>) {
+        let layout = match self.versions.get(&tgid) {
+            Some(Version::Supported(l)) => *l,
+            Some(Version::Unsupported) => {
+                self.stats.bump("sglang_ipc_unsupported_version");
+                return;
+            }
+            None => {
+                self.stats.bump("sglang_ipc_layout_assumed");
+                &layout::NEWEST
+            }
+        };
+        // SGLang sends one object per message, in one frame.
+        let Some(frame) = message.frames.first() else {
+            return;
+        };
+        if !frame.complete {
+            self.stats.bump("sglang_ipc_frame_cut");
+            return;
+        }
+        match messages::decode(&frame.data, layout) {
+            Ok(m) => {
+                self.stats.bump("sglang_ipc_messages");
+                self.state.apply(m, (tgid, tid), steps);
+            }
+            Err(e) => self.stats.bump(e.as_str()),
+        }
+    }
+}
+
+impl EngineIpc for SglangIpc {
+    fn add_process(&mut self, tgid: u32) {
+        match package::process_version(tgid) {
+            Some(v) => {
+                let version = self.version(tgid, &v);
+                self.stats.bump(match version {
+                    Version::Supported(_) => "sglang_version_from_package",
+                    Version::Unsupported => "sglang_version_unsupported",
+                });
+                self.versions.insert(tgid, version);
+            }
+            None => self.stats.bump("sglang_version_package_not_found"),
+        }
+    }
+
+    fn on_bytes(&mut self, b: &IpcBytes<'_>, steps: &mut Vec<StepRecord>) -> IpcVerdict {
+        let key = (b.tgid, b.fd);
+        if self
+            .sockets
+            .get(&key)
+            .is_some_and(|s| s.conn_gen != b.conn_gen)
+        {
+            self.sockets.remove(&key);
+        }
+        if !self.sockets.contains_key(&key) && self.sockets.len() >= MAX_SOCKETS {
+            self.sockets.clear();
+            self.stats.bump("sglang_ipc_socket_table_full");
+        }
+        let limits = self.limits;
+        let socket = self.sockets.entry(key).or_insert_with(|| Socket {
+            conn_gen: b.conn_gen,
+            read: ZmtpStream::new(limits),
+            write: ZmtpStream::new(limits),
+        });
+        let stream = match b.direction {
+            IpcDirection::Read => &mut socket.read,
+            IpcDirection::Write => &mut socket.write,
+        };
+        let mut messages = std::mem::take(&mut self.messages);
+        let fed = stream.feed(b.data, b.lost, &mut messages);
+        self.stats
+            .add("zmtp_frames_incomplete", fed.frames_incomplete);
+        self.stats.add("zmtp_frames_dropped", fed.frames_dropped);
+        self.stats.add("zmtp_hunt_skipped", fed.hunt_skipped);
+        let verdict = match stream.failed() {
+            Some(ZmtpError::Desync) => {
+                self.stats.bump(ZmtpError::Desync.as_str());
+                *stream = ZmtpStream::mid_stream(limits);
+                IpcVerdict::Keep
+            }
+            Some(e) => {
+                self.stats.bump(e.as_str());
+                self.sockets.remove(&key);
+                IpcVerdict::NotIpc
+            }
+            None => IpcVerdict::Keep,
+        };
+        for message in messages.drain(..) {
+            self.on_message(&message, b.tgid, b.tid, steps);
+        }
+        self.messages = messages;
+        verdict
+    }
+
+    fn on_close(&mut self, tgid: u32, fd: i32) {
+        self.sockets.remove(&(tgid, fd));
+    }
+
+    fn forget_process(&mut self, tgid: u32) {
+        self.sockets.retain(|(t, _), _| *t != tgid);
+        self.versions.remove(&tgid);
+    }
+
+    fn enrich(&mut self, record: &mut RequestRecord) {
+        self.state.enrich(record);
+    }
+
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        self.stats.iter().chain(self.state.stats.iter()).collect()
+    }
+}

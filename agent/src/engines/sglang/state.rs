@@ -1,0 +1,231 @@
+//! What SGLang's IPC says about each request, accumulated from decoded messages and joined to
+//! HTTP records by rid. One message is usually seen twice (written by one traced process, read
+//! by another) and SGLang's counts are cumulative, so every update is idempotent: counts keep
+//! their maximum, times their first value.
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
+
+use super::messages::{AddRequest, IpcMessage, Output};
+use crate::correlate::{RequestRecord, Stats, StepMember, StepRecord};
+
+/// Requests remembered at once; the oldest is forgotten (counted) beyond this.
+const MAX_REQUESTS: usize = 16_384;
+
+/// perf_counter() seconds (CLOCK_MONOTONIC, the eBPF clock) → nanoseconds; None for values no
+/// clock reads.
+pub fn mono_ns(seconds: f64) -> Option<u64> {
+    (seconds.is_finite() && (0.0..1e10).contains(&seconds))
+        .then(|| (seconds * 1e9 + 0.5).floor() as u64)
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RequestState {
+    pub prompt_tokens: Option<u64>,
+    /// When the scheduler queued it (wait_queue_entry_time).
+    pub queued_ns: Option<u64>,
+    /// When the scheduler first put it in a batch to run (forward_entry_time): admission.
+    pub admitted_ns: Option<u64>,
+    pub prefill_finished_ns: Option<u64>,
+    pub retractions: u64,
+    pub output_tokens: u64,
+    pub cached_tokens: Option<u64>,
+    pub finish_reason: Option<&'static str>,
+    pub aborted: bool,
+    /// Outputs seen (a request with none never ran).
+    pub outputs: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct IpcState {
+    requests: FxHashMap<String, RequestState>,
+    order: VecDeque<String>,
+    pub stats: Stats,
+}
+
+impl IpcState {
+    #[cfg(test)]
+    pub fn request(&self, rid: &str) -> Option<&RequestState> {
+        self.requests.get(rid)
+    }
+
+    fn entry(&mut self, rid: &str) -> &mut RequestState {
+        if !self.requests.contains_key(rid) {
+            if self.requests.len() >= MAX_REQUESTS {
+                while let Some(old) = self.order.pop_front() {
+                    if self.requests.remove(&old).is_some() {
+                        self.stats.bump("sglang_requests_evicted_unjoined");
+                        break;
+                    }
+                }
+            }
+            if self.order.len() >= 2 * MAX_REQUESTS {
+                let requests = &self.requests;
+                self.order.retain(|id| requests.contains_key(id));
+            }
+            self.order.push_back(rid.to_owned());
+        }
+        self.requests.entry(rid.to_owned()).or_default()
+    }
+
+    /// Applies one decoded message seen in process `tgid`, thread `tid`.
+    pub fn apply(
+        &mut self,
+        message: IpcMessage,
+        (tgid, tid): (u32, u32),
+        steps: &mut Vec<StepRecord>,
+    ) {
+        match message {
+            IpcMessage::Add(adds) => adds.into_iter().for_each(|a| self.on_add(a)),
+            IpcMessage::Abort { rid: Some(rid), .. } => {
+                if let Some(r) = self.requests.get_mut(&rid) {
+                    r.aborted = true;
+                }
+            }
+            IpcMessage::Abort { rid: None, .. } | IpcMessage::Other => {}
+            IpcMessage::Outputs(outputs) => self.on_outputs(outputs, (tgid, tid), steps),
+        }
+    }
+
+    fn on_add(&mut self, add: AddRequest) {
+        self.stats.bump("sglang_requests_added");
+        let r = self.entry(&add.rid);
+        r.prompt_tokens = add.prompt_tokens.or(r.prompt_tokens);
+    }
+
+    /// One batched output is one scheduler step. A step in which requests finished their
+    /// prefill for the first time is a prefill batch whose bounds SGLang's own clocks give:
+    /// from its requests' forward entry to their prefill end. Other steps carry no time.
+    fn on_outputs(
+        &mut self,
+        outputs: Vec<Output>,
+        (tgid, tid): (u32, u32),
+        steps: &mut Vec<StepRecord>,
+    ) {
+        self.stats.bump("sglang_outputs");
+        let mut members = Vec::with_capacity(outputs.len());
+        let (mut start, mut end, mut prefilled) = (u64::MAX, 0u64, 0u64);
+        let mut bad_time = 0;
+        for out in outputs {
+            let r = self.entry(&out.rid);
+            r.outputs += 1;
+            let mut first = |slot: &mut Option<u64>, t: Option<f64>| match t.map(mono_ns) {
+                Some(Some(ns)) => {
+                    let new = slot.is_none();
+                    *slot = Some(slot.map_or(ns, |s| s.min(ns)));
+                    new
+                }
+                Some(None) => {
+                    bad_time += 1;
+                    false
+                }
+                None => false,
+            };
+            first(&mut r.queued_ns, out.wait_queue_entry);
+            first(&mut r.admitted_ns, out.forward_entry);
+            let new_prefill = first(&mut r.prefill_finished_ns, out.prefill_finished);
+            r.prompt_tokens = r.prompt_tokens.or(out.prompt_tokens);
+            r.output_tokens = r.output_tokens.max(out.completion_tokens.unwrap_or(0));
+            r.retractions = r.retractions.max(out.retractions.unwrap_or(0));
+            if out.cached_tokens.is_some() {
+                r.cached_tokens = r.cached_tokens.max(out.cached_tokens);
+            }
+            if out.finish_reason.is_some() {
+                r.finish_reason = out.finish_reason;
+                r.aborted |= out.finish_reason == Some("abort");
+            }
+            if new_prefill && let (Some(a), Some(p)) = (r.admitted_ns, r.prefill_finished_ns) {
+                prefilled += 1;
+                start = start.min(a);
+                end = end.max(p);
+            }
+            members.push(StepMember {
+                request_id: out.rid,
+                phase: if new_prefill { "prefill" } else { "decode" },
+            });
+        }
+        self.stats.add("sglang_bad_timestamp", bad_time);
+        if prefilled == 0 || start > end {
+            self.stats.bump("sglang_steps_untimed");
+            return;
+        }
+        self.stats.bump("sglang_steps");
+        steps.push(StepRecord {
+            pid: tgid,
+            engine: "sglang".into(),
+            tid,
+            start_mono_ns: start,
+            end_mono_ns: end,
+            duration_ms: (end - start) as f64 / 1e6,
+            batch_tokens: None,
+            sequences: members.len() as u64,
+            prefilling: prefilled,
+            requests: members,
+            kv_cache_usage: None,
+            running_requests: None,
+            waiting_requests: None,
+            start_from: Some("forward_entry"),
+        });
+    }
+
+    /// Fills `record` (an HTTP request that just finished) from the SGLang request that served
+    /// it: SGLang's response id is the rid (from the body's `rid`, else a uuid it made), and the
+    /// request must have been admitted inside the HTTP request's lifetime.
+    pub fn enrich(&mut self, record: &mut RequestRecord) {
+        let served = record.first_token_mono_ns.is_some();
+        let inside = |r: &RequestState| {
+            r.queued_ns.is_none_or(|t| t >= record.arrival_mono_ns)
+                && r.admitted_ns.is_none_or(|t| t <= record.end_mono_ns)
+        };
+        let rid = [
+            record.response_id.as_deref(),
+            record.x_request_id.as_deref(),
+        ]
+        .into_iter()
+        .flatten()
+        .find(|id| self.requests.get(*id).is_some_and(inside))
+        .map(str::to_owned);
+        let Some(state) = rid.and_then(|rid| self.requests.remove(&rid)) else {
+            if served {
+                self.stats.bump("sglang_requests_unjoined");
+                record.engine_unknown = vec!["admitted_mono_ns", "prompt_tokens", "preemptions"];
+            }
+            return;
+        };
+        self.stats.bump("sglang_requests_joined");
+        if record.prompt_tokens.is_none() {
+            record.prompt_tokens = state.prompt_tokens;
+            if state.prompt_tokens.is_none() {
+                record.engine_unknown.push("prompt_tokens");
+            }
+        }
+        if record.completion_tokens.is_none() && state.outputs > 0 {
+            record.completion_tokens = Some(state.output_tokens);
+        }
+        record.cached_tokens = state.cached_tokens;
+        let aborted = record.aborted || state.aborted;
+        // SGLang ships the retraction count with each output: an aborted request may have
+        // been retracted after its last one.
+        record.preemptions = if aborted {
+            self.stats.bump("sglang_preemptions_unknown_aborted");
+            record.engine_unknown.push("preemptions");
+            None
+        } else {
+            Some(state.retractions)
+        };
+        let Some(admitted) = state.admitted_ns else {
+            if served {
+                // Times ship only with --enable-metrics.
+                self.stats.bump("sglang_admission_unknown");
+                record.engine_unknown.push("admitted_mono_ns");
+            }
+            return;
+        };
+        record.admitted_mono_ns = Some(admitted);
+        record.queue_wait_ms = Some(admitted.saturating_sub(record.arrival_mono_ns) as f64 / 1e6);
+        record.prefill_ms = record
+            .first_token_mono_ns
+            .filter(|t| *t >= admitted)
+            .map(|t| (t - admitted) as f64 / 1e6);
+    }
+}

@@ -1,0 +1,282 @@
+//! SGLang on its real stack: `python -m sglang.launch_server` 0.5.23 on the CPU (its own HTTP
+//! server, TokenizerManager, Scheduler, Detokenizer and pickled ZeroMQ IPC) serving a tiny
+//! Llama with dummy weights (`--load-format dummy`: nothing downloaded; the forward really runs,
+//! it is just small) and a 320-token KV pool, so requests wait and are retracted. Ground truth
+//! comes from SGLang's own scheduler (tests/engine/sglang/truth/sitecustomize.py wraps the
+//! function that stamps `forward_entry_time` and `Req.reset_for_retract`). The real agent
+//! records the HTTP process with eBPF, attached after start-up (so it also joins IPC streams
+//! mid-way); every admitted request's admission must be within 1 ms of SGLang's stamp and its
+//! retractions and prompt tokens exact.
+use std::{
+    collections::HashMap,
+    io::{Read, Write},
+    net::TcpStream,
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use inferscope_integration_tests::{
+    agent::{Recorder, counter, read_records},
+    free_port,
+};
+use serde_json::Value;
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn sglang_python() -> PathBuf {
+    std::env::var_os("INFERSCOPE_SGLANG_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".venv-sglang/bin/python3"))
+}
+
+struct Server {
+    child: Child,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // SIGTERM: SGLang's launcher stops its scheduler and detokenizer on the way out.
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn http(port: u16, request: &str, timeout: Duration) -> Vec<u8> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connecting to SGLang");
+    s.set_read_timeout(Some(timeout)).expect("read timeout");
+    s.write_all(request.as_bytes()).expect("sending");
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 8192];
+    // A read error (the timeout) ends the exchange; the caller checks what came.
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&buf[..n]);
+        if raw.ends_with(b"0\r\n\r\n") {
+            break;
+        }
+        if raw.starts_with(b"HTTP/1.1 200")
+            && raw.windows(4).any(|w| w == b"\r\n\r\n")
+            && !raw.windows(7).any(|w| w == b"chunked")
+        {
+            break;
+        }
+    }
+    raw
+}
+
+fn wait_healthy(port: u16, server: &mut Child) {
+    // Start-up (imports, tokenizer, dummy weights) takes about a minute on two cores.
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = server.try_wait() {
+            panic!("SGLang exited ({status}): see its log; run scripts/setup.sh for .venv-sglang");
+        }
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            let raw = http(
+                port,
+                "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                Duration::from_secs(10),
+            );
+            if raw.starts_with(b"HTTP/1.1 200") {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    panic!("SGLang did not become healthy on {port}");
+}
+
+fn ns(repr: &Value) -> u64 {
+    let s: f64 = repr.as_str().expect("a repr").parse().expect("a float");
+    (s * 1e9 + 0.5).floor() as u64
+}
+
+/// The SSE stream's `id` (SGLang's rid).
+fn stream_id(raw: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(raw);
+    let at = text.find("data: {")?;
+    let line = text[at + 6..].lines().next()?;
+    let v: Value = serde_json::from_str(line).ok()?;
+    v["id"].as_str().map(str::to_owned)
+}
+
+#[test]
+fn sglang_real_scheduler_admission_retractions_and_prompt_tokens() {
+    let dir =
+        std::env::temp_dir().join(format!("inferscope-it-sglang-real-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    // A tiny Llama config and a WordLevel tokenizer (one token per word `w<n>`), no weights.
+    let model = dir.join("model");
+    let status = Command::new(sglang_python())
+        .args(["-m", "inferscope_vllm.model"])
+        .arg(&model)
+        .env("PYTHONPATH", repo_root().join("tests/engine/vllm"))
+        .stdout(Stdio::null())
+        .status()
+        .expect("writing the test model");
+    assert!(status.success());
+    let truth_path = dir.join("truth.jsonl");
+    let port = free_port();
+    let child = Command::new(sglang_python())
+        .args(["-m", "sglang.launch_server", "--model-path"])
+        .arg(&model)
+        .args(["--device", "cpu", "--load-format", "dummy"])
+        .args([
+            "--attention-backend",
+            "torch_native",
+            "--sampling-backend",
+            "pytorch",
+        ])
+        .args([
+            "--disable-cuda-graph",
+            "--skip-server-warmup",
+            "--enable-metrics",
+        ])
+        .args(["--max-total-tokens", "320", "--context-length", "300"])
+        .args(["--schedule-conservativeness", "0.01"])
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .current_dir(&dir)
+        .env("PYTHONPATH", repo_root().join("tests/engine/sglang/truth"))
+        .env("INFERSCOPE_SGLANG_TRUTH", &truth_path)
+        // SGLang's own knob: admission reserves at most 8 future tokens per new request, so it
+        // admits more than the pool can finish and retracts in decode.
+        .env("SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION", "8")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(dir.join("sglang.out")).expect("log"))
+        .stderr(std::fs::File::create(dir.join("sglang.log")).expect("log"))
+        .spawn()
+        .expect("starting SGLang (run scripts/setup.sh for .venv-sglang)");
+    let mut server = Server { child };
+    wait_healthy(port, &mut server.child);
+
+    let steps_path = dir.join("agent-steps.jsonl");
+    let steps_arg = steps_path.to_string_lossy().into_owned();
+    let mut recorder = Recorder::start(&dir, &["--port", &port.to_string(), "--steps", &steps_arg]);
+    recorder.wait_attached(server.child.id(), Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(500));
+
+    // 12 streams at once: prompts of 16..38 tokens, 120 tokens out each (ignore_eos): SGLang
+    // admits on the prompts and a small output reserve, then decode outgrows the 320-token
+    // pool and the scheduler retracts.
+    let clients: Vec<_> = (0..12)
+        .map(|i| {
+            std::thread::spawn(move || {
+                // Distinct words: no prefix shared in SGLang's radix cache.
+                let words: Vec<String> =
+                    (0..15 + 2 * i).map(|j| format!("w{}", 100 + 200 * i + j)).collect();
+                let words = words.join(" ");
+                let rid = if i % 2 == 0 {
+                    format!(r#""rid":"it-real-{i}","#)
+                } else {
+                    String::new()
+                };
+                let body = format!(
+                    r#"{{{rid}"model":"m","max_tokens":120,"ignore_eos":true,"stream":true,"messages":[{{"role":"user","content":"{words}"}}]}}"#
+                );
+                let req = format!(
+                    "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                http(port, &req, Duration::from_secs(240))
+            })
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for c in clients {
+        let raw = c.join().expect("client");
+        assert!(
+            raw.ends_with(b"0\r\n\r\n"),
+            "{}",
+            String::from_utf8_lossy(&raw)
+        );
+        ids.push(stream_id(&raw).expect("a stream id"));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let log_path = recorder.log.clone();
+    let records = recorder.stop();
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    drop(server);
+    let truth = read_records(&truth_path);
+
+    assert!(counter(&log, "sglang_version_from_package") >= 1, "{log}");
+    for bad in [
+        "sglang_ipc_layout_assumed",
+        "sglang_ipc_layout_mismatch",
+        "sglang_ipc_not_pickle",
+        "sglang_requests_unjoined",
+        "sglang_admission_unknown",
+    ] {
+        assert_eq!(counter(&log, bad), 0, "{bad}\n{log}");
+    }
+    let mut admitted: HashMap<&str, &Value> = HashMap::new();
+    let mut retractions: HashMap<&str, u64> = HashMap::new();
+    for t in &truth {
+        let rid = t["rid"].as_str().unwrap();
+        match t["event"].as_str() {
+            Some("admit") => {
+                admitted.insert(rid, t);
+            }
+            Some("retract") => *retractions.entry(rid).or_default() += 1,
+            _ => panic!("{t}"),
+        }
+    }
+    let by_rid: HashMap<&str, &Value> = records
+        .iter()
+        .filter_map(|r| Some((r["response_id"].as_str()?, r)))
+        .collect();
+    let mut worst_ns = 0u64;
+    let mut waited = 0;
+    for id in &ids {
+        let t = admitted
+            .get(id.as_str())
+            .unwrap_or_else(|| panic!("SGLang never admitted {id}: {truth:#?}"));
+        let rec = by_rid
+            .get(id.as_str())
+            .unwrap_or_else(|| panic!("no record for {id}: {records:#?}\n{log}"));
+        assert_eq!(rec["engine"], "sglang");
+        assert_eq!(rec["prompt_tokens"], t["input_len"], "{id}: {rec:#?}");
+        assert_eq!(
+            rec["preemptions"].as_u64(),
+            Some(retractions.get(id.as_str()).copied().unwrap_or(0)),
+            "{id}: {rec:#?}"
+        );
+        assert_eq!(rec["completion_tokens"], 120, "{id}: {rec:#?}");
+        // SGLang's detokenizer re-bases the stamp it forwards by its own clock offset
+        // (time.time() − perf_counter(), read at a slightly different instant): microseconds.
+        let got = rec["admitted_mono_ns"].as_u64().unwrap();
+        let want = ns(&t["forward_entry_time"]);
+        let err = got.abs_diff(want);
+        assert!(err <= 1_000_000, "{id}: admitted {got} vs SGLang {want}");
+        worst_ns = worst_ns.max(err);
+        let arrival = rec["arrival_mono_ns"].as_u64().unwrap();
+        let first_token = rec["first_token_mono_ns"].as_u64().unwrap();
+        assert!(arrival <= got && got <= first_token, "{rec:#?}");
+        if rec["queue_wait_ms"].as_f64().unwrap() > 50.0 {
+            waited += 1;
+        }
+    }
+    let retracted: u64 = retractions.values().sum();
+    eprintln!(
+        "sglang_engine: {} requests, {retracted} retractions, {waited} waited > 50 ms, worst admission error {worst_ns} ns",
+        ids.len()
+    );
+    assert!(waited > 0, "no request waited: {records:#?}");
+    assert!(retracted > 0, "SGLang retracted nothing: {truth:#?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
