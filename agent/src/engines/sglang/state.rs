@@ -165,6 +165,10 @@ impl IpcState {
             running_requests: None,
             waiting_requests: None,
             start_from: Some("forward_entry"),
+            // The scheduler process runs the kernels; it is not identified yet, so SGLang
+            // steps join no kernels (see README, SGLang).
+            kernel_pid: None,
+            kernels_from_ns: None,
         });
     }
 
