@@ -4,6 +4,7 @@ mod arrivals;
 mod connection;
 pub mod engine_metrics;
 pub mod loss;
+mod peer_close;
 pub mod percentile;
 pub mod record;
 mod request;
@@ -24,11 +25,12 @@ pub use record::{EndedBy, RequestRecord, StepMember, StepRecord, StepRef};
 pub use stats::Stats;
 
 use crate::{
-    capture::{SchedEvent, Segment, SyscallEvent},
+    capture::{SchedEvent, Segment, SockState, SyscallEvent},
     decode::http::{Limits, RequestEvent, ResponseEvent},
 };
 use connection::{Connection, Ending};
 use inferscope_common::SchedKind;
+use peer_close::PeerCloses;
 use rustc_hash::FxHashMap;
 
 /// Requests listed per step record (a step's batch is bounded by the engine's slots anyway).
@@ -54,6 +56,8 @@ type ConnKey = (u32, u64);
 pub struct Tracker {
     connections: ConnectionTable,
     arrivals: ArrivalIndex,
+    /// The client's FIN and reset per socket (sock:inet_sock_set_state).
+    peer_closes: PeerCloses,
     engines: HashMap<u32, &'static str>,
     stats: Stats,
     unix_offset_ns: u64,
@@ -92,6 +96,7 @@ impl Tracker {
                 limits,
             },
             arrivals: ArrivalIndex::default(),
+            peer_closes: PeerCloses::default(),
             engines: HashMap::new(),
             stats: Stats::default(),
             unix_offset_ns: unix_offset_ns(),
@@ -141,6 +146,15 @@ impl Tracker {
 
     pub fn on_segment(&mut self, segment: &Segment) {
         self.arrivals.on_segment(segment);
+    }
+
+    /// A TCP state change on a watched port: the client's FIN, or the socket's end (then
+    /// its arrivals are not the next connection's at the same address).
+    pub fn on_sock_state(&mut self, state: &SockState) {
+        self.peer_closes.on_state(state);
+        if i32::from(state.new_state) == inferscope_common::TCP_CLOSE && state.sock != 0 {
+            self.arrivals.forget_sock(state.sock);
+        }
     }
 
     pub fn on_accept(&mut self, ev: &SyscallEvent<'_>, peer: Peer, out: &mut Vec<RequestRecord>) {
@@ -207,6 +221,15 @@ impl Tracker {
         ) else {
             return;
         };
+        if conn.opened_ns == 0 {
+            conn.opened_ns = ev.ts_enter_ns;
+        }
+        if conn.peer.sock != 0
+            && !self.peer_closes.is_empty()
+            && let Some(end) = self.peer_closes.get(conn.peer.sock, conn.opened_ns)
+        {
+            conn.learn_peer_end(end);
+        }
         let ctx = conn.context(self.unix_offset_ns, self.last_loss_ns);
         let mut work = Work {
             stats: &mut self.stats,
@@ -389,6 +412,11 @@ impl Tracker {
     /// Periodic upkeep: old segments, the wall-clock offset.
     pub fn sweep(&mut self, now_ns: u64) {
         self.arrivals.sweep(now_ns);
+        self.peer_closes.sweep(now_ns);
+        self.stats.add(
+            "peer_closes_dropped",
+            std::mem::take(&mut self.peer_closes.dropped),
+        );
         self.stats.add(
             "arrival_segments_dropped",
             std::mem::take(&mut self.arrivals.dropped),
@@ -442,8 +470,13 @@ impl Tracker {
         if let (Some(port), Some(remote)) = (conn.peer.local_port, conn.peer.remote) {
             self.arrivals.forget_peer(port, remote);
         }
+        let mut conn = conn;
         if conn.peer.sock != 0 {
             self.arrivals.forget_sock(conn.peer.sock);
+            if let Some(end) = self.peer_closes.get(conn.peer.sock, conn.opened_ns) {
+                conn.learn_peer_end(end);
+            }
+            self.peer_closes.forget(conn.peer.sock);
         }
         conn.close(ts_ns, ending, &mut self.stats, ctx, out);
     }
