@@ -85,7 +85,7 @@ pub struct Connection {
     pub opened_ns: u64,
     /// What the kernel saw of the client's end (its FIN, a reset after it).
     peer_end_seen: PeerEnd,
-    /// Responses that ended after the client's FIN, with their end time: complete only if
+    /// Responses begun after the client's FIN, with their end time: complete only if
     /// the client did not reset the socket before the server closed it (see README,
     /// `ended_by`). Settled at the close.
     held: Vec<(Box<RequestProgress>, u64)>,
@@ -492,7 +492,10 @@ impl Connection {
             ResponseEvent::End { ts_ns, .. } => {
                 self.last_response_end_ns = ts_ns;
                 if let Some(done) = self.pop_answered() {
-                    let after_fin = self.peer_end_seen.fin_ns.is_some_and(|fin| fin < ts_ns);
+                    // Only an answer not begun before the FIN: a stream the client left
+                    // after its last event (closing before the terminating chunk) was read.
+                    let begun = done.first_byte_ns.unwrap_or(ts_ns);
+                    let after_fin = self.peer_end_seen.fin_ns.is_some_and(|fin| fin < begun);
                     if after_fin && self.peer_end_seen.reset_ns.is_some() {
                         let end = self.client_end_ns(&done, ts_ns);
                         work.stats.bump("requests_aborted");
@@ -602,7 +605,7 @@ impl Connection {
         }
     }
 
-    /// Settles responses that ended after the client's FIN: the client reset the socket
+    /// Settles responses begun after the client's FIN: the client reset the socket
     /// before the server closed it (it no longer read: its reset answered the server's
     /// write), so it never had the answer; otherwise (a half-closed client that reads on, or
     /// no reset seen) the answer stands complete.
