@@ -767,6 +767,146 @@ mod tests {
         assert_eq!(t.stats().get("requests_aborted"), 0);
     }
 
+    fn state(old: i32, new: i32, ts_ns: u64) -> SockState {
+        SockState {
+            ts_ns,
+            sock: 0x77,
+            local_port: 8080,
+            old_state: old as u8,
+            new_state: new as u8,
+        }
+    }
+
+    const ESTABLISHED: i32 = 1;
+    const LAST_ACK: i32 = 9;
+    const PLAIN_ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+
+    /// A request read, the client's FIN, then the server's whole answer (a write that
+    /// succeeds into the half-closed socket).
+    fn answered_after_fin(t: &mut Tracker, out: &mut Vec<RequestRecord>) -> Peer {
+        let peer = Peer {
+            sock: 0x77,
+            ..Peer::default()
+        };
+        t.on_read(
+            &ev(SyscallKind::Read, 10, b"GET /q HTTP/1.1\r\nHost: a\r\n\r\n"),
+            peer,
+            out,
+        );
+        t.on_sock_state(&state(ESTABLISHED, inferscope_common::TCP_CLOSE_WAIT, 500));
+        t.on_write(&ev(SyscallKind::Write, 900, PLAIN_ANSWER), peer, out);
+        peer
+    }
+
+    #[test]
+    fn an_answer_written_after_the_client_left_and_reset_is_aborted_at_its_fin() {
+        let mut t = Tracker::new(Limits::default());
+        let mut out = Vec::new();
+        let peer = answered_after_fin(&mut t, &mut out);
+        // Held: whether the client reads it shows only when the socket ends.
+        assert!(out.is_empty(), "{out:#?}");
+        // Its reset (CLOSE_WAIT → CLOSE before the server's close): it never read it.
+        t.on_sock_state(&state(
+            inferscope_common::TCP_CLOSE_WAIT,
+            inferscope_common::TCP_CLOSE,
+            901,
+        ));
+        t.on_read(
+            &SyscallEvent {
+                ret: -32,
+                ..ev(SyscallKind::Read, 950, b"")
+            },
+            peer,
+            &mut out,
+        );
+        t.on_close(&close(960), &mut out);
+        assert_eq!(out.len(), 1, "{out:#?}");
+        assert_eq!(out[0].ended_by, EndedBy::Client);
+        assert!(out[0].aborted);
+        assert_eq!(out[0].status, Some(200), "what the server wrote is kept");
+        assert_eq!(out[0].end_mono_ns, 500, "ended at the client's FIN");
+        assert_eq!(t.stats().get("requests_answered_after_client_left"), 1);
+        assert!(t.peer_closes.is_empty());
+    }
+
+    #[test]
+    fn a_half_closed_client_that_reads_the_answer_is_complete() {
+        let mut t = Tracker::new(Limits::default());
+        let mut out = Vec::new();
+        let peer = answered_after_fin(&mut t, &mut out);
+        t.on_read(
+            &SyscallEvent {
+                ret: 0,
+                ..ev(SyscallKind::Read, 950, b"")
+            },
+            peer,
+            &mut out,
+        );
+        // The server closes first (CLOSE_WAIT → LAST_ACK), the client's ACK ends the socket.
+        t.on_close(&close(960), &mut out);
+        t.on_sock_state(&state(LAST_ACK, inferscope_common::TCP_CLOSE, 961));
+        assert_eq!(out.len(), 1, "{out:#?}");
+        assert_eq!(out[0].ended_by, EndedBy::Complete);
+        assert_eq!(out[0].end_mono_ns, 900);
+        assert_eq!(t.stats().get("requests_aborted"), 0);
+    }
+
+    #[test]
+    fn an_answer_begun_before_the_fin_stays_complete() {
+        // A stream's client that closes after its last event, before the terminating chunk.
+        let mut t = Tracker::new(Limits::default());
+        let mut out = Vec::new();
+        let peer = Peer {
+            sock: 0x77,
+            ..Peer::default()
+        };
+        t.on_read(
+            &ev(SyscallKind::Read, 10, &stream_request()),
+            peer,
+            &mut out,
+        );
+        let body = b"data: [DONE]\n\n";
+        let head_and_event = [
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n".as_slice(),
+            format!("{:x}\r\n", body.len()).as_bytes(),
+            body,
+            b"\r\n",
+        ]
+        .concat();
+        t.on_write(&ev(SyscallKind::Write, 20, &head_and_event), peer, &mut out);
+        t.on_sock_state(&state(ESTABLISHED, inferscope_common::TCP_CLOSE_WAIT, 30));
+        t.on_write(&ev(SyscallKind::Write, 40, b"0\r\n\r\n"), peer, &mut out);
+        assert_eq!(out.len(), 1, "{out:#?}");
+        assert_eq!(out[0].ended_by, EndedBy::Complete);
+    }
+
+    #[test]
+    fn a_reset_seen_before_the_answer_is_processed_still_counts() {
+        // On loopback the client's reset is handled inside the server's write, so its state
+        // change can come through the ring before the write's own record.
+        let mut t = Tracker::new(Limits::default());
+        let mut out = Vec::new();
+        let peer = Peer {
+            sock: 0x77,
+            ..Peer::default()
+        };
+        t.on_read(
+            &ev(SyscallKind::Read, 10, b"GET /q HTTP/1.1\r\nHost: a\r\n\r\n"),
+            peer,
+            &mut out,
+        );
+        t.on_sock_state(&state(ESTABLISHED, inferscope_common::TCP_CLOSE_WAIT, 500));
+        t.on_sock_state(&state(
+            inferscope_common::TCP_CLOSE_WAIT,
+            inferscope_common::TCP_CLOSE,
+            901,
+        ));
+        t.on_write(&ev(SyscallKind::Write, 900, PLAIN_ANSWER), peer, &mut out);
+        assert_eq!(out.len(), 1, "{out:#?}");
+        assert_eq!(out[0].ended_by, EndedBy::Client);
+        assert_eq!(out[0].end_mono_ns, 500);
+    }
+
     #[test]
     fn a_stream_the_server_cuts_is_ended_by_the_server_not_aborted() {
         let mut t = Tracker::new(Limits::default());
