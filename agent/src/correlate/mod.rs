@@ -908,6 +908,23 @@ mod tests {
     }
 
     #[test]
+    fn a_socket_that_ends_leaves_no_arrivals_for_the_next_at_its_address() {
+        let mut t = Tracker::new(Limits::default());
+        t.on_segment(&Segment {
+            ts_ns: 100,
+            local_port: 8080,
+            remote: "127.0.0.1".parse().unwrap(),
+            remote_port: 40000,
+            data_len: 60,
+            sock: 0x77,
+        });
+        assert!(!t.arrivals.is_empty());
+        // Reset before the server ever accepted it: its segments are nobody's.
+        t.on_sock_state(&state(ESTABLISHED, inferscope_common::TCP_CLOSE, 200));
+        assert!(t.arrivals.is_empty());
+    }
+
+    #[test]
     fn a_stream_the_server_cuts_is_ended_by_the_server_not_aborted() {
         let mut t = Tracker::new(Limits::default());
         let mut out = Vec::new();
