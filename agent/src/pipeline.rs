@@ -443,6 +443,7 @@ impl Pipeline {
             match records::parse(&item) {
                 Err(e) => stats.bump(e.as_str()),
                 Ok(CapturedEvent::Segment(segment)) => tracker.on_segment(&segment),
+                Ok(CapturedEvent::SockState(state)) => tracker.on_sock_state(&state),
                 Ok(CapturedEvent::Sched(event)) => tracker.on_sched(&event, steps),
                 Ok(CapturedEvent::UserProbe(hit)) => {
                     if let Some(event) = user_probes.as_mut().and_then(|u| u.on_hit(&hit)) {

@@ -9,10 +9,24 @@ pub struct Packet {
     pub ts_ns: u64,
     pub src_port: u16,
     pub dst_port: u16,
+    /// TCP flags (FIN 0x01, SYN 0x02, RST 0x04, PSH 0x08, ACK 0x10).
+    pub flags: u8,
     pub payload: Vec<u8>,
 }
 
+pub const FIN: u8 = 0x01;
+pub const RST: u8 = 0x04;
+
+/// Packets that carry data.
 pub fn read(path: &Path) -> Vec<Packet> {
+    read_all(path)
+        .into_iter()
+        .filter(|p| !p.payload.is_empty())
+        .collect()
+}
+
+/// Every TCP packet, bare ACKs, FINs and RSTs included.
+pub fn read_all(path: &Path) -> Vec<Packet> {
     let bytes = fs::read(path).expect("reading the pcap");
     assert!(bytes.len() >= 24, "pcap too short");
     let magic = u32::from_le_bytes(bytes[0..4].try_into().unwrap());
@@ -58,13 +72,11 @@ pub fn read(path: &Path) -> Vec<Packet> {
         let dst_port = u16::from_be_bytes([tcp[2], tcp[3]]);
         let data_off = ((tcp[12] >> 4) as usize) * 4;
         let payload = tcp.get(data_off..).unwrap_or_default().to_vec();
-        if payload.is_empty() {
-            continue;
-        }
         packets.push(Packet {
             ts_ns,
             src_port,
             dst_port,
+            flags: tcp[13],
             payload,
         });
     }

@@ -276,3 +276,198 @@ fn engine_started_after_the_agent_and_bad_input_on_its_port() {
         "{records:#?}"
     );
 }
+
+/// A raw non-streamed chat request (the client's own bytes, so that it controls its socket).
+fn plain_request(prompt: &str) -> Vec<u8> {
+    let body = serde_json::json!({
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 8,
+    })
+    .to_string();
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// The `"id"` of a chat completion found in `bytes` (a response on the wire).
+fn completion_id(bytes: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(bytes);
+    let start = text.find("\"id\":\"")? + 6;
+    let len = text[start..].find('"')?;
+    Some(text[start..start + len].to_owned())
+}
+
+/// A client that gives up on a queued non-streamed request closes its socket; the server
+/// answers later into the half-closed socket, and its write succeeds: only the client's FIN
+/// and then its reset (sock:inet_sock_set_state) tell that the answer was never read. A
+/// client that half-closes after sending and reads the whole answer stays complete.
+#[test]
+fn client_leaving_before_a_queued_answer_and_a_half_closed_client() {
+    use std::{
+        io::{Read, Write},
+        net::{Shutdown, TcpStream},
+    };
+    let dir = tempdir("fin");
+    let port = free_port();
+    let engine = Engine::start(port, 2);
+    let pcap_path = dir.join("lo.pcap");
+    let tcpdump = Command::new("tcpdump")
+        .args([
+            "-i",
+            "lo",
+            "-s",
+            "0",
+            "-U",
+            "--time-stamp-precision=nano",
+            "-w",
+        ])
+        .arg(&pcap_path)
+        .args(["tcp", "port", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting tcpdump (apt-get install tcpdump)");
+    let mut tcpdump = KillOnDrop(tcpdump);
+    let mut recorder = Recorder::start(&dir, &["--port", &port.to_string()]);
+    recorder.wait_attached(engine.pid(), Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(500));
+
+    // Both slots busy with long streams: the next request waits in the engine's queue.
+    let streams: Vec<_> = (0..2)
+        .map(|i| {
+            std::thread::spawn(move || {
+                Client::connect(port).chat(
+                    &format!("({i}) Write a long story about a robot."),
+                    120,
+                    None,
+                )
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(700));
+    let mut timeout_client = TcpStream::connect(("127.0.0.1", port)).expect("connecting");
+    let timeout_port = timeout_client.local_addr().expect("local address").port();
+    timeout_client
+        .write_all(&plain_request("One word for kites?"))
+        .expect("sending");
+    std::thread::sleep(Duration::from_millis(500));
+    drop(timeout_client); // the client's timeout: it closes without reading
+    for s in streams {
+        assert!(s.join().expect("stream client").completed);
+    }
+
+    // A client that says it sends nothing more, then reads the whole answer.
+    let mut half = TcpStream::connect(("127.0.0.1", port)).expect("connecting");
+    half.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    let half_port = half.local_addr().expect("local address").port();
+    half.write_all(&plain_request("One word for otters?"))
+        .expect("sending");
+    half.shutdown(Shutdown::Write).expect("half-closing");
+    let mut answer = Vec::new();
+    half.read_to_end(&mut answer).expect("reading the answer");
+    drop(half);
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    let half_id = completion_id(&answer).expect("the half-closed client read a whole answer");
+    std::thread::sleep(Duration::from_millis(800));
+
+    let records = recorder.stop();
+    agent::unsafe_sigint(tcpdump.0.id());
+    tcpdump.0.wait().expect("tcpdump");
+    drop(engine);
+    let ids = by_response_id(&records);
+
+    // The wire: the timeout client's FIN came before any byte of the answer, which the server
+    // still wrote in full, and the client's reset answered it.
+    let packets = pcap::read_all(&pcap_path);
+    let on = |client: u16| -> Vec<&pcap::Packet> {
+        packets
+            .iter()
+            .filter(|p| p.src_port == client || p.dst_port == client)
+            .collect()
+    };
+    let wire = on(timeout_port);
+    let request_ns = wire
+        .iter()
+        .find(|p| p.src_port == timeout_port && !p.payload.is_empty())
+        .expect("the request on the wire")
+        .ts_ns;
+    let fin_ns = wire
+        .iter()
+        .find(|p| p.src_port == timeout_port && p.flags & pcap::FIN != 0)
+        .expect("the client's FIN")
+        .ts_ns;
+    let answer_bytes: Vec<u8> = wire
+        .iter()
+        .filter(|p| p.src_port == port)
+        .flat_map(|p| p.payload.clone())
+        .collect();
+    let answer_ns = wire
+        .iter()
+        .find(|p| p.src_port == port && !p.payload.is_empty())
+        .expect("the server answered the timeout client anyway")
+        .ts_ns;
+    assert!(
+        fin_ns < answer_ns,
+        "FIN after the answer began: nothing to test"
+    );
+    assert!(
+        wire.iter()
+            .any(|p| p.src_port == timeout_port && p.flags & pcap::RST != 0 && p.ts_ns > answer_ns),
+        "the closed client reset the answer"
+    );
+    let id = completion_id(&answer_bytes).expect("an id in the unread answer");
+    let r = ids.get(&id).map(Vec::as_slice).unwrap_or_default();
+    assert_eq!(
+        r.len(),
+        1,
+        "one record for the unread answer {id}: {records:#?}"
+    );
+    let r = r[0];
+    assert_eq!(r["ended_by"], "client", "{r:#?}");
+    assert_eq!(r["aborted"], true);
+    assert_eq!(r["status"], 200, "what the server wrote is kept");
+    assert_eq!(
+        r["response_bytes"].as_u64(),
+        Some(answer_bytes.len() as u64)
+    );
+    // It ended at the client's FIN: arrival → end equals request → FIN on the wire.
+    let e2e = r["e2e_ms"].as_f64().expect("e2e_ms");
+    let wire_e2e = (fin_ns - request_ns) as f64 / 1e6;
+    assert!(
+        (e2e - wire_e2e).abs() < 2.0,
+        "e2e {e2e} ms vs the wire's request→FIN {wire_e2e} ms"
+    );
+    let server_answer_ms = (answer_ns - request_ns) as f64 / 1e6;
+    assert!(
+        e2e < server_answer_ms,
+        "ended before the server answered ({server_answer_ms} ms)"
+    );
+
+    // The half-closed client's FIN also preceded its answer, which it read: complete.
+    let wire = on(half_port);
+    let fin_ns = wire
+        .iter()
+        .find(|p| p.src_port == half_port && p.flags & pcap::FIN != 0)
+        .expect("the half-closed client's FIN")
+        .ts_ns;
+    let answer_ns = wire
+        .iter()
+        .find(|p| p.src_port == port && !p.payload.is_empty())
+        .expect("its answer")
+        .ts_ns;
+    assert!(fin_ns < answer_ns, "the half-close came before the answer");
+    let r = ids.get(&half_id).map(Vec::as_slice).unwrap_or_default();
+    assert_eq!(r.len(), 1, "one record for {half_id}: {records:#?}");
+    assert_eq!(r[0]["ended_by"], "complete", "{:#?}", r[0]);
+    assert_eq!(r[0]["aborted"], false);
+    assert_eq!(r[0]["response_bytes"].as_u64(), Some(answer.len() as u64));
+    assert_eq!(records.len(), 4, "{records:#?}");
+}

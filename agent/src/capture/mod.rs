@@ -22,4 +22,4 @@ pub mod user_probes;
 pub use discovery::{Discovery, DiscoveryChange, TargetSelector, TracedProcess};
 pub use fd_class::{FdClass, FdClassifier};
 pub use probes::{CaptureConfig, CaptureError, SocketProbes};
-pub use records::{CapturedEvent, RecordError, SchedEvent, Segment, SyscallEvent};
+pub use records::{CapturedEvent, RecordError, SchedEvent, Segment, SockState, SyscallEvent};

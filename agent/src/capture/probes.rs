@@ -170,7 +170,15 @@ impl SocketProbes {
             );
         }
         let pressure_bytes = inferscope_common::pressure_bytes(config.ring_buffer_bytes);
+        let state_offsets = tracepoint_format("sock", "inet_sock_set_state")
+            .and_then(|format| sock_state_offsets(&format));
+        let [s_skaddr, s_old, s_new, s_sport, s_protocol] = state_offsets.unwrap_or_default();
         let mut ebpf = EbpfLoader::new()
+            .override_global("SOCK_STATE_SKADDR", &s_skaddr, true)
+            .override_global("SOCK_STATE_OLDSTATE", &s_old, true)
+            .override_global("SOCK_STATE_NEWSTATE", &s_new, true)
+            .override_global("SOCK_STATE_SPORT", &s_sport, true)
+            .override_global("SOCK_STATE_PROTOCOL", &s_protocol, true)
             .override_global("CAPTURE_BYTES", &config.capture_bytes, true)
             .override_global("PRESSURE_BYTES", &pressure_bytes, true)
             .override_global("TCP_PROBE_SKADDR", &skaddr_offset, true)
@@ -206,6 +214,13 @@ impl SocketProbes {
                     tracepoint,
                     source: Box::new(source),
                 })?;
+        }
+        if state_offsets.is_some() {
+            attach_tracepoint(&mut ebpf, ("sock_state", "sock", "inet_sock_set_state"))?;
+        } else {
+            warn!(
+                "sock:inet_sock_set_state is missing or unreadable here: a client that closes before a non-streamed response is written shows as complete"
+            );
         }
         let sock_hook = match attach_accept_hook(&mut ebpf) {
             Ok(()) => true,
@@ -520,7 +535,13 @@ fn attach_accept_hook(ebpf: &mut Ebpf) -> Result<(), String> {
 /// host) names the socket a connection's first read reads; it costs every TCP read a program
 /// run, so it is attached only then.
 fn attach_read_sock_hook(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
-    let (program, category, tracepoint) = ("rcv_space_adjust", "tcp", "tcp_rcv_space_adjust");
+    attach_tracepoint(ebpf, ("rcv_space_adjust", "tcp", "tcp_rcv_space_adjust"))
+}
+
+fn attach_tracepoint(
+    ebpf: &mut Ebpf,
+    (program, category, tracepoint): (&'static str, &'static str, &'static str),
+) -> Result<(), CaptureError> {
     let attach_err = |source| CaptureError::Attach {
         program,
         category,
@@ -537,22 +558,43 @@ fn attach_read_sock_hook(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
     Ok(())
 }
 
-/// Where tcp:tcp_probe keeps `skaddr` on this kernel, from its tracefs format.
-fn tcp_probe_skaddr_offset() -> Option<u32> {
-    let format = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+/// A tracepoint's record layout, from tracefs.
+fn tracepoint_format(category: &str, name: &str) -> Option<String> {
+    ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
         .iter()
         .find_map(|root| {
-            std::fs::read_to_string(format!("{root}/events/tcp/tcp_probe/format")).ok()
-        })?;
-    skaddr_offset(&format)
+            std::fs::read_to_string(format!("{root}/events/{category}/{name}/format")).ok()
+        })
+}
+
+/// Where tcp:tcp_probe keeps `skaddr` on this kernel, from its tracefs format.
+fn tcp_probe_skaddr_offset() -> Option<u32> {
+    skaddr_offset(&tracepoint_format("tcp", "tcp_probe")?)
 }
 
 fn skaddr_offset(format: &str) -> Option<u32> {
-    let line = format.lines().find(|l| l.contains(" skaddr;"))?;
+    field_offset(format, "skaddr", 8)
+}
+
+/// The offset of field `name` in a tracepoint format, if it has `size` bytes.
+fn field_offset(format: &str, name: &str, size: u32) -> Option<u32> {
+    let line = format.lines().find(|l| l.contains(&format!(" {name};")))?;
     let offset = line.split("offset:").nth(1)?.split(';').next()?;
-    let size = line.split("size:").nth(1)?.split(';').next()?;
-    (size.trim() == "8").then_some(())?;
+    let found = line.split("size:").nth(1)?.split(';').next()?;
+    (found.trim().parse::<u32>().ok()? == size).then_some(())?;
     offset.trim().parse().ok()
+}
+
+/// sock:inet_sock_set_state's skaddr, oldstate, newstate, sport and protocol offsets (the
+/// kernel program reads them at these offsets), all or none.
+fn sock_state_offsets(format: &str) -> Option<[u32; 5]> {
+    Some([
+        field_offset(format, "skaddr", 8)?,
+        field_offset(format, "oldstate", 4)?,
+        field_offset(format, "newstate", 4)?,
+        field_offset(format, "sport", 2)?,
+        field_offset(format, "protocol", 2)?,
+    ])
 }
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; raising it is harmless on newer ones.
@@ -577,5 +619,14 @@ mod tests {
             super::skaddr_offset("field:int x;\toffset:8;\tsize:4;"),
             None
         );
+    }
+
+    #[test]
+    fn reads_the_state_change_layout() {
+        let format = "\tfield:const void * skaddr;\toffset:8;\tsize:8;\tsigned:0;\n\tfield:int oldstate;\toffset:16;\tsize:4;\tsigned:1;\n\tfield:int newstate;\toffset:20;\tsize:4;\tsigned:1;\n\tfield:__u16 sport;\toffset:24;\tsize:2;\tsigned:0;\n\tfield:__u16 dport;\toffset:26;\tsize:2;\tsigned:0;\n\tfield:__u16 protocol;\toffset:30;\tsize:2;\tsigned:0;\n";
+        assert_eq!(super::sock_state_offsets(format), Some([8, 16, 20, 24, 30]));
+        // Kernels before 4.16's protocol field: not attached rather than misread.
+        let old = format.replace("protocol", "proto");
+        assert_eq!(super::sock_state_offsets(&old), None);
     }
 }

@@ -4,8 +4,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use inferscope_common::{
     CompactWriteRecord, FLAG_CHUNK, FLAG_COPY_FAILED, FLAG_MORE, FLAG_TRUNCATED, RecordType,
-    SchedKind, SchedRecord, SegmentRecord, SyscallKind, SyscallRecord, USER_FLAG_READ_FAILED,
-    UserProbeRecord,
+    SchedKind, SchedRecord, SegmentRecord, SockStateRecord, SyscallKind, SyscallRecord,
+    USER_FLAG_READ_FAILED, UserProbeRecord,
 };
 
 /// The kind of a captured syscall, for callers outside the agent (fuzz targets, benchmarks).
@@ -102,6 +102,18 @@ pub struct Segment {
     pub sock: u64,
 }
 
+/// A TCP state change of a socket on a watched port: the client's FIN, or the socket's end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SockState {
+    pub ts_ns: u64,
+    /// The socket's `struct sock` address.
+    pub sock: u64,
+    pub local_port: u16,
+    /// Kernel TCP states (`inferscope_common::TCP_*`).
+    pub old_state: u8,
+    pub new_state: u8,
+}
+
 /// A scheduler event from an engine uprobe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SchedEvent {
@@ -142,6 +154,7 @@ pub struct UserProbeHit {
 pub enum CapturedEvent<'a> {
     Syscall(SyscallEvent<'a>),
     Segment(Segment),
+    SockState(SockState),
     Sched(SchedEvent),
     UserProbe(UserProbeHit),
 }
@@ -195,6 +208,15 @@ pub fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
             remote_port: record.remote_port,
             data_len: record.data_len,
             sock: record.sock,
+        }))
+    } else if record_type == RecordType::SockState as u8 {
+        let record: SockStateRecord = read_struct(bytes).ok_or(RecordError::Short)?;
+        Ok(CapturedEvent::SockState(SockState {
+            ts_ns: record.ts_ns,
+            sock: record.sock,
+            local_port: record.local_port,
+            old_state: record.old_state,
+            new_state: record.new_state,
         }))
     } else if record_type == RecordType::Sched as u8 {
         let record: SchedRecord = read_struct(bytes).ok_or(RecordError::Short)?;

@@ -18,6 +18,7 @@ use super::{
     Peer, RequestRecord, Stats, Work,
     arrivals::ArrivalIndex,
     loss::{self, Reason},
+    peer_close::PeerEnd,
     record::EndedBy,
     request::{RecordContext, RequestProgress},
 };
@@ -80,6 +81,14 @@ pub struct Connection {
     /// When the server shut down its sending side (shutdown(2)): it answers nothing more, so
     /// what it reads afterwards is drained, and the client's close that follows is its reply.
     server_shut_ns: Option<u64>,
+    /// When the connection was first seen (accepted, or joined mid-stream).
+    pub opened_ns: u64,
+    /// What the kernel saw of the client's end (its FIN, a reset after it).
+    peer_end_seen: PeerEnd,
+    /// Responses begun after the client's FIN, with their end time: complete only if
+    /// the client did not reset the socket before the server closed it (see README,
+    /// `ended_by`). Settled at the close.
+    held: Vec<(Box<RequestProgress>, u64)>,
 }
 
 impl Connection {
@@ -113,6 +122,23 @@ impl Connection {
             hunted_reads: 0,
             spoke_http: false,
             server_shut_ns: None,
+            opened_ns: 0,
+            peer_end_seen: PeerEnd::default(),
+            held: Vec::new(),
+        }
+    }
+
+    /// What the kernel saw of the client's end of this connection's socket so far.
+    pub fn learn_peer_end(&mut self, end: PeerEnd) {
+        self.peer_end_seen = end;
+    }
+
+    /// Where a request the client abandoned ends: at its FIN, if that came first (not before
+    /// the server read the request).
+    fn client_end_ns(&self, progress: &RequestProgress, ts_ns: u64) -> u64 {
+        match self.peer_end_seen.fin_ns {
+            Some(fin) if fin < ts_ns => fin.max(progress.read_ns),
+            _ => ts_ns,
         }
     }
 
@@ -146,6 +172,7 @@ impl Connection {
     /// The kernel saw this connection accepted at `ts_ns`: its first request's bytes came after
     /// its handshake, at most [`MAX_ACCEPT_DELAY_NS`] before that.
     pub fn accepted_at(&mut self, ts_ns: u64) {
+        self.opened_ns = ts_ns;
         self.last_response_end_ns = ts_ns.saturating_sub(MAX_ACCEPT_DELAY_NS);
     }
 
@@ -465,7 +492,22 @@ impl Connection {
             ResponseEvent::End { ts_ns, .. } => {
                 self.last_response_end_ns = ts_ns;
                 if let Some(done) = self.pop_answered() {
-                    emit(done, ctx, ts_ns, EndedBy::Complete, work.stats, work.out);
+                    // Only an answer not begun before the FIN: a stream the client left
+                    // after its last event (closing before the terminating chunk) was read.
+                    let begun = done.first_byte_ns.unwrap_or(ts_ns);
+                    let after_fin = self.peer_end_seen.fin_ns.is_some_and(|fin| fin < begun);
+                    if after_fin && self.peer_end_seen.reset_ns.is_some() {
+                        let end = self.client_end_ns(&done, ts_ns);
+                        work.stats.bump("requests_aborted");
+                        work.stats.bump("requests_answered_after_client_left");
+                        emit(done, ctx, end, EndedBy::Client, work.stats, work.out);
+                    } else if after_fin && self.held.len() < MAX_WAITING {
+                        // The client had closed its side: whether it reads this is known
+                        // only when the socket ends.
+                        self.held.push((done, ts_ns));
+                    } else {
+                        emit(done, ctx, ts_ns, EndedBy::Complete, work.stats, work.out);
+                    }
                 }
             }
             ResponseEvent::Error(_) => {}
@@ -532,24 +574,58 @@ impl Connection {
             EndedBy::Server => "requests_cut_by_server",
             EndedBy::Complete | EndedBy::Unknown => "requests_unfinished",
         };
-        for progress in self.waiting.drain(..) {
+        let waiting = std::mem::take(&mut self.waiting);
+        for progress in waiting {
             if progress.unparsed && !progress.response_started() {
                 stats.bump("requests_unparsed_unanswered");
                 continue;
             }
             stats.bump(counter);
-            emit(progress, ctx, ts_ns, by, stats, out);
+            let end = self.end_by(&progress, ts_ns, by);
+            emit(progress, ctx, end, by, stats, out);
         }
         if let Some(progress) = self.reading.take() {
             if progress.response_started() {
                 stats.bump(counter);
-                emit(progress, ctx, ts_ns, by, stats, out);
+                let end = self.end_by(&progress, ts_ns, by);
+                emit(progress, ctx, end, by, stats, out);
             } else {
                 stats.bump("requests_unread");
             }
         }
         self.requests.reset();
         self.responses.reset();
+    }
+
+    fn end_by(&self, progress: &RequestProgress, ts_ns: u64, by: EndedBy) -> u64 {
+        if by == EndedBy::Client {
+            self.client_end_ns(progress, ts_ns)
+        } else {
+            ts_ns
+        }
+    }
+
+    /// Settles responses begun after the client's FIN: the client reset the socket
+    /// before the server closed it (it no longer read: its reset answered the server's
+    /// write), so it never had the answer; otherwise (a half-closed client that reads on, or
+    /// no reset seen) the answer stands complete.
+    fn settle_held(
+        &mut self,
+        stats: &mut Stats,
+        ctx: RecordContext<'_>,
+        out: &mut Vec<RequestRecord>,
+    ) {
+        let reset = self.peer_end_seen.reset_ns.is_some();
+        for (progress, end_ns) in std::mem::take(&mut self.held) {
+            if reset {
+                let end = self.client_end_ns(&progress, end_ns);
+                stats.bump("requests_aborted");
+                stats.bump("requests_answered_after_client_left");
+                emit(progress, ctx, end, EndedBy::Client, stats, out);
+            } else {
+                emit(progress, ctx, end_ns, EndedBy::Complete, stats, out);
+            }
+        }
     }
 
     pub fn close(
@@ -560,6 +636,7 @@ impl Connection {
         ctx: RecordContext<'_>,
         out: &mut Vec<RequestRecord>,
     ) {
+        self.settle_held(stats, ctx, out);
         // A body delimited by the connection's close (no length, not chunked) is complete now.
         if matches!(ending, Ending::Closed(_)) {
             let mut events = Vec::new();

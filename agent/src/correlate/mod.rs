@@ -4,6 +4,7 @@ mod arrivals;
 mod connection;
 pub mod engine_metrics;
 pub mod loss;
+mod peer_close;
 pub mod percentile;
 pub mod record;
 mod request;
@@ -24,11 +25,12 @@ pub use record::{EndedBy, RequestRecord, StepMember, StepRecord, StepRef};
 pub use stats::Stats;
 
 use crate::{
-    capture::{SchedEvent, Segment, SyscallEvent},
+    capture::{SchedEvent, Segment, SockState, SyscallEvent},
     decode::http::{Limits, RequestEvent, ResponseEvent},
 };
 use connection::{Connection, Ending};
 use inferscope_common::SchedKind;
+use peer_close::PeerCloses;
 use rustc_hash::FxHashMap;
 
 /// Requests listed per step record (a step's batch is bounded by the engine's slots anyway).
@@ -54,6 +56,8 @@ type ConnKey = (u32, u64);
 pub struct Tracker {
     connections: ConnectionTable,
     arrivals: ArrivalIndex,
+    /// The client's FIN and reset per socket (sock:inet_sock_set_state).
+    peer_closes: PeerCloses,
     engines: HashMap<u32, &'static str>,
     stats: Stats,
     unix_offset_ns: u64,
@@ -92,6 +96,7 @@ impl Tracker {
                 limits,
             },
             arrivals: ArrivalIndex::default(),
+            peer_closes: PeerCloses::default(),
             engines: HashMap::new(),
             stats: Stats::default(),
             unix_offset_ns: unix_offset_ns(),
@@ -141,6 +146,15 @@ impl Tracker {
 
     pub fn on_segment(&mut self, segment: &Segment) {
         self.arrivals.on_segment(segment);
+    }
+
+    /// A TCP state change on a watched port: the client's FIN, or the socket's end (then
+    /// its arrivals are not the next connection's at the same address).
+    pub fn on_sock_state(&mut self, state: &SockState) {
+        self.peer_closes.on_state(state);
+        if i32::from(state.new_state) == inferscope_common::TCP_CLOSE && state.sock != 0 {
+            self.arrivals.forget_sock(state.sock);
+        }
     }
 
     pub fn on_accept(&mut self, ev: &SyscallEvent<'_>, peer: Peer, out: &mut Vec<RequestRecord>) {
@@ -207,6 +221,15 @@ impl Tracker {
         ) else {
             return;
         };
+        if conn.opened_ns == 0 {
+            conn.opened_ns = ev.ts_enter_ns;
+        }
+        if conn.peer.sock != 0
+            && !self.peer_closes.is_empty()
+            && let Some(end) = self.peer_closes.get(conn.peer.sock, conn.opened_ns)
+        {
+            conn.learn_peer_end(end);
+        }
         let ctx = conn.context(self.unix_offset_ns, self.last_loss_ns);
         let mut work = Work {
             stats: &mut self.stats,
@@ -389,6 +412,11 @@ impl Tracker {
     /// Periodic upkeep: old segments, the wall-clock offset.
     pub fn sweep(&mut self, now_ns: u64) {
         self.arrivals.sweep(now_ns);
+        self.peer_closes.sweep(now_ns);
+        self.stats.add(
+            "peer_closes_dropped",
+            std::mem::take(&mut self.peer_closes.dropped),
+        );
         self.stats.add(
             "arrival_segments_dropped",
             std::mem::take(&mut self.arrivals.dropped),
@@ -442,8 +470,13 @@ impl Tracker {
         if let (Some(port), Some(remote)) = (conn.peer.local_port, conn.peer.remote) {
             self.arrivals.forget_peer(port, remote);
         }
+        let mut conn = conn;
         if conn.peer.sock != 0 {
             self.arrivals.forget_sock(conn.peer.sock);
+            if let Some(end) = self.peer_closes.get(conn.peer.sock, conn.opened_ns) {
+                conn.learn_peer_end(end);
+            }
+            self.peer_closes.forget(conn.peer.sock);
         }
         conn.close(ts_ns, ending, &mut self.stats, ctx, out);
     }
@@ -732,6 +765,163 @@ mod tests {
         assert!(!out[1].aborted);
         assert_eq!(t.stats().get("requests_after_server_shutdown"), 1);
         assert_eq!(t.stats().get("requests_aborted"), 0);
+    }
+
+    fn state(old: i32, new: i32, ts_ns: u64) -> SockState {
+        SockState {
+            ts_ns,
+            sock: 0x77,
+            local_port: 8080,
+            old_state: old as u8,
+            new_state: new as u8,
+        }
+    }
+
+    const ESTABLISHED: i32 = 1;
+    const LAST_ACK: i32 = 9;
+    const PLAIN_ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+
+    /// A request read, the client's FIN, then the server's whole answer (a write that
+    /// succeeds into the half-closed socket).
+    fn answered_after_fin(t: &mut Tracker, out: &mut Vec<RequestRecord>) -> Peer {
+        let peer = Peer {
+            sock: 0x77,
+            ..Peer::default()
+        };
+        t.on_read(
+            &ev(SyscallKind::Read, 10, b"GET /q HTTP/1.1\r\nHost: a\r\n\r\n"),
+            peer,
+            out,
+        );
+        t.on_sock_state(&state(ESTABLISHED, inferscope_common::TCP_CLOSE_WAIT, 500));
+        t.on_write(&ev(SyscallKind::Write, 900, PLAIN_ANSWER), peer, out);
+        peer
+    }
+
+    #[test]
+    fn an_answer_written_after_the_client_left_and_reset_is_aborted_at_its_fin() {
+        let mut t = Tracker::new(Limits::default());
+        let mut out = Vec::new();
+        let peer = answered_after_fin(&mut t, &mut out);
+        // Held: whether the client reads it shows only when the socket ends.
+        assert!(out.is_empty(), "{out:#?}");
+        // Its reset (CLOSE_WAIT → CLOSE before the server's close): it never read it.
+        t.on_sock_state(&state(
+            inferscope_common::TCP_CLOSE_WAIT,
+            inferscope_common::TCP_CLOSE,
+            901,
+        ));
+        t.on_read(
+            &SyscallEvent {
+                ret: -32,
+                ..ev(SyscallKind::Read, 950, b"")
+            },
+            peer,
+            &mut out,
+        );
+        t.on_close(&close(960), &mut out);
+        assert_eq!(out.len(), 1, "{out:#?}");
+        assert_eq!(out[0].ended_by, EndedBy::Client);
+        assert!(out[0].aborted);
+        assert_eq!(out[0].status, Some(200), "what the server wrote is kept");
+        assert_eq!(out[0].end_mono_ns, 500, "ended at the client's FIN");
+        assert_eq!(t.stats().get("requests_answered_after_client_left"), 1);
+        assert!(t.peer_closes.is_empty());
+    }
+
+    #[test]
+    fn a_half_closed_client_that_reads_the_answer_is_complete() {
+        let mut t = Tracker::new(Limits::default());
+        let mut out = Vec::new();
+        let peer = answered_after_fin(&mut t, &mut out);
+        t.on_read(
+            &SyscallEvent {
+                ret: 0,
+                ..ev(SyscallKind::Read, 950, b"")
+            },
+            peer,
+            &mut out,
+        );
+        // The server closes first (CLOSE_WAIT → LAST_ACK), the client's ACK ends the socket.
+        t.on_close(&close(960), &mut out);
+        t.on_sock_state(&state(LAST_ACK, inferscope_common::TCP_CLOSE, 961));
+        assert_eq!(out.len(), 1, "{out:#?}");
+        assert_eq!(out[0].ended_by, EndedBy::Complete);
+        assert_eq!(out[0].end_mono_ns, 900);
+        assert_eq!(t.stats().get("requests_aborted"), 0);
+    }
+
+    #[test]
+    fn an_answer_begun_before_the_fin_stays_complete() {
+        // A stream's client that closes after its last event, before the terminating chunk.
+        let mut t = Tracker::new(Limits::default());
+        let mut out = Vec::new();
+        let peer = Peer {
+            sock: 0x77,
+            ..Peer::default()
+        };
+        t.on_read(
+            &ev(SyscallKind::Read, 10, &stream_request()),
+            peer,
+            &mut out,
+        );
+        let body = b"data: [DONE]\n\n";
+        let head_and_event = [
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n".as_slice(),
+            format!("{:x}\r\n", body.len()).as_bytes(),
+            body,
+            b"\r\n",
+        ]
+        .concat();
+        t.on_write(&ev(SyscallKind::Write, 20, &head_and_event), peer, &mut out);
+        t.on_sock_state(&state(ESTABLISHED, inferscope_common::TCP_CLOSE_WAIT, 30));
+        t.on_write(&ev(SyscallKind::Write, 40, b"0\r\n\r\n"), peer, &mut out);
+        assert_eq!(out.len(), 1, "{out:#?}");
+        assert_eq!(out[0].ended_by, EndedBy::Complete);
+    }
+
+    #[test]
+    fn a_reset_seen_before_the_answer_is_processed_still_counts() {
+        // On loopback the client's reset is handled inside the server's write, so its state
+        // change can come through the ring before the write's own record.
+        let mut t = Tracker::new(Limits::default());
+        let mut out = Vec::new();
+        let peer = Peer {
+            sock: 0x77,
+            ..Peer::default()
+        };
+        t.on_read(
+            &ev(SyscallKind::Read, 10, b"GET /q HTTP/1.1\r\nHost: a\r\n\r\n"),
+            peer,
+            &mut out,
+        );
+        t.on_sock_state(&state(ESTABLISHED, inferscope_common::TCP_CLOSE_WAIT, 500));
+        t.on_sock_state(&state(
+            inferscope_common::TCP_CLOSE_WAIT,
+            inferscope_common::TCP_CLOSE,
+            901,
+        ));
+        t.on_write(&ev(SyscallKind::Write, 900, PLAIN_ANSWER), peer, &mut out);
+        assert_eq!(out.len(), 1, "{out:#?}");
+        assert_eq!(out[0].ended_by, EndedBy::Client);
+        assert_eq!(out[0].end_mono_ns, 500);
+    }
+
+    #[test]
+    fn a_socket_that_ends_leaves_no_arrivals_for_the_next_at_its_address() {
+        let mut t = Tracker::new(Limits::default());
+        t.on_segment(&Segment {
+            ts_ns: 100,
+            local_port: 8080,
+            remote: "127.0.0.1".parse().unwrap(),
+            remote_port: 40000,
+            data_len: 60,
+            sock: 0x77,
+        });
+        assert!(!t.arrivals.is_empty());
+        // Reset before the server ever accepted it: its segments are nobody's.
+        t.on_sock_state(&state(ESTABLISHED, inferscope_common::TCP_CLOSE, 200));
+        assert!(t.arrivals.is_empty());
     }
 
     #[test]

@@ -34,6 +34,8 @@ pub enum RecordType {
     UserProbe = 4,
     /// A [`CompactWriteRecord`]: a response write captured behind a filling ring buffer.
     CompactWrite = 5,
+    /// A [`SockStateRecord`]: a TCP state change of a socket on a watched port.
+    SockState = 8,
 }
 
 /// Which socket operation a [`SyscallRecord`] describes.
@@ -192,6 +194,27 @@ pub struct SegmentRecord {
     pub sock: u64,
 }
 
+/// `TCP_CLOSE_WAIT` of the kernel's TCP states: the peer sent its FIN.
+pub const TCP_CLOSE_WAIT: i32 = 8;
+/// `TCP_CLOSE`: the socket is gone (after the server's close, or reset by the peer).
+pub const TCP_CLOSE: i32 = 7;
+
+/// A TCP state change of a socket on a watched port (sock:inet_sock_set_state), only the
+/// changes user space uses: into `TCP_CLOSE_WAIT` and into `TCP_CLOSE`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SockStateRecord {
+    pub record_type: u8,
+    pub old_state: u8,
+    pub new_state: u8,
+    pub _pad0: u8,
+    pub local_port: u16,
+    pub _pad1: u16,
+    pub ts_ns: u64,
+    /// The socket's `struct sock` address: joins the change to its connection.
+    pub sock: u64,
+}
+
 /// What an engine's scheduler did, seen by a uprobe.
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -345,12 +368,14 @@ pub enum Counter {
     ConnsDuplicated = 11,
     /// Response writes emitted as a [`CompactWriteRecord`] (the ring buffer was filling).
     CompactWrites = 12,
+    /// TCP state changes (peer FIN, socket gone) emitted for watched ports.
+    SockStates = 13,
 }
 
-pub const COUNTER_SLOTS: u32 = 13;
+pub const COUNTER_SLOTS: u32 = 14;
 
 impl Counter {
-    pub const ALL: [Counter; 13] = [
+    pub const ALL: [Counter; 14] = [
         Counter::RecordsEmitted,
         Counter::RingbufFull,
         Counter::PayloadTruncated,
@@ -364,6 +389,7 @@ impl Counter {
         Counter::SockFromRead,
         Counter::ConnsDuplicated,
         Counter::CompactWrites,
+        Counter::SockStates,
     ];
 
     pub fn name(self) -> &'static str {
@@ -381,6 +407,7 @@ impl Counter {
             Counter::SockFromRead => "conn_sock_from_read",
             Counter::ConnsDuplicated => "conns_duplicated",
             Counter::CompactWrites => "compact_writes",
+            Counter::SockStates => "sock_states",
         }
     }
 }
@@ -397,6 +424,7 @@ mod pod {
     unsafe impl aya::Pod for super::SyscallRecord {}
     unsafe impl aya::Pod for super::CompactWriteRecord {}
     unsafe impl aya::Pod for super::SegmentRecord {}
+    unsafe impl aya::Pod for super::SockStateRecord {}
     unsafe impl aya::Pod for super::SchedRecord {}
     unsafe impl aya::Pod for super::UserProbeConfig {}
     unsafe impl aya::Pod for super::UserProbeRecord {}

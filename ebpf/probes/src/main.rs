@@ -10,6 +10,7 @@ mod ctx;
 mod engines;
 mod maps;
 mod ringbuf;
+mod sock_state;
 mod socket;
 mod tcp;
 
