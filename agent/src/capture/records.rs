@@ -3,9 +3,9 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use inferscope_common::{
-    CompactWriteRecord, FLAG_CHUNK, FLAG_COPY_FAILED, FLAG_MORE, FLAG_TRUNCATED, RecordType,
-    SchedKind, SchedRecord, SegmentRecord, SyscallKind, SyscallRecord, USER_FLAG_READ_FAILED,
-    UserProbeRecord,
+    AdoptRecord, CompactWriteRecord, FLAG_CHUNK, FLAG_COPY_FAILED, FLAG_MORE, FLAG_TRUNCATED,
+    RecordType, SchedKind, SchedRecord, SegmentRecord, SyscallKind, SyscallRecord,
+    USER_FLAG_READ_FAILED, UserProbeRecord,
 };
 
 /// The kind of a captured syscall, for callers outside the agent (fuzz targets, benchmarks).
@@ -144,6 +144,12 @@ pub enum CapturedEvent<'a> {
     Segment(Segment),
     Sched(SchedEvent),
     UserProbe(UserProbeHit),
+    /// The kernel began tracing `tgid` at an accept on watched port `port` (an engine
+    /// restarted on its port before discovery saw it).
+    Adopted {
+        tgid: u32,
+        port: u16,
+    },
 }
 
 fn read_struct<T: Copy>(bytes: &[u8]) -> Option<T> {
@@ -186,6 +192,12 @@ pub fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
         }))
     } else if record_type == RecordType::CompactWrite as u8 {
         compact_write(bytes)
+    } else if record_type == RecordType::Adopted as u8 {
+        let record: AdoptRecord = read_struct(bytes).ok_or(RecordError::Short)?;
+        Ok(CapturedEvent::Adopted {
+            tgid: record.tgid,
+            port: record.local_port,
+        })
     } else if record_type == RecordType::Segment as u8 {
         let record: SegmentRecord = read_struct(bytes).ok_or(RecordError::Short)?;
         Ok(CapturedEvent::Segment(Segment {

@@ -34,6 +34,8 @@ pub enum RecordType {
     UserProbe = 4,
     /// A [`CompactWriteRecord`]: a response write captured behind a filling ring buffer.
     CompactWrite = 5,
+    /// An [`AdoptRecord`]: the kernel began tracing a process at its accept on a watched port.
+    Adopted = 6,
 }
 
 /// Which socket operation a [`SyscallRecord`] describes.
@@ -192,6 +194,19 @@ pub struct SegmentRecord {
     pub sock: u64,
 }
 
+/// A process discovery had not (yet) traced accepted a connection on a watched port (an engine
+/// restarted on its port): the kernel traces it from that accept on, so its first requests are
+/// not lost while the agent's /proc rescan catches up; the record asks user space to attach now.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AdoptRecord {
+    pub record_type: u8,
+    pub _pad0: u8,
+    pub local_port: u16,
+    pub tgid: u32,
+    pub ts_ns: u64,
+}
+
 /// What an engine's scheduler did, seen by a uprobe.
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -345,12 +360,14 @@ pub enum Counter {
     ConnsDuplicated = 11,
     /// Response writes emitted as a [`CompactWriteRecord`] (the ring buffer was filling).
     CompactWrites = 12,
+    /// Processes the kernel began tracing at an accept on a watched port ([`AdoptRecord`]).
+    ProcessesAdopted = 13,
 }
 
-pub const COUNTER_SLOTS: u32 = 13;
+pub const COUNTER_SLOTS: u32 = 14;
 
 impl Counter {
-    pub const ALL: [Counter; 13] = [
+    pub const ALL: [Counter; 14] = [
         Counter::RecordsEmitted,
         Counter::RingbufFull,
         Counter::PayloadTruncated,
@@ -364,6 +381,7 @@ impl Counter {
         Counter::SockFromRead,
         Counter::ConnsDuplicated,
         Counter::CompactWrites,
+        Counter::ProcessesAdopted,
     ];
 
     pub fn name(self) -> &'static str {
@@ -381,6 +399,7 @@ impl Counter {
             Counter::SockFromRead => "conn_sock_from_read",
             Counter::ConnsDuplicated => "conns_duplicated",
             Counter::CompactWrites => "compact_writes",
+            Counter::ProcessesAdopted => "processes_adopted_at_accept",
         }
     }
 }
@@ -397,6 +416,7 @@ mod pod {
     unsafe impl aya::Pod for super::SyscallRecord {}
     unsafe impl aya::Pod for super::CompactWriteRecord {}
     unsafe impl aya::Pod for super::SegmentRecord {}
+    unsafe impl aya::Pod for super::AdoptRecord {}
     unsafe impl aya::Pod for super::SchedRecord {}
     unsafe impl aya::Pod for super::UserProbeConfig {}
     unsafe impl aya::Pod for super::UserProbeRecord {}
