@@ -274,7 +274,7 @@ impl Pipeline {
             }
             // Kept watched for a successor on the same port (capture::adopt).
             for port in &gone.ports {
-                if let Some(evicted) = self.adoption.keep(*port, Instant::now()) {
+                if let Some(evicted) = self.adoption.keep(*port, gone.engine, Instant::now()) {
                     self.unwatch_unserved(evicted);
                 }
             }
@@ -370,14 +370,19 @@ impl Pipeline {
         }
     }
 
-    /// Processes the kernel adopted that the rescan did not attach (not an engine the selector
-    /// picks, or already gone) are traced no longer.
+    /// Processes the kernel adopted that discovery did not attach in time (not an engine the
+    /// selector picks, or gone) are traced no longer.
     fn settle_adopted(&mut self) {
-        for tgid in self.adoption.take_pending() {
-            if !self.ports.contains_key(&tgid) {
-                self.probes.untrace_process(tgid);
-                self.stats.bump("processes_adopted_not_attached");
-            }
+        let discovery = &self.discovery;
+        let given_up = self.adoption.settle(Instant::now(), |tgid| {
+            discovery.traced().any(|p| p.tgid == tgid)
+        });
+        for tgid in given_up {
+            self.probes.untrace_process(tgid);
+            self.ports.remove(&tgid);
+            self.tracker
+                .forget_process(tgid, monotonic_now_ns(), &mut self.records);
+            self.stats.bump("processes_adopted_not_attached");
         }
     }
 
@@ -465,6 +470,7 @@ impl Pipeline {
             identities,
             chunks,
             adoption,
+            discovery,
             ..
         } = self;
         let mut adopted = false;
@@ -488,11 +494,20 @@ impl Pipeline {
             match records::parse(&item) {
                 Err(e) => stats.bump(e.as_str()),
                 Ok(CapturedEvent::Adopted { tgid, port }) => {
-                    info!(
-                        pid = tgid,
-                        port, "process accepted on a watched port; attaching"
-                    );
-                    if adoption.adopted(tgid) {
+                    info!(pid = tgid, port, "process took a watched port; attaching");
+                    if adoption.adopted(tgid, Instant::now()) {
+                        stats.bump("processes_adopted");
+                        // Its records count from now, as those of the port's last engine.
+                        ports.entry(tgid).or_insert_with(|| vec![port]);
+                        let engine = adoption.engine_for(port).or_else(|| {
+                            discovery
+                                .traced()
+                                .find(|p| p.ports.contains(&port))
+                                .map(|p| p.engine)
+                        });
+                        if let Some(engine) = engine {
+                            tracker.set_engine(tgid, engine);
+                        }
                         adopted = true;
                         break;
                     }
