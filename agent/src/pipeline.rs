@@ -496,7 +496,6 @@ impl Pipeline {
                 Ok(CapturedEvent::Adopted { tgid, port }) => {
                     info!(pid = tgid, port, "process took a watched port; attaching");
                     if adoption.adopted(tgid, Instant::now()) {
-                        stats.bump("processes_adopted");
                         // Its records count from now, as those of the port's last engine.
                         ports.entry(tgid).or_insert_with(|| vec![port]);
                         let engine = adoption.engine_for(port).or_else(|| {

@@ -333,6 +333,25 @@ mod tests {
     }
 
     #[test]
+    fn parses_an_adoption_and_refuses_a_short_one() {
+        let record = AdoptRecord {
+            record_type: RecordType::Adopted as u8,
+            _pad0: 0,
+            local_port: 8080,
+            tgid: 4242,
+            ts_ns: 1,
+        };
+        let mut bytes = vec![0u8; std::mem::size_of::<AdoptRecord>()];
+        unsafe { std::ptr::write_unaligned(bytes.as_mut_ptr().cast(), record) };
+        let Ok(CapturedEvent::Adopted { tgid, port }) = parse(&bytes) else {
+            panic!("expected an adoption")
+        };
+        assert_eq!((tgid, port), (4242, 8080));
+        bytes.pop();
+        assert!(parse(&bytes).is_err());
+    }
+
+    #[test]
     fn parses_a_compact_write_as_a_write() {
         let header = CompactWriteRecord {
             record_type: RecordType::CompactWrite as u8,

@@ -360,7 +360,8 @@ pub enum Counter {
     ConnsDuplicated = 11,
     /// Response writes emitted as a [`CompactWriteRecord`] (the ring buffer was filling).
     CompactWrites = 12,
-    /// Processes the kernel began tracing at an accept on a watched port ([`AdoptRecord`]).
+    /// Processes the kernel began tracing at their bind of (or accept on) a watched port
+    /// ([`AdoptRecord`]).
     ProcessesAdopted = 13,
 }
 
@@ -399,7 +400,7 @@ impl Counter {
             Counter::SockFromRead => "conn_sock_from_read",
             Counter::ConnsDuplicated => "conns_duplicated",
             Counter::CompactWrites => "compact_writes",
-            Counter::ProcessesAdopted => "processes_adopted_at_accept",
+            Counter::ProcessesAdopted => "processes_adopted",
         }
     }
 }
