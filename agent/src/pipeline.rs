@@ -13,6 +13,7 @@ use crate::{
     capture::{
         CaptureConfig, CaptureError, CapturedEvent, Discovery, DiscoveryChange, FdClass,
         FdClassifier, SocketProbes, TargetSelector,
+        adopt::Adoption,
         chunks::{Chunks, Joined},
         late_attach::{LateAttach, Missing},
         metrics::{MetricsScraper, ScrapeConfig},
@@ -98,6 +99,8 @@ pub struct Pipeline {
     identities: Identities,
     /// Large sends/receives of engine IPC, captured in chunks, joined again.
     chunks: Chunks,
+    /// Engines restarted on their port: kept ports and processes the kernel adopted.
+    adoption: Adoption,
 }
 
 /// Bytes of one send/receive captured for processes whose engine IPC is decoded: vLLM's
@@ -138,6 +141,7 @@ impl Pipeline {
             late: LateAttach::default(),
             identities: Identities::default(),
             chunks: Chunks::default(),
+            adoption: Adoption::default(),
         })
     }
 
@@ -193,17 +197,23 @@ impl Pipeline {
             if last_scan.is_none_or(|t| t.elapsed() >= self.config.discovery_interval) {
                 let change = self.discovery.scan();
                 self.apply_discovery(&change, observer);
+                self.settle_adopted();
                 last_scan = Some(Instant::now());
             }
             wait_readable(self.probes.events_fd(), Duration::from_millis(50))?;
             self.drain_metrics(observer);
-            self.drain(observer);
+            if self.drain(observer) {
+                // The kernel adopted a process: attach it before reading its records.
+                last_scan = None;
+                continue;
+            }
             observer.on_tick();
             if last_late_attach.elapsed() >= LATE_ATTACH_INTERVAL {
                 self.attach_late_hooks();
                 last_late_attach = Instant::now();
             }
             if last_sweep.elapsed() >= Duration::from_secs(1) {
+                self.release_kept_ports();
                 self.probes.flush_logs();
                 self.tracker.sweep(monotonic_now_ns());
                 last_sweep = Instant::now();
@@ -262,8 +272,11 @@ impl Pipeline {
             if let Some(user) = self.user_probes.as_mut() {
                 user.forget_process(gone.tgid);
             }
+            // Kept watched for a successor on the same port (capture::adopt).
             for port in &gone.ports {
-                self.probes.unwatch_port(*port);
+                if let Some(evicted) = self.adoption.keep(*port, gone.engine, Instant::now()) {
+                    self.unwatch_unserved(evicted);
+                }
             }
             self.ports.remove(&gone.tgid);
             if let Some(scraper) = self.scraper.as_mut() {
@@ -280,6 +293,7 @@ impl Pipeline {
             }
             for port in &now.ports {
                 self.probes.watch_port(*port);
+                self.adoption.taken(*port);
             }
             self.ports.insert(now.tgid, now.ports.clone());
             self.watch_metrics(now.tgid, now.engine, &now.ports);
@@ -288,6 +302,7 @@ impl Pipeline {
             info!(pid = new.tgid, engine = new.engine, ports = ?new.ports, "tracing engine process");
             for port in &new.ports {
                 self.probes.watch_port(*port);
+                self.adoption.taken(*port);
             }
             self.ports.insert(new.tgid, new.ports.clone());
             self.tracker.set_engine(new.tgid, new.engine);
@@ -355,6 +370,36 @@ impl Pipeline {
         }
     }
 
+    /// Processes the kernel adopted that discovery did not attach in time (not an engine the
+    /// selector picks, or gone) are traced no longer.
+    fn settle_adopted(&mut self) {
+        let discovery = &self.discovery;
+        let given_up = self.adoption.settle(Instant::now(), |tgid| {
+            discovery.traced().any(|p| p.tgid == tgid)
+        });
+        for tgid in given_up {
+            self.probes.untrace_process(tgid);
+            self.ports.remove(&tgid);
+            self.tracker
+                .forget_process(tgid, monotonic_now_ns(), &mut self.records);
+            self.stats.bump("processes_adopted_not_attached");
+        }
+    }
+
+    /// Ports of exited engines whose grace passed stop being watched.
+    fn release_kept_ports(&mut self) {
+        for port in self.adoption.expired(Instant::now()) {
+            self.unwatch_unserved(port);
+        }
+    }
+
+    /// Stops watching `port` unless a traced process serves it.
+    fn unwatch_unserved(&mut self, port: u16) {
+        if !self.ports.values().any(|ports| ports.contains(&port)) {
+            self.probes.unwatch_port(port);
+        }
+    }
+
     /// Tries the missing hooks of processes that mapped new engine objects since last time.
     fn attach_late_hooks(&mut self) {
         let user_probes = self.user_probes.as_ref();
@@ -406,7 +451,9 @@ impl Pipeline {
         }
     }
 
-    fn drain(&mut self, observer: &mut dyn Observer) {
+    /// Whether it stopped at a process the kernel adopted, which wants a rescan before its
+    /// records (those that follow stay in the ring buffer).
+    fn drain(&mut self, observer: &mut dyn Observer) -> bool {
         let Self {
             probes,
             classifier,
@@ -422,8 +469,12 @@ impl Pipeline {
             user_probes,
             identities,
             chunks,
+            adoption,
+            discovery,
             ..
         } = self;
+        let mut adopted = false;
+        let mut over_limit: Vec<u32> = Vec::new();
         let mut ignore: Vec<(u32, i32, u64)> = Vec::new();
         let mut joined: Vec<Joined> = Vec::new();
         // Bound one drain so discovery and shutdown still run under a flood.
@@ -442,6 +493,26 @@ impl Pipeline {
             *records_read += 1;
             match records::parse(&item) {
                 Err(e) => stats.bump(e.as_str()),
+                Ok(CapturedEvent::Adopted { tgid, port }) => {
+                    info!(pid = tgid, port, "process took a watched port; attaching");
+                    if adoption.adopted(tgid, Instant::now()) {
+                        // Its records count from now, as those of the port's last engine.
+                        ports.entry(tgid).or_insert_with(|| vec![port]);
+                        let engine = adoption.engine_for(port).or_else(|| {
+                            discovery
+                                .traced()
+                                .find(|p| p.ports.contains(&port))
+                                .map(|p| p.engine)
+                        });
+                        if let Some(engine) = engine {
+                            tracker.set_engine(tgid, engine);
+                        }
+                        adopted = true;
+                        break;
+                    }
+                    over_limit.push(tgid);
+                    stats.bump("processes_adopted_over_limit");
+                }
                 Ok(CapturedEvent::Segment(segment)) => tracker.on_segment(&segment),
                 Ok(CapturedEvent::SockState(state)) => tracker.on_sock_state(&state),
                 Ok(CapturedEvent::Sched(event)) => tracker.on_sched(&event, steps),
@@ -491,6 +562,10 @@ impl Pipeline {
         for (tgid, fd, conn_gen) in ignore {
             probes.ignore_connection(tgid, fd, conn_gen);
         }
+        // Left to discovery's next scan.
+        for tgid in over_limit {
+            probes.untrace_process(tgid);
+        }
         for (tgid, fd, conn_gen) in classifier.new_ipc.drain(..) {
             probes.keep_whole(tgid, fd, conn_gen);
         }
@@ -503,6 +578,7 @@ impl Pipeline {
             observer.on_step(step);
         }
         emit(engine_metrics, ipc, identities, records, observer);
+        adopted
     }
 
     /// Every counter: kernel side (`kernel_*`), capture and decode/correlate.

@@ -504,7 +504,8 @@ fn restart_client(port: u16, id: usize, load: &RestartLoad) {
             continue;
         };
         // Connections are made only while not paused, which the test holds from the kill
-        // until the new engine is traced: a connection belongs to one engine generation.
+        // until the new engine is ready (not until it is traced): a connection belongs to one
+        // engine generation.
         let epoch = load.epoch.load(Ordering::SeqCst) as usize;
         let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
         n += 1;
@@ -538,7 +539,10 @@ fn restart_client(port: u16, id: usize, load: &RestartLoad) {
 /// The engine (llama.cpp) is killed under load and started again on the same port while the
 /// agent runs: the agent attaches to the new process, and for each engine generation the
 /// records of completed requests plus the requests counted lost equal what the clients
-/// completed: nothing is lost silently before, across or after the restart.
+/// completed: nothing is lost silently before, across or after the restart. The clients go on
+/// as soon as the new engine answers, without waiting for the agent: the requests it serves
+/// before the /proc rescan would have found it are followed from their accept (the kernel
+/// traces a process accepting on a watched port, capture::adopt).
 #[test]
 fn an_engine_restarted_under_load_is_reattached_and_nothing_is_lost_silently() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -567,9 +571,11 @@ fn an_engine_restarted_under_load_is_reattached_and_nothing_is_lost_silently() {
     let second = Engine::start(port, 2);
     let second_pid = second.pid();
     let ready = Instant::now();
+    load.paused.store(false, Ordering::SeqCst);
     recorder.wait_attached(second_pid, Duration::from_secs(30));
     let reattach = ready.elapsed();
-    load.paused.store(false, Ordering::SeqCst);
+    // Served before the agent logged its attach: the requests a rescan-only attach loses.
+    let before_attach = load.done[1].load(Ordering::SeqCst);
     thread::sleep(Duration::from_secs(5));
     load.stop.store(true, Ordering::SeqCst);
     for c in clients {
@@ -591,6 +597,7 @@ fn an_engine_restarted_under_load_is_reattached_and_nothing_is_lost_silently() {
     };
     let (first_records, second_records) = (complete(first_pid), complete(second_pid));
     let lost = agent::counter(&log, "requests_lost");
+    let adopted = agent::counter(&log, "kernel_processes_adopted");
     let cut: Vec<_> = records
         .iter()
         .filter(|r| r["ended_by"] != "complete" && r["path"] == "/v1/chat/completions")
@@ -603,13 +610,19 @@ fn an_engine_restarted_under_load_is_reattached_and_nothing_is_lost_silently() {
         })
         .collect();
     eprintln!(
-        "re-attached {reattach:?} after the new engine was ready; clients completed {before} + {after}; complete records {first_records} + {second_records}; {lost} lost; cut by the kill: {cut:?}"
+        "re-attached {reattach:?} after the new engine was ready ({before_attach} requests completed by then); {adopted} processes adopted by the kernel; clients completed {before} + {after}; complete records {first_records} + {second_records}; {lost} lost; cut by the kill: {cut:?}"
     );
     assert!(
         before > 0 && after > 0,
         "both engines served: {before}, {after}"
     );
     assert_eq!(lost, 0, "no loss to count here:\n{log}");
+    // The new engine binds the port the agent keeps watched after the first one's exit: the
+    // kernel traces it from there, before the rescan could see it listening.
+    assert!(
+        adopted >= 1,
+        "the restarted engine adopted at its bind:\n{log}"
+    );
     assert_eq!(first_records, before, "the first engine's requests");
     assert_eq!(second_records, after, "the restarted engine's requests");
     assert!(

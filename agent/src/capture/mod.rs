@@ -1,5 +1,6 @@
 //! Capture stage: loads the eBPF programs, finds the processes to trace, and hands raw records to
 //! the decoders. Nothing here interprets payload bytes.
+pub mod adopt;
 pub mod chunks;
 pub mod container;
 pub mod discovery;

@@ -80,6 +80,7 @@ const ATTACHMENTS: &[(&str, &str, &str)] = &[
     ("enter_dup", "syscalls", "sys_enter_dup"),
     ("enter_dup2", "syscalls", "sys_enter_dup2"),
     ("enter_dup2", "syscalls", "sys_enter_dup3"),
+    ("enter_bind", "syscalls", "sys_enter_bind"),
     ("thread_exit", "sched", "sched_process_exit"),
     ("exit_syscall", "syscalls", "sys_exit_read"),
     ("exit_syscall", "syscalls", "sys_exit_recvfrom"),

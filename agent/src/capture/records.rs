@@ -3,8 +3,8 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use inferscope_common::{
-    CompactWriteRecord, FLAG_CHUNK, FLAG_COPY_FAILED, FLAG_MORE, FLAG_TRUNCATED, RecordType,
-    SchedKind, SchedRecord, SegmentRecord, SockStateRecord, SyscallKind, SyscallRecord,
+    AdoptRecord, CompactWriteRecord, FLAG_CHUNK, FLAG_COPY_FAILED, FLAG_MORE, FLAG_TRUNCATED,
+    RecordType, SchedKind, SchedRecord, SegmentRecord, SockStateRecord, SyscallKind, SyscallRecord,
     USER_FLAG_READ_FAILED, UserProbeRecord,
 };
 
@@ -157,6 +157,12 @@ pub enum CapturedEvent<'a> {
     SockState(SockState),
     Sched(SchedEvent),
     UserProbe(UserProbeHit),
+    /// The kernel began tracing `tgid` at an accept on watched port `port` (an engine
+    /// restarted on its port before discovery saw it).
+    Adopted {
+        tgid: u32,
+        port: u16,
+    },
 }
 
 fn read_struct<T: Copy>(bytes: &[u8]) -> Option<T> {
@@ -199,6 +205,12 @@ pub fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
         }))
     } else if record_type == RecordType::CompactWrite as u8 {
         compact_write(bytes)
+    } else if record_type == RecordType::Adopted as u8 {
+        let record: AdoptRecord = read_struct(bytes).ok_or(RecordError::Short)?;
+        Ok(CapturedEvent::Adopted {
+            tgid: record.tgid,
+            port: record.local_port,
+        })
     } else if record_type == RecordType::Segment as u8 {
         let record: SegmentRecord = read_struct(bytes).ok_or(RecordError::Short)?;
         Ok(CapturedEvent::Segment(Segment {
@@ -340,6 +352,25 @@ mod tests {
         assert!(ev.truncated);
         assert_eq!(ev.lost_bytes(), 95);
         assert_eq!((ev.conn_seq, ev.lost_heads), (Some(4), 1));
+    }
+
+    #[test]
+    fn parses_an_adoption_and_refuses_a_short_one() {
+        let record = AdoptRecord {
+            record_type: RecordType::Adopted as u8,
+            _pad0: 0,
+            local_port: 8080,
+            tgid: 4242,
+            ts_ns: 1,
+        };
+        let mut bytes = vec![0u8; std::mem::size_of::<AdoptRecord>()];
+        unsafe { std::ptr::write_unaligned(bytes.as_mut_ptr().cast(), record) };
+        let Ok(CapturedEvent::Adopted { tgid, port }) = parse(&bytes) else {
+            panic!("expected an adoption")
+        };
+        assert_eq!((tgid, port), (4242, 8080));
+        bytes.pop();
+        assert!(parse(&bytes).is_err());
     }
 
     #[test]

@@ -34,6 +34,8 @@ pub enum RecordType {
     UserProbe = 4,
     /// A [`CompactWriteRecord`]: a response write captured behind a filling ring buffer.
     CompactWrite = 5,
+    /// An [`AdoptRecord`]: the kernel began tracing a process at its accept on a watched port.
+    Adopted = 6,
     /// A [`SockStateRecord`]: a TCP state change of a socket on a watched port.
     SockState = 8,
 }
@@ -215,6 +217,19 @@ pub struct SockStateRecord {
     pub sock: u64,
 }
 
+/// A process discovery had not (yet) traced accepted a connection on a watched port (an engine
+/// restarted on its port): the kernel traces it from that accept on, so its first requests are
+/// not lost while the agent's /proc rescan catches up; the record asks user space to attach now.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AdoptRecord {
+    pub record_type: u8,
+    pub _pad0: u8,
+    pub local_port: u16,
+    pub tgid: u32,
+    pub ts_ns: u64,
+}
+
 /// What an engine's scheduler did, seen by a uprobe.
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -370,12 +385,15 @@ pub enum Counter {
     CompactWrites = 12,
     /// TCP state changes (peer FIN, socket gone) emitted for watched ports.
     SockStates = 13,
+    /// Processes the kernel began tracing at their bind of (or accept on) a watched port
+    /// ([`AdoptRecord`]).
+    ProcessesAdopted = 14,
 }
 
-pub const COUNTER_SLOTS: u32 = 14;
+pub const COUNTER_SLOTS: u32 = 15;
 
 impl Counter {
-    pub const ALL: [Counter; 14] = [
+    pub const ALL: [Counter; 15] = [
         Counter::RecordsEmitted,
         Counter::RingbufFull,
         Counter::PayloadTruncated,
@@ -390,6 +408,7 @@ impl Counter {
         Counter::ConnsDuplicated,
         Counter::CompactWrites,
         Counter::SockStates,
+        Counter::ProcessesAdopted,
     ];
 
     pub fn name(self) -> &'static str {
@@ -408,6 +427,7 @@ impl Counter {
             Counter::ConnsDuplicated => "conns_duplicated",
             Counter::CompactWrites => "compact_writes",
             Counter::SockStates => "sock_states",
+            Counter::ProcessesAdopted => "processes_adopted",
         }
     }
 }
@@ -425,6 +445,7 @@ mod pod {
     unsafe impl aya::Pod for super::CompactWriteRecord {}
     unsafe impl aya::Pod for super::SegmentRecord {}
     unsafe impl aya::Pod for super::SockStateRecord {}
+    unsafe impl aya::Pod for super::AdoptRecord {}
     unsafe impl aya::Pod for super::SchedRecord {}
     unsafe impl aya::Pod for super::UserProbeConfig {}
     unsafe impl aya::Pod for super::UserProbeRecord {}

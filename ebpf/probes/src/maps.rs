@@ -21,6 +21,17 @@ pub fn traced(tgid: u32) -> bool {
     }
 }
 
+/// Starts tracing `tgid` from the kernel (see `adopt`). A plain read-modify-write: user space
+/// writes these words the same way, and a lost race only leaves the process to discovery,
+/// which sets the bit again when it attaches.
+#[inline(always)]
+pub fn trace(tgid: u32) {
+    if let Some(word) = TARGETS.get_ptr_mut(tgid >> 6) {
+        // SAFETY: a plain u64 map value.
+        unsafe { *word |= 1u64 << (tgid & 63) };
+    }
+}
+
 /// Local TCP ports whose incoming segments are timestamped (the traced servers' listen ports),
 /// one bit per port: every received segment on the host asks it (inlined array lookup).
 #[map]

@@ -1,11 +1,14 @@
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
+    },
     macros::{fexit, tracepoint},
     programs::{FExitContext, TracePointContext},
 };
 use aya_log_ebpf::warn;
 use inferscope_common::{
-    CONN_INET, CONN_SHARED, ConnEntry, Counter, RecordType, SyscallKind, SyscallRecord, fd_key,
+    AdoptRecord, CONN_INET, CONN_SHARED, ConnEntry, Counter, RecordType, SyscallKind,
+    SyscallRecord, fd_key,
 };
 
 use crate::{
@@ -13,7 +16,7 @@ use crate::{
     ctx::field,
     maps::{
         CONN_REFS, CONNS, FD_VERDICT, INFLIGHT, Inflight, Shape, captures_unknown_fds,
-        clear_sock_wanted, ignored, sock_wanted_until, traced, want_sock,
+        clear_sock_wanted, ignored, sock_wanted_until, trace, traced, want_sock, watched,
     },
     ringbuf::output,
 };
@@ -140,12 +143,12 @@ entry_program!(enter_dup2, SyscallKind::Dup, Shape::Iovec);
 #[fexit(function = "inet_csk_accept")]
 pub fn accepted_sock(ctx: FExitContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
-    if !traced((pid_tgid >> 32) as u32) {
-        return 0;
-    }
     // inet_csk_accept(struct sock *sk, struct proto_accept_arg *arg): the return value follows
     // the two arguments.
     let sock: u64 = ctx.arg(2);
+    if !traced((pid_tgid >> 32) as u32) && !adopt_at_accept((pid_tgid >> 32) as u32, sock) {
+        return 0;
+    }
     if let Some(slot) = INFLIGHT.get_ptr_mut(&pid_tgid) {
         // SAFETY: only this thread touches its entry (see INFLIGHT).
         unsafe {
@@ -155,6 +158,74 @@ pub fn accepted_sock(ctx: FExitContext) -> u32 {
         }
     }
     0
+}
+
+/// `struct sock_common.skc_num`: the local port in host order, after the address pair (8
+/// bytes), the hash (4) and the remote port (2); unchanged since 2.6.
+const SKC_NUM: u64 = 14;
+
+/// An untraced process accepted `sock` (a listening socket it inherited, so no bind of its own
+/// was seen): adopted if on a watched port.
+#[inline(always)]
+fn adopt_at_accept(tgid: u32, sock: u64) -> bool {
+    if sock == 0 {
+        return false;
+    }
+    match unsafe { bpf_probe_read_kernel((sock + SKC_NUM) as *const u16) } {
+        Ok(port) => adopt(tgid, port),
+        Err(_) => false,
+    }
+}
+
+/// bind(2) entered: an untraced process binding a watched port (a traced engine's port, kept
+/// watched a while after that engine exits) is an engine restarted on its port. It is traced
+/// from here on, before it can accept, so the requests it answers before the agent's /proc
+/// rescan would find it are followed from their accept. Binds are rare: every process pays.
+#[tracepoint]
+pub fn enter_bind(ctx: TracePointContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if traced(tgid) {
+        return 0;
+    }
+    let addr: u64 = field(&ctx, ARG1);
+    let len: i64 = field(&ctx, ARG2);
+    if addr == 0 || len < 4 {
+        return 0;
+    }
+    // sockaddr_in and sockaddr_in6 both hold the family first and the port (network order) at
+    // offset 2.
+    let Ok(family) = (unsafe { bpf_probe_read_user(addr as *const u16) }) else {
+        return 0;
+    };
+    if family != AF_INET && family != AF_INET6 {
+        return 0;
+    }
+    if let Ok(port) = unsafe { bpf_probe_read_user((addr + 2) as *const u16) } {
+        adopt(tgid, u16::from_be(port));
+    }
+    0
+}
+
+const AF_INET: u16 = 2;
+const AF_INET6: u16 = 10;
+
+/// Traces `tgid` if `port` is watched, and asks user space to attach it now. Whether it is
+/// traced now.
+#[inline(always)]
+fn adopt(tgid: u32, port: u16) -> bool {
+    if !watched(port) {
+        return false;
+    }
+    trace(tgid);
+    let record = AdoptRecord {
+        record_type: RecordType::Adopted as u8,
+        _pad0: 0,
+        local_port: port,
+        tgid,
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+    };
+    output::<AdoptRecord>(&record, Counter::ProcessesAdopted);
+    true
 }
 
 // tcp:tcp_rcv_space_adjust: `skaddr` leads the record (stable since the tracepoint exists).
