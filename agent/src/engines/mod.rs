@@ -5,6 +5,7 @@ pub mod config;
 mod ipc_router;
 mod llamacpp;
 mod metrics;
+mod package;
 mod sglang;
 mod tensorrt_llm;
 mod triton;

@@ -8,13 +8,13 @@ use tracing::warn;
 
 use super::{
     layout::{self, Layout},
-    messages, package,
+    messages,
     state::IpcState,
 };
 use crate::{
     correlate::{RequestRecord, Stats, StepRecord},
     decode::zmtp::{Message, ZmtpError, ZmtpLimits, ZmtpStream},
-    engines::{EngineIpc, IpcBytes, IpcDirection, IpcVerdict},
+    engines::{EngineIpc, IpcBytes, IpcDirection, IpcVerdict, package},
 };
 
 /// Sockets followed at once; beyond this the table is cleared (counted).
@@ -107,7 +107,7 @@ impl SglangIpc {
 
 impl EngineIpc for SglangIpc {
     fn add_process(&mut self, tgid: u32) {
-        match package::process_version(tgid) {
+        match package::process_version(tgid, "sglang") {
             Some(v) => {
                 let version = self.version(tgid, &v);
                 self.stats.bump(match version {

@@ -1,6 +1,6 @@
 //! vLLM V1's API server ↔ EngineCore traffic, as captured on the sockets of either process:
 //! ZMTP streams → messages → [`IpcState`]. The engine's version comes from the process's
-//! installed package (read at discovery, [`package`]) and from its start-up message
+//! installed package (read at discovery, [`crate::engines::package`]) and from its start-up message
 //! (`EngineCoreReadyResponse.vllm_version`), and picks the pinned layout; an unsupported version
 //! is refused (logged once, counted per message) and decoded no further. Only when neither is
 //! known is the newest layout used, with every field's type checked.
@@ -14,12 +14,12 @@ use tracing::warn;
 use super::{
     layout::{self, Layout},
     messages::{self, IpcMessage},
-    package,
     state::IpcState,
 };
 use crate::{
     correlate::{RequestRecord, Stats, StepRecord},
     decode::zmtp::{Message, ZmtpError, ZmtpLimits, ZmtpStream},
+    engines::package,
     engines::{EngineIpc, IpcBytes, IpcDirection, IpcVerdict},
 };
 
@@ -196,7 +196,7 @@ impl EngineIpc for VllmIpc {
             self.parents.insert(tgid, parent);
         }
         self.known.insert(tgid);
-        match package::process_version(tgid) {
+        match package::process_version(tgid, "vllm") {
             Some(v) => {
                 let version = Self::version(tgid, &v, "installed package");
                 self.stats.bump(match version {

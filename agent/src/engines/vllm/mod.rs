@@ -3,7 +3,6 @@
 mod ipc;
 mod layout;
 mod messages;
-mod package;
 mod state;
 
 use super::{Engine, EngineIpc, MetricSource, MetricsEndpoint, ProcessInfo, Signal};
