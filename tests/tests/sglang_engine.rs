@@ -101,6 +101,31 @@ fn wait_healthy(port: u16, server: &mut Child) {
     panic!("SGLang did not become healthy on {port}");
 }
 
+/// The server's child titled `sglang::scheduler…`, from /proc.
+fn scheduler_of(server: u32) -> u32 {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if ppid == Some(server) && cmdline.starts_with(b"sglang::scheduler") {
+            found.push(pid);
+        }
+    }
+    assert_eq!(found.len(), 1, "SGLang's scheduler: {found:?}");
+    found[0]
+}
+
 fn ns(repr: &Value) -> u64 {
     let s: f64 = repr.as_str().expect("a repr").parse().expect("a float");
     (s * 1e9 + 0.5).floor() as u64
@@ -211,8 +236,13 @@ fn sglang_real_scheduler_admission_retractions_and_prompt_tokens() {
     let log_path = recorder.log.clone();
     let records = recorder.stop();
     let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let scheduler = scheduler_of(server.child.id());
     drop(server);
     let truth = read_records(&truth_path);
+    let agent_steps: Vec<Value> = read_records(&steps_path)
+        .into_iter()
+        .filter(|s| s["engine"] == "sglang")
+        .collect();
 
     assert!(counter(&log, "sglang_version_from_package") >= 1, "{log}");
     for bad in [
@@ -267,6 +297,40 @@ fn sglang_real_scheduler_admission_retractions_and_prompt_tokens() {
         let arrival = rec["arrival_mono_ns"].as_u64().unwrap();
         let first_token = rec["first_token_mono_ns"].as_u64().unwrap();
         assert!(arrival <= got && got <= first_token, "{rec:#?}");
+        // Its one timed step: the batch of its first prefill, opened no later than SGLang's
+        // admission stamp; its kernels are the scheduler's. Step counts are not invented.
+        let prefills: Vec<&Value> = agent_steps
+            .iter()
+            .filter(|s| {
+                s["requests"].as_array().is_some_and(|m| {
+                    m.iter()
+                        .any(|m| m["request_id"] == id.as_str() && m["phase"] == "prefill")
+                })
+            })
+            .collect();
+        assert_eq!(prefills.len(), 1, "{id}: {prefills:#?}");
+        let step = prefills[0];
+        let (start, end) = (
+            step["start_mono_ns"].as_u64().unwrap(),
+            step["end_mono_ns"].as_u64().unwrap(),
+        );
+        assert!(
+            start <= want + 1_000_000 && want <= end,
+            "{id}: SGLang admitted at {want}, step {step:#?}"
+        );
+        assert_eq!(
+            step["kernel_pid"].as_u64().or(step["pid"].as_u64()),
+            Some(u64::from(scheduler)),
+            "{step:#?}"
+        );
+        let unknown = rec["engine_unknown"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            unknown.iter().any(|u| u == "decode_steps") && rec["decode_steps"].is_null(),
+            "{rec:#?}"
+        );
         if rec["queue_wait_ms"].as_f64().unwrap() > 50.0 {
             waited += 1;
         }

@@ -17,6 +17,7 @@ use std::{
 
 use inferscope_integration_tests::{
     agent::{Recorder, counter, read_records},
+    daemon::Daemon,
     free_port,
 };
 use serde_json::Value;
@@ -89,6 +90,31 @@ fn wait_http(port: u16, front: &mut Child) {
         std::thread::sleep(Duration::from_millis(200));
     }
     panic!("the SGLang IPC engine did not listen on {port}");
+}
+
+/// The front's child titled `sglang::scheduler`, from /proc.
+fn scheduler_of(front: u32) -> u32 {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if ppid == Some(front) && cmdline.starts_with(b"sglang::scheduler") {
+            found.push(pid);
+        }
+    }
+    assert_eq!(found.len(), 1, "the front's scheduler: {found:?}");
+    found[0]
 }
 
 fn ns(repr: &Value) -> u64 {
@@ -164,6 +190,7 @@ fn sglang_ipc_admission_retractions_and_prompt_tokens() {
     let agent_steps = read_records(&steps_path);
     let truth = read_records(&dir.join("truth.jsonl"));
     let engine_steps = read_records(&dir.join("steps.jsonl"));
+    let scheduler = scheduler_of(front.child.id());
     drop(front);
 
     // The layout came from the installed package, and nothing was refused.
@@ -248,6 +275,139 @@ fn sglang_ipc_admission_retractions_and_prompt_tokens() {
             g["sequences"].as_u64(),
             Some(w["rids"].as_array().unwrap().len() as u64)
         );
+        // Its kernels are the scheduler's, wherever the step was seen.
+        assert_eq!(
+            g["kernel_pid"].as_u64().or(g["pid"].as_u64()),
+            Some(u64::from(scheduler)),
+            "{g:#?}"
+        );
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The numbers before "ms" on an `inspect` step row: its start (from the arrival) and length.
+fn step_ms(row: &str) -> Vec<f64> {
+    row.split_whitespace()
+        .filter_map(|w| w.strip_suffix("ms")?.parse().ok())
+        .collect()
+}
+
+/// Each request's steps as `inferscope run` joins them and `inspect` draws them: its first
+/// prefill, the one step SGLang's IPC times, with the bounds the scheduler itself logged for
+/// that batch; nothing else is drawn (chunk and decode steps are not timed by SGLang's outputs:
+/// the record says its step counts are unknown).
+#[test]
+fn sglang_ipc_request_steps_through_inspect() {
+    let dir =
+        std::env::temp_dir().join(format!("inferscope-it-sglang-steps-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let port = free_port();
+    let child = Command::new(sglang_python())
+        .arg(repo_root().join("tests/engine/sglang/ipc_engine.py"))
+        .args(["api", "sglang", "serve"])
+        .args(["--port", &port.to_string()])
+        .args(["--pool", "200", "--prefill-ms", "15", "--decode-ms", "4"])
+        .arg("--workdir")
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("engine.log")).expect("engine log"))
+        .spawn()
+        .expect("starting the SGLang IPC engine (run scripts/setup.sh for .venv-sglang)");
+    let mut front = Front { child };
+    wait_http(port, &mut front.child);
+    let mut daemon = Daemon::start(&dir, &["--port", &port.to_string()]);
+    daemon.wait_attached(front.child.id(), Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(300));
+    http(port, "GET /start HTTP/1.1\r\nHost: x\r\n\r\n");
+    let clients: Vec<_> = (0..8)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let words = vec!["w"; 10 + 5 * i].join(" ");
+                let body = format!(
+                    r#"{{"rid":"steps-{i}","model":"m","max_tokens":{},"stream":true,"messages":[{{"role":"user","content":"{words}"}}]}}"#,
+                    8 + i
+                );
+                let req = format!(
+                    "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                http(port, &req)
+            })
+        })
+        .collect();
+    for c in clients {
+        let raw = c.join().expect("client");
+        assert!(
+            raw.ends_with(b"0\r\n\r\n"),
+            "{}",
+            String::from_utf8_lossy(&raw)
+        );
+    }
+    // Without a shim, timelines close as their requests end.
+    std::thread::sleep(Duration::from_millis(500));
+    let engine_steps = read_records(&dir.join("steps.jsonl"));
+    let mut checked = 0;
+    for i in 0..8 {
+        let rid = format!("steps-{i}");
+        let want = engine_steps
+            .iter()
+            .find(|s| {
+                s["first"]
+                    .as_array()
+                    .is_some_and(|f| f.iter().any(|r| r == rid.as_str()))
+            })
+            .unwrap_or_else(|| panic!("{rid}: no first prefill in {engine_steps:#?}"));
+        let json = daemon.client(&["inspect", &rid, "--json"]);
+        assert!(
+            json.status.success(),
+            "{}",
+            String::from_utf8_lossy(&json.stderr)
+        );
+        let record: Value = serde_json::from_slice(&json.stdout).expect("inspect --json");
+        let unknown = record["engine_unknown"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        for field in ["prefill_steps", "decode_steps"] {
+            assert!(unknown.iter().any(|u| u == field), "{field}: {record:#?}");
+        }
+        assert!(record["prefill_steps"].is_null(), "{record:#?}");
+        let arrival = record["arrival_mono_ns"].as_u64().expect("arrival");
+        let out = daemon.client(&["inspect", &rid, "--steps", "100"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("steps (1):"), "{rid}: {want}\n{text}");
+        let row = text
+            .lines()
+            .skip_while(|l| !l.starts_with("steps ("))
+            .nth(1)
+            .unwrap_or_default();
+        assert!(row.starts_with("prefill "), "{row}\n{text}");
+        let (start, end) = (ns(&want["start"]), ns(&want["end"]));
+        let got = step_ms(row);
+        let want_ms = [
+            start.saturating_sub(arrival) as f64 / 1e6,
+            (end - start) as f64 / 1e6,
+        ];
+        assert_eq!(got.len(), 2, "{row}");
+        for (g, w) in got.iter().zip(want_ms) {
+            // Drawn to 0.1 ms.
+            assert!(
+                (g - w).abs() <= 0.051,
+                "{rid}: {got:?} vs SGLang {want_ms:?}\n{text}"
+            );
+        }
+        checked += 1;
+    }
+    drop(front);
+    let log = daemon.stop();
+    eprintln!("sglang_ipc: {checked} requests' steps drawn as SGLang logged them");
+    assert_eq!(checked, 8, "{log}");
     let _ = std::fs::remove_dir_all(&dir);
 }

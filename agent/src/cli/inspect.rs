@@ -418,4 +418,96 @@ mod tests {
         assert!(text.contains("GPU prefill: 2 kernels"), "{text}");
         assert!(text.contains("GPU decode: 2 kernels"), "{text}");
     }
+
+    /// SGLang's timed step (its first prefill, seen on the tokenizer manager's IPC) names the
+    /// SGLang rid; its kernels ran in the scheduler process. The record's own step list draws it
+    /// with the scheduler's kernels, and none of the server's.
+    #[test]
+    fn draws_the_sglang_prefill_step_with_the_scheduler_kernels() {
+        use inferscope::correlate::{
+            RequestRecord, StepMember as Member, StepRecord, StepRef,
+            timeline::{KernelRecord, TimelineBuilder, TimelineLimits},
+        };
+        let mut b = TimelineBuilder::new(TimelineLimits::default());
+        b.on_step(StepRecord {
+            pid: 20,
+            engine: "sglang".into(),
+            tid: 21,
+            start_mono_ns: 10_000_000,
+            end_mono_ns: 30_000_000,
+            duration_ms: 20.0,
+            batch_tokens: None,
+            sequences: 2,
+            prefilling: 2,
+            requests: ["0b6c0d6a", "7f3e9a10"]
+                .iter()
+                .map(|id| Member {
+                    request_id: (*id).into(),
+                    phase: "prefill",
+                })
+                .collect(),
+            kv_cache_usage: None,
+            running_requests: None,
+            waiting_requests: None,
+            start_from: Some("forward_entry"),
+            kernel_pid: Some(30),
+            kernels_from_ns: None,
+        });
+        for (pid, launch) in [(30, 12_000_000), (30, 25_000_000), (20, 26_000_000)] {
+            b.on_kernel(
+                KernelRecord {
+                    pid,
+                    name: "gemm".into(),
+                    device_id: 0,
+                    context_id: 1,
+                    stream_id: 7,
+                    correlation_id: 1,
+                    launch_tid: pid,
+                    launch_api: "cuLaunchKernel".into(),
+                    launch_mono_ns: launch,
+                    start_mono_ns: launch + 1_000,
+                    end_mono_ns: launch + 500_000,
+                    grid: [1, 1, 1],
+                    block: [32, 1, 1],
+                    static_shared_bytes: 0,
+                    dynamic_shared_bytes: 0,
+                    graph_id: 0,
+                    graph_node_id: 0,
+                    tensor_core: false,
+                },
+                1,
+            );
+        }
+        let record = RequestRecord {
+            request_id: "20-1-0".into(),
+            pid: 20,
+            engine: "sglang".into(),
+            arrival_mono_ns: 5_000_000,
+            admitted_mono_ns: Some(10_000_000),
+            first_token_mono_ns: Some(31_000_000),
+            end_mono_ns: 41_000_000,
+            engine_unknown: vec!["prefill_steps", "decode_steps"],
+            engine_steps: vec![StepRef {
+                pid: 20,
+                end_mono_ns: 30_000_000,
+                phase: "prefill",
+            }],
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        b.on_request(record, 2, &mut out);
+        b.flush(3, &mut out);
+        let t = inferscope::export::proto_conv::timeline(&out[0]);
+        let text = render(&t, 40, 12);
+        assert!(text.contains("steps (1):"), "{text}");
+        let row = text
+            .lines()
+            .skip_while(|l| !l.starts_with("steps ("))
+            .nth(1)
+            .unwrap_or_default();
+        assert!(row.starts_with("prefill"), "{row}\n{text}");
+        assert!(row.contains("· 2 kernels"), "{row}\n{text}");
+        assert!(text.contains("GPU prefill: 2 kernels"), "{text}");
+        assert!(text.contains("GPU decode: 0 kernels"), "{text}");
+    }
 }

@@ -9,6 +9,7 @@ use tracing::warn;
 use super::{
     layout::{self, Layout},
     messages,
+    scheduler::Schedulers,
     state::IpcState,
 };
 use crate::{
@@ -39,6 +40,7 @@ pub struct SglangIpc {
     /// Versions already warned about.
     warned: FxHashSet<String>,
     state: IpcState,
+    schedulers: Schedulers,
     stats: Stats,
     messages: Vec<Message>,
     limits: ZmtpLimits,
@@ -48,6 +50,12 @@ impl SglangIpc {
     #[cfg(test)]
     pub fn state(&self) -> &IpcState {
         &self.state
+    }
+
+    /// As if /proc had shown `scheduler` as the scheduler of the server `seen_in` belongs to.
+    #[cfg(test)]
+    pub fn set_scheduler(&mut self, seen_in: u32, scheduler: u32) {
+        self.schedulers.set(seen_in, scheduler);
     }
 
     #[cfg(test)]
@@ -98,7 +106,11 @@ impl SglangIpc {
         match messages::decode(&frame.data, layout) {
             Ok(m) => {
                 self.stats.bump("sglang_ipc_messages");
-                self.state.apply(m, (tgid, tid), steps);
+                let kernel_pid = match m {
+                    messages::IpcMessage::Outputs(_) => self.schedulers.of(tgid, &mut self.stats),
+                    _ => None,
+                };
+                self.state.apply(m, (tgid, tid), kernel_pid, steps);
             }
             Err(e) => self.stats.bump(e.as_str()),
         }
@@ -176,6 +188,7 @@ impl EngineIpc for SglangIpc {
     fn forget_process(&mut self, tgid: u32) {
         self.sockets.retain(|(t, _), _| *t != tgid);
         self.versions.remove(&tgid);
+        self.schedulers.forget(tgid);
     }
 
     fn enrich(&mut self, record: &mut RequestRecord) {

@@ -6,7 +6,11 @@ use super::{
     messages::{self, DecodeError, IpcMessage},
 };
 use crate::{
-    correlate::RequestRecord,
+    capture::gpu::KernelRecord,
+    correlate::{
+        RequestRecord, StepRef,
+        timeline::{TimelineBuilder, TimelineLimits},
+    },
     engines::{EngineIpc, IpcBytes, IpcDirection},
 };
 
@@ -156,6 +160,8 @@ fn joins_the_http_request_by_rid_seen_on_both_ends() {
     let mut ipc = SglangIpc::default();
     ipc.set_version(10, "0.5.23");
     ipc.set_version(20, "0.5.23");
+    ipc.set_scheduler(10, 10);
+    ipc.set_scheduler(20, 10);
     let stream = zmtp(&[fixture("output.pickle")]);
     // Written by the scheduler, read by the tokenizer manager: one message seen twice, split
     // across syscalls at odd sizes.
@@ -166,6 +172,8 @@ fn joins_the_http_request_by_rid_seen_on_both_ends() {
     assert_eq!(steps[0].start_mono_ns, 100_375_000_000);
     assert_eq!(steps[0].end_mono_ns, 100_750_000_000);
     assert_eq!(steps[0].prefilling, 2);
+    // Seen in the scheduler itself: its kernels are its own.
+    assert_eq!(steps[0].kernel_pid, None);
     assert!(again.is_empty());
     assert_eq!(ipc.state().request(&rid).unwrap().retractions, 2);
     let mut record = RequestRecord {
@@ -183,7 +191,91 @@ fn joins_the_http_request_by_rid_seen_on_both_ends() {
     assert_eq!(record.prompt_tokens, Some(37));
     assert_eq!(record.cached_tokens, Some(4));
     assert_eq!(record.completion_tokens, Some(16));
+    // Its first prefill is its one step SGLang timed; how many it ran is not in the IPC.
+    assert_eq!(
+        record.engine_steps,
+        vec![StepRef {
+            pid: 10,
+            end_mono_ns: 100_750_000_000,
+            phase: "prefill"
+        }]
+    );
+    assert_eq!((record.prefill_steps, record.decode_steps), (None, None));
+    assert!(record.engine_unknown.contains(&"prefill_steps"));
+    assert!(record.engine_unknown.contains(&"decode_steps"));
     assert!(ipc.state().request(&rid).is_none());
+}
+
+fn kernel(pid: u32, launch: u64) -> KernelRecord {
+    KernelRecord {
+        pid,
+        name: format!("k{launch}"),
+        device_id: 0,
+        context_id: 1,
+        stream_id: 7,
+        correlation_id: launch as u32,
+        launch_tid: pid,
+        launch_api: "cuLaunchKernel".into(),
+        launch_mono_ns: launch,
+        start_mono_ns: launch + 1_000,
+        end_mono_ns: launch + 2_000,
+        grid: [1, 1, 1],
+        block: [32, 1, 1],
+        static_shared_bytes: 0,
+        dynamic_shared_bytes: 0,
+        graph_id: 0,
+        graph_node_id: 0,
+        tensor_core: false,
+    }
+}
+
+/// Seen in the tokenizer manager (20), run by the scheduler (30): the step names the
+/// scheduler as the process of its kernels, and the request's timeline joins them through its
+/// engine-listed step. SGLang on CPU launches no CUDA work, so this join is tested here, not
+/// against a live engine.
+#[test]
+fn the_prefill_step_joins_the_scheduler_kernels_into_the_request_timeline() {
+    let rid = expected()["output"]["rids"][0].as_str().unwrap().to_owned();
+    let mut ipc = SglangIpc::default();
+    ipc.set_version(20, "0.5.23");
+    ipc.set_scheduler(20, 30);
+    let stream = zmtp(&[fixture("output.pickle")]);
+    let steps = feed(&mut ipc, 20, 6, IpcDirection::Read, &stream, 4096);
+    assert_eq!(steps.len(), 1);
+    assert_eq!((steps[0].pid, steps[0].kernel_pid), (20, Some(30)));
+    let mut record = RequestRecord {
+        request_id: "20-1-0".into(),
+        pid: 20,
+        response_id: Some(rid),
+        arrival_mono_ns: 100_000_000_000,
+        first_token_mono_ns: Some(100_800_000_000),
+        end_mono_ns: 101_000_000_000,
+        ..Default::default()
+    };
+    ipc.enrich(&mut record);
+    let now = 102_000_000_000;
+    let mut b = TimelineBuilder::new(TimelineLimits::default());
+    b.on_step(steps[0].clone());
+    // In the step: the scheduler's; not: the server's own, and one launched before it.
+    b.on_kernel(kernel(30, 100_500_000_000), now);
+    b.on_kernel(kernel(30, 100_700_000_000), now);
+    b.on_kernel(kernel(20, 100_600_000_000), now);
+    b.on_kernel(kernel(30, 100_100_000_000), now);
+    let mut out = Vec::new();
+    b.on_request(record, now, &mut out);
+    b.poll(now + 2_000_000_000, &mut out);
+    let t = &out[0];
+    assert_eq!(t.steps.len(), 1);
+    assert!(
+        t.steps[0]
+            .requests
+            .iter()
+            .any(|m| m.request_id == "20-1-0" && m.phase == "prefill")
+    );
+    assert_eq!(t.prefill_gpu.as_ref().unwrap().kernels, 2);
+    assert_eq!(t.decode_gpu.as_ref().unwrap().kernels, 0);
+    assert!(t.kernels.iter().all(|k| k.pid == 30));
+    assert!(t.unknown.is_empty(), "{:?}", t.unknown);
 }
 
 #[test]

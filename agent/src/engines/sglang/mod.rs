@@ -4,6 +4,7 @@
 mod ipc;
 mod layout;
 mod messages;
+mod scheduler;
 mod state;
 
 use super::{Engine, EngineIpc, MetricSource, MetricsEndpoint, ProcessInfo, Signal};

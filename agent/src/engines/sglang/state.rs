@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use rustc_hash::FxHashMap;
 
 use super::messages::{AddRequest, IpcMessage, Output};
-use crate::correlate::{RequestRecord, Stats, StepMember, StepRecord};
+use crate::correlate::{RequestRecord, Stats, StepMember, StepRecord, StepRef};
 
 /// Requests remembered at once; the oldest is forgotten (counted) beyond this.
 const MAX_REQUESTS: usize = 16_384;
@@ -34,6 +34,8 @@ pub struct RequestState {
     pub aborted: bool,
     /// Outputs seen (a request with none never ran).
     pub outputs: u64,
+    /// The timed step of its first prefill (the only SGLang step whose bounds are known).
+    pub prefill_step: Option<StepRef>,
 }
 
 #[derive(Debug, Default)]
@@ -68,11 +70,13 @@ impl IpcState {
         self.requests.entry(rid.to_owned()).or_default()
     }
 
-    /// Applies one decoded message seen in process `tgid`, thread `tid`.
+    /// Applies one decoded message seen in process `tgid`, thread `tid`; `kernel_pid` is the
+    /// scheduler process that ran its steps' kernels, where known and not `tgid`.
     pub fn apply(
         &mut self,
         message: IpcMessage,
         (tgid, tid): (u32, u32),
+        kernel_pid: Option<u32>,
         steps: &mut Vec<StepRecord>,
     ) {
         match message {
@@ -83,7 +87,9 @@ impl IpcState {
                 }
             }
             IpcMessage::Abort { rid: None, .. } | IpcMessage::Other => {}
-            IpcMessage::Outputs(outputs) => self.on_outputs(outputs, (tgid, tid), steps),
+            IpcMessage::Outputs(outputs) => {
+                self.on_outputs(outputs, (tgid, tid), kernel_pid, steps)
+            }
         }
     }
 
@@ -100,10 +106,12 @@ impl IpcState {
         &mut self,
         outputs: Vec<Output>,
         (tgid, tid): (u32, u32),
+        kernel_pid: Option<u32>,
         steps: &mut Vec<StepRecord>,
     ) {
         self.stats.bump("sglang_outputs");
         let mut members = Vec::with_capacity(outputs.len());
+        let mut prefilling: Vec<String> = Vec::new();
         let (mut start, mut end, mut prefilled) = (u64::MAX, 0u64, 0u64);
         let mut bad_time = 0;
         for out in outputs {
@@ -138,6 +146,7 @@ impl IpcState {
                 prefilled += 1;
                 start = start.min(a);
                 end = end.max(p);
+                prefilling.push(out.rid.clone());
             }
             members.push(StepMember {
                 request_id: out.rid,
@@ -150,6 +159,16 @@ impl IpcState {
             return;
         }
         self.stats.bump("sglang_steps");
+        let step = StepRef {
+            pid: tgid,
+            end_mono_ns: end,
+            phase: "prefill",
+        };
+        for rid in &prefilling {
+            if let Some(r) = self.requests.get_mut(rid) {
+                r.prefill_step = Some(step);
+            }
+        }
         steps.push(StepRecord {
             pid: tgid,
             engine: "sglang".into(),
@@ -165,9 +184,7 @@ impl IpcState {
             running_requests: None,
             waiting_requests: None,
             start_from: Some("forward_entry"),
-            // The scheduler process runs the kernels; it is not identified yet, so SGLang
-            // steps join no kernels (see README, SGLang).
-            kernel_pid: None,
+            kernel_pid: kernel_pid.filter(|&p| p != tgid),
             kernels_from_ns: None,
         });
     }
@@ -197,6 +214,7 @@ impl IpcState {
             return;
         };
         self.stats.bump("sglang_requests_joined");
+        join_steps(record, &state);
         if record.prompt_tokens.is_none() {
             record.prompt_tokens = state.prompt_tokens;
             if state.prompt_tokens.is_none() {
@@ -232,4 +250,17 @@ impl IpcState {
             .filter(|t| *t >= admitted)
             .map(|t| (t - admitted) as f64 / 1e6);
     }
+}
+
+/// Lists on `record` the one SGLang step it is known to have taken part in: its first prefill
+/// (from its forward entry to its prefill end, which spans every chunk of a chunked prefill).
+/// SGLang's outputs time no other step, and a request gets no output for a prefill chunk nor,
+/// when it is not streamed, for a decode step: its step counts are unknown.
+fn join_steps(record: &mut RequestRecord, state: &RequestState) {
+    if state.outputs == 0 {
+        return;
+    }
+    record.engine_unknown.push("prefill_steps");
+    record.engine_unknown.push("decode_steps");
+    record.engine_steps = state.prefill_step.into_iter().collect();
 }
