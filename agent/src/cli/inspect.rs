@@ -196,7 +196,13 @@ pub fn render(t: &RequestTimeline, width: usize, max_steps: usize) -> String {
                 bar(origin, span, s.start_mono_ns, s.end_mono_ns, width, '▇'),
                 ms(s.start_mono_ns.saturating_sub(origin)),
                 ms(s.end_mono_ns.saturating_sub(s.start_mono_ns)),
-                s.members.len(),
+                // The engine's own count: the timeline's copy of an IPC step also names this
+                // request by the agent's id, beside its engine id.
+                if s.sequences > 0 {
+                    s.sequences
+                } else {
+                    s.members.len() as u64
+                },
                 if s.kernels > 0 {
                     format!("· {} kernels, GPU busy {:.2} ms", s.kernels, s.gpu_busy_ms)
                 } else {
