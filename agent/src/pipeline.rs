@@ -531,6 +531,7 @@ impl Pipeline {
                         records,
                         steps,
                         ignore: &mut ignore,
+                        adoption,
                     };
                     let plain = chunks.push(ev, &mut joined);
                     for whole in joined.drain(..) {
@@ -707,6 +708,7 @@ struct Sockets<'p> {
     records: &'p mut Vec<RequestRecord>,
     steps: &'p mut Vec<StepRecord>,
     ignore: &'p mut Vec<(u32, i32, u64)>,
+    adoption: &'p Adoption,
 }
 
 impl Sockets<'_> {
@@ -748,6 +750,13 @@ impl Sockets<'_> {
                     }
                     // EOF or an error: nothing to decode.
                     FdClass::Ipc => {}
+                    FdClass::Other if self.adoption.is_pending(ev.tgid) => {
+                        // Adopted by the kernel, not attached yet: its engine plugin has not
+                        // said whether it decodes IPC on fds like this one (vLLM binds its
+                        // HTTP port before its engine core connects), so no verdict yet.
+                        self.classifier.forget_class(ev.tgid, ev.conn_key());
+                        self.stats.bump("records_before_attach");
+                    }
                     FdClass::Other => {
                         self.stats.bump("records_not_server_connection");
                         self.ignore.push((ev.tgid, ev.fd, ev.conn_gen));

@@ -73,6 +73,11 @@ impl Adoption {
         true
     }
 
+    /// Whether `tgid` was adopted by the kernel and discovery has not attached it yet.
+    pub fn is_pending(&self, tgid: u32) -> bool {
+        self.pending.iter().any(|(p, _)| *p == tgid)
+    }
+
     /// Settles the adopted processes after a scan: those `attached` leave the list; those that
     /// waited longer than [`ATTACH_WAIT`] are returned, to be traced no longer.
     pub fn settle(&mut self, now: Instant, attached: impl Fn(u32) -> bool) -> Vec<u32> {

@@ -63,6 +63,11 @@ impl FdClassifier {
         }
     }
 
+    /// Drops the class decided for a connection, to be decided again at its next record.
+    pub fn forget_class(&mut self, tgid: u32, key: u64) {
+        self.cache.remove(&(tgid, key));
+    }
+
     pub fn on_close(&mut self, tgid: u32, key: u64) {
         self.cache.remove(&(tgid, key));
         self.preexisting.remove(&(tgid, key));
