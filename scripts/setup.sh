@@ -91,11 +91,15 @@ fi
 # --- end deploy ------------------------------------------------------------------------------
 # --- vLLM test engine (issue 13): the real vllm serve on CPU, model pass faked -------------
 # tests/engine/vllm/ plugs a sleeping worker and a ground-truth scheduler into vLLM's own
-# stack; it needs vLLM in a venv of its own (torch comes along: ~5 minutes, ~9.4 GB).
+# stack; it needs vLLM in a venv of its own. tests/engine/vllm/requirements.txt pins the whole
+# venv without the CUDA-only kernels vLLM's own requirements pull (~2 minutes, ~7.4 GB: torch's
+# CUDA libraries are most of it).
 if ! .venv-vllm/bin/python3 -c 'import importlib.metadata as m; assert m.version("vllm") == "0.33.0"' 2>/dev/null; then
-  log "creating .venv-vllm with vllm 0.33.0 (large: torch comes along)"
+  log "creating .venv-vllm with vllm 0.33.0 (tests/engine/vllm/requirements.txt; ~7.4 GB)"
+  rm -rf .venv-vllm
   python3 -m venv .venv-vllm
-  .venv-vllm/bin/pip install -q --disable-pip-version-check vllm==0.33.0
+  .venv-vllm/bin/pip install -q --disable-pip-version-check --no-deps \
+    -r tests/engine/vllm/requirements.txt
 fi
 # --- SGLang test engines (issue 18): SGLang 0.5.23's real server on CPU, and its IPC classes --
 # tests/tests/sglang_engine.rs runs `python -m sglang.launch_server --device cpu` (torch,

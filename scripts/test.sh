@@ -3,7 +3,15 @@
 # against the real engine (root required), and a short fuzzing run of every parser.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Disk is what a CI machine runs short of (one ran out compiling the tests): build once, without
+# incremental caches or full debug info, keep no pip wheels, and say what is left at each stage.
+if [ "${CI:-}" = true ]; then
+  export CARGO_INCREMENTAL=0 CARGO_PROFILE_DEV_DEBUG=line-tables-only PIP_NO_CACHE_DIR=1
+fi
+disk_left() { echo "   ($(df -h --output=avail . | tail -1 | tr -d ' ') of disk left)"; }
+disk_left
 scripts/setup.sh
+disk_left
 export PATH="$HOME/.cargo/bin:$PATH"
 
 if [ "$(id -u)" != 0 ]; then
@@ -29,10 +37,16 @@ export INFERSCOPE_IMAGE=inferscope:test
 # --- end deploy ------------------------------------------------------------------------------
 echo "== llama-server (standalone llama.cpp engine; built once, cached in target/llama-server)"
 scripts/build-llama-server.sh
+disk_left
 export INFERSCOPE_LLAMA_SERVER="$PWD/target/llama-server"
 echo "== tests (unit + eBPF integration against the real engine)"
 # One test thread: the integration tests each run an engine and the agent on 2 cores.
 cargo test -- --test-threads=1
+disk_left
+if [ "${CI:-}" = true ]; then
+  # The fuzzers build a tree of their own (fuzz/target); the test build is done with.
+  rm -rf target/debug
+fi
 
 echo "== fuzz (short run per target)"
 scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
