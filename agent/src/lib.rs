@@ -11,4 +11,5 @@ pub mod diagnose;
 pub mod engines;
 pub mod export;
 pub mod identity;
+pub mod model;
 pub mod pipeline;

@@ -24,13 +24,11 @@ use crate::{
         sched_hooks,
         user_probes::{ProbeSpec, UserProbes},
     },
-    correlate::{
-        EngineMetrics, EngineMetricsRecord, Peer, RequestRecord, Stats, StepRecord, Tracker,
-        engine_metrics::ScrapeSample, monotonic_now_ns,
-    },
+    correlate::{EngineMetrics, EngineMetricsRecord, Peer, Tracker, engine_metrics::ScrapeSample},
     decode::{http::Limits, prometheus, zmtp},
     engines::{self, IpcBytes, IpcDirection, IpcRouter, IpcVerdict},
     identity::Identities,
+    model::{RequestRecord, Stats, StepRecord, clock::monotonic_now_ns},
 };
 
 #[derive(Debug, Clone)]
@@ -125,7 +123,7 @@ impl Pipeline {
         Ok(Self {
             scraper: None,
             engine_metrics: EngineMetrics::new(prometheus::Limits::default(), 0),
-            discovery: Discovery::new(config.selector.clone()),
+            discovery: Discovery::new(config.selector.clone(), engines::identify),
             tracker: Tracker::new(config.limits),
             config,
             probes,
@@ -332,7 +330,7 @@ impl Pipeline {
             let hooks = sched_hooks::attach(
                 &mut self.probes,
                 new.tgid,
-                new.engine,
+                engines::hook_set(new.engine),
                 None,
                 self.config.token_hooks,
             );
@@ -413,7 +411,7 @@ impl Pipeline {
                 sched_hooks::attach(
                     &mut self.probes,
                     tgid,
-                    missing.engine,
+                    engines::hook_set(missing.engine),
                     Some(&missing.engine_hooks),
                     self.config.token_hooks,
                 )

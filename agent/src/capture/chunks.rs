@@ -7,7 +7,7 @@
 use rustc_hash::FxHashMap;
 
 use super::records::SyscallEvent;
-use crate::correlate::Stats;
+use crate::model::Stats;
 
 /// Syscalls being joined at once (one per thread); beyond this the oldest goes on as is.
 const MAX_PENDING: usize = 256;

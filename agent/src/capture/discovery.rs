@@ -1,9 +1,35 @@
 //! Finds the engine processes to trace and notices when they start, restart or exit.
 use std::collections::{HashMap, HashSet};
 
-use crate::engines::{self, ProcessInfo};
-
 use super::{procfs, sockets};
+
+/// What discovery knows about a process when it asks the engines to claim it.
+#[derive(Debug, Clone, Default)]
+pub struct ProcessInfo {
+    pub tgid: u32,
+    pub cmdline: String,
+    /// Executable and shared libraries mapped into the process.
+    pub mapped_files: Vec<String>,
+}
+
+impl ProcessInfo {
+    pub fn cmdline_has(&self, needle: &str) -> bool {
+        self.cmdline.contains(needle)
+    }
+
+    /// A mapped file whose name (not directory) contains `needle`.
+    pub fn maps_file(&self, needle: &str) -> bool {
+        self.mapped_files.iter().any(|path| {
+            path.rsplit('/')
+                .next()
+                .is_some_and(|name| name.contains(needle))
+        })
+    }
+}
+
+/// Names the engine of a process, or None when no engine plugin (nor user pattern) claims it:
+/// the engines stage supplies it, so capture knows no engine.
+pub type ClaimFn = fn(&ProcessInfo, &[String]) -> Option<&'static str>;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TargetSelector {
@@ -24,14 +50,6 @@ pub struct TracedProcess {
     pub ports: Vec<u16>,
 }
 
-impl TracedProcess {
-    /// The scheduler settings on the process's command line, as its engine plugin reads them.
-    pub fn scheduler_config(&self) -> std::collections::BTreeMap<String, String> {
-        let args = procfs::cmdline_args(self.tgid).unwrap_or_default();
-        engines::scheduler_config(self.engine, &args)
-    }
-}
-
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct DiscoveryChange {
     pub added: Vec<TracedProcess>,
@@ -46,6 +64,7 @@ const RECHECK_UNCLAIMED_EVERY: u64 = 5;
 
 pub struct Discovery {
     selector: TargetSelector,
+    claim: ClaimFn,
     own_tgid: u32,
     traced: HashMap<u32, TracedProcess>,
     /// (tgid, start time) → scan number when the process was found unclaimed.
@@ -54,9 +73,10 @@ pub struct Discovery {
 }
 
 impl Discovery {
-    pub fn new(selector: TargetSelector) -> Self {
+    pub fn new(selector: TargetSelector, claim: ClaimFn) -> Self {
         Self {
             selector,
+            claim,
             own_tgid: std::process::id(),
             traced: HashMap::new(),
             unclaimed: HashMap::new(),
@@ -129,20 +149,22 @@ impl Discovery {
                 if !procfs::process_exists(*pid) {
                     return Vec::new();
                 }
-                let engine = engine_name(*pid, &[]).unwrap_or("unknown");
+                let engine = engine_name(self.claim, *pid, &[]).unwrap_or("unknown");
                 vec![(*pid, engine)]
             }
             TargetSelector::Port(port) => {
                 let port = *port;
+                let claim = self.claim;
                 self.scan_processes(|tgid| {
                     sockets::listening_ports(tgid)
                         .contains(&port)
-                        .then(|| engine_name(tgid, &[]).unwrap_or("unknown"))
+                        .then(|| engine_name(claim, tgid, &[]).unwrap_or("unknown"))
                 })
             }
             TargetSelector::Auto { patterns } => {
                 let patterns = patterns.clone();
-                self.scan_processes(move |tgid| engine_name(tgid, &patterns))
+                let claim = self.claim;
+                self.scan_processes(move |tgid| engine_name(claim, tgid, &patterns))
             }
         }
     }
@@ -182,13 +204,13 @@ impl Discovery {
     }
 }
 
-fn engine_name(tgid: u32, patterns: &[String]) -> Option<&'static str> {
+fn engine_name(claim: ClaimFn, tgid: u32, patterns: &[String]) -> Option<&'static str> {
     let info = ProcessInfo {
         tgid,
         cmdline: procfs::cmdline(tgid)?,
         mapped_files: procfs::mapped_files(tgid),
     };
-    engines::identify(&info, patterns)
+    claim(&info, patterns)
 }
 
 #[cfg(test)]
@@ -202,7 +224,7 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = child.id();
-        let mut discovery = Discovery::new(TargetSelector::Pid(pid));
+        let mut discovery = Discovery::new(TargetSelector::Pid(pid), |_, _| None);
         let change = discovery.scan();
         assert_eq!(change.added.len(), 1);
         assert_eq!(change.added[0].engine, "unknown");
@@ -231,7 +253,7 @@ mod tests {
             .read_line(&mut line)
             .unwrap();
         let port: u16 = line.trim().parse().unwrap();
-        let mut discovery = Discovery::new(TargetSelector::Port(port));
+        let mut discovery = Discovery::new(TargetSelector::Port(port), |_, _| None);
         let added = discovery.scan().added;
         child.kill().unwrap();
         child.wait().unwrap();

@@ -9,7 +9,6 @@ use rustc_hash::FxHashMap;
 use tracing::{debug, info, warn};
 
 use super::{SocketProbes, dwarf, procfs, symbols::ElfSymbols};
-use crate::engines::{self, HookLayout};
 
 /// What one attach pass did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -20,26 +19,68 @@ pub struct HookOutcome {
     pub not_found: Vec<usize>,
 }
 
-/// Attaches the hooks of `engine` to `tgid`: all of them (`only` None), or those listed, which
+/// A scheduler function to hook with one of the kernel's engine uprobe programs.
+#[derive(Debug, Clone, Copy)]
+pub struct SchedulerHook {
+    /// eBPF program name (ebpf/probes/src/engines/).
+    pub program: &'static str,
+    /// Demangled name or full signature (see `capture::symbols`).
+    pub symbol: &'static str,
+    /// What is lost without it, for the warning when it cannot be attached.
+    pub gives: &'static str,
+    /// Runs for every generated token: attached only when the user asks (`--token-hooks`),
+    /// since each hit costs the engine thread a uprobe trap.
+    pub per_token: bool,
+}
+
+/// A struct member the engine's hook programs read, whose offset depends on the build.
+#[derive(Debug, Clone, Copy)]
+pub struct StructMember {
+    pub structure: &'static str,
+    pub member: &'static str,
+    /// Where the member sits when the build carries no DWARF to say (from the source).
+    pub assumed_offset: u32,
+}
+
+/// The members the hook programs read, located in the build's DWARF and handed to the programs
+/// in their attach cookie: member `i` in bits `32 * i` (two at most).
+#[derive(Debug, Clone, Copy)]
+pub struct HookLayout {
+    pub members: &'static [StructMember],
+    /// Only compilation units whose name contains this are searched (debug info is large).
+    pub unit_hint: &'static str,
+}
+
+/// What an engine plugin asks capture to hook in its processes (see `engines::Engine`).
+#[derive(Debug, Clone, Copy)]
+pub struct HookSet {
+    pub hooks: &'static [SchedulerHook],
+    /// Which mapped files (by file-name substring) hold those functions.
+    pub objects: &'static [&'static str],
+    /// Struct members the hook programs read, for engines whose programs read any.
+    pub layout: Option<&'static HookLayout>,
+}
+
+/// Attaches the hooks in `set` (an engine's) to `tgid`: all of them (`only` None), or those listed, which
 /// a retry does quietly (nothing is logged for what is still missing). Per-token hooks only with
 /// `token_hooks`.
 pub fn attach(
     probes: &mut SocketProbes,
     tgid: u32,
-    engine: &str,
+    set: Option<HookSet>,
     only: Option<&[usize]>,
     token_hooks: bool,
 ) -> HookOutcome {
     let mut outcome = HookOutcome::default();
-    let Some(engine) = engines::by_name(engine) else {
+    let Some(set) = set else {
         return outcome;
     };
-    let hooks = engine.scheduler_hooks();
+    let hooks = set.hooks;
     if hooks.is_empty() {
         return outcome;
     }
     let retry = only.is_some();
-    let objects = engine_objects(tgid, engine.hook_objects());
+    let objects = engine_objects(tgid, set.objects);
     let mut tables = Vec::new();
     for (path, readable) in &objects {
         match ElfSymbols::load(readable) {
@@ -102,7 +143,7 @@ pub fn attach(
         };
         let cookie = *cookies
             .entry(path.clone())
-            .or_insert_with(|| layout_cookie(engine.hook_layout(), path, tgid));
+            .or_insert_with(|| layout_cookie(set.layout, path, tgid));
         match probes.attach_uprobe(hook.program, path, offset, tgid, cookie) {
             Ok(()) => {
                 outcome.live += 1;

@@ -318,10 +318,8 @@ mod tests {
     /// step list (joined by the engine module) still draws each step with its phase and kernels.
     #[test]
     fn draws_vllm_steps_joined_by_engine_id() {
-        use inferscope::correlate::{
-            RequestRecord, StepMember as Member, StepRecord, StepRef,
-            timeline::{KernelRecord, TimelineBuilder, TimelineLimits},
-        };
+        use inferscope::correlate::timeline::{KernelRecord, TimelineBuilder, TimelineLimits};
+        use inferscope::model::{RequestRecord, StepMember as Member, StepRecord, StepRef};
         let step = |start: u64, end: u64, ids: &[&str]| StepRecord {
             pid: 9,
             engine: "vllm".into(),
@@ -430,10 +428,8 @@ mod tests {
     /// with the scheduler's kernels, and none of the server's.
     #[test]
     fn draws_the_sglang_prefill_step_with_the_scheduler_kernels() {
-        use inferscope::correlate::{
-            RequestRecord, StepMember as Member, StepRecord, StepRef,
-            timeline::{KernelRecord, TimelineBuilder, TimelineLimits},
-        };
+        use inferscope::correlate::timeline::{KernelRecord, TimelineBuilder, TimelineLimits};
+        use inferscope::model::{RequestRecord, StepMember as Member, StepRecord, StepRef};
         let mut b = TimelineBuilder::new(TimelineLimits::default());
         b.on_step(StepRecord {
             pid: 20,

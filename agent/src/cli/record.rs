@@ -9,9 +9,10 @@ use anyhow::Context as _;
 use clap::Args;
 use inferscope::{
     capture::{DiscoveryChange, metrics::ScrapeConfig, user_probes::ProbeSpec},
-    correlate::{EngineMetricsRecord, RequestRecord, StepRecord, monotonic_now_ns},
+    correlate::EngineMetricsRecord,
     diagnose::EngineConfigSample,
     export::{jsonl::JsonlWriter, live},
+    model::{RequestRecord, StepRecord, clock::monotonic_now_ns},
     pipeline::{Observer, Pipeline},
 };
 use tracing::{error, info};
@@ -108,7 +109,7 @@ impl Observer for RecordObserver {
                 mono_ns: monotonic_now_ns(),
                 pid: p.tgid,
                 engine: p.engine.to_owned(),
-                settings: p.scheduler_config(),
+                settings: inferscope::engines::scheduler_config_of(p.tgid, p.engine),
             };
             if let Err(e) = w.write(&sample) {
                 if !self.write_failed {

@@ -12,6 +12,7 @@ use crate::{
     decode::http::{
         Chunk, Limits, ParseError, RequestDecoder, RequestEvent, ResponseDecoder, ResponseEvent,
     },
+    model::EndedBy,
 };
 
 use super::{
@@ -19,7 +20,6 @@ use super::{
     arrivals::ArrivalIndex,
     loss::{self, Reason},
     peer_close::PeerEnd,
-    record::EndedBy,
     request::{RecordContext, RequestProgress},
 };
 

@@ -152,7 +152,7 @@ impl EngineMetrics {
     pub fn new(limits: Limits, max_join_gap_ns: u64) -> Self {
         Self {
             limits,
-            unix_offset_ns: super::unix_offset_ns(),
+            unix_offset_ns: crate::model::clock::unix_offset_ns(),
             max_join_gap_ns,
             engines: HashMap::new(),
             scrape_requests_hidden: 0,

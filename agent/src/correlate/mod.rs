@@ -6,12 +6,10 @@ pub mod engine_metrics;
 pub mod loss;
 mod peer_close;
 pub mod percentile;
-pub mod record;
 mod request;
 #[cfg(test)]
 mod resync_tests;
 mod sched;
-pub mod stats;
 pub mod timeline;
 
 use std::{
@@ -19,10 +17,9 @@ use std::{
     net::SocketAddr,
 };
 
+pub use crate::model::{EndedBy, RequestRecord, Stats, StepMember, StepRecord, StepRef};
 pub use arrivals::ArrivalIndex;
 pub use engine_metrics::{EngineMetrics, EngineMetricsRecord};
-pub use record::{EndedBy, RequestRecord, StepMember, StepRecord, StepRef};
-pub use stats::Stats;
 
 use crate::{
     capture::{SchedEvent, Segment, SockState, SyscallEvent},
@@ -99,7 +96,7 @@ impl Tracker {
             peer_closes: PeerCloses::default(),
             engines: HashMap::new(),
             stats: Stats::default(),
-            unix_offset_ns: unix_offset_ns(),
+            unix_offset_ns: crate::model::clock::unix_offset_ns(),
             last_loss_ns: 0,
             to_ignore: Vec::new(),
             request_events: Vec::new(),
@@ -421,7 +418,7 @@ impl Tracker {
             "arrival_segments_dropped",
             std::mem::take(&mut self.arrivals.dropped),
         );
-        self.unix_offset_ns = unix_offset_ns();
+        self.unix_offset_ns = crate::model::clock::unix_offset_ns();
     }
 
     /// TCP segment arrivals waiting for their request to be read.
@@ -528,32 +525,6 @@ impl ConnectionTable {
             }
         }
     }
-}
-
-/// CLOCK_REALTIME − CLOCK_MONOTONIC: records keep monotonic times (the eBPF clock) and convert
-/// to wall time only at the edge.
-pub fn unix_offset_ns() -> u64 {
-    let read = |clock| {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: valid pointer to a timespec.
-        unsafe { libc::clock_gettime(clock, &mut ts) };
-        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-    };
-    read(libc::CLOCK_REALTIME).saturating_sub(read(libc::CLOCK_MONOTONIC))
-}
-
-/// CLOCK_MONOTONIC now, in ns (the clock bpf_ktime_get_ns reads).
-pub fn monotonic_now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 #[cfg(test)]

@@ -1,11 +1,8 @@
 //! One request's progress from its first byte read to the end of its response.
 use crate::decode::http::{BodySummary, RequestSummary, SseEvent, Timings, Usage};
 
-use super::{
-    Stats,
-    percentile::percentile,
-    record::{EndedBy, RequestRecord},
-};
+use super::{Stats, percentile::percentile};
+use crate::model::{EndedBy, RequestRecord};
 
 /// Inter-token gaps kept per request; a longer stream keeps its first gaps and counts the rest.
 pub const MAX_GAPS: usize = 65536;

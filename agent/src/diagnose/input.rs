@@ -6,7 +6,7 @@ use std::io::BufRead;
 
 use serde::Deserialize;
 
-use crate::correlate::{RequestRecord, StepRecord};
+use crate::model::{RequestRecord, StepRecord};
 
 /// One finished request (the fields of a [`RequestRecord`] the diagnosis uses).
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]

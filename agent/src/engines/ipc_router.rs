@@ -4,7 +4,7 @@
 use rustc_hash::FxHashMap;
 
 use super::{EngineIpc, IpcBytes, IpcVerdict, by_name};
-use crate::correlate::{RequestRecord, StepRecord};
+use crate::model::{RequestRecord, StepRecord};
 
 #[derive(Default)]
 pub struct IpcRouter {

@@ -4,74 +4,22 @@
 pub mod config;
 mod ipc_router;
 mod llamacpp;
-mod metrics;
 mod package;
 mod sglang;
 mod tensorrt_llm;
 mod triton;
 mod vllm;
 
-use crate::correlate::{RequestRecord, StepRecord};
+use crate::model::{RequestRecord, StepRecord};
 
 pub use ipc_router::IpcRouter;
 
-/// What discovery knows about a process when it asks the engines to claim it.
-#[derive(Debug, Clone, Default)]
-pub struct ProcessInfo {
-    pub tgid: u32,
-    pub cmdline: String,
-    /// Executable and shared libraries mapped into the process.
-    pub mapped_files: Vec<String>,
-}
+pub use crate::capture::{
+    discovery::ProcessInfo,
+    sched_hooks::{HookLayout, HookSet, SchedulerHook, StructMember},
+};
 
-impl ProcessInfo {
-    fn cmdline_has(&self, needle: &str) -> bool {
-        self.cmdline.contains(needle)
-    }
-
-    /// A mapped file whose name (not directory) contains `needle`.
-    fn maps_file(&self, needle: &str) -> bool {
-        self.mapped_files.iter().any(|path| {
-            path.rsplit('/')
-                .next()
-                .is_some_and(|name| name.contains(needle))
-        })
-    }
-}
-
-pub use metrics::{MetricSource, MetricsEndpoint, Signal};
-
-/// A scheduler function to hook with one of the kernel's engine uprobe programs.
-#[derive(Debug, Clone, Copy)]
-pub struct SchedulerHook {
-    /// eBPF program name (ebpf/probes/src/engines/).
-    pub program: &'static str,
-    /// Demangled name or full signature (see `capture::symbols`).
-    pub symbol: &'static str,
-    /// What is lost without it, for the warning when it cannot be attached.
-    pub gives: &'static str,
-    /// Runs for every generated token: attached only when the user asks (`--token-hooks`),
-    /// since each hit costs the engine thread a uprobe trap.
-    pub per_token: bool,
-}
-
-/// A struct member the engine's hook programs read, whose offset depends on the build.
-#[derive(Debug, Clone, Copy)]
-pub struct StructMember {
-    pub structure: &'static str,
-    pub member: &'static str,
-    /// Where the member sits when the build carries no DWARF to say (from the source).
-    pub assumed_offset: u32,
-}
-
-/// The members the hook programs read, located in the build's DWARF and handed to the programs
-/// in their attach cookie: member `i` in bits `32 * i` (two at most).
-#[derive(Debug, Clone, Copy)]
-pub struct HookLayout {
-    pub members: &'static [StructMember],
-    /// Only compilation units whose name contains this are searched (debug info is large).
-    pub unit_hint: &'static str,
-}
+pub use crate::model::signals::{MetricSource, MetricsEndpoint, Signal};
 
 /// Which way bytes moved on a traced process's socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,6 +151,22 @@ pub(crate) fn assert_signals(got: &[(Signal, Option<f64>)], want: [Option<f64>; 
             _ => assert_eq!(*got, want, "{signal:?}"),
         }
     }
+}
+
+/// What `engine` asks capture to hook in its processes, for engines with scheduler hooks.
+pub fn hook_set(engine: &str) -> Option<HookSet> {
+    let engine = by_name(engine)?;
+    Some(HookSet {
+        hooks: engine.scheduler_hooks(),
+        objects: engine.hook_objects(),
+        layout: engine.hook_layout(),
+    })
+}
+
+/// The scheduler settings on a traced process's command line, as its engine plugin reads them.
+pub fn scheduler_config_of(tgid: u32, engine: &str) -> std::collections::BTreeMap<String, String> {
+    let args = crate::capture::procfs::cmdline_args(tgid).unwrap_or_default();
+    scheduler_config(engine, &args)
 }
 
 #[cfg(test)]

@@ -15,8 +15,9 @@ use super::{
     proto_conv,
 };
 use crate::{
-    correlate::{monotonic_now_ns, timeline::RequestTimeline},
+    correlate::timeline::RequestTimeline,
     diagnose::{self, Timeline, history::History, parse_window},
+    model::clock::monotonic_now_ns,
 };
 
 /// Events queued per subscriber stream on the server side (the broadcast buffer is in front).

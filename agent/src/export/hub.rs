@@ -13,10 +13,8 @@ use std::{
 use inferscope_proto::v1::agent::{Diagnosis, GpuSample};
 use tokio::sync::broadcast;
 
-use crate::correlate::{
-    StepRecord,
-    timeline::{KernelRecord, RequestTimeline},
-};
+use crate::correlate::timeline::{KernelRecord, RequestTimeline};
+use crate::model::StepRecord;
 
 #[derive(Debug, Clone)]
 pub enum HubEvent {
@@ -133,7 +131,7 @@ impl Hub {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::correlate::RequestRecord;
+    use crate::model::RequestRecord;
 
     fn timeline(id: &str) -> RequestTimeline {
         RequestTimeline::bare(RequestRecord {

@@ -18,9 +18,8 @@ use prometheus_client::{
 
 use crate::{
     capture::gpu::GpuSample,
-    correlate::{
-        EndedBy, StepRecord, engine_metrics::EngineMetricsRecord, timeline::RequestTimeline,
-    },
+    correlate::{engine_metrics::EngineMetricsRecord, timeline::RequestTimeline},
+    model::{EndedBy, StepRecord},
 };
 
 const TTFT_BUCKETS: [f64; 16] = [
@@ -67,7 +66,7 @@ struct PodLabels {
 }
 
 impl PodLabels {
-    fn of(identity: Option<&crate::identity::ProcessIdentity>) -> Self {
+    fn of(identity: Option<&crate::model::ProcessIdentity>) -> Self {
         identity.map_or_else(PodLabels::default, |i| PodLabels {
             namespace: i.k8s_namespace_name.clone(),
             pod: i.k8s_pod_name.clone(),
@@ -706,7 +705,7 @@ fn otel_instruments(meter: &Meter, agent: Arc<Mutex<Vec<(String, u64)>>>) -> Ote
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::correlate::RequestRecord;
+    use crate::model::RequestRecord;
 
     fn timeline(model: &str) -> RequestTimeline {
         RequestTimeline::bare(RequestRecord {
@@ -754,7 +753,7 @@ mod tests {
         let m = Metrics::new(None);
         m.record_request(&timeline("smol"));
         let mut in_pod = timeline("smol");
-        in_pod.request.identity = Some(crate::identity::ProcessIdentity {
+        in_pod.request.identity = Some(crate::model::ProcessIdentity {
             container_id: Some("ab".repeat(32)),
             k8s_namespace_name: Some("inference".into()),
             k8s_pod_name: Some("vllm-7d9f8c6b5-x2k4p".into()),
@@ -764,7 +763,7 @@ mod tests {
         m.record_request(&in_pod);
         // A container without a pod (podman on a bare host): no pod labels.
         let mut in_container = timeline("smol");
-        in_container.request.identity = Some(crate::identity::ProcessIdentity {
+        in_container.request.identity = Some(crate::model::ProcessIdentity {
             container_id: Some("cd".repeat(32)),
             ..Default::default()
         });

@@ -3,7 +3,8 @@
 //! prompt and completion text never reach an exporter (the agent never keeps them).
 use opentelemetry::KeyValue;
 
-use crate::correlate::{RequestRecord, timeline::RequestTimeline};
+use crate::correlate::timeline::RequestTimeline;
+use crate::model::RequestRecord;
 
 /// `gen_ai.operation.name` from the endpoint, where it is one of the OpenAI-compatible ones.
 pub fn operation_name(path: &str) -> Option<&'static str> {

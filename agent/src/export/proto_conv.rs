@@ -2,10 +2,8 @@
 use inferscope_proto::v1::{agent as pb, shim};
 
 use crate::capture::gpu::GpuSample;
-use crate::correlate::{
-    StepRecord,
-    timeline::{GpuPhase, KernelRecord, RequestTimeline, union_ns},
-};
+use crate::correlate::timeline::{GpuPhase, KernelRecord, RequestTimeline, union_ns};
+use crate::model::StepRecord;
 
 pub fn kernel(k: &KernelRecord) -> shim::Kernel {
     shim::Kernel {
@@ -55,7 +53,7 @@ pub fn gpu(g: &GpuSample) -> pb::GpuSample {
 
 pub fn request(t: &RequestTimeline) -> pb::Request {
     let r = &t.request;
-    let identity = |field: fn(&crate::identity::ProcessIdentity) -> &Option<String>| {
+    let identity = |field: fn(&crate::model::ProcessIdentity) -> &Option<String>| {
         r.identity.as_ref().and_then(|i| field(i).clone())
     };
     pb::Request {

@@ -1,7 +1,8 @@
 //! P50/P99 summary over a set of records (the demo's closing table).
 use std::fmt::Write as _;
 
-use crate::correlate::{RequestRecord, percentile::percentile};
+use crate::correlate::percentile::percentile;
+use crate::model::RequestRecord;
 
 pub struct Distribution {
     pub name: &'static str,

@@ -14,7 +14,7 @@ use std::{
 use tracing::{info, warn};
 
 use super::http::{self, GetError};
-use crate::{correlate::monotonic_now_ns, engines::MetricsEndpoint};
+use crate::model::{clock::monotonic_now_ns, signals::MetricsEndpoint};
 
 #[derive(Debug, Clone, Copy)]
 pub struct ScrapeConfig {

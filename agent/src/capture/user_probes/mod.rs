@@ -19,7 +19,7 @@ use super::{
     sched_hooks::HookOutcome,
     symbols::ElfSymbols,
 };
-use crate::correlate::Stats;
+use crate::model::Stats;
 use spec::{At, Join};
 
 /// Processes whose probe health is tracked at once (bounded like every map).

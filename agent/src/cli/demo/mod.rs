@@ -16,8 +16,8 @@ use anyhow::{Context as _, bail};
 use clap::Args;
 use inferscope::{
     capture::{DiscoveryChange, TargetSelector},
-    correlate::RequestRecord,
     export::{jsonl::JsonlWriter, live, summary},
+    model::RequestRecord,
     pipeline::{Observer, Pipeline, PipelineConfig},
 };
 

@@ -180,7 +180,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             .diagnose
             .zip(history)
             .map(|(watch, history)| Diagnosis {
-                watch: Watch::new(watch, inferscope::correlate::monotonic_now_ns()),
+                watch: Watch::new(watch, inferscope::model::clock::monotonic_now_ns()),
                 history,
                 events: diagnosis_events,
                 reported_cause: None,

@@ -7,7 +7,7 @@ use std::{
 use inferscope::{
     capture::DiscoveryChange,
     correlate::{
-        EngineMetricsRecord, RequestRecord, StepRecord, monotonic_now_ns,
+        EngineMetricsRecord,
         timeline::{KernelRecord, RequestTimeline, TimelineBuilder},
     },
     diagnose::{
@@ -21,6 +21,7 @@ use inferscope::{
         metrics::Metrics,
         otlp::{DiagnosisEvents, ExportCounters, TraceExporter},
     },
+    model::{RequestRecord, StepRecord, clock::monotonic_now_ns},
     pipeline::Observer,
 };
 use tracing::{error, info, warn};
@@ -257,7 +258,7 @@ impl Observer for DaemonObserver {
                 mono_ns: monotonic_now_ns(),
                 pid: p.tgid,
                 engine: p.engine.to_owned(),
-                settings: p.scheduler_config(),
+                settings: inferscope::engines::scheduler_config_of(p.tgid, p.engine),
             };
             self.remember(|h| h.push_config(sample));
         }

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use super::response::{Timings, Usage};
+use super::counts::{Timings, Usage};
 
 /// Drains a map or sequence the visitor does not care about.
 fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<usize, A::Error> {

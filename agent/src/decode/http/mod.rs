@@ -11,14 +11,16 @@
 //! as soon as the message or event they belong to is complete.
 
 mod chunked;
+mod counts;
 mod head;
 mod json;
 mod request;
 mod response;
 mod sse;
 
+pub use counts::{Timings, Usage};
 pub use request::{RequestDecoder, RequestEvent, RequestSummary};
-pub use response::{BodySummary, ResponseDecoder, ResponseEvent, SseEvent, Timings, Usage};
+pub use response::{BodySummary, ResponseDecoder, ResponseEvent, SseEvent};
 
 /// The bytes of one syscall on one direction of a connection; the capture is
 /// truncated, so `lost` says how much more the syscall moved after `bytes`.

@@ -2,9 +2,8 @@
 //! Content-Length / until-close framing, server-sent token streams and
 //! non-streaming JSON completions.
 
-use serde::{Deserialize, Serialize};
-
 use super::chunked::ChunkedDecoder;
+use super::counts::{Timings, Usage};
 use super::head::{HeadBuf, HeadProgress, MAX_HEADERS, ParseResult, map_httparse_err};
 use super::sse::{RawEvent, SseFramer};
 use super::{
@@ -91,29 +90,6 @@ pub struct BodySummary {
     /// Body bytes were lost or exceeded `max_body_bytes`, so the fields
     /// above are unknown.
     pub truncated: bool,
-}
-
-/// Token counts reported by the server.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct Usage {
-    /// Prompt tokens.
-    pub prompt_tokens: Option<u64>,
-    /// Generated tokens.
-    pub completion_tokens: Option<u64>,
-}
-
-/// llama.cpp's own prefill/decode measurements, to compare with what the
-/// wire shows.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
-pub struct Timings {
-    /// Prompt tokens processed.
-    pub prompt_n: Option<u64>,
-    /// Prompt processing time.
-    pub prompt_ms: Option<f64>,
-    /// Tokens generated.
-    pub predicted_n: Option<u64>,
-    /// Generation time.
-    pub predicted_ms: Option<f64>,
 }
 
 #[derive(Debug)]

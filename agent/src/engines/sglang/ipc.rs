@@ -13,9 +13,9 @@ use super::{
     state::IpcState,
 };
 use crate::{
-    correlate::{RequestRecord, Stats, StepRecord},
     decode::zmtp::{Message, ZmtpError, ZmtpLimits, ZmtpStream},
     engines::{EngineIpc, IpcBytes, IpcDirection, IpcVerdict, package},
+    model::{RequestRecord, Stats, StepRecord},
 };
 
 /// Sockets followed at once; beyond this the table is cleared (counted).

@@ -7,11 +7,9 @@ use super::{
 };
 use crate::{
     capture::gpu::KernelRecord,
-    correlate::{
-        RequestRecord, StepRef,
-        timeline::{TimelineBuilder, TimelineLimits},
-    },
+    correlate::timeline::{TimelineBuilder, TimelineLimits},
     engines::{EngineIpc, IpcBytes, IpcDirection},
+    model::{RequestRecord, StepRef},
 };
 
 const DIR: &str = concat!(

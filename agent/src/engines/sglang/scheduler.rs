@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 
-use crate::{capture::procfs, correlate::Stats};
+use crate::{capture::procfs, model::Stats};
 
 /// Processes whose lookups are remembered; beyond this the table starts over.
 const MAX_PROCESSES: usize = 1024;
@@ -171,7 +171,7 @@ mod tests {
 
     #[test]
     fn this_process_has_no_scheduler() {
-        let mut stats = crate::correlate::Stats::default();
+        let mut stats = crate::model::Stats::default();
         assert_eq!(
             super::Schedulers::default().of(std::process::id(), &mut stats),
             None

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use rustc_hash::FxHashMap;
 
 use super::messages::{AddRequest, IpcMessage, Output};
-use crate::correlate::{RequestRecord, Stats, StepMember, StepRecord, StepRef};
+use crate::model::{RequestRecord, Stats, StepMember, StepRecord, StepRef};
 
 /// Requests remembered at once; the oldest is forgotten (counted) beyond this.
 const MAX_REQUESTS: usize = 16_384;

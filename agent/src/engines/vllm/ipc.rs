@@ -17,10 +17,10 @@ use super::{
     state::IpcState,
 };
 use crate::{
-    correlate::{RequestRecord, Stats, StepRecord},
     decode::zmtp::{Message, ZmtpError, ZmtpLimits, ZmtpStream},
     engines::package,
     engines::{EngineIpc, IpcBytes, IpcDirection, IpcVerdict},
+    model::{RequestRecord, Stats, StepRecord},
 };
 
 /// Sockets followed at once; beyond this the table is cleared (counted) and streams restart

@@ -4,8 +4,8 @@ use serde_json::Value;
 
 use super::{VllmIpc, state::mono_ns};
 use crate::{
-    correlate::{RequestRecord, StepRecord},
     engines::{EngineIpc, IpcBytes, IpcDirection, IpcVerdict},
+    model::{RequestRecord, StepRecord},
 };
 
 fn fixture(name: &str) -> Vec<u8> {

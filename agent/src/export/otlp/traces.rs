@@ -23,9 +23,8 @@ use tracing::{info, warn};
 
 use super::{OtlpConfig, OtlpError, counting::CountingExporter, counting::ExportCounters};
 use crate::{
-    correlate::{StepRecord, timeline::RequestTimeline},
-    export::names,
-    identity::ProcessIdentity,
+    correlate::timeline::RequestTimeline, export::names, identity::ProcessIdentity,
+    model::StepRecord,
 };
 
 /// Engine processes with a tracer at once (each has its own resource and batch queue).

@@ -128,7 +128,7 @@ pub struct RequestRecord {
     /// The engine process's container and Kubernetes pod (`container_id`, `k8s_pod_name`,
     /// `k8s_namespace_name`, …), where known; absent for a process on the host.
     #[serde(flatten)]
-    pub identity: Option<crate::identity::ProcessIdentity>,
+    pub identity: Option<super::ProcessIdentity>,
 }
 
 /// How a request ended.

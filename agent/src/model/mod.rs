@@ -1,0 +1,12 @@
+//! The data every stage shares, and nothing else: request and step records, process identity,
+//! clocks and the agent's counters. It imports no other module of the crate, so capture, decode,
+//! engines, correlate, diagnose and export can all name these types without importing each other.
+pub mod clock;
+pub mod counters;
+pub mod identity;
+pub mod record;
+pub mod signals;
+
+pub use counters::Stats;
+pub use identity::ProcessIdentity;
+pub use record::{EndedBy, RequestRecord, StepMember, StepRecord, StepRef};
