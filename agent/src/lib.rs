@@ -6,6 +6,7 @@
 //! records (the correlate stage's output) and explains TTFT regressions.
 pub mod capture;
 pub mod correlate;
+pub mod daemon;
 pub mod decode;
 pub mod diagnose;
 pub mod engines;

@@ -16,6 +16,7 @@ const STAGES: &[&str] = &[
     "diagnose",
     "export",
     "pipeline",
+    "daemon",
 ];
 
 fn rank(module: &str) -> Option<usize> {

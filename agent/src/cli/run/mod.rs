@@ -1,8 +1,6 @@
 //! `inferscope run`: the long-running agent the DaemonSet runs. It discovers engines, attaches,
 //! correlates, and exports: OTLP traces and metrics, the Prometheus endpoint, the gRPC API.
 mod config;
-mod gpu;
-mod observer;
 mod servers;
 
 use std::{sync::Arc, time::Instant};
@@ -30,7 +28,7 @@ use tracing::{info, warn};
 
 pub use config::RunArgs;
 use config::RunConfig;
-use observer::{DaemonObserver, Diagnosis, Outputs, Sampler};
+use inferscope::daemon::{DaemonObserver, Diagnosis, GpuInputs, Outputs, Sampler};
 
 use super::signals;
 
@@ -153,7 +151,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         _ => None,
     };
     // The shim socket first: when another live agent holds it, nothing of ours is bound yet.
-    let gpu = gpu::GpuInputs::start(&config)?;
+    let gpu = GpuInputs::start(config.shim_socket.as_deref(), config.nvml_interval)?;
     let grpc_socket = servers::start(
         &runtime,
         &config,

@@ -1,13 +1,19 @@
 //! The daemon's GPU inputs: kernel records from CUPTI shims, and NVML samples.
 use std::time::{Duration, Instant};
 
-use inferscope::capture::{
+use std::path::Path;
+
+use tracing::{info, warn};
+
+use crate::capture::{
     gpu::{GpuSample, KernelRecord, ListenerConfig, ListenerError, NvmlSampler, ShimListener},
     sockpath::ClaimError,
 };
-use tracing::{info, warn};
 
-use super::config::RunConfig;
+/// The one way starting the GPU inputs fails.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}; pass --shim-socket PATH (or off)")]
+pub struct ShimSocketInUse(ClaimError);
 
 pub struct GpuInputs {
     shim: Option<ShimListener>,
@@ -20,38 +26,39 @@ impl GpuInputs {
     /// Neither input is required: without them, records say the GPU layer is unknown.
     /// Fails only when another live agent holds the shim socket: two agents would split the
     /// shims between them.
-    pub fn start(config: &RunConfig) -> anyhow::Result<Self> {
+    pub fn start(
+        shim_socket: Option<&Path>,
+        nvml_interval: Option<Duration>,
+    ) -> Result<Self, ShimSocketInUse> {
         let mut shim = None;
-        if let Some(path) = config.shim_socket.as_ref() {
+        if let Some(path) = shim_socket {
             match ShimListener::bind(ListenerConfig::new(path)) {
                 Ok(listener) => {
                     info!(socket = %path.display(), "listening for CUPTI shims (CUDA_INJECTION64_PATH=libinferscope_cupti.so)");
                     shim = Some(listener);
                 }
                 Err(ListenerError::Claim(e @ ClaimError::InUse(_))) => {
-                    anyhow::bail!("{e}; pass --shim-socket PATH (or off)")
+                    return Err(ShimSocketInUse(e));
                 }
                 Err(e) => {
                     warn!("GPU kernel records are off: {e}; pass --shim-socket PATH (or off)");
                 }
             }
         }
-        let nvml = config
-            .nvml_interval
-            .and_then(|interval| match NvmlSampler::start(interval) {
-                Ok(sampler) => {
-                    info!(gpus = sampler.gpus, "sampling NVML");
-                    Some(sampler)
-                }
-                Err(e) => {
-                    info!("{e}");
-                    None
-                }
-            });
+        let nvml = nvml_interval.and_then(|interval| match NvmlSampler::start(interval) {
+            Ok(sampler) => {
+                info!(gpus = sampler.gpus, "sampling NVML");
+                Some(sampler)
+            }
+            Err(e) => {
+                info!("{e}");
+                None
+            }
+        });
         Ok(Self {
             shim,
             nvml,
-            nvml_interval: config.nvml_interval.unwrap_or(Duration::from_secs(1)),
+            nvml_interval: nvml_interval.unwrap_or(Duration::from_secs(1)),
             last_sample: None,
         })
     }

@@ -1,0 +1,13 @@
+//! The daemon's path after the pipeline: request timelines closed with their steps and kernels,
+//! trace sampling, the fan-out to every exporter (OTLP, Prometheus, gRPC subscribers, JSONL) and
+//! the continuous diagnosis's schedule. `inferscope run` wires it to its command line; tests drive
+//! it in-process through the pipeline's [`crate::pipeline::Observer`] interface.
+mod gpu;
+mod observer;
+mod sampler;
+#[cfg(test)]
+mod tests;
+
+pub use gpu::{GpuInputs, ShimSocketInUse};
+pub use observer::{DaemonObserver, Diagnosis, Outputs};
+pub use sampler::Sampler;
