@@ -28,7 +28,7 @@ use crate::{
     decode::{http::Limits, prometheus, zmtp},
     engines::{self, IpcBytes, IpcDirection, IpcRouter, IpcVerdict},
     identity::Identities,
-    model::{RequestRecord, Stats, StepRecord, clock::monotonic_now_ns},
+    model::{PerProcess, RequestRecord, Stats, StepRecord, clock::monotonic_now_ns},
 };
 
 #[derive(Debug, Clone)]
@@ -263,12 +263,8 @@ impl Pipeline {
                 engine = gone.engine,
                 "engine process gone; detaching"
             );
-            self.probes.untrace_process(gone.tgid);
-            self.probes.capture_large(gone.tgid, 0);
-            self.probes.detach_uprobes(gone.tgid);
-            self.late.forget(gone.tgid);
-            if let Some(user) = self.user_probes.as_mut() {
-                user.forget_process(gone.tgid);
+            for state in self.state_per_process() {
+                state.process_gone(gone.tgid);
             }
             // Kept watched for a successor on the same port (capture::adopt).
             for port in &gone.ports {
@@ -277,11 +273,6 @@ impl Pipeline {
                 }
             }
             self.ports.remove(&gone.tgid);
-            if let Some(scraper) = self.scraper.as_mut() {
-                scraper.forget(gone.tgid);
-            }
-            self.ipc.forget_process(gone.tgid);
-            self.classifier.forget_process(gone.tgid);
             self.tracker
                 .forget_process(gone.tgid, monotonic_now_ns(), &mut self.records);
         }
@@ -363,9 +354,28 @@ impl Pipeline {
         );
         // Records of a process that is gone are out; its samples are no longer needed.
         for gone in &change.removed {
-            self.engine_metrics.forget(gone.tgid);
-            self.identities.forget(gone.tgid);
+            for state in self.state_joined_to_records() {
+                state.process_gone(gone.tgid);
+            }
         }
+    }
+
+    /// Every component with state per process, but those [`Self::state_joined_to_records`] lists.
+    fn state_per_process(&mut self) -> [&mut dyn PerProcess; 6] {
+        [
+            &mut self.probes,
+            &mut self.late,
+            &mut self.user_probes,
+            &mut self.scraper,
+            &mut self.ipc,
+            &mut self.classifier,
+        ]
+    }
+
+    /// Per-process state the process's last records are joined with: forgotten after they are
+    /// emitted.
+    fn state_joined_to_records(&mut self) -> [&mut dyn PerProcess; 2] {
+        [&mut self.engine_metrics, &mut self.identities]
     }
 
     /// Processes the kernel adopted that discovery did not attach in time (not an engine the

@@ -167,6 +167,12 @@ impl FdClassifier {
     }
 }
 
+impl crate::model::PerProcess for FdClassifier {
+    fn process_gone(&mut self, tgid: u32) {
+        self.forget_process(tgid);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use inferscope_common::{CONN_ID_BIT, CONN_KNOWN, SyscallKind};

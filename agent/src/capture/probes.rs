@@ -610,6 +610,14 @@ fn raise_memlock_limit() {
     }
 }
 
+impl crate::model::PerProcess for SocketProbes {
+    fn process_gone(&mut self, tgid: u32) {
+        self.untrace_process(tgid);
+        self.capture_large(tgid, 0);
+        self.detach_uprobes(tgid);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

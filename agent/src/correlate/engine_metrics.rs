@@ -252,6 +252,12 @@ impl EngineMetrics {
     }
 }
 
+impl crate::model::PerProcess for EngineMetrics {
+    fn process_gone(&mut self, tgid: u32) {
+        self.forget(tgid);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

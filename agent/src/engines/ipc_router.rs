@@ -74,6 +74,12 @@ impl IpcRouter {
     }
 }
 
+impl crate::model::PerProcess for IpcRouter {
+    fn process_gone(&mut self, tgid: u32) {
+        self.forget_process(tgid);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -144,6 +144,12 @@ impl Identities {
     }
 }
 
+impl crate::model::PerProcess for Identities {
+    fn process_gone(&mut self, tgid: u32) {
+        self.forget(tgid);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,9 +4,11 @@
 pub mod clock;
 pub mod counters;
 pub mod identity;
+pub mod lifecycle;
 pub mod record;
 pub mod signals;
 
 pub use counters::Stats;
 pub use identity::ProcessIdentity;
+pub use lifecycle::PerProcess;
 pub use record::{EndedBy, RequestRecord, StepMember, StepRecord, StepRef};

@@ -369,6 +369,12 @@ fn serves_engine_metrics(body: &[u8], endpoint: &MetricsEndpoint) -> bool {
         .any(|s| memchr::memmem::find(body, s.metric.as_bytes()).is_some())
 }
 
+impl crate::model::PerProcess for MetricsScraper {
+    fn process_gone(&mut self, tgid: u32) {
+        self.forget(tgid);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::{

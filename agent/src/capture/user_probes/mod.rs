@@ -223,6 +223,12 @@ fn object_matches(object: &str, mapped: &str) -> bool {
     name.contains(object)
 }
 
+impl crate::model::PerProcess for UserProbes {
+    fn process_gone(&mut self, tgid: u32) {
+        self.forget_process(tgid);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::object_matches;
