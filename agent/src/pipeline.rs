@@ -1,11 +1,12 @@
 //! Wires capture → decode → correlate → export on one thread: a ring-buffer record is decoded
 //! and correlated where it is read, with no queue between stages to size or drop from.
+use crate::model::Counter;
 use std::{
     sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
-use inferscope_common::{CONN_PREEXISTING, Counter, SyscallKind};
+use inferscope_common::{CONN_PREEXISTING, Counter as KernelCounter, SyscallKind};
 use rustc_hash::FxHashMap;
 use tracing::{info, warn};
 
@@ -314,7 +315,7 @@ impl Pipeline {
             preexisting +=
                 preexisting::register(&mut self.probes, &mut self.classifier, new.tgid, &new.ports);
             self.stats
-                .add("connections_preexisting", preexisting as u64);
+                .add(Counter::ConnectionsPreexisting, preexisting as u64);
             if preexisting > 0 {
                 self.tracker.join_arrivals_by_address();
             }
@@ -390,7 +391,7 @@ impl Pipeline {
             self.ports.remove(&tgid);
             self.tracker
                 .forget_process(tgid, monotonic_now_ns(), &mut self.records);
-            self.stats.bump("processes_adopted_not_attached");
+            self.stats.bump(Counter::ProcessesAdoptedNotAttached);
         }
     }
 
@@ -433,7 +434,7 @@ impl Pipeline {
                 _ => sched_hooks::HookOutcome::default(),
             };
             self.stats
-                .add("hooks_attached_late", (hooks.live + user.live) as u64);
+                .add(Counter::HooksAttachedLate, (hooks.live + user.live) as u64);
             let still = Missing {
                 engine: missing.engine,
                 engine_hooks: hooks.not_found,
@@ -445,7 +446,7 @@ impl Pipeline {
             });
         }
         self.stats.add(
-            "late_attach_over_limit",
+            Counter::LateAttachOverLimit,
             std::mem::take(&mut self.late.over_limit),
         );
     }
@@ -489,7 +490,7 @@ impl Pipeline {
         for n in 0..1_000_000u32 {
             // A drop happened before the records that follow it: look before reading them.
             if n % 1024 == 0 {
-                let drops = probes.counter(Counter::RingbufFull);
+                let drops = probes.counter(KernelCounter::RingbufFull);
                 if drops > *ringbuf_drops {
                     *ringbuf_drops = drops;
                     tracker.note_capture_loss(monotonic_now_ns());
@@ -500,7 +501,7 @@ impl Pipeline {
             };
             *records_read += 1;
             match records::parse(&item) {
-                Err(e) => stats.bump(e.as_str()),
+                Err(e) => stats.bump(e.counter()),
                 Ok(CapturedEvent::Adopted { tgid, port }) => {
                     info!(pid = tgid, port, "process took a watched port; attaching");
                     if adoption.adopted(tgid, Instant::now()) {
@@ -519,7 +520,7 @@ impl Pipeline {
                         break;
                     }
                     over_limit.push(tgid);
-                    stats.bump("processes_adopted_over_limit");
+                    stats.bump(Counter::ProcessesAdoptedOverLimit);
                 }
                 Ok(CapturedEvent::Segment(segment)) => tracker.on_segment(&segment),
                 Ok(CapturedEvent::SockState(state)) => tracker.on_sock_state(&state),
@@ -560,7 +561,7 @@ impl Pipeline {
                 u64::from(fd as u32)
             };
             if ipc.wants(tgid) && classifier.reroute_to_ipc(tgid, key) {
-                stats.bump("connections_rerouted_to_ipc");
+                stats.bump(Counter::ConnectionsReroutedToIpc);
                 if conn_gen != 0 {
                     classifier.new_ipc.push((tgid, fd, conn_gen));
                 }
@@ -629,7 +630,7 @@ impl Pipeline {
                 info!(counter = name.as_str(), value, "counter");
             }
         }
-        let dropped = self.probes.counter(Counter::RingbufFull);
+        let dropped = self.probes.counter(KernelCounter::RingbufFull);
         if dropped > 0 {
             warn!(
                 "{dropped} kernel records were dropped because the ring buffer was full; raise --ring-buffer-mb"
@@ -723,7 +724,7 @@ impl Sockets<'_> {
     fn on_syscall(&mut self, ev: &SyscallEvent<'_>) {
         let Some(listening) = self.ports.get(&ev.tgid) else {
             // A record from a process detached a moment ago.
-            self.stats.bump("records_untraced_process");
+            self.stats.bump(Counter::RecordsUntracedProcess);
             return;
         };
         let records = &mut *self.records;
@@ -743,7 +744,7 @@ impl Sockets<'_> {
             }
             SyscallKind::Shutdown => self.tracker.on_shutdown(ev),
             // Kept in the kernel between entry and exit; never emitted.
-            SyscallKind::Dup => self.stats.bump("record_unexpected_kind"),
+            SyscallKind::Dup => self.stats.bump(Counter::RecordUnexpectedKind),
             SyscallKind::Read | SyscallKind::Write => {
                 let wants_ipc = self
                     .ipc
@@ -752,7 +753,7 @@ impl Sockets<'_> {
                 match self.classifier.classify(ev, listening, wants_ipc) {
                     FdClass::Ipc if ev.ret > 0 => {
                         if self.ipc.on_bytes(&ipc_bytes(ev), self.steps) == IpcVerdict::NotIpc {
-                            self.stats.bump("records_not_engine_ipc");
+                            self.stats.bump(Counter::RecordsNotEngineIpc);
                             self.ignore.push((ev.tgid, ev.fd, ev.conn_gen));
                         }
                     }
@@ -763,10 +764,10 @@ impl Sockets<'_> {
                         // said whether it decodes IPC on fds like this one (vLLM binds its
                         // HTTP port before its engine core connects), so no verdict yet.
                         self.classifier.forget_class(ev.tgid, ev.conn_key());
-                        self.stats.bump("records_before_attach");
+                        self.stats.bump(Counter::RecordsBeforeAttach);
                     }
                     FdClass::Other => {
-                        self.stats.bump("records_not_server_connection");
+                        self.stats.bump(Counter::RecordsNotServerConnection);
                         self.ignore.push((ev.tgid, ev.fd, ev.conn_gen));
                     }
                     FdClass::Server { local_port, remote } => {

@@ -4,6 +4,7 @@
 //! and chunk records, all from the same thread, in order. Records of other threads may come in
 //! between; a chunk lost to a full ring buffer leaves a gap, and what was joined so far goes on
 //! as a truncated event (counted), never as bytes in the wrong place.
+use crate::model::Counter;
 use rustc_hash::FxHashMap;
 
 use super::records::SyscallEvent;
@@ -62,7 +63,7 @@ impl Chunks {
             None => {
                 // A new syscall of this thread: one still open lost its last chunks.
                 if let Some((_, cut)) = self.pending.remove(&ev.tid) {
-                    self.stats.bump("capture_chunks_lost");
+                    self.stats.bump(Counter::CaptureChunksLost);
                     done.push(cut);
                 }
                 if !ev.more {
@@ -76,7 +77,7 @@ impl Chunks {
                         .map(|(tid, _)| *tid)
                     && let Some((_, cut)) = self.pending.remove(&oldest)
                 {
-                    self.stats.bump("capture_chunks_lost");
+                    self.stats.bump(Counter::CaptureChunksLost);
                     done.push(cut);
                 }
                 self.arrivals += 1;
@@ -88,13 +89,13 @@ impl Chunks {
                     "syscall captured in chunks"
                 );
                 self.pending.insert(ev.tid, (self.arrivals, owned(&ev)));
-                self.stats.bump("capture_chunked_syscalls");
+                self.stats.bump(Counter::CaptureChunkedSyscalls);
                 None
             }
             Some(offset) => {
                 let Some((_, joined)) = self.pending.get_mut(&ev.tid) else {
                     // Its first record was lost.
-                    self.stats.bump("capture_chunks_orphaned");
+                    self.stats.bump(Counter::CaptureChunksOrphaned);
                     return None;
                 };
                 let in_place = joined.payload.len() as u64 == u64::from(offset)
@@ -103,7 +104,7 @@ impl Chunks {
                 if in_place {
                     joined.payload.extend_from_slice(ev.payload);
                 } else {
-                    self.stats.bump("capture_chunks_lost");
+                    self.stats.bump(Counter::CaptureChunksLost);
                 }
                 if (!in_place || !ev.more)
                     && let Some((_, joined)) = self.pending.remove(&ev.tid)
@@ -172,7 +173,7 @@ mod tests {
         assert_eq!(ev.payload, b"0123");
         assert!(ev.truncated);
         assert_eq!(ev.lost_bytes(), 6);
-        assert_eq!(c.stats.get("capture_chunks_lost"), 1);
+        assert_eq!(c.stats.get(Counter::CaptureChunksLost), 1);
         // The last chunk lost: the thread's next syscall flushes what was joined.
         done.clear();
         c.push(rec(1, b"0123", true, None), &mut done);
@@ -184,7 +185,7 @@ mod tests {
         done.clear();
         assert!(c.push(rec(3, b"zz", false, Some(8)), &mut done).is_none());
         assert!(done.is_empty());
-        assert_eq!(c.stats.get("capture_chunks_orphaned"), 1);
+        assert_eq!(c.stats.get(Counter::CaptureChunksOrphaned), 1);
     }
 
     #[test]

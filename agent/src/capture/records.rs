@@ -32,6 +32,18 @@ impl RecordError {
             RecordError::BadLength => "record_bad_length",
         }
     }
+
+    /// The agent counter this failure is counted in.
+    pub fn counter(&self) -> crate::model::Counter {
+        use crate::model::Counter;
+
+        match self {
+            RecordError::Short => Counter::RecordShort,
+            RecordError::UnknownType => Counter::RecordUnknownType,
+            RecordError::UnknownKind => Counter::RecordUnknownKind,
+            RecordError::BadLength => Counter::RecordBadLength,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -5,6 +5,7 @@
 //! a decoder loses framing, the open requests are settled (`incomplete`, or counted as lost when
 //! their response head itself was dropped) and decoding resumes at the next boundary it can
 //! prove: a read that starts with a request line, a write that starts with a response head.
+use crate::model::Counter;
 use std::collections::VecDeque;
 
 use crate::{
@@ -208,14 +209,14 @@ impl Connection {
         };
         if missing >= 1 << 31 {
             // Behind what was expected: two threads raced on one fd; out of order, not lost.
-            stats.bump("connection_records_out_of_order");
+            stats.bump(Counter::ConnectionRecordsOutOfOrder);
             return;
         }
         let lost_heads = ev.lost_heads.wrapping_sub(self.lost_heads_seen);
         self.expected_record = Some(seq.wrapping_add(1));
         self.lost_heads_seen = ev.lost_heads;
         if missing > 0 {
-            stats.add("connection_records_lost", u64::from(missing));
+            stats.add(Counter::ConnectionRecordsLost, u64::from(missing));
             self.gap(Reason::EventsLost, lost_heads, ctx, stats, out);
         }
     }
@@ -230,7 +231,7 @@ impl Connection {
         stats: &mut Stats,
         out: &mut Vec<RequestRecord>,
     ) {
-        stats.bump("connection_gaps");
+        stats.bump(Counter::ConnectionGaps);
         if lost_heads > 0 {
             stats.add(loss::LOST_EVENTS, u64::from(lost_heads));
             stats.add(loss::LOST_TOTAL, u64::from(lost_heads));
@@ -241,7 +242,7 @@ impl Connection {
             if self.waiting.len() < MAX_WAITING {
                 self.waiting.push_back(progress);
             } else {
-                stats.bump("requests_waiting_over_limit");
+                stats.bump(Counter::RequestsWaitingOverLimit);
             }
         }
         // The response being written was answered; its end may be among what was lost.
@@ -287,16 +288,16 @@ impl Connection {
         }
         if self.hunt_request {
             if !loss::starts_request(ev.payload) {
-                work.stats.add("resync_bytes_skipped", ev.ret as u64);
+                work.stats.add(Counter::ResyncBytesSkipped, ev.ret as u64);
                 self.hunted_reads = self.hunted_reads.saturating_add(1);
                 if !self.spoke_http && self.hunted_reads >= MAX_HUNT_READS_BEFORE_HTTP {
-                    work.stats.bump("connections_never_http");
+                    work.stats.bump(Counter::ConnectionsNeverHttp);
                     self.fail(ev, work.to_ignore);
                 }
                 return;
             }
             self.hunt_request = false;
-            work.stats.bump("connection_resyncs");
+            work.stats.bump(Counter::ConnectionResyncs);
         }
         let chunk = Chunk {
             bytes: ev.payload,
@@ -320,7 +321,7 @@ impl Connection {
                         _ => None,
                     };
                     if wire_ns.is_none() {
-                        work.stats.bump("arrival_wire_unknown");
+                        work.stats.bump(Counter::ArrivalWireUnknown);
                     }
                     let mut progress =
                         Box::new(RequestProgress::new(self.next_seq, ev.tid, ts_ns, wire_ns));
@@ -328,47 +329,47 @@ impl Connection {
                     progress.truncated = ev.truncated && ev.lost_bytes() > 0;
                     if let Some(old) = self.reading.replace(progress) {
                         drop(old);
-                        work.stats.bump("requests_unread");
+                        work.stats.bump(Counter::RequestsUnread);
                     }
                 }
                 RequestEvent::Complete(summary) => {
                     self.spoke_http = true;
                     let Some(mut progress) = self.reading.take() else {
-                        work.stats.bump("request_complete_without_start");
+                        work.stats.bump(Counter::RequestCompleteWithoutStart);
                         continue;
                     };
                     progress.request_bytes = summary.head_bytes + summary.body_bytes;
                     progress.truncated |= summary.body_truncated;
                     if summary.body_json_error {
-                        work.stats.bump("request_body_json_error");
+                        work.stats.bump(Counter::RequestBodyJsonError);
                     }
                     progress.summary = Some(summary);
                     if self.server_shut_ns.is_some() {
                         // Sent after the server said it would answer no more: drained.
-                        work.stats.bump("requests_after_server_shutdown");
+                        work.stats.bump(Counter::RequestsAfterServerShutdown);
                     }
                     work.read_complete.push((ev.tid, progress.seq));
                     if self.waiting.len() >= MAX_WAITING {
-                        work.stats.bump("requests_waiting_over_limit");
+                        work.stats.bump(Counter::RequestsWaitingOverLimit);
                         continue;
                     }
                     self.waiting.push_back(progress);
                 }
                 RequestEvent::Error(e) => {
-                    work.stats.bump(e.as_str());
+                    work.stats.bump(e.counter());
                     if e == ParseError::NotHttp && !self.spoke_http {
                         match self.reading.take() {
                             // Kept for the server's answer (a record if it answers, else
                             // nothing); no more requests are decoded on this connection.
                             Some(mut progress) if self.waiting.len() < MAX_WAITING => {
-                                work.stats.bump("requests_unparsed");
+                                work.stats.bump(Counter::RequestsUnparsed);
                                 progress.unparsed = true;
                                 progress.truncated |= ev.truncated;
                                 self.waiting.push_back(progress);
                                 self.requests_failed = true;
                             }
                             Some(_) => {
-                                work.stats.bump("requests_unparsed");
+                                work.stats.bump(Counter::RequestsUnparsed);
                                 self.fail(ev, work.to_ignore);
                             }
                             // Never HTTP: stop capturing it.
@@ -407,14 +408,15 @@ impl Connection {
                 .is_some_and(|p| p.unparsed && !p.response_started())
         {
             // Neither side speaks HTTP (TLS, another protocol): stop capturing it.
-            work.stats.bump("requests_unparsed_unanswered");
+            work.stats.bump(Counter::RequestsUnparsedUnanswered);
             self.waiting.clear();
             self.fail(ev, work.to_ignore);
             return;
         }
         if self.hunt_response {
             if !head {
-                work.stats.add("resync_bytes_skipped", ev.ret.max(0) as u64);
+                work.stats
+                    .add(Counter::ResyncBytesSkipped, ev.ret.max(0) as u64);
                 return;
             }
             self.hunt_response = false;
@@ -426,7 +428,7 @@ impl Connection {
                 work.stats.bump(loss::LOST_TOTAL);
                 self.hunt_response = true;
             } else {
-                work.stats.bump("response_without_request");
+                work.stats.bump(Counter::ResponseWithoutRequest);
             }
             self.responses.reset();
             return;
@@ -467,12 +469,12 @@ impl Connection {
         work: &mut Work<'_>,
     ) -> bool {
         if let ResponseEvent::Error(e) = event {
-            work.stats.bump(e.as_str());
+            work.stats.bump(e.counter());
             self.gap(Reason::from(e), 0, ctx, work.stats, work.out);
             return false;
         }
         let Some(target) = self.waiting.front_mut().or(self.reading.as_mut()) else {
-            work.stats.bump("response_without_request");
+            work.stats.bump(Counter::ResponseWithoutRequest);
             return true;
         };
         match event {
@@ -482,9 +484,9 @@ impl Connection {
             }
             ResponseEvent::Sse(sse) => {
                 if sse.lost {
-                    work.stats.bump("sse_events_cut");
+                    work.stats.bump(Counter::SseEventsCut);
                 } else if sse.json_error {
-                    work.stats.bump("sse_json_error");
+                    work.stats.bump(Counter::SseJsonError);
                 }
                 target.on_sse(&sse);
             }
@@ -498,8 +500,8 @@ impl Connection {
                     let after_fin = self.peer_end_seen.fin_ns.is_some_and(|fin| fin < begun);
                     if after_fin && self.peer_end_seen.reset_ns.is_some() {
                         let end = self.client_end_ns(&done, ts_ns);
-                        work.stats.bump("requests_aborted");
-                        work.stats.bump("requests_answered_after_client_left");
+                        work.stats.bump(Counter::RequestsAborted);
+                        work.stats.bump(Counter::RequestsAnsweredAfterClientLeft);
                         emit(done, ctx, end, EndedBy::Client, work.stats, work.out);
                     } else if after_fin && self.held.len() < MAX_WAITING {
                         // The client had closed its side: whether it reads this is known
@@ -570,14 +572,14 @@ impl Connection {
         out: &mut Vec<RequestRecord>,
     ) {
         let counter = match by {
-            EndedBy::Client => "requests_aborted",
-            EndedBy::Server => "requests_cut_by_server",
-            EndedBy::Complete | EndedBy::Unknown => "requests_unfinished",
+            EndedBy::Client => Counter::RequestsAborted,
+            EndedBy::Server => Counter::RequestsCutByServer,
+            EndedBy::Complete | EndedBy::Unknown => Counter::RequestsUnfinished,
         };
         let waiting = std::mem::take(&mut self.waiting);
         for progress in waiting {
             if progress.unparsed && !progress.response_started() {
-                stats.bump("requests_unparsed_unanswered");
+                stats.bump(Counter::RequestsUnparsedUnanswered);
                 continue;
             }
             stats.bump(counter);
@@ -590,7 +592,7 @@ impl Connection {
                 let end = self.end_by(&progress, ts_ns, by);
                 emit(progress, ctx, end, by, stats, out);
             } else {
-                stats.bump("requests_unread");
+                stats.bump(Counter::RequestsUnread);
             }
         }
         self.requests.reset();
@@ -619,8 +621,8 @@ impl Connection {
         for (progress, end_ns) in std::mem::take(&mut self.held) {
             if reset {
                 let end = self.client_end_ns(&progress, end_ns);
-                stats.bump("requests_aborted");
-                stats.bump("requests_answered_after_client_left");
+                stats.bump(Counter::RequestsAborted);
+                stats.bump(Counter::RequestsAnsweredAfterClientLeft);
                 emit(progress, ctx, end, EndedBy::Client, stats, out);
             } else {
                 emit(progress, ctx, end_ns, EndedBy::Complete, stats, out);
@@ -664,7 +666,7 @@ impl Connection {
                 let open = self.reading.take().into_iter().filter(|p| {
                     let read = p.summary.is_some() || p.response_started();
                     if !read {
-                        stats.bump("requests_unread");
+                        stats.bump(Counter::RequestsUnread);
                     }
                     read
                 });

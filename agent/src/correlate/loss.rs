@@ -1,16 +1,18 @@
 //! Losses in user terms. A request the agent saw answered but could not follow to its end is
 //! still recorded, with `incomplete` naming why; an answered request it never saw at all is
 //! counted as lost. Records plus `requests_lost` add up to the requests the server answered.
+use crate::model::Counter;
+
 use crate::decode::http::ParseError;
 
 /// Counter of answered requests without a record, all reasons together.
-pub const LOST_TOTAL: &str = "requests_lost";
+pub const LOST_TOTAL: Counter = Counter::RequestsLost;
 /// The kernel dropped the record of the response head (ring buffer full).
-pub const LOST_EVENTS: &str = "requests_lost_events_lost";
+pub const LOST_EVENTS: Counter = Counter::RequestsLostEventsLost;
 /// A response head was seen but its request was not (lost, or read before the agent looked).
-pub const LOST_REQUEST_NOT_CAPTURED: &str = "requests_lost_request_not_captured";
+pub const LOST_REQUEST_NOT_CAPTURED: Counter = Counter::RequestsLostRequestNotCaptured;
 /// Records emitted with `incomplete` set, all reasons together.
-pub const INCOMPLETE_TOTAL: &str = "requests_incomplete";
+pub const INCOMPLETE_TOTAL: Counter = Counter::RequestsIncomplete;
 
 /// Why a record is incomplete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,16 +50,16 @@ impl Reason {
     }
 
     /// The per-reason counter of incomplete records.
-    pub fn counter(self) -> &'static str {
+    pub fn counter(self) -> Counter {
         match self {
-            Reason::EventsLost => "requests_incomplete_events_lost",
-            Reason::HeadTooLarge => "requests_incomplete_head_too_large",
-            Reason::HeadLost => "requests_incomplete_head_lost",
-            Reason::ChunkFraming => "requests_incomplete_chunk_framing",
-            Reason::SseEventTooLarge => "requests_incomplete_sse_event_too_large",
-            Reason::NotHttp => "requests_incomplete_not_http",
-            Reason::AgentShutdown => "requests_incomplete_agent_shutdown",
-            Reason::ServerExited => "requests_incomplete_server_exited",
+            Reason::EventsLost => Counter::RequestsIncompleteEventsLost,
+            Reason::HeadTooLarge => Counter::RequestsIncompleteHeadTooLarge,
+            Reason::HeadLost => Counter::RequestsIncompleteHeadLost,
+            Reason::ChunkFraming => Counter::RequestsIncompleteChunkFraming,
+            Reason::SseEventTooLarge => Counter::RequestsIncompleteSseEventTooLarge,
+            Reason::NotHttp => Counter::RequestsIncompleteNotHttp,
+            Reason::AgentShutdown => Counter::RequestsIncompleteAgentShutdown,
+            Reason::ServerExited => Counter::RequestsIncompleteServerExited,
         }
     }
 }
@@ -130,7 +132,10 @@ mod tests {
             Reason::ServerExited,
         ];
         for r in all {
-            assert_eq!(r.counter(), format!("requests_incomplete_{}", r.as_str()));
+            assert_eq!(
+                r.counter().name(),
+                format!("requests_incomplete_{}", r.as_str())
+            );
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Correlate stage: per-connection state machines turn decoded HTTP events into one
 //! [`RequestRecord`] per request, joined with TCP arrival times.
+use crate::model::Counter;
 mod arrivals;
 mod connection;
 pub mod engine_metrics;
@@ -289,7 +290,7 @@ impl Tracker {
             .get_mut(&(event.tgid, conn))
             .and_then(|conn| conn.request_mut(seq));
         let Some(request) = request else {
-            self.stats.bump("sched_request_gone");
+            self.stats.bump(Counter::SchedRequestGone);
             if event.user.is_some() {
                 self.joins.forget_user_id(event.tgid, event.task_id);
             }
@@ -340,7 +341,7 @@ impl Tracker {
     /// returns, so the step that produced the first token counts as prefill.
     fn step_end(&mut self, event: &SchedEvent) -> Option<StepRecord> {
         let Some((start_ns, tokens)) = self.joins.step_end(event) else {
-            self.stats.bump("sched_step_end_without_begin");
+            self.stats.bump(Counter::SchedStepEndWithoutBegin);
             return None;
         };
         let mut members = Vec::new();
@@ -411,11 +412,11 @@ impl Tracker {
         self.arrivals.sweep(now_ns);
         self.peer_closes.sweep(now_ns);
         self.stats.add(
-            "peer_closes_dropped",
+            Counter::PeerClosesDropped,
             std::mem::take(&mut self.peer_closes.dropped),
         );
         self.stats.add(
-            "arrival_segments_dropped",
+            Counter::ArrivalSegmentsDropped,
             std::mem::take(&mut self.arrivals.dropped),
         );
         self.unix_offset_ns = crate::model::clock::unix_offset_ns();
@@ -507,12 +508,12 @@ impl ConnectionTable {
             }
             Entry::Vacant(entry) => {
                 if at_limit {
-                    stats.bump("connections_over_limit");
+                    stats.bump(Counter::ConnectionsOverLimit);
                     return None;
                 }
                 let id = self.next_id;
                 self.next_id += 1;
-                stats.bump("connections_opened");
+                stats.bump(Counter::ConnectionsOpened);
                 let engine = engines.get(&key.0).copied().unwrap_or("unknown");
                 Some(entry.insert(Box::new(Connection::new(
                     id,
@@ -672,7 +673,7 @@ mod tests {
         );
         t.on_close(&close(60), &mut out);
         assert_eq!(out.len(), 1);
-        assert_eq!(t.stats().get("requests_unread"), 1);
+        assert_eq!(t.stats().get(Counter::RequestsUnread), 1);
     }
 
     fn stream_request() -> Vec<u8> {
@@ -734,8 +735,8 @@ mod tests {
         assert_eq!(out[1].path, "/health");
         assert_eq!(out[1].ended_by, EndedBy::Server);
         assert!(!out[1].aborted);
-        assert_eq!(t.stats().get("requests_after_server_shutdown"), 1);
-        assert_eq!(t.stats().get("requests_aborted"), 0);
+        assert_eq!(t.stats().get(Counter::RequestsAfterServerShutdown), 1);
+        assert_eq!(t.stats().get(Counter::RequestsAborted), 0);
     }
 
     fn state(old: i32, new: i32, ts_ns: u64) -> SockState {
@@ -796,7 +797,7 @@ mod tests {
         assert!(out[0].aborted);
         assert_eq!(out[0].status, Some(200), "what the server wrote is kept");
         assert_eq!(out[0].end_mono_ns, 500, "ended at the client's FIN");
-        assert_eq!(t.stats().get("requests_answered_after_client_left"), 1);
+        assert_eq!(t.stats().get(Counter::RequestsAnsweredAfterClientLeft), 1);
         assert!(t.peer_closes.is_empty());
     }
 
@@ -819,7 +820,7 @@ mod tests {
         assert_eq!(out.len(), 1, "{out:#?}");
         assert_eq!(out[0].ended_by, EndedBy::Complete);
         assert_eq!(out[0].end_mono_ns, 900);
-        assert_eq!(t.stats().get("requests_aborted"), 0);
+        assert_eq!(t.stats().get(Counter::RequestsAborted), 0);
     }
 
     #[test]
@@ -915,8 +916,8 @@ mod tests {
         assert_eq!(out[0].ended_by, EndedBy::Server);
         assert!(!out[0].aborted);
         assert_eq!(out[0].output_chunks, 1);
-        assert_eq!(t.stats().get("requests_cut_by_server"), 1);
-        assert_eq!(t.stats().get("requests_aborted"), 0);
+        assert_eq!(t.stats().get(Counter::RequestsCutByServer), 1);
+        assert_eq!(t.stats().get(Counter::RequestsAborted), 0);
     }
 
     #[test]
@@ -941,7 +942,7 @@ mod tests {
         t.on_read(&ev(SyscallKind::Read, 10, head), peer, &mut out);
         t.on_close(&close(30), &mut out);
         assert!(out.is_empty(), "{out:#?}");
-        assert_eq!(t.stats().get("requests_unparsed_unanswered"), 1);
+        assert_eq!(t.stats().get(Counter::RequestsUnparsedUnanswered), 1);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! One request's progress from its first byte read to the end of its response.
 use crate::decode::http::{BodySummary, RequestSummary, SseEvent, Timings, Usage};
+use crate::model::Counter;
 
 use super::{Stats, percentile::percentile};
 use crate::model::{EndedBy, RequestRecord};
@@ -119,7 +120,7 @@ impl RequestProgress {
     /// A non-streaming response body: ids and counts, no content.
     pub fn on_body(&mut self, body: BodySummary, stats: &mut Stats) {
         if body.json_error {
-            stats.bump("response_body_json_error");
+            stats.bump(Counter::ResponseBodyJsonError);
         }
         if self.response_id.is_none() {
             self.response_id = body.id;

@@ -1,5 +1,6 @@
 //! Losses never blind a connection: after dropped records or lost framing, the tracker
 //! settles what was open and decodes the next request it can prove.
+use crate::model::Counter;
 use inferscope_common::SyscallKind;
 
 use super::*;
@@ -103,8 +104,8 @@ impl Conn {
         self.write(b"0\r\n\r\n");
     }
 
-    fn count(&self, name: &str) -> u64 {
-        self.t.stats().get(name)
+    fn count(&self, counter: Counter) -> u64 {
+        self.t.stats().get(counter)
     }
 }
 
@@ -128,11 +129,11 @@ fn dropped_records_mid_stream_resynchronise_at_the_next_request() {
     assert_eq!(c.out[1].output_chunks, 1);
     assert_eq!(c.out[2].incomplete, None);
     assert_eq!(c.out[2].output_chunks, 2);
-    assert_eq!(c.count("requests_lost_events_lost"), 1);
-    assert_eq!(c.count("requests_lost"), 1);
-    assert_eq!(c.count("requests_incomplete_events_lost"), 1);
+    assert_eq!(c.count(Counter::RequestsLostEventsLost), 1);
+    assert_eq!(c.count(Counter::RequestsLost), 1);
+    assert_eq!(c.count(Counter::RequestsIncompleteEventsLost), 1);
     // Records plus lost requests: the four the server answered.
-    assert_eq!(c.out.len() as u64 + c.count("requests_lost"), 4);
+    assert_eq!(c.out.len() as u64 + c.count(Counter::RequestsLost), 4);
 }
 
 #[test]
@@ -145,7 +146,7 @@ fn a_lost_head_of_a_waiting_request_is_counted_not_misattributed() {
     assert_eq!(c.out.len(), 1, "{:#?}", c.out);
     assert_eq!(c.out[0].path, "/b");
     assert_eq!(c.out[0].incomplete, None);
-    assert_eq!(c.count("requests_lost_events_lost"), 1);
+    assert_eq!(c.count(Counter::RequestsLostEventsLost), 1);
 }
 
 #[test]
@@ -159,8 +160,8 @@ fn a_lost_request_read_leaves_its_answer_counted() {
     c.exchange("/c", 1);
     let paths: Vec<_> = c.out.iter().map(|r| r.path.as_str()).collect();
     assert_eq!(paths, ["/a", "/c"]);
-    assert_eq!(c.count("requests_lost_request_not_captured"), 1);
-    assert_eq!(c.out.len() as u64 + c.count("requests_lost"), 3);
+    assert_eq!(c.count(Counter::RequestsLostRequestNotCaptured), 1);
+    assert_eq!(c.out.len() as u64 + c.count(Counter::RequestsLost), 3);
 }
 
 #[test]
@@ -182,7 +183,7 @@ fn a_bad_chunk_no_longer_blinds_the_connection() {
         c.t.take_ignored().is_empty(),
         "the connection must not be ignored"
     );
-    assert_eq!(c.count("bad_chunk_size"), 1);
+    assert_eq!(c.count(Counter::BadChunkSize), 1);
 }
 
 #[test]
@@ -214,7 +215,7 @@ fn requests_open_at_shutdown_are_incomplete_not_aborted() {
     assert_eq!(c.out.len(), 1);
     assert!(!c.out[0].aborted);
     assert_eq!(c.out[0].incomplete.as_deref(), Some("agent_shutdown"));
-    assert_eq!(c.count("requests_incomplete_agent_shutdown"), 1);
+    assert_eq!(c.count(Counter::RequestsIncompleteAgentShutdown), 1);
 }
 
 #[test]
@@ -258,11 +259,11 @@ fn random_losses_always_reconcile() {
         c.exchange("/last", 2);
         assert_eq!(c.out.last().map(|r| r.path.as_str()), Some("/last"));
         assert_eq!(
-            c.out.len() as u64 + c.count("requests_lost"),
+            c.out.len() as u64 + c.count(Counter::RequestsLost),
             answered + 1,
             "round {round}: {} records, lost {}",
             c.out.len(),
-            c.count("requests_lost")
+            c.count(Counter::RequestsLost)
         );
     }
 }
@@ -287,6 +288,6 @@ fn token_writes_cut_to_a_prefix_still_give_ttft_and_chunk_count() {
     assert!(r.capture_truncated);
     assert_eq!(r.output_chunks, 4);
     assert!(r.first_token_mono_ns.is_some() && r.ttft_ms.is_some());
-    assert_eq!(c.count("sse_events_cut"), 4);
-    assert_eq!(c.count("sse_json_error"), 0);
+    assert_eq!(c.count(Counter::SseEventsCut), 4);
+    assert_eq!(c.count(Counter::SseJsonError), 0);
 }

@@ -2,6 +2,7 @@
 //! request (llama.cpp's handler runs there), so (process, thread) → the request it just read →
 //! the task id; deferral and admission then name the task id, and admission names the slot the
 //! task got, which first-token, finish and release events name in turn.
+use crate::model::Counter;
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
@@ -49,13 +50,13 @@ impl SchedJoins {
         if self.read_by_thread.len() >= MAX_ENTRIES
             && !self.read_by_thread.contains_key(&(tgid, tid))
         {
-            stats.bump("sched_joins_over_limit");
+            stats.bump(Counter::SchedJoinsOverLimit);
             return;
         }
         let queue = self.read_by_thread.entry((tgid, tid)).or_default();
         if queue.len() >= MAX_READ_PER_THREAD {
             queue.pop_front();
-            stats.bump("sched_reads_over_limit");
+            stats.bump(Counter::SchedReadsOverLimit);
         }
         queue.push_back((conn, seq));
     }
@@ -105,11 +106,11 @@ impl SchedJoins {
             SchedKind::TaskPosted => {
                 let Some(request) = self.take_read(event.tgid, event.tid) else {
                     // Posted by a thread that read no HTTP request: an internal task.
-                    stats.bump("sched_post_without_request");
+                    stats.bump(Counter::SchedPostWithoutRequest);
                     return None;
                 };
                 if self.by_task.len() >= MAX_ENTRIES {
-                    stats.bump("sched_joins_over_limit");
+                    stats.bump(Counter::SchedJoinsOverLimit);
                     return None;
                 }
                 self.by_task.insert((event.tgid, event.task_id), request);
@@ -118,21 +119,21 @@ impl SchedJoins {
             SchedKind::TaskDeferred => {
                 let found = self.by_task.get(&(event.tgid, event.task_id)).copied();
                 if found.is_none() {
-                    stats.bump("sched_defer_unknown_task");
+                    stats.bump(Counter::SchedDeferUnknownTask);
                 }
                 found
             }
             SchedKind::TaskAdmitted => {
                 let found = self.by_task.remove(&(event.tgid, event.task_id));
                 match (found, event.slot) {
-                    (None, _) => stats.bump("sched_admit_unknown_task"),
+                    (None, _) => stats.bump(Counter::SchedAdmitUnknownTask),
                     (Some(request), Some(slot)) => {
                         if self.by_slot.len() < MAX_ENTRIES
                             || self.by_slot.contains_key(&(event.tgid, slot))
                         {
                             self.by_slot.insert((event.tgid, slot), request);
                         } else {
-                            stats.bump("sched_joins_over_limit");
+                            stats.bump(Counter::SchedJoinsOverLimit);
                         }
                     }
                     (Some(_), None) => {}
@@ -143,7 +144,7 @@ impl SchedJoins {
                 let slot = event.slot?;
                 let found = self.by_slot.get(&(event.tgid, slot)).copied();
                 if found.is_none() {
-                    stats.bump("sched_slot_unknown");
+                    stats.bump(Counter::SchedSlotUnknown);
                 }
                 found
             }
@@ -155,7 +156,7 @@ impl SchedJoins {
                 let stack = self.requeues.entry(event.tgid).or_default();
                 if stack.len() >= MAX_REQUEUES {
                     stack.remove(0);
-                    stats.bump("sched_requeues_dropped");
+                    stats.bump(Counter::SchedRequeuesDropped);
                 }
                 stack.push(event.ts_ns);
                 None
@@ -180,12 +181,12 @@ impl SchedJoins {
         let key = (event.tgid, event.task_id);
         if join.by_thread {
             let Some(request) = self.take_read(event.tgid, event.tid) else {
-                stats.bump("user_probe_thread_read_no_request");
+                stats.bump(Counter::UserProbeThreadReadNoRequest);
                 return None;
             };
             if join.has_id && event.kind != SchedKind::Finish {
                 if self.by_user_id.len() >= MAX_ENTRIES && !self.by_user_id.contains_key(&key) {
-                    stats.bump("sched_joins_over_limit");
+                    stats.bump(Counter::SchedJoinsOverLimit);
                 } else {
                     self.by_user_id.insert(key, request);
                 }
@@ -198,7 +199,7 @@ impl SchedJoins {
             self.by_user_id.get(&key).copied()
         };
         if found.is_none() {
-            stats.bump("user_probe_unknown_id");
+            stats.bump(Counter::UserProbeUnknownId);
         }
         found
     }
@@ -287,8 +288,8 @@ mod tests {
         assert_eq!(at(&mut joins, SchedKind::FirstToken, -1, Some(1)), None);
         // Releasing an idle slot is routine, not an error.
         assert_eq!(at(&mut joins, SchedKind::SlotReleased, -1, Some(0)), None);
-        assert_eq!(stats.get("sched_slot_unknown"), 1);
-        assert_eq!(stats.get("sched_admit_unknown_task"), 0);
+        assert_eq!(stats.get(Counter::SchedSlotUnknown), 1);
+        assert_eq!(stats.get(Counter::SchedAdmitUnknownTask), 0);
     }
 
     #[test]
@@ -315,7 +316,7 @@ mod tests {
                 &mut stats,
             );
         }
-        assert_eq!(stats.get("sched_requeues_dropped"), 5);
+        assert_eq!(stats.get(Counter::SchedRequeuesDropped), 5);
         assert_eq!(joins.take_requeue(7), Some(MAX_REQUEUES as u64 + 4));
         joins.forget_process(7);
         assert_eq!(joins.take_requeue(7), None);
@@ -338,7 +339,7 @@ mod tests {
             assert_eq!(posted, Some((5, seq)));
             joins.response_started(7, 100, 5, seq);
         }
-        assert_eq!(stats.get("sched_post_without_request"), 0);
+        assert_eq!(stats.get(Counter::SchedPostWithoutRequest), 0);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! over when they fill or on a flush), so a finished request waits a short settle time before its
 //! timeline is closed. Where a layer is missing the timeline says so in `unknown` rather than
 //! attributing kernels by time alone, which would guess wrong under batching.
+use crate::model::Counter;
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
@@ -134,7 +135,7 @@ impl TimelineBuilder {
     pub fn on_step(&mut self, step: StepRecord) {
         if self.steps.len() >= self.limits.steps {
             self.steps.pop_front();
-            self.stats.bump("timeline_steps_evicted");
+            self.stats.bump(Counter::TimelineStepsEvicted);
         }
         self.steps.push_back(step);
     }
@@ -147,7 +148,7 @@ impl TimelineBuilder {
         let ring = self.kernels.entry(event.pid).or_default();
         if ring.len() >= self.limits.kernels_per_process {
             ring.pop_front();
-            self.stats.bump("timeline_kernels_evicted");
+            self.stats.bump(Counter::TimelineKernelsEvicted);
         }
         // Activity buffers arrive roughly in launch order: insert from the back.
         let at = ring
@@ -174,7 +175,7 @@ impl TimelineBuilder {
         if self.pending.len() >= self.limits.pending_requests
             && let Some((_, _, oldest)) = self.pending.pop_front()
         {
-            self.stats.bump("timeline_closed_early");
+            self.stats.bump(Counter::TimelineClosedEarly);
             out.push(self.build(oldest, now_ns));
         }
         self.pending.push_back((ready_at, gpu_pid, request));
@@ -312,7 +313,7 @@ impl TimelineBuilder {
             }
         }
         if timeline.kernels_not_kept > 0 {
-            self.stats.bump("timeline_kernels_not_kept");
+            self.stats.bump(Counter::TimelineKernelsNotKept);
         }
         timeline.prefill_gpu = Some(prefill.finish());
         timeline.decode_gpu = Some(decode.finish());
@@ -566,7 +567,7 @@ mod tests {
             b.on_request(request(&format!("r{i}"), 0, None, 100), 10, &mut out);
         }
         assert_eq!(out.len(), 3);
-        assert_eq!(b.stats().get("timeline_closed_early"), 3);
+        assert_eq!(b.stats().get(Counter::TimelineClosedEarly), 3);
     }
 
     #[test]

@@ -53,6 +53,23 @@ impl PickleError {
             Self::Type => "pickle_type_error",
         }
     }
+
+    /// The agent counter this failure is counted in.
+    pub fn counter(self) -> crate::model::Counter {
+        use crate::model::Counter;
+
+        match self {
+            Self::Truncated => Counter::PickleTruncated,
+            Self::UnknownOpcode => Counter::PickleUnknownOpcode,
+            Self::Unsupported => Counter::PickleUnsupportedOpcode,
+            Self::TooDeep => Counter::PickleTooDeep,
+            Self::TooLong => Counter::PickleTooLong,
+            Self::OverBudget => Counter::PickleOverBudget,
+            Self::Stack => Counter::PickleStackError,
+            Self::Memo => Counter::PickleMemoError,
+            Self::Type => Counter::PickleTypeError,
+        }
+    }
 }
 
 /// Strings longer than this keep only their length (prompt text is never kept).

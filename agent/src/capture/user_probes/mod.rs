@@ -4,6 +4,7 @@
 //! attached, or whose reads keep failing (a wrong offset), is disabled with a warning while the
 //! rest keep working. Reads go through bpf_probe_read_user, so a wrong offset costs the engine
 //! nothing; all probes go when the agent exits (closing the eBPF object detaches them).
+use crate::model::Counter;
 pub mod spec;
 
 use std::path::PathBuf;
@@ -83,7 +84,7 @@ impl UserProbes {
                         object = %probe.object,
                         "user probe waiting: the process maps no file matching its object (yet); it is attached if one is loaded later"
                     );
-                    self.stats.bump("user_probes_not_attached");
+                    self.stats.bump(Counter::UserProbesNotAttached);
                 }
                 continue;
             }
@@ -123,7 +124,7 @@ impl UserProbes {
                 }
                 if !retry {
                     warn!(pid = tgid, probe = %probe.name, symbol = %probe.symbol, "user probe not attached: {why}");
-                    self.stats.bump("user_probes_not_attached");
+                    self.stats.bump(Counter::UserProbesNotAttached);
                 }
                 continue;
             };
@@ -137,13 +138,13 @@ impl UserProbes {
                 Ok(()) => {
                     outcome.live += 1;
                     if retry {
-                        self.stats.bump("user_probes_attached_late");
+                        self.stats.bump(Counter::UserProbesAttachedLate);
                     }
                     info!(pid = tgid, probe = %probe.name, event = ?probe.event, late = retry, "user probe attached");
                 }
                 Err(e) => {
                     warn!(pid = tgid, probe = %probe.name, "user probe disabled: attaching failed: {e}");
-                    self.stats.bump("user_probes_not_attached");
+                    self.stats.bump(Counter::UserProbesNotAttached);
                 }
             }
         }
@@ -162,12 +163,12 @@ impl UserProbes {
     /// `max_failures` failures in a row the probe is queued for [`UserProbes::detach_failed`]).
     pub fn on_hit(&mut self, hit: &UserProbeHit) -> Option<SchedEvent> {
         let Some(probe) = self.spec.probes.get(hit.probe as usize) else {
-            self.stats.bump("user_probe_unknown_index");
+            self.stats.bump(Counter::UserProbeUnknownIndex);
             return None;
         };
         let key = (hit.tgid, hit.probe);
         if hit.read_failed {
-            self.stats.bump("user_probe_read_failed");
+            self.stats.bump(Counter::UserProbeReadFailed);
             if self.failures.len() >= MAX_PROCESSES * 4 && !self.failures.contains_key(&key) {
                 self.failures.clear();
             }
@@ -183,7 +184,7 @@ impl UserProbes {
                 if self.to_detach.len() < MAX_PROCESSES {
                     self.to_detach.push(key);
                 }
-                self.stats.bump("user_probes_disabled");
+                self.stats.bump(Counter::UserProbesDisabled);
             }
             return None;
         }

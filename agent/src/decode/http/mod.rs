@@ -98,6 +98,21 @@ impl ParseError {
             ParseError::BodyTooLarge => "body_too_large",
         }
     }
+
+    /// The agent counter this failure is counted in.
+    pub fn counter(&self) -> crate::model::Counter {
+        use crate::model::Counter;
+
+        match self {
+            ParseError::NotHttp => Counter::NotHttp,
+            ParseError::HeadTooLarge => Counter::HeadTooLarge,
+            ParseError::HeadLost => Counter::HeadLost,
+            ParseError::BadChunkSize => Counter::BadChunkSize,
+            ParseError::FramingLost => Counter::FramingLost,
+            ParseError::SseEventTooLarge => Counter::SseEventTooLarge,
+            ParseError::BodyTooLarge => Counter::BodyTooLarge,
+        }
+    }
 }
 
 /// Longest path / header value kept.

@@ -50,6 +50,17 @@ impl ZmtpError {
             ZmtpError::Desync => "zmtp_desync",
         }
     }
+
+    /// The agent counter this failure is counted in.
+    pub fn counter(&self) -> crate::model::Counter {
+        use crate::model::Counter;
+
+        match self {
+            ZmtpError::NotZmtp => Counter::ZmtpNotZmtp,
+            ZmtpError::OldVersion => Counter::ZmtpOldVersion,
+            ZmtpError::Desync => Counter::ZmtpDesync,
+        }
+    }
 }
 
 /// What one `feed` produced besides messages.

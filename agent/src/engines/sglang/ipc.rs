@@ -3,6 +3,7 @@
 //! each process's installed package (read at discovery) and picks the pinned layout; an
 //! unsupported version is refused (logged once, counted per message) and decoded no further.
 //! When the version is unknown the newest layout is used, every class and field checked.
+use crate::model::Counter;
 use rustc_hash::{FxHashMap, FxHashSet};
 use tracing::warn;
 
@@ -87,11 +88,11 @@ impl SglangIpc {
         let layout = match self.versions.get(&tgid) {
             Some(Version::Supported(l)) => *l,
             Some(Version::Unsupported) => {
-                self.stats.bump("sglang_ipc_unsupported_version");
+                self.stats.bump(Counter::SglangIpcUnsupportedVersion);
                 return;
             }
             None => {
-                self.stats.bump("sglang_ipc_layout_assumed");
+                self.stats.bump(Counter::SglangIpcLayoutAssumed);
                 &layout::NEWEST
             }
         };
@@ -100,19 +101,19 @@ impl SglangIpc {
             return;
         };
         if !frame.complete {
-            self.stats.bump("sglang_ipc_frame_cut");
+            self.stats.bump(Counter::SglangIpcFrameCut);
             return;
         }
         match messages::decode(&frame.data, layout) {
             Ok(m) => {
-                self.stats.bump("sglang_ipc_messages");
+                self.stats.bump(Counter::SglangIpcMessages);
                 let kernel_pid = match m {
                     messages::IpcMessage::Outputs(_) => self.schedulers.of(tgid, &mut self.stats),
                     _ => None,
                 };
                 self.state.apply(m, (tgid, tid), kernel_pid, steps);
             }
-            Err(e) => self.stats.bump(e.as_str()),
+            Err(e) => self.stats.bump(e.counter()),
         }
     }
 }
@@ -123,12 +124,12 @@ impl EngineIpc for SglangIpc {
             Some(v) => {
                 let version = self.version(tgid, &v);
                 self.stats.bump(match version {
-                    Version::Supported(_) => "sglang_version_from_package",
-                    Version::Unsupported => "sglang_version_unsupported",
+                    Version::Supported(_) => Counter::SglangVersionFromPackage,
+                    Version::Unsupported => Counter::SglangVersionUnsupported,
                 });
                 self.versions.insert(tgid, version);
             }
-            None => self.stats.bump("sglang_version_package_not_found"),
+            None => self.stats.bump(Counter::SglangVersionPackageNotFound),
         }
     }
 
@@ -143,7 +144,7 @@ impl EngineIpc for SglangIpc {
         }
         if !self.sockets.contains_key(&key) && self.sockets.len() >= MAX_SOCKETS {
             self.sockets.clear();
-            self.stats.bump("sglang_ipc_socket_table_full");
+            self.stats.bump(Counter::SglangIpcSocketTableFull);
         }
         let limits = self.limits;
         let socket = self.sockets.entry(key).or_insert_with(|| Socket {
@@ -158,17 +159,18 @@ impl EngineIpc for SglangIpc {
         let mut messages = std::mem::take(&mut self.messages);
         let fed = stream.feed(b.data, b.lost, &mut messages);
         self.stats
-            .add("zmtp_frames_incomplete", fed.frames_incomplete);
-        self.stats.add("zmtp_frames_dropped", fed.frames_dropped);
-        self.stats.add("zmtp_hunt_skipped", fed.hunt_skipped);
+            .add(Counter::ZmtpFramesIncomplete, fed.frames_incomplete);
+        self.stats
+            .add(Counter::ZmtpFramesDropped, fed.frames_dropped);
+        self.stats.add(Counter::ZmtpHuntSkipped, fed.hunt_skipped);
         let verdict = match stream.failed() {
             Some(ZmtpError::Desync) => {
-                self.stats.bump(ZmtpError::Desync.as_str());
+                self.stats.bump(ZmtpError::Desync.counter());
                 *stream = ZmtpStream::mid_stream(limits);
                 IpcVerdict::Keep
             }
             Some(e) => {
-                self.stats.bump(e.as_str());
+                self.stats.bump(e.counter());
                 self.sockets.remove(&key);
                 IpcVerdict::NotIpc
             }

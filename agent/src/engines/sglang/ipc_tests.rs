@@ -5,6 +5,7 @@ use super::{
     layout::{self, V0_5_23},
     messages::{self, DecodeError, IpcMessage},
 };
+use crate::model::Counter;
 use crate::{
     capture::gpu::KernelRecord,
     correlate::timeline::{TimelineBuilder, TimelineLimits},
@@ -289,8 +290,11 @@ fn an_unsupported_version_is_refused_and_counted() {
         4096,
     );
     let counters: std::collections::HashMap<_, _> = ipc.counters().into_iter().collect();
-    assert_eq!(counters.get("sglang_ipc_unsupported_version"), Some(&1));
-    assert_eq!(counters.get("sglang_ipc_messages"), None);
+    assert_eq!(
+        counters.get(Counter::SglangIpcUnsupportedVersion.name()),
+        Some(&1)
+    );
+    assert_eq!(counters.get(Counter::SglangIpcMessages.name()), None);
 }
 
 #[test]
@@ -310,8 +314,8 @@ fn hostile_pickles_in_the_stream_are_counted_not_decoded() {
         4096,
     );
     let counters: std::collections::HashMap<_, _> = ipc.counters().into_iter().collect();
-    assert_eq!(counters.get("pickle_too_deep"), Some(&1));
-    assert_eq!(counters.get("pickle_unknown_opcode"), Some(&1));
+    assert_eq!(counters.get(Counter::PickleTooDeep.name()), Some(&1));
+    assert_eq!(counters.get(Counter::PickleUnknownOpcode.name()), Some(&1));
     // os.system(...) is a name in a tree, matching no SGLang class: ignored.
-    assert_eq!(counters.get("sglang_ipc_messages"), Some(&1));
+    assert_eq!(counters.get(Counter::SglangIpcMessages.name()), Some(&1));
 }

@@ -56,11 +56,14 @@ pub enum DecodeError {
 }
 
 impl DecodeError {
-    pub fn as_str(self) -> &'static str {
+    /// The agent counter this failure is counted in.
+    pub fn counter(self) -> crate::model::Counter {
+        use crate::model::Counter;
+
         match self {
-            Self::Pickle(e) => e.as_str(),
-            Self::NotPickle => "sglang_ipc_not_pickle",
-            Self::Layout => "sglang_ipc_layout_mismatch",
+            Self::Pickle(e) => e.counter(),
+            Self::NotPickle => Counter::SglangIpcNotPickle,
+            Self::Layout => Counter::SglangIpcLayoutMismatch,
         }
     }
 }

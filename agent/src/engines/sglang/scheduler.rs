@@ -2,6 +2,7 @@
 //! (`launch_server`, which runs the TokenizerManager) titled `sglang::scheduler…`. Outputs are
 //! seen in the server, the detokenizer or the scheduler itself; the steps they time ran their
 //! kernels in the scheduler, so the timeline joins its kernels to them.
+use crate::model::Counter;
 use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
@@ -94,7 +95,7 @@ impl Schedulers {
 fn lookup(tgid: u32, stats: &mut Stats) -> Option<u32> {
     let title = procfs::cmdline(tgid)?;
     if is_output_scheduler(&title) {
-        stats.bump("sglang_scheduler_found");
+        stats.bump(Counter::SglangSchedulerFound);
         return Some(tgid);
     }
     // A titled process (detokenizer, scheduler of another rank) belongs to its parent's server.
@@ -126,16 +127,16 @@ fn lookup(tgid: u32, stats: &mut Stats) -> Option<u32> {
     }
     match candidates[..] {
         [one] => {
-            stats.bump("sglang_scheduler_found");
+            stats.bump(Counter::SglangSchedulerFound);
             Some(one)
         }
         [] => {
-            stats.bump("sglang_scheduler_not_found");
+            stats.bump(Counter::SglangSchedulerNotFound);
             None
         }
         _ => {
             // Which one ran a step is not in its outputs.
-            stats.bump("sglang_scheduler_ambiguous");
+            stats.bump(Counter::SglangSchedulerAmbiguous);
             None
         }
     }
@@ -176,6 +177,6 @@ mod tests {
             super::Schedulers::default().of(std::process::id(), &mut stats),
             None
         );
-        assert_eq!(stats.get("sglang_scheduler_not_found"), 1);
+        assert_eq!(stats.get(crate::model::Counter::SglangSchedulerNotFound), 1);
     }
 }

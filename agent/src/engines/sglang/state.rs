@@ -2,6 +2,7 @@
 //! HTTP records by rid. One message is usually seen twice (written by one traced process, read
 //! by another) and SGLang's counts are cumulative, so every update is idempotent: counts keep
 //! their maximum, times their first value.
+use crate::model::Counter;
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
@@ -56,7 +57,7 @@ impl IpcState {
             if self.requests.len() >= MAX_REQUESTS {
                 while let Some(old) = self.order.pop_front() {
                     if self.requests.remove(&old).is_some() {
-                        self.stats.bump("sglang_requests_evicted_unjoined");
+                        self.stats.bump(Counter::SglangRequestsEvictedUnjoined);
                         break;
                     }
                 }
@@ -94,7 +95,7 @@ impl IpcState {
     }
 
     fn on_add(&mut self, add: AddRequest) {
-        self.stats.bump("sglang_requests_added");
+        self.stats.bump(Counter::SglangRequestsAdded);
         let r = self.entry(&add.rid);
         r.prompt_tokens = add.prompt_tokens.or(r.prompt_tokens);
     }
@@ -109,7 +110,7 @@ impl IpcState {
         kernel_pid: Option<u32>,
         steps: &mut Vec<StepRecord>,
     ) {
-        self.stats.bump("sglang_outputs");
+        self.stats.bump(Counter::SglangOutputs);
         let mut members = Vec::with_capacity(outputs.len());
         let mut prefilling: Vec<String> = Vec::new();
         let (mut start, mut end, mut prefilled) = (u64::MAX, 0u64, 0u64);
@@ -153,12 +154,12 @@ impl IpcState {
                 phase: if new_prefill { "prefill" } else { "decode" },
             });
         }
-        self.stats.add("sglang_bad_timestamp", bad_time);
+        self.stats.add(Counter::SglangBadTimestamp, bad_time);
         if prefilled == 0 || start > end {
-            self.stats.bump("sglang_steps_untimed");
+            self.stats.bump(Counter::SglangStepsUntimed);
             return;
         }
-        self.stats.bump("sglang_steps");
+        self.stats.bump(Counter::SglangSteps);
         let step = StepRef {
             pid: tgid,
             end_mono_ns: end,
@@ -208,12 +209,12 @@ impl IpcState {
         .map(str::to_owned);
         let Some(state) = rid.and_then(|rid| self.requests.remove(&rid)) else {
             if served {
-                self.stats.bump("sglang_requests_unjoined");
+                self.stats.bump(Counter::SglangRequestsUnjoined);
                 record.engine_unknown = vec!["admitted_mono_ns", "prompt_tokens", "preemptions"];
             }
             return;
         };
-        self.stats.bump("sglang_requests_joined");
+        self.stats.bump(Counter::SglangRequestsJoined);
         join_steps(record, &state);
         if record.prompt_tokens.is_none() {
             record.prompt_tokens = state.prompt_tokens;
@@ -229,7 +230,7 @@ impl IpcState {
         // SGLang ships the retraction count with each output: an aborted request may have
         // been retracted after its last one.
         record.preemptions = if aborted {
-            self.stats.bump("sglang_preemptions_unknown_aborted");
+            self.stats.bump(Counter::SglangPreemptionsUnknownAborted);
             record.engine_unknown.push("preemptions");
             None
         } else {
@@ -238,7 +239,7 @@ impl IpcState {
         let Some(admitted) = state.admitted_ns else {
             if served {
                 // Times ship only with --enable-metrics.
-                self.stats.bump("sglang_admission_unknown");
+                self.stats.bump(Counter::SglangAdmissionUnknown);
                 record.engine_unknown.push("admitted_mono_ns");
             }
             return;

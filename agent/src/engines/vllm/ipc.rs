@@ -8,6 +8,7 @@
 //! Several vLLM servers (and data-parallel engine cores) may run on one node: each server is
 //! named by its API server's pid (an EngineCore process by its parent's), so steps are chained
 //! per (server, engine index).
+use crate::model::Counter;
 use rustc_hash::FxHashMap;
 use tracing::warn;
 
@@ -144,7 +145,7 @@ impl VllmIpc {
                 crate::capture::procfs::cmdline(pid).and_then(|c| engine_core_rank(&c))
             {
                 self.state.engine_pids.insert((server, rank), pid);
-                self.stats.bump("vllm_engine_core_found");
+                self.stats.bump(Counter::VllmEngineCoreFound);
             }
         }
     }
@@ -167,17 +168,17 @@ impl VllmIpc {
                 _ => Self::version(tgid, version, "handshake"),
             };
             self.versions.insert(tgid, v);
-            self.stats.bump("vllm_ipc_ready");
+            self.stats.bump(Counter::VllmIpcReady);
             return;
         }
         match (known, decoded) {
-            (Some(Version::Unsupported), _) => self.stats.bump("vllm_ipc_unsupported_version"),
-            (_, Err(e)) => self.stats.bump(e.as_str()),
+            (Some(Version::Unsupported), _) => self.stats.bump(Counter::VllmIpcUnsupportedVersion),
+            (_, Err(e)) => self.stats.bump(e.counter()),
             (known, Ok(m)) => {
                 if known.is_none() {
-                    self.stats.bump("vllm_ipc_layout_assumed");
+                    self.stats.bump(Counter::VllmIpcLayoutAssumed);
                 }
-                self.stats.bump("vllm_ipc_messages");
+                self.stats.bump(Counter::VllmIpcMessages);
                 let server = self.server(tgid);
                 if matches!(m, IpcMessage::Outputs(_)) {
                     self.find_engine_cores(server);
@@ -200,12 +201,12 @@ impl EngineIpc for VllmIpc {
             Some(v) => {
                 let version = Self::version(tgid, &v, "installed package");
                 self.stats.bump(match version {
-                    Version::Supported(_) => "vllm_version_from_package",
-                    Version::Unsupported => "vllm_version_unsupported",
+                    Version::Supported(_) => Counter::VllmVersionFromPackage,
+                    Version::Unsupported => Counter::VllmVersionUnsupported,
                 });
                 self.versions.insert(tgid, version);
             }
-            None => self.stats.bump("vllm_version_package_not_found"),
+            None => self.stats.bump(Counter::VllmVersionPackageNotFound),
         }
     }
 
@@ -220,7 +221,7 @@ impl EngineIpc for VllmIpc {
         }
         if !self.sockets.contains_key(&key) && self.sockets.len() >= MAX_SOCKETS {
             self.sockets.clear();
-            self.stats.bump("vllm_ipc_socket_table_full");
+            self.stats.bump(Counter::VllmIpcSocketTableFull);
         }
         let limits = self.limits;
         let socket = self.sockets.entry(key).or_insert_with(|| Socket {
@@ -235,18 +236,19 @@ impl EngineIpc for VllmIpc {
         let mut messages = std::mem::take(&mut self.messages);
         let fed = stream.feed(b.data, b.lost, &mut messages);
         self.stats
-            .add("zmtp_frames_incomplete", fed.frames_incomplete);
-        self.stats.add("zmtp_frames_dropped", fed.frames_dropped);
-        self.stats.add("zmtp_hunt_skipped", fed.hunt_skipped);
+            .add(Counter::ZmtpFramesIncomplete, fed.frames_incomplete);
+        self.stats
+            .add(Counter::ZmtpFramesDropped, fed.frames_dropped);
+        self.stats.add(Counter::ZmtpHuntSkipped, fed.hunt_skipped);
         let verdict = match stream.failed() {
             Some(ZmtpError::Desync) => {
                 // Lost across a frame header: look for the next frame boundary.
-                self.stats.bump(ZmtpError::Desync.as_str());
+                self.stats.bump(ZmtpError::Desync.counter());
                 *stream = ZmtpStream::mid_stream(limits);
                 IpcVerdict::Keep
             }
             Some(e) => {
-                self.stats.bump(e.as_str());
+                self.stats.bump(e.counter());
                 self.sockets.remove(&key);
                 IpcVerdict::NotIpc
             }

@@ -89,12 +89,15 @@ pub enum DecodeError {
 }
 
 impl DecodeError {
-    pub fn as_str(&self) -> &'static str {
+    /// The agent counter this failure is counted in.
+    pub fn counter(&self) -> crate::model::Counter {
+        use crate::model::Counter;
+
         match self {
-            DecodeError::Msgpack(MsgpackError::Truncated) => "vllm_ipc_truncated",
-            DecodeError::Msgpack(_) => "vllm_ipc_bad_msgpack",
-            DecodeError::Layout => "vllm_ipc_layout_mismatch",
-            DecodeError::NotVllm => "vllm_ipc_not_vllm",
+            DecodeError::Msgpack(MsgpackError::Truncated) => Counter::VllmIpcTruncated,
+            DecodeError::Msgpack(_) => Counter::VllmIpcBadMsgpack,
+            DecodeError::Layout => Counter::VllmIpcLayoutMismatch,
+            DecodeError::NotVllm => Counter::VllmIpcNotVllm,
         }
     }
 }

@@ -2,6 +2,7 @@
 //! messages and joined to HTTP records by id. The same message can be seen twice (written by
 //! one traced process, read by another): events are kept once per (kind, timestamp), outputs
 //! once per message timestamp.
+use crate::model::Counter;
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
@@ -119,7 +120,7 @@ impl IpcState {
                 // `order` may still hold ids joined since: skip those.
                 while let Some(old) = self.order.pop_front() {
                     if self.remove(&old).is_some() {
-                        self.stats.bump("vllm_requests_evicted_unjoined");
+                        self.stats.bump(Counter::VllmRequestsEvictedUnjoined);
                         break;
                     }
                 }
@@ -185,7 +186,7 @@ impl IpcState {
     }
 
     fn on_add(&mut self, add: AddRequest) {
-        self.stats.bump("vllm_requests_added");
+        self.stats.bump(Counter::VllmRequestsAdded);
         let external = add.external_req_id.clone();
         let r = self.entry(&add.request_id);
         r.prompt_tokens = add.prompt_tokens.or(r.prompt_tokens);
@@ -220,7 +221,7 @@ impl IpcState {
         let ts_ns = outputs.timestamp.and_then(mono_ns);
         if let Some(ts) = ts_ns {
             if self.seen_outputs.contains(&ts) {
-                self.stats.bump("vllm_outputs_seen_twice");
+                self.stats.bump(Counter::VllmOutputsSeenTwice);
                 return;
             }
             if self.seen_outputs.len() >= SEEN_OUTPUTS {
@@ -229,7 +230,7 @@ impl IpcState {
             self.seen_outputs.push_back(ts);
         }
         if outputs.partial {
-            self.stats.bump("vllm_outputs_partial");
+            self.stats.bump(Counter::VllmOutputsPartial);
         }
         let mut members = Vec::with_capacity(outputs.outputs.len());
         // SCHEDULED / PREEMPTED stamps carried by this message: the scheduler's clock at some
@@ -291,7 +292,7 @@ impl IpcState {
                 request_id: out.request_id,
                 phase: if first { "prefill" } else { "decode" },
             });
-            self.stats.add("vllm_event_bad_timestamp", bad_time);
+            self.stats.add(Counter::VllmEventBadTimestamp, bad_time);
         }
         let (Some(end), Some(stats)) = (ts_ns, outputs.stats) else {
             return;
@@ -316,13 +317,13 @@ impl IpcState {
         };
         if self.last_step.len() >= MAX_ENGINES && !self.last_step.contains_key(&engine) {
             self.last_step.clear();
-            self.stats.bump("vllm_engine_table_full");
+            self.stats.bump(Counter::VllmEngineTableFull);
         }
         self.last_step
             .insert(engine, (end, stats.running.unwrap_or(0) > 0));
         if self.engine_steps.len() >= STEP_ENGINES && !self.engine_steps.contains_key(&engine) {
             self.engine_steps.clear();
-            self.stats.bump("vllm_step_engines_reset");
+            self.stats.bump(Counter::VllmStepEnginesReset);
         }
         let ring = self.engine_steps.entry(engine).or_default();
         if ring.len() >= STEPS_PER_ENGINE {
@@ -407,12 +408,12 @@ impl IpcState {
                 members.push(id.clone());
             }
             if parents.len() > 1 {
-                self.stats.bump("vllm_join_ambiguous");
+                self.stats.bump(Counter::VllmJoinAmbiguous);
                 return None;
             }
         }
         if members.is_empty() && outside {
-            self.stats.bump("vllm_join_outside_request_time");
+            self.stats.bump(Counter::VllmJoinOutsideRequestTime);
         }
         (!members.is_empty()).then_some(members)
     }
@@ -492,7 +493,7 @@ impl IpcState {
             match self.steps_of(s, record.end_mono_ns) {
                 Some(mine) => steps.extend(mine),
                 None => {
-                    self.stats.bump("vllm_request_steps_unknown");
+                    self.stats.bump(Counter::VllmRequestStepsUnknown);
                     record.engine_unknown.push("prefill_steps");
                     record.engine_unknown.push("decode_steps");
                     return;
@@ -520,14 +521,15 @@ impl IpcState {
         let Some(members) = self.members(record) else {
             if served && record.path.contains("completions") {
                 // The engine generated for it, yet no IPC message named it.
-                self.stats.bump("vllm_requests_unjoined");
+                self.stats.bump(Counter::VllmRequestsUnjoined);
                 record.engine_unknown = vec!["admitted_mono_ns", "prompt_tokens", "preemptions"];
             }
             return;
         };
         let states: Vec<RequestState> = members.iter().filter_map(|id| self.remove(id)).collect();
         self.join_steps(record, &states);
-        self.stats.add("vllm_requests_joined", states.len() as u64);
+        self.stats
+            .add(Counter::VllmRequestsJoined, states.len() as u64);
         if record.prompt_tokens.is_none() {
             // One prompt per parent: `n > 1` children repeat their parent's prompt.
             let mut seen: Vec<&str> = Vec::new();
@@ -559,7 +561,7 @@ impl IpcState {
             .map(|t| (t - admitted) as f64 / 1e6);
         let aborted = record.aborted || states.iter().any(|s| s.aborted);
         record.preemptions = if aborted {
-            self.stats.bump("vllm_preemptions_unknown_aborted");
+            self.stats.bump(Counter::VllmPreemptionsUnknownAborted);
             record.engine_unknown.push("preemptions");
             None
         } else {
@@ -631,7 +633,7 @@ mod tests {
         let kept: usize = state.requests.values().map(|r| r.output_steps.len()).sum();
         assert_eq!(state.output_steps_total, kept);
         assert!(kept > 0 && kept <= OUTPUT_STEPS_TOTAL);
-        assert!(state.stats.get("vllm_requests_evicted_unjoined") > 0);
+        assert!(state.stats.get(Counter::VllmRequestsEvictedUnjoined) > 0);
     }
 
     #[test]
@@ -657,7 +659,7 @@ mod tests {
         };
         state.enrich(&mut record);
         assert_eq!(record.admitted_mono_ns, None);
-        assert_eq!(state.stats.get("vllm_join_ambiguous"), 1);
+        assert_eq!(state.stats.get(Counter::VllmJoinAmbiguous), 1);
         // A request whose lifetime holds only one of them gets that one.
         record.arrival_mono_ns = 10_500_000_000;
         state.enrich(&mut record);

@@ -1,5 +1,6 @@
 //! The vLLM 0.33.0 fixtures (tests/fixtures/vllm: real ZMTP streams of messages encoded with the
 //! wheel's own classes) replayed through the decoder, compared with the values they encode.
+use crate::model::Counter;
 use serde_json::Value;
 
 use super::{VllmIpc, state::mono_ns};
@@ -139,9 +140,9 @@ fn replayed_fixture_streams_give_the_encoded_values() {
             let (ipc, steps) = api_server_view(transport, chunk);
             assert_matches_expected(&ipc, &steps);
             let counters: std::collections::BTreeMap<_, _> = ipc.counters().into_iter().collect();
-            assert_eq!(counters.get("vllm_ipc_ready"), Some(&1));
-            assert_eq!(counters.get("vllm_ipc_layout_assumed"), None);
-            assert_eq!(counters.get("vllm_ipc_layout_mismatch"), None);
+            assert_eq!(counters.get(Counter::VllmIpcReady.name()), Some(&1));
+            assert_eq!(counters.get(Counter::VllmIpcLayoutAssumed.name()), None);
+            assert_eq!(counters.get(Counter::VllmIpcLayoutMismatch.name()), None);
         }
     }
 }
@@ -253,7 +254,10 @@ fn an_admission_outside_the_http_request_is_never_attached() {
     assert_eq!(late.admitted_mono_ns, None);
     assert_eq!(late.prompt_tokens, None);
     let counters: std::collections::BTreeMap<_, _> = ipc.counters().into_iter().collect();
-    assert_eq!(counters.get("vllm_join_outside_request_time"), Some(&1));
+    assert_eq!(
+        counters.get(Counter::VllmJoinOutsideRequestTime.name()),
+        Some(&1)
+    );
     // An unknown id is left alone.
     let mut other = http_record("chatcmpl-unknown", 0, 1, 2);
     ipc.enrich(&mut other);
@@ -291,7 +295,10 @@ fn an_unsupported_version_is_counted_and_not_decoded() {
     assert!(steps.is_empty());
     let counters: std::collections::BTreeMap<_, _> = ipc.counters().into_iter().collect();
     // 5 inputs + 6 outputs.
-    assert_eq!(counters.get("vllm_ipc_unsupported_version"), Some(&11));
+    assert_eq!(
+        counters.get(Counter::VllmIpcUnsupportedVersion.name()),
+        Some(&11)
+    );
 }
 
 #[test]
@@ -321,7 +328,7 @@ fn joined_late_the_newest_layout_is_checked_and_used() {
     assert_eq!(steps.len(), want["steps"].as_array().unwrap().len());
     assert_eq!(steps[0].end_mono_ns, first_step);
     let counters: std::collections::BTreeMap<_, _> = ipc.counters().into_iter().collect();
-    assert_eq!(counters.get("vllm_ipc_layout_assumed"), Some(&6));
+    assert_eq!(counters.get(Counter::VllmIpcLayoutAssumed.name()), Some(&6));
 }
 
 #[test]
