@@ -23,7 +23,7 @@ const REQUEST: &[u8] = b"POST /v1/chat/completions HTTP/1.1\r\nContent-Type: app
 
 struct Feed {
     t: Tracker,
-    out: Vec<inferscope::correlate::RequestRecord>,
+    out: Vec<inferscope::model::RequestRecord>,
     seq: u32,
     lost_heads: u32,
     ts: u64,

@@ -90,7 +90,7 @@ fuzz_target!(|data: &[u8]| {
             &mut steps,
         );
     }
-    let mut record = inferscope::correlate::RequestRecord {
+    let mut record = inferscope::model::RequestRecord {
         response_id: Some("a".repeat(32)),
         end_mono_ns: u64::MAX,
         ..Default::default()

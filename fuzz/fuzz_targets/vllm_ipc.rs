@@ -100,7 +100,7 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     assert!(reader.position() <= body.len());
-    let mut record = inferscope::correlate::RequestRecord {
+    let mut record = inferscope::model::RequestRecord {
         response_id: Some("chatcmpl-x".into()),
         ..Default::default()
     };

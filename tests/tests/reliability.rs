@@ -138,7 +138,7 @@ fn a_stalled_agent_leaves_no_connection_dark_and_counts_every_lost_request() {
     thread::sleep(Duration::from_secs(1));
     signal(agent_pid, "-STOP");
     thread::sleep(Duration::from_secs(2));
-    let resumed_ns = inferscope::correlate::monotonic_now_ns();
+    let resumed_ns = inferscope::model::clock::monotonic_now_ns();
     signal(agent_pid, "-CONT");
     let done = completed(load);
     // Let the agent drain what queued up.
