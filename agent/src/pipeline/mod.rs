@@ -1,33 +1,32 @@
 //! Wires capture → decode → correlate → export on one thread: a ring-buffer record is decoded
 //! and correlated where it is read, with no queue between stages to size or drop from.
+mod route;
 use crate::model::Counter;
 use std::{
     sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
-use inferscope_common::{CONN_PREEXISTING, Counter as KernelCounter, SyscallKind};
+use inferscope_common::Counter as KernelCounter;
 use rustc_hash::FxHashMap;
 use tracing::{info, warn};
 
 use crate::{
     capture::{
-        CaptureConfig, CaptureError, CapturedEvent, Discovery, DiscoveryChange, FdClass,
-        FdClassifier, SocketProbes, TargetSelector,
+        CaptureConfig, CaptureError, CapturedEvent, Discovery, DiscoveryChange, FdClassifier,
+        SocketProbes, TargetSelector,
         adopt::Adoption,
         chunks::{Chunks, Joined},
         late_attach::{LateAttach, Missing},
         metrics::{MetricsScraper, ScrapeConfig},
         preexisting,
         privileges::Privileges,
-        records,
-        records::SyscallEvent,
-        sched_hooks,
+        records, sched_hooks,
         user_probes::{ProbeSpec, UserProbes},
     },
-    correlate::{EngineMetrics, EngineMetricsRecord, Peer, Tracker, engine_metrics::ScrapeSample},
-    decode::{http::Limits, prometheus, zmtp},
-    engines::{self, IpcBytes, IpcDirection, IpcRouter, IpcVerdict},
+    correlate::{EngineMetrics, EngineMetricsRecord, Tracker, engine_metrics::ScrapeSample},
+    decode::{http::Limits, prometheus},
+    engines::{self, IpcRouter},
     identity::Identities,
     model::{PerProcess, RequestRecord, Stats, StepRecord, clock::monotonic_now_ns},
 };
@@ -531,7 +530,7 @@ impl Pipeline {
                     }
                 }
                 Ok(CapturedEvent::Syscall(ev)) => {
-                    let mut sockets = Sockets {
+                    let mut sockets = route::Sockets {
                         ports,
                         classifier,
                         tracker,
@@ -552,23 +551,7 @@ impl Pipeline {
                 }
             }
         }
-        for (tgid, fd, conn_gen) in tracker.take_ignored() {
-            // Not HTTP on a listening port of an engine with IPC: a ZeroMQ tcp:// connection
-            // joined after its greeting. Its IPC decoder looks for a frame boundary.
-            let key = if conn_gen != 0 {
-                conn_gen
-            } else {
-                u64::from(fd as u32)
-            };
-            if ipc.wants(tgid) && classifier.reroute_to_ipc(tgid, key) {
-                stats.bump(Counter::ConnectionsReroutedToIpc);
-                if conn_gen != 0 {
-                    classifier.new_ipc.push((tgid, fd, conn_gen));
-                }
-            } else {
-                ignore.push((tgid, fd, conn_gen));
-            }
-        }
+        route::reroute_non_http(tracker, ipc, classifier, stats, &mut ignore);
         for (tgid, fd, conn_gen) in ignore {
             probes.ignore_connection(tgid, fd, conn_gen);
         }
@@ -660,29 +643,6 @@ fn emit(
     }
 }
 
-/// One captured syscall as the engines' IPC decoders see it.
-fn ipc_bytes<'a>(ev: &SyscallEvent<'a>) -> IpcBytes<'a> {
-    // A failed copy loses the whole syscall.
-    let (data, lost) = if ev.copy_failed {
-        (&[][..], ev.ret.max(0) as u64)
-    } else {
-        (ev.payload, ev.lost_bytes())
-    };
-    IpcBytes {
-        tgid: ev.tgid,
-        tid: ev.tid,
-        fd: ev.fd,
-        conn_gen: ev.conn_gen,
-        direction: if ev.kind == SyscallKind::Read {
-            IpcDirection::Read
-        } else {
-            IpcDirection::Write
-        },
-        data,
-        lost,
-    }
-}
-
 fn wait_readable(fd: i32, timeout: Duration) -> std::io::Result<()> {
     let mut pfd = libc::pollfd {
         fd,
@@ -705,86 +665,4 @@ fn could_hold_hooks(engine: &str, user_probes: Option<&UserProbes>, path: &str) 
     let name = path.rsplit('/').next().unwrap_or(path);
     engines::by_name(engine).is_some_and(|e| e.hook_objects().iter().any(|h| name.contains(h)))
         || user_probes.is_some_and(|u| u.wants_object(path))
-}
-
-/// What one syscall record is handed to: the drain's state, borrowed.
-struct Sockets<'p> {
-    ports: &'p FxHashMap<u32, Vec<u16>>,
-    classifier: &'p mut FdClassifier,
-    tracker: &'p mut Tracker,
-    ipc: &'p mut IpcRouter,
-    stats: &'p mut Stats,
-    records: &'p mut Vec<RequestRecord>,
-    steps: &'p mut Vec<StepRecord>,
-    ignore: &'p mut Vec<(u32, i32, u64)>,
-    adoption: &'p Adoption,
-}
-
-impl Sockets<'_> {
-    fn on_syscall(&mut self, ev: &SyscallEvent<'_>) {
-        let Some(listening) = self.ports.get(&ev.tgid) else {
-            // A record from a process detached a moment ago.
-            self.stats.bump(Counter::RecordsUntracedProcess);
-            return;
-        };
-        let records = &mut *self.records;
-        match ev.kind {
-            SyscallKind::Accept => {
-                self.classifier.on_close(ev.tgid, ev.conn_key());
-                let peer = Peer {
-                    sock: ev.sock,
-                    ..Peer::default()
-                };
-                self.tracker.on_accept(ev, peer, records);
-            }
-            SyscallKind::Close => {
-                self.ipc.on_close(ev.tgid, ev.fd);
-                self.tracker.on_close(ev, records);
-                self.classifier.on_close(ev.tgid, ev.conn_key());
-            }
-            SyscallKind::Shutdown => self.tracker.on_shutdown(ev),
-            // Kept in the kernel between entry and exit; never emitted.
-            SyscallKind::Dup => self.stats.bump(Counter::RecordUnexpectedKind),
-            SyscallKind::Read | SyscallKind::Write => {
-                let wants_ipc = self
-                    .ipc
-                    .wants(ev.tgid)
-                    .then(|| zmtp::looks_like_zmtp(ev.payload) && ev.lost_bytes() == 0);
-                match self.classifier.classify(ev, listening, wants_ipc) {
-                    FdClass::Ipc if ev.ret > 0 => {
-                        if self.ipc.on_bytes(&ipc_bytes(ev), self.steps) == IpcVerdict::NotIpc {
-                            self.stats.bump(Counter::RecordsNotEngineIpc);
-                            self.ignore.push((ev.tgid, ev.fd, ev.conn_gen));
-                        }
-                    }
-                    // EOF or an error: nothing to decode.
-                    FdClass::Ipc => {}
-                    FdClass::Other if self.adoption.is_pending(ev.tgid) => {
-                        // Adopted by the kernel, not attached yet: its engine plugin has not
-                        // said whether it decodes IPC on fds like this one (vLLM binds its
-                        // HTTP port before its engine core connects), so no verdict yet.
-                        self.classifier.forget_class(ev.tgid, ev.conn_key());
-                        self.stats.bump(Counter::RecordsBeforeAttach);
-                    }
-                    FdClass::Other => {
-                        self.stats.bump(Counter::RecordsNotServerConnection);
-                        self.ignore.push((ev.tgid, ev.fd, ev.conn_gen));
-                    }
-                    FdClass::Server { local_port, remote } => {
-                        let peer = Peer {
-                            local_port,
-                            remote,
-                            sock: ev.sock,
-                            preexisting: ev.conn_flags & CONN_PREEXISTING != 0,
-                        };
-                        if ev.kind == SyscallKind::Read {
-                            self.tracker.on_read(ev, peer, records);
-                        } else {
-                            self.tracker.on_write(ev, peer, records);
-                        }
-                    }
-                }
-            }
-        }
-    }
 }

@@ -1,0 +1,146 @@
+//! Where one captured syscall goes: a server connection's bytes to the HTTP tracker, an engine's
+//! IPC bytes to its decoder, anything else back to the kernel as "stop copying". The policy for
+//! fds whose class changes (a ZeroMQ tcp:// connection on a listening port) lives here too, so
+//! the drain loop in `mod.rs` only reads records and hands them on.
+use inferscope_common::{CONN_PREEXISTING, SyscallKind};
+use rustc_hash::FxHashMap;
+
+use crate::{
+    capture::{FdClass, FdClassifier, SyscallEvent, adopt::Adoption},
+    correlate::{Peer, Tracker},
+    decode::zmtp,
+    engines::{IpcBytes, IpcDirection, IpcRouter, IpcVerdict},
+    model::{Counter, RequestRecord, Stats, StepRecord},
+};
+
+/// What one syscall record is handed to: the drain's state, borrowed.
+pub(super) struct Sockets<'p> {
+    pub ports: &'p FxHashMap<u32, Vec<u16>>,
+    pub classifier: &'p mut FdClassifier,
+    pub tracker: &'p mut Tracker,
+    pub ipc: &'p mut IpcRouter,
+    pub stats: &'p mut Stats,
+    pub records: &'p mut Vec<RequestRecord>,
+    pub steps: &'p mut Vec<StepRecord>,
+    pub ignore: &'p mut Vec<(u32, i32, u64)>,
+    pub adoption: &'p Adoption,
+}
+
+impl Sockets<'_> {
+    pub fn on_syscall(&mut self, ev: &SyscallEvent<'_>) {
+        let Some(listening) = self.ports.get(&ev.tgid) else {
+            // A record from a process detached a moment ago.
+            self.stats.bump(Counter::RecordsUntracedProcess);
+            return;
+        };
+        let records = &mut *self.records;
+        match ev.kind {
+            SyscallKind::Accept => {
+                self.classifier.on_close(ev.tgid, ev.conn_key());
+                let peer = Peer {
+                    sock: ev.sock,
+                    ..Peer::default()
+                };
+                self.tracker.on_accept(ev, peer, records);
+            }
+            SyscallKind::Close => {
+                self.ipc.on_close(ev.tgid, ev.fd);
+                self.tracker.on_close(ev, records);
+                self.classifier.on_close(ev.tgid, ev.conn_key());
+            }
+            SyscallKind::Shutdown => self.tracker.on_shutdown(ev),
+            // Kept in the kernel between entry and exit; never emitted.
+            SyscallKind::Dup => self.stats.bump(Counter::RecordUnexpectedKind),
+            SyscallKind::Read | SyscallKind::Write => {
+                let wants_ipc = self
+                    .ipc
+                    .wants(ev.tgid)
+                    .then(|| zmtp::looks_like_zmtp(ev.payload) && ev.lost_bytes() == 0);
+                match self.classifier.classify(ev, listening, wants_ipc) {
+                    FdClass::Ipc if ev.ret > 0 => {
+                        if self.ipc.on_bytes(&ipc_bytes(ev), self.steps) == IpcVerdict::NotIpc {
+                            self.stats.bump(Counter::RecordsNotEngineIpc);
+                            self.ignore.push((ev.tgid, ev.fd, ev.conn_gen));
+                        }
+                    }
+                    // EOF or an error: nothing to decode.
+                    FdClass::Ipc => {}
+                    FdClass::Other if self.adoption.is_pending(ev.tgid) => {
+                        // Adopted by the kernel, not attached yet: its engine plugin has not
+                        // said whether it decodes IPC on fds like this one (vLLM binds its
+                        // HTTP port before its engine core connects), so no verdict yet.
+                        self.classifier.forget_class(ev.tgid, ev.conn_key());
+                        self.stats.bump(Counter::RecordsBeforeAttach);
+                    }
+                    FdClass::Other => {
+                        self.stats.bump(Counter::RecordsNotServerConnection);
+                        self.ignore.push((ev.tgid, ev.fd, ev.conn_gen));
+                    }
+                    FdClass::Server { local_port, remote } => {
+                        let peer = Peer {
+                            local_port,
+                            remote,
+                            sock: ev.sock,
+                            preexisting: ev.conn_flags & CONN_PREEXISTING != 0,
+                        };
+                        if ev.kind == SyscallKind::Read {
+                            self.tracker.on_read(ev, peer, records);
+                        } else {
+                            self.tracker.on_write(ev, peer, records);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Connections the tracker gave up on as not HTTP: on an engine whose IPC is decoded, a ZeroMQ
+/// tcp:// connection joined after its greeting goes to the IPC decoder (which looks for a frame
+/// boundary); the rest are ignored in the kernel (`ignore`).
+pub(super) fn reroute_non_http(
+    tracker: &mut Tracker,
+    ipc: &IpcRouter,
+    classifier: &mut FdClassifier,
+    stats: &mut Stats,
+    ignore: &mut Vec<(u32, i32, u64)>,
+) {
+    for (tgid, fd, conn_gen) in tracker.take_ignored() {
+        let key = if conn_gen != 0 {
+            conn_gen
+        } else {
+            u64::from(fd as u32)
+        };
+        if ipc.wants(tgid) && classifier.reroute_to_ipc(tgid, key) {
+            stats.bump(Counter::ConnectionsReroutedToIpc);
+            if conn_gen != 0 {
+                classifier.new_ipc.push((tgid, fd, conn_gen));
+            }
+        } else {
+            ignore.push((tgid, fd, conn_gen));
+        }
+    }
+}
+
+/// One captured syscall as the engines' IPC decoders see it.
+fn ipc_bytes<'a>(ev: &SyscallEvent<'a>) -> IpcBytes<'a> {
+    // A failed copy loses the whole syscall.
+    let (data, lost) = if ev.copy_failed {
+        (&[][..], ev.ret.max(0) as u64)
+    } else {
+        (ev.payload, ev.lost_bytes())
+    };
+    IpcBytes {
+        tgid: ev.tgid,
+        tid: ev.tid,
+        fd: ev.fd,
+        conn_gen: ev.conn_gen,
+        direction: if ev.kind == SyscallKind::Read {
+            IpcDirection::Read
+        } else {
+            IpcDirection::Write
+        },
+        data,
+        lost,
+    }
+}
