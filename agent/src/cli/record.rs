@@ -11,7 +11,7 @@ use inferscope::{
     capture::{DiscoveryChange, metrics::ScrapeConfig, user_probes::ProbeSpec},
     correlate::EngineMetricsRecord,
     diagnose::EngineConfigSample,
-    export::{jsonl::JsonlWriter, live},
+    export::{counters_file, jsonl::JsonlWriter, live},
     model::{RequestRecord, StepRecord, clock::monotonic_now_ns},
     pipeline::{Observer, Pipeline},
 };
@@ -47,6 +47,10 @@ pub struct RecordArgs {
     /// no profile for (see "User-defined probes" in the README).
     #[arg(long)]
     pub probes: Option<PathBuf>,
+    /// At exit, write every counter of the agent (drops, truncations, losses, parse failures,
+    /// kernel counters) to this file as one JSON object, `{"counters": {"name": value}}`.
+    #[arg(long, value_name = "FILE")]
+    pub counters: Option<PathBuf>,
 }
 
 struct RecordObserver {
@@ -194,6 +198,10 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
         )
         .context("the capture loop failed")?;
     pipeline.log_counters();
+    if let Some(path) = &args.counters {
+        counters_file::write(path, &pipeline.counters())
+            .with_context(|| format!("writing the counters to {}", path.display()))?;
+    }
     info!(records = observer.writer.written, "done");
     if observer.write_failed {
         anyhow::bail!(

@@ -1,5 +1,6 @@
 //! Export stage: finished records leave the agent here — files, the terminal, OTLP, the
 //! Prometheus endpoint, the gRPC API and Perfetto traces.
+pub mod counters_file;
 pub mod grpc;
 pub mod hub;
 pub mod jsonl;
