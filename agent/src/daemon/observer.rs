@@ -58,6 +58,8 @@ pub struct DaemonObserver {
     kernels: Vec<KernelRecord>,
     closed: Vec<RequestTimeline>,
     diagnosis: Option<Diagnosis>,
+    /// The last full list handed to the exporters (pipeline's and the daemon's own counters).
+    counters: Vec<(String, u64)>,
 }
 
 impl DaemonObserver {
@@ -81,6 +83,7 @@ impl DaemonObserver {
             kernels: Vec::new(),
             closed: Vec::new(),
             diagnosis,
+            counters: Vec::new(),
         }
     }
 
@@ -174,6 +177,11 @@ impl DaemonObserver {
             }
             self.hub.publish_request(timeline);
         }
+    }
+
+    /// Every counter, as last exported (see [`Observer::on_counters`]).
+    pub fn counters(&self) -> &[(String, u64)] {
+        &self.counters
     }
 
     pub fn finish(&mut self) {
@@ -305,5 +313,6 @@ impl Observer for DaemonObserver {
             self.hub.subscribers.load(Ordering::Relaxed),
         ));
         self.metrics.set_agent_counters(&counters);
+        self.counters = counters;
     }
 }

@@ -102,6 +102,10 @@ pub struct RunArgs {
     /// Also write every finished request as a JSON line here.
     #[arg(long)]
     pub records: Option<PathBuf>,
+    /// At exit, write every counter of the agent to this file as one JSON object,
+    /// `{"counters": {"name": value}}` (the same counters as `inferscope_agent_events_total`).
+    #[arg(long, value_name = "FILE")]
+    pub counters: Option<PathBuf>,
     /// Stop after this long (default: until SIGINT/SIGTERM).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub duration: Option<Duration>,
@@ -144,6 +148,7 @@ pub struct FileConfig {
     pub diagnose_window: Option<String>,
     pub diagnose_ratio: Option<f64>,
     pub records: Option<PathBuf>,
+    pub counters: Option<PathBuf>,
     /// User-defined probe spec (TOML).
     pub probes: Option<PathBuf>,
     pub token_hooks: Option<bool>,
@@ -198,6 +203,7 @@ pub struct RunConfig {
     /// `None`: the continuous diagnosis is off.
     pub diagnose: Option<inferscope::diagnose::watch::WatchConfig>,
     pub records: Option<PathBuf>,
+    pub counters: Option<PathBuf>,
     pub duration: Option<Duration>,
     /// User-defined probes, checked at start-up.
     pub probes: Option<inferscope::capture::user_probes::ProbeSpec>,
@@ -335,6 +341,7 @@ impl RunConfig {
             nvml_interval,
             diagnose,
             records: args.records.or(file.records),
+            counters: args.counters.or(file.counters),
             duration: args.duration,
             probes: match args.probes.or(file.probes) {
                 Some(path) => Some(

@@ -21,7 +21,7 @@ use inferscope::{
         names,
         otlp::{DiagnosisEvents, ExportCounters, OtlpConfig, TraceExporter},
     },
-    pipeline::{Pipeline, PipelineConfig},
+    pipeline::{Observer as _, Pipeline, PipelineConfig},
 };
 use opentelemetry::{KeyValue, metrics::MeterProvider as _};
 use tracing::{info, warn};
@@ -192,6 +192,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     observer.finish();
     pipeline.log_counters();
+    if let Some(path) = &config.counters {
+        observer.on_counters(pipeline.counters());
+        inferscope::export::counters_file::write(path, observer.counters())
+            .with_context(|| format!("writing the counters to {}", path.display()))?;
+    }
     if let Some(provider) = meter_provider
         && let Err(e) = provider.shutdown()
     {
