@@ -442,13 +442,21 @@ pub fn fd_key(tgid: u32, fd: i32) -> u64 {
 mod pod {
     // SAFETY: plain repr(C) integers and byte arrays with explicit padding fields.
     unsafe impl aya::Pod for super::SyscallRecord {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::CompactWriteRecord {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::SegmentRecord {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::SockStateRecord {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::AdoptRecord {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::SchedRecord {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::UserProbeConfig {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::UserProbeRecord {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::ConnEntry {}
 }
 
