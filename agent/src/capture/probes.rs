@@ -207,6 +207,7 @@ impl SocketProbes {
             .override_global("TCP_PROBE_FAMILY", &t.family, true)
             .override_global("TCP_PROBE_DATA_LEN", &t.data_len, true)
             .override_global("TCP_PROBE_SKADDR", &t.skaddr, true)
+            .override_global("TCP_PROBE_IN_PLACE", &u32::from(t.in_place()), true)
             .map_max_entries("EVENTS", config.ring_buffer_bytes)
             .load(PROGRAM_OBJECT)
             .map_err(|e| CaptureError::Load(Box::new(e)))?;

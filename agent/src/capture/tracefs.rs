@@ -141,6 +141,19 @@ impl TcpProbeOffsets {
             skaddr: format.offset("skaddr", 8).unwrap_or(0),
         })
     }
+
+    /// The integer fields sit where the program can load them in place (see
+    /// [`inferscope_common::tcp_probe_layout`]).
+    pub fn in_place(&self) -> bool {
+        use inferscope_common::tcp_probe_layout as l;
+        (
+            self.daddr,
+            self.sport,
+            self.dport,
+            self.family,
+            self.data_len,
+        ) == (l::DADDR, l::SPORT, l::DPORT, l::FAMILY, l::DATA_LEN)
+    }
 }
 
 /// sock:inet_sock_set_state's skaddr, oldstate, newstate, sport and protocol offsets (the
@@ -179,6 +192,19 @@ mod tests {
                 skaddr: 128,
             })
         );
+        assert!(TcpProbeOffsets::from_format(&format).is_ok_and(|o| o.in_place()));
+    }
+
+    #[test]
+    fn a_moved_field_is_read_through_its_offset_not_in_place() {
+        // Kernels before `family` and `mark` (5.x): data_len right after the ports.
+        let older = TCP_PROBE
+            .replace("data_len;\toffset:76;", "data_len;\toffset:68;")
+            .replace(" family;", " fam;");
+        let moved = TCP_PROBE.replace("data_len;\toffset:76;", "data_len;\toffset:80;");
+        let offsets = TcpProbeOffsets::from_format(&Format::parse("tcp:tcp_probe", &moved));
+        assert_eq!(offsets.map(|o| (o.data_len, o.in_place())), Ok((80, false)));
+        assert!(TcpProbeOffsets::from_format(&Format::parse("tcp:tcp_probe", &older)).is_err());
     }
 
     #[test]
