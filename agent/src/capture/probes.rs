@@ -181,7 +181,7 @@ impl SocketProbes {
                 "tcp:tcp_probe has no skaddr field here: TCP arrivals join connections by address only"
             );
         }
-        // All zero when not attached: the program is then loaded but never runs.
+        // All zero when the program is not attached (it is then not loaded either).
         let t = tcp_offsets.unwrap_or_default();
         let pressure_bytes = inferscope_common::pressure_bytes(config.ring_buffer_bytes);
         let state_offsets = Format::read("sock", "inet_sock_set_state")
