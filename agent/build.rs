@@ -7,6 +7,15 @@ use aya_build::{Package, Toolchain};
 /// source (default `bpf`, which scripts/setup.sh links to Debian's rustc + rust-src). Building
 /// core for the bpf target needs `-Z build-std`, hence RUSTC_BOOTSTRAP for that child build.
 fn main() -> anyhow::Result<()> {
+    // The engine uprobes read x86-64 registers (the stack pointer `rsp`, the System V argument
+    // registers): on another architecture they would read the wrong values, so refuse to build.
+    let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    if arch != "x86_64" {
+        anyhow::bail!(
+            "inferscope supports x86_64 only (target architecture here: {arch}): its engine \
+             uprobes read x86-64 registers (rsp and the System V argument registers)"
+        );
+    }
     println!("cargo:rerun-if-env-changed=INFERSCOPE_BPF_TOOLCHAIN");
     let toolchain = std::env::var("INFERSCOPE_BPF_TOOLCHAIN").unwrap_or_else(|_| "bpf".into());
     if std::env::var_os("RUSTC_BOOTSTRAP").is_none() {

@@ -23,6 +23,11 @@ echo "== rustfmt"
 cargo fmt --all --check
 echo "== clippy"
 cargo clippy --all-targets -q -- -D warnings
+# --- issue 16a: the kernel programs under the same lints (checked for the host: clippy has no bpf
+# toolchain here; a no_std binary checks only with panic=abort) --------------------------------
+echo "== clippy (eBPF programs)"
+cargo clippy -p inferscope-ebpf -q --config 'profile.dev.panic="abort"' -- -D warnings
+# --- end issue 16a ---------------------------------------------------------------------------
 # --- deploy: kustomize overlays rendered and validated; the container image (issue 14) -------
 echo "== deploy manifests (kubectl kustomize + kubernetes-validate)"
 scripts/check-manifests.sh

@@ -13,7 +13,10 @@ use std::{
 use cudarc::cupti::sys;
 use inferscope_proto::v1::shim::{Kernel, Memcpy};
 
-use crate::{init::state, launches::API_NAMES};
+use crate::{
+    launches::API_NAMES,
+    state::{Shim, state},
+};
 
 const ALIGN: usize = 8;
 pub const KIND_MEMCPY: u32 = 1;
@@ -24,6 +27,11 @@ const BATCH: usize = 512;
 
 pub static OUTSTANDING: AtomicUsize = AtomicUsize::new(0);
 
+/// CUPTI asks for an activity buffer (registered with `cuptiActivityRegisterCallbacks`).
+///
+/// # Safety
+///
+/// `buffer`, `size` and `max_records` are null or valid for writes, as CUPTI passes them.
 pub unsafe extern "C" fn buffer_requested(
     buffer: *mut *mut u8,
     size: *mut usize,
@@ -63,6 +71,12 @@ pub unsafe extern "C" fn buffer_requested(
     }
 }
 
+/// CUPTI hands back a buffer from [`buffer_requested`], filled with records.
+///
+/// # Safety
+///
+/// `buffer` is null or a buffer [`buffer_requested`] allocated with `size` bytes, of which the
+/// first `valid_size` hold CUPTI activity records; it is not used after this call.
 pub unsafe extern "C" fn buffer_completed(
     context: cudarc::driver::sys::CUcontext,
     stream_id: u32,
@@ -93,7 +107,10 @@ pub unsafe extern "C" fn buffer_completed(
     }
 }
 
-unsafe fn decode_buffer(st: &crate::init::Shim, buffer: *mut u8, valid: usize) {
+/// # Safety
+///
+/// `buffer` holds `valid` bytes of CUPTI activity records.
+unsafe fn decode_buffer(st: &Shim, buffer: *mut u8, valid: usize) {
     let listening = st.sink.is_connected();
     let mut kernels = Vec::new();
     let mut memcpys = Vec::new();
@@ -142,12 +159,16 @@ unsafe fn decode_buffer(st: &crate::init::Shim, buffer: *mut u8, valid: usize) {
 
 macro_rules! field {
     ($p:expr, $f:ident) => {
-        // SAFETY (caller): $p points at a record of this layout; packed fields read unaligned.
+        // SAFETY: every use passes a `$p` that points at a live record of this layout (the
+        // callers' contract); packed fields are read unaligned.
         unsafe { addr_of!((*$p).$f).read_unaligned() }
     };
 }
 
-unsafe fn kernel(st: &crate::init::Shim, k: *const sys::CUpti_ActivityKernel9) -> Kernel {
+/// # Safety
+///
+/// `k` points at a live kernel activity record (possibly unaligned).
+unsafe fn kernel(st: &Shim, k: *const sys::CUpti_ActivityKernel9) -> Kernel {
     let name_ptr = field!(k, name);
     let raw = if name_ptr.is_null() {
         std::borrow::Cow::Borrowed("")
@@ -211,7 +232,10 @@ fn copy_kind(k: u8) -> &'static str {
     }
 }
 
-unsafe fn memcpy(st: &crate::init::Shim, record: *const sys::CUpti_Activity, kind: u32) -> Memcpy {
+/// # Safety
+///
+/// `record` points at a live memcpy or memset activity record of `kind` (possibly unaligned).
+unsafe fn memcpy(st: &Shim, record: *const sys::CUpti_Activity, kind: u32) -> Memcpy {
     if kind == KIND_MEMSET {
         let m = record as *const sys::CUpti_ActivityMemset4;
         return Memcpy {

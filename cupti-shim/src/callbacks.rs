@@ -4,7 +4,7 @@ use std::cell::Cell;
 
 use cudarc::cupti::sys::{self, CUpti_CallbackDomain as Domain};
 
-use crate::{clock::monotonic_ns, init::state, launches::Launch};
+use crate::{clock::monotonic_ns, launches::Launch, state::state};
 
 /// (domain, callback id, index into `launches::API_NAMES`).
 pub const LAUNCH_CALLBACKS: &[(Domain, u32, u8)] = &[
@@ -53,6 +53,11 @@ fn tid() -> u32 {
 }
 
 /// The subscriber callback. `extern "C"`: a panic here aborts, so nothing in it can panic.
+///
+/// # Safety
+///
+/// `cbdata` is null or, for the runtime and driver API domains, points at a
+/// `CUpti_CallbackData` valid for the call, as CUPTI passes it.
 pub unsafe extern "C" fn on_callback(
     _userdata: *mut std::ffi::c_void,
     domain: Domain,

@@ -1,7 +1,7 @@
 //! Injection-time setup: load CUPTI, subscribe, enable the launch callbacks and kernel activity,
 //! start the sender thread, and flush at exit.
 use std::{
-    sync::{Mutex, Once, OnceLock, atomic::Ordering},
+    sync::{Mutex, Once, atomic::Ordering},
     time::Duration,
 };
 
@@ -13,39 +13,10 @@ use crate::{
     config::{Config, env_flag},
     launches::LaunchTable,
     names::NameCache,
-    sender::{self, Sink},
+    sender,
+    sink::Sink,
+    state::{self, Shim, state},
 };
-
-pub struct Shim {
-    /// The process that was injected; a forked child inherits this state but not CUDA.
-    pub pid: u32,
-    pub config: Config,
-    pub launches: LaunchTable,
-    pub clock: Clock,
-    pub sink: Sink,
-    pub cupti_version: u32,
-    pub driver_version: i32,
-    names: Mutex<NameCache>,
-}
-
-impl Shim {
-    pub fn names(&self, raw: &str) -> (std::sync::Arc<str>, bool) {
-        match self.names.lock() {
-            Ok(mut cache) => cache.get(raw),
-            Err(_) => {
-                let n = crate::names::demangle(raw);
-                let tc = crate::names::uses_tensor_cores(&n);
-                (n.into(), tc)
-            }
-        }
-    }
-}
-
-static STATE: OnceLock<Shim> = OnceLock::new();
-
-pub fn state() -> Option<&'static Shim> {
-    STATE.get()
-}
 
 fn log(msg: &str) {
     eprintln!("inferscope-cupti[{}]: {msg}", std::process::id());
@@ -112,10 +83,9 @@ fn setup() -> Result<(), String> {
         names: Mutex::new(NameCache::new(8192)),
         config,
     };
-    if STATE.set(shim).is_err() {
+    let Some(st) = state::install(shim) else {
         return Ok(());
-    }
-    let st = state().ok_or("state unset")?;
+    };
 
     let mut subscriber: sys::CUpti_SubscriberHandle = std::ptr::null_mut();
     // SAFETY: valid out-pointer and callback.
@@ -183,11 +153,11 @@ fn setup() -> Result<(), String> {
     // connect answers at once (refused, absent or accepted), so cuInit is not held up.
     let first = sender::connect(st);
     if first.is_some() {
-        st.sink.set_connected();
+        st.sink.set_connected(true);
     }
     std::thread::Builder::new()
         .name("inferscope-shim".into())
-        .spawn(move || sender::run(rx, first))
+        .spawn(move || sender::run(st, rx, first))
         .map_err(|e| format!("could not start the sender thread: {e}"))?;
     // SAFETY: registering a plain extern "C" fn.
     unsafe { libc::atexit(at_exit) };

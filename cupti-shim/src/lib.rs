@@ -13,6 +13,8 @@ mod init;
 mod launches;
 pub mod names;
 mod sender;
+mod sink;
+mod state;
 
 use std::ffi::c_int;
 

@@ -3,6 +3,10 @@
 //! that close first), every request on the wire has exactly one record, TTFT within 1 ms of the
 //! wire, nothing recorded for non-connection fds, and `ended_by` right. Then the same on the
 //! real llama.cpp engine: a burst of fresh connections, and 300 short sequential requests.
+
+// Test code: a failed setup or check stops the test with the value it did not expect.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{
     collections::HashMap,
     io::{BufRead, BufReader, Read, Write},

@@ -2,6 +2,10 @@
 //! `libinferscope_cupti.so` through CUDA_INJECTION64_PATH, the shim loads the mock libcupti through
 //! cudarc's real dynamic loader, the mock engine launches kernels (runtime, driver, _ptsz, Ex and
 //! CUDA graph launches), and the real `inferscope gpu` agent receives them over a real socket.
+
+// Test code: a failed setup or check stops the test with the value it did not expect.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{
     collections::{BTreeSet, HashMap},
     fs,

@@ -1,5 +1,9 @@
 //! `inferscope run` end to end: the real agent with real eBPF on the real engine, exporting to a
 //! real OTLP receiver (rotel), scraped by a real Prometheus, and read by its own CLI clients.
+
+// Test code: a failed setup or check stops the test with the value it did not expect.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{
     collections::BTreeMap,
     process::{Command, Stdio},

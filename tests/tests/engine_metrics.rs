@@ -2,6 +2,10 @@
 //! engine's /metrics on its serving port, writes one record per scrape whose running and waiting
 //! counts follow a small load, turns counters into rates, keeps its own scrapes out of the
 //! request records, and stamps each request with the queue it found on arrival.
+
+// Test code: a failed setup or check stops the test with the value it did not expect.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use inferscope_integration_tests::{

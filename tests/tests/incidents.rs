@@ -1,6 +1,10 @@
 //! The incident suite (tests/incidents/): each scenario is recorded live by the real agent on the
 //! real engine, then diagnosed by `inferscope diagnose`; the cause must match the incident made,
 //! and the evidence must carry the signal that shows it.
+
+// Test code: a failed setup or check stops the test with the value it did not expect.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../incidents/mod.rs"]
 mod incidents;
 

@@ -2,6 +2,10 @@
 //! builds it from the llama.cpp source vendored in the pinned xllamacpp, with shared libraries
 //! like distro packages): the server's scheduler lives in its own shared object and the engine
 //! steps in libllama.so, not in one Python extension module as in tests/scheduler_hooks.rs.
+
+// Test code: a failed setup or check stops the test with the value it did not expect.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{path::Path, time::Duration};
 
 use inferscope_integration_tests::{

@@ -1,5 +1,9 @@
 //! Scheduler uprobes on the real llama.cpp engine: TTFT split into queue wait and prefill, per
 //! request, with admission joined exactly through the engine's task id.
+
+// Test code: a failed setup or check stops the test with the value it did not expect.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use inferscope_integration_tests::{

@@ -6,6 +6,10 @@
 //! KV pool, so requests wait and are retracted. The real agent records it with eBPF; every
 //! request's admission, retractions and prompt tokens must equal what the scheduler itself
 //! logged, and every first-prefill step its bounds.
+
+// Test code: a failed setup or check stops the test with the value it did not expect.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{
     collections::HashMap,
     io::{Read, Write},

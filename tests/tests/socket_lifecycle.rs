@@ -1,5 +1,9 @@
 //! The agent, with real eBPF, against the real llama.cpp server: every request recorded once,
 //! TTFT equal to the wire's, chunk counts equal to the client's, keep-alive and aborts right.
+
+// Test code: a failed setup or check stops the test with the value it did not expect.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{
     collections::HashMap,
     process::{Command, Stdio},

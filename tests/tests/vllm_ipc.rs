@@ -3,6 +3,10 @@
 //! HTTP front that streams SSE with vLLM's ids (tests/engine/vllm_ipc_replay.py). The real agent
 //! records the API-server process with eBPF; its records must carry exactly the admission,
 //! preemptions, prompt tokens and per-step KV use the fixtures encode.
+
+// Test code: a failed setup or check stops the test with the value it did not expect.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{
     io::{Read, Write},
     net::TcpStream,

@@ -18,6 +18,7 @@ pub mod sched_hooks;
 pub mod sockets;
 pub mod sockpath;
 pub mod symbols;
+pub mod tracefs;
 pub mod user_probes;
 
 pub use discovery::{Discovery, DiscoveryChange, TargetSelector, TracedProcess};

@@ -16,6 +16,8 @@ use inferscope_common::{
 };
 use tracing::{debug, info, warn};
 
+use super::tracefs::{self, Format, TcpProbeOffsets};
+
 /// Sizes of the kernel-side buffers.
 #[derive(Debug, Clone, Copy)]
 pub struct CaptureConfig {
@@ -95,7 +97,6 @@ const ATTACHMENTS: &[(&str, &str, &str)] = &[
     ("exit_syscall", "syscalls", "sys_exit_dup"),
     ("exit_syscall", "syscalls", "sys_exit_dup2"),
     ("exit_syscall", "syscalls", "sys_exit_dup3"),
-    ("tcp_probe", "tcp", "tcp_probe"),
 ];
 
 static PROGRAM_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/inferscope"));
@@ -128,6 +129,9 @@ pub struct SocketProbes {
     /// Processes whose sends/receives are captured whole, in chunks (see LARGE_CAPTURE).
     large_capture: HashMap<MapData, u32, u32>,
     counters: PerCpuArray<MapData, u64>,
+    /// Tracepoint programs left unattached because this kernel's record layout lacks a field
+    /// they read (exported as a counter; each was logged at load).
+    unattached: u64,
     logger: Option<EbpfLogger<&'static dyn log::Log>>,
 }
 
@@ -164,15 +168,30 @@ impl SocketProbes {
             )));
         }
         raise_memlock_limit();
-        let skaddr_offset = tcp_probe_skaddr_offset().unwrap_or(0);
-        if skaddr_offset == 0 {
+        let tcp_offsets = Format::read("tcp", "tcp_probe")
+            .and_then(|format| TcpProbeOffsets::from_format(&format))
+            .inspect_err(|e| {
+                warn!(
+                    "{e}: tcp:tcp_probe is not attached, so a request's arrival is its first read, not its bytes' arrival on the wire"
+                );
+            })
+            .ok();
+        if tcp_offsets.is_some_and(|o| o.skaddr == 0) {
             warn!(
                 "tcp:tcp_probe has no skaddr field here: TCP arrivals join connections by address only"
             );
         }
+        // All zero when the program is not attached (it is then not loaded either).
+        let t = tcp_offsets.unwrap_or_default();
         let pressure_bytes = inferscope_common::pressure_bytes(config.ring_buffer_bytes);
-        let state_offsets = tracepoint_format("sock", "inet_sock_set_state")
-            .and_then(|format| sock_state_offsets(&format));
+        let state_offsets = Format::read("sock", "inet_sock_set_state")
+            .and_then(|format| tracefs::sock_state_offsets(&format))
+            .inspect_err(|e| {
+                warn!(
+                    "{e}: sock:inet_sock_set_state is not attached, so a client that closes before a non-streamed response is written shows as complete"
+                );
+            })
+            .ok();
         let [s_skaddr, s_old, s_new, s_sport, s_protocol] = state_offsets.unwrap_or_default();
         let mut ebpf = EbpfLoader::new()
             .override_global("SOCK_STATE_SKADDR", &s_skaddr, true)
@@ -182,7 +201,13 @@ impl SocketProbes {
             .override_global("SOCK_STATE_PROTOCOL", &s_protocol, true)
             .override_global("CAPTURE_BYTES", &config.capture_bytes, true)
             .override_global("PRESSURE_BYTES", &pressure_bytes, true)
-            .override_global("TCP_PROBE_SKADDR", &skaddr_offset, true)
+            .override_global("TCP_PROBE_DADDR", &t.daddr, true)
+            .override_global("TCP_PROBE_SPORT", &t.sport, true)
+            .override_global("TCP_PROBE_DPORT", &t.dport, true)
+            .override_global("TCP_PROBE_FAMILY", &t.family, true)
+            .override_global("TCP_PROBE_DATA_LEN", &t.data_len, true)
+            .override_global("TCP_PROBE_SKADDR", &t.skaddr, true)
+            .override_global("TCP_PROBE_IN_PLACE", &u32::from(t.in_place()), true)
             .map_max_entries("EVENTS", config.ring_buffer_bytes)
             .load(PROGRAM_OBJECT)
             .map_err(|e| CaptureError::Load(Box::new(e)))?;
@@ -216,12 +241,16 @@ impl SocketProbes {
                     source: Box::new(source),
                 })?;
         }
+        let mut unattached = 0;
+        if tcp_offsets.is_some() {
+            attach_tracepoint(&mut ebpf, ("tcp_probe", "tcp", "tcp_probe"))?;
+        } else {
+            unattached += 1;
+        }
         if state_offsets.is_some() {
             attach_tracepoint(&mut ebpf, ("sock_state", "sock", "inet_sock_set_state"))?;
         } else {
-            warn!(
-                "sock:inet_sock_set_state is missing or unreadable here: a client that closes before a non-streamed response is written shows as complete"
-            );
+            unattached += 1;
         }
         let sock_hook = match attach_accept_hook(&mut ebpf) {
             Ok(()) => true,
@@ -296,6 +325,7 @@ impl SocketProbes {
             sock_hook,
             large_capture,
             counters,
+            unattached,
             logger,
         })
     }
@@ -388,11 +418,12 @@ impl SocketProbes {
         }
     }
 
-    /// Kernel-side counters summed over CPUs.
+    /// Kernel-side counters summed over CPUs, and the programs this kernel could not take.
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
         Counter::ALL
             .iter()
             .map(|&c| (c.name(), self.counter(c)))
+            .chain([("tracepoints_unattached", self.unattached)])
             .collect()
     }
 
@@ -559,45 +590,6 @@ fn attach_tracepoint(
     Ok(())
 }
 
-/// A tracepoint's record layout, from tracefs.
-fn tracepoint_format(category: &str, name: &str) -> Option<String> {
-    ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
-        .iter()
-        .find_map(|root| {
-            std::fs::read_to_string(format!("{root}/events/{category}/{name}/format")).ok()
-        })
-}
-
-/// Where tcp:tcp_probe keeps `skaddr` on this kernel, from its tracefs format.
-fn tcp_probe_skaddr_offset() -> Option<u32> {
-    skaddr_offset(&tracepoint_format("tcp", "tcp_probe")?)
-}
-
-fn skaddr_offset(format: &str) -> Option<u32> {
-    field_offset(format, "skaddr", 8)
-}
-
-/// The offset of field `name` in a tracepoint format, if it has `size` bytes.
-fn field_offset(format: &str, name: &str, size: u32) -> Option<u32> {
-    let line = format.lines().find(|l| l.contains(&format!(" {name};")))?;
-    let offset = line.split("offset:").nth(1)?.split(';').next()?;
-    let found = line.split("size:").nth(1)?.split(';').next()?;
-    (found.trim().parse::<u32>().ok()? == size).then_some(())?;
-    offset.trim().parse().ok()
-}
-
-/// sock:inet_sock_set_state's skaddr, oldstate, newstate, sport and protocol offsets (the
-/// kernel program reads them at these offsets), all or none.
-fn sock_state_offsets(format: &str) -> Option<[u32; 5]> {
-    Some([
-        field_offset(format, "skaddr", 8)?,
-        field_offset(format, "oldstate", 4)?,
-        field_offset(format, "newstate", 4)?,
-        field_offset(format, "sport", 2)?,
-        field_offset(format, "protocol", 2)?,
-    ])
-}
-
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; raising it is harmless on newer ones.
 fn raise_memlock_limit() {
     let limit = libc::rlimit {
@@ -615,27 +607,5 @@ impl crate::model::PerProcess for SocketProbes {
         self.untrace_process(tgid);
         self.capture_large(tgid, 0);
         self.detach_uprobes(tgid);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn finds_skaddr_in_a_tracepoint_format() {
-        let format = "\tfield:__u64 sock_cookie;\toffset:112;\tsize:8;\tsigned:0;\n\tfield:const void * skaddr;\toffset:128;\tsize:8;\tsigned:0;\n";
-        assert_eq!(super::skaddr_offset(format), Some(128));
-        assert_eq!(
-            super::skaddr_offset("field:int x;\toffset:8;\tsize:4;"),
-            None
-        );
-    }
-
-    #[test]
-    fn reads_the_state_change_layout() {
-        let format = "\tfield:const void * skaddr;\toffset:8;\tsize:8;\tsigned:0;\n\tfield:int oldstate;\toffset:16;\tsize:4;\tsigned:1;\n\tfield:int newstate;\toffset:20;\tsize:4;\tsigned:1;\n\tfield:__u16 sport;\toffset:24;\tsize:2;\tsigned:0;\n\tfield:__u16 dport;\toffset:26;\tsize:2;\tsigned:0;\n\tfield:__u16 protocol;\toffset:30;\tsize:2;\tsigned:0;\n";
-        assert_eq!(super::sock_state_offsets(format), Some([8, 16, 20, 24, 30]));
-        // Kernels before 4.16's protocol field: not attached rather than misread.
-        let old = format.replace("protocol", "proto");
-        assert_eq!(super::sock_state_offsets(&old), None);
     }
 }

@@ -177,11 +177,13 @@ pub enum CapturedEvent<'a> {
     },
 }
 
-fn read_struct<T: Copy>(bytes: &[u8]) -> Option<T> {
+/// The record at the start of `bytes`, which the kernel wrote. `Pod`: any bytes are a valid
+/// value, so a corrupted or misread record is wrong data, never undefined behaviour.
+fn read_struct<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
     if bytes.len() < std::mem::size_of::<T>() {
         return None;
     }
-    // SAFETY: length checked above; T is a repr(C) plain-old-data record and the read is
+    // SAFETY: length checked above; T is Pod (every bit pattern is a value) and the read is
     // unaligned-tolerant.
     Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
 }
@@ -348,6 +350,7 @@ mod tests {
             _pad: 0,
         };
         let mut bytes = vec![0u8; std::mem::size_of::<SyscallRecord>()];
+        // SAFETY: `bytes` holds exactly one record, written unaligned.
         unsafe { std::ptr::write_unaligned(bytes.as_mut_ptr().cast(), header) };
         bytes.extend_from_slice(payload);
         bytes
@@ -376,6 +379,7 @@ mod tests {
             ts_ns: 1,
         };
         let mut bytes = vec![0u8; std::mem::size_of::<AdoptRecord>()];
+        // SAFETY: `bytes` holds exactly one record, written unaligned.
         unsafe { std::ptr::write_unaligned(bytes.as_mut_ptr().cast(), record) };
         let Ok(CapturedEvent::Adopted { tgid, port }) = parse(&bytes) else {
             panic!("expected an adoption")
@@ -401,6 +405,7 @@ mod tests {
             lost_heads: 2,
         };
         let mut bytes = vec![0u8; std::mem::size_of::<CompactWriteRecord>()];
+        // SAFETY: `bytes` holds exactly one record, written unaligned.
         unsafe { std::ptr::write_unaligned(bytes.as_mut_ptr().cast(), header) };
         bytes.extend_from_slice(b"10e\r");
         let CapturedEvent::Syscall(ev) = parse(&bytes).unwrap() else {

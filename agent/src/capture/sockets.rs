@@ -40,8 +40,8 @@ impl ProcessHandle {
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: fd was just returned by the kernel and is owned by nobody else.
         Ok(Self {
+            // SAFETY: fd was just returned by the kernel and is owned by nobody else.
             pidfd: unsafe { OwnedFd::from_raw_fd(fd as RawFd) },
         })
     }

@@ -196,6 +196,19 @@ pub struct SegmentRecord {
     pub sock: u64,
 }
 
+/// tcp:tcp_probe's field offsets in the layout most kernels have (sockaddr_in6-sized addresses,
+/// then sport, dport, family, mark and data_len). User space reads the real offsets from the
+/// tracepoint's format; when they are these, the program loads the fields in place (the
+/// verifier allows only constant offsets into a tracepoint's record), else through a helper
+/// call per field.
+pub mod tcp_probe_layout {
+    pub const DADDR: u32 = 36;
+    pub const SPORT: u32 = 64;
+    pub const DPORT: u32 = 66;
+    pub const FAMILY: u32 = 68;
+    pub const DATA_LEN: u32 = 76;
+}
+
 /// `TCP_CLOSE_WAIT` of the kernel's TCP states: the peer sent its FIN.
 pub const TCP_CLOSE_WAIT: i32 = 8;
 /// `TCP_CLOSE`: the socket is gone (after the server's close, or reset by the peer).
@@ -442,13 +455,21 @@ pub fn fd_key(tgid: u32, fd: i32) -> u64 {
 mod pod {
     // SAFETY: plain repr(C) integers and byte arrays with explicit padding fields.
     unsafe impl aya::Pod for super::SyscallRecord {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::CompactWriteRecord {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::SegmentRecord {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::SockStateRecord {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::AdoptRecord {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::SchedRecord {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::UserProbeConfig {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::UserProbeRecord {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::ConnEntry {}
 }
 

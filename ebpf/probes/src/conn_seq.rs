@@ -21,9 +21,11 @@ pub static CONN_SEQ: LruHashMap<u64, ConnSeq> = LruHashMap::with_max_entries(655
 /// rare race shows in user space as a spurious gap, never as a missed one.
 #[inline(always)]
 pub fn take(key: u64, accept: bool) -> (u32, u32) {
-    if !accept && let Some(slot) = CONN_SEQ.get_ptr_mut(&key) {
+    if !accept && let Some(slot) = CONN_SEQ.get_ptr_mut(key) {
         // SAFETY: a valid map value pointer from the lookup.
         let current = unsafe { *slot };
+        // SAFETY: as above; one thread uses an fd at a time (see the doc), and a race only numbers
+        // a record twice.
         unsafe { (*slot).next = current.next.wrapping_add(1) };
         return (current.next, current.lost_heads);
     }
@@ -31,7 +33,7 @@ pub fn take(key: u64, accept: bool) -> (u32, u32) {
         next: 1,
         lost_heads: 0,
     };
-    let _ = CONN_SEQ.insert(&key, &fresh, 0);
+    let _ = CONN_SEQ.insert(key, fresh, 0);
     (0, 0)
 }
 
@@ -41,7 +43,7 @@ pub fn lost(key: u64, head: bool) {
     if !head {
         return;
     }
-    if let Some(slot) = CONN_SEQ.get_ptr_mut(&key) {
+    if let Some(slot) = CONN_SEQ.get_ptr_mut(key) {
         // SAFETY: as in `take`.
         unsafe { (*slot).lost_heads = (*slot).lost_heads.wrapping_add(1) };
     }
@@ -50,5 +52,5 @@ pub fn lost(key: u64, head: bool) {
 /// The fd closed: its next connection starts numbering afresh even without an accept.
 #[inline(always)]
 pub fn forget(key: u64) {
-    let _ = CONN_SEQ.remove(&key);
+    let _ = CONN_SEQ.remove(key);
 }

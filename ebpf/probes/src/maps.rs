@@ -132,7 +132,9 @@ pub fn ignored(tgid: u32, key: u64, id: u64) -> bool {
     if !any {
         return false;
     }
-    match unsafe { FD_VERDICT.get(&key) } {
+    // SAFETY: the verdict is copied out at once; user space rewriting it meanwhile gives the old or
+    // the new verdict, either valid.
+    match unsafe { FD_VERDICT.get(key) } {
         Some(ignored_id) => *ignored_id == id,
         None => false,
     }
@@ -204,6 +206,8 @@ pub static CAPTURE_BYTES: u32 = 4096;
 
 #[inline(always)]
 pub fn capture_limit() -> usize {
+    // SAFETY: a valid, aligned static; the volatile load keeps the value user space set at load
+    // time from being folded to the compiled-in default.
     let configured = unsafe { core::ptr::read_volatile(&CAPTURE_BYTES) } as usize;
     if configured > MAX_CAPTURE_BYTES {
         MAX_CAPTURE_BYTES

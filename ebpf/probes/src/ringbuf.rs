@@ -54,7 +54,9 @@ pub fn may_cut(tgid: u32, fd: i32, inflight: &Inflight) -> bool {
     if inflight.conn_flags & (CONN_INET | CONN_PREEXISTING) == 0 {
         return false;
     }
-    match unsafe { KEEP_WHOLE.get(&fd_key(tgid, fd)) } {
+    // SAFETY: the id is copied out at once; user space rewriting it meanwhile gives the old or the
+    // new id, either valid.
+    match unsafe { KEEP_WHOLE.get(fd_key(tgid, fd)) } {
         Some(id) => *id != inflight.conn_id,
         None => true,
     }
@@ -63,6 +65,8 @@ pub fn may_cut(tgid: u32, fd: i32, inflight: &Inflight) -> bool {
 /// The ring buffer holds more than [`PRESSURE_BYTES`]: the agent is behind.
 #[inline(always)]
 pub fn under_pressure() -> bool {
+    // SAFETY: a valid, aligned static; the volatile load keeps the value user space set at load
+    // time from being folded to the compiled-in default.
     let mark = unsafe { core::ptr::read_volatile(&PRESSURE_BYTES) };
     EVENTS.query(BPF_RB_AVAIL_DATA as u64) > u64::from(mark)
 }

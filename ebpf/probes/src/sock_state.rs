@@ -5,7 +5,7 @@
 use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext};
 use inferscope_common::{Counter, RecordType, SockStateRecord, TCP_CLOSE, TCP_CLOSE_WAIT};
 
-use crate::{maps::watched, ringbuf::output};
+use crate::{ctx::field_at, maps::watched, ringbuf::output};
 
 const IPPROTO_TCP: u16 = 6;
 
@@ -24,11 +24,7 @@ static SOCK_STATE_PROTOCOL: u32 = 0;
 
 #[inline(always)]
 fn at<T: Copy + Default>(ctx: &TracePointContext, global: &u32) -> T {
-    let offset = unsafe { core::ptr::read_volatile(global) } as usize;
-    if offset == 0 || offset > 4096 {
-        return T::default();
-    }
-    unsafe { ctx.read_at::<T>(offset) }.unwrap_or_default()
+    field_at(ctx, global).unwrap_or_default()
 }
 
 #[tracepoint]
@@ -60,6 +56,7 @@ fn try_sock_state(ctx: &TracePointContext) {
         _pad0: 0,
         local_port,
         _pad1: 0,
+        // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
         ts_ns: unsafe { bpf_ktime_get_ns() },
         sock: at(ctx, &SOCK_STATE_SKADDR),
     };

@@ -8,6 +8,10 @@
 //!                                           S seconds; --rate N paces all connections together
 //!                                           to N requests/s; prints the responses it completed)
 //! sse_load hold  --port P [--connections C]                    (C requests in flight at once)
+
+// A test tool: it stops with the value it did not expect, like the tests that run it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{
     io::{BufRead, BufReader, Read, Write},
     net::{TcpListener, TcpStream},

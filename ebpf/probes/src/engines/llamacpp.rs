@@ -28,6 +28,7 @@ static AWAITING_FIRST_TOKEN: LruHashMap<u64, u8> = LruHashMap::with_max_entries(
 pub fn llamacpp_post_tasks(ctx: ProbeContext) -> u32 {
     // SysV: rdi = this, rsi = the vector (begin pointer first).
     if let Some(vector) = ctx.arg::<u64>(1) {
+        // SAFETY: the helper checks the user address and fails instead of faulting.
         match unsafe { bpf_probe_read_user(vector as *const u64) } {
             Ok(begin) => {
                 if let Some(task) = read_id(begin, task_offset(&ctx)) {
@@ -64,7 +65,7 @@ pub fn llamacpp_admit(ctx: ProbeContext) -> u32 {
     let slot_id = read_id(slot, slot_offset(&ctx)).unwrap_or(-1);
     if slot_id >= 0 {
         let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-        let _ = AWAITING_FIRST_TOKEN.insert(&slot_key(tgid, slot_id), &1, 0);
+        let _ = AWAITING_FIRST_TOKEN.insert(slot_key(tgid, slot_id), 1, 0);
     }
     emit(SchedKind::TaskAdmitted, task_id, slot_id as i32);
     0
@@ -87,8 +88,9 @@ pub fn llamacpp_partial(ctx: ProbeContext) -> u32 {
         return 0;
     };
     let key = slot_key((bpf_get_current_pid_tgid() >> 32) as u32, slot_id);
-    if unsafe { AWAITING_FIRST_TOKEN.get(&key) }.is_some() {
-        let _ = AWAITING_FIRST_TOKEN.remove(&key);
+    // SAFETY: only whether an entry exists is read, not its value.
+    if unsafe { AWAITING_FIRST_TOKEN.get(key) }.is_some() {
+        let _ = AWAITING_FIRST_TOKEN.remove(key);
         emit(SchedKind::FirstToken, -1, slot_id as i32);
     }
     0
@@ -120,7 +122,10 @@ pub fn llamacpp_requeue(ctx: ProbeContext) -> u32 {
 /// passed in memory on the stack, `n_tokens` first, just above the return address.
 #[uprobe]
 pub fn llamacpp_decode_begin(ctx: ProbeContext) -> u32 {
+    // SAFETY: `regs` points at the probed task's saved registers, valid for the program's run
+    // (x86_64 only: the agent refuses to build elsewhere).
     let sp = unsafe { (*ctx.regs).rsp };
+    // SAFETY: the helper checks the user address and fails instead of faulting.
     let tokens = match unsafe { bpf_probe_read_user((sp + 8) as *const i32) } {
         Ok(n) => n as i64,
         Err(_) => -1,
@@ -156,12 +161,14 @@ fn slot_event(ctx: &ProbeContext, arg: usize, kind: SchedKind) {
 
 #[inline(always)]
 fn task_offset(ctx: &ProbeContext) -> u64 {
+    // SAFETY: the context is the uprobe's own, as the helper requires.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     cookie & 0xffff_ffff
 }
 
 #[inline(always)]
 fn slot_offset(ctx: &ProbeContext) -> u64 {
+    // SAFETY: the context is the uprobe's own, as the helper requires.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     cookie >> 32
 }
@@ -174,6 +181,7 @@ fn slot_key(tgid: u32, slot_id: i64) -> u64 {
 /// The `int id` member at `offset` of the struct at `address`.
 #[inline(always)]
 fn read_id(address: u64, offset: u64) -> Option<i64> {
+    // SAFETY: the helper checks the user address and fails instead of faulting.
     match unsafe { bpf_probe_read_user((address + offset) as *const i32) } {
         Ok(id) => Some(id as i64),
         Err(_) => {
@@ -197,6 +205,7 @@ fn emit(kind: SchedKind, value: i64, slot: i32) {
         tgid,
         tid: pid_tgid as u32,
         slot,
+        // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
         ts_ns: unsafe { bpf_ktime_get_ns() },
         task_id: value,
     };

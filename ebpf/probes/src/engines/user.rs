@@ -49,6 +49,7 @@ fn hit(ctx: *mut core::ffi::c_void, regs: *mut pt_regs) {
     if !traced(tgid) {
         return;
     }
+    // SAFETY: the context is the uprobe's own, as the helper requires.
     let probe = unsafe { bpf_get_attach_cookie(ctx) } as u32;
     let Some(config) = USER_PROBES.get(probe) else {
         return;
@@ -68,6 +69,7 @@ fn hit(ctx: *mut core::ffi::c_void, regs: *mut pt_regs) {
         tgid,
         tid: pid_tgid as u32,
         probe,
+        // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
         ts_ns: unsafe { bpf_ktime_get_ns() },
         value,
     };
@@ -103,6 +105,7 @@ fn read_value(config: &UserProbeConfig, regs: *mut pt_regs) -> Option<Option<i64
             break;
         }
         let addr = base.wrapping_add(config.derefs[i] as i64 as u64);
+        // SAFETY: the helper checks the user address and fails instead of faulting.
         base = unsafe { bpf_probe_read_user(addr as *const u64) }.ok()?;
     }
     if config.final_read == 0 {
@@ -116,9 +119,13 @@ fn read_value(config: &UserProbeConfig, regs: *mut pt_regs) -> Option<Option<i64
     }
     let addr = base.wrapping_add(config.offset as i64 as u64);
     let value = match config.width {
+        // SAFETY: the helper checks the user address and fails instead of faulting.
         1 => unsafe { bpf_probe_read_user(addr as *const u8) }.ok()? as i64,
+        // SAFETY: as above.
         2 => unsafe { bpf_probe_read_user(addr as *const u16) }.ok()? as i64,
+        // SAFETY: as above.
         4 => unsafe { bpf_probe_read_user(addr as *const u32) }.ok()? as i64,
+        // SAFETY: as above.
         8 => unsafe { bpf_probe_read_user(addr as *const u64) }.ok()? as i64,
         0 => read_string_hash(addr, config.string_len as usize)?,
         _ => return None,
@@ -126,11 +133,15 @@ fn read_value(config: &UserProbeConfig, regs: *mut pt_regs) -> Option<Option<i64
     Some(Some(value))
 }
 
+// An index loop with a constant bound is what the verifier accepts here.
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 fn read_string_hash(addr: u64, limit: usize) -> Option<i64> {
     let buf = USER_STRING.get_ptr_mut(0)?;
     // SAFETY: per-CPU scratch, used by one program at a time on this CPU.
     let buf = unsafe { &mut *buf };
+    // SAFETY: `buf` is the per-CPU buffer borrowed above; the helper checks the user address,
+    // writes at most its length and fails instead of faulting.
     let bytes = unsafe { bpf_probe_read_user_str_bytes(addr as *const u8, buf) }.ok()?;
     let len = bytes.len();
     let mut hash = FNV_OFFSET;

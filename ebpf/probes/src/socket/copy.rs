@@ -23,7 +23,9 @@ pub static LARGE_CAPTURE: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0)
 
 #[inline(always)]
 fn large_capture(tgid: u32) -> Option<u32> {
-    unsafe { LARGE_CAPTURE.get(&tgid) }.copied()
+    // SAFETY: the limit is copied out at once; user space rewriting it meanwhile gives the old
+    // or the new value, both valid limits.
+    unsafe { LARGE_CAPTURE.get(tgid) }.copied()
 }
 
 pub struct Copied {
@@ -46,6 +48,8 @@ const MSG_IOVLEN: u64 = 24;
 #[inline(always)]
 fn read_user<T: Copy>(addr: u64) -> Option<T> {
     let mut value = core::mem::MaybeUninit::<T>::uninit();
+    // SAFETY: the destination is `size_of::<T>()` writable bytes; the helper checks the user
+    // address and fails (rc != 0) instead of faulting.
     let rc = unsafe {
         bpf_probe_read_user(
             value.as_mut_ptr().cast(),
@@ -54,6 +58,8 @@ fn read_user<T: Copy>(addr: u64) -> Option<T> {
         )
     };
     if rc == 0 {
+        // SAFETY: the helper filled all of it, and T is only ever a plain-integer type (u64,
+        // Iovec) for which any bytes are a valid value.
         Some(unsafe { value.assume_init() })
     } else {
         None
@@ -67,6 +73,8 @@ fn copy_at(payload: &mut [u8; 2 * MAX_CAPTURE_BYTES], offset: usize, src: u64, l
     if offset >= MAX_CAPTURE_BYTES || len > MAX_CAPTURE_BYTES {
         return false;
     }
+    // SAFETY: offset < MAX and len <= MAX (checked above) keep the destination inside the 2×MAX
+    // buffer; the helper checks the user address and fails instead of faulting.
     let rc = unsafe {
         bpf_probe_read_user(
             payload.as_mut_ptr().add(offset).cast(),
@@ -175,6 +183,8 @@ pub fn emit(scratch: &Scratch, captured: usize) -> bool {
         captured
     };
     let size = core::mem::size_of::<SyscallRecord>() + len;
+    // SAFETY: the header plus at most MAX_CAPTURE_BYTES of payload lies inside the scratch
+    // value, which `scratch` borrows for the slice's whole life.
     let bytes =
         unsafe { core::slice::from_raw_parts((scratch as *const Scratch).cast::<u8>(), size) };
     output::<[u8]>(bytes, Counter::RecordsEmitted)

@@ -46,7 +46,9 @@ fn save(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), 
     if kind == SyscallKind::Read || kind == SyscallKind::Write {
         let key = fd_key(tgid, fd);
         // One lookup tells a connection from everything else, whatever the fd number's past.
-        match unsafe { CONNS.get(&key) } {
+        // SAFETY: the entry is copied out at once (`*known`); a racing update by another thread
+        // can only give the old or the new connection, which verdicts and user space tolerate.
+        match unsafe { CONNS.get(key) } {
             Some(known) => {
                 if ignored(tgid, key, known.id) {
                     return Ok(());
@@ -83,6 +85,7 @@ fn save(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), 
         0
     };
     let inflight = Inflight {
+        // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
         ts_enter_ns: unsafe { bpf_ktime_get_ns() },
         ptr,
         iovcnt,
@@ -96,11 +99,11 @@ fn save(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), 
         conn_flags: conn.flags,
         _pad1: 0,
     };
-    if let Some(slot) = INFLIGHT.get_ptr_mut(&pid_tgid) {
-        // Only this thread reads or writes its entry (entry, exit and thread exit all run in
-        // its context), so a plain store cannot race.
+    if let Some(slot) = INFLIGHT.get_ptr_mut(pid_tgid) {
+        // SAFETY: only this thread reads or writes its entry (entry, exit and thread exit all
+        // run in its context), so a plain store cannot race.
         unsafe { *slot = inflight };
-    } else if INFLIGHT.insert(&pid_tgid, &inflight, 0).is_err() {
+    } else if INFLIGHT.insert(pid_tgid, inflight, 0).is_err() {
         bump(Counter::InflightMapFull);
         warn!(
             ctx,
@@ -149,7 +152,7 @@ pub fn accepted_sock(ctx: FExitContext) -> u32 {
     if !traced((pid_tgid >> 32) as u32) && !adopt_at_accept((pid_tgid >> 32) as u32, sock) {
         return 0;
     }
-    if let Some(slot) = INFLIGHT.get_ptr_mut(&pid_tgid) {
+    if let Some(slot) = INFLIGHT.get_ptr_mut(pid_tgid) {
         // SAFETY: only this thread touches its entry (see INFLIGHT).
         unsafe {
             if (*slot).live == 1 && (*slot).kind == SyscallKind::Accept as u8 {
@@ -171,6 +174,7 @@ fn adopt_at_accept(tgid: u32, sock: u64) -> bool {
     if sock == 0 {
         return false;
     }
+    // SAFETY: the helper checks the kernel address and fails instead of faulting.
     match unsafe { bpf_probe_read_kernel((sock + SKC_NUM) as *const u16) } {
         Ok(port) => adopt(tgid, port),
         Err(_) => false,
@@ -194,12 +198,14 @@ pub fn enter_bind(ctx: TracePointContext) -> u32 {
     }
     // sockaddr_in and sockaddr_in6 both hold the family first and the port (network order) at
     // offset 2.
+    // SAFETY: the helper checks the user address and fails instead of faulting.
     let Ok(family) = (unsafe { bpf_probe_read_user(addr as *const u16) }) else {
         return 0;
     };
     if family != AF_INET && family != AF_INET6 {
         return 0;
     }
+    // SAFETY: as above.
     if let Ok(port) = unsafe { bpf_probe_read_user((addr + 2) as *const u16) } {
         adopt(tgid, u16::from_be(port));
     }
@@ -222,6 +228,7 @@ fn adopt(tgid: u32, port: u16) -> bool {
         _pad0: 0,
         local_port: port,
         tgid,
+        // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
         ts_ns: unsafe { bpf_ktime_get_ns() },
     };
     output::<AdoptRecord>(&record, Counter::ProcessesAdopted);
@@ -241,6 +248,7 @@ pub fn rcv_space_adjust(ctx: TracePointContext) -> u32 {
     if until == 0 {
         return 0;
     }
+    // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
     if unsafe { bpf_ktime_get_ns() } > until {
         // Closed: the next runs return after the load alone, without a helper call. (A read
         // that set it again meanwhile learns its socket at its connection's next read.)
@@ -251,7 +259,7 @@ pub fn rcv_space_adjust(ctx: TracePointContext) -> u32 {
     if !traced((pid_tgid >> 32) as u32) {
         return 0;
     }
-    if let Some(slot) = INFLIGHT.get_ptr_mut(&pid_tgid) {
+    if let Some(slot) = INFLIGHT.get_ptr_mut(pid_tgid) {
         // SAFETY: only this thread touches its entry (see INFLIGHT).
         unsafe {
             if (*slot).live == 1 && (*slot).wants_sock == 1 && (*slot).sock == 0 {
@@ -268,8 +276,9 @@ pub fn thread_exit(_ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     // Looked up first: most exiting threads never made a traced syscall, and a lookup is
     // cheaper than a delete that misses.
-    if unsafe { INFLIGHT.get(&pid_tgid) }.is_some() {
-        let _ = INFLIGHT.remove(&pid_tgid);
+    // SAFETY: only whether an entry exists is read, not its value.
+    if unsafe { INFLIGHT.get(pid_tgid) }.is_some() {
+        let _ = INFLIGHT.remove(pid_tgid);
     }
     0
 }
@@ -293,7 +302,9 @@ pub fn enter_shutdown(ctx: TracePointContext) -> u32 {
     let fd = fd as i32;
     let key = fd_key(tgid, fd);
     // Only known connections: user space holds no state for anything else.
-    let Some(conn) = (unsafe { CONNS.get(&key) }).copied() else {
+    // SAFETY: the entry is copied out at once; a racing change leaves an old or a new connection,
+    // both handled downstream.
+    let Some(conn) = (unsafe { CONNS.get(key) }).copied() else {
         return 0;
     };
     if ignored(tgid, key, conn.id) {
@@ -329,7 +340,8 @@ pub fn enter_close(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 pub fn close_fd(tgid: u32, tid: u32, fd: i32) -> Result<(), i32> {
     let key = fd_key(tgid, fd);
-    let conn = match unsafe { CONNS.get(&key) } {
+    // SAFETY: the entry is copied out at once (see `save`).
+    let conn = match unsafe { CONNS.get(key) } {
         Some(conn) => *conn,
         None => {
             if !captures_unknown_fds(tgid) {
@@ -344,22 +356,23 @@ pub fn close_fd(tgid: u32, tid: u32, fd: i32) -> Result<(), i32> {
     let (conn_seq, lost_heads) = crate::conn_seq::take(key, false);
     crate::conn_seq::forget(key);
     if conn.id != 0 {
-        let _ = CONNS.remove(&key);
-        if conn.flags & CONN_SHARED != 0 {
-            if let Some(refs) = CONN_REFS.get_ptr_mut(&conn.id) {
-                // SAFETY: a plain counter; racing closes of one connection's fds on two CPUs
-                // can only make it end late (at LRU eviction), never early.
-                let left = unsafe { *refs }.saturating_sub(1);
-                if left > 0 {
-                    unsafe { *refs = left };
-                    let _ = FD_VERDICT.remove(&key);
-                    return Ok(());
-                }
-                let _ = CONN_REFS.remove(&conn.id);
+        let _ = CONNS.remove(key);
+        if conn.flags & CONN_SHARED != 0
+            && let Some(refs) = CONN_REFS.get_ptr_mut(conn.id)
+        {
+            // SAFETY: a plain counter; racing closes of one connection's fds on two CPUs
+            // can only make it end late (at LRU eviction), never early.
+            let left = unsafe { *refs }.saturating_sub(1);
+            if left > 0 {
+                // SAFETY: the same counter as above.
+                unsafe { *refs = left };
+                let _ = FD_VERDICT.remove(key);
+                return Ok(());
             }
+            let _ = CONN_REFS.remove(conn.id);
         }
     }
-    let _ = FD_VERDICT.remove(&key);
+    let _ = FD_VERDICT.remove(key);
     // A known connection's end is always told (user space holds state for it, ignored or not).
     if was_ignored && conn.id == 0 {
         return Ok(());
@@ -390,6 +403,7 @@ fn emit_control(
     conn_seq: u32,
     lost_heads: u32,
 ) {
+    // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
     let ts = unsafe { bpf_ktime_get_ns() };
     let record = SyscallRecord {
         record_type: RecordType::Syscall as u8,

@@ -39,12 +39,13 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
     if !traced(tgid) {
         return Ok(());
     }
-    let slot = INFLIGHT.get_ptr_mut(&pid_tgid).ok_or(0)?;
+    let slot = INFLIGHT.get_ptr_mut(pid_tgid).ok_or(0)?;
     // SAFETY: only this thread touches its entry (see INFLIGHT).
     let mut inflight = unsafe { *slot };
     if inflight.live == 0 {
         return Ok(());
     }
+    // SAFETY: as above: this thread's own entry.
     unsafe { (*slot).live = 0 };
     let ret: i64 = field(ctx, RET);
     // Non-blocking sockets return EAGAIN constantly; it carries no information.
@@ -91,6 +92,7 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
         return Ok(());
     }
     let ret: i64 = field(ctx, RET);
+    // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
     let now = unsafe { bpf_ktime_get_ns() };
     let mut inflight = Inflight {
         ts_enter_ns: now,
@@ -106,11 +108,12 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
         conn_flags: 0,
         _pad1: 0,
     };
-    if let Some(slot) = INFLIGHT.get_ptr_mut(&pid_tgid) {
+    if let Some(slot) = INFLIGHT.get_ptr_mut(pid_tgid) {
         // SAFETY: only this thread touches its entry (see INFLIGHT).
         let saved = unsafe { *slot };
         if saved.live == 1 && saved.kind == SyscallKind::Accept as u8 {
             inflight = saved;
+            // SAFETY: as above: this thread's own entry.
             unsafe { (*slot).live = 0 };
         }
     }
@@ -127,6 +130,8 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
 fn emit_syscall(tgid: u32, tid: u32, fd: i32, ret: i64, inflight: &Inflight) -> Result<(), i32> {
     let kind = inflight.kind;
     let scratch = SCRATCH.get_ptr_mut(0).ok_or(0)?;
+    // SAFETY: a per-CPU map value, valid for the map's life; programs do not migrate or nest
+    // on a CPU while they run, so this reference is the only one to it.
     let scratch = unsafe { &mut *scratch };
     let mut captured = 0usize;
     let mut flags = 0u16;
@@ -160,6 +165,7 @@ fn emit_syscall(tgid: u32, tid: u32, fd: i32, ret: i64, inflight: &Inflight) -> 
     {
         return emit_compact(tgid, fd, ret as u32, captured, flags, inflight, scratch);
     }
+    // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
     let ts_exit = unsafe { bpf_ktime_get_ns() };
     let key = fd_key(tgid, fd);
     let (conn_seq, lost_heads) = crate::conn_seq::take(key, kind == SyscallKind::Accept as u8);
@@ -253,22 +259,24 @@ fn emit_compact(
 #[inline(always)]
 fn accepted(tgid: u32, tid: u32, fd: i32, inflight: &mut Inflight) {
     let key = fd_key(tgid, fd);
-    if unsafe { CONNS.get(&key) }.is_some() {
+    // SAFETY: only whether an entry exists is read, not the value a racing CPU may change.
+    if unsafe { CONNS.get(key) }.is_some() {
         // The old connection left without a close we saw (close_range, io_uring): end it.
         let _ = close_fd(tgid, tid, fd);
     }
-    let _ = FD_VERDICT.remove(&key);
+    let _ = FD_VERDICT.remove(key);
     let mut flags = CONN_KNOWN;
     if inflight.sock != 0 {
         flags |= CONN_INET;
     }
     let entry = ConnEntry {
+        // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
         id: unsafe { bpf_ktime_get_ns() } | CONN_ID_BIT,
         sock: inflight.sock,
         flags,
         _pad: 0,
     };
-    let _ = CONNS.insert(&key, &entry, 0);
+    let _ = CONNS.insert(key, entry, 0);
     bump(Counter::ConnsAccepted);
     inflight.conn_id = entry.id;
     inflight.conn_flags = flags;
@@ -279,7 +287,7 @@ fn accepted(tgid: u32, tid: u32, fd: i32, inflight: &mut Inflight) {
 #[inline(always)]
 fn learn_sock(tgid: u32, inflight: &mut Inflight) {
     inflight.conn_flags |= CONN_INET;
-    if let Some(conn) = CONNS.get_ptr_mut(&fd_key(tgid, inflight.fd)) {
+    if let Some(conn) = CONNS.get_ptr_mut(fd_key(tgid, inflight.fd)) {
         // SAFETY: map value pointer from the lookup; only the id check matters for a race
         // with a close on another thread (the entry then belongs to nobody).
         unsafe {
@@ -304,20 +312,23 @@ fn dup(tgid: u32, tid: u32, inflight: &Inflight, newfd: i32) {
         let _ = close_fd(tgid, tid, newfd);
     }
     let old_key = fd_key(tgid, oldfd);
-    let Some(conn) = CONNS.get_ptr_mut(&old_key) else {
+    let Some(conn) = CONNS.get_ptr_mut(old_key) else {
         return;
     };
     // SAFETY: map value pointer from the lookup; a racing close on another thread can only
     // leave an entry the LRU ages out.
     let mut entry = unsafe { *conn };
     let refs = if entry.flags & CONN_SHARED != 0 {
-        unsafe { CONN_REFS.get(&entry.id) }.copied().unwrap_or(1)
+        // SAFETY: the count is copied out at once; a racing close can only make it stale,
+        // which ends the connection late (at LRU eviction), never early.
+        unsafe { CONN_REFS.get(entry.id) }.copied().unwrap_or(1)
     } else {
         1
     };
     entry.flags |= CONN_SHARED;
+    // SAFETY: the same map value pointer as above.
     unsafe { (*conn).flags = entry.flags };
-    let _ = CONN_REFS.insert(&entry.id, &(refs + 1), 0);
-    let _ = CONNS.insert(&fd_key(tgid, newfd), &entry, 0);
+    let _ = CONN_REFS.insert(entry.id, refs + 1, 0);
+    let _ = CONNS.insert(fd_key(tgid, newfd), entry, 0);
     bump(Counter::ConnsDuplicated);
 }
