@@ -379,6 +379,9 @@ fn without_sys_admin_the_agent_says_the_scheduler_hooks_will_be_missing() {
     // Only that: the rest of the set is there.
     assert!(!line.contains("add CAP_BPF"), "{line}");
     assert!(!line.contains("add CAP_SYS_PTRACE"), "{line}");
+    // The line comes before the eBPF programs load (seconds, more on a busy machine), and the
+    // agent acts on SIGTERM once they have: stop it when it says it runs.
+    container.wait_log("running; stop with", Duration::from_secs(120));
     container.stop();
     let _ = fs::remove_dir_all(&dir);
 }
