@@ -26,7 +26,7 @@ use crate::{
     },
     correlate::{
         EngineMetrics, EngineMetricsRecord, Peer, RequestRecord, Stats, StepRecord, Tracker,
-        engine_metrics::ScrapeSample, monotonic_now_ns,
+        monotonic_now_ns,
     },
     decode::{http::Limits, prometheus, zmtp},
     engines::{self, IpcBytes, IpcDirection, IpcRouter, IpcVerdict},
@@ -244,16 +244,7 @@ impl Pipeline {
             let Some(s) = scraper.try_next() else {
                 break;
             };
-            let record = self.engine_metrics.on_scrape(&ScrapeSample {
-                pid: s.pid,
-                engine: s.engine,
-                endpoint: s.endpoint,
-                port: s.port,
-                start_mono_ns: s.start_mono_ns,
-                end_mono_ns: s.end_mono_ns,
-                body: &s.body,
-                failures_since_last: s.failures_since_last,
-            });
+            let record = self.engine_metrics.on_scrape(&s);
             observer.on_engine_metrics(record);
         }
     }
