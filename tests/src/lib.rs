@@ -19,6 +19,17 @@ use std::{
     time::Duration,
 };
 
+/// A fresh directory for one test's files: unique among the tests of this process (they run
+/// two at a time) and across runs. Left in place when a test fails, for its logs.
+pub fn test_dir(name: &str) -> std::path::PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("inferscope-it-{name}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("creating the test's temp dir");
+    dir
+}
+
 /// A TCP port free right now on 127.0.0.1.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

@@ -31,10 +31,7 @@ impl Drop for KillOnDrop {
 }
 
 fn tempdir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("inferscope-it-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("creating a temp dir");
-    dir
+    inferscope_integration_tests::test_dir(name)
 }
 
 fn tcpdump(pcap_path: &Path, port: u16) -> KillOnDrop {

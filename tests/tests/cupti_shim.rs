@@ -94,10 +94,7 @@ unsafe extern "C" {
 }
 
 fn tempdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("inferscope-shim-{name}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&d);
-    fs::create_dir_all(&d).unwrap();
-    d
+    inferscope_integration_tests::test_dir(&format!("shim-{name}"))
 }
 
 fn engine_json(out: &std::process::Output) -> Value {

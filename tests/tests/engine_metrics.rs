@@ -14,9 +14,7 @@ use serde_json::Value;
 
 #[test]
 fn metrics_records_follow_the_load_on_the_real_engine() {
-    let dir = std::env::temp_dir().join(format!("inferscope-it-metrics-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = inferscope_integration_tests::test_dir("metrics");
     let port = free_port();
     let engine = Engine::start(port, 2);
     let pid = engine.pid();

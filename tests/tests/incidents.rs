@@ -253,8 +253,7 @@ fn degraded_device_engine_cpu_throttled_by_a_cgroup() {
 #[test]
 fn diagnose_exit_status_for_errors_and_too_little_data() {
     use std::process::Command;
-    let dir = std::env::temp_dir().join(format!("inferscope-diag-exit-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = inferscope_integration_tests::test_dir("diag-exit");
     let run = |records: &std::path::Path, baseline: &str, window: &str| {
         let out = Command::new(inferscope_integration_tests::agent::binary())
             .args(["diagnose", "--records"])

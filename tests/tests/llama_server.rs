@@ -14,10 +14,7 @@ use inferscope_integration_tests::{
 use serde_json::Value;
 
 fn temp_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("inferscope-it-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
+    inferscope_integration_tests::test_dir(name)
 }
 
 /// `n` concurrent streaming chats of 16 tokens each.

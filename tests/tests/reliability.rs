@@ -18,6 +18,7 @@ use inferscope_integration_tests::{
     agent::{self, Recorder},
     daemon::Daemon,
     engine::Engine,
+    free_port,
 };
 use serde_json::Value;
 
@@ -124,7 +125,7 @@ fn signal(pid: u32, sig: &str) {
 #[test]
 fn a_stalled_agent_leaves_no_connection_dark_and_counts_every_lost_request() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let port = 17101;
+    let port = free_port();
     let server = sse_server(port, 16);
     let mut recorder = Recorder::start(
         dir.path(),
@@ -199,7 +200,7 @@ fn a_stalled_agent_leaves_no_connection_dark_and_counts_every_lost_request() {
 #[test]
 fn a_2s_stall_at_3000_requests_per_s_on_the_default_ring_loses_no_request() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let port = 17106;
+    let port = free_port();
     let server = sse_server(port, 16);
     let mut recorder = Recorder::start(dir.path(), &["--port", &port.to_string()]);
     recorder.wait_attached(server.0.id(), Duration::from_secs(30));
@@ -272,7 +273,7 @@ impl Drop for Tmpfs {
 #[test]
 fn a_full_disk_drops_whole_lines_and_writing_resumes() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let port = 17102;
+    let port = free_port();
     let server = sse_server(port, 4);
     let fs = Tmpfs::mount(&dir.path().join("small"), 128);
     let filler = fs.0.join("filler");
@@ -348,7 +349,7 @@ fn a_full_disk_drops_whole_lines_and_writing_resumes() {
 #[test]
 fn a_second_agent_refuses_and_the_first_keeps_its_sockets() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let port = 17103;
+    let port = free_port();
     let server = sse_server(port, 4);
     let shim = dir.path().join("shim.sock");
     let shim_arg = shim.to_str().expect("utf-8 path");
@@ -450,7 +451,7 @@ fn agent_programs() -> std::collections::BTreeSet<u64> {
 #[test]
 fn kill_9_leaves_nothing_attached() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let port = 17104;
+    let port = free_port();
     let server = sse_server(port, 4);
     let before = agent_programs();
     let mut recorder = Recorder::start(dir.path(), &["--port", &port.to_string()]);
@@ -546,7 +547,7 @@ fn restart_client(port: u16, id: usize, load: &RestartLoad) {
 #[test]
 fn an_engine_restarted_under_load_is_reattached_and_nothing_is_lost_silently() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let port = 17107;
+    let port = free_port();
     let mut first = Engine::start(port, 2);
     let first_pid = first.pid();
     let mut recorder = Recorder::start(dir.path(), &["--port", &port.to_string()]);

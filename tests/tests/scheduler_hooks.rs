@@ -9,9 +9,7 @@ use serde_json::Value;
 
 #[test]
 fn queue_wait_and_prefill_for_six_streams_on_two_slots() {
-    let dir = std::env::temp_dir().join(format!("inferscope-it-sched-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = inferscope_integration_tests::test_dir("sched");
     let port = free_port();
     // The engine runs before the agent: hooks attach to a live process.
     let engine = Engine::start(port, 2);
@@ -153,9 +151,7 @@ fn queue_wait_and_prefill_for_six_streams_on_two_slots() {
 
 #[test]
 fn an_engine_without_the_hooked_functions_still_gets_socket_records_and_a_clear_warning() {
-    let dir = std::env::temp_dir().join(format!("inferscope-it-nohooks-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = inferscope_integration_tests::test_dir("nohooks");
     // A server named like llama.cpp's (so the llama.cpp plugin claims it) that has none of its
     // scheduler functions: what a stripped or unfamiliar build looks like to the agent.
     let fake = dir.join("llama-server");

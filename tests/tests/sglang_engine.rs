@@ -142,10 +142,7 @@ fn stream_id(raw: &[u8]) -> Option<String> {
 
 #[test]
 fn sglang_real_scheduler_admission_retractions_and_prompt_tokens() {
-    let dir =
-        std::env::temp_dir().join(format!("inferscope-it-sglang-real-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = inferscope_integration_tests::test_dir("sglang-real");
     // A tiny Llama config and a WordLevel tokenizer (one token per word `w<n>`), no weights.
     let model = dir.join("model");
     let status = Command::new(sglang_python())

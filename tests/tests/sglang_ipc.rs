@@ -124,9 +124,7 @@ fn ns(repr: &Value) -> u64 {
 
 #[test]
 fn sglang_ipc_admission_retractions_and_prompt_tokens() {
-    let dir = std::env::temp_dir().join(format!("inferscope-it-sglang-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = inferscope_integration_tests::test_dir("sglang");
     let port = free_port();
     // "sglang serve" in the command line: discovery recognises SGLang's server by it (the
     // scheduler process by its `sglang::scheduler` title).
@@ -298,10 +296,7 @@ fn step_ms(row: &str) -> Vec<f64> {
 /// the record says its step counts are unknown).
 #[test]
 fn sglang_ipc_request_steps_through_inspect() {
-    let dir =
-        std::env::temp_dir().join(format!("inferscope-it-sglang-steps-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = inferscope_integration_tests::test_dir("sglang-steps");
     let port = free_port();
     let child = Command::new(sglang_python())
         .arg(repo_root().join("tests/engine/sglang/ipc_engine.py"))

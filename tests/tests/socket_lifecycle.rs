@@ -30,10 +30,7 @@ impl Drop for KillOnDrop {
 }
 
 fn tempdir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("inferscope-it-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("creating a temp dir");
-    dir
+    inferscope_integration_tests::test_dir(name)
 }
 
 fn by_response_id(records: &[Value]) -> HashMap<String, Vec<&Value>> {

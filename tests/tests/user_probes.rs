@@ -111,10 +111,7 @@ fn entry_bytes(pid: u32, symbol: &str) -> (u8, u8) {
 }
 
 fn temp_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("inferscope-it-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
+    inferscope_integration_tests::test_dir(name)
 }
 
 fn write_spec(dir: &Path, text: &str) -> String {

@@ -18,10 +18,7 @@ use inferscope_integration_tests::{
 use serde_json::Value;
 
 fn work_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("inferscope-it-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("work dir");
-    dir
+    inferscope_integration_tests::test_dir(name)
 }
 
 fn prefix(kind: Kind) -> &'static str {

@@ -77,12 +77,7 @@ fn ns(seconds: f64) -> u64 {
 
 /// `late`: the engine starts (ZMTP handshake, start-up message) before the agent attaches.
 fn replay(transport: &str, late: bool) {
-    let dir = std::env::temp_dir().join(format!(
-        "inferscope-it-vllm-{transport}-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = inferscope_integration_tests::test_dir(&format!("vllm-{transport}"));
     let port = free_port();
     let script = repo_root().join("tests/engine/vllm_ipc_replay.py");
     // "vllm serve" in the command line: the agent's discovery recognises vLLM by it.
