@@ -30,6 +30,19 @@ pub fn test_dir(name: &str) -> std::path::PathBuf {
     dir
 }
 
+/// Polls `done` until it holds; panics saying what never happened once `timeout` has passed.
+/// For a test that waits on something it can see (a log line, a record, a port), not a sleep.
+pub fn wait_until(timeout: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + timeout;
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waited {timeout:?} for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A TCP port free right now on 127.0.0.1.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

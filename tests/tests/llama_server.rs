@@ -102,8 +102,12 @@ fn record_against(
     let agent_args = ["--port", &port.to_string(), "--steps", &steps_arg];
     let (engine, mut recorder) = if agent_first {
         let mut recorder = Recorder::start(dir, &agent_args);
-        // The agent is up (its log has started) before the engine exists.
-        std::thread::sleep(Duration::from_secs(2));
+        // The agent is up (its probes are loaded) before the engine exists.
+        inferscope_integration_tests::agent::wait_log(
+            &recorder.log,
+            "recording",
+            Duration::from_secs(30),
+        );
         assert!(recorder.is_running(), "{}", recorder.log_text());
         let engine = Engine::start_binary(binary, port, 2, &dir.join("engine.log"));
         (engine, recorder)
@@ -112,9 +116,18 @@ fn record_against(
         (engine, Recorder::start(dir, &agent_args))
     };
     recorder.wait_attached(engine.pid(), Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(300));
     let streams = concurrent_streams(port, 6);
-    std::thread::sleep(Duration::from_millis(500));
+    recorder.wait_records(
+        Duration::from_secs(30),
+        "the six streams' records",
+        |records| {
+            records
+                .iter()
+                .filter(|r| r["path"] == "/v1/chat/completions")
+                .count()
+                >= 6
+        },
+    );
     let log = recorder.log_text();
     let records = recorder.stop();
     drop(engine);

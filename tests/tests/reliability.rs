@@ -136,14 +136,21 @@ fn a_stalled_agent_leaves_no_connection_dark_and_counts_every_lost_request() {
     let log = recorder.log.clone();
 
     let load = start_load(port, 8, 6);
+    // Load shaping: 1 s of load, then the agent stalls for 2 s under it.
     thread::sleep(Duration::from_secs(1));
     signal(agent_pid, "-STOP");
     thread::sleep(Duration::from_secs(2));
     let resumed_ns = inferscope::correlate::monotonic_now_ns();
     signal(agent_pid, "-CONT");
     let done = completed(load);
-    // Let the agent drain what queued up.
-    thread::sleep(Duration::from_secs(2));
+    // Let the agent drain what queued up. Requests are lost here by design, so there is no
+    // count to wait for: wait until the records stop growing.
+    let mut seen = 0;
+    inferscope_integration_tests::wait_until(Duration::from_secs(30), "the drain", || {
+        thread::sleep(Duration::from_millis(500));
+        let now = agent::read_records(&recorder.out).len();
+        std::mem::replace(&mut seen, now) == now && now > 0
+    });
     let records = recorder.stop();
     let log = std::fs::read_to_string(log).unwrap_or_default();
 
@@ -208,12 +215,17 @@ fn a_2s_stall_at_3000_requests_per_s_on_the_default_ring_loses_no_request() {
     let log = recorder.log.clone();
 
     let load = start_paced_load(port, 8, 6, 3000);
+    // Load shaping: 1.5 s of load, then the agent stalls for 2 s under it.
     thread::sleep(Duration::from_millis(1500));
     signal(agent_pid, "-STOP");
     thread::sleep(Duration::from_secs(2));
     signal(agent_pid, "-CONT");
     let done = completed(load);
-    thread::sleep(Duration::from_secs(2));
+    recorder.wait_records(
+        Duration::from_secs(60),
+        "one record per request",
+        |records| records.len() as u64 >= done,
+    );
     let records = recorder.stop();
     let log = std::fs::read_to_string(log).unwrap_or_default();
 
@@ -307,7 +319,13 @@ fn a_full_disk_drops_whole_lines_and_writing_resumes() {
         .count();
     std::fs::remove_file(&filler).expect("freeing space");
     let second = completed(start_load(port, 1, 1));
-    thread::sleep(Duration::from_secs(1));
+    assert!(second > 0);
+    agent::wait_records(
+        &out,
+        Duration::from_secs(30),
+        "writing resumed",
+        |records| records.len() > lines_full,
+    );
     signal(agent.0.id(), "-INT");
     let status = agent.0.wait().expect("waiting for the agent");
     let log = std::fs::read_to_string(&log).unwrap_or_default();
@@ -459,7 +477,10 @@ fn kill_9_leaves_nothing_attached() {
     let ours: Vec<u64> = agent_programs().difference(&before).copied().collect();
     assert!(!ours.is_empty(), "the agent's programs are loaded");
     let load = start_load(port, 2, 2);
-    thread::sleep(Duration::from_millis(500));
+    // Killed under load, once records flow.
+    recorder.wait_records(Duration::from_secs(30), "records under load", |r| {
+        !r.is_empty()
+    });
     signal(recorder.pid(), "-KILL");
     let _ = completed(load);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -476,7 +497,9 @@ fn kill_9_leaves_nothing_attached() {
     let mut again = Recorder::start(dir2.path(), &["--port", &port.to_string()]);
     again.wait_attached(server.0.id(), Duration::from_secs(30));
     let done = completed(start_load_n(port, 1, 0, 20));
-    thread::sleep(Duration::from_millis(500));
+    again.wait_records(Duration::from_secs(30), "a record per request", |r| {
+        r.len() as u64 >= done
+    });
     assert_eq!(again.stop().len() as u64, done, "a new agent records again");
 }
 
@@ -561,6 +584,7 @@ fn an_engine_restarted_under_load_is_reattached_and_nothing_is_lost_silently() {
             thread::spawn(move || restart_client(port, id, &load))
         })
         .collect();
+    // Load shaping: 5 s of load before the crash.
     thread::sleep(Duration::from_secs(5));
     // A crash under load: requests in flight die with the engine.
     first.child.kill().expect("killing the engine");
@@ -577,13 +601,25 @@ fn an_engine_restarted_under_load_is_reattached_and_nothing_is_lost_silently() {
     let reattach = ready.elapsed();
     // Served before the agent logged its attach: the requests a rescan-only attach loses.
     let before_attach = load.done[1].load(Ordering::SeqCst);
+    // Load shaping: 5 s of load on the restarted engine.
     thread::sleep(Duration::from_secs(5));
     load.stop.store(true, Ordering::SeqCst);
     for c in clients {
         c.join().expect("client thread");
     }
     let after = load.done[1].load(Ordering::SeqCst);
-    thread::sleep(Duration::from_secs(1));
+    let clients_done = before + after;
+    recorder.wait_records(
+        Duration::from_secs(30),
+        "a record per completion",
+        |records| {
+            records
+                .iter()
+                .filter(|r| r["ended_by"] == "complete" && r["path"] == "/v1/chat/completions")
+                .count() as u64
+                >= clients_done
+        },
+    );
     let records = recorder.stop();
     drop(second);
     let log = std::fs::read_to_string(log).unwrap_or_default();

@@ -27,7 +27,6 @@ fn queue_wait_and_prefill_for_six_streams_on_two_slots() {
         ],
     );
     recorder.wait_attached(engine.pid(), Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(300));
 
     let topics = ["rivers", "owls", "glaciers", "pianos", "comets", "gardens"];
     let clients: Vec<_> = topics
@@ -42,7 +41,17 @@ fn queue_wait_and_prefill_for_six_streams_on_two_slots() {
         .into_iter()
         .map(|c| c.join().expect("client"))
         .collect();
-    std::thread::sleep(Duration::from_millis(500));
+    recorder.wait_records(
+        Duration::from_secs(30),
+        "the six streams' records",
+        |records| {
+            records
+                .iter()
+                .filter(|r| r["path"] == "/v1/chat/completions")
+                .count()
+                >= 6
+        },
+    );
     let log = recorder.log_text();
     let records = recorder.stop();
     drop(engine);
@@ -163,12 +172,13 @@ fn an_engine_without_the_hooked_functions_still_gets_socket_records_and_a_clear_
         .expect("starting the stand-in server");
     let mut recorder = Recorder::start(&dir, &["--auto"]);
     recorder.wait_attached(server.id(), Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(300));
     let stream = Client::connect(port).chat("hello", 5, None);
-    std::thread::sleep(Duration::from_millis(300));
-    let log = recorder.log_text();
     // --auto traces every engine on the machine: keep this server's records.
     let pid = server.id();
+    recorder.wait_records(Duration::from_secs(30), "the stream's record", |records| {
+        records.iter().any(|r| r["pid"] == pid)
+    });
+    let log = recorder.log_text();
     let records: Vec<Value> = recorder
         .stop()
         .into_iter()

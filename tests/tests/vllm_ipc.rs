@@ -66,9 +66,16 @@ fn wait_http(port: u16) {
         if TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return;
         }
+        // Poll interval of a wait on the port.
         std::thread::sleep(Duration::from_millis(100));
     }
     panic!("the replay front did not listen on {port}");
+}
+
+fn expected_steps() -> usize {
+    let expected: Value =
+        serde_json::from_slice(&std::fs::read(fixtures().join("expected.json")).unwrap()).unwrap();
+    expected["steps"].as_array().map_or(0, Vec::len)
 }
 
 fn ns(seconds: f64) -> u64 {
@@ -103,7 +110,6 @@ fn replay(transport: &str, late: bool) {
     let steps_arg = steps_path.to_string_lossy().into_owned();
     let mut recorder = Recorder::start(&dir, &["--port", &port.to_string(), "--steps", &steps_arg]);
     recorder.wait_attached(front.child.id(), Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(300));
     // The engine starts after the agent attached: its ZMTP handshake and start-up message
     // (with vllm_version) are captured, as for an engine (re)started under the agent.
     if !late {
@@ -131,7 +137,30 @@ fn replay(transport: &str, late: bool) {
             String::from_utf8_lossy(&raw)
         );
     }
-    std::thread::sleep(Duration::from_millis(500));
+    // The four streams' records, and the engine's steps, are written once the agent has read
+    // their last bytes.
+    let want_steps = expected_steps();
+    recorder.wait_records(
+        Duration::from_secs(30),
+        "the four streams' records",
+        |records| {
+            records
+                .iter()
+                .filter(|r| {
+                    r["x_request_id"]
+                        .as_str()
+                        .is_some_and(|x| x.starts_with("fixture-"))
+                })
+                .count()
+                == 4
+        },
+    );
+    inferscope_integration_tests::agent::wait_records(
+        &steps_path,
+        Duration::from_secs(30),
+        "the engine's steps",
+        |steps| steps.iter().filter(|s| s["engine"] == "vllm").count() >= want_steps,
+    );
     let log_path = recorder.log.clone();
     let records = recorder.stop();
     // The counters are logged when the agent exits.
