@@ -43,6 +43,15 @@ pub fn wait_until(timeout: Duration, what: &str, mut done: impl FnMut() -> bool)
     }
 }
 
+/// The machine to this test alone, among the tests of its binary that ask (they run two at a
+/// time): for tests whose assertions compare latencies between two windows, which another test's
+/// engine on the same cores would skew. Every test of such a binary that runs an engine asks.
+pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    static MACHINE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A test that failed while holding it must not fail the others.
+    MACHINE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A TCP port free right now on 127.0.0.1.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

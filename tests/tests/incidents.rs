@@ -296,6 +296,8 @@ fn traffic_spike_seen_live_by_the_daemon() {
     use inferscope_integration_tests::{daemon::Daemon, engine::Engine, free_port, otlp::Rotel};
     use std::time::Instant;
 
+    // The alarm compares two windows' latencies: another test's engine must not load one.
+    let _machine = inferscope_integration_tests::exclusive();
     let dir = tempfile::tempdir().expect("temp dir");
     let engine = Engine::start(free_port(), SLOTS);
     let rotel = Rotel::start_logging(dir.path(), free_port(), &["logs"]);

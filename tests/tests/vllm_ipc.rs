@@ -8,13 +8,12 @@ use std::{
     net::TcpStream,
     path::PathBuf,
     process::{Child, Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use inferscope_integration_tests::{
     agent::{Recorder, read_records},
     engine::python,
-    free_port,
 };
 use serde_json::Value;
 
@@ -60,16 +59,21 @@ fn http(port: u16, request: &str) -> Vec<u8> {
     raw
 }
 
-fn wait_http(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return;
+/// The port the front bound (it asks the kernel for one: a port picked here and bound there could
+/// be taken in between by another test's process, which then answers this test's requests).
+fn front_port(dir: &std::path::Path, front: &mut Child) -> u16 {
+    let path = dir.join("http.port");
+    let mut port = None;
+    inferscope_integration_tests::wait_until(Duration::from_secs(20), "the replay front", || {
+        if let Ok(Some(status)) = front.try_wait() {
+            panic!("the replay front exited ({status}): run scripts/setup.sh for .venv with pyzmq");
         }
-        // Poll interval of a wait on the port.
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("the replay front did not listen on {port}");
+        port = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|p| p.trim().parse().ok());
+        port.is_some()
+    });
+    port.expect("the front's port")
 }
 
 fn expected_steps() -> usize {
@@ -85,13 +89,12 @@ fn ns(seconds: f64) -> u64 {
 /// `late`: the engine starts (ZMTP handshake, start-up message) before the agent attaches.
 fn replay(transport: &str, late: bool) {
     let dir = inferscope_integration_tests::test_dir(&format!("vllm-{transport}"));
-    let port = free_port();
     let script = repo_root().join("tests/engine/vllm_ipc_replay.py");
     // "vllm serve" in the command line: the agent's discovery recognises vLLM by it.
-    let child = Command::new(python())
+    let mut child = Command::new(python())
         .arg(&script)
         .args(["api", "vllm", "serve", "fixture"])
-        .args(["--port", &port.to_string(), "--transport", transport])
+        .args(["--transport", transport])
         .arg("--fixtures")
         .arg(fixtures())
         .arg("--workdir")
@@ -101,8 +104,8 @@ fn replay(transport: &str, late: bool) {
         .stderr(std::fs::File::create(dir.join("front.log")).expect("front log"))
         .spawn()
         .expect("starting the replay (run scripts/setup.sh for .venv with pyzmq)");
+    let port = front_port(&dir, &mut child);
     let front = Front { child };
-    wait_http(port);
     if late {
         http(port, "GET /start HTTP/1.1\r\nHost: x\r\n\r\n");
     }
