@@ -5,5 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 export PATH="$HOME/.cargo/bin:$PATH"
-cargo build --release -q -p inferscope
+if [ ! -x target/release/inferscope ]; then
+  echo "building inferscope (first time: several minutes on a small machine; cargo shows progress)"
+fi
+# Not -q: a first build takes minutes, and cargo's progress says it is working.
+cargo build --release -p inferscope
 exec ./target/release/inferscope demo --python .venv/bin/python3 "$@"

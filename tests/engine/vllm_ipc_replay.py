@@ -3,9 +3,10 @@
 processes over real pyzmq sockets of vLLM's kinds, behind a small OpenAI-style HTTP front, so the
 agent's eBPF capture, ZMTP/msgpack decoding and HTTP join run for real.
 
-    python3 vllm_ipc_replay.py api vllm serve fixture --port P --fixtures DIR --transport ipc|tcp
+    python3 vllm_ipc_replay.py api vllm serve fixture [--port P] --fixtures DIR --transport ipc|tcp
                                --workdir DIR
-    (the API-server process; it spawns the engine process itself on GET /start, like vLLM)
+    (the API-server process; it spawns the engine process itself on GET /start, like vLLM;
+    without --port the kernel picks the port, written to WORKDIR/http.port once it listens)
 
 API server (this process): HTTP on 127.0.0.1:P; ZMQ ROUTER (input) and PULL (output), bound.
 Engine process (`engine` role): ZMQ DEALER with identity b"\\x00\\x00" and PUSH, connecting; it
@@ -47,10 +48,12 @@ def load(fixtures: Path):
     return messages, expected
 
 
-def addresses(transport: str, workdir: Path, ports):
+def addresses(transport: str, workdir: Path):
     if transport == "ipc":
         return f"ipc://{workdir}/input.sock", f"ipc://{workdir}/output.sock"
-    return f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}"
+    # Ports the kernel picks at bind (read back from the sockets): a port chosen before it is
+    # bound can be taken by another test's process in between.
+    return "tcp://127.0.0.1:*", "tcp://127.0.0.1:*"
 
 
 # ----------------------------------------------------------------------------------- engine --
@@ -103,13 +106,14 @@ class Front:
         self.messages, self.expected = load(Path(args.fixtures))
         self.ctx = zmq.Context()
         workdir = Path(args.workdir)
-        ports = [free_port(), free_port()]
-        self.input_addr, self.output_addr = addresses(args.transport, workdir, ports)
+        input_addr, output_addr = addresses(args.transport, workdir)
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.router.bind(self.input_addr)
+        self.router.bind(input_addr)
+        self.input_addr = self.router.getsockopt(zmq.LAST_ENDPOINT).decode()
         self.pull = self.ctx.socket(zmq.PULL)
-        self.pull.bind(self.output_addr)
+        self.pull.bind(output_addr)
+        self.output_addr = self.pull.getsockopt(zmq.LAST_ENDPOINT).decode()
         self.streams = {}  # external id -> queue of SSE payloads (None ends)
         self.lock = threading.Lock()
         self.all_waiting = threading.Event()
@@ -170,13 +174,6 @@ def external(request_id: str) -> str:
     return request_id.rsplit("-", 1)[0]
 
 
-def free_port() -> int:
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def handler_for(front: Front):
@@ -232,6 +229,10 @@ def api(args):
     front = Front(args)
     server = ThreadingHTTPServer(("127.0.0.1", args.port), handler_for(front))
     server.daemon_threads = True
+    # The port as bound (0 asks the kernel for one), written whole once the server listens.
+    port_file = Path(args.workdir) / "http.port"
+    port_file.with_suffix(".tmp").write_text(str(server.server_address[1]))
+    port_file.with_suffix(".tmp").rename(port_file)
     try:
         server.serve_forever()
     finally:
@@ -243,7 +244,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("role", choices=["api", "engine"])
     ap.add_argument("label", nargs="*", help="ignored: makes the command line read like vLLM's")
-    ap.add_argument("--port", type=int)
+    ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--fixtures", required=True)
     ap.add_argument("--transport", choices=["ipc", "tcp"], default="ipc")
     ap.add_argument("--workdir", required=True)

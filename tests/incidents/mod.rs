@@ -318,11 +318,10 @@ where
 }
 
 pub fn run_scenario(s: Scenario) -> Outcome {
+    // Baseline and incident windows are compared: another test's engine must not load one.
+    let _machine = inferscope_integration_tests::exclusive();
     let name = s.name;
-    let dir =
-        std::env::temp_dir().join(format!("inferscope-incident-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = inferscope_integration_tests::test_dir(&format!("incident-{name}"));
     let port = free_port();
     // The engine runs before the agent: the scheduler hooks attach to a live process.
     let mut engine = s.launcher.start(port, s.engine);

@@ -100,6 +100,16 @@ impl Recorder {
         read_records(&self.out)
     }
 
+    /// [`wait_records`] on this agent's records file.
+    pub fn wait_records(
+        &self,
+        timeout: Duration,
+        what: &str,
+        done: impl FnMut(&[Value]) -> bool,
+    ) -> Vec<Value> {
+        wait_records(&self.out, timeout, what, done)
+    }
+
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
@@ -110,6 +120,45 @@ impl Drop for Recorder {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The records in `path` once `done` holds for them (the agent writes each record as its request
+/// ends); panics with the records seen so far after `timeout`.
+pub fn wait_records(
+    path: &Path,
+    timeout: Duration,
+    what: &str,
+    mut done: impl FnMut(&[Value]) -> bool,
+) -> Vec<Value> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        // Whole lines only: a record may be half written at the moment of reading.
+        let text = fs::read_to_string(path).unwrap_or_default();
+        let records: Vec<Value> = text
+            .split_inclusive('\n')
+            .filter(|l| l.ends_with('\n'))
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        if done(&records) {
+            return records;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "waited {timeout:?} for {what} in {}: {records:#?}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits until the agent's log at `log` holds `needle`; returns the log.
+pub fn wait_log(log: &Path, needle: &str, timeout: Duration) -> String {
+    let mut text = String::new();
+    crate::wait_until(timeout, needle, || {
+        text = fs::read_to_string(log).unwrap_or_default();
+        text.contains(needle)
+    });
+    text
 }
 
 pub fn read_records(path: &Path) -> Vec<Value> {

@@ -16,8 +16,8 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// `inferscope run <args> --grpc unix://DIR/agent.sock --prometheus 127.0.0.1:PORT` (args may
-    /// give their own --grpc).
+    /// `inferscope run <args> --grpc unix://DIR/agent.sock --shim-socket DIR/shim.sock
+    /// --prometheus 127.0.0.1:PORT` (args may give their own --grpc and --shim-socket).
     pub fn start(dir: &Path, args: &[&str]) -> Daemon {
         Self::start_with_env(dir, args, &[])
     }
@@ -33,6 +33,11 @@ impl Daemon {
             command
                 .arg("--grpc")
                 .arg(format!("unix://{}", socket.display()));
+        }
+        // The default shim socket (/run/inferscope/shim.sock) is one per host: a second daemon
+        // refuses to start beside a live one, so each test's daemon gets its own.
+        if !args.contains(&"--shim-socket") {
+            command.arg("--shim-socket").arg(dir.join("shim.sock"));
         }
         let child = command
             .arg("--prometheus")

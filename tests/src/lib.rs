@@ -23,6 +23,39 @@ use std::{
     time::Duration,
 };
 
+/// A fresh directory for one test's files: unique among the tests of this process (they run
+/// two at a time) and across runs. Left in place when a test fails, for its logs.
+pub fn test_dir(name: &str) -> std::path::PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("inferscope-it-{name}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("creating the test's temp dir");
+    dir
+}
+
+/// Polls `done` until it holds; panics saying what never happened once `timeout` has passed.
+/// For a test that waits on something it can see (a log line, a record, a port), not a sleep.
+pub fn wait_until(timeout: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + timeout;
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waited {timeout:?} for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The machine to this test alone, among the tests of its binary that ask (they run two at a
+/// time): for tests whose assertions compare latencies between two windows, which another test's
+/// engine on the same cores would skew. Every test of such a binary that runs an engine asks.
+pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    static MACHINE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A test that failed while holding it must not fail the others.
+    MACHINE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A TCP port free right now on 127.0.0.1.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

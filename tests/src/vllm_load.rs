@@ -141,6 +141,7 @@ pub fn run(port: u16, job: &Job) -> Outcome {
     s.write_all(req.as_bytes()).expect("sending");
     let mut out = Outcome::default();
     if job.kind == Kind::AbortQueued {
+        // Traffic shaping: the client leaves while its request waits in the queue.
         std::thread::sleep(Duration::from_millis(20));
         let _ = s.shutdown(Shutdown::Both);
         out.aborted_by_client = true;

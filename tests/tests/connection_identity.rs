@@ -35,10 +35,7 @@ impl Drop for KillOnDrop {
 }
 
 fn tempdir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("inferscope-it-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("creating a temp dir");
-    dir
+    inferscope_integration_tests::test_dir(name)
 }
 
 fn tcpdump(pcap_path: &Path, port: u16) -> KillOnDrop {
@@ -73,7 +70,7 @@ fn tcpdump(pcap_path: &Path, port: u16) -> KillOnDrop {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    std::thread::sleep(Duration::from_millis(200));
+    // tcpdump writes the file's header once its filter is set: from here packets are seen.
     KillOnDrop(child)
 }
 
@@ -153,7 +150,6 @@ fn fd_reuse_late_accept_and_server_close_match_the_wire() {
     let dump = tcpdump(&pcap_path, port);
     let mut recorder = Recorder::start(&dir, &["--port", &port.to_string()]);
     recorder.wait_attached(pid, Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(300));
 
     let scenarios = [
         "file-before-accept",
@@ -165,7 +161,9 @@ fn fd_reuse_late_accept_and_server_close_match_the_wire() {
         let raw = post_and_read_to_close(port, n);
         assert!(raw.starts_with(b"HTTP/1.1 200"), "request {n}: {raw:?}");
     }
-    std::thread::sleep(Duration::from_millis(500));
+    recorder.wait_records(Duration::from_secs(30), "a record per request", |records| {
+        records.len() >= PER * scenarios.len()
+    });
     stop_tcpdump(dump, &pcap_path);
     let log_recorder = recorder.log.clone();
     let records = recorder.stop();
@@ -255,7 +253,6 @@ fn real_engine_burst_and_sequential_requests_all_recorded_with_wire_arrivals() {
     let dump = tcpdump(&pcap_path, port);
     let mut recorder = Recorder::start(&dir, &["--port", &port.to_string()]);
     recorder.wait_attached(engine.pid(), Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(300));
 
     // A burst of fresh connections, all at once.
     let barrier = std::sync::Arc::new(std::sync::Barrier::new(BURST));
@@ -283,7 +280,9 @@ fn real_engine_burst_and_sequential_requests_all_recorded_with_wire_arrivals() {
         let _ = s.read_to_string(&mut text);
         assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     }
-    std::thread::sleep(Duration::from_millis(500));
+    recorder.wait_records(Duration::from_secs(30), "a record per request", |records| {
+        records.len() >= BURST + SEQUENTIAL
+    });
     stop_tcpdump(dump, &pcap_path);
     let log_path = recorder.log.clone();
     let records = recorder.stop();
@@ -381,7 +380,6 @@ fn real_engine_pipelined_requests_and_a_request_after_the_servers_shutdown() {
     let dump = tcpdump(&pcap_path, port);
     let mut recorder = Recorder::start(&dir, &["--port", &port.to_string()]);
     recorder.wait_attached(engine.pid(), Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(300));
 
     for c in 0..CONNECTIONS {
         let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connecting");
@@ -419,7 +417,18 @@ fn real_engine_pipelined_requests_and_a_request_after_the_servers_shutdown() {
     );
     drop(s);
 
-    std::thread::sleep(Duration::from_millis(500));
+    recorder.wait_records(
+        Duration::from_secs(30),
+        "the pipelined requests",
+        |records| {
+            (0..CONNECTIONS).all(|c| {
+                (0..PIPELINED).all(|k| {
+                    let id = format!("p{c}-{k}");
+                    records.iter().any(|r| r["x_request_id"] == id.as_str())
+                })
+            })
+        },
+    );
     stop_tcpdump(dump, &pcap_path);
     let log_path = recorder.log.clone();
     let records = recorder.stop();

@@ -194,7 +194,6 @@ fn records_the_host_engine(form_name: &str, form: &[&str]) -> (Container, PathBu
         "{logs}"
     );
     assert!(logs.contains("scheduler hook attached"), "{logs}");
-    std::thread::sleep(Duration::from_millis(300));
 
     // The host's client, the containerised agent, one socket on a shared host path. `top`
     // shows live requests: it subscribes before they are sent.
@@ -494,9 +493,10 @@ fn records_name_the_engines_container() {
     // Without Kubernetes (podman on a bare host): the container id, and no errors.
     let mut recorder = agent::Recorder::start(&dir, &["--pid", &pid.to_string()]);
     recorder.wait_attached(pid, Duration::from_secs(60));
-    std::thread::sleep(Duration::from_millis(300));
     Client::connect(port).chat("Name three rivers.", 8, None);
-    std::thread::sleep(Duration::from_millis(500));
+    recorder.wait_records(Duration::from_secs(30), "the request's record", |records| {
+        records.iter().any(|r| r["path"] == "/v1/chat/completions")
+    });
     let log = recorder.log_text();
     let records = recorder.stop();
     let chats: Vec<&Value> = records
@@ -539,6 +539,7 @@ fn records_name_the_engines_container() {
         assert!(Instant::now() < deadline, "{}", daemon.log_text());
         std::thread::sleep(Duration::from_millis(100));
     }
+    // The watch's first answer (the pod list) follows its start unannounced: a short settle.
     std::thread::sleep(Duration::from_millis(500));
     Client::connect(port).chat("Name three lakes.", 8, None);
     let spans = rotel.wait_for(Duration::from_secs(15), |spans| {

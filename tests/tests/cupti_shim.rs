@@ -98,10 +98,21 @@ unsafe extern "C" {
 }
 
 fn tempdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("inferscope-shim-{name}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&d);
-    fs::create_dir_all(&d).unwrap();
-    d
+    inferscope_integration_tests::test_dir(&format!("shim-{name}"))
+}
+
+/// Records the shim says it sent (its exit summary: "<pid> ... <sent> records sent, ...").
+fn shim_sent(out: &std::process::Output) -> u64 {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let summary = stderr
+        .lines()
+        .find(|l| l.contains("records sent"))
+        .unwrap_or_else(|| panic!("no shim summary: {stderr}"));
+    summary
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .nth(1)
+        .unwrap_or_else(|| panic!("no count in {summary}"))
 }
 
 fn engine_json(out: &std::process::Output) -> Value {
@@ -317,6 +328,7 @@ fn another_cupti_subscriber_makes_the_shim_step_aside() {
         1,
         "logged once: {stderr}"
     );
+    // A window for a connection that must not come: nothing to wait for.
     std::thread::sleep(Duration::from_millis(300));
     let counters = agent.stop();
     assert_eq!(counters["shim_connections"], 0);
@@ -352,8 +364,7 @@ fn activity_buffer_overflow_is_counted_not_lost() {
         ],
     );
     engine_json(&out);
-    std::thread::sleep(Duration::from_millis(300));
-    let received = agent.kernels().len() as u64;
+    let received = agent.wait_kernels(shim_sent(&out) as usize).len() as u64;
     let counters = agent.stop();
     let dropped = counters["shim_cupti_dropped_records"];
     assert!(dropped > 0, "CUPTI drops counted: {counters:?}");
@@ -376,12 +387,12 @@ fn late_agent_gets_the_rest_and_the_count_of_what_it_missed() {
             )
         })
     };
+    // Traffic shaping: the engine completes kernels before the agent exists.
     std::thread::sleep(Duration::from_millis(400));
     let agent = Agent::start(&dir);
     let out = engine.join().unwrap();
     engine_json(&out);
-    std::thread::sleep(Duration::from_millis(300));
-    let received = agent.kernels().len() as u64;
+    let received = agent.wait_kernels(shim_sent(&out) as usize).len() as u64;
     let counters = agent.stop();
     let missed = counters["shim_dropped_records"];
     assert!(received > 0, "the shim reconnected: {counters:?}");
@@ -434,7 +445,8 @@ fn agent_dying_mid_run_leaves_the_engine_unharmed() {
             &[("INFERSCOPE_SHIM_BUFFER_KIB", "4")],
         )
     });
-    std::thread::sleep(Duration::from_millis(500));
+    // The agent dies once records are flowing.
+    agent.wait_kernels(1);
     agent.child.kill().unwrap();
     let _ = agent.child.wait();
     let out = engine.join().unwrap();

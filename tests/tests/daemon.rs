@@ -261,6 +261,7 @@ fn top_follows_live_requests() {
         .stdout(Stdio::piped())
         .spawn()
         .expect("top");
+    // `top` shows no sign of having subscribed: give it a moment before the requests.
     thread::sleep(Duration::from_secs(1));
     let port = engine.port;
     let clients: Vec<_> = (0..3)
@@ -308,7 +309,9 @@ fn otlp_outage_keeps_memory_flat_and_recovers() {
         ])
         .spawn()
         .expect("sse_load serve");
-    thread::sleep(Duration::from_millis(300));
+    inferscope_integration_tests::wait_until(Duration::from_secs(10), "sse_load listening", || {
+        std::net::TcpStream::connect(("127.0.0.1", sse_port)).is_ok()
+    });
     let otlp_port = free_port();
     let rotel = Rotel::start(dir.path(), otlp_port);
     let mut daemon = Daemon::start(
@@ -341,12 +344,14 @@ fn otlp_outage_keeps_memory_flat_and_recovers() {
 
     let spans = rotel.wait_for(Duration::from_secs(30), |s| s.len() >= 30);
     assert!(spans.len() >= 30, "spans flow before the outage");
+    // Load shaping: 5 s of steady export before the memory baseline.
     thread::sleep(Duration::from_secs(5));
     let before = daemon.rss_kib();
     rotel.kill();
     let outage = Instant::now();
     let mut peak = before;
     while outage.elapsed() < Duration::from_secs(30) {
+        // Samples the memory once a second through the 30 s outage.
         thread::sleep(Duration::from_secs(1));
         peak = peak.max(daemon.rss_kib());
     }

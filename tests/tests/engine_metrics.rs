@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use inferscope_integration_tests::{
-    agent::{Recorder, counter, read_records},
+    agent::{Recorder, counter, read_records, wait_records},
     client::Client,
     engine::Engine,
     free_port,
@@ -18,9 +18,7 @@ use serde_json::Value;
 
 #[test]
 fn metrics_records_follow_the_load_on_the_real_engine() {
-    let dir = std::env::temp_dir().join(format!("inferscope-it-metrics-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = inferscope_integration_tests::test_dir("metrics");
     let port = free_port();
     let engine = Engine::start(port, 2);
     let pid = engine.pid();
@@ -39,7 +37,13 @@ fn metrics_records_follow_the_load_on_the_real_engine() {
     );
     recorder.wait_attached(pid, Duration::from_secs(30));
     // Idle scrapes first, so the load shows as a change.
-    std::thread::sleep(Duration::from_millis(800));
+    let idle = wait_records(
+        &metrics_path,
+        Duration::from_secs(30),
+        "idle scrapes",
+        |m| m.len() >= 2,
+    );
+    assert_eq!(series(&idle, "requests_running")[0], 0.0);
 
     // Five streams on two slots: two run, three wait for a slot.
     let topics = ["lanterns", "otters", "deserts", "violins", "harbors"];
@@ -54,7 +58,27 @@ fn metrics_records_follow_the_load_on_the_real_engine() {
     for c in clients {
         c.join().expect("client");
     }
-    std::thread::sleep(Duration::from_millis(800));
+    // The streams' records, then two scrapes of the engine idle again.
+    recorder.wait_records(
+        Duration::from_secs(30),
+        "the five streams' records",
+        |records| {
+            records
+                .iter()
+                .filter(|r| r["path"] == "/v1/chat/completions")
+                .count()
+                >= topics.len()
+        },
+    );
+    let after_load = read_records(&metrics_path).len();
+    wait_records(
+        &metrics_path,
+        Duration::from_secs(30),
+        "idle scrapes after the load",
+        |m| {
+            m.len() >= (after_load + 2).max(8) && series(m, "requests_running").last() == Some(&0.0)
+        },
+    );
     let records = recorder.stop();
     let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
     let metrics = read_records(&metrics_path);

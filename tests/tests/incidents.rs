@@ -257,8 +257,7 @@ fn degraded_device_engine_cpu_throttled_by_a_cgroup() {
 #[test]
 fn diagnose_exit_status_for_errors_and_too_little_data() {
     use std::process::Command;
-    let dir = std::env::temp_dir().join(format!("inferscope-diag-exit-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = inferscope_integration_tests::test_dir("diag-exit");
     let run = |records: &std::path::Path, baseline: &str, window: &str| {
         let out = Command::new(inferscope_integration_tests::agent::binary())
             .args(["diagnose", "--records"])
@@ -301,6 +300,8 @@ fn traffic_spike_seen_live_by_the_daemon() {
     use inferscope_integration_tests::{daemon::Daemon, engine::Engine, free_port, otlp::Rotel};
     use std::time::Instant;
 
+    // The alarm compares two windows' latencies: another test's engine must not load one.
+    let _machine = inferscope_integration_tests::exclusive();
     let dir = tempfile::tempdir().expect("temp dir");
     let engine = Engine::start(free_port(), SLOTS);
     let rotel = Rotel::start_logging(dir.path(), free_port(), &["logs"]);

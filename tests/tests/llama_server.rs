@@ -18,10 +18,7 @@ use inferscope_integration_tests::{
 use serde_json::Value;
 
 fn temp_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("inferscope-it-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
+    inferscope_integration_tests::test_dir(name)
 }
 
 /// `n` concurrent streaming chats of 16 tokens each.
@@ -109,8 +106,12 @@ fn record_against(
     let agent_args = ["--port", &port.to_string(), "--steps", &steps_arg];
     let (engine, mut recorder) = if agent_first {
         let mut recorder = Recorder::start(dir, &agent_args);
-        // The agent is up (its log has started) before the engine exists.
-        std::thread::sleep(Duration::from_secs(2));
+        // The agent is up (its probes are loaded) before the engine exists.
+        inferscope_integration_tests::agent::wait_log(
+            &recorder.log,
+            "recording",
+            Duration::from_secs(30),
+        );
         assert!(recorder.is_running(), "{}", recorder.log_text());
         let engine = Engine::start_binary(binary, port, 2, &dir.join("engine.log"));
         (engine, recorder)
@@ -119,9 +120,18 @@ fn record_against(
         (engine, Recorder::start(dir, &agent_args))
     };
     recorder.wait_attached(engine.pid(), Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(300));
     let streams = concurrent_streams(port, 6);
-    std::thread::sleep(Duration::from_millis(500));
+    recorder.wait_records(
+        Duration::from_secs(30),
+        "the six streams' records",
+        |records| {
+            records
+                .iter()
+                .filter(|r| r["path"] == "/v1/chat/completions")
+                .count()
+                >= 6
+        },
+    );
     let log = recorder.log_text();
     let records = recorder.stop();
     drop(engine);

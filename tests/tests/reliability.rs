@@ -22,6 +22,7 @@ use inferscope_integration_tests::{
     agent::{self, Recorder},
     daemon::Daemon,
     engine::Engine,
+    free_port,
 };
 use serde_json::Value;
 
@@ -128,7 +129,7 @@ fn signal(pid: u32, sig: &str) {
 #[test]
 fn a_stalled_agent_leaves_no_connection_dark_and_counts_every_lost_request() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let port = 17101;
+    let port = free_port();
     let server = sse_server(port, 16);
     let mut recorder = Recorder::start(
         dir.path(),
@@ -139,14 +140,21 @@ fn a_stalled_agent_leaves_no_connection_dark_and_counts_every_lost_request() {
     let log = recorder.log.clone();
 
     let load = start_load(port, 8, 6);
+    // Load shaping: 1 s of load, then the agent stalls for 2 s under it.
     thread::sleep(Duration::from_secs(1));
     signal(agent_pid, "-STOP");
     thread::sleep(Duration::from_secs(2));
     let resumed_ns = inferscope::model::clock::monotonic_now_ns();
     signal(agent_pid, "-CONT");
     let done = completed(load);
-    // Let the agent drain what queued up.
-    thread::sleep(Duration::from_secs(2));
+    // Let the agent drain what queued up. Requests are lost here by design, so there is no
+    // count to wait for: wait until the records stop growing.
+    let mut seen = 0;
+    inferscope_integration_tests::wait_until(Duration::from_secs(30), "the drain", || {
+        thread::sleep(Duration::from_millis(500));
+        let now = agent::read_records(&recorder.out).len();
+        std::mem::replace(&mut seen, now) == now && now > 0
+    });
     let records = recorder.stop();
     let log = std::fs::read_to_string(log).unwrap_or_default();
 
@@ -203,7 +211,7 @@ fn a_stalled_agent_leaves_no_connection_dark_and_counts_every_lost_request() {
 #[test]
 fn a_2s_stall_at_3000_requests_per_s_on_the_default_ring_loses_no_request() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let port = 17106;
+    let port = free_port();
     let server = sse_server(port, 16);
     let mut recorder = Recorder::start(dir.path(), &["--port", &port.to_string()]);
     recorder.wait_attached(server.0.id(), Duration::from_secs(30));
@@ -211,12 +219,17 @@ fn a_2s_stall_at_3000_requests_per_s_on_the_default_ring_loses_no_request() {
     let log = recorder.log.clone();
 
     let load = start_paced_load(port, 8, 6, 3000);
+    // Load shaping: 1.5 s of load, then the agent stalls for 2 s under it.
     thread::sleep(Duration::from_millis(1500));
     signal(agent_pid, "-STOP");
     thread::sleep(Duration::from_secs(2));
     signal(agent_pid, "-CONT");
     let done = completed(load);
-    thread::sleep(Duration::from_secs(2));
+    recorder.wait_records(
+        Duration::from_secs(60),
+        "one record per request",
+        |records| records.len() as u64 >= done,
+    );
     let records = recorder.stop();
     let log = std::fs::read_to_string(log).unwrap_or_default();
 
@@ -276,7 +289,7 @@ impl Drop for Tmpfs {
 #[test]
 fn a_full_disk_drops_whole_lines_and_writing_resumes() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let port = 17102;
+    let port = free_port();
     let server = sse_server(port, 4);
     let fs = Tmpfs::mount(&dir.path().join("small"), 128);
     let filler = fs.0.join("filler");
@@ -310,7 +323,13 @@ fn a_full_disk_drops_whole_lines_and_writing_resumes() {
         .count();
     std::fs::remove_file(&filler).expect("freeing space");
     let second = completed(start_load(port, 1, 1));
-    thread::sleep(Duration::from_secs(1));
+    assert!(second > 0);
+    agent::wait_records(
+        &out,
+        Duration::from_secs(30),
+        "writing resumed",
+        |records| records.len() > lines_full,
+    );
     signal(agent.0.id(), "-INT");
     let status = agent.0.wait().expect("waiting for the agent");
     let log = std::fs::read_to_string(&log).unwrap_or_default();
@@ -352,7 +371,7 @@ fn a_full_disk_drops_whole_lines_and_writing_resumes() {
 #[test]
 fn a_second_agent_refuses_and_the_first_keeps_its_sockets() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let port = 17103;
+    let port = free_port();
     let server = sse_server(port, 4);
     let shim = dir.path().join("shim.sock");
     let shim_arg = shim.to_str().expect("utf-8 path");
@@ -454,7 +473,7 @@ fn agent_programs() -> std::collections::BTreeSet<u64> {
 #[test]
 fn kill_9_leaves_nothing_attached() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let port = 17104;
+    let port = free_port();
     let server = sse_server(port, 4);
     let before = agent_programs();
     let mut recorder = Recorder::start(dir.path(), &["--port", &port.to_string()]);
@@ -462,7 +481,10 @@ fn kill_9_leaves_nothing_attached() {
     let ours: Vec<u64> = agent_programs().difference(&before).copied().collect();
     assert!(!ours.is_empty(), "the agent's programs are loaded");
     let load = start_load(port, 2, 2);
-    thread::sleep(Duration::from_millis(500));
+    // Killed under load, once records flow.
+    recorder.wait_records(Duration::from_secs(30), "records under load", |r| {
+        !r.is_empty()
+    });
     signal(recorder.pid(), "-KILL");
     let _ = completed(load);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -479,7 +501,9 @@ fn kill_9_leaves_nothing_attached() {
     let mut again = Recorder::start(dir2.path(), &["--port", &port.to_string()]);
     again.wait_attached(server.0.id(), Duration::from_secs(30));
     let done = completed(start_load_n(port, 1, 0, 20));
-    thread::sleep(Duration::from_millis(500));
+    again.wait_records(Duration::from_secs(30), "a record per request", |r| {
+        r.len() as u64 >= done
+    });
     assert_eq!(again.stop().len() as u64, done, "a new agent records again");
 }
 
@@ -550,7 +574,7 @@ fn restart_client(port: u16, id: usize, load: &RestartLoad) {
 #[test]
 fn an_engine_restarted_under_load_is_reattached_and_nothing_is_lost_silently() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let port = 17107;
+    let port = free_port();
     let mut first = Engine::start(port, 2);
     let first_pid = first.pid();
     let mut recorder = Recorder::start(dir.path(), &["--port", &port.to_string()]);
@@ -564,6 +588,7 @@ fn an_engine_restarted_under_load_is_reattached_and_nothing_is_lost_silently() {
             thread::spawn(move || restart_client(port, id, &load))
         })
         .collect();
+    // Load shaping: 5 s of load before the crash.
     thread::sleep(Duration::from_secs(5));
     // A crash under load: requests in flight die with the engine.
     first.child.kill().expect("killing the engine");
@@ -580,13 +605,25 @@ fn an_engine_restarted_under_load_is_reattached_and_nothing_is_lost_silently() {
     let reattach = ready.elapsed();
     // Served before the agent logged its attach: the requests a rescan-only attach loses.
     let before_attach = load.done[1].load(Ordering::SeqCst);
+    // Load shaping: 5 s of load on the restarted engine.
     thread::sleep(Duration::from_secs(5));
     load.stop.store(true, Ordering::SeqCst);
     for c in clients {
         c.join().expect("client thread");
     }
     let after = load.done[1].load(Ordering::SeqCst);
-    thread::sleep(Duration::from_secs(1));
+    let clients_done = before + after;
+    recorder.wait_records(
+        Duration::from_secs(30),
+        "a record per completion",
+        |records| {
+            records
+                .iter()
+                .filter(|r| r["ended_by"] == "complete" && r["path"] == "/v1/chat/completions")
+                .count() as u64
+                >= clients_done
+        },
+    );
     let records = recorder.stop();
     drop(second);
     let log = std::fs::read_to_string(log).unwrap_or_default();

@@ -13,9 +13,7 @@ use serde_json::Value;
 
 #[test]
 fn queue_wait_and_prefill_for_six_streams_on_two_slots() {
-    let dir = std::env::temp_dir().join(format!("inferscope-it-sched-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = inferscope_integration_tests::test_dir("sched");
     let port = free_port();
     // The engine runs before the agent: hooks attach to a live process.
     let engine = Engine::start(port, 2);
@@ -33,7 +31,6 @@ fn queue_wait_and_prefill_for_six_streams_on_two_slots() {
         ],
     );
     recorder.wait_attached(engine.pid(), Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(300));
 
     let topics = ["rivers", "owls", "glaciers", "pianos", "comets", "gardens"];
     let clients: Vec<_> = topics
@@ -48,7 +45,17 @@ fn queue_wait_and_prefill_for_six_streams_on_two_slots() {
         .into_iter()
         .map(|c| c.join().expect("client"))
         .collect();
-    std::thread::sleep(Duration::from_millis(500));
+    recorder.wait_records(
+        Duration::from_secs(30),
+        "the six streams' records",
+        |records| {
+            records
+                .iter()
+                .filter(|r| r["path"] == "/v1/chat/completions")
+                .count()
+                >= 6
+        },
+    );
     let log = recorder.log_text();
     let records = recorder.stop();
     drop(engine);
@@ -157,9 +164,7 @@ fn queue_wait_and_prefill_for_six_streams_on_two_slots() {
 
 #[test]
 fn an_engine_without_the_hooked_functions_still_gets_socket_records_and_a_clear_warning() {
-    let dir = std::env::temp_dir().join(format!("inferscope-it-nohooks-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = inferscope_integration_tests::test_dir("nohooks");
     // A server named like llama.cpp's (so the llama.cpp plugin claims it) that has none of its
     // scheduler functions: what a stripped or unfamiliar build looks like to the agent.
     let fake = dir.join("llama-server");
@@ -171,12 +176,13 @@ fn an_engine_without_the_hooked_functions_still_gets_socket_records_and_a_clear_
         .expect("starting the stand-in server");
     let mut recorder = Recorder::start(&dir, &["--auto"]);
     recorder.wait_attached(server.id(), Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(300));
     let stream = Client::connect(port).chat("hello", 5, None);
-    std::thread::sleep(Duration::from_millis(300));
-    let log = recorder.log_text();
     // --auto traces every engine on the machine: keep this server's records.
     let pid = server.id();
+    recorder.wait_records(Duration::from_secs(30), "the stream's record", |records| {
+        records.iter().any(|r| r["pid"] == pid)
+    });
+    let log = recorder.log_text();
     let records: Vec<Value> = recorder
         .stop()
         .into_iter()

@@ -146,10 +146,7 @@ fn stream_id(raw: &[u8]) -> Option<String> {
 
 #[test]
 fn sglang_real_scheduler_admission_retractions_and_prompt_tokens() {
-    let dir =
-        std::env::temp_dir().join(format!("inferscope-it-sglang-real-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = inferscope_integration_tests::test_dir("sglang-real");
     // A tiny Llama config and a WordLevel tokenizer (one token per word `w<n>`), no weights.
     let model = dir.join("model");
     let status = Command::new(sglang_python())
@@ -198,7 +195,6 @@ fn sglang_real_scheduler_admission_retractions_and_prompt_tokens() {
     let steps_arg = steps_path.to_string_lossy().into_owned();
     let mut recorder = Recorder::start(&dir, &["--port", &port.to_string(), "--steps", &steps_arg]);
     recorder.wait_attached(server.child.id(), Duration::from_secs(60));
-    std::thread::sleep(Duration::from_millis(500));
 
     // 12 streams at once: prompts of 16..38 tokens, 120 tokens out each (ignore_eos): SGLang
     // admits on the prompts and a small output reserve, then decode outgrows the 320-token
@@ -236,7 +232,13 @@ fn sglang_real_scheduler_admission_retractions_and_prompt_tokens() {
         );
         ids.push(stream_id(&raw).expect("a stream id"));
     }
-    std::thread::sleep(Duration::from_millis(500));
+    recorder.wait_records(Duration::from_secs(60), "the streams' records", |records| {
+        records
+            .iter()
+            .filter(|r| r["path"] == "/v1/chat/completions")
+            .count()
+            >= ids.len()
+    });
     let log_path = recorder.log.clone();
     let records = recorder.stop();
     let log = std::fs::read_to_string(&log_path).unwrap_or_default();

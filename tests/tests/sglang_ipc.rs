@@ -128,9 +128,7 @@ fn ns(repr: &Value) -> u64 {
 
 #[test]
 fn sglang_ipc_admission_retractions_and_prompt_tokens() {
-    let dir = std::env::temp_dir().join(format!("inferscope-it-sglang-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = inferscope_integration_tests::test_dir("sglang");
     let port = free_port();
     // "sglang serve" in the command line: discovery recognises SGLang's server by it (the
     // scheduler process by its `sglang::scheduler` title).
@@ -152,7 +150,6 @@ fn sglang_ipc_admission_retractions_and_prompt_tokens() {
     let steps_arg = steps_path.to_string_lossy().into_owned();
     let mut recorder = Recorder::start(&dir, &["--port", &port.to_string(), "--steps", &steps_arg]);
     recorder.wait_attached(front.child.id(), Duration::from_secs(60));
-    std::thread::sleep(Duration::from_millis(300));
     http(port, "GET /start HTTP/1.1\r\nHost: x\r\n\r\n");
 
     // 16 streams at once, prompts of 10..55 words and 12..27 tokens out: far more than the
@@ -187,7 +184,17 @@ fn sglang_ipc_admission_retractions_and_prompt_tokens() {
             String::from_utf8_lossy(&raw)
         );
     }
-    std::thread::sleep(Duration::from_millis(500));
+    recorder.wait_records(
+        Duration::from_secs(60),
+        "the sixteen streams' records",
+        |records| {
+            records
+                .iter()
+                .filter(|r| r["path"] == "/v1/chat/completions")
+                .count()
+                >= 16
+        },
+    );
     let log_path = recorder.log.clone();
     let records = recorder.stop();
     let log = std::fs::read_to_string(&log_path).unwrap_or_default();
@@ -302,10 +309,7 @@ fn step_ms(row: &str) -> Vec<f64> {
 /// the record says its step counts are unknown).
 #[test]
 fn sglang_ipc_request_steps_through_inspect() {
-    let dir =
-        std::env::temp_dir().join(format!("inferscope-it-sglang-steps-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = inferscope_integration_tests::test_dir("sglang-steps");
     let port = free_port();
     let child = Command::new(sglang_python())
         .arg(repo_root().join("tests/engine/sglang/ipc_engine.py"))
@@ -323,7 +327,6 @@ fn sglang_ipc_request_steps_through_inspect() {
     wait_http(port, &mut front.child);
     let mut daemon = Daemon::start(&dir, &["--port", &port.to_string()]);
     daemon.wait_attached(front.child.id(), Duration::from_secs(60));
-    std::thread::sleep(Duration::from_millis(300));
     http(port, "GET /start HTTP/1.1\r\nHost: x\r\n\r\n");
     let clients: Vec<_> = (0..8)
         .map(|i| {
@@ -350,7 +353,14 @@ fn sglang_ipc_request_steps_through_inspect() {
         );
     }
     // Without a shim, timelines close as their requests end.
-    std::thread::sleep(Duration::from_millis(500));
+    inferscope_integration_tests::wait_until(Duration::from_secs(30), "the timelines", || {
+        (0..8).all(|i| {
+            daemon
+                .client(&["inspect", &format!("steps-{i}"), "--json"])
+                .status
+                .success()
+        })
+    });
     let engine_steps = read_records(&dir.join("steps.jsonl"));
     let mut checked = 0;
     for i in 0..8 {

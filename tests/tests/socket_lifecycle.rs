@@ -33,11 +33,15 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// tcpdump writes its file's header once its filter is set: from then on packets are seen.
+fn wait_capture(pcap_path: &std::path::Path) {
+    inferscope_integration_tests::wait_until(Duration::from_secs(10), "tcpdump's capture", || {
+        std::fs::metadata(pcap_path).is_ok_and(|m| m.len() >= 24)
+    });
+}
+
 fn tempdir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("inferscope-it-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("creating a temp dir");
-    dir
+    inferscope_integration_tests::test_dir(name)
 }
 
 fn by_response_id(records: &[Value]) -> HashMap<String, Vec<&Value>> {
@@ -75,9 +79,9 @@ fn records_match_the_wire_for_concurrent_keep_alive_streams() {
         .expect("starting tcpdump (apt-get install tcpdump)");
     let mut tcpdump = KillOnDrop(tcpdump);
 
+    wait_capture(&pcap_path);
     let mut recorder = Recorder::start(&dir, &["--port", &port.to_string()]);
     recorder.wait_attached(engine.pid(), Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(500)); // tcpdump's capture is open by now
 
     // 3 concurrent clients on 2 slots. llama.cpp closes a connection after a streamed response,
     // so keep-alive is exercised as a non-streaming request followed by a streaming one on the
@@ -103,7 +107,21 @@ fn records_match_the_wire_for_concurrent_keep_alive_streams() {
         .unzip();
     // A client that hangs up after the second token.
     let aborted = Client::connect(port).chat("Write a long story about a robot.", 200, Some(2));
-    std::thread::sleep(Duration::from_millis(800));
+    let want: Vec<String> = streams
+        .iter()
+        .map(|s| s.response_id.clone())
+        .chain(plain.iter().map(|p| p.response_id.clone()))
+        .chain([aborted.response_id.clone()])
+        .flatten()
+        .collect();
+    recorder.wait_records(
+        Duration::from_secs(30),
+        "every response's record",
+        |records| {
+            want.iter()
+                .all(|id| records.iter().any(|r| r["response_id"] == id.as_str()))
+        },
+    );
 
     let records = recorder.stop();
     agent::unsafe_sigint(tcpdump.0.id());
@@ -194,7 +212,7 @@ fn engine_started_after_the_agent_and_bad_input_on_its_port() {
     let port = free_port();
     // --auto: the agent has to recognise llama.cpp (xllamacpp mapped into a Python process).
     let mut recorder = Recorder::start(&dir, &["--auto"]);
-    std::thread::sleep(Duration::from_secs(1));
+    agent::wait_log(&recorder.log, "recording", Duration::from_secs(30));
     assert!(recorder.is_running());
     let engine = Engine::start(port, 2);
     recorder.wait_attached(engine.pid(), Duration::from_secs(30));
@@ -222,7 +240,12 @@ fn engine_started_after_the_agent_and_bad_input_on_its_port() {
 
     // A good request afterwards is still recorded.
     let good = Client::connect(port).chat("Name a color.", 8, None);
-    std::thread::sleep(Duration::from_millis(800));
+    let good_id = good.response_id.clone().expect("stream id");
+    recorder.wait_records(
+        Duration::from_secs(30),
+        "the good request's record",
+        |records| records.iter().any(|r| r["response_id"] == good_id.as_str()),
+    );
     assert!(recorder.is_running(), "the agent survived bad input");
     let log_path = recorder.log.clone();
     // --auto traces every engine on the machine: keep this engine's records.
@@ -335,9 +358,9 @@ fn client_leaving_before_a_queued_answer_and_a_half_closed_client() {
         .spawn()
         .expect("starting tcpdump (apt-get install tcpdump)");
     let mut tcpdump = KillOnDrop(tcpdump);
+    wait_capture(&pcap_path);
     let mut recorder = Recorder::start(&dir, &["--port", &port.to_string()]);
     recorder.wait_attached(engine.pid(), Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(500));
 
     // Both slots busy with long streams: the next request waits in the engine's queue.
     let streams: Vec<_> = (0..2)
@@ -351,14 +374,16 @@ fn client_leaving_before_a_queued_answer_and_a_half_closed_client() {
             })
         })
         .collect();
+    // Traffic shaping: the two long streams take both slots before the next request comes.
     std::thread::sleep(Duration::from_millis(700));
     let mut timeout_client = TcpStream::connect(("127.0.0.1", port)).expect("connecting");
     let timeout_port = timeout_client.local_addr().expect("local address").port();
     timeout_client
         .write_all(&plain_request("One word for kites?"))
         .expect("sending");
+    // Traffic shaping: the client's timeout, it closes without reading.
     std::thread::sleep(Duration::from_millis(500));
-    drop(timeout_client); // the client's timeout: it closes without reading
+    drop(timeout_client);
     for s in streams {
         assert!(s.join().expect("stream client").completed);
     }
@@ -380,7 +405,10 @@ fn client_leaving_before_a_queued_answer_and_a_half_closed_client() {
         String::from_utf8_lossy(&answer)
     );
     let half_id = completion_id(&answer).expect("the half-closed client read a whole answer");
-    std::thread::sleep(Duration::from_millis(800));
+    // Two streams, the unread answer and the half-closed client's.
+    recorder.wait_records(Duration::from_secs(30), "four records", |records| {
+        records.len() >= 4
+    });
 
     let records = recorder.stop();
     agent::unsafe_sigint(tcpdump.0.id());

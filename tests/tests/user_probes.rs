@@ -115,10 +115,7 @@ fn entry_bytes(pid: u32, symbol: &str) -> (u8, u8) {
 }
 
 fn temp_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("inferscope-it-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
+    inferscope_integration_tests::test_dir(name)
 }
 
 fn write_spec(dir: &Path, text: &str) -> String {
@@ -156,7 +153,6 @@ fn user_probes_split_ttft_and_record_steps() {
         ],
     );
     recorder.wait_attached(engine.pid(), Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(300));
 
     // Six concurrent streams on two slots: four wait in the queue.
     let clients: Vec<_> = (0..6)
@@ -169,7 +165,17 @@ fn user_probes_split_ttft_and_record_steps() {
         .map(|c| c.join().expect("client"))
         .collect();
     assert!(streams.iter().all(|s| s.completed && s.content_chunks == 6));
-    std::thread::sleep(Duration::from_millis(300));
+    recorder.wait_records(
+        Duration::from_secs(30),
+        "the six streams' records",
+        |records| {
+            records
+                .iter()
+                .filter(|r| r["path"] == "/v1/chat/completions")
+                .count()
+                >= 6
+        },
+    );
     let log = recorder.log_text();
     let (live, file) = entry_bytes(engine.pid(), "engine_admit");
     assert_eq!(
@@ -257,7 +263,6 @@ fn bad_probes_are_disabled_and_socket_records_keep_coming() {
     let spec = write_spec(&dir, BAD_SPEC);
     let mut recorder = Recorder::start(&dir, &["--port", &port.to_string(), "--probes", &spec]);
     recorder.wait_attached(engine.pid(), Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(300));
 
     let mut client = Client::connect(port);
     for i in 0..6 {
@@ -266,11 +271,30 @@ fn bad_probes_are_disabled_and_socket_records_keep_coming() {
             stream.completed && stream.content_chunks == 6,
             "request {i}"
         );
-        // Room for the agent to notice the failures and detach the probe between requests.
+        // Traffic shaping: room for the agent to notice the failures and detach the probe
+        // between requests (the test counts the failed reads before it went).
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(recorder.is_running(), "{}", recorder.log_text());
-    std::thread::sleep(Duration::from_millis(300));
+    recorder.wait_records(
+        Duration::from_secs(30),
+        "the six streams' records",
+        |records| {
+            records
+                .iter()
+                .filter(|r| r["path"] == "/v1/chat/completions")
+                .count()
+                >= 6
+        },
+    );
+    inferscope_integration_tests::wait_until(
+        Duration::from_secs(10),
+        "the failing probe detached",
+        || {
+            let (live, file) = entry_bytes(engine.pid(), "engine_admit");
+            live == file
+        },
+    );
     let (live, file) = entry_bytes(engine.pid(), "engine_enqueue");
     assert_eq!((live, file != 0xcc), (0xcc, true), "the good probe is live");
     // The disabled probe is gone while the agent still runs.
@@ -336,7 +360,6 @@ fn a_probe_in_a_library_loaded_later_attaches_when_the_library_appears() {
     let spec = write_spec(&dir, LATE_SPEC);
     let mut recorder = Recorder::start(&dir, &["--port", &port.to_string(), "--probes", &spec]);
     recorder.wait_attached(engine.pid(), Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(300));
 
     // The engine loads its plugin once this first request is done.
     let first = Client::connect(port).chat("one", 6, None);
@@ -351,7 +374,16 @@ fn a_probe_in_a_library_loaded_later_attaches_when_the_library_appears() {
         std::thread::sleep(Duration::from_millis(200));
     }
     let second = Client::connect(port).chat("two", 6, None);
-    std::thread::sleep(Duration::from_millis(300));
+    let second_id = second.response_id.clone();
+    recorder.wait_records(
+        Duration::from_secs(30),
+        "the second request's record",
+        |records| {
+            records
+                .iter()
+                .any(|r| r["response_id"].as_str() == second_id.as_deref())
+        },
+    );
     let records = recorder.stop();
     // Read after the agent exited: the counters are logged on the way out.
     let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();

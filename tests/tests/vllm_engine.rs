@@ -22,10 +22,7 @@ use inferscope_integration_tests::{
 use serde_json::Value;
 
 fn work_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("inferscope-it-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("work dir");
-    dir
+    inferscope_integration_tests::test_dir(name)
 }
 
 fn prefix(kind: Kind) -> &'static str {
@@ -309,6 +306,8 @@ fn check(
 fn warm_up(server: &VllmServer) -> u64 {
     let jobs = vllm_load::mix(8, "warm");
     let _ = vllm_load::run_all(server.port, &jobs, 8);
+    // The engine's own log of the warm-up lags its answers by an unknown count of lines: a
+    // settle, not a wait on something countable.
     std::thread::sleep(Duration::from_millis(500));
     server.truth_mark()
 }
@@ -371,12 +370,12 @@ fn vllm_real_scheduler_under_load() {
     // The agent attaches after vLLM's start-up handshake: the version comes from the package.
     let mut recorder = Recorder::start(&dir, &["--port", &port.to_string(), "--steps", &steps_arg]);
     recorder.wait_attached(server.pid(), Duration::from_secs(60));
-    std::thread::sleep(Duration::from_millis(500));
 
     let jobs = vllm_load::mix(64, "one");
     let cpu_before = recorder.cpu_seconds();
     let outcomes = vllm_load::run_all(port, &jobs, 16);
     wait_records(&recorder.out, &[server.pid()], jobs.len());
+    // The agent's tail of work on the load counts in its CPU time.
     std::thread::sleep(Duration::from_millis(500));
     let cpu = recorder.cpu_seconds() - cpu_before;
     eprintln!(
@@ -448,7 +447,6 @@ fn two_vllm_servers_under_one_agent() {
     let mut recorder = Recorder::start(&dir, &["--auto", "--steps", &steps_arg]);
     recorder.wait_attached(a.pid(), Duration::from_secs(60));
     recorder.wait_attached(b.pid(), Duration::from_secs(60));
-    std::thread::sleep(Duration::from_millis(500));
     let jobs_a = vllm_load::mix(24, "a");
     let jobs_b = vllm_load::mix(24, "b");
     let (ja, jb) = (jobs_a.clone(), jobs_b.clone());
@@ -461,6 +459,7 @@ fn two_vllm_servers_under_one_agent() {
         &[a.pid(), b.pid()],
         jobs_a.len() + jobs_b.len(),
     );
+    // The steps of the last requests may follow their records: a short settle.
     std::thread::sleep(Duration::from_millis(500));
     let log_path = recorder.log.clone();
     let records = recorder.stop();
@@ -555,7 +554,8 @@ fn vllm_kernels_per_request_through_the_shim() {
         .filter(|j| !matches!(j.kind, Kind::AbortMidStream | Kind::AbortQueued))
         .collect();
     let outcomes = vllm_load::run_all(server.port, &jobs, 8);
-    // Timelines close once the kernels of their steps can have arrived (2 s settle).
+    // Timelines close once the kernels of their steps can have arrived: the daemon's own 2 s
+    // settle, which no output announces; twice that here.
     std::thread::sleep(Duration::from_secs(4));
     let truth = server.read_truth();
     let mut checked = 0;

@@ -12,13 +12,12 @@ use std::{
     net::TcpStream,
     path::PathBuf,
     process::{Child, Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use inferscope_integration_tests::{
     agent::{Recorder, read_records},
     engine::python,
-    free_port,
 };
 use serde_json::Value;
 
@@ -64,15 +63,27 @@ fn http(port: u16, request: &str) -> Vec<u8> {
     raw
 }
 
-fn wait_http(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return;
+/// The port the front bound (it asks the kernel for one: a port picked here and bound there could
+/// be taken in between by another test's process, which then answers this test's requests).
+fn front_port(dir: &std::path::Path, front: &mut Child) -> u16 {
+    let path = dir.join("http.port");
+    let mut port = None;
+    inferscope_integration_tests::wait_until(Duration::from_secs(20), "the replay front", || {
+        if let Ok(Some(status)) = front.try_wait() {
+            panic!("the replay front exited ({status}): run scripts/setup.sh for .venv with pyzmq");
         }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("the replay front did not listen on {port}");
+        port = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|p| p.trim().parse().ok());
+        port.is_some()
+    });
+    port.expect("the front's port")
+}
+
+fn expected_steps() -> usize {
+    let expected: Value =
+        serde_json::from_slice(&std::fs::read(fixtures().join("expected.json")).unwrap()).unwrap();
+    expected["steps"].as_array().map_or(0, Vec::len)
 }
 
 fn ns(seconds: f64) -> u64 {
@@ -81,19 +92,13 @@ fn ns(seconds: f64) -> u64 {
 
 /// `late`: the engine starts (ZMTP handshake, start-up message) before the agent attaches.
 fn replay(transport: &str, late: bool) {
-    let dir = std::env::temp_dir().join(format!(
-        "inferscope-it-vllm-{transport}-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let port = free_port();
+    let dir = inferscope_integration_tests::test_dir(&format!("vllm-{transport}"));
     let script = repo_root().join("tests/engine/vllm_ipc_replay.py");
     // "vllm serve" in the command line: the agent's discovery recognises vLLM by it.
-    let child = Command::new(python())
+    let mut child = Command::new(python())
         .arg(&script)
         .args(["api", "vllm", "serve", "fixture"])
-        .args(["--port", &port.to_string(), "--transport", transport])
+        .args(["--transport", transport])
         .arg("--fixtures")
         .arg(fixtures())
         .arg("--workdir")
@@ -103,8 +108,8 @@ fn replay(transport: &str, late: bool) {
         .stderr(std::fs::File::create(dir.join("front.log")).expect("front log"))
         .spawn()
         .expect("starting the replay (run scripts/setup.sh for .venv with pyzmq)");
+    let port = front_port(&dir, &mut child);
     let front = Front { child };
-    wait_http(port);
     if late {
         http(port, "GET /start HTTP/1.1\r\nHost: x\r\n\r\n");
     }
@@ -112,7 +117,6 @@ fn replay(transport: &str, late: bool) {
     let steps_arg = steps_path.to_string_lossy().into_owned();
     let mut recorder = Recorder::start(&dir, &["--port", &port.to_string(), "--steps", &steps_arg]);
     recorder.wait_attached(front.child.id(), Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(300));
     // The engine starts after the agent attached: its ZMTP handshake and start-up message
     // (with vllm_version) are captured, as for an engine (re)started under the agent.
     if !late {
@@ -140,7 +144,30 @@ fn replay(transport: &str, late: bool) {
             String::from_utf8_lossy(&raw)
         );
     }
-    std::thread::sleep(Duration::from_millis(500));
+    // The four streams' records, and the engine's steps, are written once the agent has read
+    // their last bytes.
+    let want_steps = expected_steps();
+    recorder.wait_records(
+        Duration::from_secs(30),
+        "the four streams' records",
+        |records| {
+            records
+                .iter()
+                .filter(|r| {
+                    r["x_request_id"]
+                        .as_str()
+                        .is_some_and(|x| x.starts_with("fixture-"))
+                })
+                .count()
+                == 4
+        },
+    );
+    inferscope_integration_tests::agent::wait_records(
+        &steps_path,
+        Duration::from_secs(30),
+        "the engine's steps",
+        |steps| steps.iter().filter(|s| s["engine"] == "vllm").count() >= want_steps,
+    );
     let log_path = recorder.log.clone();
     let records = recorder.stop();
     // The counters are logged when the agent exits.

@@ -52,14 +52,22 @@ enum Command {
 }
 
 pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The demo prints a table on the terminal: its logs stay at warn unless asked for
+    // (INFERSCOPE_LOG, RUST_LOG or `demo -v`); the daemon commands log at info.
+    let default_level = match &cli.command {
+        Command::Demo(args) if !args.verbose => "warn",
+        _ => "info",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_env("INFERSCOPE_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+            EnvFilter::try_from_env("INFERSCOPE_LOG")
+                .or_else(|_| EnvFilter::try_from_default_env())
+                .unwrap_or_else(|_| EnvFilter::new(default_level)),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    let cli = Cli::parse();
     let result = match cli.command {
         Command::Record(args) => record::run(args),
         Command::Run(args) => run::run(*args),

@@ -6,6 +6,7 @@ use std::collections::{HashMap, VecDeque};
 use serde::Serialize;
 
 use crate::{
+    capture::metrics::Scrape,
     decode::prometheus::{self, Limits, ParseStats},
     engines::{MetricsEndpoint, Signal},
 };
@@ -117,19 +118,6 @@ pub fn snapshot(
     (snap, stats)
 }
 
-/// A successful scrape, as capture hands it over.
-#[derive(Debug, Clone)]
-pub struct ScrapeSample<'a> {
-    pub pid: u32,
-    pub engine: &'static str,
-    pub endpoint: &'static MetricsEndpoint,
-    pub port: u16,
-    pub start_mono_ns: u64,
-    pub end_mono_ns: u64,
-    pub body: &'a [u8],
-    pub failures_since_last: u64,
-}
-
 struct EngineState {
     path: &'static str,
     previous: Option<(u64, Snapshot)>,
@@ -163,8 +151,8 @@ impl EngineMetrics {
         self.engines.remove(&pid);
     }
 
-    pub fn on_scrape(&mut self, scrape: &ScrapeSample<'_>) -> EngineMetricsRecord {
-        let (snap, stats) = snapshot(scrape.body, scrape.endpoint, &self.limits);
+    pub fn on_scrape(&mut self, scrape: &Scrape) -> EngineMetricsRecord {
+        let (snap, stats) = snapshot(&scrape.body, scrape.endpoint, &self.limits);
         let mono_ns = scrape.start_mono_ns + (scrape.end_mono_ns - scrape.start_mono_ns) / 2;
         let state = self
             .engines
@@ -267,15 +255,15 @@ mod tests {
         by_name(engine).and_then(|e| e.metrics()).unwrap()
     }
 
-    fn scrape(body: &[u8], at_ms: u64) -> ScrapeSample<'_> {
-        ScrapeSample {
+    fn scrape(body: &[u8], at_ms: u64) -> Scrape {
+        Scrape {
             pid: 7,
             engine: "vllm",
             endpoint: endpoint("vllm"),
             port: 8000,
             start_mono_ns: at_ms * 1_000_000,
             end_mono_ns: at_ms * 1_000_000 + 2_000_000,
-            body,
+            body: bytes::Bytes::copy_from_slice(body),
             failures_since_last: 0,
         }
     }

@@ -24,7 +24,7 @@ use crate::{
         records, sched_hooks,
         user_probes::{ProbeSpec, UserProbes},
     },
-    correlate::{EngineMetrics, EngineMetricsRecord, Tracker, engine_metrics::ScrapeSample},
+    correlate::{EngineMetrics, EngineMetricsRecord, Tracker},
     decode::{http::Limits, prometheus},
     engines::{self, IpcRouter},
     identity::Identities,
@@ -242,16 +242,7 @@ impl Pipeline {
             let Some(s) = scraper.try_next() else {
                 break;
             };
-            let record = self.engine_metrics.on_scrape(&ScrapeSample {
-                pid: s.pid,
-                engine: s.engine,
-                endpoint: s.endpoint,
-                port: s.port,
-                start_mono_ns: s.start_mono_ns,
-                end_mono_ns: s.end_mono_ns,
-                body: &s.body,
-                failures_since_last: s.failures_since_last,
-            });
+            let record = self.engine_metrics.on_scrape(&s);
             observer.on_engine_metrics(record);
         }
     }

@@ -1,10 +1,13 @@
-//! A bounded HTTP/1.1 GET for metrics endpoints: one connection per scrape (`Connection: close`),
-//! one deadline for connect, send and receive, and a cap on the bytes read.
-use std::{
-    io::{Read, Write},
-    net::{SocketAddr, TcpStream},
-    time::{Duration, Instant},
-};
+//! A bounded HTTP/1.1 GET for metrics endpoints over hyper's client (the same client as
+//! identity/kube.rs): one connection per scrape (`Connection: close`), one deadline for connect,
+//! send and receive, and a cap on the body (http-body-util's `Limited`). The engine's bytes are
+//! parsed by hyper, never by hand here.
+use std::{net::SocketAddr, time::Duration};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
+use hyper::{StatusCode, body::Body, header};
+use hyper_util::rt::TokioIo;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GetError {
@@ -13,11 +16,11 @@ pub enum GetError {
     #[error("no complete answer within the scrape timeout")]
     Timeout,
     #[error("connection failed: {0}")]
-    Io(std::io::Error),
+    Io(hyper::Error),
     #[error("HTTP status {0}")]
     Status(u16),
     #[error("malformed HTTP response: {0}")]
-    BadResponse(&'static str),
+    BadResponse(String),
     #[error("response larger than {0} bytes")]
     TooLarge(usize),
 }
@@ -34,207 +37,121 @@ impl GetError {
             GetError::TooLarge(_) => "too_large",
         }
     }
+
+    fn from_hyper(e: hyper::Error) -> Self {
+        // A response hyper cannot parse, or one cut short of its declared framing, is the
+        // engine's fault; anything else is the connection's.
+        if e.is_parse()
+            || e.is_parse_status()
+            || e.is_incomplete_message()
+            || e.is_parse_too_large()
+        {
+            GetError::BadResponse(e.to_string())
+        } else {
+            GetError::Io(e)
+        }
+    }
+
+    /// An error while reading the body: hyper reports bad chunk framing and a close before the
+    /// declared end as I/O errors of their own kinds.
+    fn from_body(e: hyper::Error) -> Self {
+        let framing = std::error::Error::source(&e)
+            .and_then(|cause| cause.downcast_ref::<std::io::Error>())
+            .is_some_and(|io| {
+                matches!(
+                    io.kind(),
+                    std::io::ErrorKind::UnexpectedEof
+                        | std::io::ErrorKind::InvalidData
+                        | std::io::ErrorKind::InvalidInput
+                )
+            });
+        if framing {
+            let cause = std::error::Error::source(&e).map(|c| c.to_string());
+            GetError::BadResponse(format!("{e}: {}", cause.unwrap_or_default()))
+        } else {
+            GetError::from_hyper(e)
+        }
+    }
 }
 
-const MAX_HEAD: usize = 16 << 10;
-
-/// GETs `path` from `addr`; returns the body of a 200 response.
-pub fn get(
+/// GETs `path` from `addr`; returns the body of a 200 response of at most `max_body` bytes.
+pub async fn get(
     addr: SocketAddr,
     path: &str,
     timeout: Duration,
     max_body: usize,
-) -> Result<Vec<u8>, GetError> {
-    let deadline = Instant::now() + timeout;
-    let mut stream = TcpStream::connect_timeout(&addr, timeout).map_err(|e| match e.kind() {
-        std::io::ErrorKind::TimedOut => GetError::Timeout,
-        _ => GetError::Connect(e),
-    })?;
-    let _ = stream.set_nodelay(true);
-    let remaining = |deadline: Instant| {
-        deadline
-            .checked_duration_since(Instant::now())
-            .filter(|d| !d.is_zero())
-            .ok_or(GetError::Timeout)
-    };
-    stream
-        .set_write_timeout(Some(remaining(deadline)?))
-        .map_err(GetError::Io)?;
+) -> Result<Bytes, GetError> {
+    tokio::time::timeout(timeout, exchange(addr, path, max_body))
+        .await
+        .unwrap_or(Err(GetError::Timeout))
+}
+
+async fn exchange(addr: SocketAddr, path: &str, max_body: usize) -> Result<Bytes, GetError> {
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(GetError::Connect)?;
+    let _ = tcp.set_nodelay(true);
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .map_err(GetError::from_hyper)?;
     // No Accept-Encoding: the body comes uncompressed. Accept text/plain: prometheus_client
     // would otherwise be free to answer in OpenMetrics.
-    let request = format!(
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: inferscope\r\nAccept: text/plain\r\nConnection: close\r\n\r\n"
-    );
-    stream
-        .write_all(request.as_bytes())
-        .map_err(io_or_timeout)?;
-    let limit = MAX_HEAD + max_body;
-    let mut buf = Vec::with_capacity(16 << 10);
-    let mut chunk = [0u8; 16 << 10];
-    loop {
-        stream
-            .set_read_timeout(Some(remaining(deadline)?))
-            .map_err(GetError::Io)?;
-        let n = match stream.read(&mut chunk) {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(io_or_timeout(e)),
-        };
-        if n == 0 {
-            break;
+    let request = hyper::Request::get(path)
+        .header(header::HOST, addr.to_string())
+        .header(header::USER_AGENT, "inferscope")
+        .header(header::ACCEPT, "text/plain")
+        .header(header::CONNECTION, "close")
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| GetError::BadResponse(format!("cannot build the request: {e}")))?;
+    let response = async move {
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(GetError::from_hyper)?;
+        if response.status() != StatusCode::OK {
+            return Err(GetError::Status(response.status().as_u16()));
         }
-        if buf.len() + n > limit {
+        if response
+            .headers()
+            .get(header::CONTENT_ENCODING)
+            .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
+        {
+            return Err(GetError::BadResponse("compressed body".into()));
+        }
+        let body = response.into_body();
+        // A declared length over the cap fails before a byte of the body is read.
+        if body.size_hint().lower() > max_body as u64 {
             return Err(GetError::TooLarge(max_body));
         }
-        buf.extend_from_slice(&chunk[..n]);
-        // A server may keep the connection open despite `Connection: close`: stop as soon as
-        // the framing says the body is complete. A chunked body is only walked once its last
-        // chunk may be in, so a large one is not re-read on every read.
-        if (!is_chunked(&buf) || buf.ends_with(b"0\r\n\r\n"))
-            && let Some(body) = parse_response(&buf, max_body, false)?
-        {
-            return Ok(body);
+        match Limited::new(body, max_body).collect().await {
+            Ok(collected) => Ok(collected.to_bytes()),
+            Err(e) if e.is::<LengthLimitError>() => Err(GetError::TooLarge(max_body)),
+            Err(e) => match e.downcast::<hyper::Error>() {
+                Ok(e) => Err(GetError::from_body(*e)),
+                Err(e) => Err(GetError::BadResponse(e.to_string())),
+            },
         }
-    }
-    parse_response(&buf, max_body, true)?.ok_or(GetError::BadResponse("empty response"))
-}
-
-/// The body of a 200 response held in `buf` (bytes from the engine, untrusted): Some once the
-/// framing says it is whole, or, at `eof`, when the connection's close delimits it; None while
-/// more is expected.
-pub fn parse_response(buf: &[u8], max_body: usize, eof: bool) -> Result<Option<Vec<u8>>, GetError> {
-    match complete_body(buf, max_body)? {
-        Some(body) => Ok(Some(body)),
-        None if eof => until_close(buf, max_body).map(Some),
-        None => Ok(None),
-    }
-}
-
-fn io_or_timeout(e: std::io::Error) -> GetError {
-    match e.kind() {
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => GetError::Timeout,
-        _ => GetError::Io(e),
-    }
-}
-
-fn is_chunked(buf: &[u8]) -> bool {
-    matches!(head(buf), Ok(Some(h)) if h.chunked)
-}
-
-struct Head {
-    len: usize,
-    chunked: bool,
-    content_length: Option<usize>,
-}
-
-fn head(buf: &[u8]) -> Result<Option<Head>, GetError> {
-    let mut headers = [httparse::EMPTY_HEADER; 64];
-    let mut response = httparse::Response::new(&mut headers);
-    let len = match response.parse(buf) {
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
-            return Err(GetError::BadResponse("header too long"));
-        }
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(_) => return Err(GetError::BadResponse("not an HTTP/1.x response")),
     };
-    let code = response.code.unwrap_or(0);
-    if code != 200 {
-        return Err(GetError::Status(code));
-    }
-    let mut chunked = false;
-    let mut content_length = None;
-    for h in response.headers.iter() {
-        if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            chunked = h.value.eq_ignore_ascii_case(b"chunked");
-        } else if h.name.eq_ignore_ascii_case("content-length") {
-            content_length = Some(
-                std::str::from_utf8(h.value)
-                    .ok()
-                    .and_then(|v| v.trim().parse::<usize>().ok())
-                    .ok_or(GetError::BadResponse("bad Content-Length"))?,
-            );
-        } else if h.name.eq_ignore_ascii_case("content-encoding")
-            && !h.value.eq_ignore_ascii_case(b"identity")
-        {
-            return Err(GetError::BadResponse("compressed body"));
-        }
-    }
-    Ok(Some(Head {
-        len,
-        chunked,
-        content_length,
-    }))
-}
-
-/// The body once the framing says it is all there; None while more is expected, or when only
-/// the connection's close marks its end.
-fn complete_body(buf: &[u8], max_body: usize) -> Result<Option<Vec<u8>>, GetError> {
-    let Some(h) = head(buf)? else {
-        return Ok(None);
-    };
-    let rest = &buf[h.len..];
-    if h.chunked {
-        return dechunk(rest, max_body);
-    }
-    match h.content_length {
-        Some(n) if n > max_body => Err(GetError::TooLarge(max_body)),
-        Some(n) if rest.len() >= n => Ok(Some(rest[..n].to_vec())),
-        _ => Ok(None),
-    }
-}
-
-/// After EOF: a body delimited by the close, or one the framing says was cut short.
-fn until_close(buf: &[u8], max_body: usize) -> Result<Vec<u8>, GetError> {
-    let Some(h) = head(buf)? else {
-        return Err(GetError::BadResponse("connection closed inside the header"));
-    };
-    if h.chunked || h.content_length.is_some() {
-        return Err(GetError::BadResponse("connection closed inside the body"));
-    }
-    if buf.len() - h.len > max_body {
-        return Err(GetError::TooLarge(max_body));
-    }
-    Ok(buf[h.len..].to_vec())
-}
-
-/// Chunked transfer coding: Some(body) once the last chunk is in, None while incomplete.
-fn dechunk(mut s: &[u8], max_body: usize) -> Result<Option<Vec<u8>>, GetError> {
-    let mut body = Vec::new();
-    loop {
-        let Some(eol) = memchr::memmem::find(s, b"\r\n") else {
-            return if s.len() > 1024 {
-                Err(GetError::BadResponse("chunk size line too long"))
-            } else {
-                Ok(None)
-            };
-        };
-        let line =
-            std::str::from_utf8(&s[..eol]).map_err(|_| GetError::BadResponse("bad chunk size"))?;
-        let hex = line.split(';').next().unwrap_or("").trim();
-        let size =
-            usize::from_str_radix(hex, 16).map_err(|_| GetError::BadResponse("bad chunk size"))?;
-        s = &s[eol + 2..];
-        if size == 0 {
-            return Ok(Some(body));
-        }
-        if body.len().saturating_add(size) > max_body {
-            return Err(GetError::TooLarge(max_body));
-        }
-        if s.len() < size + 2 {
-            return Ok(None);
-        }
-        if &s[size..size + 2] != b"\r\n" {
-            return Err(GetError::BadResponse("chunk not followed by CRLF"));
-        }
-        body.extend_from_slice(&s[..size]);
-        s = &s[size + 2..];
+    // The connection future drives the socket; the response future reads what it delivers.
+    // Whichever ends first, the body is complete only once the response future says so.
+    tokio::pin!(connection, response);
+    tokio::select! {
+        body = &mut response => body,
+        ended = &mut connection => match ended {
+            Ok(()) => response.await,
+            Err(e) => Err(GetError::from_hyper(e)),
+        },
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::{io::BufRead, net::TcpListener, thread};
+    use std::{
+        io::{BufRead, Write},
+        net::TcpListener,
+        thread,
+        time::Instant,
+    };
 
     use super::*;
 
@@ -249,12 +166,25 @@ mod tests {
             while reader.read_line(&mut line).unwrap() > 2 {
                 line.clear();
             }
-            conn.write_all(response).unwrap();
+            let _ = conn.write_all(response);
             if then_hold {
+                // Holds the connection open: the client must end on the framing or its deadline.
                 thread::sleep(Duration::from_secs(3));
             }
         });
         addr
+    }
+
+    fn get_blocking(
+        addr: SocketAddr,
+        timeout: Duration,
+        max_body: usize,
+    ) -> Result<Bytes, GetError> {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(get(addr, "/metrics", timeout, max_body))
     }
 
     const T: Duration = Duration::from_secs(2);
@@ -262,14 +192,14 @@ mod tests {
     #[test]
     fn reads_content_length_chunked_and_close_delimited_bodies() {
         let a = serve_once(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\na 1\n", true);
-        assert_eq!(get(a, "/metrics", T, 1024).unwrap(), b"a 1\n");
+        assert_eq!(&get_blocking(a, T, 1024).unwrap()[..], b"a 1\n");
         let a = serve_once(
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\na 1\n\r\n4;x=y\r\nb 2\n\r\n0\r\n\r\n",
             true,
         );
-        assert_eq!(get(a, "/metrics", T, 1024).unwrap(), b"a 1\nb 2\n");
+        assert_eq!(&get_blocking(a, T, 1024).unwrap()[..], b"a 1\nb 2\n");
         let a = serve_once(b"HTTP/1.0 200 OK\r\n\r\nc 3\n", false);
-        assert_eq!(get(a, "/metrics", T, 1024).unwrap(), b"c 3\n");
+        assert_eq!(&get_blocking(a, T, 1024).unwrap()[..], b"c 3\n");
     }
 
     #[test]
@@ -278,24 +208,36 @@ mod tests {
             b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n",
             false,
         );
-        assert!(matches!(get(a, "/x", T, 1024), Err(GetError::Status(404))));
-        let a = serve_once(b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n", false);
-        assert!(matches!(get(a, "/x", T, 1024), Err(GetError::TooLarge(_))));
-        let a = serve_once(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nab", false);
         assert!(matches!(
-            get(a, "/x", T, 1024),
-            Err(GetError::BadResponse(_))
+            get_blocking(a, T, 1024),
+            Err(GetError::Status(404))
         ));
+        let a = serve_once(b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n", false);
+        assert!(matches!(
+            get_blocking(a, T, 1024),
+            Err(GetError::TooLarge(1024))
+        ));
+        let a = serve_once(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nab", false);
+        let got = get_blocking(a, T, 1024);
+        assert!(matches!(got, Err(GetError::BadResponse(_))), "{got:?}");
         let a = serve_once(b"garbage\r\n\r\n", false);
         assert!(matches!(
-            get(a, "/x", T, 1024),
+            get_blocking(a, T, 1024),
+            Err(GetError::BadResponse(_))
+        ));
+        let a = serve_once(
+            b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 2\r\n\r\nab",
+            false,
+        );
+        assert!(matches!(
+            get_blocking(a, T, 1024),
             Err(GetError::BadResponse(_))
         ));
         // Headers sent, body never: the deadline ends it.
         let a = serve_once(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n", true);
         let t0 = Instant::now();
         assert!(matches!(
-            get(a, "/x", Duration::from_millis(300), 1024),
+            get_blocking(a, Duration::from_millis(300), 1024),
             Err(GetError::Timeout)
         ));
         assert!(t0.elapsed() < Duration::from_secs(2));
@@ -305,8 +247,49 @@ mod tests {
             .local_addr()
             .unwrap();
         assert!(matches!(
-            get(port, "/x", T, 1024),
+            get_blocking(port, T, 1024),
             Err(GetError::Connect(_))
         ));
+    }
+
+    #[test]
+    fn undeclared_bodies_are_cut_at_the_cap() {
+        // No length announced: the cap is hit while reading, for chunks and for a close.
+        let a = serve_once(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\n0123456789abcdef\r\n10\r\n0123456789abcdef\r\n0\r\n\r\n",
+            true,
+        );
+        assert!(matches!(
+            get_blocking(a, T, 20),
+            Err(GetError::TooLarge(20))
+        ));
+        let a = serve_once(b"HTTP/1.0 200 OK\r\n\r\n0123456789abcdef0123456789", false);
+        assert!(matches!(
+            get_blocking(a, T, 20),
+            Err(GetError::TooLarge(20))
+        ));
+        // At the cap exactly is fine.
+        let a = serve_once(b"HTTP/1.0 200 OK\r\n\r\n0123456789abcdefghij", false);
+        assert_eq!(get_blocking(a, T, 20).unwrap().len(), 20);
+    }
+
+    #[test]
+    fn malformed_chunks_are_bad_responses_not_panics() {
+        for response in [
+            &b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffff\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabcd\r\n0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: nope\r\n\r\nab",
+            b"HTTP/1.1 999999 Huh\r\n\r\n",
+            b"\x00\xff\r\n\r\n",
+        ] {
+            let a = serve_once(response, false);
+            let got = get_blocking(a, T, 1024);
+            assert!(
+                matches!(got, Err(GetError::BadResponse(_))),
+                "{:?} -> {got:?}",
+                String::from_utf8_lossy(response)
+            );
+        }
     }
 }

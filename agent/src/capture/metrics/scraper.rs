@@ -11,6 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use bytes::Bytes;
 use tracing::{info, warn};
 
 use super::http::{self, GetError};
@@ -52,7 +53,7 @@ pub struct Scrape {
     pub port: u16,
     pub start_mono_ns: u64,
     pub end_mono_ns: u64,
-    pub body: Vec<u8>,
+    pub body: Bytes,
     /// Failed scrapes of this engine since its previous successful one.
     pub failures_since_last: u64,
 }
@@ -107,9 +108,15 @@ impl MetricsScraper {
         let (scrape_tx, scrape_rx) = mpsc::sync_channel(QUEUE);
         let counters = Arc::new(Counters::default());
         let thread_counters = counters.clone();
+        // The GETs are hyper's (async); this thread drives them one at a time on its own
+        // single-threaded runtime, so a slow engine delays only the scrapes behind it.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()?;
         let thread = std::thread::Builder::new()
             .name("metrics-scraper".into())
-            .spawn(move || run(config, cmd_rx, scrape_tx, &thread_counters))?;
+            .spawn(move || run(config, &runtime, cmd_rx, scrape_tx, &thread_counters))?;
         Ok(Self {
             commands: Some(cmd_tx),
             scrapes: scrape_rx,
@@ -187,6 +194,7 @@ struct Target {
 
 fn run(
     config: ScrapeConfig,
+    runtime: &tokio::runtime::Runtime,
     commands: Receiver<Command>,
     out: SyncSender<Scrape>,
     counters: &Counters,
@@ -217,7 +225,7 @@ fn run(
             let Some(target) = targets.get_mut(&pid) else {
                 continue;
             };
-            scrape_target(pid, target, &config, &out, counters);
+            scrape_target(pid, target, &config, runtime, &out, counters);
         }
     }
 }
@@ -265,6 +273,7 @@ fn scrape_target(
     pid: u32,
     t: &mut Target,
     config: &ScrapeConfig,
+    runtime: &tokio::runtime::Runtime,
     out: &SyncSender<Scrape>,
     counters: &Counters,
 ) {
@@ -276,7 +285,7 @@ fn scrape_target(
     let mut last_error: Option<GetError> = None;
     for port in candidates {
         let start_mono_ns = monotonic_now_ns();
-        match get_local(port, t.endpoint.path, config) {
+        match runtime.block_on(get_local(port, t.endpoint.path, config)) {
             Ok(body) if serves_engine_metrics(&body, t.endpoint) => {
                 let end_mono_ns = monotonic_now_ns();
                 counters.bump("metrics_scrapes");
@@ -349,12 +358,12 @@ fn scrape_target(
 
 /// The engine's port on loopback: IPv4 first, then IPv6. An engine bound only to a non-loopback
 /// address is not reachable this way (the warning says so through the connect error).
-fn get_local(port: u16, path: &str, config: &ScrapeConfig) -> Result<Vec<u8>, GetError> {
+async fn get_local(port: u16, path: &str, config: &ScrapeConfig) -> Result<Bytes, GetError> {
     let v4 = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    match http::get(v4, path, config.timeout, config.max_body_bytes) {
+    match http::get(v4, path, config.timeout, config.max_body_bytes).await {
         Err(GetError::Connect(_)) => {
             let v6 = SocketAddr::from((Ipv6Addr::LOCALHOST, port));
-            http::get(v6, path, config.timeout, config.max_body_bytes)
+            http::get(v6, path, config.timeout, config.max_body_bytes).await
         }
         other => other,
     }

@@ -45,6 +45,10 @@ pub struct DemoArgs {
     /// Also write the records here (JSON Lines).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Log the agent at info (default: warnings only, so the table stays readable;
+    /// INFERSCOPE_LOG or RUST_LOG set a filter of their own).
+    #[arg(short, long)]
+    pub verbose: bool,
 }
 
 struct DemoObserver {

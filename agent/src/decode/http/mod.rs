@@ -244,8 +244,92 @@ mod tests {
         assert_eq!(ParseError::FramingLost.to_string(), "chunk framing lost");
     }
 
-    /// Random bytes, random split points and random losses must never panic
-    /// either decoder, and must not grow them past their limits.
+    /// What the decoders said about one random stream, checked against what the bytes allow.
+    #[derive(Default)]
+    struct Seen {
+        req_failed: bool,
+        req_open: u64,
+        started: u64,
+        completed: u64,
+        /// Started requests that ended in an error, a reset or the end of the stream.
+        abandoned: u64,
+        resp_failed: bool,
+        in_response: bool,
+        heads: u64,
+        sse: u64,
+    }
+
+    impl Seen {
+        fn reset(&mut self) {
+            self.req_failed = false;
+            self.abandoned += self.req_open;
+            self.req_open = 0;
+            self.resp_failed = false;
+            self.in_response = false;
+        }
+
+        fn request(&mut self, events: &[RequestEvent], limits: &Limits) {
+            for e in events {
+                // Failed stays failed until reset: nothing after an error.
+                assert!(!self.req_failed, "request event after an error: {e:?}");
+                match e {
+                    RequestEvent::Started { .. } => {
+                        assert_eq!(self.req_open, 0, "Started twice for one request");
+                        self.req_open = 1;
+                        self.started += 1;
+                    }
+                    RequestEvent::Complete(r) => {
+                        assert_eq!(self.req_open, 1, "Complete without Started");
+                        self.req_open = 0;
+                        self.completed += 1;
+                        assert!(r.path.len() <= MAX_FIELD_BYTES);
+                        for field in [&r.x_request_id, &r.traceparent].into_iter().flatten() {
+                            assert!(field.len() <= MAX_FIELD_BYTES);
+                        }
+                        assert!(r.head_bytes as usize <= limits.max_head_bytes);
+                    }
+                    RequestEvent::Error(_) => {
+                        self.req_failed = true;
+                        self.abandoned += self.req_open;
+                        self.req_open = 0;
+                    }
+                }
+            }
+        }
+
+        fn response(&mut self, events: &[ResponseEvent]) {
+            for e in events {
+                assert!(!self.resp_failed, "response event after an error: {e:?}");
+                match e {
+                    ResponseEvent::Head { .. } => {
+                        assert!(!self.in_response, "a second head inside a response");
+                        self.in_response = true;
+                        self.heads += 1;
+                    }
+                    ResponseEvent::Sse(ev) => {
+                        assert!(self.in_response, "an event outside a response");
+                        assert!(ev.id.as_ref().is_none_or(|id| id.len() <= MAX_NAME_BYTES));
+                        self.sse += 1;
+                    }
+                    ResponseEvent::Body(b) => {
+                        assert!(self.in_response, "a body outside a response");
+                        assert!(b.id.as_ref().is_none_or(|id| id.len() <= MAX_NAME_BYTES));
+                    }
+                    ResponseEvent::End { .. } => {
+                        assert!(self.in_response, "an end outside a response");
+                        self.in_response = false;
+                    }
+                    ResponseEvent::Error(_) => self.resp_failed = true,
+                }
+            }
+        }
+    }
+
+    /// Random bytes, random split points and random losses must never panic either decoder,
+    /// and what they report must be well formed (nothing after an error until reset, no body
+    /// outside a response, no request completed twice), bounded (fields within their caps)
+    /// and never invented: every head needs its blank line in the captured bytes, every event
+    /// its line end.
     #[test]
     fn random_input_never_panics() {
         let seeds: &[&[u8]] = &[
@@ -260,13 +344,16 @@ mod tests {
             max_body_bytes: 256,
             max_sse_event_bytes: 128,
         };
+        let (mut total_completed, mut total_heads, mut total_sse) = (0, 0, 0);
         for round in 0..3000u64 {
             let mut input: Vec<u8> = Vec::new();
             let len = rng.below(600) as usize;
             let seed = seeds[(round % seeds.len() as u64) as usize];
+            // Mostly a plausible message with noise: heavy on even rounds, sparse on odd ones
+            // (so whole messages get through and the checks below see decoded output).
+            let noise = if round % 2 == 0 { 4 } else { 200 };
             for i in 0..len {
-                // Mostly mutate a plausible message, sometimes pure noise.
-                let b = match rng.below(4) {
+                let b = match rng.below(noise) {
                     0 => rng.next() as u8,
                     _ => seed[i % seed.len()],
                 };
@@ -276,6 +363,7 @@ mod tests {
             let mut resp = ResponseDecoder::new(limits);
             let mut req_out = Vec::new();
             let mut resp_out = Vec::new();
+            let mut seen = Seen::default();
             let mut rest: &[u8] = &input;
             let mut ts = 0;
             while !rest.is_empty() {
@@ -289,14 +377,55 @@ mod tests {
                     lost,
                     ts_ns: ts,
                 };
+                req_out.clear();
+                resp_out.clear();
                 req.feed(c, &mut req_out);
                 resp.feed(c, &mut resp_out);
+                seen.request(&req_out, &limits);
+                seen.response(&resp_out);
                 if rng.below(50) == 0 {
                     req.reset();
                     resp.reset();
+                    seen.reset();
                 }
             }
+            resp_out.clear();
             resp.close(ts, &mut resp_out);
+            seen.response(&resp_out);
+            // A head ends at a blank line (CRLF CRLF, or bare LFs), an event at a line end:
+            // no more of either than the captured bytes hold.
+            let blank_lines = input
+                .windows(2)
+                .filter(|w| w == b"\n\n")
+                .count()
+                .saturating_add(input.windows(3).filter(|w| w == b"\n\r\n").count())
+                as u64;
+            let line_ends = input.iter().filter(|b| **b == b'\n').count() as u64;
+            // Every request started is completed or given up, once.
+            assert_eq!(
+                seen.started,
+                seen.completed + seen.abandoned + seen.req_open,
+                "round {round}"
+            );
+            assert!(
+                seen.completed <= blank_lines,
+                "round {round}: {} requests from {blank_lines} blank lines",
+                seen.completed
+            );
+            assert!(
+                seen.heads <= blank_lines,
+                "round {round}: {} responses from {blank_lines} blank lines",
+                seen.heads
+            );
+            assert!(seen.sse <= line_ends, "round {round}: events invented");
+            total_completed += seen.completed;
+            total_heads += seen.heads;
+            total_sse += seen.sse;
         }
+        // The mutated streams still hold whole messages often enough for the checks above to
+        // bite on decoded output, not only on errors.
+        assert!(total_completed > 1000, "{total_completed} requests decoded");
+        assert!(total_heads > 100, "{total_heads} responses decoded");
+        assert!(total_sse > 100, "{total_sse} events decoded");
     }
 }

@@ -354,13 +354,73 @@ fn garbage_and_other_protocols_never_panic_and_are_given_up() {
         verdicts.iter().position(|v| *v == IpcVerdict::NotIpc),
         Some(64)
     );
-    // A ZMTP greeting followed by corrupt messages: counted, nothing applied.
-    let mut bytes = fixture("tcp-output.from_engine.bin");
-    let n = bytes.len();
+    assert!(steps.is_empty(), "steps invented from HTTP bytes");
+    assert_eq!(
+        counter(&ipc, "zmtp_not_zmtp"),
+        1,
+        "giving up is counted once: {:?}",
+        ipc.counters()
+    );
+    // A ZMTP greeting followed by corrupt messages: counted, nothing applied beyond what the
+    // intact prefix holds.
+    let clean = fixture("tcp-output.from_engine.bin");
+    let n = clean.len();
+    let mut bytes = clean.clone();
     for (i, b) in bytes.iter_mut().enumerate().skip(n / 3) {
         *b = b.wrapping_mul(31).wrapping_add(i as u8);
     }
-    let _ = feed(&mut ipc, &mut steps, &bytes, 1, 10, IpcDirection::Read, 97);
+    let mut prefix_steps = Vec::new();
+    feed(
+        &mut VllmIpc::default(),
+        &mut prefix_steps,
+        &clean[..n / 3],
+        1,
+        10,
+        IpcDirection::Read,
+        97,
+    );
+    let mut ipc = VllmIpc::default();
+    let mut steps = Vec::new();
+    let verdict = feed(&mut ipc, &mut steps, &bytes, 1, 10, IpcDirection::Read, 97);
+    assert!(
+        steps.len() <= prefix_steps.len(),
+        "{} steps from corrupt bytes, {} in the intact prefix",
+        steps.len(),
+        prefix_steps.len()
+    );
+    assert_eq!(steps[..], prefix_steps[..steps.len()]);
+    let failures: u64 = ipc
+        .counters()
+        .iter()
+        .filter(|(name, _)| FAILURE_COUNTERS.contains(name))
+        .map(|(_, v)| v)
+        .sum();
+    assert!(
+        failures >= 1 || verdict == IpcVerdict::NotIpc,
+        "corruption neither counted nor given up: {:?}",
+        ipc.counters()
+    );
+}
+
+/// Counters that say bytes were refused, cut or skipped rather than applied.
+const FAILURE_COUNTERS: [&str; 10] = [
+    "zmtp_not_zmtp",
+    "zmtp_old_version",
+    "zmtp_desync",
+    "zmtp_frames_incomplete",
+    "zmtp_frames_dropped",
+    "zmtp_hunt_skipped",
+    "vllm_ipc_truncated",
+    "vllm_ipc_bad_msgpack",
+    "vllm_ipc_layout_mismatch",
+    "vllm_ipc_not_vllm",
+];
+
+fn counter(ipc: &VllmIpc, name: &str) -> u64 {
+    ipc.counters()
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(0, |(_, v)| *v)
 }
 
 /// A kernel launched by process `pid` at `launch` (running 10 µs from 5 µs later).
