@@ -31,7 +31,8 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// `inferscope record <target args> --out DIR/records.jsonl`, logs to DIR/agent.log.
+    /// `inferscope record <target args> --out DIR/records.jsonl --counters DIR/counters.json`,
+    /// logs to DIR/agent.log.
     pub fn start(dir: &Path, target: &[&str]) -> Recorder {
         let out = dir.join("records.jsonl");
         let log = dir.join("agent.log");
@@ -40,6 +41,8 @@ impl Recorder {
             .args(target)
             .arg("--out")
             .arg(&out)
+            .arg("--counters")
+            .arg(dir.join("counters.json"))
             .env("INFERSCOPE_LOG", "info")
             .stdout(Stdio::null())
             .stderr(fs::File::create(&log).expect("creating the agent log"))
@@ -177,14 +180,43 @@ pub fn unsafe_sigint(pid: u32) {
     assert!(status.success());
 }
 
-/// A counter's value from the agent's closing log lines (`counter="NAME" value=N`).
-pub fn counter(log: &str, name: &str) -> u64 {
-    let needle = format!("counter=\"{name}\" value=");
-    log.lines()
-        .rev()
-        .filter_map(|l| l.split_once(&needle))
-        .find_map(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
+/// The agent's counters as it wrote them at exit (`record --counters FILE`).
+#[derive(Debug)]
+pub struct Counters(std::collections::BTreeMap<String, u64>);
+
+impl Counters {
+    pub fn read(path: &Path) -> Counters {
+        let text = fs::read_to_string(path).unwrap_or_else(|e| {
+            panic!(
+                "reading the agent's counters {}: {e} (did it exit cleanly?)",
+                path.display()
+            )
+        });
+        let v: Value = serde_json::from_str(&text).expect("the counters file is JSON");
+        let map = v["counters"]
+            .as_object()
+            .expect("a counters object")
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_u64().expect("a counter is a number")))
+            .collect();
+        Counters(map)
+    }
+
+    /// The counters file [`Recorder::start`] asks for, beside the agent's log `log`.
+    pub fn beside(log: &Path) -> Counters {
+        Counters::read(&log.with_file_name("counters.json"))
+    }
+
+    /// A counter's value; a name the agent does not have fails the test (no silent 0).
+    pub fn get(&self, name: &str) -> u64 {
+        match self.0.get(name) {
+            Some(v) => *v,
+            None => panic!(
+                "the agent has no counter {name:?}; it has: {:?}",
+                self.0.keys()
+            ),
+        }
+    }
 }
 
 /// Waits until the agent `child`, logging to `log`, reports it attached to `pid`; panics with its

@@ -167,6 +167,7 @@ fn fd_reuse_late_accept_and_server_close_match_the_wire() {
     stop_tcpdump(dump, &pcap_path);
     let log_recorder = recorder.log.clone();
     let records = recorder.stop();
+    let counters = agent::Counters::beside(&log_recorder);
     let log = std::fs::read_to_string(log_recorder).unwrap_or_default();
 
     let packets = pcap::read(&pcap_path);
@@ -227,16 +228,12 @@ fn fd_reuse_late_accept_and_server_close_match_the_wire() {
     }
     // The files were never captured: the kernel skipped their reads.
     assert!(
-        agent::counter(&log, "kernel_unknown_fd_skipped") >= (2 * PER) as u64,
+        counters.get("kernel_unknown_fd_skipped") >= (2 * PER) as u64,
         "{log}"
     );
+    assert_eq!(counters.get("records_not_server_connection"), 0, "{log}");
     assert_eq!(
-        agent::counter(&log, "records_not_server_connection"),
-        0,
-        "{log}"
-    );
-    assert_eq!(
-        agent::counter(&log, "kernel_conns_accepted"),
+        counters.get("kernel_conns_accepted"),
         on_wire as u64,
         "{log}"
     );
@@ -286,6 +283,7 @@ fn real_engine_burst_and_sequential_requests_all_recorded_with_wire_arrivals() {
     stop_tcpdump(dump, &pcap_path);
     let log_path = recorder.log.clone();
     let records = recorder.stop();
+    let counters = agent::Counters::beside(&log_path);
     let log = std::fs::read_to_string(log_path).unwrap_or_default();
 
     let packets = pcap::read(&pcap_path);
@@ -323,11 +321,7 @@ fn real_engine_burst_and_sequential_requests_all_recorded_with_wire_arrivals() {
         );
         assert_eq!(r["ended_by"], "complete", "{r:#?}");
     }
-    assert_eq!(
-        agent::counter(&log, "records_not_server_connection"),
-        0,
-        "{log}"
-    );
+    assert_eq!(counters.get("records_not_server_connection"), 0, "{log}");
 }
 
 /// A non-streamed chat request (content-length framed response) with its own `X-Request-Id`.
@@ -432,6 +426,7 @@ fn real_engine_pipelined_requests_and_a_request_after_the_servers_shutdown() {
     stop_tcpdump(dump, &pcap_path);
     let log_path = recorder.log.clone();
     let records = recorder.stop();
+    let counters = agent::Counters::beside(&log_path);
     let log = std::fs::read_to_string(log_path).unwrap_or_default();
 
     // The wire: each connection's requests left in one segment (pipelined for real).
@@ -479,8 +474,8 @@ fn real_engine_pipelined_requests_and_a_request_after_the_servers_shutdown() {
     assert_eq!(after["ended_by"], "server", "{after:#?}");
     assert_eq!(after["aborted"], false, "{after:#?}");
     assert!(after["status"].is_null(), "{after:#?}");
-    assert_eq!(agent::counter(&log, "requests_cut_by_server"), 1, "{log}");
-    assert_eq!(agent::counter(&log, "requests_aborted"), 0, "{log}");
+    assert_eq!(counters.get("requests_cut_by_server"), 1, "{log}");
+    assert_eq!(counters.get("requests_aborted"), 0, "{log}");
     assert_eq!(
         records.len(),
         CONNECTIONS * PIPELINED + 2,

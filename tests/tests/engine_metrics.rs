@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use inferscope_integration_tests::{
-    agent::{Recorder, counter, read_records, wait_records},
+    agent::{self, Recorder, read_records, wait_records},
     client::Client,
     engine::Engine,
     free_port,
@@ -80,6 +80,7 @@ fn metrics_records_follow_the_load_on_the_real_engine() {
         },
     );
     let records = recorder.stop();
+    let counters = agent::Counters::beside(&dir.join("agent.log"));
     let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
     let metrics = read_records(&metrics_path);
     drop(engine);
@@ -141,7 +142,7 @@ fn metrics_records_follow_the_load_on_the_real_engine() {
         records.iter().all(|r| r["path"] != "/metrics"),
         "{records:#?}"
     );
-    assert!(counter(&log, "metrics_scrape_requests_hidden") >= metrics.len() as u64 - 1);
+    assert!(counters.get("metrics_scrape_requests_hidden") >= metrics.len() as u64 - 1);
     let chats: Vec<&Value> = records
         .iter()
         .filter(|r| r["path"] == "/v1/chat/completions")
@@ -164,7 +165,7 @@ fn metrics_records_follow_the_load_on_the_real_engine() {
     // All five arrive together at an idle engine: (nearly) all found nobody waiting, unless a
     // scrape fell in the few milliseconds between their arrivals.
     assert!(found_idle >= 3, "{chats:#?}");
-    assert_eq!(counter(&log, "metrics_scrape_errors_connect"), 0, "{log}");
+    assert_eq!(counters.get("metrics_scrape_errors_connect"), 0, "{log}");
 }
 
 fn series(metrics: &[Value], field: &str) -> Vec<f64> {

@@ -156,11 +156,12 @@ fn a_stalled_agent_leaves_no_connection_dark_and_counts_every_lost_request() {
         std::mem::replace(&mut seen, now) == now && now > 0
     });
     let records = recorder.stop();
+    let counters = agent::Counters::beside(&log);
     let log = std::fs::read_to_string(log).unwrap_or_default();
 
-    let drops = agent::counter(&log, "kernel_ringbuf_full_drops");
+    let drops = counters.get("kernel_ringbuf_full_drops");
     assert!(drops > 0, "the stall must overflow the ring buffer:\n{log}");
-    let lost = agent::counter(&log, "requests_lost");
+    let lost = counters.get("requests_lost");
     let incomplete = records
         .iter()
         .filter(|r| r["incomplete"].is_string())
@@ -231,11 +232,12 @@ fn a_2s_stall_at_3000_requests_per_s_on_the_default_ring_loses_no_request() {
         |records| records.len() as u64 >= done,
     );
     let records = recorder.stop();
+    let counters = agent::Counters::beside(&log);
     let log = std::fs::read_to_string(log).unwrap_or_default();
 
-    let compact = agent::counter(&log, "kernel_compact_writes");
-    let drops = agent::counter(&log, "kernel_ringbuf_full_drops");
-    let lost = agent::counter(&log, "requests_lost");
+    let compact = counters.get("kernel_compact_writes");
+    let drops = counters.get("kernel_ringbuf_full_drops");
+    let lost = counters.get("requests_lost");
     eprintln!(
         "client completed {done}; {} records, {lost} lost, {drops} kernel records dropped, {compact} writes compacted",
         records.len()
@@ -300,6 +302,8 @@ fn a_full_disk_drops_whole_lines_and_writing_resumes() {
         Command::new(agent::binary())
             .args(["record", "--port", &port.to_string(), "--out"])
             .arg(&out)
+            .arg("--counters")
+            .arg(dir.path().join("counters.json"))
             .env("INFERSCOPE_LOG", "info")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("agent log"))
@@ -332,6 +336,7 @@ fn a_full_disk_drops_whole_lines_and_writing_resumes() {
     );
     signal(agent.0.id(), "-INT");
     let status = agent.0.wait().expect("waiting for the agent");
+    let counters = agent::Counters::beside(&log);
     let log = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(!status.success(), "failed writes make the exit status fail");
 
@@ -357,7 +362,7 @@ fn a_full_disk_drops_whole_lines_and_writing_resumes() {
             rest.split_whitespace().next()?.parse().ok()
         })
         .unwrap_or_else(|| panic!("the exit error counts the failed lines:\n{log}"));
-    let lost = agent::counter(&log, "requests_lost");
+    let lost = counters.get("requests_lost");
     assert_eq!(
         lines.len() as u64 + failed + lost,
         first + second,
@@ -626,6 +631,7 @@ fn an_engine_restarted_under_load_is_reattached_and_nothing_is_lost_silently() {
     );
     let records = recorder.stop();
     drop(second);
+    let counters = agent::Counters::beside(&log);
     let log = std::fs::read_to_string(log).unwrap_or_default();
 
     let complete = |pid: u32| {
@@ -637,8 +643,8 @@ fn an_engine_restarted_under_load_is_reattached_and_nothing_is_lost_silently() {
             .count() as u64
     };
     let (first_records, second_records) = (complete(first_pid), complete(second_pid));
-    let lost = agent::counter(&log, "requests_lost");
-    let adopted = agent::counter(&log, "kernel_processes_adopted");
+    let lost = counters.get("requests_lost");
+    let adopted = counters.get("kernel_processes_adopted");
     let cut: Vec<_> = records
         .iter()
         .filter(|r| r["ended_by"] != "complete" && r["path"] == "/v1/chat/completions")

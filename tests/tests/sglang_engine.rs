@@ -21,7 +21,7 @@ use std::{
 };
 
 use inferscope_integration_tests::{
-    agent::{Recorder, counter, read_records},
+    agent::{self, Recorder, read_records},
     free_port,
 };
 use serde_json::Value;
@@ -241,6 +241,7 @@ fn sglang_real_scheduler_admission_retractions_and_prompt_tokens() {
     });
     let log_path = recorder.log.clone();
     let records = recorder.stop();
+    let counters = agent::Counters::beside(&log_path);
     let log = std::fs::read_to_string(&log_path).unwrap_or_default();
     let scheduler = scheduler_of(server.child.id());
     drop(server);
@@ -250,7 +251,7 @@ fn sglang_real_scheduler_admission_retractions_and_prompt_tokens() {
         .filter(|s| s["engine"] == "sglang")
         .collect();
 
-    assert!(counter(&log, "sglang_version_from_package") >= 1, "{log}");
+    assert!(counters.get("sglang_version_from_package") >= 1, "{log}");
     for bad in [
         "sglang_ipc_layout_assumed",
         "sglang_ipc_layout_mismatch",
@@ -258,7 +259,7 @@ fn sglang_real_scheduler_admission_retractions_and_prompt_tokens() {
         "sglang_requests_unjoined",
         "sglang_admission_unknown",
     ] {
-        assert_eq!(counter(&log, bad), 0, "{bad}\n{log}");
+        assert_eq!(counters.get(bad), 0, "{bad}\n{log}");
     }
     let mut admitted: HashMap<&str, &Value> = HashMap::new();
     let mut retractions: HashMap<&str, u64> = HashMap::new();

@@ -20,7 +20,7 @@ use std::{
 };
 
 use inferscope_integration_tests::{
-    agent::{Recorder, counter, read_records},
+    agent::{self, Recorder, read_records},
     daemon::Daemon,
     free_port,
 };
@@ -197,6 +197,7 @@ fn sglang_ipc_admission_retractions_and_prompt_tokens() {
     );
     let log_path = recorder.log.clone();
     let records = recorder.stop();
+    let counters = agent::Counters::beside(&log_path);
     let log = std::fs::read_to_string(&log_path).unwrap_or_default();
     let agent_steps = read_records(&steps_path);
     let truth = read_records(&dir.join("truth.jsonl"));
@@ -205,7 +206,7 @@ fn sglang_ipc_admission_retractions_and_prompt_tokens() {
     drop(front);
 
     // The layout came from the installed package, and nothing was refused.
-    assert!(counter(&log, "sglang_version_from_package") >= 1, "{log}");
+    assert!(counters.get("sglang_version_from_package") >= 1, "{log}");
     for bad in [
         "sglang_ipc_layout_assumed",
         "sglang_ipc_layout_mismatch",
@@ -213,7 +214,7 @@ fn sglang_ipc_admission_retractions_and_prompt_tokens() {
         "sglang_requests_unjoined",
         "pickle_truncated",
     ] {
-        assert_eq!(counter(&log, bad), 0, "{bad}\n{log}");
+        assert_eq!(counters.get(bad), 0, "{bad}\n{log}");
     }
     assert_eq!(truth.len(), 16, "{truth:#?}");
     let by_rid: HashMap<&str, &Value> = records

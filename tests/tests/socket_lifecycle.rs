@@ -264,9 +264,10 @@ fn engine_started_after_the_agent_and_bad_input_on_its_port() {
     let late = &ids[&id][0];
     assert!(late["queue_wait_ms"].is_f64(), "{records:#?}");
     assert!(late["engine_finished_mono_ns"].is_u64(), "{records:#?}");
+    let counters = agent::Counters::beside(&log_path);
     let log = std::fs::read_to_string(log_path).unwrap_or_default();
     assert!(
-        agent::counter(&log, "not_http") >= 2,
+        counters.get("not_http") >= 2,
         "garbage counted as not_http:\n{log}"
     );
     // The 20 KB head (over the 16 KiB head limit) is counted; where the server answered it, its
@@ -274,7 +275,7 @@ fn engine_started_after_the_agent_and_bad_input_on_its_port() {
     // records are the launcher's readiness probes (GET /health, short) and the server's answers
     // to the bytes that did not parse (a 4xx each, marked unparsed; nothing for bytes it did not
     // answer).
-    assert!(agent::counter(&log, "head_too_large") >= 1, "{log}");
+    assert!(counters.get("head_too_large") >= 1, "{log}");
     let oversized = records
         .iter()
         .filter(|r| r["incomplete"] == "head_too_large")

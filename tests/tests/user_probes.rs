@@ -9,7 +9,7 @@
 use std::{path::Path, time::Duration};
 
 use inferscope_integration_tests::{
-    agent::{Recorder, counter, read_records},
+    agent::{self, Recorder, read_records},
     client::Client,
     free_port, native_engine,
     native_engine::NativeEngine,
@@ -305,6 +305,7 @@ fn bad_probes_are_disabled_and_socket_records_keep_coming() {
     let (live, file) = entry_bytes(engine.pid(), "engine_enqueue");
     assert_eq!(live, file);
     // Read after the agent exited: the counters are logged on the way out.
+    let counters = agent::Counters::beside(&dir.join("agent.log"));
     let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
 
     assert!(engine.is_running(), "the engine survived");
@@ -317,8 +318,8 @@ fn bad_probes_are_disabled_and_socket_records_keep_coming() {
         "bad offset reported: {log}"
     );
     assert_eq!(log.matches("user probe attached").count(), 2, "{log}");
-    assert_eq!(counter(&log, "user_probes_disabled"), 1, "{log}");
-    let failed = counter(&log, "user_probe_read_failed");
+    assert_eq!(counters.get("user_probes_disabled"), 1, "{log}");
+    let failed = counters.get("user_probe_read_failed");
     assert!(
         (2..=3).contains(&failed),
         "{failed} failed reads before the probe went: {log}"
@@ -386,6 +387,7 @@ fn a_probe_in_a_library_loaded_later_attaches_when_the_library_appears() {
     );
     let records = recorder.stop();
     // Read after the agent exited: the counters are logged on the way out.
+    let counters = agent::Counters::beside(&dir.join("agent.log"));
     let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
     assert!(engine.is_running());
 
@@ -393,7 +395,7 @@ fn a_probe_in_a_library_loaded_later_attaches_when_the_library_appears() {
         log.contains("user probe waiting") && log.contains("libengine_plugin"),
         "{log}"
     );
-    assert_eq!(counter(&log, "hooks_attached_late"), 1, "{log}");
+    assert_eq!(counters.get("hooks_attached_late"), 1, "{log}");
     let by_stream = |id: &Option<String>| {
         records
             .iter()

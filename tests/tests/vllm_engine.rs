@@ -13,7 +13,7 @@ use std::{
 };
 
 use inferscope_integration_tests::{
-    agent::{Recorder, counter, read_records},
+    agent::{self, Recorder, read_records},
     daemon::Daemon,
     free_port, mock_cuda,
     vllm::{Truth, VllmOptions, VllmServer},
@@ -328,7 +328,7 @@ fn wait_records(out: &std::path::Path, pids: &[u32], n: usize) {
     }
 }
 
-fn assert_nothing_lost(log: &str) {
+fn assert_nothing_lost(counters: &agent::Counters, log: &str) {
     for name in [
         "zmtp_desync",
         "vllm_ipc_truncated",
@@ -341,10 +341,10 @@ fn assert_nothing_lost(log: &str) {
         "zmtp_frames_dropped",
         "kernel_ringbuf_full",
     ] {
-        assert_eq!(counter(log, name), 0, "{name} in\n{log}");
+        assert_eq!(counters.get(name), 0, "{name} in\n{log}");
     }
-    assert!(counter(log, "vllm_version_from_package") >= 1, "{log}");
-    assert!(counter(log, "vllm_engine_core_found") >= 1, "{log}");
+    assert!(counters.get("vllm_version_from_package") >= 1, "{log}");
+    assert!(counters.get("vllm_engine_core_found") >= 1, "{log}");
 }
 
 /// One server under load: chat and completions (n = 2, batched prompts), ids of every kind,
@@ -385,6 +385,7 @@ fn vllm_real_scheduler_under_load() {
     );
     let log_path = recorder.log.clone();
     let records = recorder.stop();
+    let counters = agent::Counters::beside(&log_path);
     let log = std::fs::read_to_string(&log_path).unwrap_or_default();
     let steps = read_records(&steps_path);
     let truth = server.read_truth_since(mark);
@@ -404,8 +405,8 @@ fn vllm_real_scheduler_under_load() {
         "vLLM real scheduler, one server: {s:#?} (engine start {started:?}, total {:?})",
         t0.elapsed()
     );
-    assert_nothing_lost(&log);
-    assert!(counter(&log, "capture_chunked_syscalls") > 0, "{log}");
+    assert_nothing_lost(&agent::Counters::beside(&log_path), &log);
+    assert!(counters.get("capture_chunked_syscalls") > 0, "{log}");
     assert!(s.long_prompts >= 4, "{s:#?}");
     assert!(
         s.preempted_requests > 0,
@@ -483,7 +484,7 @@ fn two_vllm_servers_under_one_agent() {
             "server {name}: {s:#?}"
         );
     }
-    assert_nothing_lost(&log);
+    assert_nothing_lost(&agent::Counters::beside(&log_path), &log);
     eprintln!("two servers: {:?}", t0.elapsed());
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -8,8 +8,12 @@ use std::{
     path::Path,
 };
 
+use crate::model::Counter;
+
+/// Writes `counters`, and every user-space [`Counter`] they lack as 0: a reader can tell a
+/// counter that stayed at zero from a name that does not exist.
 pub fn write(path: &Path, counters: &[(String, u64)]) -> io::Result<()> {
-    let mut by_name: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut by_name: BTreeMap<&str, u64> = Counter::ALL.iter().map(|c| (c.name(), 0)).collect();
     for (name, value) in counters {
         *by_name.entry(name.as_str()).or_default() += value;
     }
@@ -45,7 +49,14 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
         assert_eq!(v["counters"]["requests_lost"], 3);
         assert_eq!(v["counters"]["kernel_ringbuf_full_drops"], 0);
-        assert_eq!(v["counters"].as_object().unwrap().len(), 2);
+        assert_eq!(
+            v["counters"]["zmtp_desync"], 0,
+            "an untouched counter is written as 0"
+        );
+        assert_eq!(
+            v["counters"].as_object().unwrap().len(),
+            Counter::ALL.len() + 1
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 }
