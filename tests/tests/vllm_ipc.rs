@@ -16,7 +16,7 @@ use std::{
 };
 
 use inferscope_integration_tests::{
-    agent::{Recorder, read_records},
+    agent::{self, Recorder, read_records},
     engine::python,
 };
 use serde_json::Value;
@@ -170,7 +170,7 @@ fn replay(transport: &str, late: bool) {
     );
     let log_path = recorder.log.clone();
     let records = recorder.stop();
-    // The counters are logged when the agent exits.
+    let counters = agent::Counters::beside(&log_path);
     let log = std::fs::read_to_string(&log_path).unwrap_or_default();
     let steps = read_records(&steps_path);
     let offset: f64 = std::fs::read_to_string(dir.join("offset"))
@@ -181,11 +181,11 @@ fn replay(transport: &str, late: bool) {
     drop(front);
     if late {
         // No handshake and no version seen: the newest pinned layout, type-checked.
-        assert!(log.contains("counter=\"vllm_ipc_layout_assumed\""), "{log}");
-        assert!(!log.contains("counter=\"vllm_ipc_ready\""), "{log}");
+        assert!(counters.get("vllm_ipc_layout_assumed") > 0, "{log}");
+        assert_eq!(counters.get("vllm_ipc_ready"), 0, "{log}");
     } else {
-        assert!(log.contains("counter=\"vllm_ipc_ready\" value=1"), "{log}");
-        assert!(!log.contains("vllm_ipc_layout_assumed"), "{log}");
+        assert_eq!(counters.get("vllm_ipc_ready"), 1, "{log}");
+        assert_eq!(counters.get("vllm_ipc_layout_assumed"), 0, "{log}");
     }
     check(&records, &steps, offset, &log);
     let _ = std::fs::remove_dir_all(&dir);
