@@ -27,14 +27,16 @@ pub enum GetError {
 
 impl GetError {
     /// Counter name for this kind of failure.
-    pub fn as_str(&self) -> &'static str {
+    /// The agent counter this failure is counted in.
+    pub fn counter(&self) -> crate::model::Counter {
+        use crate::model::Counter;
         match self {
-            GetError::Connect(_) => "connect",
-            GetError::Timeout => "timeout",
-            GetError::Io(_) => "io",
-            GetError::Status(_) => "http_status",
-            GetError::BadResponse(_) => "bad_response",
-            GetError::TooLarge(_) => "too_large",
+            GetError::Connect(_) => Counter::MetricsScrapeErrorsConnect,
+            GetError::Timeout => Counter::MetricsScrapeErrorsTimeout,
+            GetError::Io(_) => Counter::MetricsScrapeErrorsIo,
+            GetError::Status(_) => Counter::MetricsScrapeErrorsHttpStatus,
+            GetError::BadResponse(_) => Counter::MetricsScrapeErrorsBadResponse,
+            GetError::TooLarge(_) => Counter::MetricsScrapeErrorsTooLarge,
         }
     }
 

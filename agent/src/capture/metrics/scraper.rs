@@ -15,7 +15,7 @@ use bytes::Bytes;
 use tracing::{info, warn};
 
 use super::http::{self, GetError};
-use crate::model::{clock::monotonic_now_ns, signals::MetricsEndpoint};
+use crate::model::{Counter, clock::monotonic_now_ns, signals::MetricsEndpoint};
 
 #[derive(Debug, Clone, Copy)]
 pub struct ScrapeConfig {
@@ -68,25 +68,26 @@ enum Command {
     Forget(u32),
 }
 
-const COUNTERS: [&str; 10] = [
-    "metrics_scrapes",
-    "metrics_scrape_errors_connect",
-    "metrics_scrape_errors_timeout",
-    "metrics_scrape_errors_io",
-    "metrics_scrape_errors_http_status",
-    "metrics_scrape_errors_bad_response",
-    "metrics_scrape_errors_too_large",
-    "metrics_scrape_errors_no_engine_metrics",
-    "metrics_scrapes_dropped_queue_full",
-    "metrics_targets_over_limit",
+/// The scraping thread's counters (it counts from its own thread, so atomics, not a [`crate::model::Stats`]).
+const COUNTERS: [Counter; 10] = [
+    Counter::MetricsScrapes,
+    Counter::MetricsScrapeErrorsConnect,
+    Counter::MetricsScrapeErrorsTimeout,
+    Counter::MetricsScrapeErrorsIo,
+    Counter::MetricsScrapeErrorsHttpStatus,
+    Counter::MetricsScrapeErrorsBadResponse,
+    Counter::MetricsScrapeErrorsTooLarge,
+    Counter::MetricsScrapeErrorsNoEngineMetrics,
+    Counter::MetricsScrapesDroppedQueueFull,
+    Counter::MetricsTargetsOverLimit,
 ];
 
 #[derive(Default)]
 struct Counters([AtomicU64; COUNTERS.len()]);
 
 impl Counters {
-    fn bump(&self, name: &str) {
-        if let Some(i) = COUNTERS.iter().position(|c| *c == name) {
+    fn bump(&self, counter: Counter) {
+        if let Some(i) = COUNTERS.iter().position(|c| *c == counter) {
             self.0[i].fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -163,9 +164,12 @@ impl MetricsScraper {
         let mut all: Vec<(String, u64)> = COUNTERS
             .iter()
             .zip(&self.counters.0)
-            .map(|(name, v)| (name.to_string(), v.load(Ordering::Relaxed)))
+            .map(|(c, v)| (c.name().to_string(), v.load(Ordering::Relaxed)))
             .collect();
-        all.push(("metrics_commands_dropped".into(), self.commands_dropped));
+        all.push((
+            Counter::MetricsCommandsDropped.name().into(),
+            self.commands_dropped,
+        ));
         all
     }
 }
@@ -247,7 +251,7 @@ fn apply(command: Command, targets: &mut HashMap<u32, Target>, counters: &Counte
                 return;
             }
             if targets.len() >= MAX_TARGETS {
-                counters.bump("metrics_targets_over_limit");
+                counters.bump(Counter::MetricsTargetsOverLimit);
                 return;
             }
             targets.insert(
@@ -288,7 +292,7 @@ fn scrape_target(
         match runtime.block_on(get_local(port, t.endpoint.path, config)) {
             Ok(body) if serves_engine_metrics(&body, t.endpoint) => {
                 let end_mono_ns = monotonic_now_ns();
-                counters.bump("metrics_scrapes");
+                counters.bump(Counter::MetricsScrapes);
                 if t.port.is_none() {
                     info!(
                         pid,
@@ -313,7 +317,7 @@ fn scrape_target(
                 match out.try_send(scrape) {
                     Ok(()) => {}
                     Err(TrySendError::Full(_)) => {
-                        counters.bump("metrics_scrapes_dropped_queue_full")
+                        counters.bump(Counter::MetricsScrapesDroppedQueueFull)
                     }
                     // The pipeline is gone; the command channel closes next.
                     Err(TrySendError::Disconnected(_)) => {}
@@ -321,11 +325,11 @@ fn scrape_target(
                 return;
             }
             Ok(_) => {
-                counters.bump("metrics_scrape_errors_no_engine_metrics");
+                counters.bump(Counter::MetricsScrapeErrorsNoEngineMetrics);
                 last_error = None;
             }
             Err(e) => {
-                counters.bump(&format!("metrics_scrape_errors_{}", e.as_str()));
+                counters.bump(e.counter());
                 last_error = Some(e);
             }
         }
