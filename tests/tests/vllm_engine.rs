@@ -339,7 +339,7 @@ fn assert_nothing_lost(counters: &agent::Counters, log: &str) {
         "capture_chunks_lost",
         "capture_chunks_orphaned",
         "zmtp_frames_dropped",
-        "kernel_ringbuf_full",
+        "kernel_ringbuf_full_drops",
     ] {
         assert_eq!(counters.get(name), 0, "{name} in\n{log}");
     }
@@ -352,6 +352,9 @@ fn assert_nothing_lost(counters: &agent::Counters, log: &str) {
 /// a KV pool small enough that vLLM preempts.
 #[test]
 fn vllm_real_scheduler_under_load() {
+    // Real vLLM servers (each an API server and an EngineCore) with the agent: two such tests
+    // on 2 cores starve each other's engines into timeouts, and one of them traces every engine.
+    let _machine = inferscope_integration_tests::exclusive();
     let t0 = Instant::now();
     let dir = work_dir("vllm-real");
     let port = free_port();
@@ -429,6 +432,9 @@ fn vllm_real_scheduler_under_load() {
 /// engine, never on the other's.
 #[test]
 fn two_vllm_servers_under_one_agent() {
+    // Real vLLM servers (each an API server and an EngineCore) with the agent: two such tests
+    // on 2 cores starve each other's engines into timeouts, and one of them traces every engine.
+    let _machine = inferscope_integration_tests::exclusive();
     let t0 = Instant::now();
     let dir = work_dir("vllm-two");
     let steps_path = dir.join("steps.jsonl");
@@ -508,6 +514,9 @@ fn number_after(text: &str, prefix: &str) -> Option<u64> {
 /// worker's launches in vLLM's own per-request step list.
 #[test]
 fn vllm_kernels_per_request_through_the_shim() {
+    // Real vLLM servers (each an API server and an EngineCore) with the agent: two such tests
+    // on 2 cores starve each other's engines into timeouts, and one of them traces every engine.
+    let _machine = inferscope_integration_tests::exclusive();
     const KERNELS_PER_STEP: u64 = 2; // tests/engine/vllm/inferscope_vllm/worker.py
     let t0 = Instant::now();
     let dir = work_dir("vllm-kernels");
