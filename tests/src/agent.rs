@@ -113,6 +113,21 @@ impl Recorder {
         wait_records(&self.out, timeout, what, done)
     }
 
+    /// Waits for `n` records of chat completions (the test engines' streams).
+    pub fn wait_chat_records(&self, n: usize) -> Vec<Value> {
+        self.wait_records(
+            Duration::from_secs(30),
+            &format!("{n} chat completions' records"),
+            |records| {
+                records
+                    .iter()
+                    .filter(|r| r["path"] == "/v1/chat/completions")
+                    .count()
+                    >= n
+            },
+        )
+    }
+
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }

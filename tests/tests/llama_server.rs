@@ -121,17 +121,7 @@ fn record_against(
     };
     recorder.wait_attached(engine.pid(), Duration::from_secs(30));
     let streams = concurrent_streams(port, 6);
-    recorder.wait_records(
-        Duration::from_secs(30),
-        "the six streams' records",
-        |records| {
-            records
-                .iter()
-                .filter(|r| r["path"] == "/v1/chat/completions")
-                .count()
-                >= 6
-        },
-    );
+    recorder.wait_chat_records(6);
     let log = recorder.log_text();
     let records = recorder.stop();
     drop(engine);

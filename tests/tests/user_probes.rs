@@ -165,17 +165,7 @@ fn user_probes_split_ttft_and_record_steps() {
         .map(|c| c.join().expect("client"))
         .collect();
     assert!(streams.iter().all(|s| s.completed && s.content_chunks == 6));
-    recorder.wait_records(
-        Duration::from_secs(30),
-        "the six streams' records",
-        |records| {
-            records
-                .iter()
-                .filter(|r| r["path"] == "/v1/chat/completions")
-                .count()
-                >= 6
-        },
-    );
+    recorder.wait_chat_records(6);
     let log = recorder.log_text();
     let (live, file) = entry_bytes(engine.pid(), "engine_admit");
     assert_eq!(
@@ -276,17 +266,7 @@ fn bad_probes_are_disabled_and_socket_records_keep_coming() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(recorder.is_running(), "{}", recorder.log_text());
-    recorder.wait_records(
-        Duration::from_secs(30),
-        "the six streams' records",
-        |records| {
-            records
-                .iter()
-                .filter(|r| r["path"] == "/v1/chat/completions")
-                .count()
-                >= 6
-        },
-    );
+    recorder.wait_chat_records(6);
     inferscope_integration_tests::wait_until(
         Duration::from_secs(10),
         "the failing probe detached",
