@@ -156,6 +156,7 @@ fn queue_wait_and_prefill_for_six_streams_on_two_slots() {
 
 #[test]
 fn an_engine_without_the_hooked_functions_still_gets_socket_records_and_a_clear_warning() {
+    let _machine = inferscope_integration_tests::exclusive();
     let dir = inferscope_integration_tests::test_dir("nohooks");
     // A server named like llama.cpp's (so the llama.cpp plugin claims it) that has none of its
     // scheduler functions: what a stripped or unfamiliar build looks like to the agent.
