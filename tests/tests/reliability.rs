@@ -128,6 +128,8 @@ fn signal(pid: u32, sig: &str) {
 /// responses the client completed.
 #[test]
 fn a_stalled_agent_leaves_no_connection_dark_and_counts_every_lost_request() {
+    // Full-rate load on 2 cores: a second test's load beside it would decide what the stall loses.
+    let _machine = inferscope_integration_tests::exclusive();
     let dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();
     let server = sse_server(port, 16);
@@ -211,6 +213,8 @@ fn a_stalled_agent_leaves_no_connection_dark_and_counts_every_lost_request() {
 /// (else the test proves nothing), and every request still has its TTFT and all its chunks.
 #[test]
 fn a_2s_stall_at_3000_requests_per_s_on_the_default_ring_loses_no_request() {
+    // Full-rate load on 2 cores: a second test's load beside it would decide what the stall loses.
+    let _machine = inferscope_integration_tests::exclusive();
     let dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();
     let server = sse_server(port, 16);
@@ -290,6 +294,8 @@ impl Drop for Tmpfs {
 /// write is counted, and writing resumes once space returns.
 #[test]
 fn a_full_disk_drops_whole_lines_and_writing_resumes() {
+    // Full-rate load on 2 cores: a second test's load beside it would decide what the stall loses.
+    let _machine = inferscope_integration_tests::exclusive();
     let dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();
     let server = sse_server(port, 4);
@@ -578,6 +584,8 @@ fn restart_client(port: u16, id: usize, load: &RestartLoad) {
 /// traces a process accepting on a watched port, capture::adopt).
 #[test]
 fn an_engine_restarted_under_load_is_reattached_and_nothing_is_lost_silently() {
+    // Full-rate load on 2 cores: a second test's load beside it would decide what the stall loses.
+    let _machine = inferscope_integration_tests::exclusive();
     let dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();
     let mut first = Engine::start(port, 2);
