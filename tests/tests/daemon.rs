@@ -261,8 +261,17 @@ fn top_follows_live_requests() {
         .stdout(Stdio::piped())
         .spawn()
         .expect("top");
-    // `top` shows no sign of having subscribed: give it a moment before the requests.
-    thread::sleep(Duration::from_secs(1));
+    // The requests go once `top` has subscribed: the agent counts its gRPC subscribers (a gauge
+    // it exports about once a second).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while gauge(&daemon.scrape(), "grpc_subscribers") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "top did not subscribe within 30 s:\n{}",
+            daemon.log_text()
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
     let port = engine.port;
     let clients: Vec<_> = (0..3)
         .map(|i| {

@@ -96,6 +96,13 @@ impl Adoption {
     }
 }
 
+/// A process adopted and then forgotten (given up, or gone) no longer waits to be attached.
+impl crate::model::PerProcess for Adoption {
+    fn process_gone(&mut self, tgid: u32) {
+        self.pending.retain(|(p, _)| *p != tgid);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -90,6 +90,12 @@ impl FdClassifier {
         self.preexisting.retain(|(t, _), _| *t != tgid);
     }
 
+    /// Whether a connection of `tgid` is classified or registered.
+    pub fn knows_process(&self, tgid: u32) -> bool {
+        self.cache.keys().any(|(t, _)| *t == tgid)
+            || self.preexisting.keys().any(|(t, _)| *t == tgid)
+    }
+
     /// What the connection of `ev` is. `ipc` is Some when the process's engine decodes IPC
     /// sockets ([`FdClass::Ipc`]), holding whether this event's bytes look like that IPC (the
     /// decode stage says: for ZeroMQ, a greeting or whole frames, which HTTP bytes never are).

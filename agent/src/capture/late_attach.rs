@@ -55,6 +55,11 @@ impl LateAttach {
         self.watched.remove(&tgid);
     }
 
+    /// Whether `tgid` waits for a missing hook's object to be mapped.
+    pub fn watches(&self, tgid: u32) -> bool {
+        self.watched.contains_key(&tgid)
+    }
+
     pub fn watched(&self) -> usize {
         self.watched.len()
     }

@@ -151,6 +151,11 @@ impl EngineMetrics {
         self.engines.remove(&pid);
     }
 
+    /// Whether scrapes of `pid` are kept for the arrival join.
+    pub fn knows(&self, pid: u32) -> bool {
+        self.engines.contains_key(&pid)
+    }
+
     pub fn on_scrape(&mut self, scrape: &Scrape) -> EngineMetricsRecord {
         let (snap, stats) = snapshot(&scrape.body, scrape.endpoint, &self.limits);
         let mono_ns = scrape.start_mono_ns + (scrape.end_mono_ns - scrape.start_mono_ns) / 2;

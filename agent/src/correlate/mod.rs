@@ -1,6 +1,6 @@
 //! Correlate stage: per-connection state machines turn decoded HTTP events into one
 //! [`RequestRecord`] per request, joined with TCP arrival times.
-use crate::model::Counter;
+use crate::model::{Counter, PerProcess};
 mod arrivals;
 mod connection;
 pub mod engine_metrics;
@@ -69,6 +69,8 @@ pub struct Tracker {
     read_complete: Vec<(u32, u32)>,
     /// Scheduler-hook joins: reading thread → request → engine task.
     joins: sched::SchedJoins,
+    /// Requests of processes gone ([`PerProcess::process_gone`]), until [`Tracker::take_ended`].
+    ended: Vec<RequestRecord>,
 }
 
 /// What a connection needs while it handles one syscall: where results go, and scratch space.
@@ -104,6 +106,7 @@ impl Tracker {
             response_events: Vec::new(),
             read_complete: Vec::new(),
             joins: sched::SchedJoins::default(),
+            ended: Vec::new(),
         }
     }
 
@@ -140,6 +143,16 @@ impl Tracker {
         }
         self.engines.remove(&tgid);
         self.joins.forget_process(tgid);
+    }
+
+    /// The requests [`PerProcess::process_gone`] ended, moved to `out`.
+    pub fn take_ended(&mut self, out: &mut Vec<RequestRecord>) {
+        out.append(&mut self.ended);
+    }
+
+    /// Whether the tracker keeps anything for `tgid`: its engine, or a connection.
+    pub fn knows_process(&self, tgid: u32) -> bool {
+        self.engines.contains_key(&tgid) || self.connections.map.keys().any(|(t, _)| *t == tgid)
     }
 
     pub fn on_segment(&mut self, segment: &Segment) {
@@ -525,6 +538,15 @@ impl ConnectionTable {
                 ))))
             }
         }
+    }
+}
+
+/// The process's open requests end now, cut by the server; [`Tracker::take_ended`] hands them on.
+impl PerProcess for Tracker {
+    fn process_gone(&mut self, tgid: u32) {
+        let mut ended = std::mem::take(&mut self.ended);
+        self.forget_process(tgid, crate::model::clock::monotonic_now_ns(), &mut ended);
+        self.ended = ended;
     }
 }
 

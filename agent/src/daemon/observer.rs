@@ -18,7 +18,7 @@ use crate::{
         metrics::Metrics,
         otlp::{DiagnosisEvents, ExportCounters, TraceExporter},
     },
-    model::{RequestRecord, StepRecord, clock::monotonic_now_ns},
+    model::{PerProcess, RequestRecord, StepRecord, clock::monotonic_now_ns},
     pipeline::Observer,
 };
 use tracing::{error, info, warn};
@@ -196,6 +196,16 @@ impl DaemonObserver {
     }
 }
 
+/// An engine process the pipeline forgot: its gauges and its tracer go.
+impl PerProcess for DaemonObserver {
+    fn process_gone(&mut self, tgid: u32) {
+        self.metrics.forget_process(tgid);
+        if let Some(traces) = self.traces.as_mut() {
+            traces.forget_process(tgid);
+        }
+    }
+}
+
 impl Observer for DaemonObserver {
     fn on_record(&mut self, record: RequestRecord) {
         self.timelines
@@ -236,12 +246,10 @@ impl Observer for DaemonObserver {
             };
             self.remember(|h| h.push_config(sample));
         }
-        for p in &change.removed {
-            self.metrics.forget_process(p.engine, p.tgid);
-            if let Some(traces) = self.traces.as_mut() {
-                traces.forget_process(p.tgid);
-            }
-        }
+    }
+
+    fn on_process_gone(&mut self, tgid: u32) {
+        PerProcess::process_gone(self, tgid);
     }
 
     fn on_tick(&mut self) {

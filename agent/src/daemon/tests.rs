@@ -185,16 +185,12 @@ fn a_detached_process_leaves_no_state_in_the_outputs() {
     let gauge = "pid=\"9\"";
     let before = d.metrics.encode().unwrap();
     assert!(before.contains(gauge), "{before}");
-    let gone = crate::capture::TracedProcess {
-        tgid: 9,
-        start_time: 0,
-        engine: "vllm",
-        ports: vec![8080],
-    };
-    d.observer.on_discovery(&crate::capture::DiscoveryChange {
-        removed: vec![gone],
-        ..Default::default()
-    });
+    // Another process keeps its gauge.
+    d.observer.on_step(step(10, monotonic_now_ns(), "10-1-0"));
+    // The pipeline forgets a process the same way whether discovery detached it or it was
+    // adopted and given up (pipeline::lifecycle).
+    d.observer.on_process_gone(9);
     let after = d.metrics.encode().unwrap();
     assert!(!after.contains(gauge), "{after}");
+    assert!(after.contains("pid=\"10\""), "{after}");
 }

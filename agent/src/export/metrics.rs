@@ -2,7 +2,7 @@
 //! (prometheus-client) and over OTLP (the OpenTelemetry SDK), under the GenAI semantic-convention
 //! names where they exist (`gen_ai.server.*`) and `inferscope.*` for the rest.
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     sync::{Arc, Mutex, atomic::AtomicU64},
 };
 
@@ -198,6 +198,8 @@ pub struct Metrics {
     requests_running: Family<ProcessLabels, Gauge<f64, AtomicU64>>,
     requests_waiting: Family<ProcessLabels, Gauge<f64, AtomicU64>>,
     engine_snapshot: EngineSnapshot,
+    /// (engine, pid) of every process with a gauge above, to remove them when it goes.
+    process_series: Mutex<BTreeSet<(String, u32)>>,
     diagnosis: Family<DiagnosisLabels, Gauge>,
     models: Mutex<BTreeMap<String, Vec<String>>>,
     otel: Option<OtelInstruments>,
@@ -344,6 +346,7 @@ impl Metrics {
             requests_running,
             requests_waiting,
             engine_snapshot,
+            process_series: Mutex::default(),
             diagnosis,
             models: Mutex::default(),
             otel,
@@ -458,6 +461,7 @@ impl Metrics {
     pub fn record_step(&self, step: &StepRecord) {
         // Engines whose steps carry KV use (vLLM IPC) update the gauge per step.
         if let Some(kv) = step.kv_cache_usage {
+            self.note_process(&step.engine, step.pid);
             self.kv_cache_usage
                 .get_or_create(&ProcessLabels {
                     engine: step.engine.clone(),
@@ -511,6 +515,7 @@ impl Metrics {
 
     /// Gauges the engine reports about itself (scraped from its /metrics).
     pub fn record_engine_metrics(&self, m: &EngineMetricsRecord) {
+        self.note_process(&m.engine, m.pid);
         let labels = ProcessLabels {
             engine: m.engine.clone(),
             pid: m.pid.to_string(),
@@ -532,21 +537,43 @@ impl Metrics {
         }
     }
 
-    /// The engine process exited: its gauges go.
-    pub fn forget_process(&self, engine: &str, pid: u32) {
-        let labels = ProcessLabels {
-            engine: engine.to_string(),
-            pid: pid.to_string(),
-        };
-        for family in [
-            &self.kv_cache_usage,
-            &self.requests_running,
-            &self.requests_waiting,
-        ] {
-            family.remove(&labels);
+    /// Process `pid` of `engine` has gauges ([`Self::forget_process`] removes them).
+    fn note_process(&self, engine: &str, pid: u32) {
+        if let Ok(mut series) = self.process_series.lock()
+            && !series.contains(&(engine.to_string(), pid))
+        {
+            series.insert((engine.to_string(), pid));
         }
-        if let Ok(mut snapshot) = self.engine_snapshot.lock() {
-            snapshot.remove(&(engine.to_string(), pid));
+    }
+
+    /// The engine process is gone: its gauges go, under every engine name it had.
+    pub fn forget_process(&self, pid: u32) {
+        let engines: Vec<String> = match self.process_series.lock() {
+            Ok(mut series) => {
+                let gone: Vec<(String, u32)> =
+                    series.iter().filter(|(_, p)| *p == pid).cloned().collect();
+                for key in &gone {
+                    series.remove(key);
+                }
+                gone.into_iter().map(|(engine, _)| engine).collect()
+            }
+            Err(_) => Vec::new(),
+        };
+        for engine in engines {
+            if let Ok(mut snapshot) = self.engine_snapshot.lock() {
+                snapshot.remove(&(engine.clone(), pid));
+            }
+            let labels = ProcessLabels {
+                engine,
+                pid: pid.to_string(),
+            };
+            for family in [
+                &self.kv_cache_usage,
+                &self.requests_running,
+                &self.requests_waiting,
+            ] {
+                family.remove(&labels);
+            }
         }
     }
 

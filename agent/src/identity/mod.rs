@@ -121,6 +121,11 @@ impl Identities {
         self.procs.remove(&pid);
     }
 
+    /// Whether `pid`'s identity is kept.
+    pub fn knows(&self, pid: u32) -> bool {
+        self.procs.contains_key(&pid)
+    }
+
     /// The agent's own counters for the identity layer (`inferscope_agent_events_total`).
     pub fn counters(&self) -> Vec<(String, u64)> {
         let mut out = vec![

@@ -1,5 +1,6 @@
 //! Wires capture → decode → correlate → export on one thread: a ring-buffer record is decoded
 //! and correlated where it is read, with no queue between stages to size or drop from.
+mod lifecycle;
 mod route;
 use crate::model::Counter;
 use std::{
@@ -28,7 +29,7 @@ use crate::{
     decode::{http::Limits, prometheus},
     engines::{self, IpcRouter},
     identity::Identities,
-    model::{PerProcess, RequestRecord, Stats, StepRecord, clock::monotonic_now_ns},
+    model::{RequestRecord, Stats, StepRecord, clock::monotonic_now_ns},
 };
 
 #[derive(Debug, Clone)]
@@ -63,6 +64,9 @@ pub trait Observer {
     fn on_engine_metrics(&mut self, _record: EngineMetricsRecord) {}
     /// Discovery attached to or detached from processes.
     fn on_discovery(&mut self, _change: &DiscoveryChange) {}
+    /// The pipeline forgot process `tgid` (detached, or adopted and given up) after handing
+    /// on its last records: per-process state goes.
+    fn on_process_gone(&mut self, _tgid: u32) {}
     /// Called on every pass of the loop (at least every 50 ms): time-driven work goes here.
     fn on_tick(&mut self) {}
     /// The pipeline's counters (see [`Pipeline::counters`]), about once a second.
@@ -76,7 +80,7 @@ pub struct Pipeline {
     classifier: FdClassifier,
     tracker: Tracker,
     /// Listening ports per traced process; looked up per record.
-    ports: FxHashMap<u32, Vec<u16>>,
+    ports: lifecycle::Ports,
     /// IPC decoders, one per engine kind that has one (engines::Engine::ipc).
     ipc: IpcRouter,
     stats: Stats,
@@ -195,7 +199,7 @@ impl Pipeline {
             if last_scan.is_none_or(|t| t.elapsed() >= self.config.discovery_interval) {
                 let change = self.discovery.scan();
                 self.apply_discovery(&change, observer);
-                self.settle_adopted();
+                self.settle_adopted(observer);
                 last_scan = Some(Instant::now());
             }
             wait_readable(self.probes.events_fd(), Duration::from_millis(50))?;
@@ -254,18 +258,13 @@ impl Pipeline {
                 engine = gone.engine,
                 "engine process gone; detaching"
             );
-            for state in self.state_per_process() {
-                state.process_gone(gone.tgid);
-            }
+            self.processes().forget(gone.tgid, observer);
             // Kept watched for a successor on the same port (capture::adopt).
             for port in &gone.ports {
                 if let Some(evicted) = self.adoption.keep(*port, gone.engine, Instant::now()) {
                     self.unwatch_unserved(evicted);
                 }
             }
-            self.ports.remove(&gone.tgid);
-            self.tracker
-                .forget_process(gone.tgid, monotonic_now_ns(), &mut self.records);
         }
         for (now, before) in &change.ports_changed {
             for port in before {
@@ -343,44 +342,35 @@ impl Pipeline {
             &mut self.records,
             observer,
         );
-        // Records of a process that is gone are out; its samples are no longer needed.
-        for gone in &change.removed {
-            for state in self.state_joined_to_records() {
-                state.process_gone(gone.tgid);
-            }
+    }
+
+    /// Every component with state per process, for the one path that forgets a process.
+    fn processes(&mut self) -> lifecycle::Processes<'_> {
+        lifecycle::Processes {
+            probes: &mut self.probes,
+            scraper: &mut self.scraper,
+            user_probes: &mut self.user_probes,
+            late: &mut self.late,
+            ipc: &mut self.ipc,
+            classifier: &mut self.classifier,
+            ports: &mut self.ports,
+            adoption: &mut self.adoption,
+            tracker: &mut self.tracker,
+            engine_metrics: &mut self.engine_metrics,
+            identities: &mut self.identities,
+            records: &mut self.records,
         }
     }
 
-    /// Every component with state per process, but those [`Self::state_joined_to_records`] lists.
-    fn state_per_process(&mut self) -> [&mut dyn PerProcess; 6] {
-        [
-            &mut self.probes,
-            &mut self.late,
-            &mut self.user_probes,
-            &mut self.scraper,
-            &mut self.ipc,
-            &mut self.classifier,
-        ]
-    }
-
-    /// Per-process state the process's last records are joined with: forgotten after they are
-    /// emitted.
-    fn state_joined_to_records(&mut self) -> [&mut dyn PerProcess; 2] {
-        [&mut self.engine_metrics, &mut self.identities]
-    }
-
     /// Processes the kernel adopted that discovery did not attach in time (not an engine the
-    /// selector picks, or gone) are traced no longer.
-    fn settle_adopted(&mut self) {
+    /// selector picks, or gone) are traced no longer, and forgotten like a detached process.
+    fn settle_adopted(&mut self, observer: &mut dyn Observer) {
         let discovery = &self.discovery;
         let given_up = self.adoption.settle(Instant::now(), |tgid| {
             discovery.traced().any(|p| p.tgid == tgid)
         });
         for tgid in given_up {
-            self.probes.untrace_process(tgid);
-            self.ports.remove(&tgid);
-            self.tracker
-                .forget_process(tgid, monotonic_now_ns(), &mut self.records);
+            self.processes().forget(tgid, observer);
             self.stats.bump(Counter::ProcessesAdoptedNotAttached);
         }
     }
