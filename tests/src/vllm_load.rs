@@ -165,14 +165,15 @@ pub fn run(port: u16, job: &Job) -> Outcome {
         }
         out.content_events =
             (text.matches("\"content\":\" ").count() + text.matches("\"text\":\" ").count()) as u64;
+        // A stream that ended in this read was not left mid-way, however many events it had.
+        if text.contains("data: [DONE]") {
+            out.done = true;
+            break;
+        }
         if job.kind == Kind::AbortMidStream && out.content_events >= 3 {
             let _ = s.shutdown(Shutdown::Both);
             out.aborted_by_client = true;
             return out;
-        }
-        if text.contains("data: [DONE]") {
-            out.done = true;
-            break;
         }
     }
     out

@@ -63,10 +63,13 @@ fn parent(id: &str) -> &str {
 #[derive(Debug, Default)]
 struct Summary {
     records: usize,
-    /// Clients that left while queued whose connection the server had not closed yet.
+    /// Clients that left while queued with no record (the test client closes its socket, and
+    /// uvicorn closes its end when it reads the EOF: asserted 0).
     queued_aborts_open: usize,
-    /// Clients that left while queued, recorded as client aborts.
+    /// Clients that left while queued, recorded as client aborts (asserted: all of them).
     queued_aborts_recorded: usize,
+    /// Clients that left mid-stream, recorded as client aborts (asserted: all of them).
+    midstream_aborts_recorded: usize,
     admitted: usize,
     admission_max_err_ns: u64,
     preempted_requests: usize,
@@ -80,6 +83,8 @@ struct Summary {
     /// Steps whose start came from a SCHEDULED/PREEMPTED stamp, and their largest error.
     step_start_scheduled: usize,
     step_start_scheduled_max_err_ns: u64,
+    /// Steps chained on the previous step's end (each exactly its engine's previous step).
+    step_start_previous: usize,
     /// Records whose step counts (prefill, decode) equal vLLM's own per-request step list.
     request_steps_exact: usize,
     /// Of those, prefilled over more than one step (chunked prefill, or budget shared).
@@ -118,8 +123,9 @@ fn check(
         let members = truth.members(&ext);
         joined_engine_ids.extend(members.iter().map(|(id, _)| *id));
         let Some(rec) = by_external.get(&ext) else {
-            // A client that left while its request was queued: the record ends when the
-            // server closes the connection, which uvicorn may not have done yet.
+            // Only a client that left while its request was queued may lack a record here, and
+            // only until the server closes its end (asserted 0 below: the test client closes
+            // its socket, and uvicorn closes its end as soon as it reads the EOF).
             assert_eq!(
                 job.kind,
                 Kind::AbortQueued,
@@ -129,11 +135,15 @@ fn check(
             continue;
         };
         assert_eq!(rec["engine"], "vllm", "{rec:#?}");
-        if job.kind == Kind::AbortQueued && outcome.aborted_by_client {
-            // The client left before any answer: a client abort, whoever closed first.
-            assert_eq!(rec["aborted"], true, "{ext}: {rec:#?}");
-            assert_eq!(rec["ended_by"], "client", "{ext}: {rec:#?}");
-            s.queued_aborts_recorded += 1;
+        if outcome.aborted_by_client {
+            // The client left (before any answer, or mid-stream): a client abort.
+            assert_eq!(rec["aborted"], true, "{job:?} {ext}: {rec:#?}");
+            assert_eq!(rec["ended_by"], "client", "{job:?} {ext}: {rec:#?}");
+            match job.kind {
+                Kind::AbortQueued => s.queued_aborts_recorded += 1,
+                Kind::AbortMidStream => s.midstream_aborts_recorded += 1,
+                other => panic!("{other:?} aborted by the client: {outcome:?}"),
+            }
         }
         let completed = !outcome.aborted_by_client;
         if completed {
@@ -226,6 +236,27 @@ fn check(
             }
         }
     }
+    // Every client that left is recorded as a client abort: those that left mid-stream, and
+    // those that left while queued (none still open).
+    let jobs_of = |kind: Kind| {
+        jobs.iter()
+            .zip(outcomes)
+            .filter(|(j, o)| j.kind == kind && o.aborted_by_client)
+            .count()
+    };
+    assert_eq!(s.queued_aborts_open, 0, "{s:#?}");
+    assert_eq!(
+        s.queued_aborts_recorded,
+        jobs_of(Kind::AbortQueued),
+        "{s:#?}"
+    );
+    assert_eq!(
+        s.midstream_aborts_recorded,
+        jobs_of(Kind::AbortMidStream),
+        "{s:#?}"
+    );
+    assert!(s.queued_aborts_recorded >= 1, "{s:#?}");
+    assert!(s.midstream_aborts_recorded >= 1, "{s:#?}");
     // Every engine request belongs to a client request.
     let stray: Vec<&String> = truth
         .requests
@@ -265,9 +296,9 @@ fn check(
         "agent steps vLLM never took: {invented:#?}"
     );
     s.steps_truth = truth.steps.len();
-    for t in &truth.steps {
+    for (i, t) in truth.steps.iter().enumerate() {
         let Some(st) = by_end.get(&t.end_ns) else {
-            continue;
+            panic!("vLLM's step {t:?} not recorded");
         };
         s.steps_matched += 1;
         // Its kernels are the EngineCore's (the step is seen on the API server's socket).
@@ -279,11 +310,39 @@ fn check(
         assert_eq!(st["running_requests"].as_u64(), t.running, "{st:#?} {t:?}");
         assert_eq!(st["waiting_requests"].as_u64(), t.waiting, "{st:#?} {t:?}");
         let start = st["start_mono_ns"].as_u64().unwrap();
-        if st["start_from"] == "scheduled" {
-            s.step_start_scheduled += 1;
-            let err = start.abs_diff(t.start_ns);
-            s.step_start_scheduled_max_err_ns = s.step_start_scheduled_max_err_ns.max(err);
-            assert!(err <= 1_000_000, "{st:#?} {t:?}");
+        // Exact by construction (vLLM 0.33.0 on CPU runs steps one after another, no async
+        // scheduling: vllm/platforms/cpu.py forces it off): schedule() is entered (the truth's
+        // start) after the previous step's EngineCoreOutputs was built (its timestamp,
+        // vllm/v1/engine/__init__.py EngineCoreOutputs.__post_init__), and a SCHEDULED /
+        // PREEMPTED stamp is taken inside schedule() (vllm/v1/core/sched/scheduler.py,
+        // `scheduled_timestamp`), after its entry.
+        match st["start_from"].as_str() {
+            Some("scheduled") => {
+                s.step_start_scheduled += 1;
+                let err = start.abs_diff(t.start_ns);
+                s.step_start_scheduled_max_err_ns = s.step_start_scheduled_max_err_ns.max(err);
+                assert!(err <= 1_000_000, "{st:#?} {t:?}");
+                assert!(
+                    start >= t.start_ns,
+                    "stamp before schedule(): {st:#?} {t:?}"
+                );
+                assert!(
+                    i == 0 || start > truth.steps[i - 1].end_ns,
+                    "stamp of an earlier step: {st:#?} {t:?}"
+                );
+            }
+            Some("previous_step") => {
+                s.step_start_previous += 1;
+                // Its own engine's previous step, never another's.
+                let prev = i.checked_sub(1).map(|p| truth.steps[p].end_ns);
+                assert_eq!(Some(start), prev, "{st:#?} {t:?}");
+                assert!(
+                    start <= t.start_ns,
+                    "chained after schedule(): {st:#?} {t:?}"
+                );
+            }
+            Some("unknown") => assert_eq!(start, t.end_ns, "{st:#?}"),
+            other => panic!("start_from {other:?}: {st:#?}"),
         }
         if st["start_from"] != "unknown" {
             s.step_start_known += 1;
@@ -297,6 +356,10 @@ fn check(
     assert_eq!(
         s.steps_matched, s.steps_truth,
         "every step vLLM took is recorded"
+    );
+    assert!(
+        s.step_start_scheduled >= 1,
+        "no step started at its stamp: {s:#?}"
     );
     s
 }
@@ -333,6 +396,7 @@ fn assert_nothing_lost(counters: &agent::Counters, log: &str) {
         "zmtp_desync",
         "vllm_ipc_truncated",
         "vllm_outputs_partial",
+        "vllm_requests_partial",
         "vllm_ipc_bad_msgpack",
         "vllm_ipc_layout_mismatch",
         "vllm_ipc_layout_assumed",

@@ -36,7 +36,7 @@ fn metadata_version(metadata: &str) -> Option<&str> {
 
 /// The version of `package` installed in `site_packages` (a path as the process sees it, read
 /// under `root`).
-fn version_in(root: &Path, site_packages: &str, package: &str) -> Option<String> {
+pub(crate) fn version_in(root: &Path, site_packages: &str, package: &str) -> Option<String> {
     let dir = root.join(site_packages.trim_start_matches('/'));
     let prefix = format!("{package}-");
     let entry = fs::read_dir(&dir).ok()?.flatten().find(|e| {

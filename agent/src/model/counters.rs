@@ -120,6 +120,7 @@ counters! {
     VllmRequestsAdded => "vllm_requests_added",
     VllmRequestsEvictedUnjoined => "vllm_requests_evicted_unjoined",
     VllmRequestsJoined => "vllm_requests_joined",
+    VllmRequestsPartial => "vllm_requests_partial",
     VllmRequestsUnjoined => "vllm_requests_unjoined",
     VllmStepEnginesReset => "vllm_step_engines_reset",
     VllmIpcLayoutMismatch => "vllm_ipc_layout_mismatch",

@@ -108,6 +108,23 @@ impl VllmIpc {
         }
     }
 
+    /// What discovery found of `tgid`'s installed vLLM package (`None`: no metadata found):
+    /// pins its layout, or refuses an unpinned version (logged once, then every message of it
+    /// is counted and left undecoded).
+    pub(super) fn learn_package_version(&mut self, tgid: u32, version: Option<&str>) {
+        match version {
+            Some(v) => {
+                let version = Self::version(tgid, v, "installed package");
+                self.stats.bump(match version {
+                    Version::Supported(_) => Counter::VllmVersionFromPackage,
+                    Version::Unsupported => Counter::VllmVersionUnsupported,
+                });
+                self.versions.insert(tgid, version);
+            }
+            None => self.stats.bump(Counter::VllmVersionPackageNotFound),
+        }
+    }
+
     /// The server a process belongs to: its API server's pid.
     fn server(&self, tgid: u32) -> u32 {
         let mut server = tgid;
@@ -197,17 +214,8 @@ impl EngineIpc for VllmIpc {
             self.parents.insert(tgid, parent);
         }
         self.known.insert(tgid);
-        match package::process_version(tgid, "vllm") {
-            Some(v) => {
-                let version = Self::version(tgid, &v, "installed package");
-                self.stats.bump(match version {
-                    Version::Supported(_) => Counter::VllmVersionFromPackage,
-                    Version::Unsupported => Counter::VllmVersionUnsupported,
-                });
-                self.versions.insert(tgid, version);
-            }
-            None => self.stats.bump(Counter::VllmVersionPackageNotFound),
-        }
+        let version = package::process_version(tgid, "vllm");
+        self.learn_package_version(tgid, version.as_deref());
     }
 
     fn on_bytes(&mut self, b: &IpcBytes<'_>, steps: &mut Vec<StepRecord>) -> IpcVerdict {

@@ -33,6 +33,9 @@ pub struct AddRequest {
     pub prompt_tokens: Option<u64>,
     /// Wall-clock seconds when the API server took the request.
     pub arrival_time: Option<f64>,
+    /// The frame was cut off after the prompt's token count (a capture cut inside the prompt
+    /// ids, or later): the fields after the cut are absent.
+    pub partial: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -177,6 +180,7 @@ fn decode_add(frame: &[u8], l: &Layout) -> Result<AddRequest, DecodeError> {
         external_req_id: None,
         prompt_tokens: None,
         arrival_time: None,
+        partial: false,
     };
     let last = l
         .req_arrival_time
@@ -205,10 +209,13 @@ fn decode_add(frame: &[u8], l: &Layout) -> Result<AddRequest, DecodeError> {
         })();
         match step {
             Ok(()) => {}
-            // A cut-off frame still gave the id and the prompt's length if it got that far.
+            // A cut-off frame still gave the id and the prompt's length if it got that far:
+            // the length is the ids array's header, so a cut inside the ids keeps it.
             Err(DecodeError::Msgpack(MsgpackError::Truncated))
-                if !add.request_id.is_empty() && i > l.req_prompt_token_ids =>
+                if !add.request_id.is_empty()
+                    && (i > l.req_prompt_token_ids || add.prompt_tokens.is_some()) =>
             {
+                add.partial = true;
                 break;
             }
             Err(e) => return Err(e),

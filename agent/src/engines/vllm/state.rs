@@ -187,6 +187,9 @@ impl IpcState {
 
     fn on_add(&mut self, add: AddRequest) {
         self.stats.bump(Counter::VllmRequestsAdded);
+        if add.partial {
+            self.stats.bump(Counter::VllmRequestsPartial);
+        }
         let external = add.external_req_id.clone();
         let r = self.entry(&add.request_id);
         r.prompt_tokens = add.prompt_tokens.or(r.prompt_tokens);
@@ -672,6 +675,7 @@ mod tests {
             external_req_id: Some(external.into()),
             prompt_tokens: Some(prompt),
             arrival_time: None,
+            partial: false,
         })
     }
 
@@ -755,9 +759,14 @@ mod tests {
 
     /// One step's message.
     fn step_with(ts: f64, outputs: &[ScriptedOutput<'_>]) -> IpcMessage {
+        step_on(ts, 0, outputs)
+    }
+
+    /// One step's message from the data-parallel engine core `engine_index`.
+    fn step_on(ts: f64, engine_index: i64, outputs: &[ScriptedOutput<'_>]) -> IpcMessage {
         IpcMessage::Outputs(Outputs {
             timestamp: Some(ts),
-            engine_index: Some(0),
+            engine_index: Some(engine_index),
             outputs: outputs
                 .iter()
                 .map(|&(id, new_tokens, finish_reason, events)| Output {
@@ -923,6 +932,128 @@ mod tests {
                 (200, 1_001_000_000, 1_006_000_000),
                 (100, 1_004_000_000, 1_008_000_000),
             ]
+        );
+    }
+
+    /// Two data-parallel engine cores of server 100 (engine_index 0 and 1) and server 200's
+    /// one, their EngineCoreOutputs interleaved as the API servers read them: each step starts
+    /// from its own engine's previous step or from a stamp its own schedule() took, its kernels
+    /// are its own EngineCore's, and each request's steps are its engine's only.
+    #[test]
+    fn data_parallel_engines_chain_their_own_steps() {
+        use EventKind::{Queued, Scheduled};
+        let mut state = IpcState::default();
+        for (key, pid) in [((100, 0), 1000), ((100, 1), 1001), ((200, 0), 2000)] {
+            state.engine_pids.insert(key, pid);
+        }
+        let (a, b, c) = (
+            "chatcmpl-a-aaaaaaaa",
+            "chatcmpl-b-bbbbbbbb",
+            "chatcmpl-c-cccccccc",
+        );
+        // (end, server, engine index, outputs)
+        let script: &[(f64, u32, i64, &[ScriptedOutput<'_>])] = &[
+            (1.000, 100, 0, &[]),
+            (1.001, 100, 1, &[]),
+            (1.002, 200, 0, &[]),
+            (
+                1.004,
+                100,
+                0,
+                &[(a, 1, None, &[(Queued, 0.999), (Scheduled, 1.0035)])],
+            ),
+            (1.005, 100, 1, &[(b, 1, None, &[(Scheduled, 1.0045)])]),
+            (1.006, 100, 0, &[(a, 1, None, &[])]),
+            (1.007, 100, 1, &[(b, 1, None, &[])]),
+            (1.0075, 200, 0, &[]),
+            (1.008, 100, 0, &[(a, 1, Some("length"), &[])]),
+            // c was admitted in engine 1's schedule() at 1.0075: after engine 1's previous
+            // step (1.007), before engine 0's (1.008), which is not its engine's.
+            (
+                1.009,
+                100,
+                1,
+                &[
+                    (b, 1, Some("stop"), &[]),
+                    (c, 1, None, &[(Scheduled, 1.0075)]),
+                ],
+            ),
+        ];
+        let mut steps = Vec::new();
+        for &(ts, server, engine, outs) in script {
+            state.apply(
+                step_on(ts, engine, outs),
+                (server, server, server),
+                &mut steps,
+            );
+        }
+        let t = |s: f64| mono_ns(s).unwrap();
+        /// pid, start, end, start_from, kernel_pid
+        type Step<'a> = (u32, u64, u64, Option<&'a str>, Option<u32>);
+        let got: Vec<Step<'_>> = steps
+            .iter()
+            .map(|s| {
+                (
+                    s.pid,
+                    s.start_mono_ns,
+                    s.end_mono_ns,
+                    s.start_from,
+                    s.kernel_pid,
+                )
+            })
+            .collect();
+        let want: Vec<Step<'_>> = [
+            (100, 1.000, 1.000, "unknown", 1000),
+            (100, 1.001, 1.001, "unknown", 1001),
+            (200, 1.002, 1.002, "unknown", 2000),
+            (100, 1.0035, 1.004, "scheduled", 1000),
+            (100, 1.0045, 1.005, "scheduled", 1001),
+            (100, 1.004, 1.006, "previous_step", 1000),
+            (100, 1.005, 1.007, "previous_step", 1001),
+            (200, 1.002, 1.0075, "previous_step", 2000),
+            (100, 1.006, 1.008, "previous_step", 1000),
+            (100, 1.0075, 1.009, "scheduled", 1001),
+        ]
+        .iter()
+        .map(|&(pid, start, end, from, kernel_pid)| {
+            (pid, t(start), t(end), Some(from), Some(kernel_pid))
+        })
+        .collect();
+        assert_eq!(got, want);
+
+        let steps_of = |state: &mut IpcState, ext: &str| {
+            let mut record = RequestRecord {
+                response_id: Some(ext.into()),
+                arrival_mono_ns: t(0.9),
+                end_mono_ns: t(1.1),
+                ..Default::default()
+            };
+            state.enrich(&mut record);
+            record
+                .engine_steps
+                .iter()
+                .map(|s| (s.end_mono_ns, s.phase))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            steps_of(&mut state, "chatcmpl-a"),
+            vec![
+                (t(1.004), "prefill"),
+                (t(1.006), "decode"),
+                (t(1.008), "decode")
+            ]
+        );
+        assert_eq!(
+            steps_of(&mut state, "chatcmpl-b"),
+            vec![
+                (t(1.005), "prefill"),
+                (t(1.007), "decode"),
+                (t(1.009), "decode")
+            ]
+        );
+        assert_eq!(
+            steps_of(&mut state, "chatcmpl-c"),
+            vec![(t(1.009), "prefill")]
         );
     }
 }

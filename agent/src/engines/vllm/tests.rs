@@ -526,3 +526,276 @@ fn replayed_steps_give_http_requests_their_steps_and_kernels() {
         assert_eq!(t.decode_gpu.as_ref().unwrap().kernels, want_kernels[1]);
     }
 }
+
+/// What the kernel copies of one send or receive at most (`LARGE_CAPTURE`: 16 ring-buffer
+/// records of 8 KiB); the rest of a longer syscall is reported lost.
+const CAPTURE_MAX: usize = 128 * 1024;
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// The msgpack body of the fixture's first ADD message (request A's `EngineCoreRequest`, as
+/// the 0.33.0 wheel's classes encode it).
+fn first_add_body() -> Vec<u8> {
+    let messages: Value = serde_json::from_slice(&fixture("messages.json")).unwrap();
+    let frames = messages
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["direction"] == "to_engine_input" && m["frames"][0] == "00")
+        .map(|m| m["frames"].as_array().unwrap().clone())
+        .unwrap();
+    unhex(frames[1].as_str().unwrap())
+}
+
+/// One ZMTP frame: flags (MORE, LONG), size, body.
+fn zmtp_frame(more: bool, body: &[u8]) -> Vec<u8> {
+    let more = u8::from(more);
+    let mut out = match u8::try_from(body.len()) {
+        Ok(len) => vec![more, len],
+        Err(_) => {
+            let mut h = vec![0x02 | more];
+            h.extend_from_slice(&(body.len() as u64).to_be_bytes());
+            h
+        }
+    };
+    out.extend_from_slice(body);
+    out
+}
+
+fn msgpack_str(s: &str) -> Vec<u8> {
+    assert!(s.len() < 256);
+    let mut out = if s.len() < 32 {
+        vec![0xa0 | s.len() as u8]
+    } else {
+        vec![0xd9, s.len() as u8]
+    };
+    out.extend_from_slice(s.as_bytes());
+    out
+}
+
+/// A two-frame input message: the request type byte, then the msgpack body.
+fn input_message(kind: u8, body: &[u8]) -> Vec<u8> {
+    let mut m = zmtp_frame(true, &[kind]);
+    m.extend(zmtp_frame(false, body));
+    m
+}
+
+/// Request A's real `EngineCoreRequest` with another id and a prompt of `n` token ids (3
+/// bytes each, as vLLM's msgpack writes ids from 256 on).
+fn long_prompt_add(id: &str, n: u32) -> Vec<u8> {
+    let body = first_add_body();
+    let mut r = crate::decode::msgpack::Reader::new(&body);
+    r.array_len().unwrap();
+    let id_at = r.position();
+    r.skip().unwrap();
+    r.skip().unwrap();
+    let after_prompt = r.position();
+    let mut out = body[..id_at].to_vec();
+    out.extend(msgpack_str(id));
+    out.push(0xdd);
+    out.extend_from_slice(&n.to_be_bytes());
+    for k in 0..n {
+        out.push(0xcd);
+        out.extend_from_slice(&(256 + (k % 9_700) as u16).to_be_bytes());
+    }
+    out.extend_from_slice(&body[after_prompt..]);
+    out
+}
+
+/// One syscall on the API server's input socket (fd 7), `lost` bytes beyond `data`.
+fn input_syscall(ipc: &mut VllmIpc, steps: &mut Vec<StepRecord>, data: &[u8], lost: u64) {
+    ipc.on_bytes(
+        &IpcBytes {
+            tgid: 100,
+            tid: 100,
+            fd: 7,
+            conn_gen: 1,
+            direction: IpcDirection::Write,
+            data,
+            lost,
+        },
+        steps,
+    );
+}
+
+/// A new-request message longer than the capture (a ~43k-token prompt) is cut inside its
+/// prompt ids: the token count, read from the ids array's header before the cut, is kept,
+/// the cut is counted, and the stream goes on at the next message.
+#[test]
+fn an_add_cut_inside_its_prompt_ids_keeps_the_token_count() {
+    const N: u32 = 50_000;
+    let (mut ipc, mut steps) = api_server_view("ipc", 4096);
+    let id = "chatcmpl-long-0a1b2c3d";
+    let message = input_message(0x00, &long_prompt_add(id, N));
+    assert!(message.len() > CAPTURE_MAX + 4096, "{}", message.len());
+    let lost = (message.len() - CAPTURE_MAX) as u64;
+    input_syscall(&mut ipc, &mut steps, &message[..CAPTURE_MAX], lost);
+    // The next message is read whole: the stream is still in step.
+    let mut abort = vec![0x91];
+    abort.extend(msgpack_str(id));
+    input_syscall(&mut ipc, &mut steps, &input_message(0x01, &abort), 0);
+
+    let got = ipc.state().request(id).expect("the cut request is kept");
+    assert_eq!(got.prompt_tokens, Some(u64::from(N)));
+    assert!(got.aborted);
+    assert_eq!(counter(&ipc, "vllm_requests_partial"), 1);
+    assert_eq!(counter(&ipc, "zmtp_frames_incomplete"), 1);
+    assert_eq!(counter(&ipc, "vllm_ipc_truncated"), 0);
+    // The fixture's four and the cut one.
+    assert_eq!(counter(&ipc, "vllm_requests_added"), 5);
+    let mut record = RequestRecord {
+        response_id: Some("chatcmpl-long".into()),
+        end_mono_ns: u64::MAX,
+        aborted: true,
+        ..Default::default()
+    };
+    ipc.enrich(&mut record);
+    assert_eq!(record.prompt_tokens, Some(u64::from(N)));
+    assert!(record.engine_unknown.is_empty(), "{record:#?}");
+}
+
+/// Request A's new-request message not seen at all, or cut before its prompt's token count:
+/// the record still gets what the outputs carried (admission), and says its prompt tokens are
+/// unknown rather than leaving them out silently. The cut is counted.
+#[test]
+fn a_lost_or_cut_add_leaves_prompt_tokens_unknown() {
+    let want = expected();
+    let a = &want["requests"][0];
+    let body = first_add_body();
+    let input_to = fixture("ipc-input.to_engine.bin");
+    let at = input_to
+        .windows(body.len())
+        .position(|w| w == body.as_slice())
+        .unwrap();
+    // The type frame (3 bytes) and the short frame header (2) before the body.
+    assert!(body.len() < 256);
+    let (start, end) = (at - 5, at + body.len());
+    for cut in [false, true] {
+        let mut ipc = VllmIpc::default();
+        let mut steps = Vec::new();
+        use IpcDirection::{Read, Write};
+        let input_from = fixture("ipc-input.from_engine.bin");
+        feed(&mut ipc, &mut steps, &input_from, 100, 7, Read, 4096);
+        if cut {
+            // Cut five bytes into the body: inside the request id.
+            input_syscall(
+                &mut ipc,
+                &mut steps,
+                &input_to[..at + 5],
+                (body.len() - 5) as u64,
+            );
+        } else {
+            input_syscall(&mut ipc, &mut steps, &input_to[..start], 0);
+        }
+        input_syscall(&mut ipc, &mut steps, &input_to[end..], 0);
+        let output_to = fixture("ipc-output.to_engine.bin");
+        let output_from = fixture("ipc-output.from_engine.bin");
+        feed(&mut ipc, &mut steps, &output_to, 100, 8, Write, 4096);
+        feed(&mut ipc, &mut steps, &output_from, 100, 8, Read, 4096);
+
+        assert_eq!(counter(&ipc, "vllm_ipc_truncated"), u64::from(cut));
+        assert_eq!(counter(&ipc, "vllm_requests_added"), 3);
+        let queued = ns(&a["queued"]).unwrap();
+        let first_token = ns(&a["first_output_ts"]).unwrap() + 100_000;
+        let mut rec = http_record(
+            a["external_req_id"].as_str().unwrap(),
+            queued - 2_000_000,
+            first_token,
+            first_token + 1_000_000,
+        );
+        ipc.enrich(&mut rec);
+        assert_eq!(rec.admitted_mono_ns, ns(&a["scheduled"]), "cut: {cut}");
+        assert_eq!(rec.prompt_tokens, None, "cut: {cut}");
+        assert_eq!(rec.engine_unknown, vec!["prompt_tokens"], "cut: {cut}");
+    }
+}
+
+/// The fixture's output stream from its first `EngineCoreOutputs` on: what an agent that
+/// attached after the start-up handshake sees (each syscall holds whole messages).
+fn outputs_joined_late() -> Vec<u8> {
+    let bytes = fixture("ipc-output.from_engine.bin");
+    // A long frame (flags 0x02, 8-byte size) holding an array of 9 fields: 0x99.
+    let start = bytes
+        .windows(10)
+        .position(|w| w[0] == 0x02 && w[9] == 0x99)
+        .unwrap();
+    bytes[start..].to_vec()
+}
+
+/// The version as discovery reads it: a site-packages with a real
+/// `vllm-<version>.dist-info/METADATA`.
+fn package_version(version: &str) -> Option<String> {
+    let root = tempfile::tempdir().unwrap();
+    let seen_as = "/venv/lib/python3.11/site-packages";
+    let dist = root
+        .path()
+        .join(seen_as.trim_start_matches('/'))
+        .join(format!("vllm-{version}.dist-info"));
+    std::fs::create_dir_all(&dist).unwrap();
+    std::fs::write(
+        dist.join("METADATA"),
+        format!("Metadata-Version: 2.4\nName: vllm\nVersion: {version}\nSummary: x\n\n"),
+    )
+    .unwrap();
+    crate::engines::package::version_in(root.path(), seen_as, "vllm")
+}
+
+/// The version from the installed package, with no handshake seen: 0.99 (no pinned layout)
+/// is refused and counted, its messages counted and left undecoded; 0.33.0 pins the layout
+/// (nothing assumed) and every message is decoded.
+#[test]
+fn the_package_version_pins_or_refuses_the_layout() {
+    let want_steps = expected()["steps"].as_array().unwrap().len();
+    let bytes = outputs_joined_late();
+    for (version, supported) in [("0.99.0", false), ("0.33.0", true)] {
+        let mut ipc = VllmIpc::default();
+        let mut steps = Vec::new();
+        let found = package_version(version);
+        assert_eq!(found.as_deref(), Some(version));
+        ipc.learn_package_version(1, found.as_deref());
+        feed(
+            &mut ipc,
+            &mut steps,
+            &bytes,
+            1,
+            8,
+            IpcDirection::Read,
+            usize::MAX,
+        );
+        let c = |name: &str| counter(&ipc, name);
+        assert_eq!(c("vllm_ipc_layout_assumed"), 0, "{version}");
+        if supported {
+            assert_eq!(steps.len(), want_steps);
+            assert_eq!(c("vllm_version_from_package"), 1);
+            assert_eq!(c("vllm_version_unsupported"), 0);
+            assert_eq!(c("vllm_ipc_messages"), 6);
+        } else {
+            assert!(steps.is_empty(), "{steps:#?}");
+            assert!(ipc.state().is_empty());
+            assert_eq!(c("vllm_version_unsupported"), 1);
+            assert_eq!(c("vllm_version_from_package"), 0);
+            assert_eq!(c("vllm_ipc_unsupported_version"), 6);
+            assert_eq!(c("vllm_ipc_messages"), 0);
+        }
+    }
+    // No metadata found: counted, and the newest layout is assumed (and checked).
+    let mut ipc = VllmIpc::default();
+    ipc.learn_package_version(1, None);
+    let mut steps = Vec::new();
+    feed(
+        &mut ipc,
+        &mut steps,
+        &bytes,
+        1,
+        8,
+        IpcDirection::Read,
+        usize::MAX,
+    );
+    assert_eq!(counter(&ipc, "vllm_version_package_not_found"), 1);
+    assert_eq!(counter(&ipc, "vllm_ipc_layout_assumed"), 6);
+}
