@@ -419,11 +419,14 @@ impl SocketProbes {
     }
 
     /// Kernel-side counters summed over CPUs, and the programs this kernel could not take.
-    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+    pub fn counters(&self) -> Vec<(crate::model::Counter, u64)> {
         Counter::ALL
             .iter()
-            .map(|&c| (c.name(), self.counter(c)))
-            .chain([("tracepoints_unattached", self.unattached)])
+            .map(|&c| (crate::model::counters::kernel(c), self.counter(c)))
+            .chain([(
+                crate::model::Counter::KernelTracepointsUnattached,
+                self.unattached,
+            )])
             .collect()
     }
 

@@ -115,7 +115,7 @@ pub fn run(args: GpuArgs) -> anyhow::Result<()> {
     let counters: serde_json::Map<String, serde_json::Value> = listener
         .counters()
         .into_iter()
-        .map(|(k, v)| (k, json!(v)))
+        .map(|(k, v)| (k.name().to_owned(), json!(v)))
         .collect();
     writeln!(out, "{}", json!({"type": "counters", "counters": counters}))?;
     out.flush()?;

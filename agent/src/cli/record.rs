@@ -199,7 +199,13 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
         .context("the capture loop failed")?;
     pipeline.log_counters();
     if let Some(path) = &args.counters {
-        counters_file::write(path, &pipeline.counters())
+        let mut counters = pipeline.counters();
+        // As `run` exports it: JSONL lines dropped whole because their write failed.
+        counters.push((
+            inferscope::model::Counter::RecordsWriteFailed,
+            observer.writer.failed,
+        ));
+        counters_file::write(path, &counters)
             .with_context(|| format!("writing the counters to {}", path.display()))?;
     }
     info!(records = observer.writer.written, "done");

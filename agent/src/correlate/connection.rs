@@ -90,6 +90,9 @@ pub struct Connection {
     /// the client did not reset the socket before the server closed it (see README,
     /// `ended_by`). Settled at the close.
     held: Vec<(Box<RequestProgress>, u64)>,
+    /// Requests dropped at [`MAX_WAITING`] after the last waiting one: the next answers are
+    /// theirs (see [`RequestProgress::dropped_before`]).
+    dropped_tail: u32,
 }
 
 impl Connection {
@@ -126,7 +129,41 @@ impl Connection {
             opened_ns: 0,
             peer_end_seen: PeerEnd::default(),
             held: Vec::new(),
+            dropped_tail: 0,
         }
+    }
+
+    /// Queues a fully read request for its answer. At [`MAX_WAITING`] it is dropped instead, its
+    /// place in the answer order kept: the answer that comes for it is skipped and counted lost.
+    fn enqueue(&mut self, mut progress: Box<RequestProgress>, stats: &mut Stats) {
+        if self.waiting.len() >= MAX_WAITING {
+            stats.bump(Counter::RequestsWaitingOverLimit);
+            self.dropped_tail = self.dropped_tail.saturating_add(1);
+            return;
+        }
+        progress.dropped_before = std::mem::take(&mut self.dropped_tail);
+        self.waiting.push_back(progress);
+    }
+
+    /// Whether the next answer is that of a request dropped at [`MAX_WAITING`]; if so, its place
+    /// is used up.
+    fn take_dropped_answer(&mut self) -> bool {
+        let slot = match self.waiting.front_mut() {
+            Some(front) if front.response_started() => return false,
+            Some(front) => &mut front.dropped_before,
+            None => &mut self.dropped_tail,
+        };
+        if *slot == 0 {
+            return false;
+        }
+        *slot -= 1;
+        true
+    }
+
+    /// Forgets the requests waiting for an answer, and the places of dropped ones.
+    fn take_waiting(&mut self) -> VecDeque<Box<RequestProgress>> {
+        self.dropped_tail = 0;
+        std::mem::take(&mut self.waiting)
     }
 
     /// What the kernel saw of the client's end of this connection's socket so far.
@@ -239,11 +276,7 @@ impl Connection {
         // A request read in part: its answer still comes, after those of the older ones.
         if let Some(mut progress) = self.reading.take() {
             progress.incomplete.get_or_insert(reason);
-            if self.waiting.len() < MAX_WAITING {
-                self.waiting.push_back(progress);
-            } else {
-                stats.bump(Counter::RequestsWaitingOverLimit);
-            }
+            self.enqueue(progress, stats);
         }
         // The response being written was answered; its end may be among what was lost.
         if self.waiting.front().is_some_and(|p| p.response_started())
@@ -253,9 +286,10 @@ impl Connection {
             let end = progress.last_io_ns();
             emit(progress, ctx, end, EndedBy::Unknown, stats, out);
         }
-        // Each lost response head answered the oldest request still waiting (counted above).
+        // Each lost response head answered the oldest request still waiting, or one dropped at
+        // the waiting limit (counted above, once).
         for _ in 0..lost_heads {
-            if self.waiting.pop_front().is_none() {
+            if !self.take_dropped_answer() && self.waiting.pop_front().is_none() {
                 break;
             }
         }
@@ -349,11 +383,7 @@ impl Connection {
                         work.stats.bump(Counter::RequestsAfterServerShutdown);
                     }
                     work.read_complete.push((ev.tid, progress.seq));
-                    if self.waiting.len() >= MAX_WAITING {
-                        work.stats.bump(Counter::RequestsWaitingOverLimit);
-                        continue;
-                    }
-                    self.waiting.push_back(progress);
+                    self.enqueue(progress, work.stats);
                 }
                 RequestEvent::Error(e) => {
                     work.stats.bump(e.counter());
@@ -365,7 +395,7 @@ impl Connection {
                                 work.stats.bump(Counter::RequestsUnparsed);
                                 progress.unparsed = true;
                                 progress.truncated |= ev.truncated;
-                                self.waiting.push_back(progress);
+                                self.enqueue(progress, work.stats);
                                 self.requests_failed = true;
                             }
                             Some(_) => {
@@ -409,7 +439,7 @@ impl Connection {
         {
             // Neither side speaks HTTP (TLS, another protocol): stop capturing it.
             work.stats.bump(Counter::RequestsUnparsedUnanswered);
-            self.waiting.clear();
+            self.take_waiting();
             self.fail(ev, work.to_ignore);
             return;
         }
@@ -420,6 +450,15 @@ impl Connection {
                 return;
             }
             self.hunt_response = false;
+        }
+        if head && self.take_dropped_answer() {
+            // The answer to a request dropped at the waiting limit: counted, its body skipped
+            // up to the next response head.
+            work.stats.bump(loss::LOST_WAITING_OVER_LIMIT);
+            work.stats.bump(loss::LOST_TOTAL);
+            self.responses.reset();
+            self.hunt_response = true;
+            return;
         }
         let Some(target) = self.waiting.front_mut().or(self.reading.as_mut()) else {
             if head {
@@ -576,7 +615,7 @@ impl Connection {
             EndedBy::Server => Counter::RequestsCutByServer,
             EndedBy::Complete | EndedBy::Unknown => Counter::RequestsUnfinished,
         };
-        let waiting = std::mem::take(&mut self.waiting);
+        let waiting = self.take_waiting();
         for progress in waiting {
             if progress.unparsed && !progress.response_started() {
                 stats.bump(Counter::RequestsUnparsedUnanswered);

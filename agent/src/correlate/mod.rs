@@ -94,6 +94,7 @@ impl Tracker {
                 map: FxHashMap::default(),
                 next_id: 1,
                 limits,
+                max_connections: MAX_CONNECTIONS,
             },
             arrivals: ArrivalIndex::default(),
             peer_closes: PeerCloses::default(),
@@ -112,6 +113,12 @@ impl Tracker {
 
     pub fn stats(&self) -> &Stats {
         &self.stats
+    }
+
+    /// Lowers [`MAX_CONNECTIONS`], to drive the limit.
+    #[cfg(test)]
+    pub(crate) fn set_max_connections(&mut self, n: usize) {
+        self.connections.max_connections = n;
     }
 
     pub fn set_engine(&mut self, tgid: u32, engine: &'static str) {
@@ -230,6 +237,11 @@ impl Tracker {
             &mut self.stats,
             false,
         ) else {
+            // Not tracked (the table is full): an answer written here is a request lost.
+            if !read && ev.ret > 0 && loss::starts_response(ev.payload) {
+                self.stats.bump(loss::LOST_CONNECTIONS_OVER_LIMIT);
+                self.stats.bump(loss::LOST_TOTAL);
+            }
             return;
         };
         if conn.opened_ns == 0 {
@@ -499,6 +511,8 @@ struct ConnectionTable {
     map: FxHashMap<ConnKey, Box<Connection>>,
     next_id: u64,
     limits: Limits,
+    /// [`MAX_CONNECTIONS`], lowered by tests.
+    max_connections: usize,
 }
 
 impl ConnectionTable {
@@ -512,7 +526,7 @@ impl ConnectionTable {
         stats: &mut Stats,
         accepted: bool,
     ) -> Option<&mut Connection> {
-        let at_limit = self.map.len() >= MAX_CONNECTIONS;
+        let at_limit = self.map.len() >= self.max_connections;
         match self.map.entry(key) {
             Entry::Occupied(entry) => {
                 let conn = entry.into_mut();

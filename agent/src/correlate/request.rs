@@ -11,6 +11,9 @@ pub const MAX_GAPS: usize = 65536;
 #[derive(Debug, Default)]
 pub struct RequestProgress {
     pub seq: u32,
+    /// Requests read just before this one and dropped at the connection's waiting limit: their
+    /// answers come before this one's, and are skipped (counted lost).
+    pub dropped_before: u32,
     pub reader_tid: u32,
     pub read_ns: u64,
     pub wire_ns: Option<u64>,

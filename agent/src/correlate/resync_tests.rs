@@ -291,3 +291,93 @@ fn token_writes_cut_to_a_prefix_still_give_ttft_and_chunk_count() {
     assert_eq!(c.count(Counter::SseEventsCut), 4);
     assert_eq!(c.count(Counter::SseJsonError), 0);
 }
+
+/// A plain (not streamed) answer with `status`.
+fn answer(status: u16) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {status} OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}"
+    )
+    .into_bytes()
+}
+
+#[test]
+fn requests_dropped_at_the_waiting_limit_are_lost_requests_and_answers_stay_aligned() {
+    let mut c = Conn::new();
+    // A pipelining client: 65 requests before any answer; the 65th (/64) finds 64 waiting.
+    for i in 0..65 {
+        c.read(&request(&format!("/{i}")));
+    }
+    assert_eq!(c.count(Counter::RequestsWaitingOverLimit), 1);
+    c.write(&answer(200));
+    // /65 queues behind /1../63, after the dropped /64.
+    c.read(&request("/65"));
+    for _ in 1..64 {
+        c.write(&answer(200));
+    }
+    c.write(&answer(500)); // /64's answer: skipped, not given to /65
+    c.write(&answer(201));
+    c.exchange("/after", 1);
+    let paths: Vec<_> = c.out.iter().map(|r| r.path.clone()).collect();
+    let mut want: Vec<_> = (0..64).map(|i| format!("/{i}")).collect();
+    want.extend(["/65".to_string(), "/after".to_string()]);
+    assert_eq!(paths, want);
+    assert!(c.out[..64].iter().all(|r| r.status == Some(200)));
+    assert_eq!(c.out[64].status, Some(201), "/65 got its own answer");
+    assert!(c.out.iter().all(|r| r.incomplete.is_none()));
+    assert_eq!(c.count(Counter::RequestsLostWaitingOverLimit), 1);
+    assert_eq!(c.count(Counter::RequestsLost), 1);
+    // Records plus lost requests: the 67 the server answered.
+    assert_eq!(c.out.len() as u64 + c.count(Counter::RequestsLost), 67);
+}
+
+#[test]
+fn a_lost_head_of_a_request_dropped_at_the_waiting_limit_is_counted_once() {
+    let mut c = Conn::new();
+    for i in 0..66 {
+        c.read(&request(&format!("/{i}")));
+    }
+    assert_eq!(c.count(Counter::RequestsWaitingOverLimit), 2);
+    for _ in 0..64 {
+        c.write(&answer(200));
+    }
+    c.write(&answer(500)); // /64's answer, skipped
+    // /65's answer (head and body, one write) is dropped by the kernel.
+    c.lose(1, 1);
+    c.exchange("/after", 1);
+    assert_eq!(c.out.len(), 65, "{:#?}", c.out.last());
+    assert_eq!(c.out.last().map(|r| r.path.as_str()), Some("/after"));
+    assert_eq!(c.count(Counter::RequestsLostWaitingOverLimit), 1);
+    assert_eq!(c.count(Counter::RequestsLostEventsLost), 1);
+    assert_eq!(c.count(Counter::RequestsLost), 2);
+    assert_eq!(c.out.len() as u64 + c.count(Counter::RequestsLost), 67);
+}
+
+#[test]
+fn answers_on_connections_over_the_table_limit_are_lost_requests() {
+    let mut c = Conn::new();
+    c.t.set_max_connections(1);
+    // A second connection (fd 6) finds the table full: its requests are not tracked.
+    let other = |c: &mut Conn, kind: SyscallKind, payload: &[u8]| {
+        let mut ev = c.event(kind, payload, payload.len() as i64);
+        c.seq -= 1; // fd 5's record numbers stay contiguous
+        ev.fd = 6;
+        ev.conn_seq = None;
+        if kind == SyscallKind::Read {
+            c.t.on_read(&ev, Peer::default(), &mut c.out);
+        } else {
+            c.t.on_write(&ev, Peer::default(), &mut c.out);
+        }
+    };
+    let (req, ans) = (request("/untracked"), answer(200));
+    for _ in 0..3 {
+        other(&mut c, SyscallKind::Read, &req);
+        other(&mut c, SyscallKind::Write, &ans);
+    }
+    other(&mut c, SyscallKind::Write, b"not a head");
+    c.exchange("/tracked", 2);
+    assert!(c.count(Counter::ConnectionsOverLimit) >= 7);
+    assert_eq!(c.count(Counter::RequestsLostConnectionsOverLimit), 3);
+    assert_eq!(c.count(Counter::RequestsLost), 3);
+    assert_eq!(c.out.len(), 1);
+    assert_eq!(c.out.len() as u64 + c.count(Counter::RequestsLost), 4);
+}

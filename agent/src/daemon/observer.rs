@@ -18,7 +18,7 @@ use crate::{
         metrics::Metrics,
         otlp::{DiagnosisEvents, ExportCounters, TraceExporter},
     },
-    model::{PerProcess, RequestRecord, StepRecord, clock::monotonic_now_ns},
+    model::{Counter, PerProcess, RequestRecord, StepRecord, clock::monotonic_now_ns},
     pipeline::Observer,
 };
 use tracing::{error, info, warn};
@@ -59,7 +59,7 @@ pub struct DaemonObserver {
     closed: Vec<RequestTimeline>,
     diagnosis: Option<Diagnosis>,
     /// The last full list handed to the exporters (pipeline's and the daemon's own counters).
-    counters: Vec<(String, u64)>,
+    counters: Vec<(Counter, u64)>,
 }
 
 impl DaemonObserver {
@@ -180,7 +180,7 @@ impl DaemonObserver {
     }
 
     /// Every counter, as last exported (see [`Observer::on_counters`]).
-    pub fn counters(&self) -> &[(String, u64)] {
+    pub fn counters(&self) -> &[(Counter, u64)] {
         &self.counters
     }
 
@@ -289,37 +289,36 @@ impl Observer for DaemonObserver {
         self.watch(now);
     }
 
-    fn on_counters(&mut self, mut counters: Vec<(String, u64)>) {
+    fn on_counters(&mut self, mut counters: Vec<(Counter, u64)>) {
         counters.extend(self.gpu.counters());
-        counters.extend(
-            self.timelines
-                .stats()
-                .iter()
-                .map(|(k, v)| (k.to_string(), v)),
-        );
+        counters.extend(self.timelines.stats().iter());
         let c = &self.export_counters;
-        counters.push((
-            "otlp_spans_submitted".into(),
-            c.submitted.load(Ordering::Relaxed),
-        ));
-        counters.push((
-            "otlp_spans_exported".into(),
-            c.exported.load(Ordering::Relaxed),
-        ));
-        counters.push(("otlp_spans_failed".into(), c.failed.load(Ordering::Relaxed)));
-        counters.push(("otlp_spans_pending_or_dropped".into(), c.unaccounted()));
-        counters.push(("otlp_requests_sampled_out".into(), self.sampled_out));
+        counters.extend([
+            (
+                Counter::OtlpSpansSubmitted,
+                c.submitted.load(Ordering::Relaxed),
+            ),
+            (
+                Counter::OtlpSpansExported,
+                c.exported.load(Ordering::Relaxed),
+            ),
+            (Counter::OtlpSpansFailed, c.failed.load(Ordering::Relaxed)),
+            (Counter::OtlpSpansPendingOrDropped, c.unaccounted()),
+            (Counter::OtlpRequestsSampledOut, self.sampled_out),
+        ]);
         if let Some(w) = &self.records {
-            counters.push(("records_write_failed".into(), w.failed));
+            counters.push((Counter::RecordsWriteFailed, w.failed));
         }
-        counters.push((
-            "grpc_subscriber_records_lagged".into(),
-            self.hub.subscriber_lagged.load(Ordering::Relaxed),
-        ));
-        counters.push((
-            "grpc_subscribers".into(),
-            self.hub.subscribers.load(Ordering::Relaxed),
-        ));
+        counters.extend([
+            (
+                Counter::GrpcSubscriberRecordsLagged,
+                self.hub.subscriber_lagged.load(Ordering::Relaxed),
+            ),
+            (
+                Counter::GrpcSubscribers,
+                self.hub.subscribers.load(Ordering::Relaxed),
+            ),
+        ]);
         self.metrics.set_agent_counters(&counters);
         self.counters = counters;
     }

@@ -17,7 +17,7 @@ use crate::{
         metrics::Metrics,
         otlp::ExportCounters,
     },
-    model::{RequestRecord, StepMember, StepRecord, StepRef, clock::monotonic_now_ns},
+    model::{Counter, RequestRecord, StepMember, StepRecord, StepRef, clock::monotonic_now_ns},
     pipeline::Observer,
 };
 
@@ -134,7 +134,7 @@ fn a_finished_request_reaches_every_output_with_its_steps() {
         ..Default::default()
     });
     d.observer.on_tick();
-    d.observer.on_counters(vec![("requests_lost".into(), 2)]);
+    d.observer.on_counters(vec![(Counter::RequestsLost, 2)]);
     d.observer.finish();
 
     // JSONL: the record, once.

@@ -4,7 +4,7 @@
 use rustc_hash::FxHashMap;
 
 use super::{EngineIpc, IpcBytes, IpcVerdict, by_name};
-use crate::model::{RequestRecord, StepRecord};
+use crate::model::{Counter, RequestRecord, StepRecord};
 
 #[derive(Default)]
 pub struct IpcRouter {
@@ -65,12 +65,8 @@ impl IpcRouter {
         }
     }
 
-    pub fn counters(&self) -> Vec<(String, u64)> {
-        self.decoders
-            .values()
-            .flat_map(|d| d.counters())
-            .map(|(k, v)| (k.to_string(), v))
-            .collect()
+    pub fn counters(&self) -> Vec<(Counter, u64)> {
+        self.decoders.values().flat_map(|d| d.counters()).collect()
     }
 }
 

@@ -10,7 +10,7 @@ mod tensorrt_llm;
 mod triton;
 mod vllm;
 
-use crate::model::{RequestRecord, StepRecord};
+use crate::model::{Counter, RequestRecord, StepRecord};
 
 pub use ipc_router::IpcRouter;
 
@@ -60,7 +60,7 @@ pub trait EngineIpc {
     fn forget_process(&mut self, tgid: u32);
     /// Adds what the IPC said about the HTTP request `record` describes (it just finished).
     fn enrich(&mut self, record: &mut RequestRecord);
-    fn counters(&self) -> Vec<(&'static str, u64)>;
+    fn counters(&self) -> Vec<(Counter, u64)>;
 }
 
 pub trait Engine: Sync {

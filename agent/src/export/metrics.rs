@@ -19,7 +19,7 @@ use prometheus_client::{
 use crate::{
     capture::gpu::GpuSample,
     correlate::{engine_metrics::EngineMetricsRecord, timeline::RequestTimeline},
-    model::{EndedBy, StepRecord},
+    model::{Counter as AgentCounter, CounterKind, EndedBy, StepRecord},
 };
 
 const TTFT_BUCKETS: [f64; 16] = [
@@ -113,16 +113,6 @@ struct CounterLabels {
     counter: String,
 }
 
-/// Agent values that go down as well as up: exported as gauges, not counters.
-const AGENT_GAUGES: [&str; 6] = [
-    "open_connections",
-    "grpc_subscribers",
-    "otlp_spans_pending_or_dropped",
-    "shim_connections_active",
-    "shim_buffered_bytes",
-    "open_requests",
-];
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
     name: String,
@@ -192,7 +182,7 @@ pub struct Metrics {
     preemptions: Family<EngineLabels, Counter>,
     agent_events: Family<CounterLabels, Counter>,
     agent_state: Family<StateLabels, Gauge>,
-    agent_seen: Mutex<BTreeMap<String, u64>>,
+    agent_seen: Mutex<BTreeMap<AgentCounter, u64>>,
     gpu: Family<GpuLabels, Gauge<f64, AtomicU64>>,
     kv_cache_usage: Family<ProcessLabels, Gauge<f64, AtomicU64>>,
     requests_running: Family<ProcessLabels, Gauge<f64, AtomicU64>>,
@@ -204,7 +194,7 @@ pub struct Metrics {
     models: Mutex<BTreeMap<String, Vec<String>>>,
     otel: Option<OtelInstruments>,
     /// Snapshot of the agent's own counters for the OTLP observable instrument.
-    otel_agent_snapshot: Arc<Mutex<Vec<(String, u64)>>>,
+    otel_agent_snapshot: Arc<Mutex<Vec<(AgentCounter, u64)>>>,
 }
 
 impl Metrics {
@@ -320,7 +310,7 @@ impl Metrics {
             "1 while the continuous diagnosis sees a TTFT regression, labelled with its cause",
             diagnosis.clone(),
         );
-        let otel_agent_snapshot: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+        let otel_agent_snapshot: Arc<Mutex<Vec<(AgentCounter, u64)>>> = Arc::default();
         let engine_snapshot = EngineSnapshot::default();
         let otel = meter.map(|m| {
             otel_engine_gauges(&m, engine_snapshot.clone());
@@ -484,31 +474,34 @@ impl Metrics {
     }
 
     /// The agent's counters are cumulative totals kept elsewhere; export their increments.
-    pub fn set_agent_counters(&self, counters: &[(String, u64)]) {
+    /// Gauges ([`CounterKind::Gauge`]) are set to their value.
+    pub fn set_agent_counters(&self, counters: &[(AgentCounter, u64)]) {
         if let Ok(mut seen) = self.agent_seen.lock() {
-            for (name, value) in counters {
-                if AGENT_GAUGES.contains(&name.as_str()) {
+            for &(counter, value) in counters {
+                if counter.kind() == CounterKind::Gauge {
                     self.agent_state
-                        .get_or_create(&StateLabels { name: name.clone() })
-                        .set(i64::try_from(*value).unwrap_or(i64::MAX));
+                        .get_or_create(&StateLabels {
+                            name: counter.name().to_owned(),
+                        })
+                        .set(i64::try_from(value).unwrap_or(i64::MAX));
                     continue;
                 }
-                let before = seen.entry(name.clone()).or_insert(0);
-                if *value > *before {
+                let before = seen.entry(counter).or_insert(0);
+                if value > *before {
                     self.agent_events
                         .get_or_create(&CounterLabels {
-                            counter: name.clone(),
+                            counter: counter.name().to_owned(),
                         })
-                        .inc_by(*value - *before);
+                        .inc_by(value - *before);
                 }
-                *before = (*before).max(*value);
+                *before = (*before).max(value);
             }
         }
         if let Ok(mut snapshot) = self.otel_agent_snapshot.lock() {
             *snapshot = counters
                 .iter()
-                .filter(|(name, _)| !AGENT_GAUGES.contains(&name.as_str()))
-                .cloned()
+                .filter(|(counter, _)| counter.kind() != CounterKind::Gauge)
+                .copied()
                 .collect();
         }
     }
@@ -665,7 +658,7 @@ fn otel_engine_gauges(meter: &Meter, snapshot: EngineSnapshot) {
     }
 }
 
-fn otel_instruments(meter: &Meter, agent: Arc<Mutex<Vec<(String, u64)>>>) -> OtelInstruments {
+fn otel_instruments(meter: &Meter, agent: Arc<Mutex<Vec<(AgentCounter, u64)>>>) -> OtelInstruments {
     let hist = |name: &'static str, desc: &'static str, buckets: &[f64]| {
         meter
             .f64_histogram(name)
@@ -681,8 +674,11 @@ fn otel_instruments(meter: &Meter, agent: Arc<Mutex<Vec<(String, u64)>>>) -> Ote
         )
         .with_callback(move |observer| {
             if let Ok(snapshot) = agent.lock() {
-                for (name, value) in snapshot.iter() {
-                    observer.observe(*value, &[KeyValue::new("inferscope.counter", name.clone())]);
+                for (counter, value) in snapshot.iter() {
+                    observer.observe(
+                        *value,
+                        &[KeyValue::new("inferscope.counter", counter.name())],
+                    );
                 }
             }
         })
@@ -754,13 +750,15 @@ mod tests {
     fn exposition_has_genai_histograms() {
         let m = Metrics::new(None);
         m.record_request(&timeline("smol"));
-        m.set_agent_counters(&[("kernel_ringbuf_full".into(), 3)]);
-        m.set_agent_counters(&[("kernel_ringbuf_full".into(), 5)]);
+        m.set_agent_counters(&[(AgentCounter::KernelRingbufFullDrops, 3)]);
+        m.set_agent_counters(&[(AgentCounter::KernelRingbufFullDrops, 5)]);
         let text = m.encode().unwrap();
         assert!(text.contains("gen_ai_server_time_to_first_token_seconds_bucket{"));
         assert!(text.contains("le=\"0.25\""));
         assert!(text.contains("inferscope_queue_wait_seconds_sum"));
-        assert!(text.contains("inferscope_agent_events_total{counter=\"kernel_ringbuf_full\"} 5"));
+        assert!(
+            text.contains("inferscope_agent_events_total{counter=\"kernel_ringbuf_full_drops\"} 5")
+        );
         assert!(text.contains("inferscope_requests_admitted_total{engine=\"llama.cpp\"} 1"));
     }
 

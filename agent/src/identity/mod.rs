@@ -15,6 +15,7 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 
 use crate::capture::container::{self, ContainerId};
+use crate::model::Counter;
 use pods::PodStore;
 
 /// Processes whose identity is kept at once (engines on one node: a few dozen).
@@ -127,22 +128,22 @@ impl Identities {
     }
 
     /// The agent's own counters for the identity layer (`inferscope_agent_events_total`).
-    pub fn counters(&self) -> Vec<(String, u64)> {
+    pub fn counters(&self) -> Vec<(Counter, u64)> {
         let mut out = vec![
-            ("identity_pod_unknown".to_string(), self.pod_unknown),
-            ("identity_table_full".to_string(), self.table_full),
+            (Counter::IdentityPodUnknown, self.pod_unknown),
+            (Counter::IdentityTableFull, self.table_full),
         ];
         if let Some(store) = &self.pods {
             let c = &store.counters;
             let load =
                 |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
             out.extend([
-                ("kube_lists".to_string(), load(&c.lists)),
-                ("kube_watch_events".to_string(), load(&c.watch_events)),
-                ("kube_api_errors".to_string(), load(&c.api_errors)),
-                ("kube_garbage".to_string(), load(&c.garbage)),
-                ("kube_pods_dropped".to_string(), load(&c.pods_dropped)),
-                ("kube_watch_expired".to_string(), load(&c.watch_expired)),
+                (Counter::KubeLists, load(&c.lists)),
+                (Counter::KubeWatchEvents, load(&c.watch_events)),
+                (Counter::KubeApiErrors, load(&c.api_errors)),
+                (Counter::KubeGarbage, load(&c.garbage)),
+                (Counter::KubePodsDropped, load(&c.pods_dropped)),
+                (Counter::KubeWatchExpired, load(&c.watch_expired)),
             ]);
         }
         out

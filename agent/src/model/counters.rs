@@ -1,11 +1,25 @@
 //! The agent's own counters: every event a stage drops, truncates, fails to parse or just counts,
-//! as one enum, so a counter is named once (here) and every increment is checked by the compiler.
-//! Each stage keeps a [`Stats`] of them; the pipeline merges all stages' counters with the kernel's
-//! and the exporters' into the one list the agent exports (Prometheus
-//! `inferscope_agent_events_total{counter=…}`, OTLP metrics, `--counters-file`, its closing log).
+//! and the few values that go down as well as up (gauges), as one enum, so a counter is named
+//! once (here) and every increment is checked by the compiler. Each stage keeps a [`Stats`] of
+//! them (or, for the kernel's and the shim listener's atomics, a table to them); the pipeline
+//! merges all stages' values into one snapshot, `Vec<(Counter, u64)>`, that the agent exports
+//! (Prometheus `inferscope_agent_events_total{counter=…}` and `inferscope_agent_state{name=…}`
+//! for gauges, OTLP metrics, `--counters FILE`, its closing log).
+
+/// What a counter's value means to a reader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A running total of something that happened (records read, requests joined).
+    Total,
+    /// A running total of something lost, dropped, cut or failed: README's "Losses, counted in
+    /// requests" names each one and what to do about it.
+    Loss,
+    /// A value that goes down as well as up (open connections): exported as a gauge.
+    Gauge,
+}
 
 macro_rules! counters {
-    ($($variant:ident => $name:literal,)*) => {
+    ($($variant:ident => $name:literal: $kind:ident,)*) => {
         /// One of the agent's counters; [`Counter::name`] is its exported name.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub enum Counter {
@@ -21,175 +35,262 @@ macro_rules! counters {
                     $(Counter::$variant => $name,)*
                 }
             }
+
+            pub const fn kind(self) -> Kind {
+                match self {
+                    $(Counter::$variant => Kind::$kind,)*
+                }
+            }
         }
     };
 }
 
 counters! {
+    // Kernel: the eBPF programs' per-CPU counters (see [`kernel`]), and the programs this kernel
+    // could not take.
+    KernelRecordsEmitted => "kernel_records_emitted": Total,
+    KernelRingbufFullDrops => "kernel_ringbuf_full_drops": Loss,
+    KernelPayloadTruncated => "kernel_payload_truncated": Loss,
+    KernelCopyFailed => "kernel_copy_failed": Loss,
+    KernelInflightMapFull => "kernel_inflight_map_full": Loss,
+    KernelSegments => "kernel_segments": Total,
+    KernelSchedEvents => "kernel_sched_events": Total,
+    KernelSchedReadFailed => "kernel_sched_read_failed": Loss,
+    KernelConnsAccepted => "kernel_conns_accepted": Total,
+    KernelUnknownFdSkipped => "kernel_unknown_fd_skipped": Total,
+    KernelConnSockFromRead => "kernel_conn_sock_from_read": Total,
+    KernelConnsDuplicated => "kernel_conns_duplicated": Total,
+    KernelCompactWrites => "kernel_compact_writes": Loss,
+    KernelSockStates => "kernel_sock_states": Total,
+    KernelProcessesAdopted => "kernel_processes_adopted": Total,
+    KernelTracepointsUnattached => "kernel_tracepoints_unattached": Loss,
+    // Capture: the CUPTI shim's socket (`gpu` and `run --shim-socket`).
+    ShimConnections => "shim_connections": Total,
+    ShimConnectionsActive => "shim_connections_active": Gauge,
+    ShimConnectionsIdleClosed => "shim_connections_idle_closed": Loss,
+    ShimConnectionsOverBudget => "shim_connections_over_budget": Loss,
+    ShimBufferedBytes => "shim_buffered_bytes": Gauge,
+    ShimConnectionsRejected => "shim_connections_rejected": Loss,
+    ShimBatches => "shim_batches": Total,
+    ShimKernelsReceived => "shim_kernels_received": Total,
+    ShimMemcpysReceived => "shim_memcpys_received": Total,
+    ShimParseFailures => "shim_parse_failures": Loss,
+    ShimBadFrames => "shim_bad_frames": Loss,
+    ShimReadErrors => "shim_read_errors": Loss,
+    ShimQueueDrops => "shim_queue_drops": Loss,
+    ShimDroppedRecords => "shim_dropped_records": Loss,
+    ShimCuptiDroppedRecords => "shim_cupti_dropped_records": Loss,
     // Capture: kernel records, chunked syscalls, scraping, user probes.
-    CaptureChunkedSyscalls => "capture_chunked_syscalls",
-    CaptureChunksLost => "capture_chunks_lost",
-    CaptureChunksOrphaned => "capture_chunks_orphaned",
-    MetricsScrapeErrorsNoEngineMetrics => "metrics_scrape_errors_no_engine_metrics",
-    MetricsScrapes => "metrics_scrapes",
-    MetricsScrapeErrorsConnect => "metrics_scrape_errors_connect",
-    MetricsScrapeErrorsTimeout => "metrics_scrape_errors_timeout",
-    MetricsScrapeErrorsIo => "metrics_scrape_errors_io",
-    MetricsScrapeErrorsHttpStatus => "metrics_scrape_errors_http_status",
-    MetricsScrapeErrorsBadResponse => "metrics_scrape_errors_bad_response",
-    MetricsScrapeErrorsTooLarge => "metrics_scrape_errors_too_large",
-    MetricsCommandsDropped => "metrics_commands_dropped",
-    MetricsScrapesDroppedQueueFull => "metrics_scrapes_dropped_queue_full",
-    MetricsTargetsOverLimit => "metrics_targets_over_limit",
-    RecordBadLength => "record_bad_length",
-    RecordShort => "record_short",
-    RecordUnknownKind => "record_unknown_kind",
-    RecordUnknownType => "record_unknown_type",
-    UserProbeReadFailed => "user_probe_read_failed",
-    UserProbeUnknownIndex => "user_probe_unknown_index",
-    UserProbesAttachedLate => "user_probes_attached_late",
-    UserProbesDisabled => "user_probes_disabled",
-    UserProbesNotAttached => "user_probes_not_attached",
+    CaptureChunkedSyscalls => "capture_chunked_syscalls": Total,
+    CaptureChunksLost => "capture_chunks_lost": Loss,
+    CaptureChunksOrphaned => "capture_chunks_orphaned": Loss,
+    MetricsScrapeErrorsNoEngineMetrics => "metrics_scrape_errors_no_engine_metrics": Loss,
+    MetricsScrapes => "metrics_scrapes": Total,
+    MetricsScrapeErrorsConnect => "metrics_scrape_errors_connect": Loss,
+    MetricsScrapeErrorsTimeout => "metrics_scrape_errors_timeout": Loss,
+    MetricsScrapeErrorsIo => "metrics_scrape_errors_io": Loss,
+    MetricsScrapeErrorsHttpStatus => "metrics_scrape_errors_http_status": Loss,
+    MetricsScrapeErrorsBadResponse => "metrics_scrape_errors_bad_response": Loss,
+    MetricsScrapeErrorsTooLarge => "metrics_scrape_errors_too_large": Loss,
+    MetricsCommandsDropped => "metrics_commands_dropped": Loss,
+    MetricsScrapesDroppedQueueFull => "metrics_scrapes_dropped_queue_full": Loss,
+    MetricsTargetsOverLimit => "metrics_targets_over_limit": Loss,
+    RecordBadLength => "record_bad_length": Loss,
+    RecordShort => "record_short": Loss,
+    RecordUnknownKind => "record_unknown_kind": Loss,
+    RecordUnknownType => "record_unknown_type": Loss,
+    UserProbeReadFailed => "user_probe_read_failed": Loss,
+    UserProbeUnknownIndex => "user_probe_unknown_index": Loss,
+    UserProbesAttachedLate => "user_probes_attached_late": Total,
+    UserProbesDisabled => "user_probes_disabled": Loss,
+    UserProbesNotAttached => "user_probes_not_attached": Loss,
     // Decode: HTTP, ZMTP and pickle framing and parse failures.
-    BadChunkSize => "bad_chunk_size",
-    BodyTooLarge => "body_too_large",
-    FramingLost => "framing_lost",
-    HeadLost => "head_lost",
-    HeadTooLarge => "head_too_large",
-    NotHttp => "not_http",
-    SseEventTooLarge => "sse_event_too_large",
-    PickleMemoError => "pickle_memo_error",
-    PickleOverBudget => "pickle_over_budget",
-    PickleStackError => "pickle_stack_error",
-    PickleTooLong => "pickle_too_long",
-    PickleTruncated => "pickle_truncated",
-    PickleTypeError => "pickle_type_error",
-    PickleUnsupportedOpcode => "pickle_unsupported_opcode",
-    ZmtpDesync => "zmtp_desync",
-    ZmtpNotZmtp => "zmtp_not_zmtp",
-    ZmtpOldVersion => "zmtp_old_version",
+    BadChunkSize => "bad_chunk_size": Loss,
+    BodyTooLarge => "body_too_large": Loss,
+    FramingLost => "framing_lost": Loss,
+    HeadLost => "head_lost": Loss,
+    HeadTooLarge => "head_too_large": Loss,
+    NotHttp => "not_http": Loss,
+    SseEventTooLarge => "sse_event_too_large": Loss,
+    PickleMemoError => "pickle_memo_error": Loss,
+    PickleOverBudget => "pickle_over_budget": Loss,
+    PickleStackError => "pickle_stack_error": Loss,
+    PickleTooLong => "pickle_too_long": Loss,
+    PickleTruncated => "pickle_truncated": Loss,
+    PickleTypeError => "pickle_type_error": Loss,
+    PickleUnsupportedOpcode => "pickle_unsupported_opcode": Loss,
+    ZmtpDesync => "zmtp_desync": Loss,
+    ZmtpNotZmtp => "zmtp_not_zmtp": Loss,
+    ZmtpOldVersion => "zmtp_old_version": Loss,
     // Engines: what each engine plugin's IPC decoder and scheduler join saw or lost.
-    SglangVersionFromPackage => "sglang_version_from_package",
-    SglangVersionUnsupported => "sglang_version_unsupported",
-    VllmVersionFromPackage => "vllm_version_from_package",
-    VllmVersionUnsupported => "vllm_version_unsupported",
-    SglangIpcLayoutMismatch => "sglang_ipc_layout_mismatch",
-    SglangIpcNotPickle => "sglang_ipc_not_pickle",
-    SglangIpcFrameCut => "sglang_ipc_frame_cut",
-    SglangIpcLayoutAssumed => "sglang_ipc_layout_assumed",
-    SglangIpcMessages => "sglang_ipc_messages",
-    SglangIpcSocketTableFull => "sglang_ipc_socket_table_full",
-    SglangIpcUnsupportedVersion => "sglang_ipc_unsupported_version",
-    SglangVersionPackageNotFound => "sglang_version_package_not_found",
-    ZmtpFramesDropped => "zmtp_frames_dropped",
-    ZmtpFramesIncomplete => "zmtp_frames_incomplete",
-    ZmtpHuntSkipped => "zmtp_hunt_skipped",
-    PickleTooDeep => "pickle_too_deep",
-    PickleUnknownOpcode => "pickle_unknown_opcode",
-    SglangSchedulerAmbiguous => "sglang_scheduler_ambiguous",
-    SglangSchedulerFound => "sglang_scheduler_found",
-    SglangSchedulerNotFound => "sglang_scheduler_not_found",
-    SglangAdmissionUnknown => "sglang_admission_unknown",
-    SglangBadTimestamp => "sglang_bad_timestamp",
-    SglangOutputs => "sglang_outputs",
-    SglangPreemptionsUnknownAborted => "sglang_preemptions_unknown_aborted",
-    SglangRequestsAdded => "sglang_requests_added",
-    SglangRequestsEvictedUnjoined => "sglang_requests_evicted_unjoined",
-    SglangRequestsJoined => "sglang_requests_joined",
-    SglangRequestsUnjoined => "sglang_requests_unjoined",
-    SglangSteps => "sglang_steps",
-    SglangStepsUntimed => "sglang_steps_untimed",
-    VllmIpcBadMsgpack => "vllm_ipc_bad_msgpack",
-    VllmIpcNotVllm => "vllm_ipc_not_vllm",
-    VllmIpcTruncated => "vllm_ipc_truncated",
-    VllmEngineCoreFound => "vllm_engine_core_found",
-    VllmIpcLayoutAssumed => "vllm_ipc_layout_assumed",
-    VllmIpcMessages => "vllm_ipc_messages",
-    VllmIpcReady => "vllm_ipc_ready",
-    VllmIpcSocketTableFull => "vllm_ipc_socket_table_full",
-    VllmIpcUnsupportedVersion => "vllm_ipc_unsupported_version",
-    VllmVersionPackageNotFound => "vllm_version_package_not_found",
-    VllmEngineTableFull => "vllm_engine_table_full",
-    VllmEventBadTimestamp => "vllm_event_bad_timestamp",
-    VllmJoinAmbiguous => "vllm_join_ambiguous",
-    VllmJoinOutsideRequestTime => "vllm_join_outside_request_time",
-    VllmOutputsPartial => "vllm_outputs_partial",
-    VllmOutputsSeenTwice => "vllm_outputs_seen_twice",
-    VllmPreemptionsUnknownAborted => "vllm_preemptions_unknown_aborted",
-    VllmRequestStepsUnknown => "vllm_request_steps_unknown",
-    VllmRequestsAdded => "vllm_requests_added",
-    VllmRequestsEvictedUnjoined => "vllm_requests_evicted_unjoined",
-    VllmRequestsJoined => "vllm_requests_joined",
-    VllmRequestsPartial => "vllm_requests_partial",
-    VllmRequestsUnjoined => "vllm_requests_unjoined",
-    VllmStepEnginesReset => "vllm_step_engines_reset",
-    VllmIpcLayoutMismatch => "vllm_ipc_layout_mismatch",
+    SglangVersionFromPackage => "sglang_version_from_package": Total,
+    SglangVersionUnsupported => "sglang_version_unsupported": Loss,
+    VllmVersionFromPackage => "vllm_version_from_package": Total,
+    VllmVersionUnsupported => "vllm_version_unsupported": Loss,
+    SglangIpcLayoutMismatch => "sglang_ipc_layout_mismatch": Loss,
+    SglangIpcNotPickle => "sglang_ipc_not_pickle": Loss,
+    SglangIpcFrameCut => "sglang_ipc_frame_cut": Loss,
+    SglangIpcLayoutAssumed => "sglang_ipc_layout_assumed": Total,
+    SglangIpcMessages => "sglang_ipc_messages": Total,
+    SglangIpcSocketTableFull => "sglang_ipc_socket_table_full": Loss,
+    SglangIpcUnsupportedVersion => "sglang_ipc_unsupported_version": Loss,
+    SglangVersionPackageNotFound => "sglang_version_package_not_found": Loss,
+    ZmtpFramesDropped => "zmtp_frames_dropped": Loss,
+    ZmtpFramesIncomplete => "zmtp_frames_incomplete": Loss,
+    ZmtpHuntSkipped => "zmtp_hunt_skipped": Loss,
+    PickleTooDeep => "pickle_too_deep": Loss,
+    PickleUnknownOpcode => "pickle_unknown_opcode": Loss,
+    SglangSchedulerAmbiguous => "sglang_scheduler_ambiguous": Loss,
+    SglangSchedulerFound => "sglang_scheduler_found": Total,
+    SglangSchedulerNotFound => "sglang_scheduler_not_found": Loss,
+    SglangAdmissionUnknown => "sglang_admission_unknown": Loss,
+    SglangBadTimestamp => "sglang_bad_timestamp": Loss,
+    SglangOutputs => "sglang_outputs": Total,
+    SglangPreemptionsUnknownAborted => "sglang_preemptions_unknown_aborted": Loss,
+    SglangRequestsAdded => "sglang_requests_added": Total,
+    SglangRequestsEvictedUnjoined => "sglang_requests_evicted_unjoined": Loss,
+    SglangRequestsJoined => "sglang_requests_joined": Total,
+    SglangRequestsUnjoined => "sglang_requests_unjoined": Loss,
+    SglangSteps => "sglang_steps": Total,
+    SglangStepsUntimed => "sglang_steps_untimed": Loss,
+    VllmIpcBadMsgpack => "vllm_ipc_bad_msgpack": Loss,
+    VllmIpcNotVllm => "vllm_ipc_not_vllm": Loss,
+    VllmIpcTruncated => "vllm_ipc_truncated": Loss,
+    VllmEngineCoreFound => "vllm_engine_core_found": Total,
+    VllmIpcLayoutAssumed => "vllm_ipc_layout_assumed": Total,
+    VllmIpcMessages => "vllm_ipc_messages": Total,
+    VllmIpcReady => "vllm_ipc_ready": Total,
+    VllmIpcSocketTableFull => "vllm_ipc_socket_table_full": Loss,
+    VllmIpcUnsupportedVersion => "vllm_ipc_unsupported_version": Loss,
+    VllmVersionPackageNotFound => "vllm_version_package_not_found": Loss,
+    VllmEngineTableFull => "vllm_engine_table_full": Loss,
+    VllmEventBadTimestamp => "vllm_event_bad_timestamp": Loss,
+    VllmJoinAmbiguous => "vllm_join_ambiguous": Loss,
+    VllmJoinOutsideRequestTime => "vllm_join_outside_request_time": Loss,
+    VllmOutputsPartial => "vllm_outputs_partial": Loss,
+    VllmOutputsSeenTwice => "vllm_outputs_seen_twice": Loss,
+    VllmPreemptionsUnknownAborted => "vllm_preemptions_unknown_aborted": Loss,
+    VllmRequestStepsUnknown => "vllm_request_steps_unknown": Loss,
+    VllmRequestsAdded => "vllm_requests_added": Total,
+    VllmRequestsEvictedUnjoined => "vllm_requests_evicted_unjoined": Loss,
+    VllmRequestsJoined => "vllm_requests_joined": Total,
+    VllmRequestsPartial => "vllm_requests_partial": Loss,
+    VllmRequestsUnjoined => "vllm_requests_unjoined": Loss,
+    VllmStepEnginesReset => "vllm_step_engines_reset": Loss,
+    VllmIpcLayoutMismatch => "vllm_ipc_layout_mismatch": Loss,
     // Correlate: connections, requests, scheduler joins, timelines; requests lost or left incomplete.
-    RequestsUnfinished => "requests_unfinished",
-    ArrivalWireUnknown => "arrival_wire_unknown",
-    ConnectionGaps => "connection_gaps",
-    ConnectionRecordsLost => "connection_records_lost",
-    ConnectionRecordsOutOfOrder => "connection_records_out_of_order",
-    ConnectionResyncs => "connection_resyncs",
-    ConnectionsNeverHttp => "connections_never_http",
-    RequestBodyJsonError => "request_body_json_error",
-    RequestCompleteWithoutStart => "request_complete_without_start",
-    RequestsAborted => "requests_aborted",
-    RequestsAfterServerShutdown => "requests_after_server_shutdown",
-    RequestsAnsweredAfterClientLeft => "requests_answered_after_client_left",
-    RequestsUnparsed => "requests_unparsed",
-    RequestsUnparsedUnanswered => "requests_unparsed_unanswered",
-    RequestsUnread => "requests_unread",
-    RequestsWaitingOverLimit => "requests_waiting_over_limit",
-    ResponseWithoutRequest => "response_without_request",
-    ResyncBytesSkipped => "resync_bytes_skipped",
-    SseEventsCut => "sse_events_cut",
-    SseJsonError => "sse_json_error",
-    RequestsIncomplete => "requests_incomplete",
-    RequestsIncompleteAgentShutdown => "requests_incomplete_agent_shutdown",
-    RequestsIncompleteChunkFraming => "requests_incomplete_chunk_framing",
-    RequestsIncompleteEventsLost => "requests_incomplete_events_lost",
-    RequestsIncompleteHeadLost => "requests_incomplete_head_lost",
-    RequestsIncompleteHeadTooLarge => "requests_incomplete_head_too_large",
-    RequestsIncompleteNotHttp => "requests_incomplete_not_http",
-    RequestsIncompleteServerExited => "requests_incomplete_server_exited",
-    RequestsIncompleteSseEventTooLarge => "requests_incomplete_sse_event_too_large",
-    RequestsLost => "requests_lost",
-    RequestsLostEventsLost => "requests_lost_events_lost",
-    RequestsLostRequestNotCaptured => "requests_lost_request_not_captured",
-    ArrivalSegmentsDropped => "arrival_segments_dropped",
-    ConnectionsOpened => "connections_opened",
-    ConnectionsOverLimit => "connections_over_limit",
-    PeerClosesDropped => "peer_closes_dropped",
-    RequestsCutByServer => "requests_cut_by_server",
-    SchedRequestGone => "sched_request_gone",
-    SchedStepEndWithoutBegin => "sched_step_end_without_begin",
-    ResponseBodyJsonError => "response_body_json_error",
-    SchedAdmitUnknownTask => "sched_admit_unknown_task",
-    SchedDeferUnknownTask => "sched_defer_unknown_task",
-    SchedJoinsOverLimit => "sched_joins_over_limit",
-    SchedPostWithoutRequest => "sched_post_without_request",
-    SchedReadsOverLimit => "sched_reads_over_limit",
-    SchedRequeuesDropped => "sched_requeues_dropped",
-    SchedSlotUnknown => "sched_slot_unknown",
-    UserProbeThreadReadNoRequest => "user_probe_thread_read_no_request",
-    UserProbeUnknownId => "user_probe_unknown_id",
-    TimelineClosedEarly => "timeline_closed_early",
-    TimelineKernelsEvicted => "timeline_kernels_evicted",
-    TimelineKernelsNotKept => "timeline_kernels_not_kept",
-    TimelineStepsEvicted => "timeline_steps_evicted",
+    RequestsUnfinished => "requests_unfinished": Total,
+    ArrivalWireUnknown => "arrival_wire_unknown": Loss,
+    ConnectionGaps => "connection_gaps": Loss,
+    ConnectionRecordsLost => "connection_records_lost": Loss,
+    ConnectionRecordsOutOfOrder => "connection_records_out_of_order": Total,
+    ConnectionResyncs => "connection_resyncs": Total,
+    ConnectionsNeverHttp => "connections_never_http": Loss,
+    RequestBodyJsonError => "request_body_json_error": Loss,
+    RequestCompleteWithoutStart => "request_complete_without_start": Loss,
+    RequestsAborted => "requests_aborted": Total,
+    RequestsAfterServerShutdown => "requests_after_server_shutdown": Total,
+    RequestsAnsweredAfterClientLeft => "requests_answered_after_client_left": Total,
+    RequestsUnparsed => "requests_unparsed": Loss,
+    RequestsUnparsedUnanswered => "requests_unparsed_unanswered": Loss,
+    RequestsUnread => "requests_unread": Loss,
+    RequestsWaitingOverLimit => "requests_waiting_over_limit": Loss,
+    ResponseWithoutRequest => "response_without_request": Loss,
+    ResyncBytesSkipped => "resync_bytes_skipped": Loss,
+    SseEventsCut => "sse_events_cut": Loss,
+    SseJsonError => "sse_json_error": Loss,
+    RequestsIncomplete => "requests_incomplete": Loss,
+    RequestsIncompleteAgentShutdown => "requests_incomplete_agent_shutdown": Loss,
+    RequestsIncompleteChunkFraming => "requests_incomplete_chunk_framing": Loss,
+    RequestsIncompleteEventsLost => "requests_incomplete_events_lost": Loss,
+    RequestsIncompleteHeadLost => "requests_incomplete_head_lost": Loss,
+    RequestsIncompleteHeadTooLarge => "requests_incomplete_head_too_large": Loss,
+    RequestsIncompleteNotHttp => "requests_incomplete_not_http": Loss,
+    RequestsIncompleteServerExited => "requests_incomplete_server_exited": Loss,
+    RequestsIncompleteSseEventTooLarge => "requests_incomplete_sse_event_too_large": Loss,
+    RequestsLost => "requests_lost": Loss,
+    RequestsLostEventsLost => "requests_lost_events_lost": Loss,
+    RequestsLostRequestNotCaptured => "requests_lost_request_not_captured": Loss,
+    RequestsLostWaitingOverLimit => "requests_lost_waiting_over_limit": Loss,
+    RequestsLostConnectionsOverLimit => "requests_lost_connections_over_limit": Loss,
+    ArrivalSegmentsDropped => "arrival_segments_dropped": Loss,
+    ConnectionsOpened => "connections_opened": Total,
+    ConnectionsOverLimit => "connections_over_limit": Loss,
+    PeerClosesDropped => "peer_closes_dropped": Loss,
+    RequestsCutByServer => "requests_cut_by_server": Total,
+    SchedRequestGone => "sched_request_gone": Loss,
+    SchedStepEndWithoutBegin => "sched_step_end_without_begin": Loss,
+    ResponseBodyJsonError => "response_body_json_error": Loss,
+    SchedAdmitUnknownTask => "sched_admit_unknown_task": Loss,
+    SchedDeferUnknownTask => "sched_defer_unknown_task": Loss,
+    SchedJoinsOverLimit => "sched_joins_over_limit": Loss,
+    SchedPostWithoutRequest => "sched_post_without_request": Loss,
+    SchedReadsOverLimit => "sched_reads_over_limit": Loss,
+    SchedRequeuesDropped => "sched_requeues_dropped": Loss,
+    SchedSlotUnknown => "sched_slot_unknown": Loss,
+    UserProbeThreadReadNoRequest => "user_probe_thread_read_no_request": Loss,
+    UserProbeUnknownId => "user_probe_unknown_id": Loss,
+    TimelineClosedEarly => "timeline_closed_early": Loss,
+    TimelineKernelsEvicted => "timeline_kernels_evicted": Loss,
+    TimelineKernelsNotKept => "timeline_kernels_not_kept": Loss,
+    TimelineStepsEvicted => "timeline_steps_evicted": Loss,
     // Pipeline: process attach, adoption and record routing.
-    ConnectionsPreexisting => "connections_preexisting",
-    ConnectionsReroutedToIpc => "connections_rerouted_to_ipc",
-    HooksAttachedLate => "hooks_attached_late",
-    LateAttachOverLimit => "late_attach_over_limit",
-    ProcessesAdoptedNotAttached => "processes_adopted_not_attached",
-    ProcessesAdoptedOverLimit => "processes_adopted_over_limit",
-    RecordUnexpectedKind => "record_unexpected_kind",
-    RecordsBeforeAttach => "records_before_attach",
-    RecordsNotEngineIpc => "records_not_engine_ipc",
-    RecordsNotServerConnection => "records_not_server_connection",
-    RecordsUntracedProcess => "records_untraced_process",
+    ConnectionsPreexisting => "connections_preexisting": Total,
+    ConnectionsReroutedToIpc => "connections_rerouted_to_ipc": Total,
+    HooksAttachedLate => "hooks_attached_late": Total,
+    LateAttachOverLimit => "late_attach_over_limit": Loss,
+    ProcessesAdoptedNotAttached => "processes_adopted_not_attached": Loss,
+    ProcessesAdoptedOverLimit => "processes_adopted_over_limit": Loss,
+    RecordUnexpectedKind => "record_unexpected_kind": Loss,
+    RecordsBeforeAttach => "records_before_attach": Total,
+    RecordsNotEngineIpc => "records_not_engine_ipc": Total,
+    RecordsNotServerConnection => "records_not_server_connection": Total,
+    RecordsUntracedProcess => "records_untraced_process": Loss,
+    RingbufRecords => "ringbuf_records": Total,
+    FdLookups => "fd_lookups": Total,
+    MetricsScrapeRequestsHidden => "metrics_scrape_requests_hidden": Total,
+    OpenConnections => "open_connections": Gauge,
+    OpenRequests => "open_requests": Gauge,
+    // Identity: container and Kubernetes pod names.
+    IdentityPodUnknown => "identity_pod_unknown": Loss,
+    IdentityTableFull => "identity_table_full": Loss,
+    KubeLists => "kube_lists": Total,
+    KubeWatchEvents => "kube_watch_events": Total,
+    KubeApiErrors => "kube_api_errors": Loss,
+    KubeGarbage => "kube_garbage": Loss,
+    KubePodsDropped => "kube_pods_dropped": Loss,
+    KubeWatchExpired => "kube_watch_expired": Total,
+    // Daemon (`run`): OTLP spans, the JSONL file, gRPC subscribers.
+    OtlpSpansSubmitted => "otlp_spans_submitted": Total,
+    OtlpSpansExported => "otlp_spans_exported": Total,
+    OtlpSpansFailed => "otlp_spans_failed": Loss,
+    OtlpSpansPendingOrDropped => "otlp_spans_pending_or_dropped": Gauge,
+    OtlpRequestsSampledOut => "otlp_requests_sampled_out": Total,
+    RecordsWriteFailed => "records_write_failed": Loss,
+    GrpcSubscriberRecordsLagged => "grpc_subscriber_records_lagged": Loss,
+    GrpcSubscribers => "grpc_subscribers": Gauge,
+}
+
+/// The exported counter of each of the kernel's counters (indexed by the eBPF side's enum).
+pub const fn kernel(c: inferscope_common::Counter) -> Counter {
+    use inferscope_common::Counter as K;
+    match c {
+        K::RecordsEmitted => Counter::KernelRecordsEmitted,
+        K::RingbufFull => Counter::KernelRingbufFullDrops,
+        K::PayloadTruncated => Counter::KernelPayloadTruncated,
+        K::CopyFailed => Counter::KernelCopyFailed,
+        K::InflightMapFull => Counter::KernelInflightMapFull,
+        K::Segments => Counter::KernelSegments,
+        K::SchedEvents => Counter::KernelSchedEvents,
+        K::SchedReadFailed => Counter::KernelSchedReadFailed,
+        K::ConnsAccepted => Counter::KernelConnsAccepted,
+        K::UnknownFdSkipped => Counter::KernelUnknownFdSkipped,
+        K::SockFromRead => Counter::KernelConnSockFromRead,
+        K::ConnsDuplicated => Counter::KernelConnsDuplicated,
+        K::CompactWrites => Counter::KernelCompactWrites,
+        K::SockStates => Counter::KernelSockStates,
+        K::ProcessesAdopted => Counter::KernelProcessesAdopted,
+    }
 }
 
 const COUNT: usize = Counter::ALL.len();
@@ -226,12 +327,12 @@ impl Stats {
         self.counts[counter as usize]
     }
 
-    /// The counters this stage reports, in declaration order, with their exported names.
-    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+    /// The counters this stage reports, in declaration order.
+    pub fn iter(&self) -> impl Iterator<Item = (Counter, u64)> + '_ {
         Counter::ALL
             .iter()
             .filter(|c| self.touched[**c as usize])
-            .map(|c| (c.name(), self.counts[*c as usize]))
+            .map(|c| (*c, self.counts[*c as usize]))
     }
 }
 
@@ -264,7 +365,39 @@ mod tests {
         assert_eq!(s.get(Counter::RequestsLost), 3);
         let reported: Vec<_> = s.iter().collect();
         assert_eq!(reported.len(), 2);
-        assert!(reported.contains(&("requests_lost", 3)));
-        assert!(reported.contains(&("zmtp_desync", 0)));
+        assert!(reported.contains(&(Counter::RequestsLost, 3)));
+        assert!(reported.contains(&(Counter::ZmtpDesync, 0)));
+    }
+
+    #[test]
+    fn kernel_counters_keep_their_names_with_the_prefix() {
+        let mut seen = std::collections::HashSet::new();
+        for k in inferscope_common::Counter::ALL {
+            let c = kernel(k);
+            assert_eq!(c.name(), format!("kernel_{}", k.name()));
+            assert!(seen.insert(c), "{c:?} twice");
+        }
+    }
+
+    /// Every counter of a loss, drop or failure is named (in backquotes) in README's section
+    /// "Losses, counted in requests", with what it counts and what to do.
+    #[test]
+    fn readme_names_every_loss_counter() {
+        let readme = include_str!("../../../README.md");
+        let start = readme
+            .find("\n## Losses, counted in requests")
+            .expect("README has the losses section");
+        let section = &readme[start + 1..];
+        let section = &section[..section[1..].find("\n## ").map_or(section.len(), |i| i + 1)];
+        let missing: Vec<_> = Counter::ALL
+            .iter()
+            .filter(|c| c.kind() == Kind::Loss)
+            .map(|c| c.name())
+            .filter(|name| !section.contains(&format!("`{name}`")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "README's losses section does not name: {missing:?}"
+        );
     }
 }

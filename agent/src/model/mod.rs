@@ -8,7 +8,7 @@ pub mod lifecycle;
 pub mod record;
 pub mod signals;
 
-pub use counters::{Counter, Stats};
+pub use counters::{Counter, Kind as CounterKind, Stats};
 pub use identity::ProcessIdentity;
 pub use lifecycle::PerProcess;
 pub use record::{EndedBy, RequestRecord, StepMember, StepRecord, StepRef};

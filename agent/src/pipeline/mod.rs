@@ -70,7 +70,7 @@ pub trait Observer {
     /// Called on every pass of the loop (at least every 50 ms): time-driven work goes here.
     fn on_tick(&mut self) {}
     /// The pipeline's counters (see [`Pipeline::counters`]), about once a second.
-    fn on_counters(&mut self, _counters: Vec<(String, u64)>) {}
+    fn on_counters(&mut self, _counters: Vec<(Counter, u64)>) {}
 }
 
 pub struct Pipeline {
@@ -556,42 +556,37 @@ impl Pipeline {
     }
 
     /// Every counter: kernel side (`kernel_*`), capture and decode/correlate.
-    pub fn counters(&self) -> Vec<(String, u64)> {
-        let mut all: Vec<(String, u64)> = self
-            .probes
-            .counters()
-            .into_iter()
-            .map(|(k, v)| (format!("kernel_{k}"), v))
-            .collect();
-        all.extend(self.stats.iter().map(|(k, v)| (k.to_string(), v)));
-        all.extend(self.tracker.stats().iter().map(|(k, v)| (k.to_string(), v)));
+    pub fn counters(&self) -> Vec<(Counter, u64)> {
+        let mut all = self.probes.counters();
+        all.extend(self.stats.iter());
+        all.extend(self.tracker.stats().iter());
         all.extend(self.ipc.counters());
-        all.extend(self.chunks.stats.iter().map(|(k, v)| (k.to_string(), v)));
+        all.extend(self.chunks.stats.iter());
         if let Some(user) = &self.user_probes {
-            all.extend(user.stats().iter().map(|(k, v)| (k.to_string(), v)));
+            all.extend(user.stats().iter());
         }
-        all.push(("ringbuf_records".into(), self.records_read));
+        all.push((Counter::RingbufRecords, self.records_read));
         if let Some(scraper) = &self.scraper {
             all.extend(scraper.counters());
             all.push((
-                "metrics_scrape_requests_hidden".into(),
+                Counter::MetricsScrapeRequestsHidden,
                 self.engine_metrics.scrape_requests_hidden,
             ));
         }
-        all.push(("fd_lookups".into(), self.classifier.lookups));
+        all.push((Counter::FdLookups, self.classifier.lookups));
         all.extend(self.identities.counters());
         all.push((
-            "open_connections".into(),
+            Counter::OpenConnections,
             self.tracker.open_connections() as u64,
         ));
-        all.push(("open_requests".into(), self.tracker.open_requests() as u64));
+        all.push((Counter::OpenRequests, self.tracker.open_requests() as u64));
         all
     }
 
     pub fn log_counters(&self) {
-        for (name, value) in self.counters() {
+        for (counter, value) in self.counters() {
             if value > 0 {
-                info!(counter = name.as_str(), value, "counter");
+                info!(counter = counter.name(), value, "counter");
             }
         }
         let dropped = self.probes.counter(KernelCounter::RingbufFull);

@@ -18,6 +18,8 @@ use std::{
     time::Duration,
 };
 
+use crate::model::Counter;
+
 use super::{
     frame::{FrameDecoder, FrameError},
     record::{KernelRecord, MemcpyRecord},
@@ -178,31 +180,28 @@ impl ShimListener {
             .unwrap_or_default()
     }
 
-    pub fn counters(&self) -> Vec<(String, u64)> {
+    pub fn counters(&self) -> Vec<(Counter, u64)> {
         let c = &self.shared.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         vec![
-            ("shim_connections".into(), get(&c.connections)),
-            ("shim_connections_active".into(), get(&self.shared.active)),
-            ("shim_connections_idle_closed".into(), get(&c.idle_closed)),
-            ("shim_connections_over_budget".into(), get(&c.over_budget)),
-            ("shim_buffered_bytes".into(), get(&self.shared.buffered)),
+            (Counter::ShimConnections, get(&c.connections)),
+            (Counter::ShimConnectionsActive, get(&self.shared.active)),
+            (Counter::ShimConnectionsIdleClosed, get(&c.idle_closed)),
+            (Counter::ShimConnectionsOverBudget, get(&c.over_budget)),
+            (Counter::ShimBufferedBytes, get(&self.shared.buffered)),
             (
-                "shim_connections_rejected".into(),
+                Counter::ShimConnectionsRejected,
                 get(&c.connections_rejected),
             ),
-            ("shim_batches".into(), get(&c.batches)),
-            ("shim_kernels_received".into(), get(&c.kernels)),
-            ("shim_memcpys_received".into(), get(&c.memcpys)),
-            ("shim_parse_failures".into(), get(&c.parse_failures)),
-            ("shim_bad_frames".into(), get(&c.oversize_or_bad_length)),
-            ("shim_read_errors".into(), get(&c.read_errors)),
-            ("shim_queue_drops".into(), get(&c.queue_drops)),
-            ("shim_dropped_records".into(), get(&c.shim_dropped)),
-            (
-                "shim_cupti_dropped_records".into(),
-                get(&c.shim_cupti_dropped),
-            ),
+            (Counter::ShimBatches, get(&c.batches)),
+            (Counter::ShimKernelsReceived, get(&c.kernels)),
+            (Counter::ShimMemcpysReceived, get(&c.memcpys)),
+            (Counter::ShimParseFailures, get(&c.parse_failures)),
+            (Counter::ShimBadFrames, get(&c.oversize_or_bad_length)),
+            (Counter::ShimReadErrors, get(&c.read_errors)),
+            (Counter::ShimQueueDrops, get(&c.queue_drops)),
+            (Counter::ShimDroppedRecords, get(&c.shim_dropped)),
+            (Counter::ShimCuptiDroppedRecords, get(&c.shim_cupti_dropped)),
         ]
     }
 }
@@ -464,9 +463,9 @@ mod tests {
         assert_eq!(got.len(), 3);
         assert_eq!(got[0].pid, std::process::id());
         let counters: std::collections::HashMap<_, _> = l.counters().into_iter().collect();
-        assert_eq!(counters["shim_queue_drops"], 2);
-        assert_eq!(counters["shim_parse_failures"], 1);
-        assert_eq!(counters["shim_dropped_records"], 7);
+        assert_eq!(counters[&Counter::ShimQueueDrops], 2);
+        assert_eq!(counters[&Counter::ShimParseFailures], 1);
+        assert_eq!(counters[&Counter::ShimDroppedRecords], 7);
         assert_eq!(l.shims().len(), 1);
         // An oversize length closes that connection only.
         s.write_all(&[0xff, 0xff, 0xff, 0x7f]).unwrap();
@@ -475,8 +474,8 @@ mod tests {
             .unwrap();
         std::thread::sleep(Duration::from_millis(300));
         let counters: std::collections::HashMap<_, _> = l.counters().into_iter().collect();
-        assert_eq!(counters["shim_bad_frames"], 1);
-        assert_eq!(counters["shim_batches"], 2);
+        assert_eq!(counters[&Counter::ShimBadFrames], 1);
+        assert_eq!(counters[&Counter::ShimBatches], 2);
         drop(l);
         assert!(!path.exists());
     }
@@ -506,9 +505,9 @@ mod tests {
             greedy.push(s);
         }
         let counters =
-            || -> std::collections::HashMap<String, u64> { l.counters().into_iter().collect() };
+            || -> std::collections::HashMap<Counter, u64> { l.counters().into_iter().collect() };
         for _ in 0..100 {
-            if counters()["shim_connections"] >= 7 {
+            if counters()[&Counter::ShimConnections] >= 7 {
                 break;
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -516,18 +515,18 @@ mod tests {
         let mut peak = 0;
         for _ in 0..100 {
             let c = counters();
-            peak = peak.max(c["shim_buffered_bytes"]);
-            if c["shim_connections_active"] == 0 {
+            peak = peak.max(c[&Counter::ShimBufferedBytes]);
+            if c[&Counter::ShimConnectionsActive] == 0 {
                 break;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         let c = counters();
-        assert_eq!(c["shim_connections_active"], 0, "{c:?}");
-        assert!(c["shim_connections_over_budget"] >= 1, "{c:?}");
-        assert!(c["shim_connections_idle_closed"] >= 4, "{c:?}");
+        assert_eq!(c[&Counter::ShimConnectionsActive], 0, "{c:?}");
+        assert!(c[&Counter::ShimConnectionsOverBudget] >= 1, "{c:?}");
+        assert!(c[&Counter::ShimConnectionsIdleClosed] >= 4, "{c:?}");
         // A reader may overshoot by one read (64 KiB) before it sees the total.
         assert!(peak <= (256 + 3 * 64) * 1024, "peak {peak}");
-        assert_eq!(c["shim_buffered_bytes"], 0);
+        assert_eq!(c[&Counter::ShimBufferedBytes], 0);
     }
 }

@@ -160,16 +160,13 @@ impl MetricsScraper {
         self.scrapes.try_recv().ok()
     }
 
-    pub fn counters(&self) -> Vec<(String, u64)> {
-        let mut all: Vec<(String, u64)> = COUNTERS
+    pub fn counters(&self) -> Vec<(Counter, u64)> {
+        let mut all: Vec<(Counter, u64)> = COUNTERS
             .iter()
             .zip(&self.counters.0)
-            .map(|(c, v)| (c.name().to_string(), v.load(Ordering::Relaxed)))
+            .map(|(c, v)| (*c, v.load(Ordering::Relaxed)))
             .collect();
-        all.push((
-            Counter::MetricsCommandsDropped.name().into(),
-            self.commands_dropped,
-        ));
+        all.push((Counter::MetricsCommandsDropped, self.commands_dropped));
         all
     }
 }
@@ -459,9 +456,9 @@ mod tests {
         assert!(got[1].start_mono_ns >= got[0].end_mono_ns);
         // The foreign port was tried once, during the search, and not polled afterwards.
         assert_eq!(other.load(Ordering::Relaxed), 1);
-        let counters: HashMap<String, u64> = scraper.counters().into_iter().collect();
-        assert_eq!(counters["metrics_scrape_errors_no_engine_metrics"], 1);
-        assert!(counters["metrics_scrape_errors_connect"] >= 1);
+        let counters: HashMap<Counter, u64> = scraper.counters().into_iter().collect();
+        assert_eq!(counters[&Counter::MetricsScrapeErrorsNoEngineMetrics], 1);
+        assert!(counters[&Counter::MetricsScrapeErrorsConnect] >= 1);
         scraper.forget(42);
         std::thread::sleep(Duration::from_millis(300));
         while scraper.try_next().is_some() {}

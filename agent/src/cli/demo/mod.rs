@@ -17,7 +17,7 @@ use clap::Args;
 use inferscope::{
     capture::{DiscoveryChange, TargetSelector},
     export::{jsonl::JsonlWriter, live, summary},
-    model::RequestRecord,
+    model::{Counter, RequestRecord},
     pipeline::{Observer, Pipeline, PipelineConfig},
 };
 
@@ -99,7 +99,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             writer,
         };
         let config = PipelineConfig::new(TargetSelector::Port(args.port));
-        std::thread::spawn(move || -> anyhow::Result<Vec<(String, u64)>> {
+        std::thread::spawn(move || -> anyhow::Result<Vec<(Counter, u64)>> {
             let mut pipeline = match Pipeline::new(config) {
                 Ok(p) => {
                     let _ = ready_tx.send(Ok(()));
@@ -180,7 +180,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let interesting: Vec<String> = counters
         .into_iter()
         .filter(|(_, v)| *v > 0)
-        .map(|(k, v)| format!("{k}={v}"))
+        .map(|(k, v)| format!("{}={v}", k.name()))
         .collect();
     println!("agent counters: {}", interesting.join(" "));
     if matched < client.len() {

@@ -197,7 +197,7 @@ impl EngineIpc for SglangIpc {
         self.state.enrich(record);
     }
 
-    fn counters(&self) -> Vec<(&'static str, u64)> {
+    fn counters(&self) -> Vec<(Counter, u64)> {
         self.stats.iter().chain(self.state.stats.iter()).collect()
     }
 }

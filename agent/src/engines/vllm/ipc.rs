@@ -288,7 +288,7 @@ impl EngineIpc for VllmIpc {
         self.state.enrich(record);
     }
 
-    fn counters(&self) -> Vec<(&'static str, u64)> {
+    fn counters(&self) -> Vec<(Counter, u64)> {
         self.stats.iter().chain(self.state.stats.iter()).collect()
     }
 }

@@ -140,9 +140,9 @@ fn replayed_fixture_streams_give_the_encoded_values() {
             let (ipc, steps) = api_server_view(transport, chunk);
             assert_matches_expected(&ipc, &steps);
             let counters: std::collections::BTreeMap<_, _> = ipc.counters().into_iter().collect();
-            assert_eq!(counters.get(Counter::VllmIpcReady.name()), Some(&1));
-            assert_eq!(counters.get(Counter::VllmIpcLayoutAssumed.name()), None);
-            assert_eq!(counters.get(Counter::VllmIpcLayoutMismatch.name()), None);
+            assert_eq!(counters.get(&Counter::VllmIpcReady), Some(&1));
+            assert_eq!(counters.get(&Counter::VllmIpcLayoutAssumed), None);
+            assert_eq!(counters.get(&Counter::VllmIpcLayoutMismatch), None);
         }
     }
 }
@@ -254,10 +254,7 @@ fn an_admission_outside_the_http_request_is_never_attached() {
     assert_eq!(late.admitted_mono_ns, None);
     assert_eq!(late.prompt_tokens, None);
     let counters: std::collections::BTreeMap<_, _> = ipc.counters().into_iter().collect();
-    assert_eq!(
-        counters.get(Counter::VllmJoinOutsideRequestTime.name()),
-        Some(&1)
-    );
+    assert_eq!(counters.get(&Counter::VllmJoinOutsideRequestTime), Some(&1));
     // An unknown id is left alone.
     let mut other = http_record("chatcmpl-unknown", 0, 1, 2);
     ipc.enrich(&mut other);
@@ -295,10 +292,7 @@ fn an_unsupported_version_is_counted_and_not_decoded() {
     assert!(steps.is_empty());
     let counters: std::collections::BTreeMap<_, _> = ipc.counters().into_iter().collect();
     // 5 inputs + 6 outputs.
-    assert_eq!(
-        counters.get(Counter::VllmIpcUnsupportedVersion.name()),
-        Some(&11)
-    );
+    assert_eq!(counters.get(&Counter::VllmIpcUnsupportedVersion), Some(&11));
 }
 
 #[test]
@@ -328,7 +322,7 @@ fn joined_late_the_newest_layout_is_checked_and_used() {
     assert_eq!(steps.len(), want["steps"].as_array().unwrap().len());
     assert_eq!(steps[0].end_mono_ns, first_step);
     let counters: std::collections::BTreeMap<_, _> = ipc.counters().into_iter().collect();
-    assert_eq!(counters.get(Counter::VllmIpcLayoutAssumed.name()), Some(&6));
+    assert_eq!(counters.get(&Counter::VllmIpcLayoutAssumed), Some(&6));
 }
 
 #[test]
@@ -392,7 +386,7 @@ fn garbage_and_other_protocols_never_panic_and_are_given_up() {
     let failures: u64 = ipc
         .counters()
         .iter()
-        .filter(|(name, _)| FAILURE_COUNTERS.contains(name))
+        .filter(|(c, _)| FAILURE_COUNTERS.contains(&c.name()))
         .map(|(_, v)| v)
         .sum();
     assert!(
@@ -419,7 +413,7 @@ const FAILURE_COUNTERS: [&str; 10] = [
 fn counter(ipc: &VllmIpc, name: &str) -> u64 {
     ipc.counters()
         .iter()
-        .find(|(n, _)| *n == name)
+        .find(|(c, _)| c.name() == name)
         .map_or(0, |(_, v)| *v)
 }
 
