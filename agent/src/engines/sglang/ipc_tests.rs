@@ -3,7 +3,8 @@
 use super::{
     SglangIpc,
     layout::{self, V0_5_23},
-    messages::{self, DecodeError, IpcMessage},
+    messages::{self, DecodeError, IpcMessage, Output},
+    state::{IpcState, Sighting},
 };
 use crate::model::Counter;
 use crate::{
@@ -51,7 +52,7 @@ fn decodes_a_tokenized_request() {
 fn decodes_a_batched_output_with_times_and_retractions() {
     let e = &expected()["output"];
     let m = messages::decode(&fixture("output.pickle"), &V0_5_23).unwrap();
-    let IpcMessage::Outputs(outs) = m else {
+    let IpcMessage::Outputs { outputs: outs, .. } = m else {
         panic!("{m:?}")
     };
     assert_eq!(outs.len(), 2);
@@ -72,7 +73,7 @@ fn decodes_a_batched_output_with_times_and_retractions() {
     }
     // Without --enable-metrics the stats objects are empty: no times, the rest intact.
     let m = messages::decode(&fixture("output_no_timing.pickle"), &V0_5_23).unwrap();
-    let IpcMessage::Outputs(outs) = m else {
+    let IpcMessage::Outputs { outputs: outs, .. } = m else {
         panic!("{m:?}")
     };
     assert!(
@@ -318,4 +319,326 @@ fn hostile_pickles_in_the_stream_are_counted_not_decoded() {
     assert_eq!(counters.get(Counter::PickleUnknownOpcode.name()), Some(&1));
     // os.system(...) is a name in a tree, matching no SGLang class: ignored.
     assert_eq!(counters.get(Counter::SglangIpcMessages.name()), Some(&1));
+}
+
+/// The greeting of [`zmtp`] alone, and one payload's frame after it.
+fn greeting() -> Vec<u8> {
+    zmtp(&[])
+}
+
+fn frame(payload: Vec<u8>) -> Vec<u8> {
+    zmtp(&[payload])[greeting().len()..].to_vec()
+}
+
+fn feed_at(
+    ipc: &mut SglangIpc,
+    (tgid, fd): (u32, i32),
+    direction: IpcDirection,
+    bytes: &[u8],
+    at: u64,
+) -> Vec<crate::correlate::StepRecord> {
+    let mut steps = Vec::new();
+    ipc.on_bytes_at(
+        &IpcBytes {
+            tgid,
+            tid: tgid + 1,
+            fd,
+            conn_gen: 1,
+            direction,
+            data: bytes,
+            lost: 0,
+        },
+        at,
+        &mut steps,
+    );
+    steps
+}
+
+const STEP_FIXTURES: [&str; 4] = [
+    "steps_1_prefill.pickle",
+    "steps_2_decode.pickle",
+    "steps_3_mixed.pickle",
+    "steps_4_reprefill.pickle",
+];
+
+/// The scheduler (10) writes four untimed batches; the tokenizer manager (20) reads each.
+/// `reads_first`: the read of each batch is captured before its write.
+fn four_steps(reads_first: bool) -> (SglangIpc, Vec<crate::correlate::StepRecord>) {
+    let mut ipc = SglangIpc::default();
+    ipc.set_version(10, "0.5.23");
+    ipc.set_version(20, "0.5.23");
+    ipc.set_scheduler(10, 10);
+    ipc.set_scheduler(20, 10);
+    let mut steps = Vec::new();
+    steps.extend(feed_at(
+        &mut ipc,
+        (10, 5),
+        IpcDirection::Write,
+        &greeting(),
+        1,
+    ));
+    steps.extend(feed_at(
+        &mut ipc,
+        (20, 6),
+        IpcDirection::Read,
+        &greeting(),
+        1,
+    ));
+    for (k, name) in STEP_FIXTURES.iter().enumerate() {
+        let bytes = frame(fixture(name));
+        let sent = 200_000_000_000 + k as u64 * 5_000_000;
+        let write = |ipc: &mut SglangIpc| feed_at(ipc, (10, 5), IpcDirection::Write, &bytes, sent);
+        let read =
+            |ipc: &mut SglangIpc| feed_at(ipc, (20, 6), IpcDirection::Read, &bytes, sent + 40_000);
+        if reads_first {
+            assert!(read(&mut ipc).is_empty(), "{name}: a read is not the send");
+            steps.extend(write(&mut ipc));
+        } else {
+            steps.extend(write(&mut ipc));
+            assert!(read(&mut ipc).is_empty(), "{name}: seen again");
+        }
+    }
+    (ipc, steps)
+}
+
+/// Every output batch is a step: its members with their phase (first prefill, re-prefill
+/// after a retraction, decode), its tokens where the counts give them, and, SGLang timing
+/// none of them here, an end at the scheduler's own send and an unknown start.
+#[test]
+fn every_output_batch_is_a_step_ending_at_the_schedulers_send() {
+    let want = expected()["steps"].as_array().unwrap().clone();
+    for reads_first in [false, true] {
+        let (ipc, steps) = four_steps(reads_first);
+        assert_eq!(steps.len(), want.len(), "reads first: {reads_first}");
+        for (k, (got, want)) in steps.iter().zip(&want).enumerate() {
+            let sent = 200_000_000_000 + k as u64 * 5_000_000;
+            assert_eq!((got.start_mono_ns, got.end_mono_ns), (sent, sent));
+            assert_eq!(got.duration_ms, 0.0);
+            assert_eq!(got.start_from, Some("unknown"));
+            // Seen sent by the scheduler itself: its kernels are its own.
+            assert_eq!((got.pid, got.tid, got.kernel_pid), (10, 11, None));
+            let members: Vec<(String, String)> = got
+                .requests
+                .iter()
+                .map(|m| (m.request_id.clone(), m.phase.to_owned()))
+                .collect();
+            let want_members: Vec<(String, String)> = want["members"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| {
+                    (
+                        m[0].as_str().unwrap().to_owned(),
+                        m[1].as_str().unwrap().to_owned(),
+                    )
+                })
+                .collect();
+            assert_eq!(members, want_members, "step {k}");
+            assert_eq!(got.sequences, want_members.len() as u64);
+            assert_eq!(
+                Some(got.prefilling),
+                want["prefilling"].as_u64(),
+                "step {k}"
+            );
+            assert_eq!(got.batch_tokens, want["tokens"].as_u64(), "step {k}");
+            // SGLang's outputs carry no engine-wide state.
+            assert_eq!(
+                (
+                    got.kv_cache_usage,
+                    got.running_requests,
+                    got.waiting_requests
+                ),
+                (None, None, None)
+            );
+        }
+        let counters: std::collections::HashMap<_, _> = ipc.counters().into_iter().collect();
+        assert_eq!(counters.get(Counter::SglangSteps.name()), Some(&4));
+        assert_eq!(counters.get(Counter::SglangStepsUntimed.name()), Some(&4));
+        assert_eq!(counters.get(Counter::SglangOutputs.name()), Some(&8));
+        assert_eq!(counters.get(Counter::SglangStepsSendUnseen.name()), None);
+    }
+}
+
+/// A batch seen only where the scheduler's send is not (the tokenizer manager's read, bytes
+/// without a capture time) waits for it; when it never comes, the step is counted, not made.
+#[test]
+fn a_batch_never_seen_sent_is_counted_not_invented() {
+    let mut state = IpcState::default();
+    let mut steps = Vec::new();
+    let reader = Sighting {
+        tgid: 20,
+        tid: 21,
+        kernel_pid: Some(10),
+        sent_at: None,
+    };
+    for n in 1..=300u64 {
+        let outputs = vec![Output {
+            rid: "r".repeat(32),
+            completion_tokens: Some(n),
+            ..Default::default()
+        }];
+        state.apply(
+            IpcMessage::Outputs {
+                outputs,
+                scheduler: false,
+            },
+            reader,
+            &mut steps,
+        );
+    }
+    assert!(steps.is_empty());
+    let counters: std::collections::HashMap<_, _> = state.stats.iter().collect();
+    // All but the 256 batches still remembered.
+    assert_eq!(
+        counters.get(Counter::SglangStepsSendUnseen.name()),
+        Some(&44)
+    );
+    // A remembered one still becomes a step when its send shows up.
+    let outputs = vec![Output {
+        rid: "r".repeat(32),
+        completion_tokens: Some(300),
+        ..Default::default()
+    }];
+    let sender = Sighting {
+        tgid: 10,
+        tid: 11,
+        kernel_pid: Some(10),
+        sent_at: Some(5_000),
+    };
+    state.apply(
+        IpcMessage::Outputs {
+            outputs,
+            scheduler: true,
+        },
+        sender,
+        &mut steps,
+    );
+    assert_eq!(steps.len(), 1);
+    assert_eq!(steps[0].end_mono_ns, 5_000);
+    assert_eq!(steps[0].requests[0].phase, "decode");
+    // Its tokens since its previous output (299 seen before it).
+    assert_eq!(steps[0].batch_tokens, Some(1));
+}
+
+#[test]
+fn decodes_both_aborts() {
+    let e = expected();
+    let m = messages::decode(&fixture("abort_running.pickle"), &V0_5_23).unwrap();
+    assert_eq!(
+        m,
+        IpcMessage::Abort {
+            rid: e["abort_running"]["rid"].as_str().map(str::to_owned),
+            all: false
+        }
+    );
+    let m = messages::decode(&fixture("abort_queued.pickle"), &V0_5_23).unwrap();
+    assert_eq!(
+        m,
+        IpcMessage::Abort {
+            rid: e["abort_queued"]["rid"].as_str().map(str::to_owned),
+            all: false
+        }
+    );
+}
+
+/// Aborted while queued (the scheduler's AbortReq back to the tokenizer manager, before any
+/// output): its prompt is known, its admission is not, and its retractions are unknown, not 0
+/// (a request that was retracted goes back to that queue, and a request not streamed sends
+/// no output before its last).
+#[test]
+fn a_request_aborted_while_queued() {
+    let e = expected();
+    let rid = e["abort_queued"]["rid"].as_str().unwrap().to_owned();
+    let mut ipc = SglangIpc::default();
+    ipc.set_version(20, "0.5.23");
+    feed(
+        &mut ipc,
+        20,
+        5,
+        IpcDirection::Write,
+        &zmtp(&[fixture("request.pickle")]),
+        4096,
+    );
+    feed(
+        &mut ipc,
+        20,
+        6,
+        IpcDirection::Read,
+        &zmtp(&[fixture("abort_queued.pickle")]),
+        4096,
+    );
+    assert!(ipc.state().request(&rid).unwrap().aborted);
+    let mut record = RequestRecord {
+        response_id: Some(rid.clone()),
+        arrival_mono_ns: 100_000_000_000,
+        end_mono_ns: 101_000_000_000,
+        ..Default::default()
+    };
+    ipc.enrich(&mut record);
+    assert_eq!(record.prompt_tokens, e["request"]["prompt_tokens"].as_u64());
+    assert_eq!(record.preemptions, None);
+    assert_eq!(record.engine_unknown, vec!["preemptions"]);
+    assert_eq!(
+        (record.admitted_mono_ns, record.queue_wait_ms),
+        (None, None)
+    );
+    assert_eq!(record.completion_tokens, None);
+    assert!(record.engine_steps.is_empty());
+    let counters: std::collections::HashMap<_, _> = ipc.counters().into_iter().collect();
+    assert_eq!(
+        counters.get(Counter::SglangPreemptionsUnknownAborted.name()),
+        Some(&1)
+    );
+    assert_eq!(counters.get(Counter::SglangRequestsJoined.name()), Some(&1));
+}
+
+/// Retracted once (its output said so), re-prefilled, then its client left (the tokenizer
+/// manager's AbortReq): SGLang would ship a later retraction only with a later output, so
+/// its preemptions are unknown, not the 1 last seen.
+#[test]
+fn a_request_aborted_after_a_retraction() {
+    let e = expected();
+    let rid = e["abort_running"]["rid"].as_str().unwrap().to_owned();
+    let (mut ipc, _) = four_steps(false);
+    assert_eq!(
+        ipc.state().request(&rid).unwrap().retractions,
+        e["abort_running"]["retractions"].as_u64().unwrap()
+    );
+    feed(
+        &mut ipc,
+        20,
+        7,
+        IpcDirection::Write,
+        &zmtp(&[fixture("abort_running.pickle")]),
+        4096,
+    );
+    let mut record = RequestRecord {
+        response_id: Some(rid.clone()),
+        arrival_mono_ns: 100_000_000_000,
+        first_token_mono_ns: Some(200_000_000_000),
+        end_mono_ns: 201_000_000_000,
+        aborted: true,
+        ..Default::default()
+    };
+    ipc.enrich(&mut record);
+    assert_eq!(record.preemptions, None);
+    assert!(record.engine_unknown.contains(&"preemptions"));
+    // The rest of what its outputs said stands.
+    assert_eq!(record.prompt_tokens, Some(7));
+    assert_eq!(record.completion_tokens, Some(3));
+    assert_eq!(record.cached_tokens, Some(0));
+    // Without --enable-metrics its admission is not shipped.
+    assert_eq!(record.admitted_mono_ns, None);
+    assert!(record.engine_unknown.contains(&"admitted_mono_ns"));
+    // The same request not aborted reports its retraction.
+    let (mut ipc, _) = four_steps(false);
+    let mut record = RequestRecord {
+        response_id: Some(rid),
+        arrival_mono_ns: 100_000_000_000,
+        first_token_mono_ns: Some(200_000_000_000),
+        end_mono_ns: 201_000_000_000,
+        ..Default::default()
+    };
+    ipc.enrich(&mut record);
+    assert_eq!(record.preemptions, Some(1));
 }
