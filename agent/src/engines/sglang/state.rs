@@ -416,10 +416,12 @@ impl IpcState {
     }
 }
 
-/// Lists on `record` the one SGLang step it is known to have taken part in: its first prefill
-/// (from its forward entry to its prefill end, which spans every chunk of a chunked prefill).
-/// SGLang's outputs time no other step, and a request gets no output for a prefill chunk nor,
-/// when it is not streamed, for a decode step: its step counts are unknown.
+/// Lists on `record` the one SGLang step whose bounds are known that it took part in: its first
+/// prefill (from its forward entry to its prefill end, which spans every chunk of a chunked
+/// prefill). Its other steps are step records too, naming it by rid, but end at the
+/// scheduler's send with no start, so no kernels join them; and a request gets no output for
+/// a prefill chunk nor, when it is not streamed, for a decode step: its step counts are
+/// unknown.
 fn join_steps(record: &mut RequestRecord, state: &RequestState) {
     if state.outputs == 0 {
         return;
