@@ -122,12 +122,14 @@ impl SglangIpc {
                         kernel_pid: self.schedulers.of(tgid, &mut self.stats),
                         // The scheduler writing the outputs only it sends: its own send.
                         sent_at: at_ns.filter(|_| scheduler && b.direction == IpcDirection::Write),
+                        scheduler_class: scheduler,
                     },
                     _ => Sighting {
                         tgid,
                         tid,
                         kernel_pid: None,
                         sent_at: None,
+                        scheduler_class: false,
                     },
                 };
                 self.state.apply(m, seen, steps);

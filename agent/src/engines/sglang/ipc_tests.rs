@@ -459,32 +459,41 @@ fn every_output_batch_is_a_step_ending_at_the_schedulers_send() {
     }
 }
 
-/// A batch seen only where the scheduler's send is not (the tokenizer manager's read, bytes
-/// without a capture time) waits for it; when it never comes, the step is counted, not made.
+/// Outputs of one request, `n` tokens generated so far.
+fn one_output(rid: &str, n: u64) -> IpcMessage {
+    IpcMessage::Outputs {
+        outputs: vec![Output {
+            rid: rid.repeat(32),
+            completion_tokens: Some(n),
+            ..Default::default()
+        }],
+        scheduler: true,
+    }
+}
+
+/// A batch seen only where the scheduler's send is not (the detokenizer's read, bytes without
+/// a capture time) waits for it; when it never comes, the step is counted, not made.
 #[test]
 fn a_batch_never_seen_sent_is_counted_not_invented() {
     let mut state = IpcState::default();
     let mut steps = Vec::new();
-    let reader = Sighting {
-        tgid: 20,
+    let at = |sent_at: Option<u64>, scheduler_class| Sighting {
+        tgid: if sent_at.is_some() { 10 } else { 20 },
         tid: 21,
         kernel_pid: Some(10),
-        sent_at: None,
+        sent_at,
+        scheduler_class,
     };
+    // Forwarded batches (BatchStrOutput) first seen are not counted: in multi-tokenizer mode
+    // they are parts of a batch.
+    for n in 1_000..1_300u64 {
+        state.apply(one_output("q", n), at(None, false), &mut steps);
+    }
+    let counters: std::collections::HashMap<_, _> = state.stats.iter().collect();
+    assert_eq!(counters.get(Counter::SglangStepsSendUnseen.name()), None);
+    // The scheduler's own batches, read where they are not sent, are.
     for n in 1..=300u64 {
-        let outputs = vec![Output {
-            rid: "r".repeat(32),
-            completion_tokens: Some(n),
-            ..Default::default()
-        }];
-        state.apply(
-            IpcMessage::Outputs {
-                outputs,
-                scheduler: false,
-            },
-            reader,
-            &mut steps,
-        );
+        state.apply(one_output("r", n), at(None, true), &mut steps);
     }
     assert!(steps.is_empty());
     let counters: std::collections::HashMap<_, _> = state.stats.iter().collect();
@@ -494,30 +503,16 @@ fn a_batch_never_seen_sent_is_counted_not_invented() {
         Some(&44)
     );
     // A remembered one still becomes a step when its send shows up.
-    let outputs = vec![Output {
-        rid: "r".repeat(32),
-        completion_tokens: Some(300),
-        ..Default::default()
-    }];
-    let sender = Sighting {
-        tgid: 10,
-        tid: 11,
-        kernel_pid: Some(10),
-        sent_at: Some(5_000),
-    };
-    state.apply(
-        IpcMessage::Outputs {
-            outputs,
-            scheduler: true,
-        },
-        sender,
-        &mut steps,
-    );
+    state.apply(one_output("r", 300), at(Some(5_000), true), &mut steps);
     assert_eq!(steps.len(), 1);
-    assert_eq!(steps[0].end_mono_ns, 5_000);
+    assert_eq!((steps[0].pid, steps[0].end_mono_ns), (10, 5_000));
     assert_eq!(steps[0].requests[0].phase, "decode");
     // Its tokens since its previous output (299 seen before it).
     assert_eq!(steps[0].batch_tokens, Some(1));
+    // Seen again, sent or not: nothing more.
+    state.apply(one_output("r", 300), at(Some(6_000), true), &mut steps);
+    state.apply(one_output("r", 300), at(None, false), &mut steps);
+    assert_eq!(steps.len(), 1);
 }
 
 #[test]

@@ -53,6 +53,9 @@ pub struct Sighting {
     /// The capture time of the scheduler's own send of these outputs (its write of the class
     /// only it sends); None for every other sighting.
     pub sent_at: Option<u64>,
+    /// The outputs are of the class only the scheduler sends (BatchTokenIDOutput), not the
+    /// detokenizer's forward (BatchStrOutput, which multi-tokenizer mode splits per worker).
+    pub scheduler_class: bool,
 }
 
 /// A batch's step, worked out at its first sighting, waiting for the scheduler's send to
@@ -62,6 +65,9 @@ struct PendingStep {
     members: Vec<StepMember>,
     prefilling: u64,
     tokens: Option<u64>,
+    /// Made from the scheduler's own class: a batch it sent, so never seeing the send is a
+    /// loss. A forwarded batch first seen may be a part of one (multi-tokenizer mode).
+    sent_by_scheduler: bool,
 }
 
 #[derive(Debug, Default)]
@@ -238,6 +244,7 @@ impl IpcState {
                 prefilling: members.iter().filter(|m| m.phase == "prefill").count() as u64,
                 members,
                 tokens,
+                sent_by_scheduler: seen.scheduler_class,
             };
             if prefilled > 0 && start <= end {
                 self.push_timed(&prefilling, (start, end), step, seen, steps);
@@ -252,9 +259,10 @@ impl IpcState {
                 }
             }
         } else {
-            let Some(Some(step)) = self.batches.get_mut(&key).map(Option::take) else {
+            let Some(Some(mut step)) = self.batches.get_mut(&key).map(Option::take) else {
                 return;
             };
+            step.sent_by_scheduler |= seen.scheduler_class;
             match seen.sent_at {
                 Some(at) => {
                     self.push_untimed(step, at, seen, steps);
@@ -275,7 +283,8 @@ impl IpcState {
         self.batch_order.push_back(key);
         while self.batch_order.len() > RECENT_BATCHES {
             if let Some(old) = self.batch_order.pop_front()
-                && let Some(Some(_)) = self.batches.remove(&old)
+                && let Some(Some(step)) = self.batches.remove(&old)
+                && step.sent_by_scheduler
             {
                 self.stats.bump(Counter::SglangStepsSendUnseen);
             }
