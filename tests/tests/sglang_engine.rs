@@ -331,8 +331,9 @@ fn sglang_real_scheduler_admission_retractions_and_prompt_tokens() {
             Some(u64::from(scheduler)),
             "{step:#?}"
         );
-        // Its decode steps (streamed: one output per step) are steps too, ending at the
-        // scheduler's send, their start unknown; the scheduler ran their kernels as well.
+        // Its decode steps (streamed: one output per step) are steps too, ending at their
+        // capture (with `--port`, the TokenizerManager's read of BatchStrOutput), their start
+        // unknown; the scheduler ran their kernels as well.
         let decodes: Vec<&Value> = agent_steps.iter().filter(|s| has(s, "decode")).collect();
         assert!(decodes.len() >= 100, "{id}: {} decode steps", decodes.len());
         for s in &decodes {

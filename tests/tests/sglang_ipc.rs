@@ -5,8 +5,8 @@
 //! streams SSE with SGLang's ids (tests/engine/sglang/ipc_engine.py). Its scheduler has a small
 //! KV pool, so requests wait and are retracted. The real agent records it with eBPF; every
 //! request's admission, retractions and prompt tokens must equal what the scheduler itself
-//! logged, every first-prefill step its bounds, and every other batch a step ending at the
-//! scheduler's send. One more client leaves mid-stream: its request is aborted (SGLang's
+//! logged, every first-prefill step its bounds, and every other batch a step ending where it
+//! was captured. One more client leaves mid-stream: its request is aborted (SGLang's
 //! AbortReq) and its retractions are reported unknown.
 
 // Test code: a failed setup or check stops the test with the value it did not expect.
@@ -243,7 +243,7 @@ fn sglang_ipc_admission_retractions_and_prompt_tokens() {
         "sglang_ipc_not_pickle",
         "sglang_requests_unjoined",
         "pickle_truncated",
-        "sglang_steps_send_unseen",
+        "sglang_steps_unstamped",
     ] {
         assert_eq!(counters.get(bad), 0, "{bad}\n{log}");
     }
@@ -353,8 +353,9 @@ fn sglang_ipc_admission_retractions_and_prompt_tokens() {
         );
     }
     // Every other batch is one step too, in the order sent, with its members and their
-    // phases, ending at the scheduler's send (captured at the write; the engine logs its
-    // clock just after sending) and with no start SGLang gives.
+    // phases, ending at its first capture (with `--port` only the front is traced: its read
+    // of the outputs, just after the scheduler logs its clock past the send) and with no
+    // start SGLang gives.
     let want_untimed: Vec<&Value> = engine_steps
         .iter()
         .filter(|s| s.get("first").is_none())

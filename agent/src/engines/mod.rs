@@ -58,7 +58,7 @@ pub trait EngineIpc {
     fn on_bytes(&mut self, bytes: &IpcBytes<'_>, steps: &mut Vec<StepRecord>) -> IpcVerdict;
     /// [`Self::on_bytes`] for a syscall the kernel stamped at `at_ns` (its entry,
     /// CLOCK_MONOTONIC), for decoders that time steps by the capture itself (SGLang: the end
-    /// of a step its outputs do not time is the scheduler's send of them).
+    /// of a step its outputs do not time is the capture of those outputs).
     fn on_bytes_at(
         &mut self,
         bytes: &IpcBytes<'_>,

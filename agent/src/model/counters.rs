@@ -98,7 +98,7 @@ counters! {
     SglangRequestsJoined => "sglang_requests_joined",
     SglangRequestsUnjoined => "sglang_requests_unjoined",
     SglangSteps => "sglang_steps",
-    SglangStepsSendUnseen => "sglang_steps_send_unseen",
+    SglangStepsUnstamped => "sglang_steps_unstamped",
     SglangStepsUntimed => "sglang_steps_untimed",
     VllmIpcBadMsgpack => "vllm_ipc_bad_msgpack",
     VllmIpcNotVllm => "vllm_ipc_not_vllm",

@@ -120,15 +120,14 @@ impl SglangIpc {
                         tgid,
                         tid,
                         kernel_pid: self.schedulers.of(tgid, &mut self.stats),
-                        // The scheduler writing the outputs only it sends: its own send.
-                        sent_at: at_ns.filter(|_| scheduler && b.direction == IpcDirection::Write),
+                        at: at_ns,
                         scheduler_class: scheduler,
                     },
                     _ => Sighting {
                         tgid,
                         tid,
                         kernel_pid: None,
-                        sent_at: None,
+                        at: None,
                         scheduler_class: false,
                     },
                 };
@@ -211,8 +210,8 @@ impl EngineIpc for SglangIpc {
         }
     }
 
-    /// Bytes without their capture time: steps that only the scheduler's send would time are
-    /// left to a later sighting of the batch.
+    /// Bytes without their capture time: steps that only the capture would time are left to
+    /// a later sighting of the batch.
     fn on_bytes(&mut self, b: &IpcBytes<'_>, steps: &mut Vec<StepRecord>) -> IpcVerdict {
         self.feed(b, None, steps)
     }

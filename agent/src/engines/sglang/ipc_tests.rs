@@ -361,9 +361,10 @@ const STEP_FIXTURES: [&str; 4] = [
     "steps_4_reprefill.pickle",
 ];
 
-/// The scheduler (10) writes four untimed batches; the tokenizer manager (20) reads each.
-/// `reads_first`: the read of each batch is captured before its write.
-fn four_steps(reads_first: bool) -> (SglangIpc, Vec<crate::correlate::StepRecord>) {
+/// The scheduler (10) writes four untimed batches; the tokenizer manager (20) reads each,
+/// 40 µs later. `scheduler_traced`: the scheduler's writes are captured (else only the reads,
+/// as with `--port`).
+fn four_steps(scheduler_traced: bool) -> (SglangIpc, Vec<crate::correlate::StepRecord>) {
     let mut ipc = SglangIpc::default();
     ipc.set_version(10, "0.5.23");
     ipc.set_version(20, "0.5.23");
@@ -387,36 +388,53 @@ fn four_steps(reads_first: bool) -> (SglangIpc, Vec<crate::correlate::StepRecord
     for (k, name) in STEP_FIXTURES.iter().enumerate() {
         let bytes = frame(fixture(name));
         let sent = 200_000_000_000 + k as u64 * 5_000_000;
-        let write = |ipc: &mut SglangIpc| feed_at(ipc, (10, 5), IpcDirection::Write, &bytes, sent);
-        let read =
-            |ipc: &mut SglangIpc| feed_at(ipc, (20, 6), IpcDirection::Read, &bytes, sent + 40_000);
-        if reads_first {
-            assert!(read(&mut ipc).is_empty(), "{name}: a read is not the send");
-            steps.extend(write(&mut ipc));
-        } else {
-            steps.extend(write(&mut ipc));
-            assert!(read(&mut ipc).is_empty(), "{name}: seen again");
+        if scheduler_traced {
+            steps.extend(feed_at(
+                &mut ipc,
+                (10, 5),
+                IpcDirection::Write,
+                &bytes,
+                sent,
+            ));
         }
+        let again = feed_at(&mut ipc, (20, 6), IpcDirection::Read, &bytes, sent + 40_000);
+        if scheduler_traced {
+            assert!(again.is_empty(), "{name}: seen again");
+        }
+        steps.extend(again);
     }
     (ipc, steps)
 }
 
 /// Every output batch is a step: its members with their phase (first prefill, re-prefill
 /// after a retraction, decode), its tokens where the counts give them, and, SGLang timing
-/// none of them here, an end at the scheduler's own send and an unknown start.
+/// none of them here, an end at the batch's first capture (the scheduler's send where it is
+/// traced) and an unknown start.
 #[test]
-fn every_output_batch_is_a_step_ending_at_the_schedulers_send() {
+fn every_output_batch_is_a_step_ending_at_its_first_capture() {
     let want = expected()["steps"].as_array().unwrap().clone();
-    for reads_first in [false, true] {
-        let (ipc, steps) = four_steps(reads_first);
-        assert_eq!(steps.len(), want.len(), "reads first: {reads_first}");
+    for scheduler_traced in [true, false] {
+        let (ipc, steps) = four_steps(scheduler_traced);
+        assert_eq!(
+            steps.len(),
+            want.len(),
+            "scheduler traced: {scheduler_traced}"
+        );
         for (k, (got, want)) in steps.iter().zip(&want).enumerate() {
             let sent = 200_000_000_000 + k as u64 * 5_000_000;
-            assert_eq!((got.start_mono_ns, got.end_mono_ns), (sent, sent));
+            let (end, pid, kernel_pid) = if scheduler_traced {
+                // Seen sent by the scheduler itself: its kernels are its own.
+                (sent, 10, None)
+            } else {
+                (sent + 40_000, 20, Some(10))
+            };
+            assert_eq!((got.start_mono_ns, got.end_mono_ns), (end, end));
             assert_eq!(got.duration_ms, 0.0);
             assert_eq!(got.start_from, Some("unknown"));
-            // Seen sent by the scheduler itself: its kernels are its own.
-            assert_eq!((got.pid, got.tid, got.kernel_pid), (10, 11, None));
+            assert_eq!(
+                (got.pid, got.tid, got.kernel_pid),
+                (pid, pid + 1, kernel_pid)
+            );
             let members: Vec<(String, String)> = got
                 .requests
                 .iter()
@@ -454,8 +472,12 @@ fn every_output_batch_is_a_step_ending_at_the_schedulers_send() {
         let counters: std::collections::HashMap<_, _> = ipc.counters().into_iter().collect();
         assert_eq!(counters.get(Counter::SglangSteps.name()), Some(&4));
         assert_eq!(counters.get(Counter::SglangStepsUntimed.name()), Some(&4));
-        assert_eq!(counters.get(Counter::SglangOutputs.name()), Some(&8));
-        assert_eq!(counters.get(Counter::SglangStepsSendUnseen.name()), None);
+        let sightings = if scheduler_traced { 8 } else { 4 };
+        assert_eq!(
+            counters.get(Counter::SglangOutputs.name()),
+            Some(&sightings)
+        );
+        assert_eq!(counters.get(Counter::SglangStepsUnstamped.name()), None);
     }
 }
 
@@ -471,48 +493,72 @@ fn one_output(rid: &str, n: u64) -> IpcMessage {
     }
 }
 
-/// A batch seen only where the scheduler's send is not (the detokenizer's read, bytes without
-/// a capture time) waits for it; when it never comes, the step is counted, not made.
-#[test]
-fn a_batch_never_seen_sent_is_counted_not_invented() {
-    let mut state = IpcState::default();
-    let mut steps = Vec::new();
-    let at = |sent_at: Option<u64>, scheduler_class| Sighting {
-        tgid: if sent_at.is_some() { 10 } else { 20 },
+fn sighting(at: Option<u64>, scheduler_class: bool) -> Sighting {
+    Sighting {
+        tgid: 20,
         tid: 21,
         kernel_pid: Some(10),
-        sent_at,
+        at,
         scheduler_class,
-    };
-    // Forwarded batches (BatchStrOutput) first seen are not counted: in multi-tokenizer mode
-    // they are parts of a batch.
-    for n in 1_000..1_300u64 {
-        state.apply(one_output("q", n), at(None, false), &mut steps);
     }
-    let counters: std::collections::HashMap<_, _> = state.stats.iter().collect();
-    assert_eq!(counters.get(Counter::SglangStepsSendUnseen.name()), None);
-    // The scheduler's own batches, read where they are not sent, are.
+}
+
+/// A batch seen only without a capture time (bytes fed without one) waits for a sighting
+/// with one; when none comes, the step is counted, not made.
+#[test]
+fn a_batch_never_given_a_time_is_counted_not_invented() {
+    let mut state = IpcState::default();
+    let mut steps = Vec::new();
     for n in 1..=300u64 {
-        state.apply(one_output("r", n), at(None, true), &mut steps);
+        state.apply(one_output("r", n), sighting(None, true), &mut steps);
     }
     assert!(steps.is_empty());
     let counters: std::collections::HashMap<_, _> = state.stats.iter().collect();
     // All but the 256 batches still remembered.
     assert_eq!(
-        counters.get(Counter::SglangStepsSendUnseen.name()),
+        counters.get(Counter::SglangStepsUnstamped.name()),
         Some(&44)
     );
-    // A remembered one still becomes a step when its send shows up.
-    state.apply(one_output("r", 300), at(Some(5_000), true), &mut steps);
+    // A remembered one still becomes a step when a stamped sighting shows up, once.
+    state.apply(
+        one_output("r", 300),
+        sighting(Some(5_000), true),
+        &mut steps,
+    );
+    state.apply(
+        one_output("r", 300),
+        sighting(Some(6_000), true),
+        &mut steps,
+    );
     assert_eq!(steps.len(), 1);
-    assert_eq!((steps[0].pid, steps[0].end_mono_ns), (10, 5_000));
+    assert_eq!(steps[0].end_mono_ns, 5_000);
     assert_eq!(steps[0].requests[0].phase, "decode");
     // Its tokens since its previous output (299 seen before it).
     assert_eq!(steps[0].batch_tokens, Some(1));
-    // Seen again, sent or not: nothing more.
-    state.apply(one_output("r", 300), at(Some(6_000), true), &mut steps);
-    state.apply(one_output("r", 300), at(None, false), &mut steps);
+}
+
+/// With the scheduler's outputs in view, the detokenizer's forwards (BatchStrOutput) make no
+/// steps: they repeat them, or in multi-tokenizer mode carry parts of them. Where only the
+/// forwards are seen (`--port` on SGLang with its detokenizer) they are the steps.
+#[test]
+fn forwarded_outputs_are_steps_only_where_the_schedulers_are_not_seen() {
+    let mut state = IpcState::default();
+    let mut steps = Vec::new();
+    state.apply(one_output("r", 1), sighting(Some(1_000), true), &mut steps);
+    // Part of another batch, forwarded: no step.
+    state.apply(one_output("q", 1), sighting(Some(2_000), false), &mut steps);
     assert_eq!(steps.len(), 1);
+    let mut state = IpcState::default();
+    let mut steps = Vec::new();
+    for n in 1..=3 {
+        state.apply(
+            one_output("q", n),
+            sighting(Some(n * 1_000), false),
+            &mut steps,
+        );
+    }
+    let ends: Vec<u64> = steps.iter().map(|s| s.end_mono_ns).collect();
+    assert_eq!(ends, [1_000, 2_000, 3_000]);
 }
 
 #[test]
@@ -594,7 +640,7 @@ fn a_request_aborted_while_queued() {
 fn a_request_aborted_after_a_retraction() {
     let e = expected();
     let rid = e["abort_running"]["rid"].as_str().unwrap().to_owned();
-    let (mut ipc, _) = four_steps(false);
+    let (mut ipc, _) = four_steps(true);
     assert_eq!(
         ipc.state().request(&rid).unwrap().retractions,
         e["abort_running"]["retractions"].as_u64().unwrap()
@@ -626,7 +672,7 @@ fn a_request_aborted_after_a_retraction() {
     assert_eq!(record.admitted_mono_ns, None);
     assert!(record.engine_unknown.contains(&"admitted_mono_ns"));
     // The same request not aborted reports its retraction.
-    let (mut ipc, _) = four_steps(false);
+    let (mut ipc, _) = four_steps(true);
     let mut record = RequestRecord {
         response_id: Some(rid),
         arrival_mono_ns: 100_000_000_000,

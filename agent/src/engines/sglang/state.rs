@@ -50,34 +50,34 @@ pub struct Sighting {
     pub tid: u32,
     /// The scheduler process that ran the step's kernels, where known.
     pub kernel_pid: Option<u32>,
-    /// The capture time of the scheduler's own send of these outputs (its write of the class
-    /// only it sends); None for every other sighting.
-    pub sent_at: Option<u64>,
+    /// The capture time of the syscall that completed the message (its entry); None where
+    /// the bytes came without one.
+    pub at: Option<u64>,
     /// The outputs are of the class only the scheduler sends (BatchTokenIDOutput), not the
     /// detokenizer's forward (BatchStrOutput, which multi-tokenizer mode splits per worker).
     pub scheduler_class: bool,
 }
 
-/// A batch's step, worked out at its first sighting, waiting for the scheduler's send to
-/// give its end.
+/// A batch's step, worked out at its first sighting, waiting for a sighting with a capture
+/// time to give its end.
 #[derive(Debug, Clone)]
 struct PendingStep {
     members: Vec<StepMember>,
     prefilling: u64,
     tokens: Option<u64>,
-    /// Made from the scheduler's own class: a batch it sent, so never seeing the send is a
-    /// loss. A forwarded batch first seen may be a part of one (multi-tokenizer mode).
-    sent_by_scheduler: bool,
 }
 
 #[derive(Debug, Default)]
 pub struct IpcState {
     requests: FxHashMap<String, RequestState>,
     order: VecDeque<String>,
-    /// Recent batches by fingerprint: their step while it waits for the scheduler's send,
-    /// None once it is out.
+    /// Recent batches by fingerprint: their step while it waits for a capture time, None
+    /// once it is out.
     batches: FxHashMap<u64, Option<PendingStep>>,
     batch_order: VecDeque<u64>,
+    /// The scheduler's own outputs (BatchTokenIDOutput) have been seen: from then on the
+    /// detokenizer's forwards of them make no steps.
+    scheduler_outputs_seen: bool,
     pub stats: Stats,
 }
 
@@ -148,8 +148,10 @@ impl IpcState {
     /// (SGLang leaves out a request whose prefill chunk did not finish and, between its
     /// reports, one not streamed). A step in which requests finished their first prefill is
     /// timed by SGLang's own clocks: from their forward entry to their prefill end. Any other
-    /// step ends at the scheduler's send of its outputs (the capture's stamp of that write);
-    /// SGLang gives no start for it (`start_from` "unknown", the start is the end).
+    /// step ends at the capture stamp of the batch's first sighting: the scheduler's send
+    /// where the scheduler is traced (it comes first), else the first traced read of it (the
+    /// TokenizerManager's, with `--port`), later by the IPC hops. SGLang gives no start for it
+    /// (`start_from` "unknown", the start is the end).
     fn on_outputs(&mut self, outputs: Vec<Output>, seen: Sighting, steps: &mut Vec<StepRecord>) {
         self.stats.bump(Counter::SglangOutputs);
         if outputs.is_empty() {
@@ -158,6 +160,10 @@ impl IpcState {
         }
         let key = fingerprint(&outputs);
         let first_sighting = !self.batches.contains_key(&key);
+        self.scheduler_outputs_seen |= seen.scheduler_class;
+        // Where the scheduler's outputs are seen, the detokenizer's forwards only repeat them
+        // (or, split per tokenizer worker, parts of them).
+        let may_step = seen.scheduler_class || !self.scheduler_outputs_seen;
         let mut members = Vec::with_capacity(outputs.len());
         let mut prefilling: Vec<String> = Vec::new();
         let (mut start, mut end, mut prefilled) = (u64::MAX, 0u64, 0u64);
@@ -244,13 +250,14 @@ impl IpcState {
                 prefilling: members.iter().filter(|m| m.phase == "prefill").count() as u64,
                 members,
                 tokens,
-                sent_by_scheduler: seen.scheduler_class,
             };
             if prefilled > 0 && start <= end {
                 self.push_timed(&prefilling, (start, end), step, seen, steps);
                 None
+            } else if !may_step {
+                None
             } else {
-                match seen.sent_at {
+                match seen.at {
                     Some(at) => {
                         self.push_untimed(step, at, seen, steps);
                         None
@@ -259,11 +266,13 @@ impl IpcState {
                 }
             }
         } else {
-            let Some(Some(mut step)) = self.batches.get_mut(&key).map(Option::take) else {
+            if !may_step {
+                return;
+            }
+            let Some(Some(step)) = self.batches.get_mut(&key).map(Option::take) else {
                 return;
             };
-            step.sent_by_scheduler |= seen.scheduler_class;
-            match seen.sent_at {
+            match seen.at {
                 Some(at) => {
                     self.push_untimed(step, at, seen, steps);
                     None
@@ -274,8 +283,8 @@ impl IpcState {
         self.remember(key, pending);
     }
 
-    /// Keeps `key`'s batch (and its step while it waits for the scheduler's send), forgetting
-    /// the oldest beyond [`RECENT_BATCHES`]: a step never seen sent is counted.
+    /// Keeps `key`'s batch (and its step while it waits for a capture time), forgetting the
+    /// oldest beyond [`RECENT_BATCHES`]: a step never given one is counted.
     fn remember(&mut self, key: u64, pending: Option<PendingStep>) {
         if self.batches.insert(key, pending).is_some() {
             return;
@@ -283,10 +292,9 @@ impl IpcState {
         self.batch_order.push_back(key);
         while self.batch_order.len() > RECENT_BATCHES {
             if let Some(old) = self.batch_order.pop_front()
-                && let Some(Some(step)) = self.batches.remove(&old)
-                && step.sent_by_scheduler
+                && let Some(Some(_)) = self.batches.remove(&old)
             {
-                self.stats.bump(Counter::SglangStepsSendUnseen);
+                self.stats.bump(Counter::SglangStepsUnstamped);
             }
         }
     }
@@ -331,8 +339,8 @@ impl IpcState {
         });
     }
 
-    /// A step SGLang's outputs do not time: it ends at the scheduler's send (`at`), its start
-    /// is unknown (reported as the end, as vLLM's after an idle gap).
+    /// A step SGLang's outputs do not time: it ends at `at` (see [`Self::on_outputs`]), its
+    /// start is unknown (reported as the end, as vLLM's after an idle gap).
     fn push_untimed(
         &mut self,
         step: PendingStep,
