@@ -203,7 +203,12 @@ fn joins_the_http_request_by_rid_seen_on_both_ends() {
     assert_eq!((record.prefill_steps, record.decode_steps), (None, None));
     assert!(record.engine_unknown.contains(&"prefill_steps"));
     assert!(record.engine_unknown.contains(&"decode_steps"));
-    assert!(ipc.state().request(&rid).is_none());
+    // Kept, joined: outputs after its record (a client that left) are not a new request's.
+    assert!(ipc.state().request(&rid).unwrap().joined);
+    let mut again = record.clone();
+    again.engine_steps.clear();
+    ipc.enrich(&mut again);
+    assert_eq!(again.engine_steps, Vec::new());
 }
 
 fn kernel(pid: u32, launch: u64) -> KernelRecord {
@@ -682,4 +687,69 @@ fn a_request_aborted_after_a_retraction() {
     };
     ipc.enrich(&mut record);
     assert_eq!(record.preemptions, Some(1));
+}
+
+/// Its client left after the first token: its record is joined then, and SGLang's later
+/// outputs for it (it runs one more step to abort it) are decode steps of a known request, not
+/// a new first prefill with stale bounds.
+#[test]
+fn outputs_after_the_record_are_not_a_new_prefill() {
+    let output = |n: u64, finish| IpcMessage::Outputs {
+        outputs: vec![Output {
+            rid: "g".repeat(32),
+            completion_tokens: Some(n),
+            prompt_tokens: Some(9),
+            cached_tokens: Some(0),
+            retractions: Some(0),
+            finish_reason: finish,
+            wait_queue_entry: Some(100.0),
+            forward_entry: Some(100.25),
+            prefill_finished: Some(100.5),
+        }],
+        scheduler: true,
+    };
+    let mut state = IpcState::default();
+    let mut steps = Vec::new();
+    state.apply(
+        output(1, None),
+        sighting(Some(100_600_000_000), true),
+        &mut steps,
+    );
+    assert_eq!(steps.len(), 1);
+    assert_eq!(steps[0].start_from, Some("forward_entry"));
+    let mut record = RequestRecord {
+        response_id: Some("g".repeat(32)),
+        arrival_mono_ns: 99_000_000_000,
+        first_token_mono_ns: Some(100_700_000_000),
+        end_mono_ns: 100_800_000_000,
+        aborted: true,
+        ..Default::default()
+    };
+    state.enrich(&mut record);
+    assert_eq!(record.admitted_mono_ns, Some(100_250_000_000));
+    state.apply(
+        output(2, Some("abort")),
+        sighting(Some(100_900_000_000), true),
+        &mut steps,
+    );
+    assert_eq!(steps.len(), 2);
+    assert_eq!(steps[1].start_from, Some("unknown"));
+    assert_eq!(steps[1].end_mono_ns, 100_900_000_000);
+    assert_eq!(steps[1].requests[0].phase, "decode");
+    assert_eq!(steps[1].batch_tokens, Some(1));
+    // Joined once; a new request reusing the rid starts afresh.
+    let mut again = record.clone();
+    state.enrich(&mut again);
+    let counters: std::collections::HashMap<_, _> = state.stats.iter().collect();
+    assert_eq!(counters.get(Counter::SglangRequestsJoined.name()), Some(&1));
+    state.apply(
+        IpcMessage::Add(vec![messages::AddRequest {
+            rid: "g".repeat(32),
+            prompt_tokens: Some(4),
+        }]),
+        sighting(None, false),
+        &mut steps,
+    );
+    let fresh = state.request(&"g".repeat(32)).unwrap();
+    assert!(!fresh.joined && fresh.outputs == 0 && fresh.prompt_tokens == Some(4));
 }

@@ -37,6 +37,10 @@ pub struct RequestState {
     pub outputs: u64,
     /// The timed step of its first prefill (the only SGLang step whose bounds are known).
     pub prefill_step: Option<StepRef>,
+    /// Joined to its HTTP record already. Kept, so that outputs after it (its client left
+    /// before the end; SGLang runs it one more step to abort it) are a running request's, not
+    /// a new one's first prefill; a new request with its rid starts afresh.
+    pub joined: bool,
 }
 
 /// Output batches remembered, to know a batch's other sightings (one batch is written by the
@@ -109,8 +113,10 @@ impl IpcState {
         if !self.requests.contains_key(rid) {
             if self.requests.len() >= MAX_REQUESTS {
                 while let Some(old) = self.order.pop_front() {
-                    if self.requests.remove(&old).is_some() {
-                        self.stats.bump(Counter::SglangRequestsEvictedUnjoined);
+                    if let Some(gone) = self.requests.remove(&old) {
+                        if !gone.joined {
+                            self.stats.bump(Counter::SglangRequestsEvictedUnjoined);
+                        }
                         break;
                     }
                 }
@@ -141,6 +147,10 @@ impl IpcState {
     fn on_add(&mut self, add: AddRequest) {
         self.stats.bump(Counter::SglangRequestsAdded);
         let r = self.entry(&add.rid);
+        if r.joined {
+            // Its rid reused by a new request.
+            *r = RequestState::default();
+        }
         r.prompt_tokens = add.prompt_tokens.or(r.prompt_tokens);
     }
 
@@ -385,9 +395,17 @@ impl IpcState {
         ]
         .into_iter()
         .flatten()
-        .find(|id| self.requests.get(*id).is_some_and(inside))
+        .find(|id| {
+            self.requests
+                .get(*id)
+                .is_some_and(|r| !r.joined && inside(r))
+        })
         .map(str::to_owned);
-        let Some(state) = rid.and_then(|rid| self.requests.remove(&rid)) else {
+        let joined = rid.and_then(|rid| self.requests.get_mut(&rid)).map(|r| {
+            r.joined = true;
+            r.clone()
+        });
+        let Some(state) = joined else {
             if served {
                 self.stats.bump(Counter::SglangRequestsUnjoined);
                 record.engine_unknown = vec!["admitted_mono_ns", "prompt_tokens", "preemptions"];
