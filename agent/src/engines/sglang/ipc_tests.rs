@@ -753,3 +753,37 @@ fn outputs_after_the_record_are_not_a_new_prefill() {
     let fresh = state.request(&"g".repeat(32)).unwrap();
     assert!(!fresh.joined && fresh.outputs == 0 && fresh.prompt_tokens == Some(4));
 }
+
+/// With overlap scheduling SGLang sends a request retracted in this step once more with no
+/// new token (its retraction count already grown); its next output, one token more, is its
+/// re-prefill.
+#[test]
+fn a_re_prefill_after_an_overlap_retraction_output() {
+    let output = |n: u64, retractions: u64| IpcMessage::Outputs {
+        outputs: vec![Output {
+            rid: "o".repeat(32),
+            completion_tokens: Some(n),
+            prompt_tokens: Some(6),
+            cached_tokens: Some(0),
+            retractions: Some(retractions),
+            ..Default::default()
+        }],
+        scheduler: true,
+    };
+    let mut state = IpcState::default();
+    let mut steps = Vec::new();
+    for (k, (n, retractions)) in [(1, 0), (2, 0), (2, 1), (3, 1), (4, 1)]
+        .into_iter()
+        .enumerate()
+    {
+        state.apply(
+            output(n, retractions),
+            sighting(Some(1_000 * (k as u64 + 1)), true),
+            &mut steps,
+        );
+    }
+    let phases: Vec<&str> = steps.iter().map(|s| s.requests[0].phase).collect();
+    assert_eq!(phases, ["prefill", "decode", "decode", "prefill", "decode"]);
+    let tokens: Vec<Option<u64>> = steps.iter().map(|s| s.batch_tokens).collect();
+    assert_eq!(tokens, [Some(6), Some(1), Some(0), None, Some(1)]);
+}

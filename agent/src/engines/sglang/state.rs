@@ -29,6 +29,10 @@ pub struct RequestState {
     pub admitted_ns: Option<u64>,
     pub prefill_finished_ns: Option<u64>,
     pub retractions: u64,
+    /// Its retraction count as of its last output that brought tokens: a count above it on an
+    /// output with one more token is a re-prefill (with overlap scheduling SGLang first sends
+    /// the retracted request once with no new token).
+    pub retractions_at_token: u64,
     pub output_tokens: u64,
     pub cached_tokens: Option<u64>,
     pub finish_reason: Option<&'static str>,
@@ -182,7 +186,7 @@ impl IpcState {
         for out in outputs {
             let r = self.entry(&out.rid);
             let (had_output, before_tokens, before_retractions) =
-                (r.outputs > 0, r.output_tokens, r.retractions);
+                (r.outputs > 0, r.output_tokens, r.retractions_at_token);
             r.outputs += 1;
             let mut first = |slot: &mut Option<u64>, t: Option<f64>| match t.map(mono_ns) {
                 Some(Some(ns)) => {
@@ -227,11 +231,14 @@ impl IpcState {
             // prefill end; without, its first output holding one token).
             let first_prefill = new_prefill
                 || (out.prefill_finished.is_none() && !had_output && completion == Some(1));
-            // Retracted since its last output and one token more: the step re-prefilled it.
+            // Retracted since its last tokens and one token more: the step re-prefilled it.
             let reprefill = !first_prefill
                 && had_output
                 && out.retractions.unwrap_or(0) > before_retractions
                 && gained == Some(1);
+            if !had_output || gained.is_some_and(|g| g > 0) {
+                r.retractions_at_token = out.retractions.unwrap_or(0).max(before_retractions);
+            }
             let share = if first_prefill {
                 // The prompt its prefill computed (all its chunks): what the cache did not hold.
                 let prompt = out.prompt_tokens.or(r.prompt_tokens);
