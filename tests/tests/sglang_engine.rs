@@ -306,14 +306,15 @@ fn sglang_real_scheduler_admission_retractions_and_prompt_tokens() {
         assert!(arrival <= got && got <= first_token, "{rec:#?}");
         // Its one timed step: the batch of its first prefill, opened no later than SGLang's
         // admission stamp; its kernels are the scheduler's. Step counts are not invented.
+        let has = |s: &Value, phase: &str| {
+            s["requests"].as_array().is_some_and(|m| {
+                m.iter()
+                    .any(|m| m["request_id"] == id.as_str() && m["phase"] == phase)
+            })
+        };
         let prefills: Vec<&Value> = agent_steps
             .iter()
-            .filter(|s| {
-                s["requests"].as_array().is_some_and(|m| {
-                    m.iter()
-                        .any(|m| m["request_id"] == id.as_str() && m["phase"] == "prefill")
-                })
-            })
+            .filter(|s| s["start_from"] == "forward_entry" && has(s, "prefill"))
             .collect();
         assert_eq!(prefills.len(), 1, "{id}: {prefills:#?}");
         let step = prefills[0];
@@ -330,6 +331,20 @@ fn sglang_real_scheduler_admission_retractions_and_prompt_tokens() {
             Some(u64::from(scheduler)),
             "{step:#?}"
         );
+        // Its decode steps (streamed: one output per step) are steps too, ending at their
+        // capture (with `--port`, the TokenizerManager's read of BatchStrOutput), their start
+        // unknown; the scheduler ran their kernels as well.
+        let decodes: Vec<&Value> = agent_steps.iter().filter(|s| has(s, "decode")).collect();
+        assert!(decodes.len() >= 100, "{id}: {} decode steps", decodes.len());
+        for s in &decodes {
+            assert_eq!(s["start_from"], "unknown", "{s:#?}");
+            assert_eq!(s["start_mono_ns"], s["end_mono_ns"], "{s:#?}");
+            assert_eq!(
+                s["kernel_pid"].as_u64().or(s["pid"].as_u64()),
+                Some(u64::from(scheduler)),
+                "{s:#?}"
+            );
+        }
         let unknown = rec["engine_unknown"]
             .as_array()
             .cloned()

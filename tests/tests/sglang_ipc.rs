@@ -5,7 +5,9 @@
 //! streams SSE with SGLang's ids (tests/engine/sglang/ipc_engine.py). Its scheduler has a small
 //! KV pool, so requests wait and are retracted. The real agent records it with eBPF; every
 //! request's admission, retractions and prompt tokens must equal what the scheduler itself
-//! logged, and every first-prefill step its bounds.
+//! logged, every first-prefill step its bounds, and every other batch a step ending where it
+//! was captured. One more client leaves mid-stream: its request is aborted (SGLang's
+//! AbortReq) and its retractions are reported unknown.
 
 // Test code: a failed setup or check stops the test with the value it did not expect.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -121,6 +123,25 @@ fn scheduler_of(front: u32) -> u32 {
     found[0]
 }
 
+/// Sends a streamed chat request and leaves once its first SSE event is in.
+fn leave_mid_stream(port: u16, body: &str) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connecting to the front");
+    s.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("read timeout");
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).expect("sending");
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !raw.windows(6).any(|w| w == b"data: ") {
+        let n = s.read(&mut buf).expect("reading the response");
+        assert!(n > 0, "{}", String::from_utf8_lossy(&raw));
+        raw.extend_from_slice(&buf[..n]);
+    }
+}
+
 fn ns(repr: &Value) -> u64 {
     let s: f64 = repr.as_str().expect("a repr").parse().expect("a float");
     (s * 1e9 + 0.5).floor() as u64
@@ -176,6 +197,14 @@ fn sglang_ipc_admission_retractions_and_prompt_tokens() {
             })
         })
         .collect();
+    // One more asks for 400 tokens and leaves after its first: the front aborts it.
+    let words = ["w"; 12].join(" ");
+    leave_mid_stream(
+        port,
+        &format!(
+            r#"{{"rid":"gone-0","model":"m","max_tokens":400,"stream":true,"messages":[{{"role":"user","content":"{words}"}}]}}"#
+        ),
+    );
     for c in clients {
         let raw = c.join().expect("client");
         assert!(
@@ -186,13 +215,13 @@ fn sglang_ipc_admission_retractions_and_prompt_tokens() {
     }
     recorder.wait_records(
         Duration::from_secs(60),
-        "the sixteen streams' records",
+        "the seventeen streams' records",
         |records| {
             records
                 .iter()
                 .filter(|r| r["path"] == "/v1/chat/completions")
                 .count()
-                >= 16
+                >= 17
         },
     );
     let log_path = recorder.log.clone();
@@ -202,6 +231,7 @@ fn sglang_ipc_admission_retractions_and_prompt_tokens() {
     let agent_steps = read_records(&steps_path);
     let truth = read_records(&dir.join("truth.jsonl"));
     let engine_steps = read_records(&dir.join("steps.jsonl"));
+    let aborted = read_records(&dir.join("aborted.jsonl"));
     let scheduler = scheduler_of(front.child.id());
     drop(front);
 
@@ -213,6 +243,7 @@ fn sglang_ipc_admission_retractions_and_prompt_tokens() {
         "sglang_ipc_not_pickle",
         "sglang_requests_unjoined",
         "pickle_truncated",
+        "sglang_steps_unstamped",
     ] {
         assert_eq!(counters.get(bad), 0, "{bad}\n{log}");
     }
@@ -258,14 +289,38 @@ fn sglang_ipc_admission_retractions_and_prompt_tokens() {
     assert!(retracted > 0, "the load retracted nothing: {truth:#?}");
     assert!(waited > 0, "no request waited: {records:#?}");
 
+    // The client that left: aborted by the front (AbortReq), its retractions unknown, not 0.
+    assert_eq!(aborted.len(), 1, "{aborted:#?}");
+    assert_eq!(aborted[0]["rid"], "gone-0");
+    let gone = by_rid
+        .get("gone-0")
+        .unwrap_or_else(|| panic!("no record for gone-0: {records:#?}\n{log}"));
+    assert_eq!(gone["aborted"], true, "{gone:#?}");
+    assert!(gone["preemptions"].is_null(), "{gone:#?}");
+    assert!(
+        gone["engine_unknown"]
+            .as_array()
+            .is_some_and(|u| u.iter().any(|f| f == "preemptions")),
+        "{gone:#?}"
+    );
+    assert!(
+        counters.get("sglang_preemptions_unknown_aborted") >= 1,
+        "{log}"
+    );
+
     // Every batch with first prefills is one step, bounded by SGLang's own clock.
     let want_steps: Vec<&Value> = engine_steps
         .iter()
         .filter(|s| s.get("first").is_some())
         .collect();
-    let got: Vec<&Value> = agent_steps
+    let sglang_steps: Vec<&Value> = agent_steps
         .iter()
         .filter(|s| s["engine"] == "sglang")
+        .collect();
+    let got: Vec<&Value> = sglang_steps
+        .iter()
+        .copied()
+        .filter(|s| s["start_from"] == "forward_entry")
         .collect();
     assert_eq!(got.len(), want_steps.len(), "{got:#?}\n{want_steps:#?}");
     for (g, w) in got.iter().zip(&want_steps) {
@@ -279,15 +334,76 @@ fn sglang_ipc_admission_retractions_and_prompt_tokens() {
             Some(ns(&w["end"])),
             "{g:#?} {w:#?}"
         );
+        // Its first prefills and the retracted requests it prefilled again: all of a
+        // prefill batch here.
         assert_eq!(
             g["prefilling"].as_u64(),
-            Some(w["first"].as_array().unwrap().len() as u64)
+            Some(w["rids"].as_array().unwrap().len() as u64),
+            "{g:#?} {w:#?}"
         );
         assert_eq!(
             g["sequences"].as_u64(),
             Some(w["rids"].as_array().unwrap().len() as u64)
         );
         // Its kernels are the scheduler's, wherever the step was seen.
+        assert_eq!(
+            g["kernel_pid"].as_u64().or(g["pid"].as_u64()),
+            Some(u64::from(scheduler)),
+            "{g:#?}"
+        );
+    }
+    // Every other batch is one step too, in the order sent, with its members and their
+    // phases, ending at its first capture (with `--port` only the front is traced: its read
+    // of the outputs, just after the scheduler logs its clock past the send) and with no
+    // start SGLang gives.
+    let want_untimed: Vec<&Value> = engine_steps
+        .iter()
+        .filter(|s| s.get("first").is_none())
+        .collect();
+    let untimed: Vec<&Value> = sglang_steps
+        .iter()
+        .copied()
+        .filter(|s| s["start_from"] == "unknown")
+        .collect();
+    assert_eq!(got.len() + untimed.len(), sglang_steps.len());
+    assert_eq!(
+        untimed.len(),
+        want_untimed.len(),
+        "{untimed:#?}\n{want_untimed:#?}"
+    );
+    for (g, w) in untimed.iter().zip(&want_untimed) {
+        let members: Vec<&Value> = g["requests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| &m["request_id"])
+            .collect();
+        let rids: Vec<&Value> = w["rids"].as_array().unwrap().iter().collect();
+        assert_eq!(members, rids, "{g:#?} {w:#?}");
+        let phase = if w["mode"] == "prefill" {
+            "prefill"
+        } else {
+            "decode"
+        };
+        assert!(
+            g["requests"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|m| m["phase"] == phase),
+            "{g:#?} {w:#?}"
+        );
+        let end = g["end_mono_ns"].as_u64().unwrap();
+        assert_eq!(g["start_mono_ns"].as_u64(), Some(end), "{g:#?}");
+        assert!(end.abs_diff(ns(&w["time"])) < 250_000_000, "{g:#?} {w:#?}");
+        // A decode step: one token per member.
+        if phase == "decode" {
+            assert_eq!(
+                g["batch_tokens"].as_u64(),
+                Some(rids.len() as u64),
+                "{g:#?}"
+            );
+        }
         assert_eq!(
             g["kernel_pid"].as_u64().or(g["pid"].as_u64()),
             Some(u64::from(scheduler)),

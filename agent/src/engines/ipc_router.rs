@@ -45,9 +45,15 @@ impl IpcRouter {
         self.decoders.get_mut(engine)
     }
 
-    pub fn on_bytes(&mut self, bytes: &IpcBytes<'_>, steps: &mut Vec<StepRecord>) -> IpcVerdict {
+    /// One captured syscall, which entered the kernel at `at_ns`.
+    pub fn on_bytes(
+        &mut self,
+        bytes: &IpcBytes<'_>,
+        at_ns: u64,
+        steps: &mut Vec<StepRecord>,
+    ) -> IpcVerdict {
         match self.decoder(bytes.tgid) {
-            Some(decoder) => decoder.on_bytes(bytes, steps),
+            Some(decoder) => decoder.on_bytes_at(bytes, at_ns, steps),
             None => IpcVerdict::NotIpc,
         }
     }
@@ -99,8 +105,11 @@ mod tests {
             lost: 0,
         };
         let mut steps = Vec::new();
-        assert_eq!(router.on_bytes(&bytes(1), &mut steps), IpcVerdict::Keep);
-        assert_eq!(router.on_bytes(&bytes(2), &mut steps), IpcVerdict::NotIpc);
+        assert_eq!(router.on_bytes(&bytes(1), 0, &mut steps), IpcVerdict::Keep);
+        assert_eq!(
+            router.on_bytes(&bytes(2), 0, &mut steps),
+            IpcVerdict::NotIpc
+        );
         router.forget_process(1);
         assert!(!router.wants(1));
     }

@@ -56,6 +56,17 @@ pub trait EngineIpc {
     /// Discovery found a process of this engine (before any of its bytes).
     fn add_process(&mut self, _tgid: u32) {}
     fn on_bytes(&mut self, bytes: &IpcBytes<'_>, steps: &mut Vec<StepRecord>) -> IpcVerdict;
+    /// [`Self::on_bytes`] for a syscall the kernel stamped at `at_ns` (its entry,
+    /// CLOCK_MONOTONIC), for decoders that time steps by the capture itself (SGLang: the end
+    /// of a step its outputs do not time is the capture of those outputs).
+    fn on_bytes_at(
+        &mut self,
+        bytes: &IpcBytes<'_>,
+        _at_ns: u64,
+        steps: &mut Vec<StepRecord>,
+    ) -> IpcVerdict {
+        self.on_bytes(bytes, steps)
+    }
     fn on_close(&mut self, tgid: u32, fd: i32);
     fn forget_process(&mut self, tgid: u32);
     /// Adds what the IPC said about the HTTP request `record` describes (it just finished).

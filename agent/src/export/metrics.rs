@@ -459,6 +459,11 @@ impl Metrics {
                 })
                 .set(kv);
         }
+        // A step whose start is unknown (vLLM after an idle gap, SGLang's untimed batches)
+        // has no duration: its zero would only skew the histogram.
+        if step.start_from == Some("unknown") {
+            return;
+        }
         let secs = step.duration_ms / 1000.0;
         self.step_duration
             .get_or_create(&EngineLabels {
@@ -760,6 +765,37 @@ mod tests {
             text.contains("inferscope_agent_events_total{counter=\"kernel_ringbuf_full_drops\"} 5")
         );
         assert!(text.contains("inferscope_requests_admitted_total{engine=\"llama.cpp\"} 1"));
+    }
+
+    #[test]
+    fn steps_without_a_start_have_no_duration() {
+        let m = Metrics::new(None);
+        let step = |start_from, duration_ms| StepRecord {
+            pid: 1,
+            engine: "sglang".into(),
+            tid: 1,
+            start_mono_ns: 0,
+            end_mono_ns: 0,
+            duration_ms,
+            batch_tokens: None,
+            sequences: 1,
+            prefilling: 0,
+            requests: Vec::new(),
+            kv_cache_usage: None,
+            running_requests: None,
+            waiting_requests: None,
+            start_from,
+            kernel_pid: None,
+            kernels_from_ns: None,
+        };
+        m.record_step(&step(Some("forward_entry"), 12.0));
+        m.record_step(&step(Some("unknown"), 0.0));
+        m.record_step(&step(None, 3.0));
+        let text = m.encode().unwrap();
+        assert!(
+            text.contains("inferscope_engine_step_duration_seconds_count{engine=\"sglang\"} 2"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -152,6 +152,7 @@ counters! {
     SglangRequestsJoined => "sglang_requests_joined": Total,
     SglangRequestsUnjoined => "sglang_requests_unjoined": Loss,
     SglangSteps => "sglang_steps": Total,
+    SglangStepsUnstamped => "sglang_steps_unstamped": Loss,
     SglangStepsUntimed => "sglang_steps_untimed": Loss,
     VllmIpcBadMsgpack => "vllm_ipc_bad_msgpack": Loss,
     VllmIpcNotVllm => "vllm_ipc_not_vllm": Loss,

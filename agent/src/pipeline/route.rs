@@ -58,7 +58,11 @@ impl Sockets<'_> {
                     .then(|| zmtp::looks_like_zmtp(ev.payload) && ev.lost_bytes() == 0);
                 match self.classifier.classify(ev, listening, wants_ipc) {
                     FdClass::Ipc if ev.ret > 0 => {
-                        if self.ipc.on_bytes(&ipc_bytes(ev), self.steps) == IpcVerdict::NotIpc {
+                        if self
+                            .ipc
+                            .on_bytes(&ipc_bytes(ev), ev.ts_enter_ns, self.steps)
+                            == IpcVerdict::NotIpc
+                        {
                             self.stats.bump(Counter::RecordsNotEngineIpc);
                             self.ignore.push((ev.tgid, ev.fd, ev.conn_gen));
                         }

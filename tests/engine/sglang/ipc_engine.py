@@ -23,6 +23,12 @@ the front of the queue; its retraction count grows). Per-request times are SGLan
 shipped in `time_stats` with `has_timing_data` (what --enable-metrics ships). Every output is
 one step: each request in the batch gets one token.
 
+A client that leaves mid-stream: the front sends SGLang's `AbortReq(rid)` to the scheduler, which
+drops the request if it is queued (answering with an `AbortReq` carrying the abort reason, as
+SGLang's scheduler does) or, if it runs, finishes it with an "abort" reason in its next step
+(SGLang's `to_finish`); either way one JSON line goes to DIR/aborted.jsonl: rid, where
+("queued" or "running"), retractions.
+
 Ground truth: the scheduler appends one JSON line per finished request to DIR/truth.jsonl:
 rid, prompt_tokens, completion_tokens, retractions, forward_entry_time (repr, exact),
 wait_queue_entry_time; and one line per step to DIR/steps.jsonl (mode, rids; for a prefill batch
@@ -45,6 +51,7 @@ from pathlib import Path
 import zmq
 
 from sglang.srt.managers.io_struct import (
+    AbortReq,
     BatchTokenIDOutput,
     TokenizedGenerateReqInput,
     sock_send,
@@ -64,7 +71,12 @@ def build_output(batch, finished):
     return BatchTokenIDOutput(
         rids=[r.rid for r in batch],
         finished_reasons=[
-            ({"type": "length", "length": r.out} if r in finished else None) for r in batch
+            (
+                ({"type": "abort", "message": "client left"} if r.abort else {"type": "length", "length": r.out})
+                if r in finished
+                else None
+            )
+            for r in batch
         ],
         decoded_texts=["" for _ in batch],
         decode_ids=[array("l", [7]) for _ in batch],
@@ -109,6 +121,7 @@ class Req:
         self.out = 0
         self.retractions = 0
         self.first_prefill = True
+        self.abort = False
         self.stats = SchedulerReqTimeStats()
         self.stats.has_timing_data = True
         self.stats.set_scheduler_recv_time()
@@ -138,6 +151,7 @@ def scheduler(args):
     push = ctx.socket(zmq.PUSH)
     push.connect(out_addr)
     truth = open(workdir / "truth.jsonl", "a", buffering=1)
+    aborted = open(workdir / "aborted.jsonl", "a", buffering=1)
     steps = open(workdir / "steps.jsonl", "a", buffering=1)
     waiting, running = [], []
 
@@ -167,6 +181,9 @@ def scheduler(args):
                 break
             if msg is None:
                 return
+            if isinstance(msg, AbortReq):
+                abort(msg.rid, waiting, running, push, aborted)
+                continue
             waiting.append(Req(msg))
         # Admission: FCFS while the pool holds the prompt (+1 for the first token).
         admitted = []
@@ -180,7 +197,7 @@ def scheduler(args):
                 r.out += 1
                 r.stats.set_prefill_finished_time()
             running.extend(admitted)
-            finish(admitted, running, send, truth, "prefill")
+            finish(admitted, running, send, truth, "prefill", aborted)
             continue
         if not running:
             continue
@@ -195,14 +212,33 @@ def scheduler(args):
         time.sleep(args.decode_ms / 1000)
         for r in running:
             r.out += 1
-        finish(list(running), running, send, truth, "decode")
+        finish(list(running), running, send, truth, "decode", aborted)
 
 
-def finish(batch, running, send, truth, mode):
-    done = [r for r in batch if r.out >= r.max_new]
+def abort(rid, waiting, running, push, aborted):
+    """SGLang's Scheduler.abort_request: a queued request is dropped and answered with an
+    AbortReq; a running one finishes with an abort reason in its next step."""
+    for r in waiting:
+        if r.rid == rid:
+            waiting.remove(r)
+            sock_send(push, AbortReq(rid=rid, finished_reason={"type": "abort", "message": "client left"}))
+            line = {"rid": rid, "where": "queued", "retractions": r.retractions}
+            aborted.write(json.dumps(line) + "\n")
+            return
+    for r in running:
+        if r.rid == rid:
+            r.abort = True
+
+
+def finish(batch, running, send, truth, mode, aborted=None):
+    done = [r for r in batch if r.out >= r.max_new or r.abort]
     send(batch, done, mode)
     for r in done:
         running.remove(r)
+        if r.abort:
+            line = {"rid": r.rid, "where": "running", "retractions": r.retractions}
+            aborted.write(json.dumps(line) + "\n")
+            continue
         truth.write(
             json.dumps(
                 {
@@ -234,6 +270,11 @@ class Front:
     def reader(self):
         while True:
             out = sock_recv(self.pull)
+            if isinstance(out, AbortReq):
+                q = self.streams.get(out.rid)
+                if q is not None:
+                    q.put(out.finished_reason)
+                continue
             for i, rid in enumerate(out.rids):
                 q = self.streams.get(rid)
                 if q is not None:
@@ -259,6 +300,12 @@ class Front:
         with self.lock:
             sock_send(self.push, msg)
         return q
+
+    def abort(self, rid):
+        """The client left: SGLang's TokenizerManager.abort_request."""
+        self.streams.pop(rid, None)
+        with self.lock:
+            sock_send(self.push, AbortReq(rid=rid))
 
 
 def api(args):
@@ -300,6 +347,13 @@ def api(args):
             rid = req.get("rid") or uuid.uuid4().hex
             text = " ".join(m["content"] for m in req["messages"])
             q = front.submit(rid, len(text.split()), int(req.get("max_tokens", 8)))
+            try:
+                self.stream(rid, q)
+            except (BrokenPipeError, ConnectionResetError):
+                front.abort(rid)
+                self.close_connection = True
+
+        def stream(self, rid, q):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")

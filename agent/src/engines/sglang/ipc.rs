@@ -11,7 +11,7 @@ use super::{
     layout::{self, Layout},
     messages,
     scheduler::Schedulers,
-    state::IpcState,
+    state::{IpcState, Sighting},
 };
 use crate::{
     decode::zmtp::{Message, ZmtpError, ZmtpLimits, ZmtpStream},
@@ -84,7 +84,15 @@ impl SglangIpc {
         }
     }
 
-    fn on_message(&mut self, message: &Message, tgid: u32, tid: u32, steps: &mut Vec<StepRecord>) {
+    /// One ZMQ message, complete in a syscall of `b` that entered the kernel at `at_ns`.
+    fn on_message(
+        &mut self,
+        message: &Message,
+        b: &IpcBytes<'_>,
+        at_ns: Option<u64>,
+        steps: &mut Vec<StepRecord>,
+    ) {
+        let (tgid, tid) = (b.tgid, b.tid);
         let layout = match self.versions.get(&tgid) {
             Some(Version::Supported(l)) => *l,
             Some(Version::Unsupported) => {
@@ -107,33 +115,36 @@ impl SglangIpc {
         match messages::decode(&frame.data, layout) {
             Ok(m) => {
                 self.stats.bump(Counter::SglangIpcMessages);
-                let kernel_pid = match m {
-                    messages::IpcMessage::Outputs(_) => self.schedulers.of(tgid, &mut self.stats),
-                    _ => None,
+                let seen = match m {
+                    messages::IpcMessage::Outputs { scheduler, .. } => Sighting {
+                        tgid,
+                        tid,
+                        kernel_pid: self.schedulers.of(tgid, &mut self.stats),
+                        at: at_ns,
+                        scheduler_class: scheduler,
+                    },
+                    _ => Sighting {
+                        tgid,
+                        tid,
+                        kernel_pid: None,
+                        at: None,
+                        scheduler_class: false,
+                    },
                 };
-                self.state.apply(m, (tgid, tid), kernel_pid, steps);
+                self.state.apply(m, seen, steps);
             }
             Err(e) => self.stats.bump(e.counter()),
         }
     }
 }
 
-impl EngineIpc for SglangIpc {
-    fn add_process(&mut self, tgid: u32) {
-        match package::process_version(tgid, "sglang") {
-            Some(v) => {
-                let version = self.version(tgid, &v);
-                self.stats.bump(match version {
-                    Version::Supported(_) => Counter::SglangVersionFromPackage,
-                    Version::Unsupported => Counter::SglangVersionUnsupported,
-                });
-                self.versions.insert(tgid, version);
-            }
-            None => self.stats.bump(Counter::SglangVersionPackageNotFound),
-        }
-    }
-
-    fn on_bytes(&mut self, b: &IpcBytes<'_>, steps: &mut Vec<StepRecord>) -> IpcVerdict {
+impl SglangIpc {
+    fn feed(
+        &mut self,
+        b: &IpcBytes<'_>,
+        at_ns: Option<u64>,
+        steps: &mut Vec<StepRecord>,
+    ) -> IpcVerdict {
         let key = (b.tgid, b.fd);
         if self
             .sockets
@@ -177,10 +188,41 @@ impl EngineIpc for SglangIpc {
             None => IpcVerdict::Keep,
         };
         for message in messages.drain(..) {
-            self.on_message(&message, b.tgid, b.tid, steps);
+            self.on_message(&message, b, at_ns, steps);
         }
         self.messages = messages;
         verdict
+    }
+}
+
+impl EngineIpc for SglangIpc {
+    fn add_process(&mut self, tgid: u32) {
+        match package::process_version(tgid, "sglang") {
+            Some(v) => {
+                let version = self.version(tgid, &v);
+                self.stats.bump(match version {
+                    Version::Supported(_) => Counter::SglangVersionFromPackage,
+                    Version::Unsupported => Counter::SglangVersionUnsupported,
+                });
+                self.versions.insert(tgid, version);
+            }
+            None => self.stats.bump(Counter::SglangVersionPackageNotFound),
+        }
+    }
+
+    /// Bytes without their capture time: steps that only the capture would time are left to
+    /// a later sighting of the batch.
+    fn on_bytes(&mut self, b: &IpcBytes<'_>, steps: &mut Vec<StepRecord>) -> IpcVerdict {
+        self.feed(b, None, steps)
+    }
+
+    fn on_bytes_at(
+        &mut self,
+        b: &IpcBytes<'_>,
+        at_ns: u64,
+        steps: &mut Vec<StepRecord>,
+    ) -> IpcVerdict {
+        self.feed(b, Some(at_ns), steps)
     }
 
     fn on_close(&mut self, tgid: u32, fd: i32) {

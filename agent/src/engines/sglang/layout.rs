@@ -19,6 +19,9 @@ pub struct Layout {
     /// Scheduler → Detokenizer (`BatchTokenIDOutput`) and Detokenizer → TokenizerManager
     /// (`BatchStrOutput`): per-request parallel lists.
     pub outputs: &'static [&'static str],
+    /// The one of them only the scheduler sends: its write is the scheduler's own send of a
+    /// step's outputs.
+    pub scheduler_output: &'static str,
     pub abort: &'static str,
     /// The per-request times the scheduler ships in `time_stats` (perf_counter seconds).
     pub time_stats: (&'static str, &'static str),
@@ -35,6 +38,7 @@ pub const V0_5_23: Layout = Layout {
     request: "TokenizedGenerateReqInput",
     batch_request: "BatchTokenizedGenerateReqInput",
     outputs: &["BatchTokenIDOutput", "BatchStrOutput"],
+    scheduler_output: "BatchTokenIDOutput",
     abort: "AbortReq",
     time_stats: (
         "sglang.srt.observability.req_time_stats",

@@ -15,7 +15,12 @@ pub enum IpcMessage {
         rid: Option<String>,
         all: bool,
     },
-    Outputs(Vec<Output>),
+    /// One batch's outputs (one scheduler step); `scheduler` when the class is the one only the
+    /// scheduler sends (BatchTokenIDOutput; the detokenizer forwards BatchStrOutput).
+    Outputs {
+        outputs: Vec<Output>,
+        scheduler: bool,
+    },
     /// Another SGLang object (health checks, weight updates, ...).
     Other,
 }
@@ -112,7 +117,10 @@ pub fn decode(frame: &[u8], layout: &Layout) -> Result<IpcMessage, DecodeError> 
         return Ok(IpcMessage::Add(adds));
     }
     if layout.outputs.contains(&class) {
-        return outputs(fields, layout).map(IpcMessage::Outputs);
+        return Ok(IpcMessage::Outputs {
+            outputs: outputs(fields, layout)?,
+            scheduler: class == layout.scheduler_output,
+        });
     }
     if class == layout.abort {
         return Ok(IpcMessage::Abort {

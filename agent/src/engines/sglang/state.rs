@@ -29,6 +29,10 @@ pub struct RequestState {
     pub admitted_ns: Option<u64>,
     pub prefill_finished_ns: Option<u64>,
     pub retractions: u64,
+    /// Its retraction count as of its last output that brought tokens: a count above it on an
+    /// output with one more token is a re-prefill (with overlap scheduling SGLang first sends
+    /// the retracted request once with no new token).
+    pub retractions_at_token: u64,
     pub output_tokens: u64,
     pub cached_tokens: Option<u64>,
     pub finish_reason: Option<&'static str>,
@@ -37,13 +41,70 @@ pub struct RequestState {
     pub outputs: u64,
     /// The timed step of its first prefill (the only SGLang step whose bounds are known).
     pub prefill_step: Option<StepRef>,
+    /// Joined to its HTTP record already. Kept, so that outputs after it (its client left
+    /// before the end; SGLang runs it one more step to abort it) are a running request's, not
+    /// a new one's first prefill; a new request with its rid starts afresh.
+    pub joined: bool,
+}
+
+/// Output batches remembered, to know a batch's other sightings (one batch is written by the
+/// scheduler, read by the detokenizer, forwarded as BatchStrOutput and read again).
+const RECENT_BATCHES: usize = 256;
+
+/// Where and how a decoded message was seen.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sighting {
+    pub tgid: u32,
+    pub tid: u32,
+    /// The scheduler process that ran the step's kernels, where known.
+    pub kernel_pid: Option<u32>,
+    /// The capture time of the syscall that completed the message (its entry); None where
+    /// the bytes came without one.
+    pub at: Option<u64>,
+    /// The outputs are of the class only the scheduler sends (BatchTokenIDOutput), not the
+    /// detokenizer's forward (BatchStrOutput, which multi-tokenizer mode splits per worker).
+    pub scheduler_class: bool,
+}
+
+/// A batch's step, worked out at its first sighting, waiting for a sighting with a capture
+/// time to give its end.
+#[derive(Debug, Clone)]
+struct PendingStep {
+    members: Vec<StepMember>,
+    prefilling: u64,
+    tokens: Option<u64>,
 }
 
 #[derive(Debug, Default)]
 pub struct IpcState {
     requests: FxHashMap<String, RequestState>,
     order: VecDeque<String>,
+    /// Recent batches by fingerprint: their step while it waits for a capture time, None
+    /// once it is out.
+    batches: FxHashMap<u64, Option<PendingStep>>,
+    batch_order: VecDeque<u64>,
+    /// The scheduler's own outputs (BatchTokenIDOutput) have been seen: from then on the
+    /// detokenizer's forwards of them make no steps.
+    scheduler_outputs_seen: bool,
     pub stats: Stats,
+}
+
+/// What a batch looks like on every sighting: per request its rid and cumulative counts
+/// (times are left out: the detokenizer re-bases them by its own clock offset).
+fn fingerprint(outputs: &[Output]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = rustc_hash::FxHasher::default();
+    for o in outputs {
+        (
+            &o.rid,
+            o.completion_tokens,
+            o.retractions,
+            o.finish_reason,
+            o.prefill_finished.is_some(),
+        )
+            .hash(&mut h);
+    }
+    h.finish()
 }
 
 impl IpcState {
@@ -56,8 +117,10 @@ impl IpcState {
         if !self.requests.contains_key(rid) {
             if self.requests.len() >= MAX_REQUESTS {
                 while let Some(old) = self.order.pop_front() {
-                    if self.requests.remove(&old).is_some() {
-                        self.stats.bump(Counter::SglangRequestsEvictedUnjoined);
+                    if let Some(gone) = self.requests.remove(&old) {
+                        if !gone.joined {
+                            self.stats.bump(Counter::SglangRequestsEvictedUnjoined);
+                        }
                         break;
                     }
                 }
@@ -71,15 +134,8 @@ impl IpcState {
         self.requests.entry(rid.to_owned()).or_default()
     }
 
-    /// Applies one decoded message seen in process `tgid`, thread `tid`; `kernel_pid` is the
-    /// scheduler process that ran its steps' kernels, where known and not `tgid`.
-    pub fn apply(
-        &mut self,
-        message: IpcMessage,
-        (tgid, tid): (u32, u32),
-        kernel_pid: Option<u32>,
-        steps: &mut Vec<StepRecord>,
-    ) {
+    /// Applies one decoded message.
+    pub fn apply(&mut self, message: IpcMessage, seen: Sighting, steps: &mut Vec<StepRecord>) {
         match message {
             IpcMessage::Add(adds) => adds.into_iter().for_each(|a| self.on_add(a)),
             IpcMessage::Abort { rid: Some(rid), .. } => {
@@ -88,35 +144,49 @@ impl IpcState {
                 }
             }
             IpcMessage::Abort { rid: None, .. } | IpcMessage::Other => {}
-            IpcMessage::Outputs(outputs) => {
-                self.on_outputs(outputs, (tgid, tid), kernel_pid, steps)
-            }
+            IpcMessage::Outputs { outputs, .. } => self.on_outputs(outputs, seen, steps),
         }
     }
 
     fn on_add(&mut self, add: AddRequest) {
         self.stats.bump(Counter::SglangRequestsAdded);
         let r = self.entry(&add.rid);
+        if r.joined {
+            // Its rid reused by a new request.
+            *r = RequestState::default();
+        }
         r.prompt_tokens = add.prompt_tokens.or(r.prompt_tokens);
     }
 
-    /// One batched output is one scheduler step. A step in which requests finished their
-    /// prefill for the first time is a prefill batch whose bounds SGLang's own clocks give:
-    /// from its requests' forward entry to their prefill end. Other steps carry no time.
-    fn on_outputs(
-        &mut self,
-        outputs: Vec<Output>,
-        (tgid, tid): (u32, u32),
-        kernel_pid: Option<u32>,
-        steps: &mut Vec<StepRecord>,
-    ) {
+    /// One batched output is one scheduler step, listing the requests that sent output in it
+    /// (SGLang leaves out a request whose prefill chunk did not finish and, between its
+    /// reports, one not streamed). A step in which requests finished their first prefill is
+    /// timed by SGLang's own clocks: from their forward entry to their prefill end. Any other
+    /// step ends at the capture stamp of the batch's first sighting: the scheduler's send
+    /// where the scheduler is traced (it comes first), else the first traced read of it (the
+    /// TokenizerManager's, with `--port`), later by the IPC hops. SGLang gives no start for it
+    /// (`start_from` "unknown", the start is the end).
+    fn on_outputs(&mut self, outputs: Vec<Output>, seen: Sighting, steps: &mut Vec<StepRecord>) {
         self.stats.bump(Counter::SglangOutputs);
+        if outputs.is_empty() {
+            // An idle batch's (data-parallel attention): no request, no step.
+            return;
+        }
+        let key = fingerprint(&outputs);
+        let first_sighting = !self.batches.contains_key(&key);
+        self.scheduler_outputs_seen |= seen.scheduler_class;
+        // Where the scheduler's outputs are seen, the detokenizer's forwards only repeat them
+        // (or, split per tokenizer worker, parts of them).
+        let may_step = seen.scheduler_class || !self.scheduler_outputs_seen;
         let mut members = Vec::with_capacity(outputs.len());
         let mut prefilling: Vec<String> = Vec::new();
         let (mut start, mut end, mut prefilled) = (u64::MAX, 0u64, 0u64);
+        let mut tokens = Some(0u64);
         let mut bad_time = 0;
         for out in outputs {
             let r = self.entry(&out.rid);
+            let (had_output, before_tokens, before_retractions) =
+                (r.outputs > 0, r.output_tokens, r.retractions_at_token);
             r.outputs += 1;
             let mut first = |slot: &mut Option<u64>, t: Option<f64>| match t.map(mono_ns) {
                 Some(Some(ns)) => {
@@ -149,43 +219,170 @@ impl IpcState {
                 end = end.max(p);
                 prefilling.push(out.rid.clone());
             }
+            if !first_sighting {
+                continue;
+            }
+            // Its share of the batch, from the counts it reported before this output.
+            let completion = out.completion_tokens;
+            let gained = completion
+                .filter(|_| had_output)
+                .map(|c| c.saturating_sub(before_tokens));
+            // Its first token: a first prefill (with SGLang's times, when they first show a
+            // prefill end; without, its first output holding one token).
+            let first_prefill = new_prefill
+                || (out.prefill_finished.is_none() && !had_output && completion == Some(1));
+            // Retracted since its last tokens and one token more: the step re-prefilled it.
+            let reprefill = !first_prefill
+                && had_output
+                && out.retractions.unwrap_or(0) > before_retractions
+                && gained == Some(1);
+            if !had_output || gained.is_some_and(|g| g > 0) {
+                r.retractions_at_token = out.retractions.unwrap_or(0).max(before_retractions);
+            }
+            let share = if first_prefill {
+                // The prompt its prefill computed (all its chunks): what the cache did not hold.
+                let prompt = out.prompt_tokens.or(r.prompt_tokens);
+                prompt
+                    .zip(out.cached_tokens)
+                    .map(|(p, c)| p.saturating_sub(c))
+            } else if reprefill {
+                // What it recomputed depends on the cache after its retraction: unknown.
+                None
+            } else {
+                gained
+            };
+            tokens = tokens.zip(share).map(|(t, s)| t.saturating_add(s));
             members.push(StepMember {
                 request_id: out.rid,
-                phase: if new_prefill { "prefill" } else { "decode" },
+                phase: if first_prefill || reprefill {
+                    "prefill"
+                } else {
+                    "decode"
+                },
             });
         }
         self.stats.add(Counter::SglangBadTimestamp, bad_time);
-        if prefilled == 0 || start > end {
-            self.stats.bump(Counter::SglangStepsUntimed);
+        let pending = if first_sighting {
+            let step = PendingStep {
+                prefilling: members.iter().filter(|m| m.phase == "prefill").count() as u64,
+                members,
+                tokens,
+            };
+            if prefilled > 0 && start <= end {
+                self.push_timed(&prefilling, (start, end), step, seen, steps);
+                None
+            } else if !may_step {
+                None
+            } else {
+                match seen.at {
+                    Some(at) => {
+                        self.push_untimed(step, at, seen, steps);
+                        None
+                    }
+                    None => Some(step),
+                }
+            }
+        } else {
+            if !may_step {
+                return;
+            }
+            let Some(Some(step)) = self.batches.get_mut(&key).map(Option::take) else {
+                return;
+            };
+            match seen.at {
+                Some(at) => {
+                    self.push_untimed(step, at, seen, steps);
+                    None
+                }
+                None => Some(step),
+            }
+        };
+        self.remember(key, pending);
+    }
+
+    /// Keeps `key`'s batch (and its step while it waits for a capture time), forgetting the
+    /// oldest beyond [`RECENT_BATCHES`]: a step never given one is counted.
+    fn remember(&mut self, key: u64, pending: Option<PendingStep>) {
+        if self.batches.insert(key, pending).is_some() {
             return;
         }
+        self.batch_order.push_back(key);
+        while self.batch_order.len() > RECENT_BATCHES {
+            if let Some(old) = self.batch_order.pop_front()
+                && let Some(Some(_)) = self.batches.remove(&old)
+            {
+                self.stats.bump(Counter::SglangStepsUnstamped);
+            }
+        }
+    }
+
+    /// A step in which requests finished their first prefill, bounded by their times.
+    fn push_timed(
+        &mut self,
+        prefilling: &[String],
+        (start, end): (u64, u64),
+        step: PendingStep,
+        seen: Sighting,
+        steps: &mut Vec<StepRecord>,
+    ) {
         self.stats.bump(Counter::SglangSteps);
-        let step = StepRef {
-            pid: tgid,
+        let at = StepRef {
+            pid: seen.tgid,
             end_mono_ns: end,
             phase: "prefill",
         };
-        for rid in &prefilling {
+        for rid in prefilling {
             if let Some(r) = self.requests.get_mut(rid) {
-                r.prefill_step = Some(step);
+                r.prefill_step = Some(at);
             }
         }
         steps.push(StepRecord {
-            pid: tgid,
+            pid: seen.tgid,
             engine: "sglang".into(),
-            tid,
+            tid: seen.tid,
             start_mono_ns: start,
             end_mono_ns: end,
             duration_ms: (end - start) as f64 / 1e6,
-            batch_tokens: None,
-            sequences: members.len() as u64,
-            prefilling: prefilled,
-            requests: members,
+            batch_tokens: step.tokens,
+            sequences: step.members.len() as u64,
+            prefilling: step.prefilling,
+            requests: step.members,
             kv_cache_usage: None,
             running_requests: None,
             waiting_requests: None,
             start_from: Some("forward_entry"),
-            kernel_pid: kernel_pid.filter(|&p| p != tgid),
+            kernel_pid: seen.kernel_pid.filter(|&p| p != seen.tgid),
+            kernels_from_ns: None,
+        });
+    }
+
+    /// A step SGLang's outputs do not time: it ends at `at` (see [`Self::on_outputs`]), its
+    /// start is unknown (reported as the end, as vLLM's after an idle gap).
+    fn push_untimed(
+        &mut self,
+        step: PendingStep,
+        at: u64,
+        seen: Sighting,
+        steps: &mut Vec<StepRecord>,
+    ) {
+        self.stats.bump(Counter::SglangSteps);
+        self.stats.bump(Counter::SglangStepsUntimed);
+        steps.push(StepRecord {
+            pid: seen.tgid,
+            engine: "sglang".into(),
+            tid: seen.tid,
+            start_mono_ns: at,
+            end_mono_ns: at,
+            duration_ms: 0.0,
+            batch_tokens: step.tokens,
+            sequences: step.members.len() as u64,
+            prefilling: step.prefilling,
+            requests: step.members,
+            kv_cache_usage: None,
+            running_requests: None,
+            waiting_requests: None,
+            start_from: Some("unknown"),
+            kernel_pid: seen.kernel_pid.filter(|&p| p != seen.tgid),
             kernels_from_ns: None,
         });
     }
@@ -205,9 +402,17 @@ impl IpcState {
         ]
         .into_iter()
         .flatten()
-        .find(|id| self.requests.get(*id).is_some_and(inside))
+        .find(|id| {
+            self.requests
+                .get(*id)
+                .is_some_and(|r| !r.joined && inside(r))
+        })
         .map(str::to_owned);
-        let Some(state) = rid.and_then(|rid| self.requests.remove(&rid)) else {
+        let joined = rid.and_then(|rid| self.requests.get_mut(&rid)).map(|r| {
+            r.joined = true;
+            r.clone()
+        });
+        let Some(state) = joined else {
             if served {
                 self.stats.bump(Counter::SglangRequestsUnjoined);
                 record.engine_unknown = vec!["admitted_mono_ns", "prompt_tokens", "preemptions"];
@@ -253,10 +458,12 @@ impl IpcState {
     }
 }
 
-/// Lists on `record` the one SGLang step it is known to have taken part in: its first prefill
-/// (from its forward entry to its prefill end, which spans every chunk of a chunked prefill).
-/// SGLang's outputs time no other step, and a request gets no output for a prefill chunk nor,
-/// when it is not streamed, for a decode step: its step counts are unknown.
+/// Lists on `record` the one SGLang step whose bounds are known that it took part in: its first
+/// prefill (from its forward entry to its prefill end, which spans every chunk of a chunked
+/// prefill). Its other steps are step records too, naming it by rid, but end at the
+/// scheduler's send with no start, so no kernels join them; and a request gets no output for
+/// a prefill chunk nor, when it is not streamed, for a decode step: its step counts are
+/// unknown.
 fn join_steps(record: &mut RequestRecord, state: &RequestState) {
     if state.outputs == 0 {
         return;
