@@ -475,14 +475,11 @@ fn every_output_batch_is_a_step_ending_at_its_first_capture() {
             );
         }
         let counters: std::collections::HashMap<_, _> = ipc.counters().into_iter().collect();
-        assert_eq!(counters.get(Counter::SglangSteps.name()), Some(&4));
-        assert_eq!(counters.get(Counter::SglangStepsUntimed.name()), Some(&4));
+        assert_eq!(counters.get(&Counter::SglangSteps), Some(&4));
+        assert_eq!(counters.get(&Counter::SglangStepsUntimed), Some(&4));
         let sightings = if scheduler_traced { 8 } else { 4 };
-        assert_eq!(
-            counters.get(Counter::SglangOutputs.name()),
-            Some(&sightings)
-        );
-        assert_eq!(counters.get(Counter::SglangStepsUnstamped.name()), None);
+        assert_eq!(counters.get(&Counter::SglangOutputs), Some(&sightings));
+        assert_eq!(counters.get(&Counter::SglangStepsUnstamped), None);
     }
 }
 
@@ -520,10 +517,7 @@ fn a_batch_never_given_a_time_is_counted_not_invented() {
     assert!(steps.is_empty());
     let counters: std::collections::HashMap<_, _> = state.stats.iter().collect();
     // All but the 256 batches still remembered.
-    assert_eq!(
-        counters.get(Counter::SglangStepsUnstamped.name()),
-        Some(&44)
-    );
+    assert_eq!(counters.get(&Counter::SglangStepsUnstamped), Some(&44));
     // A remembered one still becomes a step when a stamped sighting shows up, once.
     state.apply(
         one_output("r", 300),
@@ -632,10 +626,10 @@ fn a_request_aborted_while_queued() {
     assert!(record.engine_steps.is_empty());
     let counters: std::collections::HashMap<_, _> = ipc.counters().into_iter().collect();
     assert_eq!(
-        counters.get(Counter::SglangPreemptionsUnknownAborted.name()),
+        counters.get(&Counter::SglangPreemptionsUnknownAborted),
         Some(&1)
     );
-    assert_eq!(counters.get(Counter::SglangRequestsJoined.name()), Some(&1));
+    assert_eq!(counters.get(&Counter::SglangRequestsJoined), Some(&1));
 }
 
 /// Retracted once (its output said so), re-prefilled, then its client left (the tokenizer
@@ -741,7 +735,7 @@ fn outputs_after_the_record_are_not_a_new_prefill() {
     let mut again = record.clone();
     state.enrich(&mut again);
     let counters: std::collections::HashMap<_, _> = state.stats.iter().collect();
-    assert_eq!(counters.get(Counter::SglangRequestsJoined.name()), Some(&1));
+    assert_eq!(counters.get(&Counter::SglangRequestsJoined), Some(&1));
     state.apply(
         IpcMessage::Add(vec![messages::AddRequest {
             rid: "g".repeat(32),
