@@ -460,62 +460,135 @@ fn a_second_agent_refuses_and_the_first_keeps_its_sockets() {
     assert!(!log.contains("gRPC API stopped"), "{log}");
 }
 
-/// Ids of the loaded eBPF programs with the agent's program names (bpftool).
-fn agent_programs() -> std::collections::BTreeSet<u64> {
+/// The eBPF objects a process holds open, from its fdinfo: (kind, id) with kind `prog_id`,
+/// `link_id` or `map_id`. A bpf link's fdinfo also names its program: only its own id is taken.
+fn bpf_objects_held_by(pid: u32) -> std::collections::BTreeSet<(&'static str, u64)> {
+    let mut held = std::collections::BTreeSet::new();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return held;
+    };
+    for fd in fds.flatten() {
+        let Ok(info) = std::fs::read_to_string(fd.path()) else {
+            continue;
+        };
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
+        };
+        if let Some(id) = field("link_id:") {
+            held.insert(("link_id", id));
+        } else if let Some(id) = field("prog_id:") {
+            held.insert(("prog_id", id));
+        } else if let Some(id) = field("map_id:") {
+            held.insert(("map_id", id));
+        }
+    }
+    held
+}
+
+/// Ids bpftool lists now for `prog`, `link` or `map`, with the type of each.
+fn bpf_objects_loaded(kind: &str) -> std::collections::BTreeMap<u64, String> {
     let out = Command::new("bpftool")
-        .args(["-j", "prog", "show"])
+        .args(["-j", kind, "show"])
         .output()
         .expect("running bpftool (scripts/setup.sh installs it)");
-    let progs: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    progs
+    let objects: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    objects
         .iter()
-        .filter(|p| {
-            matches!(
-                p["name"].as_str(),
-                Some("exit_syscall" | "enter_close" | "tcp_probe")
-            )
-        })
-        .filter_map(|p| p["id"].as_u64())
+        .filter_map(|o| Some((o["id"].as_u64()?, o["type"].as_str()?.to_owned())))
         .collect()
 }
 
-/// kill -9 under load leaves no program of the agent loaded, and a new agent attaches and
-/// records again.
+/// kill -9 under load, on the real engine with its scheduler uprobes attached, leaves no
+/// program, link (uprobe, tracepoint) or map of the agent's in the kernel; the engine serves on,
+/// and a new agent attaches and records again.
 #[test]
 fn kill_9_leaves_nothing_attached() {
     let dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();
-    let server = sse_server(port, 4);
-    let before = agent_programs();
+    let engine = Engine::start(port, 2);
     let mut recorder = Recorder::start(dir.path(), &["--port", &port.to_string()]);
-    recorder.wait_attached(server.0.id(), Duration::from_secs(30));
-    let ours: Vec<u64> = agent_programs().difference(&before).copied().collect();
-    assert!(!ours.is_empty(), "the agent's programs are loaded");
-    let load = start_load(port, 2, 2);
+    recorder.wait_attached(engine.pid(), Duration::from_secs(60));
+    let held = bpf_objects_held_by(recorder.pid());
+    let progs = bpf_objects_loaded("prog");
+    let held_progs: Vec<&String> = held
+        .iter()
+        .filter(|(kind, _)| *kind == "prog_id")
+        .filter_map(|(_, id)| progs.get(id))
+        .collect();
+    // Uprobes are BPF_PROG_TYPE_KPROBE programs (this kernel has no kprobes: they can only be
+    // the engine's scheduler hooks); the socket programs are tracepoints.
+    assert!(
+        held_progs.iter().any(|t| *t == "kprobe") && held_progs.iter().any(|t| *t == "tracepoint"),
+        "the agent holds its uprobes and tracepoints: {held_progs:?}"
+    );
+    assert!(
+        held.iter().any(|(kind, _)| *kind == "link_id") && held.iter().any(|(k, _)| *k == "map_id"),
+        "the agent holds links and maps: {held:?}"
+    );
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let client = {
+        let stop = Arc::clone(&stop);
+        thread::spawn(move || {
+            let mut n = 0u32;
+            while !stop.load(Ordering::SeqCst) {
+                let mut c = inferscope_integration_tests::client::Client::connect(port);
+                let _ = c.chat(&format!("Count to {n} in words."), 8, None);
+                n += 1;
+            }
+        })
+    };
     // Killed under load, once records flow.
-    recorder.wait_records(Duration::from_secs(30), "records under load", |r| {
+    recorder.wait_records(Duration::from_secs(60), "records under load", |r| {
         !r.is_empty()
     });
     signal(recorder.pid(), "-KILL");
-    let _ = completed(load);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let now = agent_programs();
-        if ours.iter().all(|id| !now.contains(id)) {
+        let left: Vec<_> = held
+            .iter()
+            .filter(|(kind, id)| {
+                let listed = match *kind {
+                    "prog_id" => bpf_objects_loaded("prog"),
+                    "link_id" => bpf_objects_loaded("link"),
+                    _ => bpf_objects_loaded("map"),
+                };
+                listed.contains_key(id)
+            })
+            .collect();
+        if left.is_empty() {
             break;
         }
-        assert!(Instant::now() < deadline, "programs left behind: {ours:?}");
-        thread::sleep(Duration::from_millis(100));
+        assert!(Instant::now() < deadline, "left in the kernel: {left:?}");
+        thread::sleep(Duration::from_millis(200));
     }
+    stop.store(true, Ordering::SeqCst);
+    client.join().expect("client thread");
     drop(recorder);
+
     let dir2 = tempfile::tempdir().expect("temp dir");
     let mut again = Recorder::start(dir2.path(), &["--port", &port.to_string()]);
-    again.wait_attached(server.0.id(), Duration::from_secs(30));
-    let done = completed(start_load_n(port, 1, 0, 20));
-    again.wait_records(Duration::from_secs(30), "a record per request", |r| {
-        r.len() as u64 >= done
+    again.wait_attached(engine.pid(), Duration::from_secs(60));
+    for n in 0..5 {
+        let mut c = inferscope_integration_tests::client::Client::connect(port);
+        let s = c.chat(&format!("Name {n} rivers."), 8, None);
+        assert!(s.completed, "the engine serves on after the agent's kill");
+    }
+    let records = again.wait_records(Duration::from_secs(30), "a record per request", |r| {
+        r.iter()
+            .filter(|r| r["path"] == "/v1/chat/completions")
+            .count()
+            >= 5
     });
-    assert_eq!(again.stop().len() as u64, done, "a new agent records again");
+    assert!(
+        records
+            .iter()
+            .filter(|r| r["path"] == "/v1/chat/completions")
+            .all(|r| r["queue_wait_ms"].is_number() && r["ttft_ms"].is_number()),
+        "a new agent records again, its scheduler hooks included: {records:?}"
+    );
+    again.stop();
 }
 
 /// What the restart test's clients completed, by engine generation (0: before the restart).
