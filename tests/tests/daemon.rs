@@ -599,3 +599,128 @@ fn grpc_api_over_tls() {
     assert!(String::from_utf8_lossy(&untrusted.stderr).contains("UnknownIssuer"));
     daemon.stop();
 }
+
+/// Hostile shim clients against a real `inferscope run`: peers that announce 4 MiB messages and
+/// send a megabyte of each, peers that send a length that is no varint, and peers that connect
+/// and say nothing. The partial messages stay within the global budget (connections past it are
+/// closed and counted, RSS stays bounded), bad frames close their connection and are counted,
+/// and a real shim beside them still gets every kernel through.
+#[test]
+fn hostile_shim_clients_are_bounded_and_a_real_shim_gets_through() {
+    use std::{io::Write, os::unix::net::UnixStream};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let shim_socket = dir.path().join("shim.sock");
+    let daemon = Daemon::start(
+        dir.path(),
+        &[
+            "--pattern",
+            "no-engine-matches-this",
+            "--shim-socket",
+            shim_socket.to_str().expect("utf-8"),
+            "--nvml-interval",
+            "off",
+        ],
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !shim_socket.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "no shim socket:\n{}",
+            daemon.log_text()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    let before = daemon.rss_kib();
+
+    let connect = || {
+        let s = UnixStream::connect(&shim_socket).expect("connecting to the shim socket");
+        s.set_write_timeout(Some(Duration::from_secs(2)))
+            .expect("write timeout");
+        s
+    };
+    // 40 greedy peers: a length prefix of 4 MiB - 1 (the largest message allowed), then 1 MiB
+    // of it, never the rest. 40 MiB attempted against the 16 MiB budget.
+    let greedy_peers = 40;
+    let mut greedy = Vec::new();
+    for _ in 0..greedy_peers {
+        let mut s = connect();
+        let _ = s.write_all(&[0xff, 0xff, 0xff, 0x01]);
+        let chunk = vec![0u8; 64 * 1024];
+        for _ in 0..16 {
+            // A peer the agent closed gets EPIPE: that is the point.
+            if s.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+        greedy.push(s);
+    }
+    // 8 peers whose length prefix is no varint (ten continuation bytes).
+    let mut garbage = Vec::new();
+    for _ in 0..8 {
+        let mut s = connect();
+        let _ = s.write_all(&[0xff; 12]);
+        garbage.push(s);
+    }
+    // 100 peers that connect and say nothing (closed only after the idle timeout).
+    let silent: Vec<_> = (0..100).map(|_| connect()).collect();
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (over_budget, bad_frames, buffered) = loop {
+        let text = daemon.scrape();
+        let over = counter(&text, "shim_connections_over_budget");
+        let bad = counter(&text, "shim_bad_frames");
+        if (over >= (greedy_peers - 16) as u64 && bad >= 8) || Instant::now() >= deadline {
+            break (over, bad, gauge(&text, "shim_buffered_bytes"));
+        }
+        thread::sleep(Duration::from_millis(200));
+    };
+    let during = daemon.rss_kib();
+    eprintln!(
+        "hostile shims: {over_budget} closed over budget, {bad_frames} bad frames, {buffered} bytes buffered; RSS {before} -> {during} KiB"
+    );
+    // 16 MiB budget: at most 16 of the 40 greedy peers' megabytes are held.
+    assert!(
+        over_budget >= (greedy_peers - 16) as u64,
+        "greedy peers past the budget are closed: {over_budget}\n{}",
+        daemon.log_text()
+    );
+    assert_eq!(
+        bad_frames, 8,
+        "every bad length prefix closes its connection"
+    );
+    assert!(buffered <= 16 << 20, "buffered {buffered} bytes");
+    // The budget (16 MiB), each reader's 64 KiB buffer and thread, and the decoders' slack.
+    assert!(
+        during <= before + 64 * 1024,
+        "RSS grew from {before} KiB to {during} KiB under hostile shims"
+    );
+
+    // A real shim (the mock CUDA engine with the real CUPTI shim) beside them.
+    let out = inferscope_integration_tests::mock_cuda::run_engine(
+        &["run", "50", "20"],
+        &shim_socket,
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "mock engine: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let expected = 50 * 4 + 20 * 3;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let received = counter(&daemon.scrape(), "shim_kernels_received");
+        if received == expected {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{received} of {expected} kernels reached the daemon beside hostile shims:\n{}",
+            daemon.log_text()
+        );
+        thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(counter(&daemon.scrape(), "shim_parse_failures"), 0);
+    drop((greedy, garbage, silent));
+    daemon.stop();
+}
