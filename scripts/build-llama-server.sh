@@ -23,10 +23,16 @@ version=$(grep -o 'xllamacpp==[0-9.]*' scripts/setup.sh | head -n1 | cut -d= -f3
 [ -n "$version" ] || { log "no xllamacpp==VERSION pin in scripts/setup.sh"; exit 1; }
 out=${OUT:-$PWD/target/llama-server}
 stamp="$out/BUILT_FROM"
+# Portable code, not -march=native: a VM may advertise instructions its hypervisor does not let
+# a process run (AMX tiles here: ggml's AMX kernels died of SIGILL at the first matrix product),
+# and a CI machine need not have this one's CPU. AVX2/FMA/F16C is what every x86-64 CI host has.
+isa="x86-64 + AVX2/FMA/F16C/BMI2"
+portable="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+built_from="xllamacpp-$version ($isa)"
 
 if [ -x "$out/llama-server" ] && [ -x "$out/stripped/llama-server" ] \
    && [ -x "$out/stripped-shared/llama-server" ] \
-   && [ "$(cat "$stamp" 2>/dev/null)" = "xllamacpp-$version" ]; then
+   && [ "$(cat "$stamp" 2>/dev/null)" = "$built_from" ]; then
   log "up to date: $out (llama.cpp from xllamacpp $version)"
   exit 0
 fi
@@ -67,12 +73,12 @@ src="$work/xllamacpp-$version/thirdparty/llama.cpp"
 # npm; the server then serves no web page, which the API does not need). No OpenSSL: plain HTTP.
 # LLAMA_CURL is gone from this llama.cpp (deprecated option; downloads use cpp-httplib).
 # ccache, when installed, is picked up by ggml (GGML_CCACHE) and makes a rebuild take seconds.
-log "configuring (llama.cpp from xllamacpp $version, Release, shared libraries, CPU)"
+log "configuring (llama.cpp from xllamacpp $version, Release, shared libraries, CPU: $isa)"
 cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
   -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF \
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
-  -DLLAMA_BUILD_NUMBER=0 >"$work/configure.log" 2>&1 \
+  -DLLAMA_BUILD_NUMBER=0 $portable >"$work/configure.log" 2>&1 \
   || { tail -n 40 "$work/configure.log" >&2; exit 1; }
 log "building llama-server with $(nproc) jobs"
 cmake --build "$work/build" --target llama-server -j"$(nproc)" >"$work/build.log" 2>&1 \
@@ -115,5 +121,5 @@ for dir in "$out" "$out/stripped" "$out/stripped-shared"; do
   fi
 done
 [ "${KEEP_BUILD:-0}" = 1 ] || rm -rf "$work"
-echo "xllamacpp-$version" >"$stamp"
+echo "$built_from" >"$stamp"
 log "built $out/llama-server, $out/stripped/ and $out/stripped-shared/ in $(( $(date +%s) - start )) s"
