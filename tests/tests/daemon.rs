@@ -425,39 +425,8 @@ fn shim_kernels_reach_the_daemon() {
             "off",
         ],
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !shim_socket.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "no shim socket:\n{}",
-            daemon.log_text()
-        );
-        thread::sleep(Duration::from_millis(100));
-    }
-    let out = inferscope_integration_tests::mock_cuda::run_engine(
-        &["run", "50", "20"],
-        &shim_socket,
-        &[],
-    );
-    assert!(
-        out.status.success(),
-        "mock engine: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let expected = 50 * 4 + 20 * 3;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let received = counter(&daemon.scrape(), "shim_kernels_received");
-        if received == expected {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{received} of {expected} kernels reached the daemon:\n{}",
-            daemon.log_text()
-        );
-        thread::sleep(Duration::from_millis(250));
-    }
+    wait_for_shim_socket(&daemon, &shim_socket);
+    mock_engine_kernels_reach(&daemon, &shim_socket, "");
     assert_eq!(counter(&daemon.scrape(), "shim_queue_drops"), 0);
     daemon.stop();
 }
@@ -621,15 +590,7 @@ fn hostile_shim_clients_are_bounded_and_a_real_shim_gets_through() {
             "off",
         ],
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !shim_socket.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "no shim socket:\n{}",
-            daemon.log_text()
-        );
-        thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_shim_socket(&daemon, &shim_socket);
     let before = daemon.rss_kib();
 
     let connect = || {
@@ -696,11 +657,30 @@ fn hostile_shim_clients_are_bounded_and_a_real_shim_gets_through() {
     );
 
     // A real shim (the mock CUDA engine with the real CUPTI shim) beside them.
-    let out = inferscope_integration_tests::mock_cuda::run_engine(
-        &["run", "50", "20"],
-        &shim_socket,
-        &[],
-    );
+    mock_engine_kernels_reach(&daemon, &shim_socket, "beside hostile shims");
+    assert_eq!(counter(&daemon.scrape(), "shim_parse_failures"), 0);
+    drop((greedy, garbage, silent));
+    daemon.stop();
+}
+
+/// Waits for the daemon's shim socket to exist.
+fn wait_for_shim_socket(daemon: &Daemon, shim_socket: &std::path::Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !shim_socket.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "no shim socket:\n{}",
+            daemon.log_text()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Runs the mock CUDA engine with the real CUPTI shim (50 launches of 4 kernels, 20 graph
+/// launches of 3) and waits until every one of its kernels is counted by the daemon.
+fn mock_engine_kernels_reach(daemon: &Daemon, shim_socket: &std::path::Path, context: &str) {
+    let out =
+        inferscope_integration_tests::mock_cuda::run_engine(&["run", "50", "20"], shim_socket, &[]);
     assert!(
         out.status.success(),
         "mock engine: {}",
@@ -715,12 +695,9 @@ fn hostile_shim_clients_are_bounded_and_a_real_shim_gets_through() {
         }
         assert!(
             Instant::now() < deadline,
-            "{received} of {expected} kernels reached the daemon beside hostile shims:\n{}",
+            "{received} of {expected} kernels reached the daemon {context}:\n{}",
             daemon.log_text()
         );
         thread::sleep(Duration::from_millis(250));
     }
-    assert_eq!(counter(&daemon.scrape(), "shim_parse_failures"), 0);
-    drop((greedy, garbage, silent));
-    daemon.stop();
 }
