@@ -47,7 +47,7 @@ export INFERSCOPE_LLAMA_SERVER="$PWD/target/llama-server"
 echo "== tests (unit + eBPF integration against the real engine)"
 # Two test threads: each integration test owns its temp dir, ports, shim socket and gRPC
 # socket; tests that compare latencies between windows (incidents) hold the machine alone.
-cargo test -- --test-threads=2
+cargo test --no-fail-fast -- --test-threads=2
 disk_left
 if [ "${CI:-}" = true ]; then
   # The fuzzers build a tree of their own (fuzz/target); the test build is done with.

@@ -56,12 +56,34 @@ pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
     MACHINE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A TCP port free right now on 127.0.0.1.
+/// A TCP port free right now on 127.0.0.1, below the kernel's ephemeral range: an engine that
+/// takes seconds to bind the port it was given (SGLang: ~20 s on two cores) must not find it
+/// taken by some process's outgoing connection in the meantime, which an ephemeral port (what
+/// binding port 0 hands out) can be.
 pub fn free_port() -> u16 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (10_000u32, ephemeral_low.max(10_001));
+    let span = high - low;
+    // Spread over the range by process (two test binaries never run at once, but their
+    // leftover listeners may) and by call.
+    let seed = std::process::id().wrapping_mul(2_654_435_761);
+    for _ in 0..1000 {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let port = low + seed.wrapping_add(n.wrapping_mul(7_919)) % span;
+        if let Ok(port) = u16::try_from(port)
+            && TcpListener::bind(("127.0.0.1", port)).is_ok()
+        {
+            return port;
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .expect("binding an ephemeral port on 127.0.0.1")
+        .expect("binding a port on 127.0.0.1")
 }
 
 /// A plain HTTP/1.1 GET on 127.0.0.1, returning the body ("" on any failure).
