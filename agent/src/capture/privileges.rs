@@ -92,6 +92,17 @@ pub const REQUIREMENTS: &[Requirement] = &[
     },
 ];
 
+/// The capabilities to grant instead of root, as error messages say them
+/// ("CAP_BPF + CAP_PERFMON + …"): every requirement of kernels the agent supports.
+pub fn capabilities_needed() -> String {
+    REQUIREMENTS
+        .iter()
+        .filter(|r| r.before_kernel.is_none())
+        .map(|r| r.capability.to_string())
+        .collect::<Vec<_>>()
+        .join(" + ")
+}
+
 /// The effective capability set and the kernel settings that decide what the agent can do.
 #[derive(Debug, Clone, Default)]
 pub struct Privileges {
@@ -192,6 +203,19 @@ fn parse_release(release: &str) -> Option<(u32, u32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_messages_name_every_capability_the_daemonset_adds() {
+        assert_eq!(
+            capabilities_needed(),
+            "CAP_BPF + CAP_PERFMON + CAP_SYS_ADMIN + CAP_SYS_PTRACE + CAP_DAC_READ_SEARCH"
+        );
+        let daemonset = include_str!("../../../deploy/base/daemonset.yaml");
+        for cap in capabilities_needed().split(" + ") {
+            let name = cap.trim_start_matches("CAP_");
+            assert!(daemonset.contains(name), "{name} is not in the DaemonSet");
+        }
+    }
 
     fn with(caps: &[Capability]) -> Privileges {
         Privileges {

@@ -39,7 +39,8 @@ impl Default for CaptureConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
     #[error(
-        "loading the eBPF programs failed: {0}. inferscope needs root (or CAP_BPF + CAP_PERFMON) and a kernel with BTF"
+        "loading the eBPF programs failed: {0}. inferscope needs root (or {caps}) and a kernel with BTF",
+        caps = super::privileges::capabilities_needed()
     )]
     Load(#[source] Box<aya::EbpfError>),
     #[error("eBPF program {name} is missing from the embedded object (a build problem)")]

@@ -64,7 +64,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         Err(CaptureError::Config(msg)) => {
             anyhow::bail!("the capture settings are not usable: {msg}")
         }
-        other => other.context("starting the socket probes failed (inferscope needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_PTRACE + CAP_SYS_ADMIN)")?,
+        other => other.with_context(|| {
+            format!(
+                "starting the socket probes failed (inferscope needs root, or {})",
+                inferscope::capture::privileges::capabilities_needed()
+            )
+        })?,
     };
 
     // Pod identity: in a pod with NODE_NAME set, watch this node's pods (never blocks records).
