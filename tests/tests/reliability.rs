@@ -122,6 +122,74 @@ fn signal(pid: u32, sig: &str) {
     assert!(ok, "kill {sig} {pid}");
 }
 
+/// The agent under test in the stall tests: `record`, or the long-running `run` daemon (which
+/// exports as well as it records: the form a DaemonSet runs).
+enum StalledAgent {
+    Record(Recorder),
+    Run(Daemon, std::path::PathBuf, std::path::PathBuf),
+}
+
+impl StalledAgent {
+    fn start(daemon: bool, dir: &Path, port: u16) -> StalledAgent {
+        let port = port.to_string();
+        let args = ["--port", port.as_str(), "--ring-buffer-mb", "1"];
+        if !daemon {
+            return StalledAgent::Record(Recorder::start(dir, &args));
+        }
+        let records = dir.join("records.jsonl");
+        let counters = dir.join("counters.json");
+        let (r, c) = (records.to_string_lossy(), counters.to_string_lossy());
+        let mut all = args.to_vec();
+        all.extend(["--records", &r, "--counters", &c]);
+        StalledAgent::Run(Daemon::start(dir, &all), records, counters)
+    }
+
+    fn wait_attached(&mut self, pid: u32) {
+        match self {
+            StalledAgent::Record(r) => r.wait_attached(pid, Duration::from_secs(30)),
+            StalledAgent::Run(d, ..) => d.wait_attached(pid, Duration::from_secs(30)),
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        match self {
+            StalledAgent::Record(r) => r.pid(),
+            StalledAgent::Run(d, ..) => d.pid(),
+        }
+    }
+
+    fn records_now(&self) -> usize {
+        match self {
+            StalledAgent::Record(r) => agent::read_records(&r.out).len(),
+            StalledAgent::Run(_, records, _) => agent::read_records(records).len(),
+        }
+    }
+
+    /// Stops the agent: its records, counters and log.
+    fn stop(self) -> (Vec<Value>, agent::Counters, String) {
+        match self {
+            StalledAgent::Record(r) => {
+                let log = r.log.clone();
+                let records = r.stop();
+                let counters = agent::Counters::beside(&log);
+                (
+                    records,
+                    counters,
+                    std::fs::read_to_string(log).unwrap_or_default(),
+                )
+            }
+            StalledAgent::Run(d, records, counters) => {
+                let log = d.stop();
+                (
+                    agent::read_records(&records),
+                    agent::Counters::read(&counters),
+                    log,
+                )
+            }
+        }
+    }
+}
+
 /// The agent is descheduled for 2 s (SIGSTOP, as a CPU limit would do) while 8 keep-alive
 /// connections stream at full rate into a small ring buffer. Every connection is decoded again
 /// after the stall, nothing is marked aborted, and records plus counted lost requests equal the
@@ -130,16 +198,24 @@ fn signal(pid: u32, sig: &str) {
 fn a_stalled_agent_leaves_no_connection_dark_and_counts_every_lost_request() {
     // Full-rate load on 2 cores: a second test's load beside it would decide what the stall loses.
     let _machine = inferscope_integration_tests::exclusive();
+    stalled_agent_leaves_no_connection_dark(false);
+}
+
+/// The same stall for `inferscope run`, where the issue saw 5 of 8 connections stay dark.
+#[test]
+fn a_stalled_run_daemon_leaves_no_connection_dark_and_counts_every_lost_request() {
+    // Full-rate load on 2 cores: a second test's load beside it would decide what the stall loses.
+    let _machine = inferscope_integration_tests::exclusive();
+    stalled_agent_leaves_no_connection_dark(true);
+}
+
+fn stalled_agent_leaves_no_connection_dark(daemon: bool) {
     let dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();
     let server = sse_server(port, 16);
-    let mut recorder = Recorder::start(
-        dir.path(),
-        &["--port", &port.to_string(), "--ring-buffer-mb", "1"],
-    );
-    recorder.wait_attached(server.0.id(), Duration::from_secs(30));
-    let agent_pid = recorder.pid();
-    let log = recorder.log.clone();
+    let mut agent = StalledAgent::start(daemon, dir.path(), port);
+    agent.wait_attached(server.0.id());
+    let agent_pid = agent.pid();
 
     let load = start_load(port, 8, 6);
     // Load shaping: 1 s of load, then the agent stalls for 2 s under it.
@@ -154,12 +230,10 @@ fn a_stalled_agent_leaves_no_connection_dark_and_counts_every_lost_request() {
     let mut seen = 0;
     inferscope_integration_tests::wait_until(Duration::from_secs(30), "the drain", || {
         thread::sleep(Duration::from_millis(500));
-        let now = agent::read_records(&recorder.out).len();
+        let now = agent.records_now();
         std::mem::replace(&mut seen, now) == now && now > 0
     });
-    let records = recorder.stop();
-    let counters = agent::Counters::beside(&log);
-    let log = std::fs::read_to_string(log).unwrap_or_default();
+    let (records, counters, log) = agent.stop();
 
     let drops = counters.get("kernel_ringbuf_full_drops");
     assert!(drops > 0, "the stall must overflow the ring buffer:\n{log}");
@@ -169,7 +243,8 @@ fn a_stalled_agent_leaves_no_connection_dark_and_counts_every_lost_request() {
         .filter(|r| r["incomplete"].is_string())
         .count();
     eprintln!(
-        "client completed {done}; {} records ({incomplete} incomplete), {lost} lost requests, {drops} kernel records dropped",
+        "{}: client completed {done}; {} records ({incomplete} incomplete), {lost} lost requests, {drops} kernel records dropped",
+        if daemon { "run" } else { "record" },
         records.len()
     );
     assert!(
@@ -181,7 +256,12 @@ fn a_stalled_agent_leaves_no_connection_dark_and_counts_every_lost_request() {
             .iter()
             .filter_map(|r| r["incomplete"].as_str())
             .all(|reason| reason == "events_lost"),
-        "the only reason here is the overflow"
+        "the only reason here is the overflow: {:?}",
+        records
+            .iter()
+            .filter(|r| r["incomplete"].is_string() && r["incomplete"] != "events_lost")
+            .take(5)
+            .collect::<Vec<_>>()
     );
     assert_eq!(
         records.len() as u64 + lost,

@@ -93,6 +93,8 @@ pub struct Connection {
     /// Requests dropped at [`MAX_WAITING`] after the last waiting one: the next answers are
     /// theirs (see [`RequestProgress::dropped_before`]).
     dropped_tail: u32,
+    /// When the last record of this connection was seen (its syscall's exit).
+    pub last_event_ns: u64,
 }
 
 impl Connection {
@@ -130,6 +132,7 @@ impl Connection {
             peer_end_seen: PeerEnd::default(),
             held: Vec::new(),
             dropped_tail: 0,
+            last_event_ns: 0,
         }
     }
 
@@ -236,6 +239,7 @@ impl Connection {
         stats: &mut Stats,
         out: &mut Vec<RequestRecord>,
     ) {
+        self.last_event_ns = self.last_event_ns.max(ev.ts_exit_ns);
         let Some(seq) = ev.conn_seq else {
             return;
         };

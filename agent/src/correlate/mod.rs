@@ -466,16 +466,22 @@ impl Tracker {
     }
 
     /// Ends every connection (agent shutdown): open requests are reported as incomplete
-    /// (`agent_shutdown`); nobody aborted them.
+    /// (`agent_shutdown`); nobody aborted them. A connection that went quiet before the kernel
+    /// last dropped records may have lost its end among them (its last writes, its close, with
+    /// no later record on it to show the gap): its open requests are `events_lost`.
     pub fn finish_all(&mut self, now_ns: u64, out: &mut Vec<RequestRecord>) {
         let keys: Vec<ConnKey> = self.connections.map.keys().copied().collect();
         for key in keys {
-            self.finish_connection(
-                key,
-                now_ns,
-                Ending::Incomplete(loss::Reason::AgentShutdown),
-                out,
-            );
+            let quiet_through_a_loss =
+                self.connections.map.get(&key).is_some_and(|c| {
+                    self.last_loss_ns != 0 && c.last_event_ns <= self.last_loss_ns
+                });
+            let reason = if quiet_through_a_loss {
+                loss::Reason::EventsLost
+            } else {
+                loss::Reason::AgentShutdown
+            };
+            self.finish_connection(key, now_ns, Ending::Incomplete(reason), out);
         }
     }
 

@@ -218,6 +218,32 @@ fn requests_open_at_shutdown_are_incomplete_not_aborted() {
     assert_eq!(c.count(Counter::RequestsIncompleteAgentShutdown), 1);
 }
 
+/// The ring overflowed after a stream's last seen token: its tail, and its close, may be among
+/// what was dropped, with no later record on the connection to show the gap. At shutdown it is
+/// a loss (`events_lost`), not an interruption by the agent; a connection active after the loss
+/// is still `agent_shutdown`.
+#[test]
+fn requests_open_at_shutdown_that_went_quiet_before_a_loss_are_events_lost() {
+    let mut quiet = Conn::new();
+    quiet.read(&request("/a"));
+    quiet.write(SSE_HEAD);
+    quiet.write(&token("x"));
+    quiet.t.note_capture_loss(quiet.ts + 5);
+    quiet.t.finish_all(1_000, &mut quiet.out);
+    assert_eq!(quiet.out.len(), 1);
+    assert!(!quiet.out[0].aborted);
+    assert_eq!(quiet.out[0].incomplete.as_deref(), Some("events_lost"));
+    assert_eq!(quiet.count(Counter::RequestsIncompleteEventsLost), 1);
+
+    let mut active = Conn::new();
+    active.read(&request("/a"));
+    active.write(SSE_HEAD);
+    active.t.note_capture_loss(active.ts + 5);
+    active.write(&token("x"));
+    active.t.finish_all(1_000, &mut active.out);
+    assert_eq!(active.out[0].incomplete.as_deref(), Some("agent_shutdown"));
+}
+
 #[test]
 fn a_connection_that_never_spoke_http_is_still_ignored() {
     let mut c = Conn::new();
