@@ -12,7 +12,7 @@ use aya::{
 };
 use aya_log::EbpfLogger;
 use inferscope_common::{
-    COUNTER_SLOTS, ConnEntry, Counter, MAX_CAPTURE_BYTES, UserProbeConfig, fd_key,
+    COUNTER_SLOTS, ConnEntry, Counter, MAX_CAPTURE_BYTES, SyscallRecord, UserProbeConfig, fd_key,
 };
 use tracing::{debug, info, warn};
 
@@ -121,6 +121,8 @@ pub struct SocketProbes {
     /// (tgid, fd) → connection, written by the kernel at accept; user space adds only the
     /// connections that predate the agent.
     conns: HashMap<MapData, u64, ConnEntry>,
+    /// Connection id → its close record that did not fit in the ring buffer (LOST_CLOSES).
+    lost_closes: HashMap<MapData, u64, SyscallRecord>,
     /// Bitmap of processes whose unknown fds are still captured (engines with IPC decoding).
     unknown_fds: Array<MapData, u64>,
     /// Bitmap of processes with verdicts in `fd_verdicts` (the kernel looks only for those).
@@ -304,6 +306,8 @@ impl SocketProbes {
         let counters =
             PerCpuArray::try_from(take_map(&mut ebpf, "COUNTERS")?).map_err(map_err("COUNTERS"))?;
         let conns = HashMap::try_from(take_map(&mut ebpf, "CONNS")?).map_err(map_err("CONNS"))?;
+        let lost_closes = HashMap::try_from(take_map(&mut ebpf, "LOST_CLOSES")?)
+            .map_err(map_err("LOST_CLOSES"))?;
         let unknown_fds =
             Array::try_from(take_map(&mut ebpf, "UNKNOWN_FDS")?).map_err(map_err("UNKNOWN_FDS"))?;
         let verdict_pids = Array::try_from(take_map(&mut ebpf, "VERDICT_PIDS")?)
@@ -321,6 +325,7 @@ impl SocketProbes {
             fd_verdicts,
             keep_whole,
             conns,
+            lost_closes,
             unknown_fds,
             verdict_pids,
             sock_hook,
@@ -333,6 +338,30 @@ impl SocketProbes {
 
     pub fn events(&mut self) -> &mut RingBuf<MapData> {
         &mut self.events
+    }
+
+    /// Close records the ring buffer had no room for, taken out of the kernel's map (as the
+    /// bytes of a ring record). Read them only once the ring is read empty: every record of
+    /// their connection the kernel kept came before them.
+    pub fn take_lost_closes(&mut self) -> Vec<Vec<u8>> {
+        let ids: Vec<u64> = self.lost_closes.keys().filter_map(Result::ok).collect();
+        let mut closes = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Ok(record) = self.lost_closes.get(&id, 0) {
+                // SAFETY: SyscallRecord is aya::Pod (repr(C), its padding spelled out as
+                // fields): its bytes are initialised and are exactly what the kernel would have
+                // put in the ring buffer.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts(
+                        (&raw const record).cast::<u8>(),
+                        std::mem::size_of::<SyscallRecord>(),
+                    )
+                };
+                closes.push(bytes.to_vec());
+            }
+            let _ = self.lost_closes.remove(&id);
+        }
+        closes
     }
 
     pub fn events_fd(&self) -> RawFd {

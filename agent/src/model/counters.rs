@@ -181,6 +181,7 @@ counters! {
     VllmIpcLayoutMismatch => "vllm_ipc_layout_mismatch": Loss,
     // Correlate: connections, requests, scheduler joins, timelines; requests lost or left incomplete.
     RequestsUnfinished => "requests_unfinished": Total,
+    ClosesRecovered => "closes_recovered": Total,
     ArrivalWireUnknown => "arrival_wire_unknown": Loss,
     ConnectionGaps => "connection_gaps": Loss,
     ConnectionRecordsLost => "connection_records_lost": Loss,

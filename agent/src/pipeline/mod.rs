@@ -477,6 +477,26 @@ impl Pipeline {
                 }
             }
             let Some(item) = probes.events().next() else {
+                // Read empty: the closes the ring had no room for come after every record of
+                // their connections that it kept.
+                let lost_closes = probes.take_lost_closes();
+                stats.add(Counter::ClosesRecovered, lost_closes.len() as u64);
+                for bytes in lost_closes {
+                    if let Ok(CapturedEvent::Syscall(ev)) = records::parse(&bytes) {
+                        route::Sockets {
+                            ports,
+                            classifier,
+                            tracker,
+                            ipc,
+                            stats,
+                            records,
+                            steps,
+                            ignore: &mut ignore,
+                            adoption,
+                        }
+                        .on_syscall(&ev);
+                    }
+                }
                 break;
             };
             *records_read += 1;

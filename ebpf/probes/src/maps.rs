@@ -111,6 +111,14 @@ pub static FD_VERDICT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536
 #[map]
 pub static CONNS: LruHashMap<u64, ConnEntry> = LruHashMap::with_max_entries(65536, 0);
 
+/// Close records of known connections that did not fit in the ring buffer, by connection id:
+/// user space takes them once it has read the ring empty, so a connection whose last records
+/// and close were all dropped still learns its end, and the record numbers and lost heads its
+/// close carries (answered requests it would never see counted otherwise). LRU: beyond 4,096
+/// waiting, the oldest go (counted by user space as connections that never end, at shutdown).
+#[map]
+pub static LOST_CLOSES: LruHashMap<u64, SyscallRecord> = LruHashMap::with_max_entries(4096, 0);
+
 /// Per (tgid, fd): the connection id user space found carrying engine IPC (a ZeroMQ tcp://
 /// connection the engine accepted), which the adaptive capture must never cut. Applies only
 /// while the fd holds that connection; LRU so leaked entries can never fill it.

@@ -15,7 +15,7 @@ use crate::{
     counters::bump,
     ctx::field,
     maps::{
-        CONN_REFS, CONNS, FD_VERDICT, INFLIGHT, Inflight, Shape, captures_unknown_fds,
+        CONN_REFS, CONNS, FD_VERDICT, INFLIGHT, Inflight, LOST_CLOSES, Shape, captures_unknown_fds,
         clear_sock_wanted, ignored, sock_wanted_until, trace, traced, want_sock, watched,
     },
     ringbuf::output,
@@ -377,7 +377,7 @@ pub fn close_fd(tgid: u32, tid: u32, fd: i32) -> Result<(), i32> {
     if was_ignored && conn.id == 0 {
         return Ok(());
     }
-    emit_control(
+    let record = control_record(
         SyscallKind::Close,
         tgid,
         tid,
@@ -387,6 +387,10 @@ pub fn close_fd(tgid: u32, tid: u32, fd: i32) -> Result<(), i32> {
         conn_seq,
         lost_heads,
     );
+    if !output::<SyscallRecord>(&record, Counter::RecordsEmitted) && conn.id != 0 {
+        // The ring is full: keep the end of this connection for user space to take later.
+        let _ = LOST_CLOSES.insert(conn.id, record, 0);
+    }
     Ok(())
 }
 
@@ -403,9 +407,26 @@ fn emit_control(
     conn_seq: u32,
     lost_heads: u32,
 ) {
+    let record = control_record(kind, tgid, tid, fd, ret, conn, conn_seq, lost_heads);
+    output::<SyscallRecord>(&record, Counter::RecordsEmitted);
+}
+
+/// The record [`emit_control`] sends.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn control_record(
+    kind: SyscallKind,
+    tgid: u32,
+    tid: u32,
+    fd: i32,
+    ret: i64,
+    conn: ConnEntry,
+    conn_seq: u32,
+    lost_heads: u32,
+) -> SyscallRecord {
     // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
     let ts = unsafe { bpf_ktime_get_ns() };
-    let record = SyscallRecord {
+    SyscallRecord {
         record_type: RecordType::Syscall as u8,
         kind: kind as u8,
         flags: 0,
@@ -423,6 +444,5 @@ fn emit_control(
         lost_heads,
         chunk_offset: 0,
         _pad: 0,
-    };
-    output::<SyscallRecord>(&record, Counter::RecordsEmitted);
+    }
 }
