@@ -466,6 +466,23 @@ impl Pipeline {
         let mut over_limit: Vec<u32> = Vec::new();
         let mut ignore: Vec<(u32, i32, u64)> = Vec::new();
         let mut joined: Vec<Joined> = Vec::new();
+        // Where a syscall goes, over this drain's borrows (the ring's records and the closes
+        // replayed after it).
+        macro_rules! sockets {
+            () => {
+                route::Sockets {
+                    ports,
+                    classifier,
+                    tracker,
+                    ipc,
+                    stats,
+                    records,
+                    steps,
+                    ignore: &mut ignore,
+                    adoption,
+                }
+            };
+        }
         // Bound one drain so discovery and shutdown still run under a flood.
         for n in 0..1_000_000u32 {
             // A drop happened before the records that follow it: look before reading them.
@@ -483,18 +500,7 @@ impl Pipeline {
                 stats.add(Counter::ClosesRecovered, lost_closes.len() as u64);
                 for bytes in lost_closes {
                     if let Ok(CapturedEvent::Syscall(ev)) = records::parse(&bytes) {
-                        route::Sockets {
-                            ports,
-                            classifier,
-                            tracker,
-                            ipc,
-                            stats,
-                            records,
-                            steps,
-                            ignore: &mut ignore,
-                            adoption,
-                        }
-                        .on_syscall(&ev);
+                        sockets!().on_syscall(&ev);
                     }
                 }
                 break;
@@ -531,17 +537,7 @@ impl Pipeline {
                     }
                 }
                 Ok(CapturedEvent::Syscall(ev)) => {
-                    let mut sockets = route::Sockets {
-                        ports,
-                        classifier,
-                        tracker,
-                        ipc,
-                        stats,
-                        records,
-                        steps,
-                        ignore: &mut ignore,
-                        adoption,
-                    };
+                    let mut sockets = sockets!();
                     let plain = chunks.push(ev, &mut joined);
                     for whole in joined.drain(..) {
                         sockets.on_syscall(&whole.event());
