@@ -115,7 +115,7 @@ pub static CONNS: LruHashMap<u64, ConnEntry> = LruHashMap::with_max_entries(6553
 /// user space takes them once it has read the ring empty, so a connection whose last records
 /// and close were all dropped still learns its end, and the record numbers and lost heads its
 /// close carries (answered requests it would never see counted otherwise). LRU: beyond 4,096
-/// waiting, the oldest go (counted by user space as connections that never end, at shutdown).
+/// waiting, the oldest go, and their connections end only at shutdown (`events_lost`).
 #[map]
 pub static LOST_CLOSES: LruHashMap<u64, SyscallRecord> = LruHashMap::with_max_entries(4096, 0);
 

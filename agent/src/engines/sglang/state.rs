@@ -336,24 +336,7 @@ impl IpcState {
                 r.prefill_step = Some(at);
             }
         }
-        steps.push(StepRecord {
-            pid: seen.tgid,
-            engine: "sglang".into(),
-            tid: seen.tid,
-            start_mono_ns: start,
-            end_mono_ns: end,
-            duration_ms: (end - start) as f64 / 1e6,
-            batch_tokens: step.tokens,
-            sequences: step.members.len() as u64,
-            prefilling: step.prefilling,
-            requests: step.members,
-            kv_cache_usage: None,
-            running_requests: None,
-            waiting_requests: None,
-            start_from: Some("forward_entry"),
-            kernel_pid: seen.kernel_pid.filter(|&p| p != seen.tgid),
-            kernels_from_ns: None,
-        });
+        steps.push(step_record(step, seen, start, end, "forward_entry"));
     }
 
     /// A step SGLang's outputs do not time: it ends at `at` (see [`Self::on_outputs`]), its
@@ -367,24 +350,7 @@ impl IpcState {
     ) {
         self.stats.bump(Counter::SglangSteps);
         self.stats.bump(Counter::SglangStepsUntimed);
-        steps.push(StepRecord {
-            pid: seen.tgid,
-            engine: "sglang".into(),
-            tid: seen.tid,
-            start_mono_ns: at,
-            end_mono_ns: at,
-            duration_ms: 0.0,
-            batch_tokens: step.tokens,
-            sequences: step.members.len() as u64,
-            prefilling: step.prefilling,
-            requests: step.members,
-            kv_cache_usage: None,
-            running_requests: None,
-            waiting_requests: None,
-            start_from: Some("unknown"),
-            kernel_pid: seen.kernel_pid.filter(|&p| p != seen.tgid),
-            kernels_from_ns: None,
-        });
+        steps.push(step_record(step, seen, at, at, "unknown"));
     }
 
     /// Fills `record` (an HTTP request that just finished) from the SGLang request that served
@@ -471,4 +437,33 @@ fn join_steps(record: &mut RequestRecord, state: &RequestState) {
     record.engine_unknown.push("prefill_steps");
     record.engine_unknown.push("decode_steps");
     record.engine_steps = state.prefill_step.into_iter().collect();
+}
+
+/// The step record of a batch SGLang ran from `start` to `end` (`start_from`: where the start
+/// came from). SGLang's outputs carry no KV use or queue lengths per batch.
+fn step_record(
+    step: PendingStep,
+    seen: Sighting,
+    start: u64,
+    end: u64,
+    start_from: &'static str,
+) -> StepRecord {
+    StepRecord {
+        pid: seen.tgid,
+        engine: "sglang".into(),
+        tid: seen.tid,
+        start_mono_ns: start,
+        end_mono_ns: end,
+        duration_ms: end.saturating_sub(start) as f64 / 1e6,
+        batch_tokens: step.tokens,
+        sequences: step.members.len() as u64,
+        prefilling: step.prefilling,
+        requests: step.members,
+        kv_cache_usage: None,
+        running_requests: None,
+        waiting_requests: None,
+        start_from: Some(start_from),
+        kernel_pid: seen.kernel_pid.filter(|&p| p != seen.tgid),
+        kernels_from_ns: None,
+    }
 }

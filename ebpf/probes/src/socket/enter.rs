@@ -310,8 +310,9 @@ pub fn enter_shutdown(ctx: TracePointContext) -> u32 {
     if ignored(tgid, key, conn.id) {
         return 0;
     }
-    // Not a data record: the fd's record numbers do not move.
-    emit_control(
+    // Not a data record: the fd's record numbers do not move. A lost one is not kept: the close
+    // that follows ends the connection.
+    let _ = emit_control(
         SyscallKind::Shutdown,
         tgid,
         pid_tgid as u32,
@@ -377,7 +378,7 @@ pub fn close_fd(tgid: u32, tid: u32, fd: i32) -> Result<(), i32> {
     if was_ignored && conn.id == 0 {
         return Ok(());
     }
-    let record = control_record(
+    let unsent = emit_control(
         SyscallKind::Close,
         tgid,
         tid,
@@ -387,14 +388,17 @@ pub fn close_fd(tgid: u32, tid: u32, fd: i32) -> Result<(), i32> {
         conn_seq,
         lost_heads,
     );
-    if !output::<SyscallRecord>(&record, Counter::RecordsEmitted) && conn.id != 0 {
+    if let Some(record) = unsent
+        && conn.id != 0
+    {
         // The ring is full: keep the end of this connection for user space to take later.
         let _ = LOST_CLOSES.insert(conn.id, record, 0);
     }
     Ok(())
 }
 
-/// A record about a connection that moves no bytes (close, shutdown), stamped now.
+/// A record about a connection that moves no bytes (close, shutdown), stamped now; the record
+/// back when the ring buffer had no room for it.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn emit_control(
@@ -406,27 +410,10 @@ fn emit_control(
     conn: ConnEntry,
     conn_seq: u32,
     lost_heads: u32,
-) {
-    let record = control_record(kind, tgid, tid, fd, ret, conn, conn_seq, lost_heads);
-    output::<SyscallRecord>(&record, Counter::RecordsEmitted);
-}
-
-/// The record [`emit_control`] sends.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn control_record(
-    kind: SyscallKind,
-    tgid: u32,
-    tid: u32,
-    fd: i32,
-    ret: i64,
-    conn: ConnEntry,
-    conn_seq: u32,
-    lost_heads: u32,
-) -> SyscallRecord {
+) -> Option<SyscallRecord> {
     // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
     let ts = unsafe { bpf_ktime_get_ns() };
-    SyscallRecord {
+    let record = SyscallRecord {
         record_type: RecordType::Syscall as u8,
         kind: kind as u8,
         flags: 0,
@@ -444,5 +431,6 @@ fn control_record(
         lost_heads,
         chunk_offset: 0,
         _pad: 0,
-    }
+    };
+    (!output::<SyscallRecord>(&record, Counter::RecordsEmitted)).then_some(record)
 }
