@@ -126,4 +126,15 @@ assert u.find_spec("zmq").origin.startswith(sys.prefix) and u.find_spec("torch")
     pyzmq==27.3.0
 fi
 # --- end SGLang ------------------------------------------------------------------------------
+# --- docs (mdbook) ---------------------------------------------------------------------------
+# scripts/test.sh renders the book (docs/) with mdbook from crates.io, pinned; installed into
+# ~/.cargo/bin (outside the checkout) once per version. Without the serve/watch features: CI only
+# builds (about 2 minutes on 2 cores); `cargo install mdbook` with its defaults adds `mdbook serve`.
+MDBOOK_VERSION=0.5.4
+if [ "$(mdbook --version 2>/dev/null)" != "mdbook v$MDBOOK_VERSION" ]; then
+  log "installing mdbook $MDBOOK_VERSION (crates.io)"
+  cargo install --locked -q mdbook --version "$MDBOOK_VERSION" --no-default-features \
+    --features search
+fi
+# --- end docs --------------------------------------------------------------------------------
 log "ready"

@@ -31,6 +31,14 @@ cargo clippy -p inferscope-ebpf -q --config 'profile.dev.panic="abort"' -- -D wa
 # --- deploy: kustomize overlays rendered and validated; the container image (issue 14) -------
 echo "== deploy manifests (kubectl kustomize + kubernetes-validate)"
 scripts/check-manifests.sh
+# --- docs (issue 24): the book renders, and every relative link and #anchor in README.md,
+# CONTRIBUTING.md, tests/README.md and docs/src resolves (the checker first proves it catches
+# planted faults) ------------------------------------------------------------------------------
+echo "== docs (scripts/check-docs.py, mdbook build docs)"
+scripts/check-docs.py --self-test
+scripts/check-docs.py
+mdbook build docs
+# --- end docs --------------------------------------------------------------------------------
 echo "== build"
 cargo build --release -q -p inferscope -p inferscope-cupti
 export INFERSCOPE_BIN="$PWD/target/release/inferscope"

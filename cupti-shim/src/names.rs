@@ -3,7 +3,7 @@
 //! A kernel is flagged as using tensor cores when its demangled name contains (case-insensitive)
 //! one of [`TENSOR_CORE_PATTERNS`]. It is a name heuristic, not a hardware counter: the per-GPU
 //! tensor-core utilisation from NVML GPM is the measured figure; this flag says which kernels
-//! are the likely users. The table is documented in README.md ("GPU kernels (CUPTI shim)").
+//! are the likely users. The table is documented in docs/src/gpu.md.
 use std::{collections::HashMap, sync::Arc};
 
 /// (pattern, what it catches). Patterns are lower case; "mma" alone is avoided because it matches

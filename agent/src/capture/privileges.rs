@@ -3,7 +3,7 @@
 //! each. [`REQUIREMENTS`] is the one list of capabilities the agent needs; deploy/ follows it.
 //!
 //! Measured on kernel 6.18 (perf_event_paranoid 2, uid 0 with a reduced bounding set, the way a
-//! container with `capabilities.add` runs), see README "Kubernetes":
+//! container with `capabilities.add` runs), see docs/src/kubernetes.md:
 //! - BPF maps, ring buffers and tracing programs load with CAP_BPF + CAP_PERFMON;
 //! - tracepoint perf events (`perf_event_open` type TRACEPOINT, all CPUs) open with CAP_PERFMON;
 //! - uprobe perf events (the `uprobe` PMU) are refused with EACCES unless CAP_SYS_ADMIN is

@@ -44,7 +44,7 @@ pub struct RecordArgs {
     #[arg(long, value_name = "FILE")]
     pub engines: Option<PathBuf>,
     /// Probe spec (TOML) with user-defined scheduler probes for a native engine inferscope has
-    /// no profile for (see "User-defined probes" in the README).
+    /// no profile for (see docs/src/engines/user-probes.md).
     #[arg(long)]
     pub probes: Option<PathBuf>,
     /// At exit, write every counter of the agent (drops, truncations, losses, parse failures,

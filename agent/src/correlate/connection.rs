@@ -87,7 +87,7 @@ pub struct Connection {
     /// What the kernel saw of the client's end (its FIN, a reset after it).
     peer_end_seen: PeerEnd,
     /// Responses begun after the client's FIN, with their end time: complete only if
-    /// the client did not reset the socket before the server closed it (see README,
+    /// the client did not reset the socket before the server closed it (see docs/src/record-fields.md,
     /// `ended_by`). Settled at the close.
     held: Vec<(Box<RequestProgress>, u64)>,
     /// Requests dropped at [`MAX_WAITING`] after the last waiting one: the next answers are

@@ -21,7 +21,7 @@ impl Default for HistoryLimits {
         Self {
             max_age_ns: 2 * 3600 * 1_000_000_000,
             // Powers of two: a VecDeque grows by doubling, so a cap just above one (200,000)
-            // made each ring allocate room for 262,144 (memory bound of `run`: README).
+            // made each ring allocate room for 262,144 (memory bound of `run`: docs/src/running.md).
             requests: 1 << 17,
             steps: 1 << 17,
             engine: 20_000,

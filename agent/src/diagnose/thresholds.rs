@@ -1,4 +1,5 @@
-//! Every threshold the diagnosis decides with, in one place (the README's table lists them).
+//! Every threshold the diagnosis decides with, in one place (the table in docs/src/diagnosis.md
+//! lists them).
 //! Ratios compare the incident window with the baseline window (window / baseline).
 
 /// P99 TTFT must grow by at least this ratio to count as a regression...

@@ -11,7 +11,7 @@
 pub enum Kind {
     /// A running total of something that happened (records read, requests joined).
     Total,
-    /// A running total of something lost, dropped, cut or failed: README's "Losses, counted in
+    /// A running total of something lost, dropped, cut or failed: the book's "Losses, counted in
     /// requests" names each one and what to do about it.
     Loss,
     /// A value that goes down as well as up (open connections): exported as a gauge.
@@ -381,25 +381,24 @@ mod tests {
         }
     }
 
-    /// Every counter of a loss, drop or failure is named (in backquotes) in README's section
-    /// "Losses, counted in requests", with what it counts and what to do.
+    /// Every counter of a loss, drop or failure is named (in backquotes) on the book's page
+    /// "Losses, counted in requests" (docs/src/losses.md), with what it counts and what to do.
     #[test]
-    fn readme_names_every_loss_counter() {
-        let readme = include_str!("../../../README.md");
-        let start = readme
-            .find("\n## Losses, counted in requests")
-            .expect("README has the losses section");
-        let section = &readme[start + 1..];
-        let section = &section[..section[1..].find("\n## ").map_or(section.len(), |i| i + 1)];
+    fn the_losses_page_names_every_loss_counter() {
+        let page = include_str!("../../../docs/src/losses.md");
+        assert!(
+            page.starts_with("# Losses, counted in requests\n"),
+            "docs/src/losses.md is the losses page"
+        );
         let missing: Vec<_> = Counter::ALL
             .iter()
             .filter(|c| c.kind() == Kind::Loss)
             .map(|c| c.name())
-            .filter(|name| !section.contains(&format!("`{name}`")))
+            .filter(|name| !page.contains(&format!("`{name}`")))
             .collect();
         assert!(
             missing.is_empty(),
-            "README's losses section does not name: {missing:?}"
+            "docs/src/losses.md does not name: {missing:?}"
         );
     }
 }

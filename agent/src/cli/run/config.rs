@@ -110,7 +110,7 @@ pub struct RunArgs {
     #[arg(long, value_parser = humantime::parse_duration)]
     pub duration: Option<Duration>,
     /// Probe spec (TOML) with user-defined scheduler probes for a native engine inferscope has
-    /// no profile for (see "User-defined probes" in the README).
+    /// no profile for (see docs/src/engines/user-probes.md).
     #[arg(long, env = "INFERSCOPE_PROBES")]
     pub probes: Option<PathBuf>,
     /// Also hook per-token engine functions (llama.cpp's send_partial_response) for the
