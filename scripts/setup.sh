@@ -128,8 +128,9 @@ fi
 # --- end SGLang ------------------------------------------------------------------------------
 # --- docs (mdbook) ---------------------------------------------------------------------------
 # scripts/test.sh renders the book (docs/) with mdbook from crates.io, pinned; installed into
-# ~/.cargo/bin (outside the checkout) once per version. Without the serve/watch features: CI only
-# builds (about 2 minutes on 2 cores); `cargo install mdbook` with its defaults adds `mdbook serve`.
+# ~/.cargo/bin (outside the checkout) once per version: a few minutes of compiling, the first time
+# only. Without the serve/watch features (CI only builds the book); `cargo install mdbook` with its
+# defaults adds `mdbook serve`.
 MDBOOK_VERSION=0.5.4
 if [ "$(mdbook --version 2>/dev/null)" != "mdbook v$MDBOOK_VERSION" ]; then
   log "installing mdbook $MDBOOK_VERSION (crates.io)"
