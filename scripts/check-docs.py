@@ -8,7 +8,7 @@ rendering shares for the headings we write).
     scripts/check-docs.py --self-test  # the checker against pages with known faults
 
 Also checked: every page under docs/src is listed in docs/src/SUMMARY.md (mdBook renders only
-listed pages), and no link in the book points outside the repository. Exit status 1 and one line
+listed pages), no link points outside the repository, and README.md stays within 250 lines. Exit status 1 and one line
 per fault (FILE:LINE: what) when anything is broken. Links inside code (fenced blocks, `spans`) are
 text, not links; http(s) and mailto links are not fetched.
 """
@@ -21,6 +21,8 @@ import tempfile
 ROOT = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 DEFAULT_FILES = ["README.md", "CONTRIBUTING.md", "tests/README.md"]
 BOOK_SRC = "docs/src"
+# The README is the short tour; everything else lives in the book.
+README_MAX_LINES = 250
 
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 ATX = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?[ \t]*$")
@@ -169,6 +171,17 @@ class Checker:
                 self.fault(page, 0, "not listed in docs/src/SUMMARY.md, so mdBook does not render it")
 
 
+    def check_readme_length(self):
+        readme = os.path.join(self.root, "README.md")
+        if not os.path.exists(readme):
+            return
+        with open(readme, encoding="utf-8") as f:
+            lines = f.read().count("\n")
+        if lines > README_MAX_LINES:
+            self.fault(readme, lines, f"{lines} lines, over {README_MAX_LINES}: move the detail "
+                                      "into a page of the book (docs/src)")
+
+
 def book_pages(root):
     book = os.path.join(root, BOOK_SRC)
     pages = []
@@ -184,6 +197,7 @@ def check(root, files=None):
                  if os.path.exists(os.path.join(checker.root, f))]
         files += book_pages(checker.root)
         checker.check_summary()
+        checker.check_readme_length()
     for path in files:
         checker.check_file(path)
     return checker.faults
@@ -227,11 +241,22 @@ def self_test():
         print("  expected:\n    " + "\n    ".join(sorted(expected)), file=sys.stderr)
         print("  reported:\n    " + "\n    ".join(sorted(faults)), file=sys.stderr)
         return 1
+    with tempfile.TemporaryDirectory() as root:
+        os.makedirs(os.path.join(root, BOOK_SRC))
+        with open(os.path.join(root, BOOK_SRC, "SUMMARY.md"), "w", encoding="utf-8") as f:
+            f.write("# Summary\n")
+        with open(os.path.join(root, "README.md"), "w", encoding="utf-8") as f:
+            f.write("line\n" * (README_MAX_LINES + 1))
+        long_readme = check(root)
+    if long_readme != [f"README.md:{README_MAX_LINES + 1}: {README_MAX_LINES + 1} lines, over "
+                       f"{README_MAX_LINES}: move the detail into a page of the book (docs/src)"]:
+        print(f"check-docs self-test FAILED: a long README gave {long_readme}", file=sys.stderr)
+        return 1
     assert id_from_content(heading_text("Losses, counted in requests")) == \
         "losses-counted-in-requests"
     assert id_from_content(heading_text("SGLang: admission, retractions")) == \
         "sglang-admission-retractions"
-    print(f"check-docs self-test: {len(expected)} planted faults reported, good links passed")
+    print(f"check-docs self-test: {len(expected) + 1} planted faults reported, good links passed")
     return 0
 
 
