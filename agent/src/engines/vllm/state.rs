@@ -550,6 +550,8 @@ impl IpcState {
                 record.engine_unknown.push("prompt_tokens");
             }
         }
+        record.engine_queued_mono_ns = states.iter().filter_map(|s| s.queued_ns).min();
+        record.engine_first_output_mono_ns = states.iter().filter_map(|s| s.first_output_ns).min();
         let Some(admitted) = states.iter().filter_map(|s| s.scheduled_ns).min() else {
             if served {
                 record.engine_unknown.push("admitted_mono_ns");
