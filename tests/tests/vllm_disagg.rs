@@ -31,6 +31,7 @@ use serde_json::Value;
 
 const CONCURRENCY: usize = 8;
 const PER_PHASE: usize = 24;
+const PACE: Duration = Duration::from_millis(40);
 /// The modelled KV transfer: normal, then slow (the incident `diagnose` must name).
 const KV_MS: [u64; 2] = [20, 150];
 
@@ -98,17 +99,23 @@ fn complete(port: u16, i: usize) -> String {
     out
 }
 
+/// One phase of load: request `from + k` leaves at `k * PACE` (an open loop at a steady rate,
+/// so the two phases' arrival rates are equal and only the transfer differs), on up to
+/// CONCURRENCY clients at once.
 fn run_phase(port: u16, from: usize) {
-    let next = std::sync::atomic::AtomicUsize::new(from);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let start = Instant::now();
     std::thread::scope(|scope| {
         for _ in 0..CONCURRENCY {
             scope.spawn(|| {
                 loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if i >= from + PER_PHASE {
+                    let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if k >= PER_PHASE {
                         break;
                     }
-                    let answer = complete(port, i);
+                    let at = start + PACE * k as u32;
+                    std::thread::sleep(at.saturating_duration_since(Instant::now()));
+                    let answer = complete(port, from + k);
                     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
                     assert!(answer.contains("data: [DONE]"), "{answer}");
                 }
@@ -208,8 +215,10 @@ fn prefill_and_decode_legs_are_stitched_on_vllms_scheduler() {
     let d = VllmServer::start(&dir.join("d"), d_port, &opts("kv_consumer"));
     let p = start_p.join().expect("starting the prefill server");
     let _proxy = start_proxy(&dir, proxy_port, p_port, d_port);
-    // A first request through both (vLLM's first requests pay for lazy imports).
-    complete(proxy_port, 10_000);
+    // First requests through both (vLLM's first requests pay for lazy imports).
+    for i in 0..4 {
+        complete(proxy_port, 10_000 + i);
+    }
     let rotel = Rotel::start(&dir, free_port());
     let records_path = dir.join("records.jsonl");
     let endpoint = format!("http://127.0.0.1:{}", rotel.port);
@@ -378,14 +387,19 @@ fn prefill_and_decode_legs_are_stitched_on_vllms_scheduler() {
     eprintln!("{s:#?}");
 
     // The slow transfer, named.
+    // The proxy writes its lines as requests end: a phase's first arrival is its earliest.
     let window = |from: usize, to: usize| {
-        let a = proxy[from]["arrival"].as_f64().map(ns).unwrap();
-        let b = proxy[from..to]
-            .iter()
-            .filter_map(|p| p["end"].as_f64().map(ns))
-            .max()
-            .unwrap();
-        format!("{a}..{b}")
+        let stamp = |k: &'static str| -> Vec<u64> {
+            proxy[from..to]
+                .iter()
+                .filter_map(|p| p[k].as_f64().map(ns))
+                .collect()
+        };
+        format!(
+            "{}..{}",
+            stamp("arrival").into_iter().min().unwrap(),
+            stamp("end").into_iter().max().unwrap()
+        )
     };
     let out = Command::new(agent::binary())
         .args(["diagnose", "--json", "--records"])
