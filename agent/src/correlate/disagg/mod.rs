@@ -232,5 +232,4 @@ impl Stitcher {
 }
 
 #[cfg(test)]
-#[path = "disagg_tests.rs"]
 mod tests;
