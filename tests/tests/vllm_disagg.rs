@@ -379,6 +379,12 @@ fn prefill_and_decode_legs_are_stitched_on_vllms_scheduler() {
                 .unwrap_or_else(|| panic!("no span for leg {rid}"));
             assert_eq!(span.trace_id, parent.trace_id, "{rid}");
             assert_eq!(span.parent_id, parent.id, "{rid}");
+            // The decode leg shows its wait for the KV as a phase of its own.
+            let waits = spans
+                .iter()
+                .filter(|s| s.name == "kv_transfer_wait" && s.parent_id == span.id)
+                .count();
+            assert_eq!(waits, usize::from(leg == dl), "{rid}");
         }
     }
     // The wait D's scheduler stamps is the modelled transfer plus at most a step or two: the

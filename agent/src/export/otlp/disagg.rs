@@ -131,6 +131,16 @@ fn attributes(info: &DisaggInfo) -> Vec<KeyValue> {
     out
 }
 
+/// On a decode leg: when its scheduler queued it and first scheduled it (the wait for the
+/// remote KV cache).
+pub fn kv_wait(record: &RequestRecord) -> Option<(u64, u64)> {
+    let info = record.disagg.as_deref()?;
+    if info.role != Some(DisaggRole::Decode) || info.kv_transfer_wait_ms.is_none() {
+        return None;
+    }
+    Some((record.engine_queued_mono_ns?, record.admitted_mono_ns?))
+}
+
 /// The attributes a leg's own request span carries.
 pub fn leg_attributes(record: &RequestRecord) -> Vec<KeyValue> {
     let Some(info) = record.disagg.as_deref() else {

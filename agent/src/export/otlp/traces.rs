@@ -218,6 +218,11 @@ impl TraceExporter {
             }
             (None, None) => {}
         }
+        // A disaggregated request's decode leg: inside its queue, the wait for the prefill
+        // server's KV cache (its scheduler's QUEUED → first SCHEDULED).
+        if let Some((queued, admitted)) = super::disagg::kv_wait(request) {
+            phases.push(("kv_transfer_wait", queued, admitted));
+        }
         for (name, start, stop) in phases {
             let mut span = tracer
                 .span_builder(name)
