@@ -387,10 +387,12 @@ fn prefill_and_decode_legs_are_stitched_on_vllms_scheduler() {
             assert_eq!(waits, usize::from(leg == dl), "{rid}");
         }
     }
-    // The wait D's scheduler stamps is the modelled transfer plus at most a step or two: the
-    // worker reports a load done at its next step, the scheduler admits it at the one after.
+    // The wait D's scheduler stamps is the modelled transfer plus a few steps: the worker
+    // reports a load done at its next step, the scheduler admits it at the one after (steps of
+    // 4-8 ms; 23 ms over the model was seen on the 2 shared cores). Its agreement with the
+    // scheduler's own stamps is checked exactly above; this bounds the model's, not the agent's.
     for w in kv_wait.iter().flatten() {
-        assert!(*w >= 0.0 && *w < 25.0, "{kv_wait:?}");
+        assert!(*w >= 0.0 && *w < 60.0, "{kv_wait:?}");
     }
     let [k0, k1] = kv_wait;
     let [t0_, t1_] = transfer;
