@@ -84,6 +84,9 @@ fuzz_target!(|data: &[u8]| {
                     assert!(s.traceparent.as_ref().is_none_or(|v| v.len() <= 256));
                     assert!(s.model.as_ref().is_none_or(|v| v.len() <= 128));
                     assert!(!(s.body_truncated && s.model.is_some()));
+                    if let Some(p) = &s.kv_transfer_params {
+                        assert_handoff_bounded(p);
+                    }
                 }
                 RequestEvent::Error(_) => req_failed = true,
                 RequestEvent::Started { .. } => {}
@@ -95,7 +98,12 @@ fuzz_target!(|data: &[u8]| {
                     assert!(s.id.as_ref().is_none_or(|v| v.len() <= 128));
                     assert!(!(s.done && s.json_error));
                 }
-                ResponseEvent::Body(b) => assert!(b.id.as_ref().is_none_or(|v| v.len() <= 128)),
+                ResponseEvent::Body(b) => {
+                    assert!(b.id.as_ref().is_none_or(|v| v.len() <= 128));
+                    if let Some(p) = &b.kv_transfer_params {
+                        assert_handoff_bounded(p);
+                    }
+                }
                 ResponseEvent::Error(_) => resp_failed = true,
                 ResponseEvent::Head { status, .. } => assert!(!(100..200).contains(&status)),
                 ResponseEvent::End { .. } => {}
@@ -111,3 +119,15 @@ fuzz_target!(|data: &[u8]| {
     }
     resp.close(ts + 1, &mut resp_out);
 });
+
+/// A digested `kv_transfer_params`: bounded keys, entries and strings; arrays never kept.
+fn assert_handoff_bounded(p: &inferscope::model::HandoffParams) {
+    use inferscope::model::{HandoffValue, disagg};
+    assert!(p.entries.len() <= disagg::MAX_HANDOFF_ENTRIES);
+    for (k, v) in &p.entries {
+        assert!(k.len() <= disagg::MAX_HANDOFF_KEY);
+        if let HandoffValue::Str(s) = v {
+            assert!(s.len() <= disagg::MAX_HANDOFF_STR);
+        }
+    }
+}

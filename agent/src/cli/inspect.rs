@@ -128,6 +128,7 @@ pub fn render(t: &RequestTimeline, width: usize, max_steps: usize) -> String {
                 .map_or(String::new(), |s| format!(" by slot {s}"))
         );
     }
+    out.push_str(&disagg_section(&r.record_json, width));
     if !r.unknown.is_empty() {
         let _ = writeln!(
             out,
@@ -241,8 +242,127 @@ pub fn render(t: &RequestTimeline, width: usize, max_steps: usize) -> String {
     out
 }
 
+/// The disaggregated (prefill/decode) view of a leg, from its record's `disagg`: which leg,
+/// joined to which, and on the decode leg the whole request stitched, P's arrival to D's end.
+fn disagg_section(record_json: &str, width: usize) -> String {
+    let mut out = String::new();
+    let Ok(record) = serde_json::from_str::<serde_json::Value>(record_json) else {
+        return out;
+    };
+    let Some(d) = record.get("disagg") else {
+        return out;
+    };
+    let text =
+        |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_owned);
+    let num = |v: &serde_json::Value, k: &str| v.get(k).and_then(serde_json::Value::as_f64);
+    let int = |v: &serde_json::Value, k: &str| v.get(k).and_then(serde_json::Value::as_u64);
+    let role = text(d, "role").unwrap_or_else(|| "?".into());
+    let scheme = text(d, "scheme").unwrap_or_else(|| "?".into());
+    let _ = match (text(d, "id"), text(d, "unjoined")) {
+        (_, Some(why)) => writeln!(out, "disagg    {role} leg, not joined: {why} ({scheme})"),
+        (Some(id), None) => match text(d, "peer_request_id") {
+            Some(peer) => writeln!(
+                out,
+                "disagg    {role} leg of {id} ({scheme}); prefill leg {peer}"
+            ),
+            None => writeln!(out, "disagg    {role} leg of {id} ({scheme})"),
+        },
+        (None, None) => writeln!(out, "disagg    {role} leg ({scheme})"),
+    };
+    let Some(p_arrival) = int(d, "prefill_arrival_mono_ns").filter(|_| role == "decode") else {
+        if role == "prefill" {
+            let _ = writeln!(
+                out,
+                "          P queue {}  P prefill {}",
+                opt(num(d, "prefill_queue_wait_ms")),
+                opt(num(d, "prefill_ms"))
+            );
+        }
+        return out;
+    };
+    let _ = writeln!(
+        out,
+        "stitched  TTFT {} from P's arrival: P queue {} + P prefill {} … hand-off {} … KV wait {} + D first step {}",
+        opt(num(d, "ttft_ms")),
+        opt(num(d, "prefill_queue_wait_ms")),
+        opt(num(d, "prefill_ms")),
+        opt(num(d, "handoff_ms")),
+        opt(num(d, "kv_transfer_wait_ms")),
+        opt(num(d, "first_decode_step_ms")),
+    );
+    let (Some(d_arrival), Some(d_end)) =
+        (int(&record, "arrival_mono_ns"), int(&record, "end_mono_ns"))
+    else {
+        return out;
+    };
+    let ns = |ms: f64| (ms * 1e6).round() as u64;
+    let end = d_end.max(p_arrival);
+    let span = end - p_arrival;
+    let mut row = |name: &str, from: u64, to: u64, fill: char| {
+        let _ = writeln!(
+            out,
+            "{:<10}{}  {:>8.1}ms {:>8.1}ms",
+            name,
+            bar(p_arrival, span, from, to, width, fill),
+            ms(from.saturating_sub(p_arrival)),
+            ms(to.saturating_sub(from))
+        );
+    };
+    let p_end = num(d, "handoff_ms").map(|h| d_arrival.saturating_sub(ns(h)));
+    if let Some(p_end) = p_end {
+        row("P leg", p_arrival, p_end, '█');
+    }
+    let queued = int(&record, "engine_queued_mono_ns");
+    let admitted = int(&record, "admitted_mono_ns");
+    if let (Some(q), Some(a)) = (queued, admitted) {
+        row("KV wait", q, a, '░');
+        if let Some(f) = int(&record, "engine_first_output_mono_ns") {
+            row("D step 1", a, f, '█');
+        }
+    }
+    row("D leg", d_arrival, end, '▒');
+    out.push('\n');
+    out
+}
+
 #[cfg(test)]
 mod tests {
+    /// The decode leg of a request stitched to its prefill leg draws the whole request from
+    /// P's arrival; an unjoined leg says why. (The docs' P/D page shows this output.)
+    #[test]
+    fn draws_the_stitched_disaggregated_request() {
+        let ms = 1_000_000u64;
+        let d = serde_json::json!({
+            "request_id": "2002-7-0", "arrival_mono_ns": 1014 * ms, "end_mono_ns": 1200 * ms,
+            "engine_queued_mono_ns": 1015 * ms, "admitted_mono_ns": 1035 * ms,
+            "engine_first_output_mono_ns": 1039 * ms,
+            "disagg": {
+                "id": "5be1f0c27a9d4e10", "role": "decode", "scheme": "vllm_kv_transfer",
+                "peer_request_id": "1001-3-0", "prefill_arrival_mono_ns": 1000 * ms,
+                "prefill_queue_wait_ms": 2.0, "prefill_ms": 7.0, "handoff_ms": 2.0,
+                "kv_transfer_wait_ms": 20.0, "first_decode_step_ms": 4.0, "ttft_ms": 40.0
+            }
+        });
+        let out = super::disagg_section(&d.to_string(), 40);
+        println!("{out}");
+        assert!(
+            out.contains("decode leg of 5be1f0c27a9d4e10 (vllm_kv_transfer); prefill leg 1001-3-0")
+        );
+        assert!(out.contains("TTFT 40.0 ms from P's arrival: P queue 2.0 ms + P prefill 7.0 ms"));
+        assert!(out.contains("KV wait 20.0 ms + D first step 4.0 ms"));
+        let kv = out.lines().find(|l| l.starts_with("KV wait")).unwrap();
+        assert!(kv.ends_with("15.0ms     20.0ms"), "{kv}");
+        let p = out.lines().find(|l| l.starts_with("P leg")).unwrap();
+        assert!(p.ends_with("0.0ms     12.0ms"), "{p}");
+        let unjoined = serde_json::json!({
+            "disagg": {"role": "decode", "scheme": "vllm_kv_transfer", "unjoined": "prefill_leg_not_seen"}
+        });
+        assert_eq!(
+            super::disagg_section(&unjoined.to_string(), 40),
+            "disagg    decode leg, not joined: prefill_leg_not_seen (vllm_kv_transfer)\n"
+        );
+        assert_eq!(super::disagg_section("{}", 40), "");
+    }
     use super::*;
     use inferscope_proto::v1::agent::{Request, Step, StepMember};
 

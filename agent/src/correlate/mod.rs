@@ -3,6 +3,7 @@
 use crate::model::{Counter, PerProcess};
 mod arrivals;
 mod connection;
+pub mod disagg;
 pub mod engine_metrics;
 pub mod loss;
 mod peer_close;

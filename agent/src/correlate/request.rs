@@ -29,6 +29,8 @@ pub struct RequestProgress {
     pub response_id: Option<String>,
     pub usage: Option<Usage>,
     pub timings: Option<Timings>,
+    /// The response body's `kv_transfer_params` (a prefill server's hand-off).
+    pub response_handoff: Option<crate::model::HandoffParams>,
     pub response_bytes: u64,
     pub truncated: bool,
     /// The engine's task id, from its scheduler hook on the thread that read the request.
@@ -130,6 +132,7 @@ impl RequestProgress {
         }
         self.usage = body.usage.or(self.usage.take());
         self.timings = body.timings.or(self.timings.take());
+        self.response_handoff = body.kv_transfer_params.or(self.response_handoff.take());
     }
 
     pub fn arrival_ns(&self) -> u64 {
@@ -144,7 +147,11 @@ impl RequestProgress {
     ) -> RequestRecord {
         let arrival = self.arrival_ns();
         let ms = |from: u64, to: u64| to.saturating_sub(from) as f64 / 1e6;
-        let summary = self.summary.take().unwrap_or_default();
+        let mut summary = self.summary.take().unwrap_or_default();
+        let hints = crate::model::DisaggHints {
+            request: summary.kv_transfer_params.take().map(|p| *p),
+            response: self.response_handoff.take(),
+        };
         let completion_tokens = self.usage.as_ref().and_then(|u| u.completion_tokens);
         let prompt_tokens = self.usage.as_ref().and_then(|u| u.prompt_tokens);
         // TPOT over tokens where the engine reports them: one SSE event may carry several.
@@ -204,6 +211,8 @@ impl RequestProgress {
             deferred_mono_ns: self.deferred_ns,
             requeued_mono_ns: self.requeued_ns,
             engine_first_token_mono_ns: self.engine_first_token_ns,
+            engine_queued_mono_ns: None,
+            engine_first_output_mono_ns: None,
             engine_finished_mono_ns: self.engine_finished_ns,
             slot_released_mono_ns: self.slot_released_ns,
             prefill_steps: self.admitted_ns.map(|_| self.prefill_steps),
@@ -243,6 +252,9 @@ impl RequestProgress {
             identity: None,
             engine_unknown: Vec::new(),
             engine_steps: Vec::new(),
+            disagg_hints: (!hints.is_empty()).then(|| Box::new(hints)),
+            // Stitched by the pipeline (correlate::disagg) when the record is emitted.
+            disagg: None,
         }
     }
 }

@@ -163,6 +163,15 @@ fn evidence(b: &WindowSignals, w: &WindowSignals) -> Vec<Evidence> {
             Cause::KvPressure,
         ),
         line(
+            "kv_transfer_wait_p99_ms",
+            "ms",
+            b.kv_transfer_wait_p99_ms,
+            w.kv_transfer_wait_p99_ms,
+            Test::Ratio,
+            Some(t::KV_TRANSFER_WAIT_RATIO),
+            Cause::KvTransfer,
+        ),
+        line(
             "requests_waiting_mean",
             "req",
             b.requests_waiting_mean,
@@ -388,7 +397,10 @@ fn gate_concurrency(ev: &mut [Evidence]) {
             e.crossed
                 && matches!(
                     e.points_to,
-                    Cause::DegradedDevice | Cause::KvPressure | Cause::SchedulerConfig
+                    Cause::DegradedDevice
+                        | Cause::KvPressure
+                        | Cause::KvTransfer
+                        | Cause::SchedulerConfig
                 )
         })
         .map(|e| e.signal)
@@ -413,7 +425,7 @@ fn gate_concurrency(ev: &mut [Evidence]) {
 /// The order causes are tried in, given the phase that grew: changes in the workload (more
 /// requests, longer prompts) before changes in capacity (memory, device, scheduler), because a
 /// heavier workload also slows steps and fills memory; within that, the phase's own causes first.
-fn order(phase: Phase) -> [Cause; 5] {
+fn order(phase: Phase) -> [Cause; 6] {
     use Cause::*;
     match phase {
         Phase::Prefill => [
@@ -422,10 +434,12 @@ fn order(phase: Phase) -> [Cause; 5] {
             SchedulerConfig,
             TrafficSpike,
             KvPressure,
+            KvTransfer,
         ],
         Phase::Queue | Phase::None => [
             TrafficSpike,
             PromptGrowth,
+            KvTransfer,
             KvPressure,
             DegradedDevice,
             SchedulerConfig,
@@ -531,7 +545,9 @@ fn missing(c: &Coverage, b: &WindowSignals, w: &WindowSignals) -> Vec<String> {
 /// KV cache make requests wait.
 fn phases(c: Cause) -> (bool, bool) {
     match c {
-        Cause::TrafficSpike | Cause::KvPressure => (true, false),
+        // A decode leg's wait for the remote KV cache is queue time on D (it is scheduled
+        // once the blocks arrived).
+        Cause::TrafficSpike | Cause::KvPressure | Cause::KvTransfer => (true, false),
         _ => (true, true),
     }
 }

@@ -33,6 +33,15 @@ pub struct RequestSample {
     /// where the engine reports no per-request step count (vLLM's IPC shows a request in a step
     /// only once it produced a token, not in the chunked-prefill steps before).
     pub first_token_mono_ns: Option<u64>,
+    /// The decode leg of a disaggregated request: its wait for the prefill server's KV cache.
+    pub disagg: Option<DisaggSample>,
+}
+
+/// What the diagnosis reads of a record's `disagg` view.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct DisaggSample {
+    pub kv_transfer_wait_ms: Option<f64>,
 }
 
 impl From<&RequestRecord> for RequestSample {
@@ -53,6 +62,9 @@ impl From<&RequestRecord> for RequestSample {
             prompt_bytes: r.prompt_bytes,
             preemptions: r.preemptions,
             first_token_mono_ns: r.first_token_mono_ns,
+            disagg: r.disagg.as_deref().map(|d| DisaggSample {
+                kv_transfer_wait_ms: d.kv_transfer_wait_ms,
+            }),
         }
     }
 }

@@ -43,6 +43,8 @@ pub enum Phase {
 #[serde(rename_all = "snake_case")]
 pub enum Cause {
     KvPressure,
+    /// Disaggregated serving: decode legs waited longer for the prefill server's KV cache.
+    KvTransfer,
     TrafficSpike,
     PromptGrowth,
     DegradedDevice,
@@ -54,6 +56,7 @@ impl Cause {
     pub fn as_str(self) -> &'static str {
         match self {
             Cause::KvPressure => "kv_pressure",
+            Cause::KvTransfer => "kv_transfer",
             Cause::TrafficSpike => "traffic_spike",
             Cause::PromptGrowth => "prompt_growth",
             Cause::DegradedDevice => "degraded_device",

@@ -11,6 +11,9 @@ fn meaning(c: Cause) -> &'static str {
         Cause::KvPressure => {
             "the KV cache ran full (high usage or preemptions), so the engine admitted fewer requests than arrived"
         }
+        Cause::KvTransfer => {
+            "disaggregated serving: the decode server waited longer for the prefill server's KV cache (the transfer, or the decode server's queue before it could start it), so the first token came later though each server's own work did not grow"
+        }
         Cause::PromptGrowth => "prompts got longer, so each prefill takes longer",
         Cause::DegradedDevice => {
             "the same work runs slower on the device (steps of the same size take longer): a throttled, contended or faulty device"

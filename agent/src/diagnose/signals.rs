@@ -12,6 +12,8 @@ pub struct WindowSignals {
     pub ttft_ms: Vec<f64>,
     pub ttft_p99_ms: Option<f64>,
     pub queue_wait_p99_ms: Option<f64>,
+    /// Decode legs of disaggregated requests: P99 wait for the remote KV cache.
+    pub kv_transfer_wait_p99_ms: Option<f64>,
     pub prefill_p99_ms: Option<f64>,
     pub arrival_rate_per_s: Option<f64>,
     pub admission_rate_per_s: Option<f64>,
@@ -96,6 +98,13 @@ pub fn measure(inputs: &Inputs, w: &TimeWindow) -> WindowSignals {
             0.99,
         ),
         prefill_p99_ms: p(served.iter().filter_map(|r| r.prefill_ms).collect(), 0.99),
+        kv_transfer_wait_p99_ms: p(
+            served
+                .iter()
+                .filter_map(|r| r.disagg.as_ref().and_then(|d| d.kv_transfer_wait_ms))
+                .collect(),
+            0.99,
+        ),
         prompt_tokens_p99: p(
             served
                 .iter()

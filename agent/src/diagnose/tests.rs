@@ -15,6 +15,9 @@ struct Load {
     preemptions: u64,
     /// Requests per decode step.
     batch: u32,
+    /// Disaggregated serving: the decode legs' wait for the remote KV cache (part of their
+    /// queue wait).
+    kv_wait_ms: Option<f64>,
 }
 
 impl Default for Load {
@@ -28,6 +31,7 @@ impl Default for Load {
             step_ms: 20.0,
             preemptions: 0,
             batch: 2,
+            kv_wait_ms: None,
         }
     }
 }
@@ -56,6 +60,9 @@ fn add(inputs: &mut Inputs, t0: u64, load: Load) {
             prompt_bytes: Some(load.prompt_tokens * 4),
             preemptions: Some(if i % 4 == 0 { load.preemptions } else { 0 }),
             first_token_mono_ns: None,
+            disagg: load.kv_wait_ms.map(|k| input::DisaggSample {
+                kv_transfer_wait_ms: Some(k + jitter),
+            }),
         });
     }
     for i in 0..200 {
@@ -70,8 +77,12 @@ fn add(inputs: &mut Inputs, t0: u64, load: Load) {
 }
 
 fn run(incident: Load) -> Diagnosis {
+    run_from(Load::default(), incident)
+}
+
+fn run_from(baseline: Load, incident: Load) -> Diagnosis {
     let mut inputs = Inputs::default();
-    add(&mut inputs, 100 * S, Load::default());
+    add(&mut inputs, 100 * S, baseline);
     add(&mut inputs, 200 * S, incident);
     diagnose(
         &inputs,
@@ -110,6 +121,46 @@ fn more_arrivals_and_queue_wait_is_a_traffic_spike() {
     assert_eq!(d.cause, Cause::TrafficSpike, "{}", render(&d));
     assert!(crossed(&d, "arrival_rate_per_s"));
     assert_eq!(d.evidence[0].signal, "arrival_rate_per_s");
+}
+
+/// Disaggregated serving: the decode legs waited longer for the prefill server's KV cache at
+/// unchanged arrivals, prompts and steps: the KV transfer, not demand.
+#[test]
+fn a_slower_kv_transfer_is_named() {
+    let baseline = Load {
+        queue_ms: 12.0,
+        kv_wait_ms: Some(10.0),
+        ..Default::default()
+    };
+    let d = run_from(
+        baseline,
+        Load {
+            queue_ms: 402.0,
+            kv_wait_ms: Some(400.0),
+            ..Default::default()
+        },
+    );
+    assert_eq!(d.dominant_phase, Phase::Queue);
+    assert_eq!(d.cause, Cause::KvTransfer, "{}", render(&d));
+    assert!(crossed(&d, "kv_transfer_wait_p99_ms"));
+    assert!(!crossed(&d, "requests_in_system"), "{}", render(&d));
+    assert!(d.summary.contains("kv_transfer"), "{}", d.summary);
+    // The same queue growth without a longer transfer is not put on the transfer.
+    let d = run_from(
+        Load {
+            queue_ms: 12.0,
+            kv_wait_ms: Some(10.0),
+            ..Default::default()
+        },
+        Load {
+            n: 120,
+            queue_ms: 402.0,
+            kv_wait_ms: Some(10.0),
+            ..Default::default()
+        },
+    );
+    assert_eq!(d.cause, Cause::TrafficSpike, "{}", render(&d));
+    assert!(!crossed(&d, "kv_transfer_wait_p99_ms"));
 }
 
 #[test]

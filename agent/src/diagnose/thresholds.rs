@@ -14,6 +14,10 @@ pub const TTFT_REGRESSED_MIN_REQUESTS: usize = 3;
 /// Fewer requests with a TTFT than this in either window: no decision.
 pub const MIN_REQUESTS_PER_WINDOW: usize = 5;
 
+/// Disaggregated serving: the decode legs' P99 wait for the remote KV cache (queued on D →
+/// first scheduled, by D's scheduler) grew by this ratio: the KV transfer (or D's queue before
+/// it could start the transfer).
+pub const KV_TRANSFER_WAIT_RATIO: f64 = 1.5;
 /// Arrivals per second grew by this ratio: a traffic spike (the open-loop form).
 pub const ARRIVAL_RATE_RATIO: f64 = 1.5;
 /// Requests in the system (Little's law: arrival rate x time in system), scaled to the

@@ -105,6 +105,11 @@ pub trait Engine: Sync {
     fn scheduler_flags(&self) -> &'static [config::ConfigFlag] {
         &[]
     }
+    /// Which leg of a disaggregated (prefill/decode) request a record served, read from what
+    /// its bodies said about the KV hand-off, for engines that serve disaggregated.
+    fn disagg_leg(&self, _hints: &crate::model::DisaggHints) -> crate::model::LegParse {
+        crate::model::LegParse::None
+    }
 }
 
 /// The scheduler settings of `engine`'s process from its arguments (empty for engines without

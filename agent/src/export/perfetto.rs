@@ -47,11 +47,23 @@ pub fn trace(timelines: &[RequestTimeline]) -> Value {
     for (i, t) in timelines.iter().enumerate() {
         let Some(r) = &t.request else { continue };
         let tid = i as u64 + 1;
+        // A disaggregated request's legs are named by their shared id, so the two tracks sort
+        // together and a search for the id finds both.
+        let disagg = serde_json::from_str::<Value>(&r.record_json)
+            .ok()
+            .and_then(|v| v.get("disagg").cloned());
+        let leg = disagg.as_ref().map_or(String::new(), |d| {
+            format!(
+                "disagg {} {} ",
+                d.get("id").and_then(Value::as_str).unwrap_or("unjoined"),
+                d.get("role").and_then(Value::as_str).unwrap_or("?")
+            )
+        });
         events.push(meta(
             "thread_name",
             REQUESTS_PID,
             Some(tid),
-            &format!("{} {}", r.request_id, r.x_request_id),
+            &format!("{leg}{} {}", r.request_id, r.x_request_id),
         ));
         let end = r.end_mono_ns.max(r.arrival_mono_ns);
         events.push(span(
@@ -65,6 +77,7 @@ pub fn trace(timelines: &[RequestTimeline]) -> Value {
                 "request_id": r.request_id, "ttft_ms": r.ttft_ms, "queue_wait_ms": r.queue_wait_ms,
                 "prefill_ms": r.prefill_ms, "tpot_ms": r.tpot_ms, "prompt_tokens": r.prompt_tokens,
                 "completion_tokens": r.completion_tokens, "unknown": r.unknown,
+                "disagg": disagg,
             }),
         ));
         let admitted = (r.admitted_mono_ns != 0).then_some(r.admitted_mono_ns);
@@ -185,6 +198,31 @@ mod tests {
         agent::{Request, Step, StepMember},
         shim::Kernel,
     };
+
+    /// Both legs of a disaggregated request are named by their shared id.
+    #[test]
+    fn disaggregated_legs_share_their_id() {
+        let leg = |id: &str, role: &str| RequestTimeline {
+            request: Some(Request {
+                request_id: id.into(),
+                arrival_mono_ns: 1_000_000,
+                end_mono_ns: 2_000_000,
+                record_json: format!(r#"{{"disagg":{{"id":"ab12","role":"{role}"}}}}"#),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let v = trace(&[leg("p", "prefill"), leg("d", "decode")]);
+        let names: Vec<&str> = v["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["name"] == "thread_name")
+            .filter_map(|e| e["args"]["name"].as_str())
+            .collect();
+        assert!(names.contains(&"disagg ab12 prefill p "), "{names:?}");
+        assert!(names.contains(&"disagg ab12 decode d "), "{names:?}");
+    }
 
     #[test]
     fn one_track_per_request_step_thread_and_stream() {

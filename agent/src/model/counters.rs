@@ -126,6 +126,10 @@ counters! {
     SglangVersionFromPackage => "sglang_version_from_package": Total,
     SglangVersionUnsupported => "sglang_version_unsupported": Loss,
     VllmVersionFromPackage => "vllm_version_from_package": Total,
+    // Disaggregated serving: prefill and decode legs of one request joined (correlate::disagg).
+    DisaggLegsJoined => "disagg_legs_joined": Total,
+    DisaggLegsUnjoined => "disagg_legs_unjoined": Total,
+    DisaggPrefillLegsEvicted => "disagg_prefill_legs_evicted": Loss,
     VllmVersionUnsupported => "vllm_version_unsupported": Loss,
     SglangIpcLayoutMismatch => "sglang_ipc_layout_mismatch": Loss,
     SglangIpcNotPickle => "sglang_ipc_not_pickle": Loss,

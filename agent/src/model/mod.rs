@@ -3,12 +3,16 @@
 //! engines, correlate, diagnose and export can all name these types without importing each other.
 pub mod clock;
 pub mod counters;
+pub mod disagg;
 pub mod identity;
 pub mod lifecycle;
 pub mod record;
 pub mod signals;
 
 pub use counters::{Counter, Kind as CounterKind, Stats};
+pub use disagg::{
+    DisaggHints, DisaggInfo, DisaggLeg, DisaggRole, HandoffParams, HandoffValue, LegParse,
+};
 pub use identity::ProcessIdentity;
 pub use lifecycle::PerProcess;
 pub use record::{EndedBy, RequestRecord, StepMember, StepRecord, StepRef};

@@ -57,6 +57,12 @@ pub struct RequestRecord {
     pub requeued_mono_ns: Option<u64>,
     /// The engine's own first-token, final-result and slot-release times.
     pub engine_first_token_mono_ns: Option<u64>,
+    /// When the engine's scheduler queued the request, and when the engine built the first
+    /// output carrying a token for it, on its own clock (vLLM's IPC).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine_queued_mono_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine_first_output_mono_ns: Option<u64>,
     pub engine_finished_mono_ns: Option<u64>,
     pub slot_released_mono_ns: Option<u64>,
     /// Engine steps the request took part in before / after its first token.
@@ -125,6 +131,12 @@ pub struct RequestRecord {
     /// `prefill_steps` / `decode_steps`).
     #[serde(skip)]
     pub engine_steps: Vec<StepRef>,
+    /// What the bodies said about a prefill/decode hand-off (digested; never written).
+    #[serde(skip)]
+    pub disagg_hints: Option<Box<super::DisaggHints>>,
+    /// The disaggregated-serving view of this leg, where it is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disagg: Option<Box<super::DisaggInfo>>,
     /// The engine process's container and Kubernetes pod (`container_id`, `k8s_pod_name`,
     /// `k8s_namespace_name`, …), where known; absent for a process on the host.
     #[serde(flatten)]

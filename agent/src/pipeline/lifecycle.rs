@@ -36,6 +36,7 @@ pub(super) struct Processes<'a> {
     pub adoption: &'a mut Adoption,
     pub tracker: &'a mut Tracker,
     pub engine_metrics: &'a mut EngineMetrics,
+    pub stitcher: &'a mut crate::correlate::disagg::Stitcher,
     pub identities: &'a mut Identities,
     pub records: &'a mut Vec<RequestRecord>,
 }
@@ -62,6 +63,7 @@ impl Processes<'_> {
         self.tracker.take_ended(self.records);
         emit(
             self.engine_metrics,
+            self.stitcher,
             self.ipc,
             self.identities,
             self.records,
@@ -130,6 +132,7 @@ mod tests {
         adoption: Adoption,
         tracker: Tracker,
         engine_metrics: EngineMetrics,
+        stitcher: crate::correlate::disagg::Stitcher,
         identities: Identities,
         records: Vec<RequestRecord>,
     }
@@ -147,6 +150,7 @@ mod tests {
                 adoption: Adoption::default(),
                 tracker: Tracker::new(Limits::default()),
                 engine_metrics: EngineMetrics::new(prometheus::Limits::default(), 0),
+                stitcher: Default::default(),
                 identities: Identities::default(),
                 records: Vec::new(),
             }
@@ -164,6 +168,7 @@ mod tests {
                 adoption: &mut self.adoption,
                 tracker: &mut self.tracker,
                 engine_metrics: &mut self.engine_metrics,
+                stitcher: &mut self.stitcher,
                 identities: &mut self.identities,
                 records: &mut self.records,
             }

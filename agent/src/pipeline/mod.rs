@@ -2,6 +2,7 @@
 //! and correlated where it is read, with no queue between stages to size or drop from.
 mod lifecycle;
 mod route;
+use crate::correlate::disagg::Stitcher;
 use crate::model::Counter;
 use std::{
     sync::atomic::{AtomicBool, Ordering},
@@ -93,6 +94,8 @@ pub struct Pipeline {
     /// Engine metrics scraping and the arrival join (with `PipelineConfig::metrics`).
     scraper: Option<MetricsScraper>,
     engine_metrics: EngineMetrics,
+    /// Joins the prefill and decode legs of disaggregated requests.
+    stitcher: Stitcher,
     /// User-defined probes (with [`Pipeline::use_probe_spec`]).
     user_probes: Option<UserProbes>,
     /// Processes with hooks whose function was not mapped yet.
@@ -127,6 +130,7 @@ impl Pipeline {
         Ok(Self {
             scraper: None,
             engine_metrics: EngineMetrics::new(prometheus::Limits::default(), 0),
+            stitcher: Stitcher::default(),
             discovery: Discovery::new(config.selector.clone(), engines::identify),
             tracker: Tracker::new(config.limits),
             config,
@@ -228,6 +232,7 @@ impl Pipeline {
             .finish_all(monotonic_now_ns(), &mut self.records);
         emit(
             &mut self.engine_metrics,
+            &mut self.stitcher,
             &mut self.ipc,
             &mut self.identities,
             &mut self.records,
@@ -337,6 +342,7 @@ impl Pipeline {
         }
         emit(
             &mut self.engine_metrics,
+            &mut self.stitcher,
             &mut self.ipc,
             &mut self.identities,
             &mut self.records,
@@ -357,6 +363,7 @@ impl Pipeline {
             adoption: &mut self.adoption,
             tracker: &mut self.tracker,
             engine_metrics: &mut self.engine_metrics,
+            stitcher: &mut self.stitcher,
             identities: &mut self.identities,
             records: &mut self.records,
         }
@@ -454,6 +461,7 @@ impl Pipeline {
             ringbuf_drops,
             records_read,
             engine_metrics,
+            stitcher,
             ipc,
             user_probes,
             identities,
@@ -567,7 +575,7 @@ impl Pipeline {
         for step in steps.drain(..) {
             observer.on_step(step);
         }
-        emit(engine_metrics, ipc, identities, records, observer);
+        emit(engine_metrics, stitcher, ipc, identities, records, observer);
         adopted
     }
 
@@ -577,6 +585,7 @@ impl Pipeline {
         all.extend(self.stats.iter());
         all.extend(self.tracker.stats().iter());
         all.extend(self.ipc.counters());
+        all.extend(self.stitcher.counters());
         all.extend(self.chunks.stats.iter());
         if let Some(user) = &self.user_probes {
             all.extend(user.stats().iter());
@@ -619,6 +628,7 @@ impl Pipeline {
 /// socket probes) are not requests.
 fn emit(
     engine_metrics: &mut EngineMetrics,
+    stitcher: &mut Stitcher,
     ipc: &mut IpcRouter,
     identities: &mut Identities,
     records: &mut Vec<RequestRecord>,
@@ -630,6 +640,8 @@ fn emit(
         }
         record.identity = identities.of(record.pid);
         ipc.enrich(&mut record);
+        // After the IPC join: a leg's phases come from its engine's stamps.
+        stitcher.stitch(&mut record);
         engine_metrics.annotate(&mut record);
         observer.on_record(record);
     }

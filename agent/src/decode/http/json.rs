@@ -427,6 +427,8 @@ struct RequestWire<'a> {
     messages: Option<MessagesLen>,
     prompt: Option<TextLen>,
     stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    kv_transfer_params: super::handoff::Handoff,
 }
 
 /// What a request body says about the generation it asks for.
@@ -437,6 +439,8 @@ pub(crate) struct RequestFields {
     pub max_tokens: Option<u64>,
     pub prompt_bytes: Option<u64>,
     pub include_usage: Option<bool>,
+    /// `kv_transfer_params` (disaggregated serving), digested.
+    pub kv_transfer_params: Option<crate::model::HandoffParams>,
 }
 
 /// Parses an OpenAI/llama.cpp request body; `None` if it is not such JSON.
@@ -455,6 +459,7 @@ pub(crate) fn parse_request(body: &[u8]) -> Option<RequestFields> {
             .or(w.n_predict.0),
         prompt_bytes: w.messages.map(|m| m.0).or(w.prompt.map(|p| p.0)),
         include_usage: w.stream_options.and_then(|o| o.include_usage),
+        kv_transfer_params: w.kv_transfer_params.0,
     })
 }
 
@@ -554,6 +559,9 @@ struct CompletionWire<'a> {
     tokens_predicted: LenientU64,
     #[serde(default)]
     tokens_evaluated: LenientU64,
+    /// A vLLM prefill server's hand-off for the decode server.
+    #[serde(default)]
+    kv_transfer_params: super::handoff::Handoff,
 }
 
 /// What one completion document (SSE event data or whole body) reports.
@@ -565,6 +573,7 @@ pub(crate) struct CompletionFields<'a> {
     pub finish: bool,
     pub usage: Option<Usage>,
     pub timings: Option<Timings>,
+    pub kv_transfer_params: Option<crate::model::HandoffParams>,
 }
 
 /// Parses a chat/completions chunk or response; `None` if it is not JSON of
@@ -594,6 +603,7 @@ pub(crate) fn parse_completion(data: &[u8]) -> Option<CompletionFields<'_>> {
             predicted_n: t.predicted_n.0,
             predicted_ms: t.predicted_ms.0,
         }),
+        kv_transfer_params: w.kv_transfer_params.0,
     })
 }
 
@@ -717,5 +727,26 @@ mod tests {
             })
         );
         assert!(f.finish);
+    }
+
+    /// The proxy's request to a vLLM decode server: P's hand-off, forwarded; the prompt is
+    /// still only measured, and the block ids only digested.
+    #[test]
+    fn request_with_transfer_params() {
+        let f = parse_request(
+            br#"{"model":"m","prompt":"hello","max_tokens":8,"kv_transfer_params":{"do_remote_prefill":true,"remote_engine_id":"e","remote_request_id":"cmpl-1-0-abcdefgh","remote_block_ids":[1,2],"prompt_token_ids":[7,7,7]}}"#,
+        )
+        .unwrap();
+        assert_eq!((f.prompt_bytes, f.max_tokens), (Some(5), Some(8)));
+        let p = f.kv_transfer_params.unwrap();
+        assert_eq!(p.bool("do_remote_prefill"), Some(true));
+        assert_eq!(p.str("remote_request_id"), Some("cmpl-1-0-abcdefgh"));
+        assert!(matches!(
+            p.get("prompt_token_ids"),
+            Some(crate::model::HandoffValue::Digest { len: 3, .. })
+        ));
+        // Not an object: no hand-off, the rest of the request still reads.
+        let f = parse_request(br#"{"prompt":"x","kv_transfer_params":null}"#).unwrap();
+        assert_eq!((f.prompt_bytes, f.kv_transfer_params), (Some(1), None));
     }
 }

@@ -12,6 +12,7 @@
 
 mod chunked;
 mod counts;
+mod handoff;
 mod head;
 mod json;
 mod request;

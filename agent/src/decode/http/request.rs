@@ -62,6 +62,9 @@ pub struct RequestSummary {
     pub prompt_bytes: Option<u64>,
     /// `stream_options.include_usage`: whether a usage event should follow.
     pub include_usage: Option<bool>,
+    /// `kv_transfer_params` (disaggregated prefill/decode serving), digested: scalars, and
+    /// arrays only as a length and digest.
+    pub kv_transfer_params: Option<Box<crate::model::HandoffParams>>,
 }
 
 /// Head fields needed to frame and describe the request.
@@ -318,6 +321,7 @@ impl RequestDecoder {
                     summary.max_tokens = f.max_tokens;
                     summary.prompt_bytes = f.prompt_bytes;
                     summary.include_usage = f.include_usage;
+                    summary.kv_transfer_params = f.kv_transfer_params.map(Box::new);
                 }
                 None => summary.body_json_error = true,
             }

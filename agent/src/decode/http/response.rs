@@ -85,6 +85,8 @@ pub struct BodySummary {
     pub usage: Option<Usage>,
     /// llama.cpp's server-side timings, when present.
     pub timings: Option<Timings>,
+    /// `kv_transfer_params` (a vLLM prefill server's hand-off), digested.
+    pub kv_transfer_params: Option<crate::model::HandoffParams>,
     /// The body was expected to be JSON but did not parse.
     pub json_error: bool,
     /// Body bytes were lost or exceeded `max_body_bytes`, so the fields
@@ -382,6 +384,7 @@ impl ResponseDecoder {
                         summary.content = f.content;
                         summary.usage = f.usage;
                         summary.timings = f.timings;
+                        summary.kv_transfer_params = f.kv_transfer_params;
                     }
                     None => summary.json_error = true,
                 }
@@ -682,6 +685,7 @@ mod tests {
                 completion_tokens: Some(3),
             }),
             timings: None,
+            kv_transfer_params: None,
             json_error: false,
             truncated: false,
         };
@@ -723,6 +727,28 @@ mod tests {
                 body_bytes: body.len() as u64
             }
         );
+    }
+
+    /// A vLLM prefill server's answer (max_tokens 1) carries the hand-off for the decode
+    /// server: kept digested, block ids only as a length and digest.
+    #[test]
+    fn prefill_answer_hand_off() {
+        let body = r#"{"id":"chatcmpl-x","choices":[{"index":0,"text":"a","finish_reason":"length"}],"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[4,5,6],"remote_engine_id":"e-1","remote_request_id":"cmpl-x-0-1a2b3c4d","remote_host":"10.1.2.3","remote_port":5600,"tp_size":1}}"#;
+        let resp = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let out = feed_all(&[chunk(resp.as_bytes(), 0)]);
+        let Some(ResponseEvent::Body(b)) = out.get(1) else {
+            panic!("a body: {out:?}");
+        };
+        let p = b.kv_transfer_params.as_ref().expect("the hand-off");
+        assert_eq!(p.str("remote_request_id"), Some("cmpl-x-0-1a2b3c4d"));
+        assert_eq!(p.int("remote_port"), Some(5600));
+        assert!(matches!(
+            p.get("remote_block_ids"),
+            Some(crate::model::HandoffValue::Digest { len: 3, .. })
+        ));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! vLLM: the OpenAI-compatible API server (`vllm serve`, or the entrypoint module) and its
 //! EngineCore process, and the V1 IPC between them (ZMQ + msgpack, see [`ipc`]).
+mod disagg;
 mod ipc;
 mod layout;
 mod messages;
@@ -35,6 +36,10 @@ impl Engine for Vllm {
 
     fn scheduler_flags(&self) -> &'static [super::config::ConfigFlag] {
         FLAGS
+    }
+
+    fn disagg_leg(&self, hints: &crate::model::DisaggHints) -> crate::model::LegParse {
+        disagg::leg(hints)
     }
 }
 

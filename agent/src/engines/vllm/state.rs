@@ -49,6 +49,8 @@ pub struct RequestState {
     events: Vec<(EventKind, u64)>,
     /// The engine (server, engine index) whose outputs carried it.
     engine: Option<(u32, i64)>,
+    /// The vLLM server (API server pid) whose IPC carried its new-request message.
+    server: Option<u32>,
     /// Ends of the steps that gave it tokens (or finished it), in step order.
     output_steps: Vec<u64>,
     /// Some of its events or output steps were not kept: its step list is unknown.
@@ -87,6 +89,15 @@ pub struct IpcState {
 const MAX_ENGINES: usize = 1024;
 /// Prompts of one batched completions request looked up (`cmpl-<id>-0`, `-1`, ...).
 const MAX_PROMPTS: usize = 4096;
+
+/// The engine ids of `key` and of its prompts (`key-0`, `key-1`, ...).
+fn externals_of<'a>(
+    by_external: &'a FxHashMap<String, Vec<String>>,
+    key: &'a str,
+) -> impl Iterator<Item = &'a Vec<String>> + 'a {
+    let prompts = (0..MAX_PROMPTS).map_while(move |i| by_external.get(&format!("{key}-{i}")));
+    by_external.get(key).into_iter().chain(prompts)
+}
 
 /// `<n>_<id>` (a child of an `n > 1` request) → `<id>`.
 fn parent_of(request_id: &str) -> &str {
@@ -172,7 +183,7 @@ impl IpcState {
         steps: &mut Vec<StepRecord>,
     ) {
         match message {
-            IpcMessage::Add(add) => self.on_add(add),
+            IpcMessage::Add(add) => self.on_add(add, server),
             IpcMessage::Abort { request_ids } => {
                 for id in request_ids {
                     if let Some(r) = self.requests.get_mut(&id) {
@@ -185,13 +196,14 @@ impl IpcState {
         }
     }
 
-    fn on_add(&mut self, add: AddRequest) {
+    fn on_add(&mut self, add: AddRequest, server: u32) {
         self.stats.bump(Counter::VllmRequestsAdded);
         if add.partial {
             self.stats.bump(Counter::VllmRequestsPartial);
         }
         let external = add.external_req_id.clone();
         let r = self.entry(&add.request_id);
+        r.server = Some(server);
         r.prompt_tokens = add.prompt_tokens.or(r.prompt_tokens);
         let moved = external.is_some() && r.external_req_id != external;
         let old = if moved {
@@ -379,7 +391,18 @@ impl IpcState {
             self.by_external.contains_key(k.as_str())
                 || self.by_external.contains_key(&format!("{k}-0"))
         })?;
+        // Two servers may hold requests with one external id (a disaggregated request's
+        // prefill and decode legs share the proxy's X-Request-Id): where the record's own
+        // server holds some, only those are its.
+        let pid = record.pid;
+        let server_of = |r: &RequestState| r.server.or(r.engine.map(|(s, _)| s));
+        let own_server = externals_of(&self.by_external, key)
+            .flat_map(|ids| ids.iter())
+            .any(|id| self.requests.get(id).and_then(server_of) == Some(pid));
         let inside = |r: &RequestState| {
+            if own_server && server_of(r) != Some(pid) {
+                return false;
+            }
             let first = r.queued_ns.or(r.scheduled_ns);
             first.is_none_or(|t| t >= record.arrival_mono_ns)
                 && r.scheduled_ns.is_none_or(|t| t <= record.end_mono_ns)
@@ -550,6 +573,8 @@ impl IpcState {
                 record.engine_unknown.push("prompt_tokens");
             }
         }
+        record.engine_queued_mono_ns = states.iter().filter_map(|s| s.queued_ns).min();
+        record.engine_first_output_mono_ns = states.iter().filter_map(|s| s.first_output_ns).min();
         let Some(admitted) = states.iter().filter_map(|s| s.scheduled_ns).min() else {
             if served {
                 record.engine_unknown.push("admitted_mono_ns");
@@ -667,6 +692,39 @@ mod tests {
         record.arrival_mono_ns = 10_500_000_000;
         state.enrich(&mut record);
         assert_eq!(record.admitted_mono_ns, Some(11_000_000_000));
+    }
+
+    /// Disaggregated serving: the proxy sends the prefill and the decode server the same
+    /// X-Request-Id, so both servers' engine requests carry one external id; each server's
+    /// record joins its own.
+    #[test]
+    fn two_servers_with_one_http_id_each_join_their_own() {
+        let mut state = IpcState::default();
+        let mut steps = Vec::new();
+        for (server, id, t) in [
+            (100, "cmpl-x-0-aaaaaaaa", 10.0),
+            (200, "cmpl-x-0-bbbbbbbb", 10.2),
+        ] {
+            state.apply(add(id, "cmpl-x-0", 7), (server, 1, server), &mut steps);
+            state.apply(
+                output(id, EventKind::Scheduled, t),
+                (server + 1, 1, server),
+                &mut steps,
+            );
+        }
+        for (server, admitted) in [(200, 10_200_000_000), (100, 10_000_000_000)] {
+            let mut record = RequestRecord {
+                pid: server,
+                path: "/v1/completions".into(),
+                x_request_id: Some("x".into()),
+                arrival_mono_ns: 9_000_000_000,
+                end_mono_ns: 12_000_000_000,
+                ..Default::default()
+            };
+            state.enrich(&mut record);
+            assert_eq!(record.admitted_mono_ns, Some(admitted), "server {server}");
+        }
+        assert_eq!(state.stats.get(Counter::VllmJoinAmbiguous), 0);
     }
 
     fn add(id: &str, external: &str, prompt: u64) -> IpcMessage {

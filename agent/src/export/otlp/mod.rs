@@ -3,6 +3,7 @@
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_{TRACES,METRICS}_ENDPOINT` variables
 //! (headers, timeout and compression variables are honoured by the exporter itself).
 mod counting;
+pub mod disagg;
 pub mod events;
 pub mod traces;
 

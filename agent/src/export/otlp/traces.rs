@@ -109,6 +109,7 @@ impl TraceExporter {
                 .with_span_processor(processor)
                 .with_resource(resource)
                 .with_max_events_per_span(self.config.max_events_per_span)
+                .with_id_generator(super::disagg::DisaggIds::default())
                 .build();
             let tracer = provider.tracer("inferscope");
             info!(
@@ -147,8 +148,13 @@ impl TraceExporter {
 
     pub fn export(&mut self, timeline: &RequestTimeline) {
         let kernel_spans = self.config.kernel_spans;
-        let parent = self.parent_context(timeline.request.traceparent.as_deref());
         let request = &timeline.request;
+        let parent = match (&request.traceparent, super::disagg::parent_context(request)) {
+            // A disaggregated request's legs share one parent span, unless the proxy sent a
+            // trace of its own to both.
+            (None, Some(disagg)) => disagg,
+            _ => self.parent_context(request.traceparent.as_deref()),
+        };
         let tracer = match self.tracer_for(request.pid, &request.engine, request.identity.as_ref())
         {
             Ok(tracer) => tracer.clone(),
@@ -163,11 +169,16 @@ impl TraceExporter {
         let at = |mono: u64| SystemTime::UNIX_EPOCH + Duration::from_nanos(mono + offset);
 
         let mut spans = 0u64;
+        if request.traceparent.is_none() {
+            spans += super::disagg::export_parent(&tracer, request, &at);
+        }
+        let mut attributes = names::request_attributes(timeline);
+        attributes.extend(super::disagg::leg_attributes(request));
         let root = tracer
             .span_builder(names::span_name(request))
             .with_kind(SpanKind::Server)
             .with_start_time(at(request.arrival_mono_ns))
-            .with_attributes(names::request_attributes(timeline))
+            .with_attributes(attributes)
             .start_with_context(&tracer, &parent);
         spans += 1;
         let server_closed = request.ended_by == crate::correlate::EndedBy::Server;
@@ -206,6 +217,11 @@ impl TraceExporter {
                 phases.push(("decode", first, end));
             }
             (None, None) => {}
+        }
+        // A disaggregated request's decode leg: inside its queue, the wait for the prefill
+        // server's KV cache (its scheduler's QUEUED → first SCHEDULED).
+        if let Some((queued, admitted)) = super::disagg::kv_wait(request) {
+            phases.push(("kv_transfer_wait", queued, admitted));
         }
         for (name, start, stop) in phases {
             let mut span = tracer

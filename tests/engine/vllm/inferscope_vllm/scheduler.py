@@ -3,12 +3,14 @@
 Every line has `ev` and CLOCK_MONOTONIC seconds (time.monotonic(), the clock of vLLM's own
 events and of eBPF):
 - `add`: a request reached the scheduler (`id` engine id, `external`, `prompt_tokens`).
-- `scheduled` / `preempted`: vLLM's own SCHEDULED / PREEMPTED events (`t` = their timestamp,
+- `queued` / `scheduled` / `preempted`: vLLM's own QUEUED / SCHEDULED / PREEMPTED events (`t` = their timestamp,
   the value vLLM sends over IPC), one line each.
 - `finish`: requests finished from outside (client aborts; `status`).
 - `step`: one per schedule() + update_from_output(): `start` (schedule() entered), `end` (the
   EngineCoreOutputs timestamp), `ids` (scheduled engine ids), `tokens`, `running`, `waiting`,
   `kv_cache_usage` as sent in the message's scheduler stats.
+With the test KV connector (connector.py) the worker adds `kv_load` (the scheduler started a
+remote-KV load, `id`, `t`) and `kv_received` (the worker reported it received).
 The file is $INFERSCOPE_VLLM_TRUTH (nothing is written when it is unset).
 """
 import json
@@ -35,6 +37,7 @@ class GroundTruthScheduler(Scheduler):
     def _log_events(self, request):
         for ev in request.events or ():
             kind = {
+                EngineCoreEventType.QUEUED: "queued",
                 EngineCoreEventType.SCHEDULED: "scheduled",
                 EngineCoreEventType.PREEMPTED: "preempted",
             }.get(ev.type)

@@ -18,7 +18,7 @@ import time
 import torch
 
 from vllm.v1.kv_cache_interface import FullAttentionSpec
-from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 STEP_S = float(os.environ.get("INFERSCOPE_VLLM_STEP_MS", "4")) / 1e3
@@ -34,6 +34,12 @@ class Worker(WorkerBase):
         # req id -> tokens the request holds (prompt + sampled outputs)
         self.lengths: dict[str, int] = {}
         self.kv_cache_config = None
+        # Disaggregated serving (connector.py): engine id -> when its remote KV "arrives".
+        self.kv_loads: dict[str, float] = {}
+        self.kv_truth = None
+        truth = os.environ.get("INFERSCOPE_VLLM_TRUTH")
+        if truth:
+            self.kv_truth = open(truth, "a", buffering=1)
         self.cuda = None
         path = os.environ.get("INFERSCOPE_VLLM_MOCK_CUDA")
         if path:
@@ -113,8 +119,29 @@ class Worker(WorkerBase):
     def list_loras(self) -> set:
         return set()
 
+    def _kv_connector_output(self, so):
+        """The connector's worker side: a load the scheduler started this step finishes after
+        the modelled transfer delay; reported with the first step after that."""
+        meta = getattr(so, "kv_connector_metadata", None)
+        if meta is None and not self.kv_loads:
+            return None
+        from inferscope_vllm.connector import transfer_delay_s
+
+        now = time.monotonic()
+        for rid in getattr(meta, "loads", None) or ():
+            self.kv_loads[rid] = now + transfer_delay_s()
+            if self.kv_truth is not None:
+                self.kv_truth.write(f'{{"ev":"kv_load","id":"{rid}","t":{now}}}\n')
+        done = {rid for rid, t in self.kv_loads.items() if t <= now}
+        for rid in done:
+            del self.kv_loads[rid]
+            if self.kv_truth is not None:
+                self.kv_truth.write(f'{{"ev":"kv_received","id":"{rid}","t":{now}}}\n')
+        return KVConnectorOutput(finished_recving=done or None)
+
     def execute_model(self, scheduler_output) -> ModelRunnerOutput:
         so = scheduler_output
+        kv_output = self._kv_connector_output(so)
         for rid in so.finished_req_ids:
             self.lengths.pop(rid, None)
         for new in so.scheduled_new_reqs:
@@ -141,10 +168,14 @@ class Worker(WorkerBase):
                 for name in (b"attention_fwd", b"gemm_bf16")[:KERNELS_PER_STEP]:
                     self.cuda.cuLaunchKernel(name, 64, 1, 1, 128, 1, 1, 0, 1, None, None)
             time.sleep(STEP_S + TOKEN_S * so.total_num_scheduled_tokens)
+        elif self.kv_loads:
+            # Only transfers in flight: the engine polls its connector every step.
+            time.sleep(0.0005)
         return ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
             sampled_token_ids=sampled,
+            kv_connector_output=kv_output,
         )
 
     def sample_tokens(self, grammar_output) -> None:
