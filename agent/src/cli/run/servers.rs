@@ -17,14 +17,11 @@ use tracing::{error, info};
 
 use super::config::{GrpcAddr, RunConfig};
 
-pub fn start(
-    runtime: &tokio::runtime::Runtime,
+pub fn start_prometheus(
+    runtime: &tokio::runtime::Handle,
     config: &RunConfig,
     metrics: Arc<Metrics>,
-    hub: Arc<Hub>,
-    history: Option<Arc<Mutex<History>>>,
-) -> anyhow::Result<Option<Bound>> {
-    let mut bound = None;
+) -> anyhow::Result<()> {
     if let Some(addr) = config.prometheus {
         let listener = runtime
             .block_on(prometheus_http::bind(addr))
@@ -38,6 +35,16 @@ pub fn start(
             }
         });
     }
+    Ok(())
+}
+
+pub fn start_grpc(
+    runtime: &tokio::runtime::Handle,
+    config: &RunConfig,
+    hub: Arc<Hub>,
+    history: Option<Arc<Mutex<History>>>,
+) -> anyhow::Result<Option<Bound>> {
+    let mut bound = None;
     let service = InferscopeServer::new(ApiService::new(hub, history));
     match &config.grpc {
         GrpcAddr::Off => {}
@@ -46,8 +53,8 @@ pub fn start(
                 std::fs::create_dir_all(dir)
                     .with_context(|| format!("cannot create {}", dir.display()))?;
             }
-            // A stale socket of ours is replaced; a live one (another agent) or anything else
-            // at the path is not touched.
+            // A stale socket of ours is replaced; a live one (another agent: `run` waits for it
+            // to exit before it gets here) or anything else at the path is not touched.
             sockpath::claim(path).context("cannot serve the gRPC API; pass --grpc")?;
             let listener = {
                 let _runtime = runtime.enter();
