@@ -640,3 +640,173 @@ fn serve_pod_list(container_id: &str) -> u16 {
     });
     port
 }
+
+/// deploy/overlays/minimal as kustomize renders it, played by podman: the DaemonSet's pod
+/// template taken mechanically by scripts/daemonset-pod.py (the image retargeted with
+/// kustomize's own `images:`; NODE_NAME's fieldRef, which podman refuses, resolved the way the
+/// kubelet does), next to its ConfigMap, run with `podman kube play`. What the rendered spec
+/// says is what runs: the capability set, the read-only root, the memory limit, the config file
+/// from the ConfigMap (its Prometheus address, its gRPC socket on the /run/inferscope host
+/// path, where a host client reads it), the host paths; /metrics answers on the pod's address
+/// the way the kubelet's readiness probe asks; SIGTERM (pod stop) ends it with status 0 and
+/// removes its sockets.
+///
+/// Fields podman 4.3 accepts without honouring them, and where their effect is tested:
+/// `hostPID` (the pod keeps its own PID namespace; the tests above run the image with
+/// `--pid=host` and record the host's engine), `seccompProfile: Unconfined` (podman applies its
+/// default filter; the agent loads and attaches under it all the same, which this test shows),
+/// `readinessProbe` (podman runs liveness probes only; probed here from the host),
+/// `SYS_RESOURCE` in `capabilities.add` (dropped; needed only on kernels before 5.11),
+/// `serviceAccountName` (no API server; the pod-identity path is tested against the stand-in
+/// API in `records_name_the_engines_container`), scheduling fields (no scheduler).
+#[test]
+fn the_rendered_minimal_daemonset_pod_runs_as_written_under_podman_kube_play() {
+    let repo = fs::canonicalize(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).unwrap();
+    let dir = run_dir("kube-play");
+    let image = image();
+    let image = if image.contains('/') {
+        image
+    } else {
+        format!("localhost/{image}")
+    };
+    let node = "node-1";
+    let out = Command::new(inferscope_integration_tests::engine::python())
+        .arg(repo.join("scripts/daemonset-pod.py"))
+        .args(["deploy/overlays/minimal", &image, node])
+        .current_dir(&repo)
+        .output()
+        .expect("running scripts/daemonset-pod.py");
+    let pod_yaml = ok(&out, "scripts/daemonset-pod.py");
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(pod_yaml.contains("kind: Pod") && pod_yaml.contains("kind: ConfigMap"));
+    let pod_file = dir.join("pod.yaml");
+    fs::write(&pod_file, &pod_yaml).unwrap();
+    // This host's open-files limit is below podman's default (TOOLCHAIN.md): the runtime's own
+    // setting, not the manifest's.
+    let conf = dir.join("containers.conf");
+    fs::write(
+        &conf,
+        "[containers]\ndefault_ulimits = [\"nofile=20000:20000\", \"nproc=4096:4096\"]\n",
+    )
+    .unwrap();
+    let kube = |args: &[&str]| {
+        Command::new("podman")
+            .args(["--runtime", "runc", "--cgroup-manager", "cgroupfs"])
+            .args(args)
+            .env("CONTAINERS_CONF", &conf)
+            .output()
+            .expect("running podman")
+    };
+    struct PlayedPod<'a>(&'a dyn Fn(&[&str]) -> Output);
+    impl Drop for PlayedPod<'_> {
+        fn drop(&mut self) {
+            let _ = (self.0)(&["pod", "rm", "-f", "inferscope"]);
+        }
+    }
+    let _ = kube(&["pod", "rm", "-f", "inferscope"]);
+    ok(
+        &kube(&["kube", "play", pod_file.to_str().unwrap()]),
+        "podman kube play",
+    );
+    let _played = PlayedPod(&kube);
+    let agent = Container {
+        name: "inferscope-agent".into(),
+    };
+    let logs = agent.wait_log("running; stop with", Duration::from_secs(120));
+    assert!(
+        logs.contains("privileges: every feature available"),
+        "{logs}"
+    );
+    // The ConfigMap's settings, not the agent's defaults for a host.
+    assert!(logs.contains("addr=0.0.0.0:9464"), "{logs}");
+    assert!(
+        logs.contains("serving the gRPC API path=/run/inferscope/agent.sock"),
+        "{logs}"
+    );
+    assert!(!logs.contains("ERROR"), "{logs}");
+
+    let inspect = |format: &str| {
+        ok(
+            &podman(&["inspect", "--format", format, "inferscope-agent"]),
+            "podman inspect",
+        )
+    };
+    assert_eq!(inspect("{{.HostConfig.ReadonlyRootfs}}"), "true");
+    assert_eq!(
+        inspect("{{.HostConfig.Memory}}"),
+        (384u64 * 1024 * 1024).to_string(),
+        "resources.limits.memory"
+    );
+    let pid = inspect("{{.State.Pid}}");
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let cap_eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .expect("CapEff");
+    // capabilities.add as rendered: DAC_READ_SEARCH 2, SYS_PTRACE 19, SYS_ADMIN 21,
+    // SYS_RESOURCE 24 (podman 4.3 drops it), PERFMON 38, BPF 39; drop ALL: nothing else.
+    let needed: u64 = [2, 19, 21, 38, 39].iter().map(|b| 1u64 << b).sum();
+    assert_eq!(cap_eff & needed, needed, "CapEff {cap_eff:#x}");
+    assert_eq!(cap_eff & !(needed | 1 << 24), 0, "CapEff {cap_eff:#x}");
+    let env = fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let env = String::from_utf8_lossy(&env);
+    assert!(env.contains("NODE_NAME=node-1"), "{env}");
+    assert!(
+        env.contains("OTEL_RESOURCE_ATTRIBUTES=k8s.node.name=node-1"),
+        "{env}"
+    );
+
+    // The readiness probe as the kubelet sends it: GET /metrics on the pod's address.
+    let infra = ok(
+        &podman(&[
+            "pod",
+            "inspect",
+            "--format",
+            "{{.InfraContainerID}}",
+            "inferscope",
+        ]),
+        "podman pod inspect",
+    );
+    let ip = ok(
+        &podman(&[
+            "inspect",
+            "--format",
+            "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+            &infra,
+        ]),
+        "podman inspect (infra)",
+    );
+    let mut stream = std::net::TcpStream::connect((ip.as_str(), 9464))
+        .unwrap_or_else(|e| panic!("the pod's metrics port {ip}:9464: {e}"));
+    std::io::Write::write_all(
+        &mut stream,
+        b"GET /metrics HTTP/1.1\r\nHost: pod\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut stream, &mut answer).unwrap();
+    // A kubelet's httpGet probe passes on any 2xx or 3xx.
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+
+    // The hostPath /run/inferscope: a host client reads the played agent's API there.
+    let top = Command::new(agent::binary())
+        .args(["top", "--iterations", "1", "--interval", "300ms"])
+        .args(["--connect", "unix:///run/inferscope/agent.sock"])
+        .output()
+        .expect("running inferscope top");
+    assert!(
+        top.status.success(),
+        "{}",
+        String::from_utf8_lossy(&top.stderr)
+    );
+
+    // SIGTERM the way the kubelet stops a pod.
+    ok(
+        &kube(&["pod", "stop", "-t", "30", "inferscope"]),
+        "podman pod stop",
+    );
+    assert_eq!(inspect("{{.State.ExitCode}}"), "0", "{}", agent.logs());
+    assert!(!Path::new("/run/inferscope/agent.sock").exists());
+    let _ = fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""The DaemonSet's pod as one node runs it, for `podman kube play`, taken mechanically from
+what kustomize renders: the overlay, retargeted at IMAGE with kustomize's own `images:` (the
+step users take), is rendered with kubectl; the DaemonSet's pod template becomes a Pod named
+after the DaemonSet, next to the ConfigMap it reads. No other field is touched, except the one
+podman refuses or passes on unresolved, which are resolved the way the kubelet resolves them:
+
+  env valueFrom.fieldRef spec.nodeName   podman 4.3 refuses the pod ("not supported"); the
+                                         kubelet puts the node's name there: NODE_NAME here.
+  env value with $(VAR)                  podman 4.3 passes it on literally; the kubelet expands
+                                         variables defined earlier in the list.
+
+Fields podman 4.3 accepts but does not honour are kept as rendered and listed on stderr (the
+test that plays the pod checks their effect another way).
+
+    scripts/daemonset-pod.py OVERLAY IMAGE NODE_NAME > pod.yaml
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOT_HONOURED = {
+    "hostPID": "podman < 4.5 ignores it: the pod gets its own PID namespace",
+    "readinessProbe": "podman runs only liveness probes (as health checks)",
+    "serviceAccountName": "no API server: no token is mounted",
+    "priorityClassName": "no scheduler",
+    "tolerations": "no scheduler",
+    "nodeSelector": "no scheduler",
+}
+
+
+def main():
+    overlay, image, node = sys.argv[1:4]
+    name, _, tag = image.rpartition(":")
+    with tempfile.TemporaryDirectory(dir=os.path.join(ROOT, "target")) as tmp:
+        with open(os.path.join(tmp, "kustomization.yaml"), "w") as f:
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                    "kind": "Kustomization",
+                    "resources": [os.path.relpath(os.path.join(ROOT, overlay), tmp)],
+                    "images": [{"name": "inferscope", "newName": name, "newTag": tag}],
+                },
+                f,
+            )
+        rendered = subprocess.run(
+            [os.path.join(ROOT, ".venv/bin/kubectl"), "kustomize", tmp],
+            check=True, capture_output=True, text=True,
+        ).stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    daemonset = next(d for d in docs if d["kind"] == "DaemonSet")
+    template = daemonset["spec"]["template"]
+    spec = template["spec"]
+    config_names = {v["configMap"]["name"] for v in spec.get("volumes", []) if "configMap" in v}
+    configmaps = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] in config_names]
+    for container in spec.get("initContainers", []) + spec["containers"]:
+        for env in container.get("env", []):
+            field = env.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+            if field == "spec.nodeName":
+                del env["valueFrom"]
+                env["value"] = node
+                print(f"daemonset-pod: {container['name']}: env {env['name']}: fieldRef spec.nodeName resolved to {node!r} (the kubelet's value)", file=sys.stderr)
+            elif field is not None:
+                sys.exit(f"daemonset-pod: {container['name']}: env {env['name']}: fieldRef {field} is not resolved here")
+        # $(VAR) references to variables defined earlier: podman 4.3 passes them on literally.
+        defined = {}
+        for env in container.get("env", []):
+            if "value" in env:
+                value = env["value"]
+                for var, resolved in defined.items():
+                    value = value.replace(f"$({var})", resolved)
+                if value != env["value"]:
+                    print(f"daemonset-pod: {container['name']}: env {env['name']}: $(...) expanded to {value!r} (as the kubelet does)", file=sys.stderr)
+                    env["value"] = value
+                defined[env["name"]] = value
+        for key in ("readinessProbe",):
+            if key in container:
+                print(f"daemonset-pod: {container['name']}: {key}: {NOT_HONOURED[key]}", file=sys.stderr)
+    for key, why in NOT_HONOURED.items():
+        if key in spec:
+            print(f"daemonset-pod: {key}: {why}", file=sys.stderr)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": daemonset["metadata"]["name"],
+            "namespace": daemonset["metadata"]["namespace"],
+            "labels": template["metadata"].get("labels", {}),
+            "annotations": template["metadata"].get("annotations", {}),
+        },
+        "spec": spec,
+    }
+    yaml.safe_dump_all(configmaps + [pod], sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
