@@ -14,7 +14,9 @@ Fields podman 4.3 accepts but does not honour are kept as rendered and listed on
 test that plays the pod checks their effect another way).
 
     scripts/daemonset-pod.py OVERLAY IMAGE NODE_NAME > pod.yaml
+    scripts/daemonset-pod.py --rbac OVERLAY   # the service account's RBAC rules, as JSON
 """
+import json
 import os
 import subprocess
 import sys
@@ -33,8 +35,7 @@ NOT_HONOURED = {
 }
 
 
-def main():
-    overlay, image, node = sys.argv[1:4]
+def render(overlay, image):
     name, _, tag = image.rpartition(":")
     with tempfile.TemporaryDirectory(dir=os.path.join(ROOT, "target")) as tmp:
         with open(os.path.join(tmp, "kustomization.yaml"), "w") as f:
@@ -51,7 +52,32 @@ def main():
             [os.path.join(ROOT, ".venv/bin/kubectl"), "kustomize", tmp],
             check=True, capture_output=True, text=True,
         ).stdout
-    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    return [d for d in yaml.safe_load_all(rendered) if d]
+
+
+def rbac(overlay):
+    """The rules bound to the DaemonSet's service account, as JSON, for the stand-in API."""
+    docs = render(overlay, "inferscope:rbac")
+    daemonset = next(d for d in docs if d["kind"] == "DaemonSet")
+    account = daemonset["spec"]["template"]["spec"]["serviceAccountName"]
+    namespace = daemonset["metadata"]["namespace"]
+    rules = []
+    for binding in (d for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        if not any(s.get("kind") == "ServiceAccount" and s["name"] == account
+                   and s.get("namespace", namespace) == namespace for s in binding["subjects"]):
+            continue
+        role = next(d for d in docs if d["kind"] == binding["roleRef"]["kind"]
+                    and d["metadata"]["name"] == binding["roleRef"]["name"])
+        rules.extend(role["rules"])
+    json.dump({"serviceAccount": f"{namespace}/{account}", "rules": rules}, sys.stdout)
+
+
+def main():
+    if sys.argv[1] == "--rbac":
+        rbac(sys.argv[2])
+        return
+    overlay, image, node = sys.argv[1:4]
+    docs = render(overlay, image)
     daemonset = next(d for d in docs if d["kind"] == "DaemonSet")
     template = daemonset["spec"]["template"]
     spec = template["spec"]

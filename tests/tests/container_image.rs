@@ -15,6 +15,7 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::{Command, Output},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -513,7 +514,7 @@ fn records_name_the_engines_container() {
 
     // With the Kubernetes API (a local server answering list and watch the way the API does,
     // its pod's status naming this container): records, spans and metrics name the pod.
-    let api = serve_pod_list(&id);
+    let (api, refused) = serve_pod_list(&id, "gpu-node-1");
     let rotel = Rotel::start(&dir, free_port());
     let records_path = dir.join("run-records.jsonl");
     let mut daemon = Daemon::start_with_env(
@@ -592,13 +593,97 @@ fn records_name_the_engines_container() {
         ),
         "{metrics}"
     );
+    let refused = refused.lock().unwrap();
+    assert!(
+        refused.is_empty(),
+        "the agent asked the API for more than its RBAC rules and its node allow: {refused:?}"
+    );
     let _ = podman(&["rmi", "-f", image]);
     let _ = fs::remove_dir_all(&dir);
 }
 
-/// Answers the agent's list of this node's pods with tests/fixtures/kube/pods-list.json, its
-/// vLLM pod's container id replaced by `container_id`, then holds its watch open.
-fn serve_pod_list(container_id: &str) -> u16 {
+/// The RBAC rules deploy/overlays/minimal binds to the agent's service account, as rendered
+/// (scripts/daemonset-pod.py --rbac): `(apiGroups, resources, verbs)` per rule.
+fn rendered_rbac_rules() -> Vec<(Vec<String>, Vec<String>, Vec<String>)> {
+    let repo = fs::canonicalize(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).unwrap();
+    let out = Command::new(inferscope_integration_tests::engine::python())
+        .arg(repo.join("scripts/daemonset-pod.py"))
+        .args(["--rbac", "deploy/overlays/minimal"])
+        .current_dir(&repo)
+        .output()
+        .expect("running scripts/daemonset-pod.py --rbac");
+    let rbac: Value = serde_json::from_str(&ok(&out, "scripts/daemonset-pod.py --rbac")).unwrap();
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str().map(str::to_owned))
+            .collect()
+    };
+    rbac["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .map(|r| {
+            (
+                strings(&r["apiGroups"]),
+                strings(&r["resources"]),
+                strings(&r["verbs"]),
+            )
+        })
+        .collect()
+}
+
+/// What a request line asks of the API, in RBAC's terms: (apiGroup, resource, verb), and its
+/// field selector. None: not an API path this stand-in knows.
+fn rbac_request(line: &str) -> Option<(String, String, String, Option<String>)> {
+    let mut words = line.split_whitespace();
+    let method = words.next()?;
+    let target = words.next()?;
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let param = |name: &str| {
+        query.split('&').find_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            (k == name).then(|| v.replace("%3D", "=").replace("%3d", "="))
+        })
+    };
+    let (group, rest) = if let Some(rest) = path.strip_prefix("/api/v1/") {
+        (String::new(), rest)
+    } else {
+        let rest = path.strip_prefix("/apis/")?;
+        let mut parts = rest.splitn(3, '/');
+        let group = parts.next()?.to_owned();
+        let _version = parts.next()?;
+        (group, parts.next()?)
+    };
+    let segments: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+    let segments = match segments.as_slice() {
+        ["namespaces", _ns, tail @ ..] if !tail.is_empty() => tail.to_vec(),
+        other => other.to_vec(),
+    };
+    let resource = (*segments.first()?).to_owned();
+    let named = segments.len() > 1;
+    let watching = matches!(param("watch").as_deref(), Some("1" | "true"));
+    let verb = match (method, named, watching) {
+        ("GET", _, true) => "watch",
+        ("GET", true, false) => "get",
+        ("GET", false, false) => "list",
+        ("POST", ..) => "create",
+        ("PUT", ..) => "update",
+        ("PATCH", ..) => "patch",
+        ("DELETE", ..) => "delete",
+        _ => return None,
+    };
+    Some((group, resource, verb.to_owned(), param("fieldSelector")))
+}
+
+/// A stand-in for the API server: answers the agent's list of this node's pods with
+/// tests/fixtures/kube/pods-list.json (its vLLM pod's container id replaced by `container_id`),
+/// then holds its watch open. It enforces what a real API server would for the agent's service
+/// account: the verbs and resources of the rendered RBAC rules (403 otherwise), and the
+/// agent's own promise to ask only for the pods of its node (`fieldSelector=spec.nodeName=`
+/// `node`). Every refused request is kept in the returned list: the test fails on any.
+fn serve_pod_list(container_id: &str, node: &str) -> (u16, Arc<Mutex<Vec<String>>>) {
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/kube/pods-list.json");
     let list = fs::read_to_string(fixture)
         .expect("the pod list fixture")
@@ -606,12 +691,21 @@ fn serve_pod_list(container_id: &str) -> u16 {
             "3e8b0d1c2a4f5e6d7c8b9a0f1e2d3c4b5a6978877665544332211ffeeddccbba",
             container_id,
         );
+    let rules = Arc::new(rendered_rbac_rules());
+    let refused: Arc<Mutex<Vec<String>>> = Arc::default();
+    let own_node = format!("spec.nodeName={node}");
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding the API server");
     let port = listener.local_addr().unwrap().port();
+    let refusals = refused.clone();
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { return };
-            let list = list.clone();
+            let (list, rules, refused, own_node) = (
+                list.clone(),
+                rules.clone(),
+                refusals.clone(),
+                own_node.clone(),
+            );
             std::thread::spawn(move || {
                 use std::io::{BufRead, Write};
                 let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
@@ -623,7 +717,32 @@ fn serve_pod_list(container_id: &str) -> u16 {
                         break;
                     }
                 }
-                if first.contains("watch=1") {
+                let why = match rbac_request(&first) {
+                    None => Some("not an API request"),
+                    Some((group, resource, verb, selector)) => {
+                        let allowed = rules.iter().any(|(groups, resources, verbs)| {
+                            let has =
+                                |set: &Vec<String>, x: &str| set.iter().any(|s| s == "*" || s == x);
+                            has(groups, &group) && has(resources, &resource) && has(verbs, &verb)
+                        });
+                        if !allowed {
+                            Some("outside the rendered RBAC rules")
+                        } else if verb != "get" && selector.as_deref() != Some(own_node.as_str()) {
+                            Some("not limited to this node's pods")
+                        } else {
+                            None
+                        }
+                    }
+                };
+                if let Some(why) = why {
+                    refused
+                        .lock()
+                        .unwrap()
+                        .push(format!("{}: {why}", first.trim()));
+                    let _ = stream.write_all(
+                        b"HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}",
+                    );
+                } else if first.contains("watch=1") {
                     let _ = stream.write_all(
                         b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n",
                     );
@@ -638,7 +757,34 @@ fn serve_pod_list(container_id: &str) -> u16 {
             });
         }
     });
-    port
+    // The stand-in refuses what the rules do not allow: a request outside them fails a test.
+    for (request, expect) in [
+        (
+            "GET /api/v1/secrets HTTP/1.1",
+            "outside the rendered RBAC rules",
+        ),
+        (
+            "DELETE /api/v1/namespaces/inference/pods/x HTTP/1.1",
+            "outside",
+        ),
+        (
+            "GET /api/v1/pods HTTP/1.1",
+            "not limited to this node's pods",
+        ),
+    ] {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        std::io::Write::write_all(&mut s, format!("{request}\r\n\r\n").as_bytes()).unwrap();
+        let mut answer = String::new();
+        let _ = std::io::Read::read_to_string(&mut s, &mut answer);
+        assert!(answer.starts_with("HTTP/1.1 403"), "{request}: {answer}");
+        let mut seen = refused.lock().unwrap();
+        assert!(
+            seen.last().is_some_and(|r| r.contains(expect)),
+            "{request}: {seen:?}"
+        );
+        seen.clear();
+    }
+    (port, refused)
 }
 
 /// deploy/overlays/minimal as kustomize renders it, played by podman: the DaemonSet's pod
