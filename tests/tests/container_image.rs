@@ -805,10 +805,25 @@ fn serve_pod_list(container_id: &str, node: &str) -> (u16, Arc<Mutex<Vec<String>
 /// `SYS_RESOURCE` in `capabilities.add` (dropped; needed only on kernels before 5.11),
 /// `serviceAccountName` (no API server; the pod-identity path is tested against the stand-in
 /// API in `records_name_the_engines_container`), scheduling fields (no scheduler).
+///
+/// The privileged overlay is played the same way, after it (one pod name, one /run/inferscope):
+/// it holds every capability and no seccomp filter. The gpu overlay is not played: podman 4.3
+/// runs its init container (the shim lands on the host path, exit 0) but then fails the play
+/// ("failed to remove once init container ... as it is running") and leaves the agent
+/// container created, not started; `install-shim` runs under `podman run` in
+/// `minimal_form_records_queue_wait_and_prefill_and_takes_the_shim_from_a_host_path`.
 #[test]
-fn the_rendered_minimal_daemonset_pod_runs_as_written_under_podman_kube_play() {
+fn the_rendered_daemonset_pods_run_as_written_under_podman_kube_play() {
+    for overlay in ["minimal", "privileged"] {
+        play_overlay(overlay);
+    }
+}
+
+fn play_overlay(overlay: &str) {
+    eprintln!("== deploy/overlays/{overlay}");
     let repo = fs::canonicalize(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).unwrap();
-    let dir = run_dir("kube-play");
+    let dir = run_dir(&format!("kube-play-{overlay}"));
+
     let image = image();
     let image = if image.contains('/') {
         image
@@ -818,7 +833,7 @@ fn the_rendered_minimal_daemonset_pod_runs_as_written_under_podman_kube_play() {
     let node = "node-1";
     let out = Command::new(inferscope_integration_tests::engine::python())
         .arg(repo.join("scripts/daemonset-pod.py"))
-        .args(["deploy/overlays/minimal", &image, node])
+        .args([&format!("deploy/overlays/{overlay}"), &image, node])
         .current_dir(&repo)
         .output()
         .expect("running scripts/daemonset-pod.py");
@@ -894,7 +909,20 @@ fn the_rendered_minimal_daemonset_pod_runs_as_written_under_podman_kube_play() {
     // SYS_RESOURCE 24 (podman 4.3 drops it), PERFMON 38, BPF 39; drop ALL: nothing else.
     let needed: u64 = [2, 19, 21, 38, 39].iter().map(|b| 1u64 << b).sum();
     assert_eq!(cap_eff & needed, needed, "CapEff {cap_eff:#x}");
-    assert_eq!(cap_eff & !(needed | 1 << 24), 0, "CapEff {cap_eff:#x}");
+    let seccomp = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Seccomp:"))
+        .map(str::trim)
+        .unwrap_or_default()
+        .to_owned();
+    if overlay == "privileged" {
+        // Every capability (NET_ADMIN 12 among them), no seccomp filter.
+        assert!(cap_eff & (1 << 12) != 0, "CapEff {cap_eff:#x}");
+        assert_eq!(seccomp, "0");
+    } else {
+        assert_eq!(cap_eff & !(needed | 1 << 24), 0, "CapEff {cap_eff:#x}");
+    }
+
     let env = fs::read(format!("/proc/{pid}/environ")).unwrap();
     let env = String::from_utf8_lossy(&env);
     assert!(env.contains("NODE_NAME=node-1"), "{env}");
