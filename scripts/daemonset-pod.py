@@ -10,10 +10,13 @@ podman refuses or passes on unresolved, which are resolved the way the kubelet r
   env value with $(VAR)                  podman 4.3 passes it on literally; the kubelet expands
                                          variables defined earlier in the list.
 
+With API_URL, the env the kubelet adds for the API server (KUBERNETES_SERVICE_HOST/PORT) is
+added as INFERSCOPE_KUBE_API=API_URL, for a plain-HTTP stand-in API server.
+
 Fields podman 4.3 accepts but does not honour are kept as rendered and listed on stderr (the
 test that plays the pod checks their effect another way).
 
-    scripts/daemonset-pod.py OVERLAY IMAGE NODE_NAME > pod.yaml
+    scripts/daemonset-pod.py OVERLAY IMAGE NODE_NAME [API_URL] > pod.yaml
     scripts/daemonset-pod.py --rbac OVERLAY   # the service account's RBAC rules, as JSON
 """
 import json
@@ -77,6 +80,7 @@ def main():
         rbac(sys.argv[2])
         return
     overlay, image, node = sys.argv[1:4]
+    api = sys.argv[4] if len(sys.argv) > 4 else None
     docs = render(overlay, image)
     daemonset = next(d for d in docs if d["kind"] == "DaemonSet")
     template = daemonset["spec"]["template"]
@@ -103,6 +107,11 @@ def main():
                     print(f"daemonset-pod: {container['name']}: env {env['name']}: $(...) expanded to {value!r} (as the kubelet does)", file=sys.stderr)
                     env["value"] = value
                 defined[env["name"]] = value
+        if api and container in spec["containers"]:
+            # What the kubelet adds to every container (KUBERNETES_SERVICE_HOST/PORT, https):
+            # here the test's plain-HTTP stand-in for the API server.
+            container.setdefault("env", []).append({"name": "INFERSCOPE_KUBE_API", "value": api})
+            print(f"daemonset-pod: {container['name']}: env INFERSCOPE_KUBE_API={api} added (the kubelet's KUBERNETES_SERVICE_HOST/PORT, for a stand-in API server)", file=sys.stderr)
         for key in ("readinessProbe",):
             if key in container:
                 print(f"daemonset-pod: {container['name']}: {key}: {NOT_HONOURED[key]}", file=sys.stderr)

@@ -392,35 +392,8 @@ fn without_sys_admin_the_agent_says_the_scheduler_hooks_will_be_missing() {
 #[test]
 fn records_name_the_engines_container() {
     let dir = run_dir("engine-in-container");
-    let rootfs = dir.join("rootfs");
-    for d in ["usr", "etc", "proc", "sys", "dev", "tmp", "run"] {
-        fs::create_dir_all(rootfs.join(d)).unwrap();
-    }
-    for (link, to) in [
-        ("bin", "usr/bin"),
-        ("lib", "usr/lib"),
-        ("lib64", "usr/lib64"),
-        ("sbin", "usr/sbin"),
-    ] {
-        std::os::unix::fs::symlink(to, rootfs.join(link)).unwrap();
-    }
     let image = "localhost/inferscope-it-mounts:latest";
-    let tar = Command::new("tar")
-        .arg("-C")
-        .arg(&rootfs)
-        .args(["-cf", "-", "."])
-        .output()
-        .expect("tar");
-    assert!(tar.status.success());
-    let mut import = Command::new("podman")
-        .args(["import", "-", image])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("podman import");
-    std::io::Write::write_all(&mut import.stdin.take().unwrap(), &tar.stdout).unwrap();
-    assert!(import.wait().unwrap().success());
+    import_mounts_image(&dir, image);
 
     let repo = fs::canonicalize(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).unwrap();
     let python = inferscope_integration_tests::engine::python();
@@ -514,7 +487,7 @@ fn records_name_the_engines_container() {
 
     // With the Kubernetes API (a local server answering list and watch the way the API does,
     // its pod's status naming this container): records, spans and metrics name the pod.
-    let (api, refused) = serve_pod_list(&id, "gpu-node-1");
+    let (api, refused) = serve_pod_list(&id, "gpu-node-1", "127.0.0.1");
     let rotel = Rotel::start(&dir, free_port());
     let records_path = dir.join("run-records.jsonl");
     let mut daemon = Daemon::start_with_env(
@@ -602,6 +575,39 @@ fn records_name_the_engines_container() {
     let _ = fs::remove_dir_all(&dir);
 }
 
+/// An image of nothing but mount points (and the usual /bin → /usr/bin links), from scratch
+/// layers: the engine runs from the host's /usr and the repository's venv, mounted read-only.
+fn import_mounts_image(dir: &Path, image: &str) {
+    let rootfs = dir.join("rootfs");
+    for d in ["usr", "etc", "proc", "sys", "dev", "tmp", "run"] {
+        fs::create_dir_all(rootfs.join(d)).unwrap();
+    }
+    for (link, to) in [
+        ("bin", "usr/bin"),
+        ("lib", "usr/lib"),
+        ("lib64", "usr/lib64"),
+        ("sbin", "usr/sbin"),
+    ] {
+        std::os::unix::fs::symlink(to, rootfs.join(link)).unwrap();
+    }
+    let tar = Command::new("tar")
+        .arg("-C")
+        .arg(&rootfs)
+        .args(["-cf", "-", "."])
+        .output()
+        .expect("tar");
+    assert!(tar.status.success());
+    let mut import = Command::new("podman")
+        .args(["import", "-", image])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("podman import");
+    std::io::Write::write_all(&mut import.stdin.take().unwrap(), &tar.stdout).unwrap();
+    assert!(import.wait().unwrap().success());
+}
+
 /// The RBAC rules deploy/overlays/minimal binds to the agent's service account, as rendered
 /// (scripts/daemonset-pod.py --rbac): `(apiGroups, resources, verbs)` per rule.
 fn rendered_rbac_rules() -> Vec<(Vec<String>, Vec<String>, Vec<String>)> {
@@ -683,7 +689,7 @@ fn rbac_request(line: &str) -> Option<(String, String, String, Option<String>)> 
 /// account: the verbs and resources of the rendered RBAC rules (403 otherwise), and the
 /// agent's own promise to ask only for the pods of its node (`fieldSelector=spec.nodeName=`
 /// `node`). Every refused request is kept in the returned list: the test fails on any.
-fn serve_pod_list(container_id: &str, node: &str) -> (u16, Arc<Mutex<Vec<String>>>) {
+fn serve_pod_list(container_id: &str, node: &str, bind: &str) -> (u16, Arc<Mutex<Vec<String>>>) {
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/kube/pods-list.json");
     let list = fs::read_to_string(fixture)
         .expect("the pod list fixture")
@@ -694,7 +700,7 @@ fn serve_pod_list(container_id: &str, node: &str) -> (u16, Arc<Mutex<Vec<String>
     let rules = Arc::new(rendered_rbac_rules());
     let refused: Arc<Mutex<Vec<String>>> = Arc::default();
     let own_node = format!("spec.nodeName={node}");
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding the API server");
+    let listener = std::net::TcpListener::bind((bind, 0)).expect("binding the API server");
     let port = listener.local_addr().unwrap().port();
     let refusals = refused.clone();
     std::thread::spawn(move || {
@@ -814,6 +820,8 @@ fn serve_pod_list(container_id: &str, node: &str) -> (u16, Arc<Mutex<Vec<String>
 /// `minimal_form_records_queue_wait_and_prefill_and_takes_the_shim_from_a_host_path`.
 #[test]
 fn the_rendered_daemonset_pods_run_as_written_under_podman_kube_play() {
+    // One pod name and one /run/inferscope with the test below.
+    let _machine = inferscope_integration_tests::exclusive();
     for overlay in ["minimal", "privileged"] {
         play_overlay(overlay);
     }
@@ -982,5 +990,276 @@ fn play_overlay(overlay: &str) {
     );
     assert_eq!(inspect("{{.State.ExitCode}}"), "0", "{}", agent.logs());
     assert!(!Path::new("/run/inferscope/agent.sock").exists());
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// podman as this host needs it, with a containers.conf of the test's (`conf`).
+fn podman_with(conf: &Path, args: &[&str]) -> Output {
+    Command::new("podman")
+        .args(["--runtime", "runc", "--cgroup-manager", "cgroupfs"])
+        .args(args)
+        .env("CONTAINERS_CONF", conf)
+        .output()
+        .expect("running podman")
+}
+
+/// A played pod, removed when the test ends.
+struct PlayedPod(String);
+
+impl Drop for PlayedPod {
+    fn drop(&mut self) {
+        let _ = podman(&["pod", "rm", "-f", "-t", "5", &self.0]);
+    }
+}
+
+/// Issue 23's bar, played from the rendered manifests: the engine runs as a pod of its own (the
+/// user's `vllm-7d9f8c6b5-x2k4p` in namespace `inference`, container `engine`: the real
+/// llama.cpp engine from an image of mount points built here), the agent as the pod
+/// deploy/overlays/minimal renders (scripts/daemonset-pod.py, as in the test above). The
+/// stand-in API server answers with the played engine pod's real container id and names, and
+/// refuses anything outside the rendered RBAC rules and this node. 24 streamed requests, 4 at
+/// a time on 2 slots: every one is a record, read back through the agent's API on the host
+/// path, with queue wait, the engine's container id, and its pod name, namespace, container
+/// and node.
+///
+/// Two things a kubelet does are done for it: the host PID namespace the rendered
+/// `hostPID: true` asks for (podman 4.3 ignores the field) is podman's default for the agent's
+/// pod (its own containers.conf, `pidns = "host"`); the API server's address, which a kubelet
+/// adds to every container's env (KUBERNETES_SERVICE_HOST/PORT, https), is added by
+/// scripts/daemonset-pod.py as INFERSCOPE_KUBE_API for the plain-HTTP stand-in.
+#[test]
+fn the_played_daemonset_pod_records_the_played_engine_pod_by_name() {
+    let _machine = inferscope_integration_tests::exclusive();
+    let repo = fs::canonicalize(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).unwrap();
+    let dir = run_dir("kube-play-engine");
+    let ulimits = "default_ulimits = [\"nofile=20000:20000\", \"nproc=4096:4096\"]\n";
+    let engine_conf = dir.join("engine-containers.conf");
+    fs::write(&engine_conf, format!("[containers]\n{ulimits}")).unwrap();
+
+    // The engine's pod.
+    let engine_image = "localhost/inferscope-it-engine-pod:latest";
+    import_mounts_image(&dir, engine_image);
+    let python = inferscope_integration_tests::engine::python();
+    let venv = fs::canonicalize(python.parent().unwrap().parent().unwrap()).unwrap();
+    let prefix = fs::canonicalize(&python)
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let mut mounts = vec![
+        ("host-usr", PathBuf::from("/usr")),
+        ("repo", repo.clone()),
+        ("venv", venv.clone()),
+    ];
+    if !prefix.starts_with("/usr") {
+        mounts.push(("python", prefix));
+    }
+    let port = free_port();
+    let (pod_name, namespace) = ("vllm-7d9f8c6b5-x2k4p", "inference");
+    let engine_pod = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": pod_name, "namespace": namespace, "labels": {"app": "vllm"}},
+        "spec": {
+            "hostNetwork": true,
+            "containers": [{
+                "name": "engine",
+                "image": engine_image,
+                "command": [
+                    venv.join("bin/python3"),
+                    repo.join("tests/engine/llamacpp_server.py"),
+                    "--port", port.to_string(), "--slots", "2",
+                ],
+                "securityContext": {"readOnlyRootFilesystem": true},
+                "volumeMounts": mounts.iter().map(|(name, path)| serde_json::json!(
+                    {"name": name, "mountPath": path, "readOnly": true})).collect::<Vec<_>>(),
+            }],
+            "volumes": mounts.iter().map(|(name, path)| serde_json::json!(
+                {"name": name, "hostPath": {"path": path, "type": "Directory"}})).collect::<Vec<_>>(),
+        },
+    });
+    let engine_file = dir.join("engine-pod.yaml");
+    fs::write(&engine_file, engine_pod.to_string()).unwrap();
+    let _ = podman(&["pod", "rm", "-f", pod_name]);
+    ok(
+        &podman_with(
+            &engine_conf,
+            &["kube", "play", engine_file.to_str().unwrap()],
+        ),
+        "podman kube play (engine)",
+    );
+    let _engine_pod = PlayedPod(pod_name.into());
+    let engine = Container {
+        name: format!("{pod_name}-engine"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !http_get(port, "/health").contains("ok") {
+        assert!(
+            Instant::now() < deadline,
+            "the played engine never got ready:\n{}",
+            engine.logs()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let inspect = |name: &str, format: &str| {
+        ok(
+            &podman(&["inspect", "--format", format, name]),
+            "podman inspect",
+        )
+    };
+    let engine_id = inspect(&engine.name, "{{.Id}}");
+    let engine_pid = inspect(&engine.name, "{{.State.Pid}}");
+
+    // The stand-in API, reached from the agent pod's network through its bridge's gateway.
+    let network = "podman-default-kube-network";
+    if !podman(&["network", "exists", network]).status.success() {
+        ok(
+            &podman(&["network", "create", network]),
+            "podman network create",
+        );
+    }
+    let gateway = ok(
+        &podman(&[
+            "network",
+            "inspect",
+            "--format",
+            "{{range .Subnets}}{{.Gateway}}{{end}}",
+            network,
+        ]),
+        "podman network inspect",
+    );
+    let node = "gpu-node-1";
+    let (api, refused) = serve_pod_list(&engine_id, node, "0.0.0.0");
+
+    // The agent's pod, as rendered.
+    let image = image();
+    let image = if image.contains('/') {
+        image
+    } else {
+        format!("localhost/{image}")
+    };
+    let out = Command::new(&python)
+        .arg(repo.join("scripts/daemonset-pod.py"))
+        .args(["deploy/overlays/minimal", &image, node])
+        .arg(format!("http://{gateway}:{api}"))
+        .current_dir(&repo)
+        .output()
+        .expect("running scripts/daemonset-pod.py");
+    let pod_yaml = ok(&out, "scripts/daemonset-pod.py");
+    assert!(pod_yaml.contains("hostPID: true"), "{pod_yaml}");
+    let agent_file = dir.join("agent-pod.yaml");
+    fs::write(&agent_file, &pod_yaml).unwrap();
+    let agent_conf = dir.join("agent-containers.conf");
+    fs::write(
+        &agent_conf,
+        format!("[containers]\n{ulimits}pidns = \"host\"\n"),
+    )
+    .unwrap();
+    let _ = podman(&["pod", "rm", "-f", "inferscope"]);
+    ok(
+        &podman_with(&agent_conf, &["kube", "play", agent_file.to_str().unwrap()]),
+        "podman kube play (agent)",
+    );
+    let _agent_pod = PlayedPod("inferscope".into());
+    let agent_container = Container {
+        name: "inferscope-agent".into(),
+    };
+    agent_container.wait_log(
+        &format!(": attached pid={engine_pid} "),
+        Duration::from_secs(90),
+    );
+    let logs = agent_container.wait_log("watching this node's pods", Duration::from_secs(30));
+    assert!(logs.contains("scheduler hook attached"), "{logs}");
+    // The watch's first answer (the pod list) follows its start unannounced: a short settle.
+    std::thread::sleep(Duration::from_millis(500));
+
+    let topics = [
+        "lighthouses",
+        "beetles",
+        "volcanoes",
+        "violins",
+        "glaciers",
+        "comets",
+    ];
+    let mut n = 0;
+    for round in 0..6 {
+        let clients: Vec<_> = (0..4)
+            .map(|i| {
+                let id = format!("played-{}", round * 4 + i);
+                let prompt = format!(
+                    "({round}.{i}) Two sentences about {}.",
+                    topics[(round + i) % topics.len()]
+                );
+                std::thread::spawn(move || {
+                    let mut client = Client::connect(port);
+                    client.set_header("x-request-id", &id);
+                    client.chat(&prompt, 8, None).completed
+                })
+            })
+            .collect();
+        for c in clients {
+            assert!(c.join().expect("client"), "a request did not complete");
+            n += 1;
+        }
+    }
+    assert_eq!(n, 24);
+
+    let records: Vec<Value> = (0..n)
+        .map(|i| {
+            let id = format!("played-{i}");
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let out = Command::new(agent::binary())
+                    .args(["inspect", "--json", &id])
+                    .args(["--connect", "unix:///run/inferscope/agent.sock"])
+                    .output()
+                    .expect("running inferscope inspect");
+                if out.status.success() {
+                    break serde_json::from_slice(&out.stdout).expect("inspect --json");
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "no record for {id}: {}\n{}",
+                    String::from_utf8_lossy(&out.stderr),
+                    agent_container.logs()
+                );
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        })
+        .collect();
+    for r in &records {
+        assert!(r["queue_wait_ms"].is_number(), "{r:#}");
+        assert_eq!(r["container_id"], engine_id.as_str(), "{r:#}");
+        assert_eq!(r["k8s_pod_name"], pod_name, "{r:#}");
+        assert_eq!(r["k8s_namespace_name"], namespace, "{r:#}");
+        assert_eq!(r["k8s_container_name"], "engine", "{r:#}");
+        assert_eq!(r["k8s_node_name"], node, "{r:#}");
+    }
+    // Two slots, four streams at once: requests waited for a slot.
+    assert!(
+        records
+            .iter()
+            .filter(|r| r["queue_wait_ms"].as_f64().is_some_and(|q| q > 5.0))
+            .count()
+            >= 6,
+        "{records:#?}"
+    );
+    let refused = refused.lock().unwrap().clone();
+    assert!(refused.is_empty(), "{refused:?}");
+
+    ok(
+        &podman(&["pod", "stop", "-t", "30", "inferscope"]),
+        "podman pod stop",
+    );
+    assert_eq!(
+        inspect("inferscope-agent", "{{.State.ExitCode}}"),
+        "0",
+        "{}",
+        agent_container.logs()
+    );
+    drop(engine);
+    let _ = podman(&["rmi", "-f", engine_image]);
     let _ = fs::remove_dir_all(&dir);
 }
