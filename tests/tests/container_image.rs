@@ -804,8 +804,8 @@ fn serve_pod_list(container_id: &str, node: &str, bind: &str) -> (u16, Arc<Mutex
 /// removes its sockets.
 ///
 /// Fields podman 4.3 accepts without honouring them, and where their effect is tested:
-/// `hostPID` (the pod keeps its own PID namespace; the tests above run the image with
-/// `--pid=host` and record the host's engine), `seccompProfile: Unconfined` (podman applies its
+/// `hostPID` (the pod keeps its own PID namespace here; the next test gives the played agent
+/// the host's, as podman's default, and records an engine pod), `seccompProfile: Unconfined` (podman applies its
 /// default filter; the agent loads and attaches under it all the same, which this test shows),
 /// `readinessProbe` (podman runs liveness probes only; probed here from the host),
 /// `SYS_RESOURCE` in `capabilities.add` (dropped; needed only on kernels before 5.11),
