@@ -46,7 +46,8 @@ impl Daemon {
                 .arg(format!("unix://{}", socket.display()));
         }
         // The default shim socket (/run/inferscope/shim.sock) is one per host: a second daemon
-        // refuses to start beside a live one, so each test's daemon gets its own.
+        // beside a live one waits to take over from it (a rolling update), so each test's
+        // daemon gets its own.
         if !args.contains(&"--shim-socket") {
             command.arg("--shim-socket").arg(dir.join("shim.sock"));
         }
