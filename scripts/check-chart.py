@@ -158,7 +158,7 @@ def main():
             assert settings["otlp-endpoint"] == "off" and settings["prometheus"] == "off", settings
             daemonset = next(d for d in docs if d["kind"] == "DaemonSet")
             agent = daemonset["spec"]["template"]["spec"]["containers"][0]
-            assert "ports" not in agent and "readinessProbe" not in agent, agent
+            assert "ports" not in agent and "readinessProbe" not in agent and "livenessProbe" not in agent, agent
         else:
             assert settings["patterns"] == ["my-llm-server"] and settings["port"] == 8000, settings
             assert settings["nvml-interval"] == "1s", settings

@@ -807,7 +807,10 @@ fn serve_pod_list(container_id: &str, node: &str, bind: &str) -> (u16, Arc<Mutex
 /// `hostPID` (the pod keeps its own PID namespace here; the next test gives the played agent
 /// the host's, as podman's default, and records an engine pod), `seccompProfile: Unconfined` (podman applies its
 /// default filter; the agent loads and attaches under it all the same, which this test shows),
-/// `readinessProbe` (podman runs liveness probes only; probed here from the host),
+/// `readinessProbe` (podman runs liveness probes only) and `livenessProbe` (podman 4.3 makes
+/// it `curl -f http://localhost:0/healthz` in a shell: the named port unresolved, and the image
+/// has neither sh nor curl): both are probed here from the host, on the pod's address, as a
+/// kubelet does,
 /// `SYS_RESOURCE` in `capabilities.add` (dropped; needed only on kernels before 5.11),
 /// `serviceAccountName` (no API server; the pod-identity path is tested against the stand-in
 /// API in `records_name_the_engines_container`), scheduling fields (no scheduler).
@@ -939,7 +942,7 @@ fn play_overlay(overlay: &str) {
         "{env}"
     );
 
-    // The readiness probe as the kubelet sends it: GET /metrics on the pod's address.
+    // The probes as the kubelet sends them: GET /readyz and /healthz on the pod's address.
     let infra = ok(
         &podman(&[
             "pod",
@@ -959,17 +962,29 @@ fn play_overlay(overlay: &str) {
         ]),
         "podman inspect (infra)",
     );
-    let mut stream = std::net::TcpStream::connect((ip.as_str(), 9464))
-        .unwrap_or_else(|e| panic!("the pod's metrics port {ip}:9464: {e}"));
-    std::io::Write::write_all(
-        &mut stream,
-        b"GET /metrics HTTP/1.1\r\nHost: pod\r\nConnection: close\r\n\r\n",
-    )
-    .unwrap();
-    let mut answer = String::new();
-    std::io::Read::read_to_string(&mut stream, &mut answer).unwrap();
-    // A kubelet's httpGet probe passes on any 2xx or 3xx.
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let probe = |path: &str| {
+        let mut stream = std::net::TcpStream::connect((ip.as_str(), 9464))
+            .unwrap_or_else(|e| panic!("the pod's metrics port {ip}:9464: {e}"));
+        std::io::Write::write_all(
+            &mut stream,
+            format!("GET {path} HTTP/1.1\r\nHost: pod\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .unwrap();
+        let mut answer = String::new();
+        std::io::Read::read_to_string(&mut stream, &mut answer).unwrap();
+        answer
+    };
+    // A kubelet's httpGet probe passes on any 2xx or 3xx. Ready once the capture loop has
+    // made its first pass (just after "running").
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !probe("/readyz").starts_with("HTTP/1.1 200") {
+        assert!(Instant::now() < deadline, "{}", probe("/readyz"));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for path in ["/readyz", "/healthz", "/metrics"] {
+        let answer = probe(path);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+    }
 
     // The hostPath /run/inferscope: a host client reads the played agent's API there.
     let top = Command::new(agent::binary())

@@ -595,6 +595,12 @@ fn a_surge_roll_under_load_records_every_request_once() {
         "{}",
         new.log_text()
     );
+    // Kubernetes stops the old pod once the new one is ready: its first capture pass made.
+    inferscope_integration_tests::wait_until(
+        Duration::from_secs(10),
+        "the new agent ready",
+        || inferscope_integration_tests::http_get(new.prometheus_port, "/readyz").starts_with("ok"),
+    );
     let held: Vec<_> = [old.pid(), new.pid()]
         .iter()
         .flat_map(|pid| bpf_objects_held_by(*pid))

@@ -75,6 +75,7 @@ pub struct DaemonObserver {
     /// Which requests are this agent's when another agent shares the node (a surge roll).
     gate: Gate,
     standby: Option<Standby>,
+    health: Option<Arc<crate::export::health::Health>>,
 }
 
 impl DaemonObserver {
@@ -101,6 +102,7 @@ impl DaemonObserver {
             counters: Vec::new(),
             gate: Gate::sole(),
             standby: None,
+            health: None,
         }
     }
 
@@ -108,6 +110,12 @@ impl DaemonObserver {
     pub fn with_handover(mut self, gate: Gate, standby: Option<Standby>) -> Self {
         self.gate = gate;
         self.standby = standby;
+        self
+    }
+
+    /// The capture loop's passes, for the kubelet's probes.
+    pub fn with_health(mut self, health: Arc<crate::export::health::Health>) -> Self {
+        self.health = Some(health);
         self
     }
 
@@ -318,6 +326,9 @@ impl Observer for DaemonObserver {
     }
 
     fn on_tick(&mut self) {
+        if let Some(health) = &self.health {
+            health.pass();
+        }
         self.poll_standby();
         let now = monotonic_now_ns();
         self.gpu.drain_kernels(&mut self.kernels);

@@ -216,7 +216,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         config.shim_socket.as_deref().filter(|_| !standby),
         config.nvml_interval,
     )?;
-    servers::start_prometheus(runtime.handle(), &config, metrics.clone())?;
+    let health = Arc::new(inferscope::export::health::Health::default());
+    servers::start_prometheus(runtime.handle(), &config, metrics.clone(), health.clone())?;
     let grpc_socket: Arc<Mutex<Option<Bound>>> = Arc::default();
     let standby = if standby {
         let (handle, config, hub, history, bound, dir) = (
@@ -277,7 +278,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
                 reported_cause: None,
             }),
     )
-    .with_handover(gate, standby);
+    .with_handover(gate, standby)
+    .with_health(health);
     info!("running; stop with SIGINT or SIGTERM");
     let mut drain = Drain::new(handover_dir, config.drain_timeout, observer.gate());
     let deadline = config.duration.map(|d| Instant::now() + d);

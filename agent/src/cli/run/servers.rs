@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use inferscope::{
     capture::sockpath::{self, Bound},
     diagnose::history::History,
-    export::{grpc::ApiService, hub::Hub, metrics::Metrics, prometheus_http},
+    export::{grpc::ApiService, health::Health, hub::Hub, metrics::Metrics, prometheus_http},
 };
 use inferscope_proto::v1::agent::inferscope_server::InferscopeServer;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
@@ -21,6 +21,7 @@ pub fn start_prometheus(
     runtime: &tokio::runtime::Handle,
     config: &RunConfig,
     metrics: Arc<Metrics>,
+    health: Arc<Health>,
 ) -> anyhow::Result<()> {
     if let Some(addr) = config.prometheus {
         let listener = runtime
@@ -28,9 +29,9 @@ pub fn start_prometheus(
             .with_context(|| {
                 format!("cannot listen on {addr} for Prometheus; pass --prometheus ADDR or off")
             })?;
-        info!(%addr, "serving Prometheus metrics at /metrics");
+        info!(%addr, "serving Prometheus metrics at /metrics (probes: /healthz, /readyz)");
         runtime.spawn(async move {
-            if let Err(e) = prometheus_http::serve(listener, metrics).await {
+            if let Err(e) = prometheus_http::serve(listener, metrics, Some(health)).await {
                 error!("the Prometheus endpoint stopped: {e}");
             }
         });
