@@ -627,14 +627,16 @@ fn a_surge_roll_under_load_records_every_request_once() {
         let now = agent::read_records(&files("new").0).len();
         std::mem::replace(&mut seen, now) == now && now > 0
     });
-    // The new agent serves the API on the socket the old one left.
+    // The new agent serves the API and listens for shims on the sockets the old one left.
     let top = new.client(&["top", "--iterations", "1", "--interval", "300ms"]);
     assert!(
         top.status.success(),
         "{}",
         String::from_utf8_lossy(&top.stderr)
     );
+    assert!(std::os::unix::net::UnixStream::connect(dir.path().join("shim.sock")).is_ok());
     let new_log = new.stop();
+    assert!(!new_log.contains("after the takeover"), "{new_log}");
 
     let (old_records, new_records) = (
         agent::read_records(&files("old").0),

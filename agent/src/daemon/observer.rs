@@ -28,8 +28,9 @@ use super::{gpu::GpuInputs, handover::Gate, sampler::Sampler};
 /// A successor agent waiting for the previous one to exit (daemon::handover): it polls the
 /// previous agent's socket and, once nobody listens there, takes the sockets over.
 pub struct Standby {
-    /// The previous agent's socket (the gRPC API's, or the shim's).
-    pub socket: std::path::PathBuf,
+    /// The previous agent's sockets (the gRPC API's, the shim's): it has exited once nobody
+    /// listens on any of them.
+    pub sockets: Vec<std::path::PathBuf>,
     /// The shim socket to listen on after the takeover.
     pub shim_socket: Option<std::path::PathBuf>,
     /// Binds what else the previous agent held (the gRPC API); logs its own failures.
@@ -135,7 +136,11 @@ impl DaemonObserver {
             return;
         }
         standby.last_poll = Some(std::time::Instant::now());
-        if std::os::unix::net::UnixStream::connect(&standby.socket).is_ok() {
+        if standby
+            .sockets
+            .iter()
+            .any(|p| std::os::unix::net::UnixStream::connect(p).is_ok())
+        {
             return;
         }
         let Some(standby) = self.standby.take() else {

@@ -229,7 +229,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             handover_dir.clone(),
         );
         Some(Standby {
-            socket: predecessor.clone().unwrap_or_default(),
+            sockets: sockets.clone(),
             shim_socket: config.shim_socket.clone(),
             take_over: Box::new(move || {
                 match servers::start_grpc(&handle, &config, hub, history) {
