@@ -869,18 +869,12 @@ fn play_overlay(overlay: &str) {
             .output()
             .expect("running podman")
     };
-    struct PlayedPod<'a>(&'a dyn Fn(&[&str]) -> Output);
-    impl Drop for PlayedPod<'_> {
-        fn drop(&mut self) {
-            let _ = (self.0)(&["pod", "rm", "-f", "inferscope"]);
-        }
-    }
     let _ = kube(&["pod", "rm", "-f", "inferscope"]);
     ok(
         &kube(&["kube", "play", pod_file.to_str().unwrap()]),
         "podman kube play",
     );
-    let _played = PlayedPod(&kube);
+    let _played = PlayedPod("inferscope".into());
     let agent = Container {
         name: "inferscope-agent".into(),
     };
@@ -1023,7 +1017,15 @@ struct PlayedPod(String);
 
 impl Drop for PlayedPod {
     fn drop(&mut self) {
-        let _ = podman(&["pod", "rm", "-f", "-t", "5", &self.0]);
+        // podman 4.3 under runc sometimes still sees a stopped container as running for a
+        // moment: try again rather than leave the pod behind.
+        for _ in 0..5 {
+            let _ = podman(&["pod", "rm", "-f", "-t", "5", &self.0]);
+            if !podman(&["pod", "exists", &self.0]).status.success() {
+                return;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
     }
 }
 
