@@ -33,3 +33,6 @@ YAML
   fi
 done
 echo "check-manifests: the README's images: step retargets every inferscope image"
+# The Helm chart (deploy/helm/inferscope), rendered and linted by Helm's own engine, renders the
+# same objects as each overlay.
+.venv/bin/python3 scripts/check-chart.py

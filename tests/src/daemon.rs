@@ -24,7 +24,18 @@ impl Daemon {
 
     /// [`Daemon::start`] with extra environment variables (e.g. NODE_NAME).
     pub fn start_with_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Daemon {
-        let log = dir.join("agent.log");
+        Self::start_logging_to(dir, "agent.log", args, env)
+    }
+
+    /// [`Daemon::start_with_env`] logging to `dir/log_name`: two agents sharing one socket
+    /// directory (a rolling update) each keep their own log.
+    pub fn start_logging_to(
+        dir: &Path,
+        log_name: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Daemon {
+        let log = dir.join(log_name);
         let socket = dir.join("agent.sock");
         let prometheus_port = crate::free_port();
         let mut command = Command::new(binary());
@@ -35,7 +46,8 @@ impl Daemon {
                 .arg(format!("unix://{}", socket.display()));
         }
         // The default shim socket (/run/inferscope/shim.sock) is one per host: a second daemon
-        // refuses to start beside a live one, so each test's daemon gets its own.
+        // beside a live one waits to take over from it (a rolling update), so each test's
+        // daemon gets its own.
         if !args.contains(&"--shim-socket") {
             command.arg("--shim-socket").arg(dir.join("shim.sock"));
         }

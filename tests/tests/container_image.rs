@@ -15,6 +15,7 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::{Command, Output},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -391,35 +392,8 @@ fn without_sys_admin_the_agent_says_the_scheduler_hooks_will_be_missing() {
 #[test]
 fn records_name_the_engines_container() {
     let dir = run_dir("engine-in-container");
-    let rootfs = dir.join("rootfs");
-    for d in ["usr", "etc", "proc", "sys", "dev", "tmp", "run"] {
-        fs::create_dir_all(rootfs.join(d)).unwrap();
-    }
-    for (link, to) in [
-        ("bin", "usr/bin"),
-        ("lib", "usr/lib"),
-        ("lib64", "usr/lib64"),
-        ("sbin", "usr/sbin"),
-    ] {
-        std::os::unix::fs::symlink(to, rootfs.join(link)).unwrap();
-    }
     let image = "localhost/inferscope-it-mounts:latest";
-    let tar = Command::new("tar")
-        .arg("-C")
-        .arg(&rootfs)
-        .args(["-cf", "-", "."])
-        .output()
-        .expect("tar");
-    assert!(tar.status.success());
-    let mut import = Command::new("podman")
-        .args(["import", "-", image])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("podman import");
-    std::io::Write::write_all(&mut import.stdin.take().unwrap(), &tar.stdout).unwrap();
-    assert!(import.wait().unwrap().success());
+    import_mounts_image(&dir, image);
 
     let repo = fs::canonicalize(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).unwrap();
     let python = inferscope_integration_tests::engine::python();
@@ -513,7 +487,7 @@ fn records_name_the_engines_container() {
 
     // With the Kubernetes API (a local server answering list and watch the way the API does,
     // its pod's status naming this container): records, spans and metrics name the pod.
-    let api = serve_pod_list(&id);
+    let (api, refused) = serve_pod_list(&id, "gpu-node-1", "127.0.0.1");
     let rotel = Rotel::start(&dir, free_port());
     let records_path = dir.join("run-records.jsonl");
     let mut daemon = Daemon::start_with_env(
@@ -592,13 +566,130 @@ fn records_name_the_engines_container() {
         ),
         "{metrics}"
     );
+    let refused = refused.lock().unwrap();
+    assert!(
+        refused.is_empty(),
+        "the agent asked the API for more than its RBAC rules and its node allow: {refused:?}"
+    );
     let _ = podman(&["rmi", "-f", image]);
     let _ = fs::remove_dir_all(&dir);
 }
 
-/// Answers the agent's list of this node's pods with tests/fixtures/kube/pods-list.json, its
-/// vLLM pod's container id replaced by `container_id`, then holds its watch open.
-fn serve_pod_list(container_id: &str) -> u16 {
+/// An image of nothing but mount points (and the usual /bin → /usr/bin links), from scratch
+/// layers: the engine runs from the host's /usr and the repository's venv, mounted read-only.
+fn import_mounts_image(dir: &Path, image: &str) {
+    let rootfs = dir.join("rootfs");
+    for d in ["usr", "etc", "proc", "sys", "dev", "tmp", "run"] {
+        fs::create_dir_all(rootfs.join(d)).unwrap();
+    }
+    for (link, to) in [
+        ("bin", "usr/bin"),
+        ("lib", "usr/lib"),
+        ("lib64", "usr/lib64"),
+        ("sbin", "usr/sbin"),
+    ] {
+        std::os::unix::fs::symlink(to, rootfs.join(link)).unwrap();
+    }
+    let tar = Command::new("tar")
+        .arg("-C")
+        .arg(&rootfs)
+        .args(["-cf", "-", "."])
+        .output()
+        .expect("tar");
+    assert!(tar.status.success());
+    let mut import = Command::new("podman")
+        .args(["import", "-", image])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("podman import");
+    std::io::Write::write_all(&mut import.stdin.take().unwrap(), &tar.stdout).unwrap();
+    assert!(import.wait().unwrap().success());
+}
+
+/// The RBAC rules deploy/overlays/minimal binds to the agent's service account, as rendered
+/// (scripts/daemonset-pod.py --rbac): `(apiGroups, resources, verbs)` per rule.
+fn rendered_rbac_rules() -> Vec<(Vec<String>, Vec<String>, Vec<String>)> {
+    let repo = fs::canonicalize(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).unwrap();
+    let out = Command::new(inferscope_integration_tests::engine::python())
+        .arg(repo.join("scripts/daemonset-pod.py"))
+        .args(["--rbac", "deploy/overlays/minimal"])
+        .current_dir(&repo)
+        .output()
+        .expect("running scripts/daemonset-pod.py --rbac");
+    let rbac: Value = serde_json::from_str(&ok(&out, "scripts/daemonset-pod.py --rbac")).unwrap();
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str().map(str::to_owned))
+            .collect()
+    };
+    rbac["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .map(|r| {
+            (
+                strings(&r["apiGroups"]),
+                strings(&r["resources"]),
+                strings(&r["verbs"]),
+            )
+        })
+        .collect()
+}
+
+/// What a request line asks of the API, in RBAC's terms: (apiGroup, resource, verb), and its
+/// field selector. None: not an API path this stand-in knows.
+fn rbac_request(line: &str) -> Option<(String, String, String, Option<String>)> {
+    let mut words = line.split_whitespace();
+    let method = words.next()?;
+    let target = words.next()?;
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let param = |name: &str| {
+        query.split('&').find_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            (k == name).then(|| v.replace("%3D", "=").replace("%3d", "="))
+        })
+    };
+    let (group, rest) = if let Some(rest) = path.strip_prefix("/api/v1/") {
+        (String::new(), rest)
+    } else {
+        let rest = path.strip_prefix("/apis/")?;
+        let mut parts = rest.splitn(3, '/');
+        let group = parts.next()?.to_owned();
+        let _version = parts.next()?;
+        (group, parts.next()?)
+    };
+    let segments: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+    let segments = match segments.as_slice() {
+        ["namespaces", _ns, tail @ ..] if !tail.is_empty() => tail.to_vec(),
+        other => other.to_vec(),
+    };
+    let resource = (*segments.first()?).to_owned();
+    let named = segments.len() > 1;
+    let watching = matches!(param("watch").as_deref(), Some("1" | "true"));
+    let verb = match (method, named, watching) {
+        ("GET", _, true) => "watch",
+        ("GET", true, false) => "get",
+        ("GET", false, false) => "list",
+        ("POST", ..) => "create",
+        ("PUT", ..) => "update",
+        ("PATCH", ..) => "patch",
+        ("DELETE", ..) => "delete",
+        _ => return None,
+    };
+    Some((group, resource, verb.to_owned(), param("fieldSelector")))
+}
+
+/// A stand-in for the API server: answers the agent's list of this node's pods with
+/// tests/fixtures/kube/pods-list.json (its vLLM pod's container id replaced by `container_id`),
+/// then holds its watch open. It enforces what a real API server would for the agent's service
+/// account: the verbs and resources of the rendered RBAC rules (403 otherwise), and the
+/// agent's own promise to ask only for the pods of its node (`fieldSelector=spec.nodeName=`
+/// `node`). Every refused request is kept in the returned list: the test fails on any.
+fn serve_pod_list(container_id: &str, node: &str, bind: &str) -> (u16, Arc<Mutex<Vec<String>>>) {
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/kube/pods-list.json");
     let list = fs::read_to_string(fixture)
         .expect("the pod list fixture")
@@ -606,12 +697,21 @@ fn serve_pod_list(container_id: &str) -> u16 {
             "3e8b0d1c2a4f5e6d7c8b9a0f1e2d3c4b5a6978877665544332211ffeeddccbba",
             container_id,
         );
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding the API server");
+    let rules = Arc::new(rendered_rbac_rules());
+    let refused: Arc<Mutex<Vec<String>>> = Arc::default();
+    let own_node = format!("spec.nodeName={node}");
+    let listener = std::net::TcpListener::bind((bind, 0)).expect("binding the API server");
     let port = listener.local_addr().unwrap().port();
+    let refusals = refused.clone();
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { return };
-            let list = list.clone();
+            let (list, rules, refused, own_node) = (
+                list.clone(),
+                rules.clone(),
+                refusals.clone(),
+                own_node.clone(),
+            );
             std::thread::spawn(move || {
                 use std::io::{BufRead, Write};
                 let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
@@ -623,7 +723,32 @@ fn serve_pod_list(container_id: &str) -> u16 {
                         break;
                     }
                 }
-                if first.contains("watch=1") {
+                let why = match rbac_request(&first) {
+                    None => Some("not an API request"),
+                    Some((group, resource, verb, selector)) => {
+                        let allowed = rules.iter().any(|(groups, resources, verbs)| {
+                            let has =
+                                |set: &Vec<String>, x: &str| set.iter().any(|s| s == "*" || s == x);
+                            has(groups, &group) && has(resources, &resource) && has(verbs, &verb)
+                        });
+                        if !allowed {
+                            Some("outside the rendered RBAC rules")
+                        } else if verb != "get" && selector.as_deref() != Some(own_node.as_str()) {
+                            Some("not limited to this node's pods")
+                        } else {
+                            None
+                        }
+                    }
+                };
+                if let Some(why) = why {
+                    refused
+                        .lock()
+                        .unwrap()
+                        .push(format!("{}: {why}", first.trim()));
+                    let _ = stream.write_all(
+                        b"HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}",
+                    );
+                } else if first.contains("watch=1") {
                     let _ = stream.write_all(
                         b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n",
                     );
@@ -638,5 +763,520 @@ fn serve_pod_list(container_id: &str) -> u16 {
             });
         }
     });
-    port
+    // The stand-in refuses what the rules do not allow: a request outside them fails a test.
+    for (request, expect) in [
+        (
+            "GET /api/v1/secrets HTTP/1.1",
+            "outside the rendered RBAC rules",
+        ),
+        (
+            "DELETE /api/v1/namespaces/inference/pods/x HTTP/1.1",
+            "outside",
+        ),
+        (
+            "GET /api/v1/pods HTTP/1.1",
+            "not limited to this node's pods",
+        ),
+    ] {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        std::io::Write::write_all(&mut s, format!("{request}\r\n\r\n").as_bytes()).unwrap();
+        let mut answer = String::new();
+        let _ = std::io::Read::read_to_string(&mut s, &mut answer);
+        assert!(answer.starts_with("HTTP/1.1 403"), "{request}: {answer}");
+        let mut seen = refused.lock().unwrap();
+        assert!(
+            seen.last().is_some_and(|r| r.contains(expect)),
+            "{request}: {seen:?}"
+        );
+        seen.clear();
+    }
+    (port, refused)
+}
+
+/// deploy/overlays/minimal as kustomize renders it, played by podman: the DaemonSet's pod
+/// template taken mechanically by scripts/daemonset-pod.py (the image retargeted with
+/// kustomize's own `images:`; NODE_NAME's fieldRef, which podman refuses, resolved the way the
+/// kubelet does), next to its ConfigMap, run with `podman kube play`. What the rendered spec
+/// says is what runs: the capability set, the read-only root, the memory limit, the config file
+/// from the ConfigMap (its Prometheus address, its gRPC socket on the /run/inferscope host
+/// path, where a host client reads it), the host paths; /metrics answers on the pod's address
+/// the way the kubelet's readiness probe asks; SIGTERM (pod stop) ends it with status 0 and
+/// removes its sockets.
+///
+/// Fields podman 4.3 accepts without honouring them, and where their effect is tested:
+/// `hostPID` (the pod keeps its own PID namespace here; the next test gives the played agent
+/// the host's, as podman's default, and records an engine pod), `seccompProfile: Unconfined` (podman applies its
+/// default filter; the agent loads and attaches under it all the same, which this test shows),
+/// `readinessProbe` (podman runs liveness probes only) and `livenessProbe` (podman 4.3 makes
+/// it `curl -f http://localhost:0/healthz` in a shell: the named port unresolved, and the image
+/// has neither sh nor curl): both are probed here from the host, on the pod's address, as a
+/// kubelet does,
+/// `SYS_RESOURCE` in `capabilities.add` (dropped; needed only on kernels before 5.11),
+/// `serviceAccountName` (no API server; the pod-identity path is tested against the stand-in
+/// API in `records_name_the_engines_container`), scheduling fields (no scheduler).
+///
+/// The privileged overlay is played the same way, after it (one pod name, one /run/inferscope):
+/// it holds every capability and no seccomp filter. The gpu overlay is not played: podman 4.3
+/// runs its init container (the shim lands on the host path, exit 0) but then fails the play
+/// ("failed to remove once init container ... as it is running") and leaves the agent
+/// container created, not started; `install-shim` runs under `podman run` in
+/// `minimal_form_records_queue_wait_and_prefill_and_takes_the_shim_from_a_host_path`.
+#[test]
+fn the_rendered_daemonset_pods_run_as_written_under_podman_kube_play() {
+    // One pod name and one /run/inferscope with the test below.
+    let _machine = inferscope_integration_tests::exclusive();
+    for overlay in ["minimal", "privileged"] {
+        play_overlay(overlay);
+    }
+}
+
+fn play_overlay(overlay: &str) {
+    eprintln!("== deploy/overlays/{overlay}");
+    let repo = fs::canonicalize(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).unwrap();
+    let dir = run_dir(&format!("kube-play-{overlay}"));
+
+    let image = image();
+    let image = if image.contains('/') {
+        image
+    } else {
+        format!("localhost/{image}")
+    };
+    let node = "node-1";
+    let out = Command::new(inferscope_integration_tests::engine::python())
+        .arg(repo.join("scripts/daemonset-pod.py"))
+        .args([&format!("deploy/overlays/{overlay}"), &image, node])
+        .current_dir(&repo)
+        .output()
+        .expect("running scripts/daemonset-pod.py");
+    let pod_yaml = ok(&out, "scripts/daemonset-pod.py");
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(pod_yaml.contains("kind: Pod") && pod_yaml.contains("kind: ConfigMap"));
+    let pod_file = dir.join("pod.yaml");
+    fs::write(&pod_file, &pod_yaml).unwrap();
+    // This host's open-files limit is below podman's default (TOOLCHAIN.md): the runtime's own
+    // setting, not the manifest's.
+    let conf = dir.join("containers.conf");
+    fs::write(
+        &conf,
+        "[containers]\ndefault_ulimits = [\"nofile=20000:20000\", \"nproc=4096:4096\"]\n",
+    )
+    .unwrap();
+    let kube = |args: &[&str]| {
+        Command::new("podman")
+            .args(["--runtime", "runc", "--cgroup-manager", "cgroupfs"])
+            .args(args)
+            .env("CONTAINERS_CONF", &conf)
+            .output()
+            .expect("running podman")
+    };
+    let _ = kube(&["pod", "rm", "-f", "inferscope"]);
+    ok(
+        &kube(&["kube", "play", pod_file.to_str().unwrap()]),
+        "podman kube play",
+    );
+    let _played = PlayedPod("inferscope".into());
+    let agent = Container {
+        name: "inferscope-agent".into(),
+    };
+    let logs = agent.wait_log("running; stop with", Duration::from_secs(120));
+    assert!(
+        logs.contains("privileges: every feature available"),
+        "{logs}"
+    );
+    // The ConfigMap's settings, not the agent's defaults for a host.
+    assert!(logs.contains("addr=0.0.0.0:9464"), "{logs}");
+    assert!(
+        logs.contains("serving the gRPC API path=/run/inferscope/agent.sock"),
+        "{logs}"
+    );
+    assert!(!logs.contains("ERROR"), "{logs}");
+
+    let inspect = |format: &str| {
+        ok(
+            &podman(&["inspect", "--format", format, "inferscope-agent"]),
+            "podman inspect",
+        )
+    };
+    assert_eq!(inspect("{{.HostConfig.ReadonlyRootfs}}"), "true");
+    assert_eq!(
+        inspect("{{.HostConfig.Memory}}"),
+        (384u64 * 1024 * 1024).to_string(),
+        "resources.limits.memory"
+    );
+    let pid = inspect("{{.State.Pid}}");
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let cap_eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .expect("CapEff");
+    // capabilities.add as rendered: DAC_READ_SEARCH 2, SYS_PTRACE 19, SYS_ADMIN 21,
+    // SYS_RESOURCE 24 (podman 4.3 drops it), PERFMON 38, BPF 39; drop ALL: nothing else.
+    let needed: u64 = [2, 19, 21, 38, 39].iter().map(|b| 1u64 << b).sum();
+    assert_eq!(cap_eff & needed, needed, "CapEff {cap_eff:#x}");
+    let seccomp = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Seccomp:"))
+        .map(str::trim)
+        .unwrap_or_default()
+        .to_owned();
+    if overlay == "privileged" {
+        // Every capability (NET_ADMIN 12 among them), no seccomp filter.
+        assert!(cap_eff & (1 << 12) != 0, "CapEff {cap_eff:#x}");
+        assert_eq!(seccomp, "0");
+    } else {
+        assert_eq!(cap_eff & !(needed | 1 << 24), 0, "CapEff {cap_eff:#x}");
+    }
+
+    let env = fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let env = String::from_utf8_lossy(&env);
+    assert!(env.contains("NODE_NAME=node-1"), "{env}");
+    assert!(
+        env.contains("OTEL_RESOURCE_ATTRIBUTES=k8s.node.name=node-1"),
+        "{env}"
+    );
+
+    // The probes as the kubelet sends them: GET /readyz and /healthz on the pod's address.
+    let infra = ok(
+        &podman(&[
+            "pod",
+            "inspect",
+            "--format",
+            "{{.InfraContainerID}}",
+            "inferscope",
+        ]),
+        "podman pod inspect",
+    );
+    let ip = ok(
+        &podman(&[
+            "inspect",
+            "--format",
+            "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+            &infra,
+        ]),
+        "podman inspect (infra)",
+    );
+    let probe = |path: &str| {
+        let mut stream = std::net::TcpStream::connect((ip.as_str(), 9464))
+            .unwrap_or_else(|e| panic!("the pod's metrics port {ip}:9464: {e}"));
+        std::io::Write::write_all(
+            &mut stream,
+            format!("GET {path} HTTP/1.1\r\nHost: pod\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .unwrap();
+        let mut answer = String::new();
+        std::io::Read::read_to_string(&mut stream, &mut answer).unwrap();
+        answer
+    };
+    // A kubelet's httpGet probe passes on any 2xx or 3xx. Ready once the capture loop has
+    // made its first pass (just after "running").
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !probe("/readyz").starts_with("HTTP/1.1 200") {
+        assert!(Instant::now() < deadline, "{}", probe("/readyz"));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for path in ["/readyz", "/healthz", "/metrics"] {
+        let answer = probe(path);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+    }
+
+    // The hostPath /run/inferscope: a host client reads the played agent's API there.
+    let top = Command::new(agent::binary())
+        .args(["top", "--iterations", "1", "--interval", "300ms"])
+        .args(["--connect", "unix:///run/inferscope/agent.sock"])
+        .output()
+        .expect("running inferscope top");
+    assert!(
+        top.status.success(),
+        "{}",
+        String::from_utf8_lossy(&top.stderr)
+    );
+
+    // SIGTERM the way the kubelet stops a pod.
+    ok(
+        &kube(&["pod", "stop", "-t", "30", "inferscope"]),
+        "podman pod stop",
+    );
+    assert_eq!(inspect("{{.State.ExitCode}}"), "0", "{}", agent.logs());
+    assert!(!Path::new("/run/inferscope/agent.sock").exists());
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// podman as this host needs it, with a containers.conf of the test's (`conf`).
+fn podman_with(conf: &Path, args: &[&str]) -> Output {
+    Command::new("podman")
+        .args(["--runtime", "runc", "--cgroup-manager", "cgroupfs"])
+        .args(args)
+        .env("CONTAINERS_CONF", conf)
+        .output()
+        .expect("running podman")
+}
+
+/// A played pod, removed when the test ends.
+struct PlayedPod(String);
+
+impl Drop for PlayedPod {
+    fn drop(&mut self) {
+        // podman 4.3 under runc sometimes still sees a stopped container as running for a
+        // moment: try again rather than leave the pod behind.
+        for _ in 0..5 {
+            let _ = podman(&["pod", "rm", "-f", "-t", "5", &self.0]);
+            if !podman(&["pod", "exists", &self.0]).status.success() {
+                return;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+}
+
+/// Issue 23's bar, played from the rendered manifests: the engine runs as a pod of its own (the
+/// user's `vllm-7d9f8c6b5-x2k4p` in namespace `inference`, container `engine`: the real
+/// llama.cpp engine from an image of mount points built here), the agent as the pod
+/// deploy/overlays/minimal renders (scripts/daemonset-pod.py, as in the test above). The
+/// stand-in API server answers with the played engine pod's real container id and names, and
+/// refuses anything outside the rendered RBAC rules and this node. 24 streamed requests, 4 at
+/// a time on 2 slots: every one is a record, read back through the agent's API on the host
+/// path, with queue wait, the engine's container id, and its pod name, namespace, container
+/// and node.
+///
+/// Two things a kubelet does are done for it: the host PID namespace the rendered
+/// `hostPID: true` asks for (podman 4.3 ignores the field) is podman's default for the agent's
+/// pod (its own containers.conf, `pidns = "host"`); the API server's address, which a kubelet
+/// adds to every container's env (KUBERNETES_SERVICE_HOST/PORT, https), is added by
+/// scripts/daemonset-pod.py as INFERSCOPE_KUBE_API for the plain-HTTP stand-in.
+#[test]
+fn the_played_daemonset_pod_records_the_played_engine_pod_by_name() {
+    let _machine = inferscope_integration_tests::exclusive();
+    let repo = fs::canonicalize(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).unwrap();
+    let dir = run_dir("kube-play-engine");
+    let ulimits = "default_ulimits = [\"nofile=20000:20000\", \"nproc=4096:4096\"]\n";
+    let engine_conf = dir.join("engine-containers.conf");
+    fs::write(&engine_conf, format!("[containers]\n{ulimits}")).unwrap();
+
+    // The engine's pod.
+    let engine_image = "localhost/inferscope-it-engine-pod:latest";
+    import_mounts_image(&dir, engine_image);
+    let python = inferscope_integration_tests::engine::python();
+    let venv = fs::canonicalize(python.parent().unwrap().parent().unwrap()).unwrap();
+    let prefix = fs::canonicalize(&python)
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let mut mounts = vec![
+        ("host-usr", PathBuf::from("/usr")),
+        ("repo", repo.clone()),
+        ("venv", venv.clone()),
+    ];
+    if !prefix.starts_with("/usr") {
+        mounts.push(("python", prefix));
+    }
+    let port = free_port();
+    let (pod_name, namespace) = ("vllm-7d9f8c6b5-x2k4p", "inference");
+    let engine_pod = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": pod_name, "namespace": namespace, "labels": {"app": "vllm"}},
+        "spec": {
+            "hostNetwork": true,
+            "containers": [{
+                "name": "engine",
+                "image": engine_image,
+                "command": [
+                    venv.join("bin/python3"),
+                    repo.join("tests/engine/llamacpp_server.py"),
+                    "--port", port.to_string(), "--slots", "2",
+                ],
+                "securityContext": {"readOnlyRootFilesystem": true},
+                "volumeMounts": mounts.iter().map(|(name, path)| serde_json::json!(
+                    {"name": name, "mountPath": path, "readOnly": true})).collect::<Vec<_>>(),
+            }],
+            "volumes": mounts.iter().map(|(name, path)| serde_json::json!(
+                {"name": name, "hostPath": {"path": path, "type": "Directory"}})).collect::<Vec<_>>(),
+        },
+    });
+    let engine_file = dir.join("engine-pod.yaml");
+    fs::write(&engine_file, engine_pod.to_string()).unwrap();
+    let _ = podman(&["pod", "rm", "-f", pod_name]);
+    ok(
+        &podman_with(
+            &engine_conf,
+            &["kube", "play", engine_file.to_str().unwrap()],
+        ),
+        "podman kube play (engine)",
+    );
+    let _engine_pod = PlayedPod(pod_name.into());
+    let engine = Container {
+        name: format!("{pod_name}-engine"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !http_get(port, "/health").contains("ok") {
+        assert!(
+            Instant::now() < deadline,
+            "the played engine never got ready:\n{}",
+            engine.logs()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let inspect = |name: &str, format: &str| {
+        ok(
+            &podman(&["inspect", "--format", format, name]),
+            "podman inspect",
+        )
+    };
+    let engine_id = inspect(&engine.name, "{{.Id}}");
+    let engine_pid = inspect(&engine.name, "{{.State.Pid}}");
+
+    // The stand-in API, reached from the agent pod's network through its bridge's gateway.
+    let network = "podman-default-kube-network";
+    if !podman(&["network", "exists", network]).status.success() {
+        ok(
+            &podman(&["network", "create", network]),
+            "podman network create",
+        );
+    }
+    let gateway = ok(
+        &podman(&[
+            "network",
+            "inspect",
+            "--format",
+            "{{range .Subnets}}{{.Gateway}}{{end}}",
+            network,
+        ]),
+        "podman network inspect",
+    );
+    let node = "gpu-node-1";
+    let (api, refused) = serve_pod_list(&engine_id, node, "0.0.0.0");
+
+    // The agent's pod, as rendered.
+    let image = image();
+    let image = if image.contains('/') {
+        image
+    } else {
+        format!("localhost/{image}")
+    };
+    let out = Command::new(&python)
+        .arg(repo.join("scripts/daemonset-pod.py"))
+        .args(["deploy/overlays/minimal", &image, node])
+        .arg(format!("http://{gateway}:{api}"))
+        .current_dir(&repo)
+        .output()
+        .expect("running scripts/daemonset-pod.py");
+    let pod_yaml = ok(&out, "scripts/daemonset-pod.py");
+    assert!(pod_yaml.contains("hostPID: true"), "{pod_yaml}");
+    let agent_file = dir.join("agent-pod.yaml");
+    fs::write(&agent_file, &pod_yaml).unwrap();
+    let agent_conf = dir.join("agent-containers.conf");
+    fs::write(
+        &agent_conf,
+        format!("[containers]\n{ulimits}pidns = \"host\"\n"),
+    )
+    .unwrap();
+    let _ = podman(&["pod", "rm", "-f", "inferscope"]);
+    ok(
+        &podman_with(&agent_conf, &["kube", "play", agent_file.to_str().unwrap()]),
+        "podman kube play (agent)",
+    );
+    let _agent_pod = PlayedPod("inferscope".into());
+    let agent_container = Container {
+        name: "inferscope-agent".into(),
+    };
+    agent_container.wait_log(
+        &format!(": attached pid={engine_pid} "),
+        Duration::from_secs(90),
+    );
+    let logs = agent_container.wait_log("watching this node's pods", Duration::from_secs(30));
+    assert!(logs.contains("scheduler hook attached"), "{logs}");
+    // The watch's first answer (the pod list) follows its start unannounced: a short settle.
+    std::thread::sleep(Duration::from_millis(500));
+
+    let topics = [
+        "lighthouses",
+        "beetles",
+        "volcanoes",
+        "violins",
+        "glaciers",
+        "comets",
+    ];
+    let mut n = 0;
+    for round in 0..6 {
+        let clients: Vec<_> = (0..4)
+            .map(|i| {
+                let id = format!("played-{}", round * 4 + i);
+                let prompt = format!(
+                    "({round}.{i}) Two sentences about {}.",
+                    topics[(round + i) % topics.len()]
+                );
+                std::thread::spawn(move || {
+                    let mut client = Client::connect(port);
+                    client.set_header("x-request-id", &id);
+                    client.chat(&prompt, 8, None).completed
+                })
+            })
+            .collect();
+        for c in clients {
+            assert!(c.join().expect("client"), "a request did not complete");
+            n += 1;
+        }
+    }
+    assert_eq!(n, 24);
+
+    let records: Vec<Value> = (0..n)
+        .map(|i| {
+            let id = format!("played-{i}");
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let out = Command::new(agent::binary())
+                    .args(["inspect", "--json", &id])
+                    .args(["--connect", "unix:///run/inferscope/agent.sock"])
+                    .output()
+                    .expect("running inferscope inspect");
+                if out.status.success() {
+                    break serde_json::from_slice(&out.stdout).expect("inspect --json");
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "no record for {id}: {}\n{}",
+                    String::from_utf8_lossy(&out.stderr),
+                    agent_container.logs()
+                );
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        })
+        .collect();
+    for r in &records {
+        assert!(r["queue_wait_ms"].is_number(), "{r:#}");
+        assert_eq!(r["container_id"], engine_id.as_str(), "{r:#}");
+        assert_eq!(r["k8s_pod_name"], pod_name, "{r:#}");
+        assert_eq!(r["k8s_namespace_name"], namespace, "{r:#}");
+        assert_eq!(r["k8s_container_name"], "engine", "{r:#}");
+        assert_eq!(r["k8s_node_name"], node, "{r:#}");
+    }
+    // Two slots, four streams at once: requests waited for a slot.
+    assert!(
+        records
+            .iter()
+            .filter(|r| r["queue_wait_ms"].as_f64().is_some_and(|q| q > 5.0))
+            .count()
+            >= 6,
+        "{records:#?}"
+    );
+    let refused = refused.lock().unwrap().clone();
+    assert!(refused.is_empty(), "{refused:?}");
+
+    ok(
+        &podman(&["pod", "stop", "-t", "30", "inferscope"]),
+        "podman pod stop",
+    );
+    assert_eq!(
+        inspect("inferscope-agent", "{{.State.ExitCode}}"),
+        "0",
+        "{}",
+        agent_container.logs()
+    );
+    drop(engine);
+    let _ = podman(&["rmi", "-f", engine_image]);
+    let _ = fs::remove_dir_all(&dir);
 }

@@ -456,11 +456,12 @@ fn a_full_disk_drops_whole_lines_and_writing_resumes() {
     );
 }
 
-/// A second `run` on the same sockets refuses to start and leaves the first agent's API and
-/// shim socket in place; a path that is not a socket is never removed. The first agent's `top`
-/// shows the requests it already holds.
+/// A second `run` on the same sockets (a surge roll's new agent) does not take them: it runs
+/// beside the first without binding either socket, and stops at once on SIGINT while the first
+/// still runs. A path that is not a socket is never removed. The first agent's `top` shows the
+/// requests it already holds.
 #[test]
-fn a_second_agent_refuses_and_the_first_keeps_its_sockets() {
+fn a_second_agent_waits_beside_the_first_and_leaves_its_sockets() {
     let dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();
     let server = sse_server(port, 4);
@@ -474,42 +475,47 @@ fn a_second_agent_refuses_and_the_first_keeps_its_sockets() {
     let done = completed(start_load_n(port, 2, 0, 50));
     assert!(done > 0);
     assert!(first.socket.exists() && shim.exists());
+    let socket_inode =
+        |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+    let (api_inode, shim_inode) = (socket_inode(&first.socket), socket_inode(&shim));
 
-    let second = |grpc: String, shim: &str| {
-        Command::new(agent::binary())
-            .args(["run", "--port", &port.to_string(), "--prometheus", "off"])
-            .args(["--grpc", &grpc, "--shim-socket", shim])
-            .env("INFERSCOPE_LOG", "info")
-            .output()
-            .expect("running a second agent")
-    };
-    let out = second(format!("unix://{}", first.socket.display()), shim_arg);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "the second agent must not start");
-    assert!(stderr.contains("in use"), "{stderr}");
-
+    // Beside the first, on its gRPC socket, with a shim socket of its own: it binds neither.
     let other_shim = dir.path().join("other-shim.sock");
-    let out = second(
-        format!("unix://{}", first.socket.display()),
-        other_shim.to_str().expect("utf-8"),
+    let mut second = Daemon::start_logging_to(
+        dir.path(),
+        "second.log",
+        &[
+            "--port",
+            &port.to_string(),
+            "--shim-socket",
+            other_shim.to_str().expect("utf-8"),
+        ],
+        &[],
     );
-    assert!(!out.status.success());
-    assert!(!other_shim.exists(), "it stopped before binding anything");
-
-    let out = second(
-        format!("unix://{}", dir.path().join("x.sock").display()),
-        shim_arg,
+    second.wait_attached(server.0.id(), Duration::from_secs(30));
+    let log = second.log_text();
+    assert!(log.contains("another agent runs on this node"), "{log}");
+    assert!(!other_shim.exists(), "a waiting agent binds no shim socket");
+    assert_eq!(socket_inode(&first.socket), api_inode);
+    let log = second.stop();
+    assert!(
+        !log.contains("handing over"),
+        "no successor: it stops at once\n{log}"
     );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "the shim socket is held too");
-    assert!(stderr.contains("in use"), "{stderr}");
+    assert!(!other_shim.exists());
 
     let file = dir.path().join("not-a-socket");
     std::fs::write(&file, b"keep me").expect("writing a file");
-    let out = second(
-        format!("unix://{}", file.display()),
-        dir.path().join("s2.sock").to_str().expect("utf-8"),
-    );
+    let out = Command::new(agent::binary())
+        .args(["run", "--port", &port.to_string(), "--prometheus", "off"])
+        .args(["--grpc", &format!("unix://{}", file.display())])
+        .args([
+            "--shim-socket",
+            dir.path().join("s2.sock").to_str().expect("utf-8"),
+        ])
+        .env("INFERSCOPE_LOG", "info")
+        .output()
+        .expect("running a second agent");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a socket"));
     assert_eq!(
@@ -517,8 +523,9 @@ fn a_second_agent_refuses_and_the_first_keeps_its_sockets() {
         b"keep me"
     );
 
-    assert!(
-        first.socket.exists() && shim.exists(),
+    assert_eq!(
+        (socket_inode(&first.socket), socket_inode(&shim)),
+        (api_inode, shim_inode),
         "the first agent's sockets stay"
     );
     let top = first.client(&["top", "--iterations", "1", "--interval", "300ms"]);
@@ -538,6 +545,179 @@ fn a_second_agent_refuses_and_the_first_keeps_its_sockets() {
     );
     let log = first.stop();
     assert!(!log.contains("gRPC API stopped"), "{log}");
+}
+
+/// A DaemonSet's surge roll (`maxSurge: 1, maxUnavailable: 0`, deploy/base/daemonset.yaml) under
+/// steady load, in the order Kubernetes runs it: the new agent starts beside the old one on the
+/// same socket directory, then the old one gets SIGTERM. Every response the client completed is
+/// one record of one agent or a counted loss, never two records; both agents recorded part of
+/// the load (the cut fell inside it); the new agent takes the sockets over; once both have
+/// stopped, nothing of either (program, link, map) is left in the kernel.
+#[test]
+fn a_surge_roll_under_load_records_every_request_once() {
+    // Steady load and two agents on 2 cores: another test's load beside it would decide losses.
+    let _machine = inferscope_integration_tests::exclusive();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let server = sse_server(port, 8);
+    let pinned_before = pinned();
+    let files = |name: &str| {
+        (
+            dir.path().join(format!("{name}-records.jsonl")),
+            dir.path().join(format!("{name}-counters.json")),
+        )
+    };
+    let start = |name: &str| {
+        let (records, counters) = files(name);
+        Daemon::start_logging_to(
+            dir.path(),
+            &format!("{name}.log"),
+            &[
+                "--port",
+                &port.to_string(),
+                "--records",
+                records.to_str().expect("utf-8"),
+                "--counters",
+                counters.to_str().expect("utf-8"),
+            ],
+            &[],
+        )
+    };
+    let mut old = start("old");
+    old.wait_attached(server.0.id(), Duration::from_secs(30));
+    let load = start_paced_load(port, 4, 10, 200);
+    thread::sleep(Duration::from_secs(2));
+
+    let mut new = start("new");
+    new.wait_attached(server.0.id(), Duration::from_secs(30));
+    assert!(
+        new.log_text().contains("another agent runs on this node"),
+        "{}",
+        new.log_text()
+    );
+    // Kubernetes stops the old pod once the new one is ready: its first capture pass made.
+    inferscope_integration_tests::wait_until(
+        Duration::from_secs(10),
+        "the new agent ready",
+        || inferscope_integration_tests::http_get(new.prometheus_port, "/readyz").starts_with("ok"),
+    );
+    let held: Vec<_> = [old.pid(), new.pid()]
+        .iter()
+        .flat_map(|pid| bpf_objects_held_by(*pid))
+        .collect();
+    assert!(held.iter().any(|(k, _)| *k == "link_id"), "{held:?}");
+    // Both run for a while: each sees every request.
+    thread::sleep(Duration::from_secs(2));
+    let old_log = old.stop();
+    assert!(
+        old_log.contains("handing over to the next agent"),
+        "{old_log}"
+    );
+    assert!(
+        old_log.contains("every request read before the cut has ended"),
+        "{old_log}"
+    );
+    inferscope_integration_tests::wait_until(Duration::from_secs(10), "the takeover", || {
+        new.log_text().contains("taking over")
+    });
+    let done = completed(load);
+    let mut seen = 0;
+    inferscope_integration_tests::wait_until(Duration::from_secs(30), "the last records", || {
+        thread::sleep(Duration::from_millis(500));
+        let now = agent::read_records(&files("new").0).len();
+        std::mem::replace(&mut seen, now) == now && now > 0
+    });
+    // The new agent serves the API and listens for shims on the sockets the old one left.
+    let top = new.client(&["top", "--iterations", "1", "--interval", "300ms"]);
+    assert!(
+        top.status.success(),
+        "{}",
+        String::from_utf8_lossy(&top.stderr)
+    );
+    assert!(std::os::unix::net::UnixStream::connect(dir.path().join("shim.sock")).is_ok());
+    let new_log = new.stop();
+    assert!(!new_log.contains("after the takeover"), "{new_log}");
+
+    let (old_records, new_records) = (
+        agent::read_records(&files("old").0),
+        agent::read_records(&files("new").0),
+    );
+    let (old_counters, new_counters) = (
+        agent::Counters::read(&files("old").1),
+        agent::Counters::read(&files("new").1),
+    );
+    let lost = old_counters.get("requests_lost") + new_counters.get("requests_lost");
+    let handed_over = old_counters.get("requests_handed_over");
+    let left = new_counters.get("requests_left_to_previous_agent");
+    eprintln!(
+        "surge roll: client completed {done}; old agent {} records ({handed_over} handed over), new agent {} ({left} left to the old one); {lost} lost",
+        old_records.len(),
+        new_records.len()
+    );
+    // The overlap was real: the new agent saw requests that were the old one's. (The old
+    // agent stops moments after its cut once the short requests before it have ended, so it
+    // may hand over none.)
+    assert!(left > 0, "the agents did not overlap");
+    assert!(!old_records.is_empty() && !new_records.is_empty());
+    // The same request seen by both agents has the same read time (one kernel clock).
+    let mut reads: Vec<u64> = old_records
+        .iter()
+        .chain(&new_records)
+        .filter_map(|r| r["arrival_read_mono_ns"].as_u64())
+        .collect();
+    let all = reads.len();
+    reads.sort_unstable();
+    reads.dedup();
+    assert_eq!(reads.len(), all, "a request recorded twice");
+    assert_eq!(
+        (old_records.len() + new_records.len()) as u64 + lost,
+        done,
+        "records of both agents + counted losses = responses the client completed\nold:\n{old_log}\nnew:\n{new_log}"
+    );
+
+    // Deleted: nothing of either agent stays in the kernel, nothing is pinned.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (progs, links, maps) = (
+            bpf_objects_loaded("prog"),
+            bpf_objects_loaded("link"),
+            bpf_objects_loaded("map"),
+        );
+        let left: Vec<_> = held
+            .iter()
+            .filter(|(kind, id)| match *kind {
+                "prog_id" => progs.contains_key(id),
+                "link_id" => links.contains_key(id),
+                _ => maps.contains_key(id),
+            })
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "left in the kernel: {left:?}");
+        thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(pinned(), pinned_before, "pinned under /sys/fs/bpf");
+    assert!(
+        !dir.path().join("handover.cut").exists() && !dir.path().join("successor.pid").exists()
+    );
+}
+
+/// Everything pinned under /sys/fs/bpf.
+fn pinned() -> Vec<std::path::PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                walk(&path, out);
+            }
+            out.push(path);
+        }
+    }
+    let mut out = Vec::new();
+    walk(Path::new("/sys/fs/bpf"), &mut out);
+    out.sort();
+    out
 }
 
 /// The eBPF objects a process holds open, from its fdinfo: (kind, id) with kind `prog_id`,

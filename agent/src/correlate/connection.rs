@@ -592,6 +592,15 @@ impl Connection {
         self.waiting.len() + usize::from(self.reading.is_some())
     }
 
+    /// Requests open on this connection whose first bytes were read before `ts_ns`.
+    pub fn open_requests_read_before(&self, ts_ns: u64) -> usize {
+        self.waiting
+            .iter()
+            .chain(self.reading.as_ref())
+            .filter(|r| r.read_ns < ts_ns)
+            .count()
+    }
+
     fn pop_answered(&mut self) -> Option<Box<RequestProgress>> {
         self.waiting.pop_front().or_else(|| self.reading.take())
     }

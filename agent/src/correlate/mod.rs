@@ -466,6 +466,15 @@ impl Tracker {
             .sum()
     }
 
+    /// Open requests whose first bytes were read before `ts_ns` (a retiring agent drains those).
+    pub fn open_requests_read_before(&self, ts_ns: u64) -> usize {
+        self.connections
+            .map
+            .values()
+            .map(|c| c.open_requests_read_before(ts_ns))
+            .sum()
+    }
+
     /// Ends every connection (agent shutdown): open requests are reported as incomplete
     /// (`agent_shutdown`); nobody aborted them. A connection that went quiet before the kernel
     /// last dropped records may have lost its end among them (its last writes, its close, with

@@ -63,6 +63,16 @@ impl GpuInputs {
         })
     }
 
+    /// Starts listening for shims late: a successor agent, once the previous one has let go of
+    /// the socket (a surge roll's takeover).
+    pub fn listen(&mut self, path: &Path) -> Result<(), ShimSocketInUse> {
+        let nvml = self.nvml.take();
+        let started = Self::start(Some(path), None)?;
+        self.shim = started.shim;
+        self.nvml = nvml;
+        Ok(())
+    }
+
     pub fn drain_kernels(&self, out: &mut Vec<KernelRecord>) {
         if let Some(shim) = &self.shim {
             shim.drain(out);

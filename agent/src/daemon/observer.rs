@@ -23,7 +23,20 @@ use crate::{
 };
 use tracing::{error, info, warn};
 
-use super::{gpu::GpuInputs, sampler::Sampler};
+use super::{gpu::GpuInputs, handover::Gate, sampler::Sampler};
+
+/// A successor agent waiting for the previous one to exit (daemon::handover): it polls the
+/// previous agent's socket and, once nobody listens there, takes the sockets over.
+pub struct Standby {
+    /// The previous agent's sockets (the gRPC API's, the shim's): it has exited once nobody
+    /// listens on any of them.
+    pub sockets: Vec<std::path::PathBuf>,
+    /// The shim socket to listen on after the takeover.
+    pub shim_socket: Option<std::path::PathBuf>,
+    /// Binds what else the previous agent held (the gRPC API); logs its own failures.
+    pub take_over: Box<dyn FnOnce() + Send>,
+    pub last_poll: Option<std::time::Instant>,
+}
 
 /// The continuous diagnosis: what it keeps, when it runs, where alarms go besides metrics.
 pub struct Diagnosis {
@@ -60,6 +73,10 @@ pub struct DaemonObserver {
     diagnosis: Option<Diagnosis>,
     /// The last full list handed to the exporters (pipeline's and the daemon's own counters).
     counters: Vec<(Counter, u64)>,
+    /// Which requests are this agent's when another agent shares the node (a surge roll).
+    gate: Gate,
+    standby: Option<Standby>,
+    health: Option<Arc<crate::export::health::Health>>,
 }
 
 impl DaemonObserver {
@@ -84,7 +101,62 @@ impl DaemonObserver {
             closed: Vec::new(),
             diagnosis,
             counters: Vec::new(),
+            gate: Gate::sole(),
+            standby: None,
+            health: None,
         }
+    }
+
+    /// Runs beside another agent: see daemon::handover.
+    pub fn with_handover(mut self, gate: Gate, standby: Option<Standby>) -> Self {
+        self.gate = gate;
+        self.standby = standby;
+        self
+    }
+
+    /// The capture loop's passes, for the kubelet's probes.
+    pub fn with_health(mut self, health: Arc<crate::export::health::Health>) -> Self {
+        self.health = Some(health);
+        self
+    }
+
+    pub fn gate(&self) -> &Gate {
+        &self.gate
+    }
+
+    /// The successor's poll: once the previous agent's socket is free, take over.
+    fn poll_standby(&mut self) {
+        let Some(standby) = self.standby.as_mut() else {
+            return;
+        };
+        if standby
+            .last_poll
+            .is_some_and(|t| t.elapsed() < std::time::Duration::from_millis(200))
+        {
+            return;
+        }
+        standby.last_poll = Some(std::time::Instant::now());
+        if standby
+            .sockets
+            .iter()
+            .any(|p| std::os::unix::net::UnixStream::connect(p).is_ok())
+        {
+            return;
+        }
+        let Some(standby) = self.standby.take() else {
+            return;
+        };
+        let cut = self.gate.took_over();
+        info!(
+            cut_mono_ns = cut,
+            "the previous agent has exited: taking over (recording requests read from the cut on)"
+        );
+        if let Some(path) = &standby.shim_socket
+            && let Err(e) = self.gpu.listen(path)
+        {
+            warn!("GPU kernel records are off after the takeover: {e}");
+        }
+        (standby.take_over)();
     }
 
     fn remember(&self, add: impl FnOnce(&mut History)) {
@@ -208,12 +280,18 @@ impl PerProcess for DaemonObserver {
 
 impl Observer for DaemonObserver {
     fn on_record(&mut self, record: RequestRecord) {
+        if !self.gate.admits(&record) {
+            return;
+        }
         self.timelines
             .on_request(record, monotonic_now_ns(), &mut self.closed);
         self.publish_closed();
     }
 
     fn on_step(&mut self, step: StepRecord) {
+        if !self.gate.admits_step(&step) {
+            return;
+        }
         self.metrics.record_step(&step);
         self.remember(|h| h.push_step(StepSample::from(&step)));
         if self.hub.has_subscribers() {
@@ -253,6 +331,10 @@ impl Observer for DaemonObserver {
     }
 
     fn on_tick(&mut self) {
+        if let Some(health) = &self.health {
+            health.pass();
+        }
+        self.poll_standby();
         let now = monotonic_now_ns();
         self.gpu.drain_kernels(&mut self.kernels);
         let subscribers = self.hub.has_subscribers();
@@ -291,6 +373,7 @@ impl Observer for DaemonObserver {
 
     fn on_counters(&mut self, mut counters: Vec<(Counter, u64)>) {
         counters.extend(self.gpu.counters());
+        counters.extend(self.gate.counters());
         counters.extend(self.timelines.stats().iter());
         let c = &self.export_counters;
         counters.extend([
@@ -319,6 +402,7 @@ impl Observer for DaemonObserver {
                 self.hub.subscribers.load(Ordering::Relaxed),
             ),
         ]);
+        self.gate.adjust_losses(&mut counters);
         self.metrics.set_agent_counters(&counters);
         self.counters = counters;
     }

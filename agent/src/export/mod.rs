@@ -2,6 +2,7 @@
 //! Prometheus endpoint, the gRPC API and Perfetto traces.
 pub mod counters_file;
 pub mod grpc;
+pub mod health;
 pub mod hub;
 pub mod jsonl;
 pub mod live;

@@ -10,48 +10,69 @@ use axum::{
 };
 use tokio::net::TcpListener;
 
-use super::metrics::Metrics;
+use super::{health::Health, metrics::Metrics};
+use crate::model::clock::monotonic_now_ns;
+use axum::http::StatusCode;
 
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) -> std::io::Result<()> {
-    let app = Router::new().route(
-        "/metrics",
-        get(move |headers: HeaderMap| {
-            let metrics = metrics.clone();
+/// Serves `/metrics`, and with `health` the kubelet's probes: `/healthz` (liveness: the
+/// capture loop runs) and `/readyz` (readiness: it has made its first pass), 200 or 503.
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    health: Option<Arc<Health>>,
+) -> std::io::Result<()> {
+    let probe = |check: fn(&Health, u64) -> bool, health: Option<Arc<Health>>| {
+        get(move || {
+            let health = health.clone();
             async move {
-                let openmetrics = headers
-                    .get(header::ACCEPT)
-                    .and_then(|v| v.to_str().ok())
-                    .is_some_and(|v| v.contains("application/openmetrics-text"));
-                match metrics.encode() {
-                    Ok(body) if openmetrics => (
-                        [(
-                            header::CONTENT_TYPE,
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )],
-                        body,
-                    )
-                        .into_response(),
-                    Ok(body) => (
-                        [(
-                            header::CONTENT_TYPE,
-                            "text/plain; version=0.0.4; charset=utf-8",
-                        )],
-                        to_classic(&body),
-                    )
-                        .into_response(),
-                    Err(_) => (
-                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                        "encoding metrics failed",
-                    )
-                        .into_response(),
+                match health {
+                    Some(h) if !check(&h, monotonic_now_ns()) => {
+                        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+                    }
+                    _ => (StatusCode::OK, "ok\n"),
                 }
             }
-        }),
-    );
+        })
+    };
+    let app = Router::new()
+        .route("/healthz", probe(Health::live, health.clone()))
+        .route("/readyz", probe(Health::ready, health))
+        .route(
+            "/metrics",
+            get(move |headers: HeaderMap| {
+                let metrics = metrics.clone();
+                async move {
+                    let openmetrics = headers
+                        .get(header::ACCEPT)
+                        .and_then(|v| v.to_str().ok())
+                        .is_some_and(|v| v.contains("application/openmetrics-text"));
+                    match metrics.encode() {
+                        Ok(body) if openmetrics => (
+                            [(
+                                header::CONTENT_TYPE,
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                            )],
+                            body,
+                        )
+                            .into_response(),
+                        Ok(body) => (
+                            [(
+                                header::CONTENT_TYPE,
+                                "text/plain; version=0.0.4; charset=utf-8",
+                            )],
+                            to_classic(&body),
+                        )
+                            .into_response(),
+                        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "encoding metrics failed")
+                            .into_response(),
+                    }
+                }
+            }),
+        );
     axum::serve(listener, app).await
 }
 

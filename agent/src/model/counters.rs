@@ -207,6 +207,9 @@ counters! {
     SseJsonError => "sse_json_error": Loss,
     RequestsIncomplete => "requests_incomplete": Loss,
     RequestsIncompleteAgentShutdown => "requests_incomplete_agent_shutdown": Loss,
+    // A surge roll's handover (daemon::handover): requests the other agent on the node records.
+    RequestsHandedOver => "requests_handed_over": Total,
+    RequestsLeftToPreviousAgent => "requests_left_to_previous_agent": Total,
     RequestsIncompleteChunkFraming => "requests_incomplete_chunk_framing": Loss,
     RequestsIncompleteEventsLost => "requests_incomplete_events_lost": Loss,
     RequestsIncompleteHeadLost => "requests_incomplete_head_lost": Loss,

@@ -193,11 +193,24 @@ impl Pipeline {
         stop: &AtomicBool,
         deadline: Option<Instant>,
     ) -> std::io::Result<()> {
+        self.run_until(observer, &mut |_| {
+            stop.load(Ordering::Relaxed) || deadline.is_some_and(|d| Instant::now() >= d)
+        })
+    }
+
+    /// Runs until `done` says so (asked on every pass of the loop, at least every 50 ms: a
+    /// retiring agent keeps running until the requests it saw start have ended), then reports
+    /// open requests as aborted.
+    pub fn run_until(
+        &mut self,
+        observer: &mut dyn Observer,
+        done: &mut dyn FnMut(&Pipeline) -> bool,
+    ) -> std::io::Result<()> {
         let mut last_scan: Option<Instant> = None;
         let mut last_sweep = Instant::now();
         let mut last_late_attach = Instant::now();
         loop {
-            if stop.load(Ordering::Relaxed) || deadline.is_some_and(|d| Instant::now() >= d) {
+            if done(self) {
                 break;
             }
             if last_scan.is_none_or(|t| t.elapsed() >= self.config.discovery_interval) {
@@ -239,6 +252,11 @@ impl Pipeline {
             observer,
         );
         Ok(())
+    }
+
+    /// Open requests whose first bytes were read before `ts_ns` (monotonic clock).
+    pub fn open_requests_read_before(&self, ts_ns: u64) -> usize {
+        self.tracker.open_requests_read_before(ts_ns)
     }
 
     /// Scrapes the scraper thread finished, normalised into records (and kept for the join).

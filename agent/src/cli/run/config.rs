@@ -109,6 +109,11 @@ pub struct RunArgs {
     /// Stop after this long (default: until SIGINT/SIGTERM).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub duration: Option<Duration>,
+    /// On SIGTERM while a successor agent runs beside this one (a surge roll), keep recording
+    /// the requests read before the handover until they end, up to this long (default 25s:
+    /// within Kubernetes' default 30 s grace period).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub drain_timeout: Option<Duration>,
     /// Probe spec (TOML) with user-defined scheduler probes for a native engine inferscope has
     /// no profile for (see docs/src/engines/user-probes.md).
     #[arg(long, env = "INFERSCOPE_PROBES")]
@@ -152,6 +157,7 @@ pub struct FileConfig {
     /// User-defined probe spec (TOML).
     pub probes: Option<PathBuf>,
     pub token_hooks: Option<bool>,
+    pub drain_timeout: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -208,6 +214,7 @@ pub struct RunConfig {
     /// User-defined probes, checked at start-up.
     pub probes: Option<inferscope::capture::user_probes::ProbeSpec>,
     pub token_hooks: bool,
+    pub drain_timeout: Duration,
 }
 
 impl RunConfig {
@@ -297,6 +304,12 @@ impl RunConfig {
             "diagnose-window",
             Duration::from_secs(5 * 60),
         )?;
+        let drain_timeout = duration_or(
+            args.drain_timeout,
+            file.drain_timeout,
+            "drain-timeout",
+            Duration::from_secs(25),
+        )?;
         let diagnose_ratio = args.diagnose_ratio.or(file.diagnose_ratio).unwrap_or(1.5);
         if diagnose_ratio <= 1.0 {
             bail!("the diagnose ratio must be above 1, got {diagnose_ratio}");
@@ -351,6 +364,7 @@ impl RunConfig {
                 None => None,
             },
             token_hooks: args.token_hooks || file.token_hooks.unwrap_or(false),
+            drain_timeout,
         })
     }
 }

@@ -3,7 +3,11 @@
 mod config;
 mod servers;
 
-use std::{sync::Arc, time::Instant};
+use std::{
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Instant,
+};
 
 use anyhow::Context as _;
 use inferscope::{
@@ -27,8 +31,14 @@ use opentelemetry::{KeyValue, metrics::MeterProvider as _};
 use tracing::{info, warn};
 
 pub use config::RunArgs;
-use config::RunConfig;
-use inferscope::daemon::{DaemonObserver, Diagnosis, GpuInputs, Outputs, Sampler};
+use config::{GrpcAddr, RunConfig};
+use inferscope::{
+    capture::sockpath::Bound,
+    daemon::{
+        DaemonObserver, Diagnosis, GpuInputs, Outputs, Sampler, Standby,
+        handover::{Drain, DrainStep, Gate, HandoverDir},
+    },
+};
 
 use super::signals;
 
@@ -155,15 +165,94 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         _ => None,
     };
-    // The shim socket first: when another live agent holds it, nothing of ours is bound yet.
-    let gpu = GpuInputs::start(config.shim_socket.as_deref(), config.nvml_interval)?;
-    let grpc_socket = servers::start(
-        &runtime,
-        &config,
-        metrics.clone(),
-        hub.clone(),
-        history.clone(),
+    // Another agent on this node (the old pod of a surge roll): run beside it, record from its
+    // handover cut on, and take its sockets once it has exited (daemon::handover).
+    let sockets: Vec<PathBuf> = [
+        match &config.grpc {
+            GrpcAddr::Unix(path) => Some(path.clone()),
+            _ => None,
+        },
+        config.shim_socket.clone(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let handover_dir = sockets
+        .first()
+        .and_then(|p| p.parent())
+        .filter(|d| !d.as_os_str().is_empty())
+        .map(HandoverDir::new);
+    let predecessor = sockets
+        .iter()
+        .find(|p| std::os::unix::net::UnixStream::connect(p).is_ok())
+        .cloned();
+    let gate = match (&predecessor, &handover_dir) {
+        (Some(socket), Some(dir)) => {
+            dir.announce_successor().with_context(|| {
+                format!(
+                    "another agent serves {}, and this one cannot announce itself beside it",
+                    socket.display()
+                )
+            })?;
+            info!(
+                socket = %socket.display(),
+                "another agent runs on this node: running beside it until it exits (a rolling update); this one records the requests read from its handover on"
+            );
+            Gate::successor(dir.clone())
+        }
+        (None, dir) => {
+            // Files left by agents that did not exit cleanly.
+            if let Some(dir) = dir {
+                dir.clear();
+            }
+            Gate::sole()
+        }
+        (Some(socket), None) => {
+            anyhow::bail!("{} is in use by another agent", socket.display())
+        }
+    };
+    let standby = gate.is_standby();
+    let gpu = GpuInputs::start(
+        config.shim_socket.as_deref().filter(|_| !standby),
+        config.nvml_interval,
     )?;
+    let health = Arc::new(inferscope::export::health::Health::default());
+    servers::start_prometheus(runtime.handle(), &config, metrics.clone(), health.clone())?;
+    let grpc_socket: Arc<Mutex<Option<Bound>>> = Arc::default();
+    let standby = if standby {
+        let (handle, config, hub, history, bound, dir) = (
+            runtime.handle().clone(),
+            config.clone(),
+            hub.clone(),
+            history.clone(),
+            grpc_socket.clone(),
+            handover_dir.clone(),
+        );
+        Some(Standby {
+            sockets: sockets.clone(),
+            shim_socket: config.shim_socket.clone(),
+            take_over: Box::new(move || {
+                match servers::start_grpc(&handle, &config, hub, history) {
+                    Ok(socket) => {
+                        if let Ok(mut b) = bound.lock() {
+                            *b = socket;
+                        }
+                    }
+                    Err(e) => warn!("the gRPC API is off after the takeover: {e:#}"),
+                }
+                if let Some(dir) = dir {
+                    dir.clear();
+                }
+            }),
+            last_poll: None,
+        })
+    } else {
+        let socket = servers::start_grpc(runtime.handle(), &config, hub.clone(), history.clone())?;
+        if let Ok(mut b) = grpc_socket.lock() {
+            *b = socket;
+        }
+        None
+    };
 
     let mut observer = DaemonObserver::new(
         TimelineBuilder::new(TimelineLimits::default()),
@@ -188,13 +277,20 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
                 events: diagnosis_events,
                 reported_cause: None,
             }),
-    );
+    )
+    .with_handover(gate, standby)
+    .with_health(health);
     info!("running; stop with SIGINT or SIGTERM");
-    let result = pipeline.run(
-        &mut observer,
-        &signals::STOP,
-        config.duration.map(|d| Instant::now() + d),
-    );
+    let mut drain = Drain::new(handover_dir, config.drain_timeout, observer.gate());
+    let deadline = config.duration.map(|d| Instant::now() + d);
+    let result = pipeline.run_until(&mut observer, &mut |pipeline| {
+        let stopping = signals::STOP.load(std::sync::atomic::Ordering::Relaxed)
+            || deadline.is_some_and(|d| Instant::now() >= d);
+        matches!(
+            drain.step(stopping, |cut| pipeline.open_requests_read_before(cut)),
+            DrainStep::Stop
+        )
+    });
     observer.finish();
     pipeline.log_counters();
     if let Some(path) = &config.counters {
@@ -208,7 +304,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         warn!("flushing OTLP metrics at exit failed: {e}");
     }
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
-    if let Some(socket) = grpc_socket {
+    if let Some(socket) = grpc_socket.lock().ok().and_then(|mut b| b.take()) {
         socket.remove();
     }
     result.context("the capture loop failed")?;

@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use inferscope::{
     capture::sockpath::{self, Bound},
     diagnose::history::History,
-    export::{grpc::ApiService, hub::Hub, metrics::Metrics, prometheus_http},
+    export::{grpc::ApiService, health::Health, hub::Hub, metrics::Metrics, prometheus_http},
 };
 use inferscope_proto::v1::agent::inferscope_server::InferscopeServer;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
@@ -17,27 +17,35 @@ use tracing::{error, info};
 
 use super::config::{GrpcAddr, RunConfig};
 
-pub fn start(
-    runtime: &tokio::runtime::Runtime,
+pub fn start_prometheus(
+    runtime: &tokio::runtime::Handle,
     config: &RunConfig,
     metrics: Arc<Metrics>,
-    hub: Arc<Hub>,
-    history: Option<Arc<Mutex<History>>>,
-) -> anyhow::Result<Option<Bound>> {
-    let mut bound = None;
+    health: Arc<Health>,
+) -> anyhow::Result<()> {
     if let Some(addr) = config.prometheus {
         let listener = runtime
             .block_on(prometheus_http::bind(addr))
             .with_context(|| {
                 format!("cannot listen on {addr} for Prometheus; pass --prometheus ADDR or off")
             })?;
-        info!(%addr, "serving Prometheus metrics at /metrics");
+        info!(%addr, "serving Prometheus metrics at /metrics (probes: /healthz, /readyz)");
         runtime.spawn(async move {
-            if let Err(e) = prometheus_http::serve(listener, metrics).await {
+            if let Err(e) = prometheus_http::serve(listener, metrics, Some(health)).await {
                 error!("the Prometheus endpoint stopped: {e}");
             }
         });
     }
+    Ok(())
+}
+
+pub fn start_grpc(
+    runtime: &tokio::runtime::Handle,
+    config: &RunConfig,
+    hub: Arc<Hub>,
+    history: Option<Arc<Mutex<History>>>,
+) -> anyhow::Result<Option<Bound>> {
+    let mut bound = None;
     let service = InferscopeServer::new(ApiService::new(hub, history));
     match &config.grpc {
         GrpcAddr::Off => {}
@@ -46,8 +54,8 @@ pub fn start(
                 std::fs::create_dir_all(dir)
                     .with_context(|| format!("cannot create {}", dir.display()))?;
             }
-            // A stale socket of ours is replaced; a live one (another agent) or anything else
-            // at the path is not touched.
+            // A stale socket of ours is replaced; a live one (another agent: `run` waits for it
+            // to exit before it gets here) or anything else at the path is not touched.
             sockpath::claim(path).context("cannot serve the gRPC API; pass --grpc")?;
             let listener = {
                 let _runtime = runtime.enter();
