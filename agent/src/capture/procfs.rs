@@ -164,6 +164,24 @@ pub fn mapped_files(tgid: u32) -> Vec<String> {
     files
 }
 
+/// The file mapped at `address` in `tgid` and the address's offset in it.
+pub fn mapping_of(tgid: u32, address: u64) -> Option<(String, u64)> {
+    let text = fs::read_to_string(format!("/proc/{tgid}/maps")).ok()?;
+    text.lines().find_map(|line| {
+        let mut fields = line.split_whitespace();
+        let (start, end) = fields.next()?.split_once('-')?;
+        let start = u64::from_str_radix(start, 16).ok()?;
+        let end = u64::from_str_radix(end, 16).ok()?;
+        if !(start..end).contains(&address) {
+            return None;
+        }
+        let offset = u64::from_str_radix(fields.nth(1)?, 16).ok()?;
+        let path = fields.nth(2)?;
+        path.starts_with('/')
+            .then(|| (path.to_owned(), address - start + offset))
+    })
+}
+
 /// Process start time (clock ticks since boot): with the pid, it names one process instance.
 pub fn start_time(tgid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{tgid}/stat")).ok()?;

@@ -343,6 +343,7 @@ mod tests {
             start_from: Some("previous_step"),
             kernel_pid: None,
             kernels_from_ns: None,
+            gpu_launches: None,
         };
         let mut b = TimelineBuilder::new(TimelineLimits::default());
         let engine_id = "chatcmpl-x-abcdef12";
@@ -454,6 +455,7 @@ mod tests {
             start_from: Some("forward_entry"),
             kernel_pid: Some(30),
             kernels_from_ns: None,
+            gpu_launches: None,
         });
         for (pid, launch) in [(30, 12_000_000), (30, 25_000_000), (20, 26_000_000)] {
             b.on_kernel(

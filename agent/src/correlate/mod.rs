@@ -4,6 +4,7 @@ use crate::model::{Counter, PerProcess};
 mod arrivals;
 mod connection;
 pub mod engine_metrics;
+pub mod launches;
 pub mod loss;
 mod peer_close;
 pub mod percentile;
@@ -418,6 +419,7 @@ impl Tracker {
             start_from: None,
             kernel_pid: None,
             kernels_from_ns: None,
+            gpu_launches: None,
         })
     }
 

@@ -4,11 +4,13 @@
 pub mod clock;
 pub mod counters;
 pub mod identity;
+pub mod launch;
 pub mod lifecycle;
 pub mod record;
 pub mod signals;
 
 pub use counters::{Counter, Kind as CounterKind, Stats};
 pub use identity::ProcessIdentity;
+pub use launch::{LaunchRecord, NamedCount, StepLaunches};
 pub use lifecycle::PerProcess;
 pub use record::{EndedBy, RequestRecord, StepMember, StepRecord, StepRef};

@@ -29,6 +29,8 @@ pub(super) struct Processes<'a> {
     pub scraper: &'a mut dyn PerProcess,
     /// User-defined probes, when a spec is loaded.
     pub user_probes: &'a mut dyn PerProcess,
+    /// GPU launches kept for the step join, and the process's kernel names.
+    pub launches: &'a mut dyn PerProcess,
     pub late: &'a mut LateAttach,
     pub ipc: &'a mut IpcRouter,
     pub classifier: &'a mut FdClassifier,
@@ -45,8 +47,9 @@ impl Processes<'_> {
     /// requests of the process end (cut by the server) and are handed to `observer`; the state
     /// those last records are joined with after that; the observer's own state last.
     pub fn forget(&mut self, tgid: u32, observer: &mut dyn Observer) {
-        let first: [&mut dyn PerProcess; 9] = [
+        let first: [&mut dyn PerProcess; 10] = [
             &mut *self.probes,
+            &mut *self.launches,
             &mut *self.late,
             &mut *self.user_probes,
             &mut *self.scraper,
@@ -123,6 +126,7 @@ mod tests {
         probes: Gone,
         scraper: Gone,
         user_probes: Gone,
+        launches: Gone,
         late: LateAttach,
         ipc: IpcRouter,
         classifier: FdClassifier,
@@ -140,6 +144,7 @@ mod tests {
                 probes: Gone::default(),
                 scraper: Gone::default(),
                 user_probes: Gone::default(),
+                launches: Gone::default(),
                 late: LateAttach::default(),
                 ipc: IpcRouter::default(),
                 classifier: FdClassifier::new(true),
@@ -157,6 +162,7 @@ mod tests {
                 probes: &mut self.probes,
                 scraper: &mut self.scraper,
                 user_probes: &mut self.user_probes,
+                launches: &mut self.launches,
                 late: &mut self.late,
                 ipc: &mut self.ipc,
                 classifier: &mut self.classifier,
@@ -182,6 +188,7 @@ mod tests {
                 engine,
                 engine_hooks: vec![0],
                 user_probes: Vec::new(),
+                gpu_hooks: Vec::new(),
             };
             self.late.watch(tgid, missing, |_| true);
             let Some(endpoint) = engines::by_name(engine).and_then(|e| e.metrics()) else {

@@ -13,6 +13,7 @@ use rustc_hash::FxHashMap;
 use tracing::{info, warn};
 
 use crate::{
+    capture::gpu::launches::{self as gpu_launches, StubNames},
     capture::{
         CaptureConfig, CaptureError, CapturedEvent, Discovery, DiscoveryChange, FdClassifier,
         SocketProbes, TargetSelector,
@@ -25,11 +26,11 @@ use crate::{
         records, sched_hooks,
         user_probes::{ProbeSpec, UserProbes},
     },
-    correlate::{EngineMetrics, EngineMetricsRecord, Tracker},
+    correlate::{EngineMetrics, EngineMetricsRecord, Tracker, launches::Launches},
     decode::{http::Limits, prometheus},
     engines::{self, IpcRouter},
     identity::Identities,
-    model::{RequestRecord, Stats, StepRecord, clock::monotonic_now_ns},
+    model::{LaunchRecord, RequestRecord, Stats, StepRecord, clock::monotonic_now_ns},
 };
 
 #[derive(Debug, Clone)]
@@ -41,6 +42,8 @@ pub struct PipelineConfig {
     pub discovery_interval: Duration,
     /// Also attach the engines' per-token hooks (one uprobe hit per generated token).
     pub token_hooks: bool,
+    /// Attach the GPU launch probes to traced processes that map the CUDA driver or runtime.
+    pub gpu_launches: bool,
 }
 
 impl PipelineConfig {
@@ -51,6 +54,7 @@ impl PipelineConfig {
             limits: Limits::default(),
             discovery_interval: Duration::from_millis(500),
             token_hooks: false,
+            gpu_launches: true,
         }
     }
 }
@@ -60,6 +64,8 @@ pub trait Observer {
     fn on_record(&mut self, record: RequestRecord);
     /// An engine step finished (scheduler hooks).
     fn on_step(&mut self, _step: StepRecord) {}
+    /// A GPU kernel or graph launch (launch uprobes on the CUDA driver and runtime).
+    fn on_launch(&mut self, _launch: LaunchRecord) {}
     /// A scrape of an engine's metrics endpoint (with `PipelineConfig::metrics`).
     fn on_engine_metrics(&mut self, _record: EngineMetricsRecord) {}
     /// Discovery attached to or detached from processes.
@@ -103,6 +109,10 @@ pub struct Pipeline {
     chunks: Chunks,
     /// Engines restarted on their port: kept ports and processes the kernel adopted.
     adoption: Adoption,
+    /// GPU launches from the launch uprobes, named and joined to steps.
+    launches: Launches,
+    /// Names of runtime launches' host stubs, from the processes' symbols.
+    stub_names: StubNames,
 }
 
 /// Bytes of one send/receive captured for processes whose engine IPC is decoded: vLLM's
@@ -144,6 +154,8 @@ impl Pipeline {
             identities: Identities::default(),
             chunks: Chunks::default(),
             adoption: Adoption::default(),
+            launches: Launches::default(),
+            stub_names: StubNames::default(),
         })
     }
 
@@ -319,14 +331,24 @@ impl Pipeline {
                 .user_probes
                 .as_mut()
                 .map(|u| u.attach(&mut self.probes, new.tgid, None));
+            let gpu = if self.config.gpu_launches {
+                let gpu = gpu_launches::attach(&mut self.probes, new.tgid, None);
+                self.stats
+                    .add(Counter::GpuLaunchHooksAttached, gpu.live as u64);
+                gpu.not_found
+            } else {
+                Vec::new()
+            };
             let missing = Missing {
                 engine: new.engine,
                 engine_hooks: hooks.not_found,
                 user_probes: user.map(|u| u.not_found).unwrap_or_default(),
+                gpu_hooks: gpu,
             };
             let user_probes = self.user_probes.as_ref();
+            let gpu = self.config.gpu_launches;
             self.late.watch(new.tgid, missing, |path| {
-                could_hold_hooks(new.engine, user_probes, path)
+                could_hold_hooks(new.engine, user_probes, gpu, path)
             });
         }
         if !change.added.is_empty()
@@ -350,6 +372,7 @@ impl Pipeline {
             probes: &mut self.probes,
             scraper: &mut self.scraper,
             user_probes: &mut self.user_probes,
+            launches: &mut self.launches,
             late: &mut self.late,
             ipc: &mut self.ipc,
             classifier: &mut self.classifier,
@@ -392,9 +415,10 @@ impl Pipeline {
     /// Tries the missing hooks of processes that mapped new engine objects since last time.
     fn attach_late_hooks(&mut self) {
         let user_probes = self.user_probes.as_ref();
+        let gpu = self.config.gpu_launches;
         let due = self
             .late
-            .changed(|engine, path| could_hold_hooks(engine, user_probes, path));
+            .changed(|engine, path| could_hold_hooks(engine, user_probes, gpu, path));
         for (tgid, missing) in due {
             let hooks = if missing.engine_hooks.is_empty() {
                 sched_hooks::HookOutcome::default()
@@ -413,16 +437,24 @@ impl Pipeline {
                 }
                 _ => sched_hooks::HookOutcome::default(),
             };
+            let gpu_hooks = if missing.gpu_hooks.is_empty() {
+                sched_hooks::HookOutcome::default()
+            } else {
+                gpu_launches::attach(&mut self.probes, tgid, Some(&missing.gpu_hooks))
+            };
             self.stats
                 .add(Counter::HooksAttachedLate, (hooks.live + user.live) as u64);
+            self.stats
+                .add(Counter::GpuLaunchHooksAttached, gpu_hooks.live as u64);
             let still = Missing {
                 engine: missing.engine,
                 engine_hooks: hooks.not_found,
                 user_probes: user.not_found,
+                gpu_hooks: gpu_hooks.not_found,
             };
             let user_probes = self.user_probes.as_ref();
             self.late.watch(tgid, still, |path| {
-                could_hold_hooks(missing.engine, user_probes, path)
+                could_hold_hooks(missing.engine, user_probes, gpu, path)
             });
         }
         self.stats.add(
@@ -460,6 +492,8 @@ impl Pipeline {
             chunks,
             adoption,
             discovery,
+            launches,
+            stub_names,
             ..
         } = self;
         let mut adopted = false;
@@ -528,6 +562,12 @@ impl Pipeline {
                     over_limit.push(tgid);
                     stats.bump(Counter::ProcessesAdoptedOverLimit);
                 }
+                Ok(CapturedEvent::GpuLaunch(launch)) => {
+                    let record =
+                        launches.on_launch(&launch, |tgid, stub| stub_names.name(tgid, stub));
+                    observer.on_launch(record);
+                }
+                Ok(CapturedEvent::GpuName(name)) => launches.on_name(&name),
                 Ok(CapturedEvent::Segment(segment)) => tracker.on_segment(&segment),
                 Ok(CapturedEvent::SockState(state)) => tracker.on_sock_state(&state),
                 Ok(CapturedEvent::Sched(event)) => tracker.on_sched(&event, steps),
@@ -564,7 +604,8 @@ impl Pipeline {
         }
         // Steps first: a request that ended in this batch joins its last steps (vLLM's final
         // output and the HTTP response's end are seen together).
-        for step in steps.drain(..) {
+        for mut step in steps.drain(..) {
+            launches.annotate(&mut step);
             observer.on_step(step);
         }
         emit(engine_metrics, ipc, identities, records, observer);
@@ -578,6 +619,7 @@ impl Pipeline {
         all.extend(self.tracker.stats().iter());
         all.extend(self.ipc.counters());
         all.extend(self.chunks.stats.iter());
+        all.extend(self.launches.stats().iter());
         if let Some(user) = &self.user_probes {
             all.extend(user.stats().iter());
         }
@@ -652,9 +694,11 @@ fn wait_readable(fd: i32, timeout: Duration) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Whether a mapped file could hold one of `engine`'s hooks or a user probe.
-fn could_hold_hooks(engine: &str, user_probes: Option<&UserProbes>, path: &str) -> bool {
+/// Whether a mapped file could hold one of `engine`'s hooks, a user probe, or (with `gpu`) a
+/// GPU launch probe.
+fn could_hold_hooks(engine: &str, user_probes: Option<&UserProbes>, gpu: bool, path: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or(path);
     engines::by_name(engine).is_some_and(|e| e.hook_objects().iter().any(|h| name.contains(h)))
         || user_probes.is_some_and(|u| u.wants_object(path))
+        || (gpu && gpu_launches::could_hold(path))
 }
