@@ -109,10 +109,14 @@ int main(int argc, char **argv) {
     late_graph = mockGraphInstantiate(late_nodes, 1);
     mock_llama_set_step(step);
     struct llama_batch batch = {8, NULL, NULL, NULL, NULL, NULL, NULL};
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     for (long i = 0; i < steps; i++) llama_decode(NULL, batch);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    long long wall = (long long)(t1.tv_sec - t0.tv_sec) * 1000000000ll + (t1.tv_nsec - t0.tv_nsec);
     printf("{\"pid\":%d,\"tid\":%d,\"steps\":%ld,\"kernel_launches_per_step\":5,"
-           "\"graph_launches_per_step\":2}\n",
-           getpid(), gettid(), steps);
+           "\"graph_launches_per_step\":2,\"steps_wall_ns\":%lld}\n",
+           getpid(), gettid(), steps, wall);
     fflush(stdout);
     return 0;
 }
