@@ -94,8 +94,35 @@ pub fn mock_dir() -> &'static Path {
             "-ldl",
         ]);
         cc(&a);
+        let mut a: Vec<&str> = flags.to_vec();
+        let (late_c, late) = (s("late.c"), d("late"));
+        a.extend(["-o", &late, &late_c, "-ldl"]);
+        cc(&a);
         dir
     })
+}
+
+/// Starts the mock process that dlopens libcuda only once `go_file` exists, then launches every
+/// 10 ms until `stop_file` exists; returns it once it is running (without CUDA mapped).
+pub fn start_late_loader(go_file: &Path, stop_file: &Path) -> std::process::Child {
+    use std::io::BufRead;
+    let dir = mock_dir();
+    let mut child = Command::new(dir.join("late"))
+        .arg(go_file)
+        .arg(stop_file)
+        .env("LD_LIBRARY_PATH", dir)
+        .env_remove("CUDA_INJECTION64_PATH")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("starting the mock late loader");
+    let stdout = child.stdout.as_mut().expect("the late loader's stdout");
+    let mut line = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("reading the late loader's ready line");
+    assert!(line.contains("\"ready\":true"), "late loader said {line:?}");
+    child
 }
 
 /// Starts the launch-uprobe mock engine (`launcher GO_FILE STEPS PRE_US`) with no injection and

@@ -215,6 +215,49 @@ fn a_running_engine_gets_its_launches_names_graphs_and_steps_without_restart() {
     assert_eq!(c.get("kernel_gpu_name_read_failed"), 0);
 }
 
+/// A process that maps the CUDA driver only after the agent attached (dlopen, as a Python
+/// engine importing torch) gets its launch probes then, and its launches named.
+#[test]
+fn a_driver_loaded_after_the_attach_is_probed_then() {
+    let dir = test_dir("gpu-late-dlopen");
+    let (go, stop) = (dir.join("go"), dir.join("stop"));
+    let mut engine = mock_cuda::start_late_loader(&go, &stop);
+    let pid = engine.id();
+    let launches = dir.join("launches.jsonl");
+    let log = dir.join("agent.log");
+    let mut recorder = start_agent(&dir, pid, &[], &launches, &dir.join("steps.jsonl"), &log);
+    agent::wait_attached(&mut recorder, &log, pid, Duration::from_secs(30));
+    assert!(
+        !fs::read_to_string(&log)
+            .unwrap()
+            .contains("GPU launch probes attached"),
+        "nothing to probe before the driver is loaded"
+    );
+    fs::write(&go, b"").unwrap();
+    let got = agent::wait_records(
+        &launches,
+        Duration::from_secs(20),
+        "launches after the dlopen",
+        |l| l.len() >= 5,
+    );
+    fs::write(&stop, b"").unwrap();
+    assert!(engine.wait().unwrap().success());
+    agent::unsafe_sigint(recorder.id());
+    let _ = recorder.wait();
+    // The probes attach one after another within a millisecond: a launch whose kernel was looked
+    // up just before the naming probe was in place may be the one unnamed launch.
+    assert!(got.iter().all(|l| l["api"] == "cuLaunchKernel"), "{got:#?}");
+    assert!(
+        got.iter()
+            .skip(1)
+            .all(|l| l["name"] == "late_loaded_kernel" && l["named"] == true),
+        "{got:#?}"
+    );
+    let counters = agent::Counters::read(&dir.join("counters.json"));
+    assert!(counters.get("gpu_launch_hooks_attached") > 0);
+    assert_eq!(counters.get("kernel_gpu_name_read_failed"), 0);
+}
+
 /// Above the per-process cap one launch in 16 is recorded, each record says how many it stands
 /// for, and every launch is either recorded or counted: the counts stay exact.
 #[test]
