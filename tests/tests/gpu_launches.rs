@@ -258,6 +258,54 @@ fn a_driver_loaded_after_the_attach_is_probed_then() {
     assert_eq!(counters.get("kernel_gpu_name_read_failed"), 0);
 }
 
+/// An engine whose model runs in a worker it started (vLLM's EngineCore is a child of the API
+/// server): the worker is not traced (it serves no requests) but its launches are probed, and
+/// it loads CUDA only after the agent attached.
+#[test]
+fn an_engine_s_worker_process_is_probed() {
+    use std::io::BufRead;
+    let dir = test_dir("gpu-worker");
+    let (go, stop) = (dir.join("go"), dir.join("stop"));
+    let late = mock_cuda::mock_dir().join("late");
+    // The shell stays the parent: the worker is its child, not an exec of it.
+    let mut engine = Command::new("sh")
+        .args(["-c", "\"$0\" \"$1\" \"$2\"; true"])
+        .arg(&late)
+        .arg(&go)
+        .arg(&stop)
+        .env("LD_LIBRARY_PATH", mock_cuda::mock_dir())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    std::io::BufReader::new(engine.stdout.as_mut().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    let worker: Value = serde_json::from_str(ready.trim()).unwrap();
+    let worker = worker["pid"].as_u64().unwrap();
+    let pid = engine.id();
+    assert_ne!(u64::from(pid), worker);
+    let launches = dir.join("launches.jsonl");
+    let log = dir.join("agent.log");
+    let mut recorder = start_agent(&dir, pid, &[], &launches, &dir.join("steps.jsonl"), &log);
+    agent::wait_attached(&mut recorder, &log, pid, Duration::from_secs(30));
+    fs::write(&go, b"").unwrap();
+    let got = agent::wait_records(
+        &launches,
+        Duration::from_secs(20),
+        "the worker's launches",
+        |l| l.len() >= 5,
+    );
+    fs::write(&stop, b"").unwrap();
+    assert!(engine.wait().unwrap().success());
+    agent::unsafe_sigint(recorder.id());
+    let _ = recorder.wait();
+    assert!(
+        got.iter().all(|l| l["pid"].as_u64() == Some(worker)),
+        "{got:#?}"
+    );
+}
+
 /// Above the per-process cap one launch in 16 is recorded, each record says how many it stands
 /// for, and every launch is either recorded or counted: the counts stay exact.
 #[test]

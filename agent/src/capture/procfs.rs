@@ -205,6 +205,38 @@ pub fn all_pids() -> Vec<u32> {
         .collect()
 }
 
+/// Every live process descended from one of `roots` (children, their children, ...), with the
+/// root it descends from.
+pub fn descendants(roots: &[u32]) -> Vec<(u32, u32)> {
+    if roots.is_empty() {
+        return Vec::new();
+    }
+    let parents: Vec<(u32, u32)> = all_pids()
+        .into_iter()
+        .filter_map(|pid| Some((pid, parent_pid(pid)?)))
+        .collect();
+    let mut found: Vec<(u32, u32)> = Vec::new();
+    let mut frontier: Vec<(u32, u32)> = roots.iter().map(|&r| (r, r)).collect();
+    // Bounded depth: a process tree deeper than this is not an engine's workers.
+    for _ in 0..8 {
+        let mut next = Vec::new();
+        for &(pid, parent) in &parents {
+            if let Some(&(_, root)) = frontier.iter().find(|(p, _)| *p == parent)
+                && !roots.contains(&pid)
+                && !found.iter().any(|(f, _)| *f == pid)
+            {
+                next.push((pid, root));
+            }
+        }
+        if next.is_empty() {
+            break;
+        }
+        found.extend(&next);
+        frontier = next;
+    }
+    found
+}
+
 pub fn process_exists(tgid: u32) -> bool {
     Path::new(&format!("/proc/{tgid}")).exists()
 }

@@ -48,6 +48,9 @@ struct Process {
 pub struct Launches {
     limits: LaunchLimits,
     processes: FxHashMap<u32, Process>,
+    /// Worker processes of an engine (vLLM's EngineCore) → the engine process whose steps
+    /// their launches belong to.
+    owners: FxHashMap<u32, u32>,
     stats: Stats,
 }
 
@@ -157,33 +160,56 @@ impl Launches {
         record
     }
 
-    /// Sums the launches `step` made onto it: the launching process's, inside the step's
-    /// window, and on the step's own thread where the step was seen in the launching process
-    /// (llama.cpp's llama_decode runs its kernels' launches on its thread).
+    /// Launches of `worker` belong to the steps of engine process `engine` (a step seen in the
+    /// engine's process whose kernels run in a worker it started: vLLM's EngineCore).
+    pub fn set_owner(&mut self, worker: u32, engine: u32) {
+        self.owners.insert(worker, engine);
+    }
+
+    /// Sums the launches `step` made onto it, inside the step's window: those of the launching
+    /// process, on the step's own thread where the step was seen on the launching thread
+    /// (llama.cpp's llama_decode launches on its thread), and those of the engine's workers.
     pub fn annotate(&self, step: &mut StepRecord) {
         let pid = step.gpu_pid();
-        let Some(process) = self.processes.get(&pid) else {
-            return;
-        };
         let from = step.kernels_from();
         let to = step.end_mono_ns;
-        let same_thread = step.kernel_pid.is_none() && step.tid != 0;
-        let start = process.recent.partition_point(|l| l.enqueue_mono_ns < from);
-        let mine: Vec<&LaunchRecord> = process
-            .recent
-            .iter()
-            .skip(start)
-            .take_while(|l| l.enqueue_mono_ns <= to)
-            .filter(|l| !same_thread || l.tid == step.tid)
-            .collect();
+        let in_window = |process: &'_ Process| -> Vec<LaunchRecord> {
+            let start = process.recent.partition_point(|l| l.enqueue_mono_ns < from);
+            process
+                .recent
+                .iter()
+                .skip(start)
+                .take_while(|l| l.enqueue_mono_ns <= to)
+                .cloned()
+                .collect()
+        };
+        let mut mine: Vec<LaunchRecord> = Vec::new();
+        if let Some(process) = self.processes.get(&pid) {
+            let same_thread = step.kernel_pid.is_none() && step.tid != 0;
+            mine.extend(
+                in_window(process)
+                    .into_iter()
+                    .filter(|l| !same_thread || l.tid == step.tid),
+            );
+        }
+        if step.kernel_pid.is_none() {
+            for (worker, _) in self.owners.iter().filter(|(_, owner)| **owner == pid) {
+                if let Some(process) = self.processes.get(worker) {
+                    mine.extend(in_window(process));
+                }
+            }
+        }
         if mine.is_empty() {
             return;
         }
-        step.gpu_launches = Some(summarise(&mine, from, to, step.start_mono_ns));
+        mine.sort_by_key(|l| l.enqueue_mono_ns);
+        let refs: Vec<&LaunchRecord> = mine.iter().collect();
+        step.gpu_launches = Some(summarise(&refs, from, to, step.start_mono_ns));
     }
 
     pub fn forget(&mut self, tgid: u32) {
         self.processes.remove(&tgid);
+        self.owners.remove(&tgid);
     }
 }
 
@@ -398,5 +424,24 @@ mod tests {
         let mut idle = step(3, 100, 200);
         l.annotate(&mut idle);
         assert!(idle.gpu_launches.is_none());
+    }
+
+    #[test]
+    fn a_worker_process_launches_for_its_engine_s_steps() {
+        let mut l = Launches::default();
+        let none = |_, _| None;
+        let mut worker = launch(GpuApi::CuGraphLaunch, 90, 150, 0x100);
+        worker.tgid = 9;
+        l.on_launch(&worker, none);
+        let mut s = step(1, 100, 200);
+        l.annotate(&mut s);
+        assert!(s.gpu_launches.is_none(), "not this engine's worker yet");
+        l.set_owner(9, 7);
+        l.annotate(&mut s);
+        assert_eq!(s.gpu_launches.map(|g| g.graph_launches), Some(1));
+        l.forget(9);
+        let mut again = step(1, 100, 200);
+        l.annotate(&mut again);
+        assert!(again.gpu_launches.is_none());
     }
 }

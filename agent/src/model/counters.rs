@@ -249,6 +249,7 @@ counters! {
     GpuLaunchNamesEvicted => "gpu_launch_names_evicted": Loss,
     GpuLaunchesEvicted => "gpu_launches_evicted": Total,
     GpuLaunchHooksAttached => "gpu_launch_hooks_attached": Total,
+    GpuWorkersOverLimit => "gpu_workers_over_limit": Loss,
     ProcessesAdoptedNotAttached => "processes_adopted_not_attached": Loss,
     ProcessesAdoptedOverLimit => "processes_adopted_over_limit": Loss,
     RecordUnexpectedKind => "record_unexpected_kind": Loss,

@@ -113,7 +113,13 @@ pub struct Pipeline {
     launches: Launches,
     /// Names of runtime launches' host stubs, from the processes' symbols.
     stub_names: StubNames,
+    /// Worker processes of traced engines whose CUDA launches are probed (vLLM's EngineCore),
+    /// with their engine process.
+    gpu_workers: FxHashMap<u32, u32>,
 }
+
+/// Engine worker processes whose launches are probed at once.
+const MAX_GPU_WORKERS: usize = 1024;
 
 /// Bytes of one send/receive captured for processes whose engine IPC is decoded: vLLM's
 /// largest message is a new request with its prompt's token ids (up to ~3 bytes a token), and
@@ -156,6 +162,7 @@ impl Pipeline {
             adoption: Adoption::default(),
             launches: Launches::default(),
             stub_names: StubNames::default(),
+            gpu_workers: FxHashMap::default(),
         })
     }
 
@@ -223,6 +230,7 @@ impl Pipeline {
             }
             observer.on_tick();
             if last_late_attach.elapsed() >= LATE_ATTACH_INTERVAL {
+                self.probe_gpu_workers();
                 self.attach_late_hooks();
                 last_late_attach = Instant::now();
             }
@@ -409,6 +417,51 @@ impl Pipeline {
     fn unwatch_unserved(&mut self, port: u16) {
         if !self.ports.values().any(|ports| ports.contains(&port)) {
             self.probes.unwatch_port(port);
+        }
+    }
+
+    /// Probes the CUDA launches of traced engines' worker processes (vLLM's EngineCore runs the
+    /// model in a child of the API server): their launches count for the engine's steps. They
+    /// are not traced otherwise (they serve no requests).
+    fn probe_gpu_workers(&mut self) {
+        if !self.config.gpu_launches {
+            return;
+        }
+        let roots: Vec<u32> = self.discovery.traced().map(|p| p.tgid).collect();
+        let live = crate::capture::procfs::descendants(&roots);
+        let gone: Vec<u32> = self
+            .gpu_workers
+            .keys()
+            .filter(|w| !live.iter().any(|(p, _)| p == *w))
+            .copied()
+            .collect();
+        for worker in gone {
+            self.gpu_workers.remove(&worker);
+            self.probes.detach_uprobes(worker);
+            self.late.forget(worker);
+            self.launches.forget(worker);
+        }
+        for (worker, root) in live {
+            if self.gpu_workers.contains_key(&worker) || self.discovery.engine_of(worker).is_some()
+            {
+                continue;
+            }
+            if self.gpu_workers.len() >= MAX_GPU_WORKERS {
+                self.stats.bump(Counter::GpuWorkersOverLimit);
+                continue;
+            }
+            self.gpu_workers.insert(worker, root);
+            self.launches.set_owner(worker, root);
+            let engine = self.discovery.engine_of(root).unwrap_or("unknown");
+            let gpu = gpu_launches::attach(&mut self.probes, worker, None);
+            self.stats
+                .add(Counter::GpuLaunchHooksAttached, gpu.live as u64);
+            let missing = Missing {
+                engine,
+                gpu_hooks: gpu.not_found,
+                ..Missing::default()
+            };
+            self.late.watch(worker, missing, gpu_launches::could_hold);
         }
     }
 

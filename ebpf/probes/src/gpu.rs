@@ -2,7 +2,9 @@
 //! driver hands kernel handles out under. The attach cookie carries the entry point
 //! (`GpuApi`), so one program serves every function with the same argument layout. Every read
 //! of the process's memory goes through bpf_probe_read_user: a bad address fails the read and
-//! never faults the engine.
+//! never faults the engine. The probes are attached for one process each (the uprobe's own
+//! filter), which may be an engine's worker that the socket layer does not trace (vLLM's
+//! EngineCore), so the traced-process bitmap is not asked.
 use aya_ebpf::{
     EbpfContext,
     bindings::pt_regs,
@@ -20,7 +22,7 @@ use inferscope_common::{
     NAME_FLAG_TRUNCATED, RecordType,
 };
 
-use crate::{counters::bump, maps::traced, ringbuf::output};
+use crate::{counters::bump, ringbuf::output};
 
 /// Launches one process may emit per CPU and [`LAUNCH_WINDOW_NS`] before sampling starts; user
 /// space sets it at load time (0: no cap).
@@ -149,9 +151,6 @@ pub fn cudart_launch(ctx: ProbeContext) -> u32 {
 #[uprobe]
 pub fn cuda_name_call(ctx: ProbeContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
-    if !traced((pid_tgid >> 32) as u32) {
-        return 0;
-    }
     let regs = regs(&ctx);
     let call = GpuNameCall {
         out: regs.rdi,
@@ -239,15 +238,12 @@ fn read_u64(addr: u64) -> Option<u64> {
     unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
 }
 
-/// A launch record for a traced process, or None when it is not traced or the process is over
-/// its launch-rate cap and this launch is not the one in [`LAUNCH_SAMPLE_EVERY`] sampled.
+/// A launch record, or None when the process is over its launch-rate cap and this launch is not
+/// the one in [`LAUNCH_SAMPLE_EVERY`] sampled.
 #[inline(always)]
 fn begin(ctx: &ProbeContext) -> Option<GpuLaunchRecord> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
-    if !traced(tgid) {
-        return None;
-    }
     // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
     let now = unsafe { bpf_ktime_get_ns() };
     let (flags, skipped) = admit(tgid, now)?;
