@@ -306,6 +306,49 @@ fn an_engine_s_worker_process_is_probed() {
     );
 }
 
+/// The GPU proof scripts refuse at once, saying what is missing, instead of hanging or
+/// failing later (run on a machine without a GPU, or with a piece missing).
+#[test]
+fn the_gpu_proof_refuses_clearly_when_something_is_missing() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = test_dir("gpu-proof-refusal");
+    let cases: [(&str, &[(&str, &str)], &str); 3] = [
+        (
+            "tests/gpu/launches.sh",
+            &[("INFERSCOPE_BIN", "/nonexistent/inferscope")],
+            "refuses: no agent binary at /nonexistent/inferscope",
+        ),
+        (
+            "tests/gpu/launches.sh",
+            &[("INFERSCOPE_SHIM_LIB", "/nonexistent/libshim.so")],
+            "refuses: no shim library at /nonexistent/libshim.so",
+        ),
+        (
+            "tests/gpu/run.sh",
+            &[("PYTHON", "/nonexistent/python3")],
+            "refuses: no Python at /nonexistent/python3",
+        ),
+    ];
+    for (script, env, want) in cases {
+        let started = std::time::Instant::now();
+        let out = Command::new(root.join(script))
+            .arg(&dir)
+            .env("INFERSCOPE_BIN", agent::binary())
+            .env("INFERSCOPE_SHIM_LIB", mock_cuda::shim_library())
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{script}: {stderr}");
+        assert!(stderr.contains(want), "{script}: {stderr}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{script} took {:?}",
+            started.elapsed()
+        );
+    }
+}
+
 /// Above the per-process cap one launch in 16 is recorded, each record says how many it stands
 /// for, and every launch is either recorded or counted: the counts stay exact.
 #[test]
