@@ -312,7 +312,13 @@ fn an_engine_s_worker_process_is_probed() {
 fn the_gpu_proof_refuses_clearly_when_something_is_missing() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let dir = test_dir("gpu-proof-refusal");
-    let cases: [(&str, &[(&str, &str)], &str); 3] = [
+    /// (script, environment on top, what its refusal must say)
+    type Case = (
+        &'static str,
+        &'static [(&'static str, &'static str)],
+        &'static str,
+    );
+    let cases: [Case; 3] = [
         (
             "tests/gpu/launches.sh",
             &[("INFERSCOPE_BIN", "/nonexistent/inferscope")],
