@@ -42,6 +42,32 @@ struct Process {
     unnamed: FxHashMap<u64, u32>,
     graphs: FxHashMap<u64, u32>,
     recent: VecDeque<LaunchRecord>,
+    /// Per thread: its last launch if it was a runtime one, whose own driver call may follow.
+    runtime_call: FxHashMap<u32, LaunchEvent>,
+}
+
+/// Threads per process remembered with a pending runtime launch (cleared when full).
+const RUNTIME_CALLS: usize = 4096;
+/// How long after a runtime launch's entry its own driver call may come (the driver probe's
+/// trap included).
+const NESTED_WITHIN_NS: u64 = 1_000_000;
+
+/// Whether driver launch `driver` is runtime launch `runtime`'s own call into the driver: the
+/// thread's next launch, at once, with the same configuration (same graph) on the same stream.
+fn nested(runtime: &LaunchEvent, driver: &LaunchEvent) -> bool {
+    if driver.ts_ns.saturating_sub(runtime.ts_ns) > NESTED_WITHIN_NS
+        || runtime.stream != driver.stream
+        || runtime.api.is_graph() != driver.api.is_graph()
+    {
+        return false;
+    }
+    if runtime.api.is_graph() {
+        runtime.handle == driver.handle
+    } else {
+        runtime.grid == driver.grid
+            && runtime.block == driver.block
+            && runtime.shared_mem == driver.shared_mem
+    }
 }
 
 #[derive(Default)]
@@ -96,14 +122,28 @@ impl Launches {
 
     /// A launch: named, kept for the step join, and returned for whoever writes launches.
     /// `stub_name` names a runtime launch's host stub from the process's symbols (called once
-    /// per unknown stub).
+    /// per unknown stub). None for a runtime launch's own call into the driver (probed at both
+    /// levels, it is one launch): counted, and its function handle learns the runtime's name.
     pub fn on_launch(
         &mut self,
         event: &LaunchEvent,
         stub_name: impl FnOnce(u32, u64) -> Option<String>,
-    ) -> LaunchRecord {
+    ) -> Option<LaunchRecord> {
         let limits = self.limits;
         let process = self.processes.entry(event.tgid).or_default();
+        if !event.api.is_runtime()
+            && let Some(runtime) = process.runtime_call.remove(&event.tid)
+            && nested(&runtime, event)
+        {
+            if !event.api.is_graph()
+                && let Some(name) = process.names.get(&runtime.handle).cloned()
+                && process.names.len() < limits.names_per_process
+            {
+                process.names.insert(event.handle, name);
+            }
+            self.stats.bump(Counter::GpuLaunchesNested);
+            return None;
+        }
         let graph = event.api.is_graph();
         let (name, named) = if graph {
             let next = process.graphs.len() as u32 + 1;
@@ -157,7 +197,13 @@ impl Launches {
             process.recent.pop_front();
         }
         process.recent.push_back(record.clone());
-        record
+        if event.api.is_runtime() {
+            if process.runtime_call.len() >= RUNTIME_CALLS {
+                process.runtime_call.clear();
+            }
+            process.runtime_call.insert(event.tid, *event);
+        }
+        Some(record)
     }
 
     /// Launches of `worker` belong to the steps of engine process `engine` (a step seen in the
@@ -340,19 +386,25 @@ mod tests {
     fn kernels_loaded_before_attach_stay_unnamed_and_learnt_ones_are_named() {
         let mut l = Launches::default();
         let none = |_, _| None;
-        let before = l.on_launch(&launch(GpuApi::CuLaunchKernel, 1, 10, 0xa), none);
+        let before = l
+            .on_launch(&launch(GpuApi::CuLaunchKernel, 1, 10, 0xa), none)
+            .unwrap();
         assert_eq!((before.name.as_str(), before.named), ("unnamed#1", false));
         l.on_name(&name(0xb, 0, "_Z4gemmv"));
-        let after = l.on_launch(&launch(GpuApi::CuLaunchKernel, 1, 11, 0xb), none);
+        let after = l
+            .on_launch(&launch(GpuApi::CuLaunchKernel, 1, 11, 0xb), none)
+            .unwrap();
         assert_eq!((after.name.as_str(), after.named), ("_Z4gemmv", true));
         // The unnamed handle keeps its number; a second unknown one gets the next.
         assert_eq!(
             l.on_launch(&launch(GpuApi::CuLaunchKernel, 1, 12, 0xa), none)
+                .unwrap()
                 .name,
             "unnamed#1"
         );
         assert_eq!(
             l.on_launch(&launch(GpuApi::CuLaunchKernel, 1, 13, 0xc), none)
+                .unwrap()
                 .name,
             "unnamed#2"
         );
@@ -361,6 +413,7 @@ mod tests {
         l.on_name(&name(0xe, 0xd, ""));
         assert_eq!(
             l.on_launch(&launch(GpuApi::CuLaunchKernel, 1, 14, 0xe), none)
+                .unwrap()
                 .name,
             "lib_kernel"
         );
@@ -368,6 +421,7 @@ mod tests {
         l.on_name(&name(0xf, 0x99, ""));
         assert_eq!(
             l.on_launch(&launch(GpuApi::CuLaunchKernel, 1, 15, 0xf), none)
+                .unwrap()
                 .name,
             "unnamed#3"
         );
@@ -377,15 +431,19 @@ mod tests {
     fn runtime_stubs_are_named_from_symbols_once() {
         let mut l = Launches::default();
         let mut asked = 0;
-        let r = l.on_launch(&launch(GpuApi::CudaLaunchKernel, 1, 10, 0x40), |_, _| {
-            asked += 1;
-            Some("flash_fwd_kernel(float*)".into())
-        });
+        let r = l
+            .on_launch(&launch(GpuApi::CudaLaunchKernel, 1, 10, 0x40), |_, _| {
+                asked += 1;
+                Some("flash_fwd_kernel(float*)".into())
+            })
+            .unwrap();
         assert_eq!(r.name, "flash_fwd_kernel(float*)");
-        let r = l.on_launch(&launch(GpuApi::CudaLaunchKernel, 1, 11, 0x40), |_, _| {
-            asked += 1;
-            None
-        });
+        let r = l
+            .on_launch(&launch(GpuApi::CudaLaunchKernel, 1, 11, 0x40), |_, _| {
+                asked += 1;
+                None
+            })
+            .unwrap();
         assert!(r.named);
         assert_eq!(asked, 1);
     }
@@ -396,17 +454,24 @@ mod tests {
         let none = |_, _| None;
         l.on_name(&name(0xb, 0, "k"));
         // Another thread's launch inside the window is not this step's.
-        l.on_launch(&launch(GpuApi::CuLaunchKernel, 2, 150, 0xb), none);
-        l.on_launch(&launch(GpuApi::CuLaunchKernel, 1, 50, 0xb), none);
-        l.on_launch(&launch(GpuApi::CuGraphLaunch, 1, 99, 0x100), none);
-        l.on_launch(&launch(GpuApi::CuGraphLaunch, 1, 120, 0x200), none);
-        l.on_launch(&launch(GpuApi::CuLaunchKernel, 1, 130, 0xb), none);
-        l.on_launch(&launch(GpuApi::CuLaunchKernel, 1, 160, 0xa), none);
+        l.on_launch(&launch(GpuApi::CuLaunchKernel, 2, 150, 0xb), none)
+            .unwrap();
+        l.on_launch(&launch(GpuApi::CuLaunchKernel, 1, 50, 0xb), none)
+            .unwrap();
+        l.on_launch(&launch(GpuApi::CuGraphLaunch, 1, 99, 0x100), none)
+            .unwrap();
+        l.on_launch(&launch(GpuApi::CuGraphLaunch, 1, 120, 0x200), none)
+            .unwrap();
+        l.on_launch(&launch(GpuApi::CuLaunchKernel, 1, 130, 0xb), none)
+            .unwrap();
+        l.on_launch(&launch(GpuApi::CuLaunchKernel, 1, 160, 0xa), none)
+            .unwrap();
         let mut event = launch(GpuApi::CuLaunchKernel, 1, 190, 0xb);
         event.skipped = 15;
         event.sampled = true;
-        l.on_launch(&event, none);
-        l.on_launch(&launch(GpuApi::CuLaunchKernel, 1, 250, 0xb), none);
+        l.on_launch(&event, none).unwrap();
+        l.on_launch(&launch(GpuApi::CuLaunchKernel, 1, 250, 0xb), none)
+            .unwrap();
         let mut s = step(1, 100, 200);
         l.annotate(&mut s);
         let g = s.gpu_launches.expect("the step made launches");
@@ -427,12 +492,50 @@ mod tests {
     }
 
     #[test]
+    fn a_runtime_launch_s_own_driver_call_is_not_a_second_launch() {
+        let mut l = Launches::default();
+        let stub = |_, _| Some("flash_fwd_kernel(float*)".to_owned());
+        let none = |_, _| None;
+        let mut rt = launch(GpuApi::CudaLaunchKernel, 1, 100, 0x40);
+        rt.grid = [64, 2, 1];
+        assert!(l.on_launch(&rt, stub).is_some());
+        // The runtime calls the driver with the same configuration right after: not counted,
+        // and its function handle learns the runtime's name.
+        let mut nested = launch(GpuApi::CuLaunchKernel, 1, 105, 0x900);
+        nested.grid = [64, 2, 1];
+        assert!(l.on_launch(&nested, none).is_none());
+        assert_eq!(l.stats().get(Counter::GpuLaunchesNested), 1);
+        // A later driver launch of that function is a launch of its own, named.
+        let mut own = launch(GpuApi::CuLaunchKernel, 1, 300, 0x900);
+        own.grid = [64, 2, 1];
+        assert_eq!(
+            l.on_launch(&own, none).unwrap().name,
+            "flash_fwd_kernel(float*)"
+        );
+        // Another thread's, or another configuration's, driver launch is not nested.
+        assert!(l.on_launch(&rt, stub).is_some());
+        let mut other = launch(GpuApi::CuLaunchKernel, 1, 310, 0x901);
+        other.grid = [1, 1, 1];
+        assert!(l.on_launch(&other, none).is_some());
+        // Graphs: cudaGraphLaunch then cuGraphLaunch of the same graph on the same stream.
+        assert!(
+            l.on_launch(&launch(GpuApi::CudaGraphLaunch, 2, 400, 0x77), none)
+                .is_some()
+        );
+        assert!(
+            l.on_launch(&launch(GpuApi::CuGraphLaunch, 2, 404, 0x77), none)
+                .is_none()
+        );
+        assert_eq!(l.stats().get(Counter::GpuLaunchesNested), 2);
+    }
+
+    #[test]
     fn a_worker_process_launches_for_its_engine_s_steps() {
         let mut l = Launches::default();
         let none = |_, _| None;
         let mut worker = launch(GpuApi::CuGraphLaunch, 90, 150, 0x100);
         worker.tgid = 9;
-        l.on_launch(&worker, none);
+        l.on_launch(&worker, none).unwrap();
         let mut s = step(1, 100, 200);
         l.annotate(&mut s);
         assert!(s.gpu_launches.is_none(), "not this engine's worker yet");

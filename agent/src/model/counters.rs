@@ -250,6 +250,7 @@ counters! {
     GpuLaunchesEvicted => "gpu_launches_evicted": Total,
     GpuLaunchHooksAttached => "gpu_launch_hooks_attached": Total,
     GpuWorkersOverLimit => "gpu_workers_over_limit": Loss,
+    GpuLaunchesNested => "gpu_launches_nested": Total,
     ProcessesAdoptedNotAttached => "processes_adopted_not_attached": Loss,
     ProcessesAdoptedOverLimit => "processes_adopted_over_limit": Loss,
     RecordUnexpectedKind => "record_unexpected_kind": Loss,

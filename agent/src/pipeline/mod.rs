@@ -616,9 +616,11 @@ impl Pipeline {
                     stats.bump(Counter::ProcessesAdoptedOverLimit);
                 }
                 Ok(CapturedEvent::GpuLaunch(launch)) => {
-                    let record =
-                        launches.on_launch(&launch, |tgid, stub| stub_names.name(tgid, stub));
-                    observer.on_launch(record);
+                    if let Some(record) =
+                        launches.on_launch(&launch, |tgid, stub| stub_names.name(tgid, stub))
+                    {
+                        observer.on_launch(record);
+                    }
                 }
                 Ok(CapturedEvent::GpuName(name)) => launches.on_name(&name),
                 Ok(CapturedEvent::Segment(segment)) => tracker.on_segment(&segment),
