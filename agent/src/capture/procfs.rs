@@ -246,6 +246,40 @@ mod tests {
     use super::*;
 
     #[test]
+    fn finds_a_process_s_grandchildren_and_the_address_mapped_in_a_file() {
+        // sh → sh → sleep: both below the test process.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sh -c 'sleep 2; true' & wait"])
+            .spawn()
+            .unwrap();
+        let me = std::process::id();
+        let shell = child.id();
+        let mut found = Vec::new();
+        for _ in 0..100 {
+            found = descendants(&[me]);
+            if found.iter().filter(|(p, _)| *p != shell).count() >= 2 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(found.contains(&(shell, me)), "{found:?}");
+        assert!(found.iter().all(|(_, root)| *root == me));
+        assert!(
+            found.iter().filter(|(p, _)| *p != shell).count() >= 2,
+            "{found:?}"
+        );
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(descendants(&[]).is_empty());
+        // This function's own code is mapped from the test binary.
+        let here =
+            finds_a_process_s_grandchildren_and_the_address_mapped_in_a_file as *const () as usize;
+        let (path, offset) = mapping_of(me, here as u64).unwrap();
+        assert!(path.starts_with('/'), "{path}");
+        assert!(offset > 0);
+    }
+
+    #[test]
     fn parses_proc_net_tcp_lines() {
         let v4 = "   0: 0100007F:1F99 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 123456 1 0000000000000000 100 0 0 10 0";
         let e = parse_tcp_line(v4).unwrap();

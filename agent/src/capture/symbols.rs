@@ -247,6 +247,12 @@ mod tests {
         // The file offset points at the function's bytes: for a shared library linked at 0 the
         // text segment's offset equals its address.
         assert!(one[0].file_offset > 0);
+        // Back from a file offset (a runtime launch's host stub) to the demangled name.
+        assert_eq!(
+            table.function_at_file_offset(one[0].file_offset).as_deref(),
+            Some("server_queue::post(server_task&&, bool)")
+        );
+        assert_eq!(table.function_at_file_offset(one[0].file_offset + 1), None);
         std::fs::remove_dir_all(dir).ok();
     }
 
