@@ -118,6 +118,14 @@ pub struct RunArgs {
     /// uprobe trap (~10 us on the benchmark VM).
     #[arg(long)]
     pub token_hooks: bool,
+    /// Do not attach the GPU launch probes (uprobes on the CUDA driver's and runtime's launch
+    /// functions in engine processes that map libcuda, and their workers).
+    #[arg(long)]
+    pub no_gpu_launches: bool,
+    /// GPU launches per second one process may emit (per CPU) before the launch probes keep
+    /// one in 16 and count the rest (0: no cap; default 20000).
+    #[arg(long, env = "INFERSCOPE_GPU_LAUNCH_CAP")]
+    pub gpu_launch_cap: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -152,6 +160,8 @@ pub struct FileConfig {
     /// User-defined probe spec (TOML).
     pub probes: Option<PathBuf>,
     pub token_hooks: Option<bool>,
+    pub gpu_launches: Option<bool>,
+    pub gpu_launch_cap: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -208,6 +218,9 @@ pub struct RunConfig {
     /// User-defined probes, checked at start-up.
     pub probes: Option<inferscope::capture::user_probes::ProbeSpec>,
     pub token_hooks: bool,
+    /// The GPU launch probes (on unless the flag or the file turns them off).
+    pub gpu_launches: bool,
+    pub gpu_launch_cap: u32,
 }
 
 impl RunConfig {
@@ -351,6 +364,11 @@ impl RunConfig {
                 None => None,
             },
             token_hooks: args.token_hooks || file.token_hooks.unwrap_or(false),
+            gpu_launches: !args.no_gpu_launches && file.gpu_launches.unwrap_or(true),
+            gpu_launch_cap: args
+                .gpu_launch_cap
+                .or(file.gpu_launch_cap)
+                .unwrap_or(inferscope::capture::CaptureConfig::default().gpu_launch_cap),
         })
     }
 }
@@ -477,5 +495,30 @@ mod tests {
         })
         .unwrap();
         assert!(on.token_hooks);
+    }
+
+    #[test]
+    fn gpu_launch_probes_are_on_unless_the_flag_or_the_file_turns_them_off() {
+        let on = RunConfig::resolve(RunArgs::default()).unwrap();
+        assert!(on.gpu_launches);
+        assert_eq!(on.gpu_launch_cap, 20_000);
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("inferscope.toml");
+        std::fs::write(&config, "gpu-launches = false\ngpu-launch-cap = 500\n").unwrap();
+        let off = RunConfig::resolve(RunArgs {
+            config: Some(config.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(!off.gpu_launches);
+        assert_eq!(off.gpu_launch_cap, 500);
+        let flag = RunConfig::resolve(RunArgs {
+            no_gpu_launches: true,
+            gpu_launch_cap: Some(0),
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(!flag.gpu_launches);
+        assert_eq!(flag.gpu_launch_cap, 0);
     }
 }
