@@ -36,6 +36,17 @@ struct Run {
 /// launch); with `agent_args`, the agent attaches to it after its early launches, before its
 /// steps.
 fn run(name: &str, steps: u32, pre_us: u32, agent_args: Option<&[&str]>) -> Run {
+    run_until(name, steps, pre_us, agent_args, None)
+}
+
+/// [`run`], the agent stopped only once its log holds `until_log`.
+fn run_until(
+    name: &str,
+    steps: u32,
+    pre_us: u32,
+    agent_args: Option<&[&str]>,
+    until_log: Option<&str>,
+) -> Run {
     let dir = test_dir(name);
     let go = dir.join("go");
     let mut engine = mock_cuda::start_launcher(&go, steps, pre_us);
@@ -73,6 +84,9 @@ fn run(name: &str, steps: u32, pre_us: u32, agent_args: Option<&[&str]>) -> Run 
     agent::wait_records(&steps_file, Duration::from_secs(20), "every step", |s| {
         s.len() >= steps as usize
     });
+    if let Some(needle) = until_log {
+        agent::wait_log(&log, needle, Duration::from_secs(20));
+    }
     agent::unsafe_sigint(recorder.id());
     let _ = recorder.wait();
     Run {
@@ -364,7 +378,7 @@ fn over_the_launch_cap_launches_are_sampled_and_counted() {
         "gpu-launch-cap",
         STEPS,
         0,
-        Some(&["--gpu-launch-cap", "1000"]),
+        Some(&["--gpu-launch-cap", "1000", "--gpu-launch-budget", "0"]),
     );
     let total = u64::from(STEPS) * PER_STEP;
     let c = &r.counters;
@@ -396,6 +410,28 @@ fn over_the_launch_cap_launches_are_sampled_and_counted() {
     assert!(sampled_steps > 0);
 }
 
+/// An eager engine whose launches would cost it more than the budget (2 % at 5 us a launch:
+/// 4,000 launches a second) has its launch probes paused, says so, and counts it.
+#[test]
+fn an_engine_over_the_launch_budget_has_its_launch_probes_paused() {
+    // About 3 s of steps of 7 launches each, 100 us apart: ~40,000 launches a second, for
+    // longer than the agent takes to notice (its budget is checked every second).
+    const STEPS: u32 = 20_000;
+    let r = run_until(
+        "gpu-launch-budget",
+        STEPS,
+        100,
+        Some(&[]),
+        Some("launch probes paused"),
+    );
+    assert!(r.counters.get("gpu_launch_probes_paused") >= 1, "{}", r.log);
+    assert!(
+        r.log.contains("--gpu-launch-budget 0 keeps them"),
+        "{}",
+        r.log
+    );
+}
+
 /// Host cost of the launch uprobes per launch (BENCHMARKS.md): the mock engine's steps with no
 /// agent, with the agent, and with the agent and a cap that samples. Prints a table; asserts
 /// only that every launch was seen or counted.
@@ -412,9 +448,14 @@ fn uprobe_cost_per_launch() {
             &format!("bench-probed-{round}"),
             STEPS,
             0,
-            Some(&["--gpu-launch-cap", "0"]),
+            Some(&["--gpu-launch-cap", "0", "--gpu-launch-budget", "0"]),
         );
-        let capped = run(&format!("bench-capped-{round}"), STEPS, 0, Some(&[]));
+        let capped = run(
+            &format!("bench-capped-{round}"),
+            STEPS,
+            0,
+            Some(&["--gpu-launch-budget", "0"]),
+        );
         assert_eq!(probed.counters.get("kernel_gpu_launches"), launches as u64);
         rows.push((wall(&bare), wall(&probed), wall(&capped)));
     }

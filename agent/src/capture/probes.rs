@@ -553,6 +553,22 @@ impl SocketProbes {
         }
     }
 
+    /// Removes the uprobes of `programs` attached for `tgid`, keeping its others.
+    pub fn detach_uprobe_programs(&mut self, tgid: u32, programs: &[&str]) {
+        let Some(links) = self.uprobe_links.get_mut(&tgid) else {
+            return;
+        };
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(links)
+            .into_iter()
+            .partition(|(program, _)| programs.contains(&program.as_str()));
+        *links = kept;
+        for (program, link) in gone {
+            if let Some(Ok(uprobe)) = self.ebpf.program_mut(&program).map(<&mut UProbe>::try_from) {
+                let _ = uprobe.detach(link);
+            }
+        }
+    }
+
     /// Removes every uprobe attached for `tgid` (the process went away or is no longer traced).
     pub fn detach_uprobes(&mut self, tgid: u32) {
         let user: Vec<u32> = self

@@ -41,6 +41,10 @@ pub struct TargetArgs {
     /// one in 16 and count the rest (0: no cap).
     #[arg(long, default_value_t = 20_000)]
     pub gpu_launch_cap: u32,
+    /// Percent of a process's time its GPU launch probes may cost (at 5 us a launch) before
+    /// they are paused for 30 s (0: never paused).
+    #[arg(long, default_value_t = inferscope::pipeline::DEFAULT_LAUNCH_BUDGET_PCT)]
+    pub gpu_launch_budget: f64,
 }
 
 impl TargetArgs {
@@ -66,6 +70,7 @@ impl TargetArgs {
             discovery_interval: Duration::from_millis(500),
             token_hooks: self.token_hooks,
             gpu_launches: !self.no_gpu_launches,
+            gpu_launch_budget_pct: self.gpu_launch_budget,
         }
     }
 }

@@ -251,6 +251,7 @@ counters! {
     GpuLaunchHooksAttached => "gpu_launch_hooks_attached": Total,
     GpuWorkersOverLimit => "gpu_workers_over_limit": Loss,
     GpuLaunchesNested => "gpu_launches_nested": Total,
+    GpuLaunchProbesPaused => "gpu_launch_probes_paused": Loss,
     ProcessesAdoptedNotAttached => "processes_adopted_not_attached": Loss,
     ProcessesAdoptedOverLimit => "processes_adopted_over_limit": Loss,
     RecordUnexpectedKind => "record_unexpected_kind": Loss,

@@ -31,6 +31,8 @@ pub(super) struct Processes<'a> {
     pub user_probes: &'a mut dyn PerProcess,
     /// GPU launches kept for the step join, and the process's kernel names.
     pub launches: &'a mut dyn PerProcess,
+    /// The launch budget's per-process counts and pauses.
+    pub budget: &'a mut dyn PerProcess,
     pub late: &'a mut LateAttach,
     pub ipc: &'a mut IpcRouter,
     pub classifier: &'a mut FdClassifier,
@@ -47,9 +49,10 @@ impl Processes<'_> {
     /// requests of the process end (cut by the server) and are handed to `observer`; the state
     /// those last records are joined with after that; the observer's own state last.
     pub fn forget(&mut self, tgid: u32, observer: &mut dyn Observer) {
-        let first: [&mut dyn PerProcess; 10] = [
+        let first: [&mut dyn PerProcess; 11] = [
             &mut *self.probes,
             &mut *self.launches,
+            &mut *self.budget,
             &mut *self.late,
             &mut *self.user_probes,
             &mut *self.scraper,
@@ -127,6 +130,7 @@ mod tests {
         scraper: Gone,
         user_probes: Gone,
         launches: Gone,
+        budget: Gone,
         late: LateAttach,
         ipc: IpcRouter,
         classifier: FdClassifier,
@@ -145,6 +149,7 @@ mod tests {
                 scraper: Gone::default(),
                 user_probes: Gone::default(),
                 launches: Gone::default(),
+                budget: Gone::default(),
                 late: LateAttach::default(),
                 ipc: IpcRouter::default(),
                 classifier: FdClassifier::new(true),
@@ -163,6 +168,7 @@ mod tests {
                 scraper: &mut self.scraper,
                 user_probes: &mut self.user_probes,
                 launches: &mut self.launches,
+                budget: &mut self.budget,
                 late: &mut self.late,
                 ipc: &mut self.ipc,
                 classifier: &mut self.classifier,

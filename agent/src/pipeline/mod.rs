@@ -13,7 +13,7 @@ use rustc_hash::FxHashMap;
 use tracing::{info, warn};
 
 use crate::{
-    capture::gpu::launches::{self as gpu_launches, StubNames},
+    capture::gpu::launches::{self as gpu_launches, LaunchBudget, StubNames},
     capture::{
         CaptureConfig, CaptureError, CapturedEvent, Discovery, DiscoveryChange, FdClassifier,
         SocketProbes, TargetSelector,
@@ -44,7 +44,13 @@ pub struct PipelineConfig {
     pub token_hooks: bool,
     /// Attach the GPU launch probes to traced processes that map the CUDA driver or runtime.
     pub gpu_launches: bool,
+    /// Share (percent) of a process's time its launch probes may cost before they are paused
+    /// (see `LaunchBudget`; 0: never paused).
+    pub gpu_launch_budget_pct: f64,
 }
+
+/// The launch budget unless the user sets another.
+pub const DEFAULT_LAUNCH_BUDGET_PCT: f64 = 2.0;
 
 impl PipelineConfig {
     pub fn new(selector: TargetSelector) -> Self {
@@ -55,6 +61,7 @@ impl PipelineConfig {
             discovery_interval: Duration::from_millis(500),
             token_hooks: false,
             gpu_launches: true,
+            gpu_launch_budget_pct: DEFAULT_LAUNCH_BUDGET_PCT,
         }
     }
 }
@@ -116,6 +123,8 @@ pub struct Pipeline {
     /// Worker processes of traced engines whose CUDA launches are probed (vLLM's EngineCore),
     /// with their engine process.
     gpu_workers: FxHashMap<u32, u32>,
+    /// Pauses the launch probes of processes whose launches cost them too much.
+    budget: LaunchBudget,
 }
 
 /// Engine worker processes whose launches are probed at once.
@@ -140,6 +149,7 @@ impl Pipeline {
         }
         let probes = SocketProbes::load(config.capture)?;
         let classifier = FdClassifier::new(probes.sock_hook());
+        let budget = LaunchBudget::new(config.gpu_launch_budget_pct);
         Ok(Self {
             scraper: None,
             engine_metrics: EngineMetrics::new(prometheus::Limits::default(), 0),
@@ -163,6 +173,7 @@ impl Pipeline {
             launches: Launches::default(),
             stub_names: StubNames::default(),
             gpu_workers: FxHashMap::default(),
+            budget,
         })
     }
 
@@ -235,6 +246,7 @@ impl Pipeline {
                 last_late_attach = Instant::now();
             }
             if last_sweep.elapsed() >= Duration::from_secs(1) {
+                self.apply_launch_budget(last_sweep.elapsed());
                 self.release_kept_ports();
                 self.probes.flush_logs();
                 self.tracker.sweep(monotonic_now_ns());
@@ -381,6 +393,7 @@ impl Pipeline {
             scraper: &mut self.scraper,
             user_probes: &mut self.user_probes,
             launches: &mut self.launches,
+            budget: &mut self.budget,
             late: &mut self.late,
             ipc: &mut self.ipc,
             classifier: &mut self.classifier,
@@ -440,6 +453,7 @@ impl Pipeline {
             self.probes.detach_uprobes(worker);
             self.late.forget(worker);
             self.launches.forget(worker);
+            self.budget.forget(worker);
         }
         for (worker, root) in live {
             if self.gpu_workers.contains_key(&worker) || self.discovery.engine_of(worker).is_some()
@@ -462,6 +476,29 @@ impl Pipeline {
                 ..Missing::default()
             };
             self.late.watch(worker, missing, gpu_launches::could_hold);
+        }
+    }
+
+    /// Pauses the launch probes of processes whose launches cost them more than the budget
+    /// (their naming probes stay, so names are still learnt) and brings them back after the
+    /// pause.
+    fn apply_launch_budget(&mut self, elapsed: Duration) {
+        let (pause, resume) = self.budget.check(elapsed, Instant::now());
+        for tgid in pause {
+            self.probes
+                .detach_uprobe_programs(tgid, gpu_launches::LAUNCH_PROGRAMS);
+            self.stats.bump(Counter::GpuLaunchProbesPaused);
+            warn!(
+                pid = tgid,
+                budget_pct = self.config.gpu_launch_budget_pct,
+                pause_s = gpu_launches::BUDGET_PAUSE.as_secs(),
+                "GPU launches of this process cost it more than the launch budget (eager launches): launch probes paused; its steps lack launch figures meanwhile (--gpu-launch-budget 0 keeps them)"
+            );
+        }
+        let hooks = gpu_launches::launch_hooks();
+        for tgid in resume {
+            let back = gpu_launches::attach(&mut self.probes, tgid, Some(&hooks));
+            info!(pid = tgid, probes = back.live, "GPU launch probes resumed");
         }
     }
 
@@ -547,6 +584,7 @@ impl Pipeline {
             discovery,
             launches,
             stub_names,
+            budget,
             ..
         } = self;
         let mut adopted = false;
@@ -616,6 +654,7 @@ impl Pipeline {
                     stats.bump(Counter::ProcessesAdoptedOverLimit);
                 }
                 Ok(CapturedEvent::GpuLaunch(launch)) => {
+                    budget.count(launch.tgid, u64::from(launch.skipped) + 1);
                     if let Some(record) =
                         launches.on_launch(&launch, |tgid, stub| stub_names.name(tgid, stub))
                     {

@@ -50,6 +50,93 @@ const fn hook(api: GpuApi, program: &'static str) -> GpuHook {
     GpuHook { api, program }
 }
 
+/// The launch probes' programs (not the naming ones): what the launch budget pauses.
+pub const LAUNCH_PROGRAMS: &[&str] = &[
+    "cuda_launch",
+    "cuda_launch_ex",
+    "cuda_graph_launch",
+    "cudart_launch",
+];
+
+/// Indices (in [`HOOKS`]) of the launch probes.
+pub fn launch_hooks() -> Vec<usize> {
+    HOOKS
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| LAUNCH_PROGRAMS.contains(&h.program))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// What one launch costs the launching thread (the uprobe trap), as measured on the project's
+/// CI VM (BENCHMARKS.md §18; bare metal is faster): the launch budget's unit.
+pub const TRAP_COST_NS: u64 = 5_000;
+/// How long a process over its launch budget goes without launch probes before they are
+/// tried again.
+pub const BUDGET_PAUSE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The launch budget: a process whose launches cost its threads more than `percent` of a
+/// second per second (at [`TRAP_COST_NS`] a launch) has its launch probes detached for
+/// [`BUDGET_PAUSE`], then attached again, so an eager engine is slowed by at most about that
+/// share (plus the second it took to notice).
+#[derive(Default)]
+pub struct LaunchBudget {
+    percent: f64,
+    /// Per process: launches since the last check, and until when its probes are paused.
+    processes: rustc_hash::FxHashMap<u32, (u64, Option<std::time::Instant>)>,
+}
+
+impl LaunchBudget {
+    pub fn new(percent: f64) -> Self {
+        Self {
+            percent,
+            processes: rustc_hash::FxHashMap::default(),
+        }
+    }
+
+    pub fn count(&mut self, tgid: u32, launches: u64) {
+        if self.percent > 0.0 {
+            self.processes.entry(tgid).or_default().0 += launches;
+        }
+    }
+
+    /// Called about once per `elapsed`: (processes to pause now, processes to resume now).
+    pub fn check(
+        &mut self,
+        elapsed: std::time::Duration,
+        now: std::time::Instant,
+    ) -> (Vec<u32>, Vec<u32>) {
+        let (mut pause, mut resume) = (Vec::new(), Vec::new());
+        let budget_ns = elapsed.as_nanos() as f64 * self.percent / 100.0;
+        for (tgid, (launches, paused_until)) in self.processes.iter_mut() {
+            match paused_until {
+                Some(until) if now >= *until => {
+                    *paused_until = None;
+                    resume.push(*tgid);
+                }
+                Some(_) => {}
+                None if (*launches * TRAP_COST_NS) as f64 > budget_ns => {
+                    *paused_until = Some(now + BUDGET_PAUSE);
+                    pause.push(*tgid);
+                }
+                None => {}
+            }
+            *launches = 0;
+        }
+        (pause, resume)
+    }
+
+    pub fn forget(&mut self, tgid: u32) {
+        self.processes.remove(&tgid);
+    }
+}
+
+impl crate::model::PerProcess for LaunchBudget {
+    fn process_gone(&mut self, tgid: u32) {
+        self.forget(tgid);
+    }
+}
+
 /// Whether a mapped file could hold a GPU hook.
 pub fn could_hold(path: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or(path);
@@ -213,5 +300,47 @@ impl<'a> NameEvent<'a> {
             name: &name[..len],
             truncated: r.flags & NAME_FLAG_TRUNCATED != 0,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    #[test]
+    fn a_process_over_its_launch_budget_is_paused_then_resumed() {
+        let mut budget = LaunchBudget::new(2.0);
+        let now = Instant::now();
+        // 2 % of a second at 5 us a launch: 4,000 launches.
+        budget.count(1, 3_999);
+        budget.count(2, 4_001);
+        assert_eq!(budget.check(Duration::from_secs(1), now), (vec![2], vec![]));
+        // While paused nothing more is decided; after the pause, the probes come back.
+        budget.count(1, 10);
+        assert_eq!(
+            budget.check(Duration::from_secs(1), now + Duration::from_secs(1)),
+            (vec![], vec![])
+        );
+        assert_eq!(
+            budget.check(Duration::from_secs(1), now + BUDGET_PAUSE),
+            (vec![], vec![2])
+        );
+        // Off: nothing is counted or paused.
+        let mut off = LaunchBudget::new(0.0);
+        off.count(3, 1_000_000);
+        assert_eq!(off.check(Duration::from_secs(1), now), (vec![], vec![]));
+    }
+
+    #[test]
+    fn the_launch_hooks_are_the_launch_programs_only() {
+        let hooks = launch_hooks();
+        assert_eq!(hooks.len(), 12);
+        assert!(
+            hooks
+                .iter()
+                .all(|&i| !HOOKS[i].api.symbol().contains("Get"))
+        );
     }
 }

@@ -126,6 +126,10 @@ pub struct RunArgs {
     /// one in 16 and count the rest (0: no cap; default 20000).
     #[arg(long, env = "INFERSCOPE_GPU_LAUNCH_CAP")]
     pub gpu_launch_cap: Option<u32>,
+    /// Percent of a process's time its GPU launch probes may cost (at 5 us a launch) before
+    /// they are paused for 30 s (0: never paused; default 2).
+    #[arg(long, env = "INFERSCOPE_GPU_LAUNCH_BUDGET")]
+    pub gpu_launch_budget: Option<f64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -162,6 +166,7 @@ pub struct FileConfig {
     pub token_hooks: Option<bool>,
     pub gpu_launches: Option<bool>,
     pub gpu_launch_cap: Option<u32>,
+    pub gpu_launch_budget: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -221,6 +226,7 @@ pub struct RunConfig {
     /// The GPU launch probes (on unless the flag or the file turns them off).
     pub gpu_launches: bool,
     pub gpu_launch_cap: u32,
+    pub gpu_launch_budget_pct: f64,
 }
 
 impl RunConfig {
@@ -369,6 +375,10 @@ impl RunConfig {
                 .gpu_launch_cap
                 .or(file.gpu_launch_cap)
                 .unwrap_or(inferscope::capture::CaptureConfig::default().gpu_launch_cap),
+            gpu_launch_budget_pct: args
+                .gpu_launch_budget
+                .or(file.gpu_launch_budget)
+                .unwrap_or(inferscope::pipeline::DEFAULT_LAUNCH_BUDGET_PCT),
         })
     }
 }
