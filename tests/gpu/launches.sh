@@ -9,7 +9,9 @@
 # Env: INFERSCOPE_BIN, INFERSCOPE_SHIM_LIB, VLLM_PYTHON (a Python with vLLM and CUDA PyTorch;
 #      default .venv-gpu/bin/python3, created with INSTALL=1), VLLM_MODEL (default: a tiny model
 #      written to OUT_DIR), REQUESTS (per run, default 24), PORT (default 18777),
-#      INSTALL=1 (pip-install vLLM and its CUDA PyTorch wheels into .venv-gpu when missing).
+#      INSTALL=1 (pip-install vLLM and its CUDA PyTorch wheels into .venv-gpu when missing),
+#      LAUNCH_BUDGET (the agent's --gpu-launch-budget; default 0 here: every launch probed, so
+#      the table shows the probes' full cost).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:-$(mktemp -d /tmp/inferscope-launches-XXXX)}"
@@ -95,6 +97,7 @@ attach() {
   local name="$1" pid="$2"
   "$bin" record --pid "$pid" --out "$out/$name-requests.jsonl" --steps "$out/$name-steps.jsonl" \
     --launches "$out/$name-launches.jsonl" --counters "$out/$name-counters.json" \
+    --gpu-launch-budget "${LAUNCH_BUDGET:-0}" \
     2>"$out/$name-agent.log" &
   agents+=($!)
   for _ in $(seq 300); do
