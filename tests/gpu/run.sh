@@ -9,6 +9,8 @@
 #      STEPS (decode steps per run, default 64), REPEAT (runs per configuration, default 3).
 # libcupti must be loadable by name (libcupti.so.12 etc.): PyTorch's CUDA wheels load it already;
 # otherwise add its directory to LD_LIBRARY_PATH.
+# Then the launch-uprobe proof on a real vLLM (tests/gpu/launches.sh, OUT_DIR/launches; its env
+# there); LAUNCHES=0 skips it. Missing pieces are refused with the reason (exit 2), never waited on.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:-$(mktemp -d /tmp/inferscope-gpu-XXXX)}"
@@ -19,12 +21,19 @@ py="${PYTHON:-python3}"
 steps="${STEPS:-64}"
 repeat="${REPEAT:-3}"
 sock="$out/shim.sock"
-[ -x "$bin" ] || { echo "no agent binary at $bin" >&2; exit 1; }
-[ -f "$shim" ] || { echo "no shim library at $shim" >&2; exit 1; }
+refuse() {
+  echo "tests/gpu/run.sh refuses: $*" >&2
+  exit 2
+}
+[ -x "$bin" ] || refuse "no agent binary at $bin (cargo build --release -p inferscope, or set INFERSCOPE_BIN)"
+[ -f "$shim" ] || refuse "no shim library at $shim (cargo build --release -p inferscope-cupti, or set INFERSCOPE_SHIM_LIB)"
 if command -v nm >/dev/null; then
-  nm -D --defined-only "$shim" | grep -q ' T InitializeInjection' || { echo "InitializeInjection not exported" >&2; exit 1; }
+  nm -D --defined-only "$shim" | grep -q ' T InitializeInjection' || refuse "InitializeInjection is not exported by $shim"
 fi
-"$py" -c 'import torch, transformers; assert torch.cuda.is_available(), "no CUDA device"' || exit 1
+command -v "$py" >/dev/null || refuse "no Python at $py (set PYTHON)"
+timeout 300 "$py" -c 'import torch, transformers' 2>/dev/null || refuse "PyTorch and transformers are not importable from $py"
+timeout 300 "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' \
+  || refuse "PyTorch in $py cannot use a CUDA device (no GPU, CPU wheels, or a driver too old)"
 
 "$bin" gpu --socket "$sock" --out "$out/gpu.jsonl" --nvml-interval 500ms 2>"$out/agent.log" &
 agent=$!
@@ -47,3 +56,6 @@ kill -TERM $agent
 wait $agent || true
 trap - EXIT
 "$py" tests/gpu/check.py "$out"
+if [ "${LAUNCHES:-1}" = 1 ]; then
+  tests/gpu/launches.sh "$out/launches"
+fi

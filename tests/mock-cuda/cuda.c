@@ -102,11 +102,73 @@ CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz
     return driver_launch(442, "cuLaunchKernel_ptsz", f, gx, bx, shmem, stream, 0);
 }
 
-/* The mock's CUlaunchConfig carries only what the mock needs. */
-typedef struct { unsigned gx, bx, shmem; uintptr_t stream; } CUlaunchConfig;
+CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                   unsigned bx, unsigned by, unsigned bz, unsigned shmem,
+                                   uintptr_t stream, void **params) {
+    (void)gy; (void)gz; (void)by; (void)bz; (void)params;
+    return driver_launch(308, "cuLaunchCooperativeKernel", f, gx, bx, shmem, stream, 0);
+}
+
+/* CUlaunchConfig as CUDA 12 lays it out (the launch uprobe reads it). */
+typedef struct {
+    unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    uintptr_t hStream;
+    void *attrs;
+    unsigned numAttrs;
+} CUlaunchConfig;
 CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
     (void)params; (void)extra;
-    return driver_launch(652, "cuLaunchKernelEx", f, c->gx, c->bx, c->shmem, c->stream, 0);
+    return driver_launch(652, "cuLaunchKernelEx", f, c->gridDimX, c->blockDimX, c->sharedMemBytes,
+                         c->hStream, 0);
+}
+
+/* --- kernel handles: the mock's CUfunction is the kernel's interned name; a CUkernel is a
+ * small struct holding it (so the two handle kinds differ, as in the real driver). --- */
+typedef struct mock_module *CUmodule;
+typedef struct mock_module *CUlibrary;
+struct mock_kernel_handle { const char *name; };
+typedef struct mock_kernel_handle *CUkernel;
+
+static const char *intern(const char *name) {
+    /* Names live as long as the process (the mock never unloads modules). */
+    return strdup(name);
+}
+
+CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+    (void)image;
+    *module = (CUmodule)calloc(1, 8);
+    return 0;
+}
+
+CUresult cuModuleGetFunction(CUfunction *out, CUmodule module, const char *name) {
+    (void)module;
+    if (!out || !name) return 1;
+    *out = intern(name);
+    return 0;
+}
+
+CUresult cuLibraryLoadData(CUlibrary *library, const void *code, void *jit_options,
+                           void **jit_values, unsigned n_jit, void *lib_options,
+                           void **lib_values, unsigned n_lib) {
+    (void)code; (void)jit_options; (void)jit_values; (void)n_jit; (void)lib_options;
+    (void)lib_values; (void)n_lib;
+    *library = (CUlibrary)calloc(1, 8);
+    return 0;
+}
+
+CUresult cuLibraryGetKernel(CUkernel *out, CUlibrary library, const char *name) {
+    (void)library;
+    if (!out || !name) return 1;
+    struct mock_kernel_handle *k = calloc(1, sizeof *k);
+    k->name = intern(name);
+    *out = k;
+    return 0;
+}
+
+CUresult cuKernelGetFunction(CUfunction *out, CUkernel kernel) {
+    if (!out || !kernel) return 1;
+    *out = kernel->name;
+    return 0;
 }
 
 static CUresult driver_graph_launch(uint32_t cbid, const char *fn, CUgraphExec g,
@@ -124,6 +186,10 @@ CUresult cuGraphLaunch(CUgraphExec g, uintptr_t stream) {
     return driver_graph_launch(514, "cuGraphLaunch", g, stream, 0);
 }
 
+CUresult cuGraphLaunch_ptsz(CUgraphExec g, uintptr_t stream) {
+    return driver_graph_launch(515, "cuGraphLaunch_ptsz", g, stream, 0);
+}
+
 CUgraphExec mockGraphInstantiate(const char **names, int n) {
     struct mock_graph *g = calloc(1, sizeof *g);
     g->id = atomic_fetch_add(&next_graph, 1);
@@ -135,11 +201,20 @@ CUgraphExec mockGraphInstantiate(const char **names, int n) {
 /* --- runtime API (libcudart's role) --- */
 typedef struct { unsigned x, y, z; } dim3;
 
+/* A runtime launch names its kernel by the host stub's address; the real runtime maps it to the
+ * device function registered under the stub's (mangled) name. The mock finds that name with
+ * dladdr (the engine exports its stubs), or takes `func` as the name itself. */
+static const char *stub_name(const void *func) {
+    Dl_info info;
+    if (dladdr(func, &info) && info.dli_sname && info.dli_saddr == func) return info.dli_sname;
+    return (const char *)func;
+}
+
 int cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t shmem,
                      uintptr_t stream) {
     (void)args;
     uint32_t corr = api_enter(DOMAIN_RUNTIME, 211, "cudaLaunchKernel_v7000");
-    driver_launch(307, "cuLaunchKernel", (CUfunction)func, grid.x, block.x, (unsigned)shmem,
+    driver_launch(307, "cuLaunchKernel", stub_name(func), grid.x, block.x, (unsigned)shmem,
                   stream, corr);
     api_exit(DOMAIN_RUNTIME, 211, "cudaLaunchKernel_v7000", corr);
     return 0;

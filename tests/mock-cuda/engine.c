@@ -21,7 +21,12 @@
 
 typedef struct { unsigned x, y, z; } dim3;
 typedef struct mock_graph *CUgraphExec;
-typedef struct { unsigned gx, bx, shmem; uintptr_t stream; } CUlaunchConfig;
+typedef struct {
+    unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    uintptr_t hStream;
+    void *attrs;
+    unsigned numAttrs;
+} CUlaunchConfig;
 int cuInit(unsigned);
 int cuLaunchKernel(const char *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                    unsigned, uintptr_t, void **, void **);
@@ -49,7 +54,7 @@ static void *eager(void *arg) {
     (void)arg;
     eager_tid = gettid();
     dim3 g = {128, 1, 1}, b = {256, 1, 1};
-    CUlaunchConfig cfg = {32, 64, 4096, 2};
+    CUlaunchConfig cfg = {32, 1, 1, 64, 1, 1, 4096, 2, NULL, 0};
     for (long i = 0; i < eager_rounds; i++) {
         cudaLaunchKernel(RUNTIME_KERNEL, g, b, NULL, 8192, 1);
         cudaLaunchKernel(NORM_KERNEL, g, b, NULL, 0, 1);

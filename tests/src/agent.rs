@@ -217,6 +217,11 @@ impl Counters {
         Counters(map)
     }
 
+    /// No counters (a run without the agent).
+    pub fn empty() -> Counters {
+        Counters(std::collections::BTreeMap::new())
+    }
+
     /// The counters file [`Recorder::start`] asks for, beside the agent's log `log`.
     pub fn beside(log: &Path) -> Counters {
         Counters::read(&log.with_file_name("counters.json"))

@@ -75,8 +75,78 @@ pub fn mock_dir() -> &'static Path {
             "-ldl",
         ]);
         cc(&a);
+        let mut a: Vec<&str> = flags.to_vec();
+        let (llama_c, llama_so) = (s("llama.c"), d("libllama.so"));
+        a.extend(["-shared", "-fPIC", "-o", &llama_so, &llama_c]);
+        cc(&a);
+        let mut a: Vec<&str> = flags.to_vec();
+        let (launcher_c, launcher) = (s("launcher.c"), d("launcher"));
+        // -rdynamic: the runtime launch's host stub is an exported symbol, as nvcc's are.
+        a.extend([
+            "-rdynamic",
+            "-o",
+            &launcher,
+            &launcher_c,
+            &lib,
+            "-lcuda",
+            "-lllama",
+            "-lpthread",
+            "-ldl",
+        ]);
+        cc(&a);
+        let mut a: Vec<&str> = flags.to_vec();
+        let (late_c, late) = (s("late.c"), d("late"));
+        a.extend(["-o", &late, &late_c, "-ldl"]);
+        cc(&a);
         dir
     })
+}
+
+/// Starts the mock process that dlopens libcuda only once `go_file` exists, then launches every
+/// 10 ms until `stop_file` exists; returns it once it is running (without CUDA mapped).
+pub fn start_late_loader(go_file: &Path, stop_file: &Path) -> std::process::Child {
+    use std::io::BufRead;
+    let dir = mock_dir();
+    let mut child = Command::new(dir.join("late"))
+        .arg(go_file)
+        .arg(stop_file)
+        .env("LD_LIBRARY_PATH", dir)
+        .env_remove("CUDA_INJECTION64_PATH")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("starting the mock late loader");
+    let stdout = child.stdout.as_mut().expect("the late loader's stdout");
+    let mut line = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("reading the late loader's ready line");
+    assert!(line.contains("\"ready\":true"), "late loader said {line:?}");
+    child
+}
+
+/// Starts the launch-uprobe mock engine (`launcher GO_FILE STEPS PRE_US`) with no injection and
+/// no CUDA environment variable; returns it once it printed that its early work is done.
+pub fn start_launcher(go_file: &Path, steps: u32, pre_us: u32) -> std::process::Child {
+    use std::io::BufRead;
+    let dir = mock_dir();
+    let mut child = Command::new(dir.join("launcher"))
+        .arg(go_file)
+        .arg(steps.to_string())
+        .arg(pre_us.to_string())
+        .env("LD_LIBRARY_PATH", dir)
+        .env_remove("CUDA_INJECTION64_PATH")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("starting the mock launcher");
+    let stdout = child.stdout.as_mut().expect("the launcher's stdout");
+    let mut line = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("reading the launcher's ready line");
+    assert!(line.contains("\"ready\":true"), "launcher said {line:?}");
+    child
 }
 
 /// `libinferscope_cupti.so`: INFERSCOPE_SHIM_LIB, else next to the agent binary, else target/.

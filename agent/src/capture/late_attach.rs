@@ -20,11 +20,13 @@ pub struct Missing {
     pub engine_hooks: Vec<usize>,
     /// Indices into the user probe spec.
     pub user_probes: Vec<usize>,
+    /// Indices into the GPU launch hooks (`gpu::launches::HOOKS`).
+    pub gpu_hooks: Vec<usize>,
 }
 
 impl Missing {
     pub fn is_empty(&self) -> bool {
-        self.engine_hooks.is_empty() && self.user_probes.is_empty()
+        self.engine_hooks.is_empty() && self.user_probes.is_empty() && self.gpu_hooks.is_empty()
     }
 }
 
@@ -133,6 +135,7 @@ mod tests {
             engine: "custom",
             engine_hooks: vec![],
             user_probes: vec![0],
+            gpu_hooks: vec![],
         };
         late.watch(std::process::id(), missing, |_| true);
         assert_eq!(late.watched(), 1);

@@ -25,6 +25,9 @@ pub struct CaptureConfig {
     pub capture_bytes: u32,
     /// Ring buffer size in bytes (a power of two, at least one page).
     pub ring_buffer_bytes: u32,
+    /// GPU launches one process may emit per second (and CPU) before the launch probes sample
+    /// one in 16 (0: no cap).
+    pub gpu_launch_cap: u32,
 }
 
 impl Default for CaptureConfig {
@@ -32,6 +35,7 @@ impl Default for CaptureConfig {
         Self {
             capture_bytes: 4096,
             ring_buffer_bytes: 16 * 1024 * 1024,
+            gpu_launch_cap: 20_000,
         }
     }
 }
@@ -196,6 +200,9 @@ impl SocketProbes {
             })
             .ok();
         let [s_skaddr, s_old, s_new, s_sport, s_protocol] = state_offsets.unwrap_or_default();
+        // The kernel counts the cap per window (LAUNCH_WINDOW_NS); 0 stays "no cap".
+        let windows_per_s = (1_000_000_000 / inferscope_common::LAUNCH_WINDOW_NS) as u32;
+        let launch_cap = config.gpu_launch_cap.div_ceil(windows_per_s);
         let mut ebpf = EbpfLoader::new()
             .override_global("SOCK_STATE_SKADDR", &s_skaddr, true)
             .override_global("SOCK_STATE_OLDSTATE", &s_old, true)
@@ -204,6 +211,7 @@ impl SocketProbes {
             .override_global("SOCK_STATE_PROTOCOL", &s_protocol, true)
             .override_global("CAPTURE_BYTES", &config.capture_bytes, true)
             .override_global("PRESSURE_BYTES", &pressure_bytes, true)
+            .override_global("LAUNCH_CAP_PER_WINDOW", &launch_cap, true)
             .override_global("TCP_PROBE_DADDR", &t.daddr, true)
             .override_global("TCP_PROBE_SPORT", &t.sport, true)
             .override_global("TCP_PROBE_DPORT", &t.dport, true)
@@ -540,6 +548,22 @@ impl SocketProbes {
     pub fn detach_user_probe(&mut self, tgid: u32, index: u32) {
         for (program, link) in self.user_links.remove(&(tgid, index)).unwrap_or_default() {
             if let Some(Ok(uprobe)) = self.ebpf.program_mut(program).map(<&mut UProbe>::try_from) {
+                let _ = uprobe.detach(link);
+            }
+        }
+    }
+
+    /// Removes the uprobes of `programs` attached for `tgid`, keeping its others.
+    pub fn detach_uprobe_programs(&mut self, tgid: u32, programs: &[&str]) {
+        let Some(links) = self.uprobe_links.get_mut(&tgid) else {
+            return;
+        };
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(links)
+            .into_iter()
+            .partition(|(program, _)| programs.contains(&program.as_str()));
+        *links = kept;
+        for (program, link) in gone {
+            if let Some(Ok(uprobe)) = self.ebpf.program_mut(&program).map(<&mut UProbe>::try_from) {
                 let _ = uprobe.detach(link);
             }
         }

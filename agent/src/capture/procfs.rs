@@ -164,6 +164,24 @@ pub fn mapped_files(tgid: u32) -> Vec<String> {
     files
 }
 
+/// The file mapped at `address` in `tgid` and the address's offset in it.
+pub fn mapping_of(tgid: u32, address: u64) -> Option<(String, u64)> {
+    let text = fs::read_to_string(format!("/proc/{tgid}/maps")).ok()?;
+    text.lines().find_map(|line| {
+        let mut fields = line.split_whitespace();
+        let (start, end) = fields.next()?.split_once('-')?;
+        let start = u64::from_str_radix(start, 16).ok()?;
+        let end = u64::from_str_radix(end, 16).ok()?;
+        if !(start..end).contains(&address) {
+            return None;
+        }
+        let offset = u64::from_str_radix(fields.nth(1)?, 16).ok()?;
+        let path = fields.nth(2)?;
+        path.starts_with('/')
+            .then(|| (path.to_owned(), address - start + offset))
+    })
+}
+
 /// Process start time (clock ticks since boot): with the pid, it names one process instance.
 pub fn start_time(tgid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{tgid}/stat")).ok()?;
@@ -187,6 +205,38 @@ pub fn all_pids() -> Vec<u32> {
         .collect()
 }
 
+/// Every live process descended from one of `roots` (children, their children, ...), with the
+/// root it descends from.
+pub fn descendants(roots: &[u32]) -> Vec<(u32, u32)> {
+    if roots.is_empty() {
+        return Vec::new();
+    }
+    let parents: Vec<(u32, u32)> = all_pids()
+        .into_iter()
+        .filter_map(|pid| Some((pid, parent_pid(pid)?)))
+        .collect();
+    let mut found: Vec<(u32, u32)> = Vec::new();
+    let mut frontier: Vec<(u32, u32)> = roots.iter().map(|&r| (r, r)).collect();
+    // Bounded depth: a process tree deeper than this is not an engine's workers.
+    for _ in 0..8 {
+        let mut next = Vec::new();
+        for &(pid, parent) in &parents {
+            if let Some(&(_, root)) = frontier.iter().find(|(p, _)| *p == parent)
+                && !roots.contains(&pid)
+                && !found.iter().any(|(f, _)| *f == pid)
+            {
+                next.push((pid, root));
+            }
+        }
+        if next.is_empty() {
+            break;
+        }
+        found.extend(&next);
+        frontier = next;
+    }
+    found
+}
+
 pub fn process_exists(tgid: u32) -> bool {
     Path::new(&format!("/proc/{tgid}")).exists()
 }
@@ -194,6 +244,40 @@ pub fn process_exists(tgid: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_a_process_s_grandchildren_and_the_address_mapped_in_a_file() {
+        // sh → sh → sleep: both below the test process.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sh -c 'sleep 2; true' & wait"])
+            .spawn()
+            .unwrap();
+        let me = std::process::id();
+        let shell = child.id();
+        let mut found = Vec::new();
+        for _ in 0..100 {
+            found = descendants(&[me]);
+            if found.iter().filter(|(p, _)| *p != shell).count() >= 2 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(found.contains(&(shell, me)), "{found:?}");
+        assert!(found.iter().all(|(_, root)| *root == me));
+        assert!(
+            found.iter().filter(|(p, _)| *p != shell).count() >= 2,
+            "{found:?}"
+        );
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(descendants(&[]).is_empty());
+        // This function's own code is mapped from the test binary.
+        let here =
+            finds_a_process_s_grandchildren_and_the_address_mapped_in_a_file as *const () as usize;
+        let (path, offset) = mapping_of(me, here as u64).unwrap();
+        assert!(path.starts_with('/'), "{path}");
+        assert!(offset > 0);
+    }
 
     #[test]
     fn parses_proc_net_tcp_lines() {

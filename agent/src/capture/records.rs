@@ -169,6 +169,8 @@ pub enum CapturedEvent<'a> {
     SockState(SockState),
     Sched(SchedEvent),
     UserProbe(UserProbeHit),
+    GpuLaunch(super::gpu::launches::LaunchEvent),
+    GpuName(super::gpu::launches::NameEvent<'a>),
     /// The kernel began tracing `tgid` at an accept on watched port `port` (an engine
     /// restarted on its port before discovery saw it).
     Adopted {
@@ -217,6 +219,19 @@ pub fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
             more: header.flags & FLAG_MORE != 0,
             chunk_offset: (header.flags & FLAG_CHUNK != 0).then_some(header.chunk_offset),
         }))
+    } else if record_type == RecordType::GpuLaunch as u8 {
+        let record: inferscope_common::GpuLaunchRecord =
+            read_struct(bytes).ok_or(RecordError::Short)?;
+        super::gpu::launches::LaunchEvent::from_record(&record)
+            .map(CapturedEvent::GpuLaunch)
+            .ok_or(RecordError::UnknownKind)
+    } else if record_type == RecordType::GpuName as u8 {
+        if bytes.len() < std::mem::size_of::<inferscope_common::GpuNameRecord>() {
+            return Err(RecordError::Short);
+        }
+        super::gpu::launches::NameEvent::parse(bytes)
+            .map(CapturedEvent::GpuName)
+            .ok_or(RecordError::UnknownKind)
     } else if record_type == RecordType::CompactWrite as u8 {
         compact_write(bytes)
     } else if record_type == RecordType::Adopted as u8 {
@@ -433,8 +448,37 @@ mod tests {
             RecordError::BadLength
         );
         assert_eq!(parse(&[]).unwrap_err(), RecordError::Short);
-        assert_eq!(parse(&[9, 1, 2]).unwrap_err(), RecordError::UnknownType);
+        assert_eq!(parse(&[99, 1, 2]).unwrap_err(), RecordError::UnknownType);
         assert_eq!(parse(&[1, 1, 2]).unwrap_err(), RecordError::Short);
+        // GPU launch and name records: cut short, or naming an entry point that does not exist.
+        assert_eq!(parse(&[9, 1, 2]).unwrap_err(), RecordError::Short);
+        assert_eq!(parse(&[10, 32, 0]).unwrap_err(), RecordError::Short);
+        let mut launch = [0u8; 72];
+        launch[0] = 9;
+        launch[1] = 200;
+        assert_eq!(parse(&launch).unwrap_err(), RecordError::UnknownKind);
+        launch[1] = inferscope_common::GpuApi::CuGraphLaunch as u8;
+        assert!(matches!(parse(&launch), Ok(CapturedEvent::GpuLaunch(l)) if l.api.is_graph()));
+    }
+
+    #[test]
+    fn kernel_names_end_at_their_nul_or_the_record() {
+        let size = std::mem::size_of::<inferscope_common::GpuNameRecord>();
+        let mut raw = vec![0u8; size];
+        raw[0] = 10;
+        raw[1] = inferscope_common::GpuApi::CuModuleGetFunction as u8;
+        raw[32..38].copy_from_slice(b"gemm\0x");
+        let Ok(CapturedEvent::GpuName(name)) = parse(&raw) else {
+            panic!("a name record");
+        };
+        assert_eq!(name.name, b"gemm");
+        // No NUL at all (a name that filled the record): the whole array, nothing beyond.
+        raw[32..].fill(b'a');
+        raw.extend_from_slice(b"beyond");
+        let Ok(CapturedEvent::GpuName(name)) = parse(&raw) else {
+            panic!("a name record");
+        };
+        assert_eq!(name.name.len(), inferscope_common::MAX_KERNEL_NAME);
     }
 
     #[test]

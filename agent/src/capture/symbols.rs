@@ -134,6 +134,19 @@ impl ElfSymbols {
         found
     }
 
+    /// The demangled name of the function that starts at `file_offset` (a runtime launch's host
+    /// stub, found from its address in the process), if the file names one there.
+    pub fn function_at_file_offset(&self, file_offset: u64) -> Option<String> {
+        let address = self
+            .segments
+            .iter()
+            .find(|(_, size, offset)| file_offset >= *offset && file_offset < offset + size)
+            .map(|(vaddr, _, offset)| file_offset - offset + vaddr)?;
+        let at = self.functions.partition_point(|f| f.address < address);
+        let raw = self.functions.get(at).filter(|f| f.address == address)?;
+        Some(demangle(&raw.mangled))
+    }
+
     fn file_offset(&self, address: u64) -> Option<u64> {
         self.segments
             .iter()
@@ -234,6 +247,12 @@ mod tests {
         // The file offset points at the function's bytes: for a shared library linked at 0 the
         // text segment's offset equals its address.
         assert!(one[0].file_offset > 0);
+        // Back from a file offset (a runtime launch's host stub) to the demangled name.
+        assert_eq!(
+            table.function_at_file_offset(one[0].file_offset).as_deref(),
+            Some("server_queue::post(server_task&&, bool)")
+        );
+        assert_eq!(table.function_at_file_offset(one[0].file_offset + 1), None);
         std::fs::remove_dir_all(dir).ok();
     }
 

@@ -76,6 +76,31 @@ fn bar(origin: u64, span: u64, from: u64, to: u64, width: usize, fill: char) -> 
     s
 }
 
+/// One step's launches: counts, the host time before the first, the largest gap, top names.
+fn launches_line(l: &inferscope_proto::v1::agent::StepLaunches) -> String {
+    let names: Vec<String> = l
+        .kernels
+        .iter()
+        .take(4)
+        .chain(l.graphs.iter().take(2))
+        .map(|c| {
+            let short: String = c.name.chars().take(32).collect();
+            format!("{short}×{}", c.launches)
+        })
+        .collect();
+    format!(
+        "launches {} kernels ({} named) + {} graphs{} · {:.2} ms ({:.0}%) before the first · max gap {:.1} µs · {}",
+        l.kernel_launches,
+        l.named_launches,
+        l.graph_launches,
+        if l.sampled { " (sampled)" } else { "" },
+        l.before_first_launch_ms,
+        l.before_first_launch_share * 100.0,
+        l.max_launch_gap_us,
+        names.join(", ")
+    )
+}
+
 pub fn render(t: &RequestTimeline, width: usize, max_steps: usize) -> String {
     let mut out = String::new();
     let Some(r) = &t.request else {
@@ -209,6 +234,27 @@ pub fn render(t: &RequestTimeline, width: usize, max_steps: usize) -> String {
                 } else {
                     String::new()
                 }
+            );
+            if let Some(l) = &s.launches {
+                let _ = writeln!(out, "{:<10}{}", "", launches_line(l));
+            }
+        }
+        let launched: Vec<_> = t.steps.iter().filter_map(|s| s.launches.as_ref()).collect();
+        if !launched.is_empty() {
+            let kernels: u64 = launched.iter().map(|l| l.kernel_launches).sum();
+            let graphs: u64 = launched.iter().map(|l| l.graph_launches).sum();
+            let named: u64 = launched.iter().map(|l| l.named_launches).sum();
+            let share = launched
+                .iter()
+                .map(|l| l.before_first_launch_share)
+                .sum::<f64>()
+                / launched.len() as f64;
+            let _ = writeln!(
+                out,
+                "
+GPU launches (host enqueue, launch uprobes): {kernels} kernels ({named} named) and {graphs} graphs in {} steps; before the first launch: {:.0}% of a step on average",
+                launched.len(),
+                share * 100.0
             );
         }
     }
@@ -399,6 +445,56 @@ mod tests {
         assert!(text.contains("TTFT 50.0 ms  = queue 25.0 ms + prefill 25.0 ms"));
         assert!(text.contains("steps (1):"));
         assert!(!text.contains("slot "), "not deferred: {text}");
+        assert!(!text.contains("launches"), "no launch probes: {text}");
+    }
+
+    #[test]
+    fn steps_show_their_launches_and_the_request_sums_them() {
+        use inferscope_proto::v1::agent::{NamedCount, StepLaunches};
+        let launches = StepLaunches {
+            source: "uprobe".into(),
+            kernel_launches: 5,
+            named_launches: 4,
+            graph_launches: 2,
+            before_first_launch_ms: 3.1,
+            before_first_launch_share: 0.5,
+            max_launch_gap_us: 21.5,
+            kernels: vec![NamedCount {
+                name: "late_kernel".into(),
+                launches: 2,
+            }],
+            graphs: vec![NamedCount {
+                name: "graph#1".into(),
+                launches: 1,
+            }],
+            ..Default::default()
+        };
+        let step = |start: u64| Step {
+            start_mono_ns: start,
+            end_mono_ns: start + 6_000_000,
+            launches: Some(launches.clone()),
+            ..Default::default()
+        };
+        let t = RequestTimeline {
+            request: Some(Request {
+                request_id: "r".into(),
+                end_mono_ns: 20_000_000,
+                ..Default::default()
+            }),
+            steps: vec![step(1_000_000), step(8_000_000)],
+            kernels: vec![],
+        };
+        let text = render(&t, 20, 5);
+        assert!(
+            text.contains("launches 5 kernels (4 named) + 2 graphs · 3.10 ms (50%) before the first · max gap 21.5 µs · late_kernel×2, graph#1×1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "10 kernels (8 named) and 4 graphs in 2 steps; before the first launch: 50%"
+            ),
+            "{text}"
+        );
     }
 
     #[test]
@@ -463,6 +559,7 @@ mod tests {
             start_from: Some("previous_step"),
             kernel_pid: None,
             kernels_from_ns: None,
+            gpu_launches: None,
         };
         let mut b = TimelineBuilder::new(TimelineLimits::default());
         let engine_id = "chatcmpl-x-abcdef12";
@@ -574,6 +671,7 @@ mod tests {
             start_from: Some("forward_entry"),
             kernel_pid: Some(30),
             kernels_from_ns: None,
+            gpu_launches: None,
         });
         for (pid, launch) in [(30, 12_000_000), (30, 25_000_000), (20, 26_000_000)] {
             b.on_kernel(

@@ -12,7 +12,7 @@ use inferscope::{
     correlate::EngineMetricsRecord,
     diagnose::EngineConfigSample,
     export::{counters_file, jsonl::JsonlWriter, live},
-    model::{RequestRecord, StepRecord, clock::monotonic_now_ns},
+    model::{LaunchRecord, RequestRecord, StepRecord, clock::monotonic_now_ns},
     pipeline::{Observer, Pipeline},
 };
 use tracing::{error, info};
@@ -32,6 +32,10 @@ pub struct RecordArgs {
     /// Also write one JSON line per engine step (needs an engine with scheduler hooks).
     #[arg(long)]
     pub steps: Option<PathBuf>,
+    /// Also write one JSON line per GPU kernel or graph launch (launch uprobes on the CUDA
+    /// driver and runtime of engine processes that map libcuda; host enqueue times).
+    #[arg(long)]
+    pub launches: Option<PathBuf>,
     /// Also scrape each engine's own metrics endpoint (KV cache use, running and waiting
     /// requests, preemptions, token counters) and write one JSON line per scrape.
     #[arg(long)]
@@ -56,6 +60,7 @@ pub struct RecordArgs {
 struct RecordObserver {
     writer: JsonlWriter,
     steps: Option<JsonlWriter>,
+    launches: Option<JsonlWriter>,
     metrics: Option<JsonlWriter>,
     engines: Option<JsonlWriter>,
     live: bool,
@@ -84,6 +89,19 @@ impl Observer for RecordObserver {
             if !self.write_failed {
                 error!(
                     "writing a step record failed: {e}; that line is dropped whole, later ones are tried"
+                );
+            }
+            self.write_failed = true;
+        }
+    }
+
+    fn on_launch(&mut self, launch: LaunchRecord) {
+        if let Some(w) = self.launches.as_mut()
+            && let Err(e) = w.write(&launch)
+        {
+            if !self.write_failed {
+                error!(
+                    "writing a launch record failed: {e}; that line is dropped whole, later ones are tried"
                 );
             }
             self.write_failed = true;
@@ -163,6 +181,13 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    let launches = match &args.launches {
+        Some(path) => Some(
+            JsonlWriter::create(path)
+                .with_context(|| format!("cannot create {}", path.display()))?,
+        ),
+        None => None,
+    };
     let metrics = match &args.metrics {
         Some(path) => Some(
             JsonlWriter::create(path)
@@ -184,6 +209,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
     let mut observer = RecordObserver {
         writer,
         steps,
+        launches,
         metrics,
         engines,
         live,

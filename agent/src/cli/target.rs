@@ -33,6 +33,18 @@ pub struct TargetArgs {
     /// uprobe trap (~10 us on the benchmark VM).
     #[arg(long)]
     pub token_hooks: bool,
+    /// Do not attach the GPU launch probes (uprobes on the CUDA driver's and runtime's launch
+    /// functions in engine processes that map libcuda).
+    #[arg(long)]
+    pub no_gpu_launches: bool,
+    /// GPU launches per second one process may emit (per CPU) before the launch probes keep
+    /// one in 16 and count the rest (0: no cap).
+    #[arg(long, default_value_t = 20_000)]
+    pub gpu_launch_cap: u32,
+    /// Percent of a process's time its GPU launch probes may cost (at 5 us a launch) before
+    /// they are paused for 30 s (0: never paused).
+    #[arg(long, default_value_t = inferscope::pipeline::DEFAULT_LAUNCH_BUDGET_PCT)]
+    pub gpu_launch_budget: f64,
 }
 
 impl TargetArgs {
@@ -52,10 +64,13 @@ impl TargetArgs {
             capture: CaptureConfig {
                 capture_bytes: self.capture_bytes,
                 ring_buffer_bytes: self.ring_buffer_mb.saturating_mul(1024 * 1024),
+                gpu_launch_cap: self.gpu_launch_cap,
             },
             limits: Limits::default(),
             discovery_interval: Duration::from_millis(500),
             token_hooks: self.token_hooks,
+            gpu_launches: !self.no_gpu_launches,
+            gpu_launch_budget_pct: self.gpu_launch_budget,
         }
     }
 }

@@ -5,6 +5,7 @@ mod arrivals;
 mod connection;
 pub mod disagg;
 pub mod engine_metrics;
+pub mod launches;
 pub mod loss;
 mod peer_close;
 pub mod percentile;
@@ -419,6 +420,7 @@ impl Tracker {
             start_from: None,
             kernel_pid: None,
             kernels_from_ns: None,
+            gpu_launches: None,
         })
     }
 

@@ -417,6 +417,7 @@ mod tests {
             start_from: None,
             kernel_pid: None,
             kernels_from_ns: None,
+            gpu_launches: None,
             requests: members
                 .iter()
                 .map(|(id, phase)| StepMember {

@@ -42,6 +42,7 @@ fn step(pid: u32, end_mono_ns: u64, request_id: &str) -> StepRecord {
         start_from: None,
         kernel_pid: None,
         kernels_from_ns: None,
+        gpu_launches: None,
     }
 }
 

@@ -787,6 +787,7 @@ mod tests {
             start_from,
             kernel_pid: None,
             kernels_from_ns: None,
+            gpu_launches: None,
         };
         m.record_step(&step(Some("forward_entry"), 12.0));
         m.record_step(&step(Some("unknown"), 0.0));

@@ -144,6 +144,40 @@ pub fn trace(timelines: &[RequestTimeline]) -> Value {
                 s.end_mono_ns,
                 json!({"batch_tokens": s.batch_tokens, "members": members, "kernels": s.kernels, "gpu_busy_ms": s.gpu_busy_ms}),
             ));
+            if let Some(l) = &s.launches {
+                // Host side of the step, from the launch uprobes: the CPU work before the GPU
+                // got its first launch, and the launches (enqueue times, not GPU execution).
+                let first = s.start_mono_ns + (l.before_first_launch_ms * 1e6) as u64;
+                let kernels: Vec<String> = l
+                    .kernels
+                    .iter()
+                    .chain(&l.graphs)
+                    .map(|c| format!("{}×{}", c.name, c.launches))
+                    .collect();
+                events.push(span(
+                    "host before first launch",
+                    "launches",
+                    pid,
+                    u64::from(s.tid),
+                    s.start_mono_ns,
+                    first.min(s.end_mono_ns),
+                    json!({"share_of_step": l.before_first_launch_share}),
+                ));
+                events.push(span(
+                    "launches",
+                    "launches",
+                    pid,
+                    u64::from(s.tid),
+                    first.min(s.end_mono_ns),
+                    s.end_mono_ns,
+                    json!({
+                        "source": l.source, "kernel_launches": l.kernel_launches,
+                        "graph_launches": l.graph_launches, "named_launches": l.named_launches,
+                        "max_launch_gap_us": l.max_launch_gap_us, "sampled": l.sampled,
+                        "kernels": kernels,
+                    }),
+                ));
+            }
         }
         for k in &t.kernels {
             if !seen_kernels.insert((k.device_id, k.correlation_id, k.start_mono_ns)) {
@@ -268,5 +302,52 @@ mod tests {
         let prefill = events.iter().find(|e| e["name"] == "prefill").unwrap();
         assert_eq!(prefill["ts"], 2000.0);
         assert_eq!(prefill["dur"], 3000.0);
+    }
+
+    #[test]
+    fn a_step_with_launches_shows_its_host_time_before_the_first() {
+        use inferscope_proto::v1::agent::{NamedCount, StepLaunches};
+        let t = RequestTimeline {
+            request: Some(Request {
+                request_id: "r1".into(),
+                arrival_mono_ns: 0,
+                end_mono_ns: 10_000_000,
+                ..Default::default()
+            }),
+            steps: vec![Step {
+                pid: 42,
+                tid: 43,
+                start_mono_ns: 2_000_000,
+                end_mono_ns: 6_000_000,
+                launches: Some(StepLaunches {
+                    source: "uprobe".into(),
+                    kernel_launches: 5,
+                    graph_launches: 1,
+                    before_first_launch_ms: 1.0,
+                    before_first_launch_share: 0.25,
+                    kernels: vec![NamedCount {
+                        name: "gemm".into(),
+                        launches: 5,
+                    }],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            kernels: vec![],
+        };
+        let v = trace(&[t]);
+        let events = v["traceEvents"].as_array().unwrap();
+        let before = events
+            .iter()
+            .find(|e| e["name"] == "host before first launch")
+            .unwrap();
+        assert_eq!(
+            (before["ts"].as_f64(), before["dur"].as_f64()),
+            (Some(2000.0), Some(1000.0))
+        );
+        let launches = events.iter().find(|e| e["name"] == "launches").unwrap();
+        assert_eq!(launches["tid"], 43);
+        assert_eq!(launches["args"]["kernel_launches"], 5);
+        assert_eq!(launches["args"]["kernels"][0], "gemm×5");
     }
 }

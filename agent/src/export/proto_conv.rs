@@ -141,6 +141,32 @@ pub fn step(s: &StepRecord) -> pb::Step {
             .collect(),
         kernels: 0,
         gpu_busy_ms: 0.0,
+        launches: s.gpu_launches.as_ref().map(step_launches),
+    }
+}
+
+fn step_launches(l: &crate::model::StepLaunches) -> pb::StepLaunches {
+    let counts = |list: &[crate::model::NamedCount]| {
+        list.iter()
+            .map(|c| pb::NamedCount {
+                name: c.name.clone(),
+                launches: c.launches,
+            })
+            .collect()
+    };
+    pb::StepLaunches {
+        source: l.source.to_owned(),
+        kernel_launches: l.kernel_launches,
+        graph_launches: l.graph_launches,
+        named_launches: l.named_launches,
+        before_first_launch_ms: l.before_first_launch_ms,
+        before_first_launch_share: l.before_first_launch_share,
+        max_launch_gap_us: l.max_launch_gap_us,
+        mean_launch_gap_us: l.mean_launch_gap_us,
+        after_last_launch_ms: l.after_last_launch_ms,
+        kernels: counts(&l.kernels),
+        graphs: counts(&l.graphs),
+        sampled: l.sampled,
     }
 }
 

@@ -63,6 +63,10 @@ counters! {
     KernelCompactWrites => "kernel_compact_writes": Loss,
     KernelSockStates => "kernel_sock_states": Total,
     KernelProcessesAdopted => "kernel_processes_adopted": Total,
+    KernelGpuLaunches => "kernel_gpu_launches": Total,
+    KernelGpuLaunchesSampledOut => "kernel_gpu_launches_sampled_out": Loss,
+    KernelGpuNames => "kernel_gpu_names": Total,
+    KernelGpuNameReadFailed => "kernel_gpu_name_read_failed": Loss,
     KernelTracepointsUnattached => "kernel_tracepoints_unattached": Loss,
     // Capture: the CUPTI shim's socket (`gpu` and `run --shim-socket`).
     ShimConnections => "shim_connections": Total,
@@ -248,6 +252,13 @@ counters! {
     ConnectionsReroutedToIpc => "connections_rerouted_to_ipc": Total,
     HooksAttachedLate => "hooks_attached_late": Total,
     LateAttachOverLimit => "late_attach_over_limit": Loss,
+    GpuLaunchRecords => "gpu_launch_records": Total,
+    GpuLaunchNamesEvicted => "gpu_launch_names_evicted": Loss,
+    GpuLaunchesEvicted => "gpu_launches_evicted": Total,
+    GpuLaunchHooksAttached => "gpu_launch_hooks_attached": Total,
+    GpuWorkersOverLimit => "gpu_workers_over_limit": Loss,
+    GpuLaunchesNested => "gpu_launches_nested": Total,
+    GpuLaunchProbesPaused => "gpu_launch_probes_paused": Loss,
     ProcessesAdoptedNotAttached => "processes_adopted_not_attached": Loss,
     ProcessesAdoptedOverLimit => "processes_adopted_over_limit": Loss,
     RecordUnexpectedKind => "record_unexpected_kind": Loss,
@@ -299,6 +310,10 @@ pub const fn kernel(c: inferscope_common::Counter) -> Counter {
         K::CompactWrites => Counter::KernelCompactWrites,
         K::SockStates => Counter::KernelSockStates,
         K::ProcessesAdopted => Counter::KernelProcessesAdopted,
+        K::GpuLaunches => Counter::KernelGpuLaunches,
+        K::GpuLaunchesSampledOut => Counter::KernelGpuLaunchesSampledOut,
+        K::GpuNames => Counter::KernelGpuNames,
+        K::GpuNameReadFailed => Counter::KernelGpuNameReadFailed,
     }
 }
 

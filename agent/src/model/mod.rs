@@ -5,6 +5,7 @@ pub mod clock;
 pub mod counters;
 pub mod disagg;
 pub mod identity;
+pub mod launch;
 pub mod lifecycle;
 pub mod record;
 pub mod signals;
@@ -14,5 +15,6 @@ pub use disagg::{
     DisaggHints, DisaggInfo, DisaggLeg, DisaggRole, HandoffParams, HandoffValue, LegParse,
 };
 pub use identity::ProcessIdentity;
+pub use launch::{LaunchRecord, NamedCount, StepLaunches};
 pub use lifecycle::PerProcess;
 pub use record::{EndedBy, RequestRecord, StepMember, StepRecord, StepRef};

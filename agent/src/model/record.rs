@@ -210,6 +210,10 @@ pub struct StepRecord {
     /// idle gap: the start is unknown, but the engine ran nothing since its previous step).
     #[serde(skip)]
     pub kernels_from_ns: Option<u64>,
+    /// The GPU launches the step made (launch uprobes), where the process's CUDA library is
+    /// probed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_launches: Option<super::StepLaunches>,
 }
 
 impl StepRecord {

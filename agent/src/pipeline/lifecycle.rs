@@ -29,6 +29,10 @@ pub(super) struct Processes<'a> {
     pub scraper: &'a mut dyn PerProcess,
     /// User-defined probes, when a spec is loaded.
     pub user_probes: &'a mut dyn PerProcess,
+    /// GPU launches kept for the step join, and the process's kernel names.
+    pub launches: &'a mut dyn PerProcess,
+    /// The launch budget's per-process counts and pauses.
+    pub budget: &'a mut dyn PerProcess,
     pub late: &'a mut LateAttach,
     pub ipc: &'a mut IpcRouter,
     pub classifier: &'a mut FdClassifier,
@@ -46,8 +50,10 @@ impl Processes<'_> {
     /// requests of the process end (cut by the server) and are handed to `observer`; the state
     /// those last records are joined with after that; the observer's own state last.
     pub fn forget(&mut self, tgid: u32, observer: &mut dyn Observer) {
-        let first: [&mut dyn PerProcess; 9] = [
+        let first: [&mut dyn PerProcess; 11] = [
             &mut *self.probes,
+            &mut *self.launches,
+            &mut *self.budget,
             &mut *self.late,
             &mut *self.user_probes,
             &mut *self.scraper,
@@ -125,6 +131,8 @@ mod tests {
         probes: Gone,
         scraper: Gone,
         user_probes: Gone,
+        launches: Gone,
+        budget: Gone,
         late: LateAttach,
         ipc: IpcRouter,
         classifier: FdClassifier,
@@ -143,6 +151,8 @@ mod tests {
                 probes: Gone::default(),
                 scraper: Gone::default(),
                 user_probes: Gone::default(),
+                launches: Gone::default(),
+                budget: Gone::default(),
                 late: LateAttach::default(),
                 ipc: IpcRouter::default(),
                 classifier: FdClassifier::new(true),
@@ -161,6 +171,8 @@ mod tests {
                 probes: &mut self.probes,
                 scraper: &mut self.scraper,
                 user_probes: &mut self.user_probes,
+                launches: &mut self.launches,
+                budget: &mut self.budget,
                 late: &mut self.late,
                 ipc: &mut self.ipc,
                 classifier: &mut self.classifier,
@@ -187,6 +199,7 @@ mod tests {
                 engine,
                 engine_hooks: vec![0],
                 user_probes: Vec::new(),
+                gpu_hooks: Vec::new(),
             };
             self.late.watch(tgid, missing, |_| true);
             let Some(endpoint) = engines::by_name(engine).and_then(|e| e.metrics()) else {

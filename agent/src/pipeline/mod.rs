@@ -14,6 +14,7 @@ use rustc_hash::FxHashMap;
 use tracing::{info, warn};
 
 use crate::{
+    capture::gpu::launches::{self as gpu_launches, LaunchBudget, StubNames},
     capture::{
         CaptureConfig, CaptureError, CapturedEvent, Discovery, DiscoveryChange, FdClassifier,
         SocketProbes, TargetSelector,
@@ -26,11 +27,11 @@ use crate::{
         records, sched_hooks,
         user_probes::{ProbeSpec, UserProbes},
     },
-    correlate::{EngineMetrics, EngineMetricsRecord, Tracker},
+    correlate::{EngineMetrics, EngineMetricsRecord, Tracker, launches::Launches},
     decode::{http::Limits, prometheus},
     engines::{self, IpcRouter},
     identity::Identities,
-    model::{RequestRecord, Stats, StepRecord, clock::monotonic_now_ns},
+    model::{LaunchRecord, RequestRecord, Stats, StepRecord, clock::monotonic_now_ns},
 };
 
 #[derive(Debug, Clone)]
@@ -42,7 +43,15 @@ pub struct PipelineConfig {
     pub discovery_interval: Duration,
     /// Also attach the engines' per-token hooks (one uprobe hit per generated token).
     pub token_hooks: bool,
+    /// Attach the GPU launch probes to traced processes that map the CUDA driver or runtime.
+    pub gpu_launches: bool,
+    /// Share (percent) of a process's time its launch probes may cost before they are paused
+    /// (see `LaunchBudget`; 0: never paused).
+    pub gpu_launch_budget_pct: f64,
 }
+
+/// The launch budget unless the user sets another.
+pub const DEFAULT_LAUNCH_BUDGET_PCT: f64 = 2.0;
 
 impl PipelineConfig {
     pub fn new(selector: TargetSelector) -> Self {
@@ -52,6 +61,8 @@ impl PipelineConfig {
             limits: Limits::default(),
             discovery_interval: Duration::from_millis(500),
             token_hooks: false,
+            gpu_launches: true,
+            gpu_launch_budget_pct: DEFAULT_LAUNCH_BUDGET_PCT,
         }
     }
 }
@@ -61,6 +72,8 @@ pub trait Observer {
     fn on_record(&mut self, record: RequestRecord);
     /// An engine step finished (scheduler hooks).
     fn on_step(&mut self, _step: StepRecord) {}
+    /// A GPU kernel or graph launch (launch uprobes on the CUDA driver and runtime).
+    fn on_launch(&mut self, _launch: LaunchRecord) {}
     /// A scrape of an engine's metrics endpoint (with `PipelineConfig::metrics`).
     fn on_engine_metrics(&mut self, _record: EngineMetricsRecord) {}
     /// Discovery attached to or detached from processes.
@@ -106,7 +119,19 @@ pub struct Pipeline {
     chunks: Chunks,
     /// Engines restarted on their port: kept ports and processes the kernel adopted.
     adoption: Adoption,
+    /// GPU launches from the launch uprobes, named and joined to steps.
+    launches: Launches,
+    /// Names of runtime launches' host stubs, from the processes' symbols.
+    stub_names: StubNames,
+    /// Worker processes of traced engines whose CUDA launches are probed (vLLM's EngineCore),
+    /// with their engine process.
+    gpu_workers: FxHashMap<u32, u32>,
+    /// Pauses the launch probes of processes whose launches cost them too much.
+    budget: LaunchBudget,
 }
+
+/// Engine worker processes whose launches are probed at once.
+const MAX_GPU_WORKERS: usize = 1024;
 
 /// Bytes of one send/receive captured for processes whose engine IPC is decoded: vLLM's
 /// largest message is a new request with its prompt's token ids (up to ~3 bytes a token), and
@@ -127,6 +152,7 @@ impl Pipeline {
         }
         let probes = SocketProbes::load(config.capture)?;
         let classifier = FdClassifier::new(probes.sock_hook());
+        let budget = LaunchBudget::new(config.gpu_launch_budget_pct);
         Ok(Self {
             scraper: None,
             engine_metrics: EngineMetrics::new(prometheus::Limits::default(), 0),
@@ -148,6 +174,10 @@ impl Pipeline {
             identities: Identities::default(),
             chunks: Chunks::default(),
             adoption: Adoption::default(),
+            launches: Launches::default(),
+            stub_names: StubNames::default(),
+            gpu_workers: FxHashMap::default(),
+            budget,
         })
     }
 
@@ -228,10 +258,12 @@ impl Pipeline {
             }
             observer.on_tick();
             if last_late_attach.elapsed() >= LATE_ATTACH_INTERVAL {
+                self.probe_gpu_workers();
                 self.attach_late_hooks();
                 last_late_attach = Instant::now();
             }
             if last_sweep.elapsed() >= Duration::from_secs(1) {
+                self.apply_launch_budget(last_sweep.elapsed());
                 self.release_kept_ports();
                 self.probes.flush_logs();
                 self.tracker.sweep(monotonic_now_ns());
@@ -342,14 +374,24 @@ impl Pipeline {
                 .user_probes
                 .as_mut()
                 .map(|u| u.attach(&mut self.probes, new.tgid, None));
+            let gpu = if self.config.gpu_launches {
+                let gpu = gpu_launches::attach(&mut self.probes, new.tgid, None);
+                self.stats
+                    .add(Counter::GpuLaunchHooksAttached, gpu.live as u64);
+                gpu.not_found
+            } else {
+                Vec::new()
+            };
             let missing = Missing {
                 engine: new.engine,
                 engine_hooks: hooks.not_found,
                 user_probes: user.map(|u| u.not_found).unwrap_or_default(),
+                gpu_hooks: gpu,
             };
             let user_probes = self.user_probes.as_ref();
+            let gpu = self.config.gpu_launches;
             self.late.watch(new.tgid, missing, |path| {
-                could_hold_hooks(new.engine, user_probes, path)
+                could_hold_hooks(new.engine, user_probes, gpu, path)
             });
         }
         if !change.added.is_empty()
@@ -374,6 +416,8 @@ impl Pipeline {
             probes: &mut self.probes,
             scraper: &mut self.scraper,
             user_probes: &mut self.user_probes,
+            launches: &mut self.launches,
+            budget: &mut self.budget,
             late: &mut self.late,
             ipc: &mut self.ipc,
             classifier: &mut self.classifier,
@@ -414,12 +458,82 @@ impl Pipeline {
         }
     }
 
+    /// Probes the CUDA launches of traced engines' worker processes (vLLM's EngineCore runs the
+    /// model in a child of the API server): their launches count for the engine's steps. They
+    /// are not traced otherwise (they serve no requests).
+    fn probe_gpu_workers(&mut self) {
+        if !self.config.gpu_launches {
+            return;
+        }
+        let roots: Vec<u32> = self.discovery.traced().map(|p| p.tgid).collect();
+        let live = crate::capture::procfs::descendants(&roots);
+        let gone: Vec<u32> = self
+            .gpu_workers
+            .keys()
+            .filter(|w| !live.iter().any(|(p, _)| p == *w))
+            .copied()
+            .collect();
+        for worker in gone {
+            self.gpu_workers.remove(&worker);
+            self.probes.detach_uprobes(worker);
+            self.late.forget(worker);
+            self.launches.forget(worker);
+            self.budget.forget(worker);
+        }
+        for (worker, root) in live {
+            if self.gpu_workers.contains_key(&worker) || self.discovery.engine_of(worker).is_some()
+            {
+                continue;
+            }
+            if self.gpu_workers.len() >= MAX_GPU_WORKERS {
+                self.stats.bump(Counter::GpuWorkersOverLimit);
+                continue;
+            }
+            self.gpu_workers.insert(worker, root);
+            self.launches.set_owner(worker, root);
+            let engine = self.discovery.engine_of(root).unwrap_or("unknown");
+            let gpu = gpu_launches::attach(&mut self.probes, worker, None);
+            self.stats
+                .add(Counter::GpuLaunchHooksAttached, gpu.live as u64);
+            let missing = Missing {
+                engine,
+                gpu_hooks: gpu.not_found,
+                ..Missing::default()
+            };
+            self.late.watch(worker, missing, gpu_launches::could_hold);
+        }
+    }
+
+    /// Pauses the launch probes of processes whose launches cost them more than the budget
+    /// (their naming probes stay, so names are still learnt) and brings them back after the
+    /// pause.
+    fn apply_launch_budget(&mut self, elapsed: Duration) {
+        let (pause, resume) = self.budget.check(elapsed, Instant::now());
+        for tgid in pause {
+            self.probes
+                .detach_uprobe_programs(tgid, gpu_launches::LAUNCH_PROGRAMS);
+            self.stats.bump(Counter::GpuLaunchProbesPaused);
+            warn!(
+                pid = tgid,
+                budget_pct = self.config.gpu_launch_budget_pct,
+                pause_s = gpu_launches::BUDGET_PAUSE.as_secs(),
+                "GPU launches of this process cost it more than the launch budget (eager launches): launch probes paused; its steps lack launch figures meanwhile (--gpu-launch-budget 0 keeps them)"
+            );
+        }
+        let hooks = gpu_launches::launch_hooks();
+        for tgid in resume {
+            let back = gpu_launches::attach(&mut self.probes, tgid, Some(&hooks));
+            info!(pid = tgid, probes = back.live, "GPU launch probes resumed");
+        }
+    }
+
     /// Tries the missing hooks of processes that mapped new engine objects since last time.
     fn attach_late_hooks(&mut self) {
         let user_probes = self.user_probes.as_ref();
+        let gpu = self.config.gpu_launches;
         let due = self
             .late
-            .changed(|engine, path| could_hold_hooks(engine, user_probes, path));
+            .changed(|engine, path| could_hold_hooks(engine, user_probes, gpu, path));
         for (tgid, missing) in due {
             let hooks = if missing.engine_hooks.is_empty() {
                 sched_hooks::HookOutcome::default()
@@ -438,16 +552,24 @@ impl Pipeline {
                 }
                 _ => sched_hooks::HookOutcome::default(),
             };
+            let gpu_hooks = if missing.gpu_hooks.is_empty() {
+                sched_hooks::HookOutcome::default()
+            } else {
+                gpu_launches::attach(&mut self.probes, tgid, Some(&missing.gpu_hooks))
+            };
             self.stats
                 .add(Counter::HooksAttachedLate, (hooks.live + user.live) as u64);
+            self.stats
+                .add(Counter::GpuLaunchHooksAttached, gpu_hooks.live as u64);
             let still = Missing {
                 engine: missing.engine,
                 engine_hooks: hooks.not_found,
                 user_probes: user.not_found,
+                gpu_hooks: gpu_hooks.not_found,
             };
             let user_probes = self.user_probes.as_ref();
             self.late.watch(tgid, still, |path| {
-                could_hold_hooks(missing.engine, user_probes, path)
+                could_hold_hooks(missing.engine, user_probes, gpu, path)
             });
         }
         self.stats.add(
@@ -486,6 +608,9 @@ impl Pipeline {
             chunks,
             adoption,
             discovery,
+            launches,
+            stub_names,
+            budget,
             ..
         } = self;
         let mut adopted = false;
@@ -554,6 +679,15 @@ impl Pipeline {
                     over_limit.push(tgid);
                     stats.bump(Counter::ProcessesAdoptedOverLimit);
                 }
+                Ok(CapturedEvent::GpuLaunch(launch)) => {
+                    budget.count(launch.tgid, u64::from(launch.skipped) + 1);
+                    if let Some(record) =
+                        launches.on_launch(&launch, |tgid, stub| stub_names.name(tgid, stub))
+                    {
+                        observer.on_launch(record);
+                    }
+                }
+                Ok(CapturedEvent::GpuName(name)) => launches.on_name(&name),
                 Ok(CapturedEvent::Segment(segment)) => tracker.on_segment(&segment),
                 Ok(CapturedEvent::SockState(state)) => tracker.on_sock_state(&state),
                 Ok(CapturedEvent::Sched(event)) => tracker.on_sched(&event, steps),
@@ -590,7 +724,8 @@ impl Pipeline {
         }
         // Steps first: a request that ended in this batch joins its last steps (vLLM's final
         // output and the HTTP response's end are seen together).
-        for step in steps.drain(..) {
+        for mut step in steps.drain(..) {
+            launches.annotate(&mut step);
             observer.on_step(step);
         }
         emit(engine_metrics, stitcher, ipc, identities, records, observer);
@@ -605,6 +740,7 @@ impl Pipeline {
         all.extend(self.ipc.counters());
         all.extend(self.stitcher.counters());
         all.extend(self.chunks.stats.iter());
+        all.extend(self.launches.stats().iter());
         if let Some(user) = &self.user_probes {
             all.extend(user.stats().iter());
         }
@@ -682,9 +818,11 @@ fn wait_readable(fd: i32, timeout: Duration) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Whether a mapped file could hold one of `engine`'s hooks or a user probe.
-fn could_hold_hooks(engine: &str, user_probes: Option<&UserProbes>, path: &str) -> bool {
+/// Whether a mapped file could hold one of `engine`'s hooks, a user probe, or (with `gpu`) a
+/// GPU launch probe.
+fn could_hold_hooks(engine: &str, user_probes: Option<&UserProbes>, gpu: bool, path: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or(path);
     engines::by_name(engine).is_some_and(|e| e.hook_objects().iter().any(|h| name.contains(h)))
         || user_probes.is_some_and(|u| u.wants_object(path))
+        || (gpu && gpu_launches::could_hold(path))
 }

@@ -38,6 +38,11 @@ pub enum RecordType {
     Adopted = 6,
     /// A [`SockStateRecord`]: a TCP state change of a socket on a watched port.
     SockState = 8,
+    /// A [`GpuLaunchRecord`]: a kernel or graph launch seen by a uprobe on the CUDA driver or
+    /// runtime.
+    GpuLaunch = 9,
+    /// A [`GpuNameRecord`]: the driver handed out a kernel handle under a name.
+    GpuName = 10,
 }
 
 /// Which socket operation a [`SyscallRecord`] describes.
@@ -361,6 +366,182 @@ pub struct UserProbeRecord {
     pub value: i64,
 }
 
+/// Which CUDA entry point a [`GpuLaunchRecord`] or [`GpuNameRecord`] came from (the uprobe's
+/// attach cookie carries it to the program).
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuApi {
+    CuLaunchKernel = 1,
+    CuLaunchKernelPtsz = 2,
+    CuLaunchCooperativeKernel = 3,
+    CuLaunchCooperativeKernelPtsz = 4,
+    CuLaunchKernelEx = 5,
+    CuLaunchKernelExPtsz = 6,
+    CuGraphLaunch = 7,
+    CuGraphLaunchPtsz = 8,
+    CudaLaunchKernel = 9,
+    CudaLaunchKernelPtsz = 10,
+    CudaGraphLaunch = 11,
+    CudaGraphLaunchPtsz = 12,
+    /// `cuModuleGetFunction`: a `CUfunction` named from its module.
+    CuModuleGetFunction = 32,
+    /// `cuLibraryGetKernel`: a `CUkernel` named from its library (CUDA 12 context-free loading).
+    CuLibraryGetKernel = 33,
+    /// `cuKernelGetFunction`: the `CUfunction` of a `CUkernel` in the current context.
+    CuKernelGetFunction = 34,
+}
+
+impl GpuApi {
+    pub const ALL: [GpuApi; 15] = [
+        GpuApi::CuLaunchKernel,
+        GpuApi::CuLaunchKernelPtsz,
+        GpuApi::CuLaunchCooperativeKernel,
+        GpuApi::CuLaunchCooperativeKernelPtsz,
+        GpuApi::CuLaunchKernelEx,
+        GpuApi::CuLaunchKernelExPtsz,
+        GpuApi::CuGraphLaunch,
+        GpuApi::CuGraphLaunchPtsz,
+        GpuApi::CudaLaunchKernel,
+        GpuApi::CudaLaunchKernelPtsz,
+        GpuApi::CudaGraphLaunch,
+        GpuApi::CudaGraphLaunchPtsz,
+        GpuApi::CuModuleGetFunction,
+        GpuApi::CuLibraryGetKernel,
+        GpuApi::CuKernelGetFunction,
+    ];
+
+    pub fn from_u8(v: u8) -> Option<Self> {
+        Self::ALL.iter().copied().find(|a| *a as u8 == v)
+    }
+
+    /// The exported symbol the uprobe sits on.
+    pub fn symbol(self) -> &'static str {
+        match self {
+            GpuApi::CuLaunchKernel => "cuLaunchKernel",
+            GpuApi::CuLaunchKernelPtsz => "cuLaunchKernel_ptsz",
+            GpuApi::CuLaunchCooperativeKernel => "cuLaunchCooperativeKernel",
+            GpuApi::CuLaunchCooperativeKernelPtsz => "cuLaunchCooperativeKernel_ptsz",
+            GpuApi::CuLaunchKernelEx => "cuLaunchKernelEx",
+            GpuApi::CuLaunchKernelExPtsz => "cuLaunchKernelEx_ptsz",
+            GpuApi::CuGraphLaunch => "cuGraphLaunch",
+            GpuApi::CuGraphLaunchPtsz => "cuGraphLaunch_ptsz",
+            GpuApi::CudaLaunchKernel => "cudaLaunchKernel",
+            GpuApi::CudaLaunchKernelPtsz => "cudaLaunchKernel_ptsz",
+            GpuApi::CudaGraphLaunch => "cudaGraphLaunch",
+            GpuApi::CudaGraphLaunchPtsz => "cudaGraphLaunch_ptsz",
+            GpuApi::CuModuleGetFunction => "cuModuleGetFunction",
+            GpuApi::CuLibraryGetKernel => "cuLibraryGetKernel",
+            GpuApi::CuKernelGetFunction => "cuKernelGetFunction",
+        }
+    }
+
+    /// A graph launch (its handle is a `CUgraphExec`), not a kernel launch.
+    pub fn is_graph(self) -> bool {
+        matches!(
+            self,
+            GpuApi::CuGraphLaunch
+                | GpuApi::CuGraphLaunchPtsz
+                | GpuApi::CudaGraphLaunch
+                | GpuApi::CudaGraphLaunchPtsz
+        )
+    }
+
+    /// A runtime (libcudart) entry point: its kernel handle is the host stub's address.
+    pub fn is_runtime(self) -> bool {
+        matches!(
+            self,
+            GpuApi::CudaLaunchKernel
+                | GpuApi::CudaLaunchKernelPtsz
+                | GpuApi::CudaGraphLaunch
+                | GpuApi::CudaGraphLaunchPtsz
+        )
+    }
+}
+
+/// The record stands for more launches than itself: the process was over its launch-rate cap
+/// and only one launch in [`LAUNCH_SAMPLE_EVERY`] is emitted; `skipped` counts the others.
+pub const LAUNCH_FLAG_SAMPLED: u16 = 1;
+/// Reading the launch's arguments from the process's memory (stack or launch config) failed:
+/// grid, block, shared memory or stream may be 0.
+pub const LAUNCH_FLAG_READ_FAILED: u16 = 2;
+/// Above the cap, one launch in this many is emitted.
+pub const LAUNCH_SAMPLE_EVERY: u32 = 16;
+/// The window the launch-rate cap is counted over.
+pub const LAUNCH_WINDOW_NS: u64 = 100_000_000;
+
+/// One kernel or graph launch of a traced process, at the driver's or runtime's entry: the
+/// host enqueue time, never the GPU's execution (only the CUPTI shim gives device start/end).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GpuLaunchRecord {
+    pub record_type: u8,
+    /// A [`GpuApi`].
+    pub api: u8,
+    /// `LAUNCH_FLAG_*`.
+    pub flags: u16,
+    pub tgid: u32,
+    pub tid: u32,
+    /// Dynamic shared memory bytes of a kernel launch.
+    pub shared_mem: u32,
+    /// CLOCK_MONOTONIC at the call's entry.
+    pub ts_ns: u64,
+    /// `CUfunction` (driver), host stub address (runtime), or `CUgraphExec` (graph launches).
+    pub handle: u64,
+    /// `CUstream` (0: the legacy default stream).
+    pub stream: u64,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    /// Launches of this process (on this CPU) not emitted since its previous record: the
+    /// launch-rate cap's sampling.
+    pub skipped: u32,
+    pub _pad: u32,
+}
+
+/// Longest kernel name a [`GpuNameRecord`] carries (longer ones are cut and flagged).
+pub const MAX_KERNEL_NAME: usize = 256;
+/// The name filled the record: it may be cut.
+pub const NAME_FLAG_TRUNCATED: u16 = 1;
+
+/// A kernel handle the driver handed out, with its (mangled) name: `cuModuleGetFunction` and
+/// `cuLibraryGetKernel` name `handle`; `cuKernelGetFunction` says `handle` (a `CUfunction`) is
+/// the kernel `alias` (a `CUkernel`) and carries no name.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct GpuNameRecord {
+    pub record_type: u8,
+    /// A [`GpuApi`].
+    pub api: u8,
+    /// `NAME_FLAG_*`.
+    pub flags: u16,
+    pub tgid: u32,
+    pub ts_ns: u64,
+    pub handle: u64,
+    pub alias: u64,
+    /// NUL-terminated unless it fills the array.
+    pub name: [u8; MAX_KERNEL_NAME],
+}
+
+/// Arguments of a naming call saved at its entry for its return (per thread).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GpuNameCall {
+    /// Where the driver writes the handle.
+    pub out: u64,
+    /// The name's address (or, for `cuKernelGetFunction`, the `CUkernel`).
+    pub arg: u64,
+    pub api: u8,
+    pub _pad: [u8; 7],
+}
+
+/// Per process (and CPU): the launch-rate cap's window.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LaunchRate {
+    pub window_start_ns: u64,
+    pub in_window: u32,
+    pub skipped: u32,
+}
+
 /// FNV-1a, 64-bit: how string ids become integers (same on both sides).
 pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 pub const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
@@ -401,12 +582,21 @@ pub enum Counter {
     /// Processes the kernel began tracing at their bind of (or accept on) a watched port
     /// ([`AdoptRecord`]).
     ProcessesAdopted = 14,
+    /// GPU launch records emitted (uprobes on the CUDA driver and runtime).
+    GpuLaunches = 15,
+    /// GPU launches not emitted: their process was over its launch-rate cap (sampled; the
+    /// records that were emitted carry how many each stands for).
+    GpuLaunchesSampledOut = 16,
+    /// Kernel handles named (cuModuleGetFunction, cuLibraryGetKernel, cuKernelGetFunction).
+    GpuNames = 17,
+    /// A naming call's return could not read the handle or name it produced.
+    GpuNameReadFailed = 18,
 }
 
-pub const COUNTER_SLOTS: u32 = 15;
+pub const COUNTER_SLOTS: u32 = 19;
 
 impl Counter {
-    pub const ALL: [Counter; 15] = [
+    pub const ALL: [Counter; 19] = [
         Counter::RecordsEmitted,
         Counter::RingbufFull,
         Counter::PayloadTruncated,
@@ -422,6 +612,10 @@ impl Counter {
         Counter::CompactWrites,
         Counter::SockStates,
         Counter::ProcessesAdopted,
+        Counter::GpuLaunches,
+        Counter::GpuLaunchesSampledOut,
+        Counter::GpuNames,
+        Counter::GpuNameReadFailed,
     ];
 
     pub fn name(self) -> &'static str {
@@ -441,6 +635,10 @@ impl Counter {
             Counter::CompactWrites => "compact_writes",
             Counter::SockStates => "sock_states",
             Counter::ProcessesAdopted => "processes_adopted",
+            Counter::GpuLaunches => "gpu_launches",
+            Counter::GpuLaunchesSampledOut => "gpu_launches_sampled_out",
+            Counter::GpuNames => "gpu_names",
+            Counter::GpuNameReadFailed => "gpu_name_read_failed",
         }
     }
 }
@@ -471,6 +669,10 @@ mod pod {
     unsafe impl aya::Pod for super::UserProbeRecord {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::ConnEntry {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::GpuLaunchRecord {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::GpuNameRecord {}
 }
 
 #[cfg(test)]
@@ -487,6 +689,8 @@ mod tests {
         assert_eq!(core::mem::size_of::<SchedRecord>(), 32);
         assert_eq!(core::mem::size_of::<UserProbeRecord>(), 32);
         assert_eq!(core::mem::size_of::<UserProbeConfig>(), 32);
+        assert_eq!(core::mem::size_of::<GpuLaunchRecord>(), 72);
+        assert_eq!(core::mem::size_of::<GpuNameRecord>(), 32 + MAX_KERNEL_NAME);
         assert_eq!(core::mem::offset_of!(SegmentRecord, remote_sockaddr), 24);
     }
 

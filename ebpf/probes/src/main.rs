@@ -8,6 +8,7 @@ mod conn_seq;
 mod counters;
 mod ctx;
 mod engines;
+mod gpu;
 mod maps;
 mod ringbuf;
 mod sock_state;

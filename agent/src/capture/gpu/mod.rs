@@ -3,9 +3,12 @@
 //!
 //! - [`ShimListener`]: binds the shim socket, accepts any number of shims, decodes their
 //!   length-delimited `KernelBatch` messages with bounds, and queues [`KernelRecord`]s.
+//! - [`launches`]: uprobes on the CUDA driver's and runtime's launch functions (no shim, no
+//!   restart): host-side launches and the kernel names the driver hands out.
 //! - [`NvmlSampler`]: samples every GPU on an interval (utilisation, memory, clocks, power,
 //!   throttle reasons, GPM tensor/DRAM/occupancy on Hopper+) and flags outlier cards.
 mod frame;
+pub mod launches;
 mod listener;
 mod nvml;
 mod outliers;

@@ -123,6 +123,18 @@ pub struct RunArgs {
     /// uprobe trap (~10 us on the benchmark VM).
     #[arg(long)]
     pub token_hooks: bool,
+    /// Do not attach the GPU launch probes (uprobes on the CUDA driver's and runtime's launch
+    /// functions in engine processes that map libcuda, and their workers).
+    #[arg(long)]
+    pub no_gpu_launches: bool,
+    /// GPU launches per second one process may emit (per CPU) before the launch probes keep
+    /// one in 16 and count the rest (0: no cap; default 20000).
+    #[arg(long, env = "INFERSCOPE_GPU_LAUNCH_CAP")]
+    pub gpu_launch_cap: Option<u32>,
+    /// Percent of a process's time its GPU launch probes may cost (at 5 us a launch) before
+    /// they are paused for 30 s (0: never paused; default 2).
+    #[arg(long, env = "INFERSCOPE_GPU_LAUNCH_BUDGET")]
+    pub gpu_launch_budget: Option<f64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -158,6 +170,9 @@ pub struct FileConfig {
     pub probes: Option<PathBuf>,
     pub token_hooks: Option<bool>,
     pub drain_timeout: Option<String>,
+    pub gpu_launches: Option<bool>,
+    pub gpu_launch_cap: Option<u32>,
+    pub gpu_launch_budget: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -215,6 +230,10 @@ pub struct RunConfig {
     pub probes: Option<inferscope::capture::user_probes::ProbeSpec>,
     pub token_hooks: bool,
     pub drain_timeout: Duration,
+    /// The GPU launch probes (on unless the flag or the file turns them off).
+    pub gpu_launches: bool,
+    pub gpu_launch_cap: u32,
+    pub gpu_launch_budget_pct: f64,
 }
 
 impl RunConfig {
@@ -365,6 +384,15 @@ impl RunConfig {
             },
             token_hooks: args.token_hooks || file.token_hooks.unwrap_or(false),
             drain_timeout,
+            gpu_launches: !args.no_gpu_launches && file.gpu_launches.unwrap_or(true),
+            gpu_launch_cap: args
+                .gpu_launch_cap
+                .or(file.gpu_launch_cap)
+                .unwrap_or(inferscope::capture::CaptureConfig::default().gpu_launch_cap),
+            gpu_launch_budget_pct: args
+                .gpu_launch_budget
+                .or(file.gpu_launch_budget)
+                .unwrap_or(inferscope::pipeline::DEFAULT_LAUNCH_BUDGET_PCT),
         })
     }
 }
@@ -491,5 +519,30 @@ mod tests {
         })
         .unwrap();
         assert!(on.token_hooks);
+    }
+
+    #[test]
+    fn gpu_launch_probes_are_on_unless_the_flag_or_the_file_turns_them_off() {
+        let on = RunConfig::resolve(RunArgs::default()).unwrap();
+        assert!(on.gpu_launches);
+        assert_eq!(on.gpu_launch_cap, 20_000);
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("inferscope.toml");
+        std::fs::write(&config, "gpu-launches = false\ngpu-launch-cap = 500\n").unwrap();
+        let off = RunConfig::resolve(RunArgs {
+            config: Some(config.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(!off.gpu_launches);
+        assert_eq!(off.gpu_launch_cap, 500);
+        let flag = RunConfig::resolve(RunArgs {
+            no_gpu_launches: true,
+            gpu_launch_cap: Some(0),
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(!flag.gpu_launches);
+        assert_eq!(flag.gpu_launch_cap, 0);
     }
 }

@@ -64,10 +64,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         capture: CaptureConfig {
             capture_bytes: config.capture_bytes,
             ring_buffer_bytes: config.ring_buffer_mb.saturating_mul(1024 * 1024),
+            gpu_launch_cap: config.gpu_launch_cap,
         },
         limits: Limits::default(),
         discovery_interval: std::time::Duration::from_millis(500),
         token_hooks: config.token_hooks,
+        gpu_launches: config.gpu_launches,
+        gpu_launch_budget_pct: config.gpu_launch_budget_pct,
     });
     // A setting out of range is the configuration's fault, not a missing privilege.
     let mut pipeline = match pipeline {

@@ -465,5 +465,6 @@ fn step_record(
         start_from: Some(start_from),
         kernel_pid: seen.kernel_pid.filter(|&p| p != seen.tgid),
         kernels_from_ns: None,
+        gpu_launches: None,
     }
 }
