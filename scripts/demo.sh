@@ -3,7 +3,7 @@
 # bundled llama.cpp engine. Extra arguments go to `inferscope demo` (see --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh demo
 export PATH="$HOME/.cargo/bin:$PATH"
 if [ ! -x target/release/inferscope ]; then
   echo "building inferscope (first time: several minutes on a small machine; cargo shows progress)"

@@ -10,7 +10,7 @@ if [ "${CI:-}" = true ]; then
 fi
 disk_left() { echo "   ($(df -h --output=avail . | tail -1 | tr -d ' ') of disk left)"; }
 disk_left
-scripts/setup.sh
+scripts/setup.sh test
 disk_left
 export PATH="$HOME/.cargo/bin:$PATH"
 
