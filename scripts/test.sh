@@ -31,6 +31,11 @@ cargo clippy -p inferscope-ebpf -q --config 'profile.dev.panic="abort"' -- -D wa
 # --- deploy: kustomize overlays rendered and validated; the container image (issue 14) -------
 echo "== deploy manifests (kubectl kustomize + kubernetes-validate)"
 scripts/check-manifests.sh
+# --- issue 24: the Prometheus alerting rules (deploy/prometheus), checked and unit-tested -----
+echo "== alerting rules (promtool check rules + promtool test rules)"
+promtool check rules deploy/prometheus/inferscope-rules.yaml
+(cd deploy/prometheus && promtool test rules inferscope-rules.test.yaml)
+# --- end issue 24 ----------------------------------------------------------------------------
 echo "== build"
 cargo build --release -q -p inferscope -p inferscope-cupti
 export INFERSCOPE_BIN="$PWD/target/release/inferscope"

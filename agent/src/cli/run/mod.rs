@@ -49,12 +49,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             patterns: config.patterns.clone(),
         },
     };
+    let capture = CaptureConfig {
+        capture_bytes: config.capture_bytes,
+        ring_buffer_bytes: config.ring_buffer_mb.saturating_mul(1024 * 1024),
+    };
     let pipeline = Pipeline::new(PipelineConfig {
-        selector,
-        capture: CaptureConfig {
-            capture_bytes: config.capture_bytes,
-            ring_buffer_bytes: config.ring_buffer_mb.saturating_mul(1024 * 1024),
-        },
+        selector: selector.clone(),
+        capture,
         limits: Limits::default(),
         discovery_interval: std::time::Duration::from_millis(500),
         token_hooks: config.token_hooks,
@@ -157,6 +158,18 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     // The shim socket first: when another live agent holds it, nothing of ours is bound yet.
     let gpu = GpuInputs::start(config.shim_socket.as_deref(), config.nvml_interval)?;
+    // The preflight `inferscope check` prints, logged once with the programs the agent runs.
+    let preflight = super::check::gather(
+        Ok(pipeline.probes_mut()),
+        &super::check::Options {
+            selector,
+            capture,
+            token_hooks: config.token_hooks,
+            shim_socket: config.shim_socket.clone(),
+            try_engine_hooks: false,
+        },
+    );
+    preflight.log();
     let grpc_socket = servers::start(
         &runtime,
         &config,
