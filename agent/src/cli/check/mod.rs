@@ -118,7 +118,7 @@ impl Report {
             (
                 Status::Warn,
                 format!(
-                    "{} engine process(es) traceable, with the losses marked warn above",
+                    "{} engine process(es) traceable; the warn lines above say what is lost",
                     self.engines
                 ),
             )
