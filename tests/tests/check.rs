@@ -3,6 +3,10 @@
 //! hooks the agent attaches, the shim injected through the engine's environment), its exit code
 //! follows the verdict, and `inferscope run` logs the same report at start. The privileged,
 //! minimal and no-SYS_ADMIN containers are in container_image.rs.
+
+// Test code: a failed setup or check stops the test with the value it did not expect.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{process::Command, time::Duration};
 
 use inferscope_integration_tests::{

@@ -3,6 +3,10 @@
 //! every panel's PromQL, with its template variables substituted, returns data through
 //! Prometheus' HTTP API, so no panel can silently show "No data" after a metric or label was
 //! renamed. Panels that need a GPU are named below and skipped, with the reason.
+
+// Test code: a failed setup or check stops the test with the value it did not expect.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use inferscope_integration_tests::{

@@ -7,6 +7,7 @@ mod export_cmd;
 mod gpu;
 mod inspect;
 mod install_shim;
+mod progress;
 mod record;
 mod run;
 mod signals;
