@@ -894,6 +894,42 @@ mod tests {
     }
 
     #[test]
+    fn counters_exist_at_zero_and_losses_are_exported_on_their_own() {
+        let m = Metrics::new(None);
+        m.set_agent_counters(&[
+            (AgentCounter::KernelRingbufFullDrops, 0),
+            (AgentCounter::RingbufRecords, 7),
+            (AgentCounter::EngineProcessesTraced, 1),
+        ]);
+        m.set_agent_counters(&[(AgentCounter::KernelRingbufFullDrops, 3)]);
+        let mut r = timeline("smol");
+        r.request.preemptions = None;
+        r.request.itl_p99_ms = Some(40.0);
+        m.record_request(&r);
+        let text = m.encode().unwrap();
+        for line in [
+            "inferscope_agent_losses_total{counter=\"kernel_ringbuf_full_drops\"} 3",
+            "inferscope_agent_events_total{counter=\"kernel_ringbuf_full_drops\"} 3",
+            "inferscope_agent_events_total{counter=\"ringbuf_records\"} 7",
+            "inferscope_agent_state{name=\"engine_processes_traced\"} 1",
+            // An engine that never preempted: 0, not absent.
+            "inferscope_preemptions_total{engine=\"llama.cpp\"} 0",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
+        // Totals that are not losses stay out of the losses family.
+        assert!(!text.contains("inferscope_agent_losses_total{counter=\"ringbuf_records\"}"));
+        assert!(text.contains("inferscope_itl_p99_seconds_bucket"), "{text}");
+        let rss = text
+            .lines()
+            .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no RSS in\n{text}"));
+        assert!(rss > 1e6, "{rss}");
+        assert!(text.contains("process_cpu_seconds_total "), "{text}");
+    }
+
+    #[test]
     fn model_labels_are_bounded() {
         let m = Metrics::new(None);
         for i in 0..(MAX_MODELS_PER_ENGINE + 10) {
