@@ -2,7 +2,8 @@
 //! real `inferscope run` that follows vLLM's real scheduler under load (preemptions included):
 //! every panel's PromQL, with its template variables substituted, returns data through
 //! Prometheus' HTTP API, so no panel can silently show "No data" after a metric or label was
-//! renamed. Panels that need a GPU are named below and skipped, with the reason.
+//! renamed. Panels that need a GPU are named below and skipped, with the reason. The same vLLM
+//! server also serves `inferscope check`'s vLLM case (package version, IPC sockets).
 
 // Test code: a failed setup or check stops the test with the value it did not expect.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -129,6 +130,31 @@ fn every_panel_returns_data_from_a_real_prometheus() {
             ..Default::default()
         },
     );
+    // While vLLM runs: `inferscope check` names its version from its package and sees its
+    // ZeroMQ IPC sockets (the IPC decoder's input); its engine has no scheduler uprobes.
+    let out = std::process::Command::new(inferscope_integration_tests::agent::binary())
+        .args(["check", "--port", &port.to_string()])
+        .output()
+        .expect("running inferscope check");
+    let report = String::from_utf8_lossy(&out.stdout);
+    let engine_line = report
+        .lines()
+        .find(|l| l.contains(&format!("vllm pid {} ", server.pid())))
+        .unwrap_or_else(|| panic!("no vLLM engine line in\n{report}"));
+    assert!(engine_line.contains("version 0.33.0"), "{engine_line}");
+    assert!(
+        engine_line.contains("no scheduler uprobes"),
+        "{engine_line}"
+    );
+    let ipc = engine_line
+        .split("IPC decoded: ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or_else(|| panic!("no IPC sockets counted: {engine_line}"));
+    assert!(ipc >= 1, "{engine_line}");
+    assert_eq!(out.status.code(), Some(0), "{report}");
+
     let mut daemon = Daemon::start(
         &dir,
         &[
