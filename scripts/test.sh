@@ -10,7 +10,7 @@ if [ "${CI:-}" = true ]; then
 fi
 disk_left() { echo "   ($(df -h --output=avail . | tail -1 | tr -d ' ') of disk left)"; }
 disk_left
-scripts/setup.sh
+scripts/setup.sh test
 disk_left
 export PATH="$HOME/.cargo/bin:$PATH"
 
@@ -39,6 +39,11 @@ scripts/check-docs.py --self-test
 scripts/check-docs.py
 mdbook build docs
 # --- end docs --------------------------------------------------------------------------------
+# --- issue 24: the Prometheus alerting rules (deploy/prometheus), checked and unit-tested -----
+echo "== alerting rules (promtool check rules + promtool test rules)"
+promtool check rules deploy/prometheus/inferscope-rules.yaml
+(cd deploy/prometheus && promtool test rules inferscope-rules.test.yaml)
+# --- end issue 24 ----------------------------------------------------------------------------
 echo "== build"
 cargo build --release -q -p inferscope -p inferscope-cupti
 export INFERSCOPE_BIN="$PWD/target/release/inferscope"

@@ -31,7 +31,13 @@ impl Engine {
 
     /// The launcher with llama-server's own flags (`--parallel N`, `--batch-size N`, ...).
     pub fn start_with(port: u16, flags: &[&str]) -> Engine {
+        Engine::start_with_env(port, flags, &[])
+    }
+
+    /// [`Engine::start_with`] with more environment (e.g. CUDA_INJECTION64_PATH).
+    pub fn start_with_env(port: u16, flags: &[&str], env: &[(&str, &str)]) -> Engine {
         let child = Command::new(python())
+            .envs(env.iter().copied())
             .arg(repo_root().join("tests/engine/llamacpp_server.py"))
             .args(["--port", &port.to_string()])
             .args(flags)

@@ -15,12 +15,24 @@ pub struct Prometheus {
 
 impl Prometheus {
     pub fn start(dir: &Path, target_port: u16) -> Prometheus {
+        Self::start_with_labels(dir, target_port, &[])
+    }
+
+    /// [`Prometheus::start`] with target labels added the way a Kubernetes scrape config's
+    /// relabelling adds them (e.g. `node` from `__meta_kubernetes_pod_node_name`).
+    pub fn start_with_labels(dir: &Path, target_port: u16, labels: &[(&str, &str)]) -> Prometheus {
         let port = crate::free_port();
         let config = dir.join("prometheus.yml");
+        let labels: String = if labels.is_empty() {
+            String::new()
+        } else {
+            let pairs: Vec<String> = labels.iter().map(|(k, v)| format!("{k}: '{v}'")).collect();
+            format!("        labels: {{{}}}\n", pairs.join(", "))
+        };
         fs::write(
             &config,
             format!(
-                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: inferscope\n    static_configs:\n      - targets: ['127.0.0.1:{target_port}']\n"
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: inferscope\n    static_configs:\n      - targets: ['127.0.0.1:{target_port}']\n{labels}"
             ),
         )
         .expect("writing prometheus.yml");
@@ -53,6 +65,17 @@ impl Prometheus {
             std::thread::sleep(Duration::from_millis(500));
         }
         None
+    }
+
+    /// An instant query's answer: `Ok(result)` (the `data.result` array), or the error
+    /// Prometheus gave (a query that does not parse, an unknown function).
+    pub fn query(&self, query: &str) -> Result<Vec<Value>, String> {
+        let body = crate::http_get(self.port, &format!("/api/v1/query?query={}", encode(query)));
+        let v: Value = serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
+        if v["status"] != "success" {
+            return Err(format!("{}: {}", v["errorType"], v["error"]));
+        }
+        Ok(v["data"]["result"].as_array().cloned().unwrap_or_default())
     }
 
     /// Health of the scrape target as Prometheus sees it ("up", "down", "unknown").

@@ -1280,3 +1280,124 @@ fn the_played_daemonset_pod_records_the_played_engine_pod_by_name() {
     let _ = podman(&["rmi", "-f", engine_image]);
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// `inferscope check` in the image, the way the DaemonSet's container runs (host PID namespace,
+/// the host's tracefs, read-only root): (stdout, exit code).
+fn check_in_container(form: &[&str], port: u16) -> (String, i32) {
+    let mut args = vec![
+        "run",
+        "--rm",
+        "--pid=host",
+        "--network=host",
+        "--read-only",
+        "--ulimit",
+        "nofile=20000:20000",
+        "--ulimit",
+        "nproc=4096:4096",
+        "-v",
+        "/sys/kernel/tracing:/sys/kernel/tracing",
+    ];
+    args.extend_from_slice(form);
+    let image = image();
+    let port = port.to_string();
+    args.extend_from_slice(&[&image, "check", "--port", &port]);
+    let out = podman(&args);
+    (
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        out.status.code().unwrap_or(-1),
+    )
+}
+
+/// The report's line about `topic` (after the 4-character status and two spaces).
+fn report_line<'a>(report: &'a str, topic: &str) -> &'a str {
+    report
+        .lines()
+        .find(|l| l.get(6..).is_some_and(|rest| rest.starts_with(topic)))
+        .unwrap_or_else(|| panic!("no {topic} line in\n{report}"))
+}
+
+/// `inferscope check` tells the truth in each privilege setting: privileged and minimal trace
+/// everything (hooks resolve and attach); the minimal set without CAP_SYS_ADMIN says that
+/// capability is missing and uprobes are unavailable, still finds the engine, and exits 0
+/// (its sockets can be traced).
+#[test]
+fn check_tells_the_truth_in_each_container_form() {
+    let engine = Engine::start(free_port(), 2);
+    let pid = engine.pid();
+    for (name, form) in [("privileged", PRIVILEGED), ("minimal", MINIMAL)] {
+        let (report, code) = check_in_container(form, engine.port);
+        eprintln!("{name}:\n{report}");
+        assert_eq!(code, 0, "{name}: {report}");
+        assert!(
+            report_line(&report, "ebpf").starts_with("  ok"),
+            "{name}: {report}"
+        );
+        assert!(
+            report_line(&report, "uprobes").starts_with("  ok"),
+            "{name}: {report}"
+        );
+        assert!(!report.contains("missing: without it"), "{name}: {report}");
+        let engine_line = report_line(&report, "engine");
+        assert!(
+            engine_line.contains(&format!("llamacpp pid {pid} port {}", engine.port)),
+            "{name}: {engine_line}"
+        );
+        // The engine's files through /proc/PID/root: its package version and its hooks.
+        assert!(
+            !engine_line.contains("version unknown"),
+            "{name}: {engine_line}"
+        );
+        let attach = engine_line
+            .split("resolve in")
+            .nth(1)
+            .and_then(|rest| rest.split(", ").nth(1))
+            .unwrap_or_default();
+        let resolved = engine_line
+            .split("scheduler hooks: ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .unwrap_or_default();
+        assert!(
+            attach.starts_with(&format!("{resolved} of {resolved} attach")) && resolved != "0",
+            "{name}: {engine_line}"
+        );
+    }
+
+    let (report, code) = check_in_container(NO_SYS_ADMIN, engine.port);
+    eprintln!("no SYS_ADMIN:\n{report}");
+    assert_eq!(
+        code, 0,
+        "the engine's sockets can still be traced: {report}"
+    );
+    let missing: Vec<&str> = report
+        .lines()
+        .filter(|l| l.contains("missing: without it"))
+        .collect();
+    assert_eq!(missing.len(), 1, "{report}");
+    assert!(
+        missing[0].starts_with("warn") && missing[0].contains("CAP_SYS_ADMIN missing"),
+        "{report}"
+    );
+    let uprobes = report_line(&report, "uprobes");
+    assert!(
+        uprobes.starts_with("FAIL")
+            && uprobes.contains("unavailable")
+            && uprobes.contains("add CAP_SYS_ADMIN"),
+        "{uprobes}"
+    );
+    assert!(report_line(&report, "ebpf").starts_with("  ok"), "{report}");
+    assert!(
+        report_line(&report, "engine").contains(&format!("llamacpp pid {pid}")),
+        "{report}"
+    );
+    let verdict = report_line(&report, "verdict");
+    assert!(
+        verdict.starts_with("warn") && verdict.contains("without uprobes"),
+        "{verdict}"
+    );
+    drop(engine);
+}

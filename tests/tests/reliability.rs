@@ -667,8 +667,22 @@ fn a_surge_roll_under_load_records_every_request_once() {
         .collect();
     let all = reads.len();
     reads.sort_unstable();
+    let twice: Vec<u64> = reads.windows(2).filter(|w| w[0] == w[1]).map(|w| w[0]).collect();
+    let described = |read: u64| -> Vec<String> {
+        let tagged = old_records.iter().map(|r| ("old", r));
+        tagged
+            .chain(new_records.iter().map(|r| ("new", r)))
+            .filter(|(_, r)| r["arrival_read_mono_ns"].as_u64() == Some(read))
+            .map(|(agent, r)| format!("{agent}: {r}"))
+            .collect()
+    };
     reads.dedup();
-    assert_eq!(reads.len(), all, "a request recorded twice");
+    assert_eq!(
+        reads.len(),
+        all,
+        "a request recorded twice: {:#?}",
+        twice.iter().map(|&t| described(t)).collect::<Vec<_>>()
+    );
     assert_eq!(
         (old_records.len() + new_records.len()) as u64 + lost,
         done,

@@ -138,14 +138,19 @@ impl Privileges {
             || (admin && matches!(cap, Capability::Bpf | Capability::Perfmon))
     }
 
-    /// The requirements this kernel has and the agent's capabilities do not meet.
-    pub fn missing(&self) -> Vec<&'static Requirement> {
+    /// The requirements this kernel has (whether met or not).
+    pub fn applicable(&self) -> impl Iterator<Item = &'static Requirement> + '_ {
         REQUIREMENTS
             .iter()
             .filter(|r| match (r.before_kernel, self.kernel) {
                 (Some(before), Some(kernel)) => kernel < before,
                 _ => true,
             })
+    }
+
+    /// The requirements this kernel has and the agent's capabilities do not meet.
+    pub fn missing(&self) -> Vec<&'static Requirement> {
+        self.applicable()
             .filter(|r| !self.has(r.capability))
             .collect()
     }

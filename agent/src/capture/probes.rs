@@ -133,6 +133,8 @@ pub struct SocketProbes {
     verdict_pids: Array<MapData, u64>,
     /// fexit on inet_csk_accept is attached: an accept without a socket address is not TCP.
     sock_hook: bool,
+    /// Why fexit on inet_csk_accept could not be attached, when it could not.
+    sock_hook_refused: Option<String>,
     /// Processes whose sends/receives are captured whole, in chunks (see LARGE_CAPTURE).
     large_capture: HashMap<MapData, u32, u32>,
     counters: PerCpuArray<MapData, u64>,
@@ -263,16 +265,17 @@ impl SocketProbes {
         } else {
             unattached += 1;
         }
-        let sock_hook = match attach_accept_hook(&mut ebpf) {
-            Ok(()) => true,
+        let sock_hook_refused = match attach_accept_hook(&mut ebpf) {
+            Ok(()) => None,
             Err(e) => {
                 info!(
                     "fexit on inet_csk_accept unavailable ({e}): an accepted connection's TCP socket is learnt at its first read (tcp:tcp_rcv_space_adjust)"
                 );
                 attach_read_sock_hook(&mut ebpf)?;
-                false
+                Some(e)
             }
         };
+        let sock_hook = sock_hook_refused.is_none();
         // Engine scheduler uprobes are loaded now and attached per process when one is found.
         for (name, program) in ebpf.programs_mut() {
             if let Ok(uprobe) = <&mut UProbe>::try_from(program) {
@@ -337,6 +340,7 @@ impl SocketProbes {
             unknown_fds,
             verdict_pids,
             sock_hook,
+            sock_hook_refused,
             large_capture,
             counters,
             unattached,
@@ -416,6 +420,11 @@ impl SocketProbes {
     /// fexit on inet_csk_accept is attached: accepted fds are known TCP or known not.
     pub fn sock_hook(&self) -> bool {
         self.sock_hook
+    }
+
+    /// Why fexit on inet_csk_accept is not attached (None: it is).
+    pub fn sock_hook_refused(&self) -> Option<&str> {
+        self.sock_hook_refused.as_deref()
     }
 
     pub fn watch_port(&mut self, port: u16) {
@@ -585,6 +594,39 @@ impl SocketProbes {
                 let _ = uprobe.detach(link);
             }
         }
+    }
+
+    /// Whether this kernel lets the agent attach a uprobe (the `uprobe` PMU wants
+    /// CAP_SYS_ADMIN): one of the loaded uprobe programs is attached to libc's `getpid` in this
+    /// process only, and detached at once. Err says why not.
+    pub fn uprobe_self_test(&mut self) -> Result<(), String> {
+        let own = std::process::id();
+        let libc_path = super::procfs::mapped_files(own)
+            .into_iter()
+            .find(|p| {
+                p.rsplit('/')
+                    .next()
+                    .is_some_and(|n| n.starts_with("libc.so"))
+            })
+            .ok_or("libc is not mapped in this process")?;
+        let symbols = super::symbols::ElfSymbols::load(std::path::Path::new(&libc_path))
+            .map_err(|e| e.to_string())?;
+        let offset = symbols
+            .resolve("getpid")
+            .first()
+            .map(|s| s.file_offset)
+            .ok_or_else(|| format!("getpid not found in {libc_path}"))?;
+        let program = self
+            .ebpf
+            .programs()
+            .find(|(_, p)| matches!(p, aya::programs::Program::UProbe(_)))
+            .map(|(name, _)| name.to_owned())
+            .ok_or("no uprobe program in the embedded object")?;
+        let link = self.link_uprobe(&program, std::path::Path::new(&libc_path), offset, own, 0)?;
+        if let Some(Ok(uprobe)) = self.ebpf.program_mut(&program).map(<&mut UProbe>::try_from) {
+            let _ = uprobe.detach(link);
+        }
+        Ok(())
     }
 
     /// One kernel counter, summed over CPUs.

@@ -148,6 +148,16 @@ pub fn cmdline_args(tgid: u32) -> Option<Vec<String>> {
     )
 }
 
+/// The value of environment variable `name` in process `tgid`'s initial environment (Err when
+/// the environment cannot be read: another user's process without CAP_SYS_PTRACE).
+pub fn environ_var(tgid: u32, name: &str) -> std::io::Result<Option<String>> {
+    let raw = fs::read(format!("/proc/{tgid}/environ"))?;
+    Ok(raw.split(|&b| b == 0).find_map(|entry| {
+        let value = entry.strip_prefix(name.as_bytes())?.strip_prefix(b"=")?;
+        Some(String::from_utf8_lossy(value).into_owned())
+    }))
+}
+
 /// Distinct file-backed mappings (executable and shared libraries).
 pub fn mapped_files(tgid: u32) -> Vec<String> {
     let Ok(text) = fs::read_to_string(format!("/proc/{tgid}/maps")) else {

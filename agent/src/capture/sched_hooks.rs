@@ -165,6 +165,37 @@ pub fn attach(
     outcome
 }
 
+/// Where an engine's hooks would go in one process, without attaching anything (`inferscope
+/// check`): the engine objects it maps, and for each hook whether its function resolves there.
+#[derive(Debug, Clone, Default)]
+pub struct HookResolution {
+    /// Engine objects mapped by the process, as it maps them.
+    pub objects: Vec<String>,
+    /// Each hook the agent would attach (per-token ones only with `token_hooks`), resolved or not.
+    pub hooks: Vec<(SchedulerHook, bool)>,
+    /// Objects whose symbols could not be read, with why.
+    pub unreadable: Vec<String>,
+}
+
+/// Resolves the hooks in `set` in process `tgid` as [`attach`] would, attaching nothing.
+pub fn resolve(tgid: u32, set: HookSet, token_hooks: bool) -> HookResolution {
+    let objects = engine_objects(tgid, set.objects);
+    let mut resolution = HookResolution::default();
+    let mut tables = Vec::new();
+    for (path, readable) in &objects {
+        match ElfSymbols::load(readable) {
+            Ok(table) => tables.push(table),
+            Err(e) => resolution.unreadable.push(e.to_string()),
+        }
+        resolution.objects.push(path.clone());
+    }
+    for hook in set.hooks.iter().filter(|h| token_hooks || !h.per_token) {
+        let found = tables.iter().any(|t| t.resolve(hook.symbol).len() == 1);
+        resolution.hooks.push((*hook, found));
+    }
+    resolution
+}
+
 /// Mapped files of `tgid` whose names contain one of `hints`: (path as mapped, path to read).
 fn engine_objects(tgid: u32, hints: &[&str]) -> Vec<(String, PathBuf)> {
     procfs::mapped_files(tgid)

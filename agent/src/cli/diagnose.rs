@@ -1,7 +1,7 @@
 //! `inferscope diagnose`: why did P99 TTFT regress between two windows of a recording.
 use std::{
     fs::File,
-    io::BufReader,
+    io::{BufReader, IsTerminal as _},
     path::{Path, PathBuf},
     process::ExitCode,
 };
@@ -12,6 +12,8 @@ use inferscope::diagnose::{
     self, Cause, Inputs, ReadStats, Timeline, parse_window, read_jsonl, read_steps,
 };
 use tracing::warn;
+
+use super::progress::{self, Progress};
 
 /// Exit statuses, for scripts and alerting.
 pub const EXIT_NO_REGRESSION: u8 = 0;
@@ -65,10 +67,13 @@ pub struct DiagnoseArgs {
     pub json: bool,
 }
 
-fn open(path: &Path) -> anyhow::Result<BufReader<File>> {
-    File::open(path)
-        .map(BufReader::new)
-        .with_context(|| format!("cannot open {}", path.display()))
+/// The file, read with a progress line on stderr when it is large and stderr a terminal.
+fn open(path: &Path) -> anyhow::Result<BufReader<Progress<File, std::io::Stderr>>> {
+    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let sink = progress::wanted(std::io::stderr().is_terminal(), size).then(std::io::stderr);
+    let label = format!("reading {}", path.display());
+    Ok(BufReader::new(Progress::new(file, sink, label, size)))
 }
 
 fn report_skips(path: &Path, stats: &ReadStats) {

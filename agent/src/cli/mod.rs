@@ -1,4 +1,5 @@
 //! Command-line interface: argument parsing and the subcommands.
+mod check;
 mod client;
 mod demo;
 mod diagnose;
@@ -6,6 +7,7 @@ mod export_cmd;
 mod gpu;
 mod inspect;
 mod install_shim;
+mod progress;
 mod record;
 mod run;
 mod signals;
@@ -47,6 +49,8 @@ enum Command {
     Gpu(gpu::GpuArgs),
     /// Why P99 TTFT regressed between a baseline and an incident window of a recording.
     Diagnose(diagnose::DiagnoseArgs),
+    /// Preflight: what inferscope can trace on this node, and what is missing (exit 1: nothing).
+    Check(check::CheckArgs),
     /// Copy the CUPTI shim onto a host path shared with GPU pods (the DaemonSet's init container).
     InstallShim(install_shim::InstallShimArgs),
 }
@@ -57,6 +61,8 @@ pub fn main() -> ExitCode {
     // (INFERSCOPE_LOG, RUST_LOG or `demo -v`); the daemon commands log at info.
     let default_level = match &cli.command {
         Command::Demo(args) if !args.verbose => "warn",
+        // Its report says everything; the attach attempts' own log lines would repeat it.
+        Command::Check(_) => "error",
         _ => "info",
     };
     tracing_subscriber::fmt()
@@ -78,6 +84,7 @@ pub fn main() -> ExitCode {
         Command::Gpu(args) => gpu::run(args),
         Command::InstallShim(args) => install_shim::run(args),
         Command::Diagnose(args) => return diagnose::main(args),
+        Command::Check(args) => return check::main(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -87,6 +87,10 @@ impl Engine for LlamaCpp {
         "llamacpp"
     }
 
+    fn package(&self) -> Option<&'static str> {
+        Some("xllamacpp")
+    }
+
     fn claims(&self, p: &ProcessInfo) -> bool {
         p.cmdline_has("llama-server")
             || p.maps_file("xllamacpp")

@@ -110,6 +110,23 @@ pub trait Engine: Sync {
     fn disagg_leg(&self, _hints: &crate::model::DisaggHints) -> crate::model::LegParse {
         crate::model::LegParse::None
     }
+
+    /// The Python distribution whose installed version is the engine's version, for engines
+    /// shipped as one (`inferscope check` names the version).
+    fn package(&self) -> Option<&'static str> {
+        None
+    }
+}
+
+/// The version of `engine` that process `tgid` runs, where its package metadata says it.
+pub fn version_of(tgid: u32, engine: &str) -> Option<String> {
+    package::process_version(tgid, by_name(engine)?.package()?)
+}
+
+/// Whether the agent decodes `engine`'s internal IPC (its decoder then needs the process's
+/// Unix stream or ZeroMQ sockets).
+pub fn decodes_ipc(engine: &str) -> bool {
+    by_name(engine).is_some_and(|e| e.ipc().is_some())
 }
 
 /// The scheduler settings of `engine`'s process from its arguments (empty for engines without

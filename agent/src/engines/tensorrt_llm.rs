@@ -8,6 +8,10 @@ impl Engine for TensorRtLlm {
         "tensorrt-llm"
     }
 
+    fn package(&self) -> Option<&'static str> {
+        Some("tensorrt_llm")
+    }
+
     fn claims(&self, p: &ProcessInfo) -> bool {
         p.cmdline_has("trtllm-serve") || p.maps_file("libtensorrt_llm")
     }

@@ -172,6 +172,7 @@ pub struct Metrics {
     registry: Registry,
     ttft: HistFamily<RequestLabels>,
     tpot: HistFamily<RequestLabels>,
+    itl_p99: HistFamily<RequestLabels>,
     duration: HistFamily<RequestLabels>,
     queue_wait: HistFamily<RequestLabels>,
     prefill: HistFamily<RequestLabels>,
@@ -181,6 +182,9 @@ pub struct Metrics {
     admitted: Family<EngineLabels, Counter>,
     preemptions: Family<EngineLabels, Counter>,
     agent_events: Family<CounterLabels, Counter>,
+    /// The loss counters of `agent_events` again, on their own (what the dashboard and the
+    /// "losses rising" alert watch).
+    agent_losses: Family<CounterLabels, Counter>,
     agent_state: Family<StateLabels, Gauge>,
     agent_seen: Mutex<BTreeMap<AgentCounter, u64>>,
     gpu: Family<GpuLabels, Gauge<f64, AtomicU64>>,
@@ -191,6 +195,8 @@ pub struct Metrics {
     /// (engine, pid) of every process with a gauge above, to remove them when it goes.
     process_series: Mutex<BTreeSet<(String, u32)>>,
     diagnosis: Family<DiagnosisLabels, Gauge>,
+    /// The agent process's own CPU time and resident memory, read at each scrape.
+    process: ProcessGauges,
     models: Mutex<BTreeMap<String, Vec<String>>>,
     otel: Option<OtelInstruments>,
     /// Snapshot of the agent's own counters for the OTLP observable instrument.
@@ -203,6 +209,7 @@ impl Metrics {
         let mut registry = Registry::default();
         let ttft: HistFamily<RequestLabels> = Family::new_with_constructor(ttft_histogram);
         let tpot: HistFamily<RequestLabels> = Family::new_with_constructor(tpot_histogram);
+        let itl_p99: HistFamily<RequestLabels> = Family::new_with_constructor(tpot_histogram);
         let duration: HistFamily<RequestLabels> = Family::new_with_constructor(duration_histogram);
         let queue_wait: HistFamily<RequestLabels> = Family::new_with_constructor(ttft_histogram);
         let prefill: HistFamily<RequestLabels> = Family::new_with_constructor(ttft_histogram);
@@ -220,6 +227,12 @@ impl Metrics {
             "Time per output token after the first (decode), per request",
             Unit::Seconds,
             tpot.clone(),
+        );
+        registry.register_with_unit(
+            "inferscope_itl_p99",
+            "Inter-token latency: each request's 99th percentile gap between output chunks",
+            Unit::Seconds,
+            itl_p99.clone(),
         );
         registry.register_with_unit(
             "gen_ai_server_request_duration",
@@ -274,6 +287,12 @@ impl Metrics {
             "The agent's own counters: captured records, drops, truncations, parse failures, exporter outcomes",
             agent_events.clone(),
         );
+        let agent_losses = Family::<CounterLabels, Counter>::default();
+        registry.register(
+            "inferscope_agent_losses",
+            "The agent's loss counters (inferscope_agent_events_total of every counter the docs' losses table names): records, requests and fields dropped, cut or not parsed",
+            agent_losses.clone(),
+        );
         let agent_state = Family::<StateLabels, Gauge>::default();
         registry.register(
             "inferscope_agent_state",
@@ -310,6 +329,19 @@ impl Metrics {
             "1 while the continuous diagnosis sees a TTFT regression, labelled with its cause",
             diagnosis.clone(),
         );
+        let process = ProcessGauges::default();
+        registry.register_with_unit(
+            "process_cpu",
+            "CPU time (user and system) the agent process has used",
+            Unit::Seconds,
+            process.cpu_seconds.clone(),
+        );
+        registry.register_with_unit(
+            "process_resident_memory",
+            "Resident memory of the agent process",
+            Unit::Bytes,
+            process.resident_bytes.clone(),
+        );
         let otel_agent_snapshot: Arc<Mutex<Vec<(AgentCounter, u64)>>> = Arc::default();
         let engine_snapshot = EngineSnapshot::default();
         let otel = meter.map(|m| {
@@ -320,6 +352,7 @@ impl Metrics {
             registry,
             ttft,
             tpot,
+            itl_p99,
             duration,
             queue_wait,
             prefill,
@@ -329,6 +362,7 @@ impl Metrics {
             admitted,
             preemptions,
             agent_events,
+            agent_losses,
             agent_state,
             agent_seen: Mutex::default(),
             gpu,
@@ -338,6 +372,7 @@ impl Metrics {
             engine_snapshot,
             process_series: Mutex::default(),
             diagnosis,
+            process,
             models: Mutex::default(),
             otel,
             otel_agent_snapshot,
@@ -402,6 +437,9 @@ impl Metrics {
         if let Some(tpot) = r.tpot_ms {
             self.tpot.get_or_create(&labels).observe(secs(tpot));
         }
+        if let Some(itl) = r.itl_p99_ms {
+            self.itl_p99.get_or_create(&labels).observe(secs(itl));
+        }
         if let Some(q) = r.queue_wait_ms {
             self.queue_wait.get_or_create(&labels).observe(secs(q));
         }
@@ -416,9 +454,13 @@ impl Metrics {
         if r.admitted_mono_ns.is_some() {
             self.admitted.get_or_create(&engine).inc();
         }
+        // Created at 0 with the engine's first request, so a rate is 0, not absent, until the
+        // first preemption.
+        let preemptions = self.preemptions.get_or_create(&engine);
         if let Some(p) = r.preemptions.filter(|p| *p > 0) {
-            self.preemptions.get_or_create(&engine).inc_by(p);
+            preemptions.inc_by(p);
         }
+        drop(preemptions);
         if let Some(o) = &self.otel {
             o.duration.record(secs(r.e2e_ms), &attrs);
             if let Some(ttft) = r.ttft_ms {
@@ -492,12 +534,19 @@ impl Metrics {
                     continue;
                 }
                 let before = seen.entry(counter).or_insert(0);
+                // Every counter has a series from the first report on, at 0 until it moves:
+                // an alert on its increase then sees the first loss too.
+                let labels = CounterLabels {
+                    counter: counter.name().to_owned(),
+                };
+                let loss = (counter.kind() == CounterKind::Loss)
+                    .then(|| self.agent_losses.get_or_create(&labels));
+                let series = self.agent_events.get_or_create(&labels);
                 if value > *before {
-                    self.agent_events
-                        .get_or_create(&CounterLabels {
-                            counter: counter.name().to_owned(),
-                        })
-                        .inc_by(value - *before);
+                    series.inc_by(value - *before);
+                    if let Some(loss) = &loss {
+                        loss.inc_by(value - *before);
+                    }
                 }
                 *before = (*before).max(value);
             }
@@ -628,10 +677,56 @@ impl Metrics {
 
     /// Prometheus text exposition (OpenMetrics flavour, as prometheus-client writes it).
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        self.process.update();
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
     }
+}
+
+/// `process_cpu_seconds_total` and `process_resident_memory_bytes`, as Prometheus' client
+/// libraries name them, for the agent's own cost.
+#[derive(Default)]
+struct ProcessGauges {
+    cpu_seconds: Counter<f64, AtomicU64>,
+    resident_bytes: Gauge<f64, AtomicU64>,
+    /// CPU seconds already added to the counter.
+    cpu_reported: Mutex<f64>,
+}
+
+impl ProcessGauges {
+    fn update(&self) {
+        let Some((cpu, rss)) = own_usage() else {
+            return;
+        };
+        self.resident_bytes.set(rss);
+        if let Ok(mut reported) = self.cpu_reported.lock()
+            && cpu > *reported
+        {
+            self.cpu_seconds.inc_by(cpu - *reported);
+            *reported = cpu;
+        }
+    }
+}
+
+/// (CPU seconds, resident bytes) of this process, from /proc/self/stat.
+fn own_usage() -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // comm may hold spaces: the fields resume after its closing parenthesis (field 3 on).
+    let fields: Vec<&str> = stat
+        .get(stat.rfind(')')? + 2..)?
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| fields.get(i)?.parse::<f64>().ok();
+    let (utime, stime, rss_pages) = (ticks(11)?, ticks(12)?, ticks(21)?);
+    // SAFETY: sysconf has no preconditions.
+    let (hz, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_CLK_TCK),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    (hz > 0 && page > 0).then(|| ((utime + stime) / hz as f64, rss_pages * page as f64))
 }
 
 fn otel_engine_gauges(meter: &Meter, snapshot: EngineSnapshot) {
@@ -797,6 +892,42 @@ mod tests {
             text.contains("inferscope_engine_step_duration_seconds_count{engine=\"sglang\"} 2"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn counters_exist_at_zero_and_losses_are_exported_on_their_own() {
+        let m = Metrics::new(None);
+        m.set_agent_counters(&[
+            (AgentCounter::KernelRingbufFullDrops, 0),
+            (AgentCounter::RingbufRecords, 7),
+            (AgentCounter::EngineProcessesTraced, 1),
+        ]);
+        m.set_agent_counters(&[(AgentCounter::KernelRingbufFullDrops, 3)]);
+        let mut r = timeline("smol");
+        r.request.preemptions = None;
+        r.request.itl_p99_ms = Some(40.0);
+        m.record_request(&r);
+        let text = m.encode().unwrap();
+        for line in [
+            "inferscope_agent_losses_total{counter=\"kernel_ringbuf_full_drops\"} 3",
+            "inferscope_agent_events_total{counter=\"kernel_ringbuf_full_drops\"} 3",
+            "inferscope_agent_events_total{counter=\"ringbuf_records\"} 7",
+            "inferscope_agent_state{name=\"engine_processes_traced\"} 1",
+            // An engine that never preempted: 0, not absent.
+            "inferscope_preemptions_total{engine=\"llama.cpp\"} 0",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
+        // Totals that are not losses stay out of the losses family.
+        assert!(!text.contains("inferscope_agent_losses_total{counter=\"ringbuf_records\"}"));
+        assert!(text.contains("inferscope_itl_p99_seconds_bucket"), "{text}");
+        let rss = text
+            .lines()
+            .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no RSS in\n{text}"));
+        assert!(rss > 1e6, "{rss}");
+        assert!(text.contains("process_cpu_seconds_total "), "{text}");
     }
 
     #[test]

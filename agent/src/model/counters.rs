@@ -271,6 +271,8 @@ counters! {
     MetricsScrapeRequestsHidden => "metrics_scrape_requests_hidden": Total,
     OpenConnections => "open_connections": Gauge,
     OpenRequests => "open_requests": Gauge,
+    // Engine processes being traced (0 with an engine on the node: the agent is detached).
+    EngineProcessesTraced => "engine_processes_traced": Gauge,
     // Identity: container and Kubernetes pod names.
     IdentityPodUnknown => "identity_pod_unknown": Loss,
     IdentityTableFull => "identity_table_full": Loss,

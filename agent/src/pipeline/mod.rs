@@ -139,10 +139,39 @@ const MAX_GPU_WORKERS: usize = 1024;
 const IPC_CAPTURE_BYTES: u32 =
     (inferscope_common::MAX_CHUNKS * inferscope_common::MAX_CAPTURE_BYTES) as u32;
 
+/// "N of M scheduler hooks attached" for the progress line of a newly traced engine.
+fn hooks_progress(engine: &str, hooks: &sched_hooks::HookOutcome, token_hooks: bool) -> String {
+    let total = engines::hook_set(engine)
+        .map(|set| {
+            set.hooks
+                .iter()
+                .filter(|h| token_hooks || !h.per_token)
+                .count()
+        })
+        .unwrap_or(0);
+    if total == 0 {
+        return "no scheduler hooks for this engine (sockets, IPC and metrics only)".into();
+    }
+    let mut text = format!("{} of {total} scheduler hooks attached", hooks.live);
+    if !hooks.not_found.is_empty() {
+        text.push_str(&format!(
+            " ({} not found yet: tried again when the process maps more of the engine)",
+            hooks.not_found.len()
+        ));
+    }
+    text
+}
+
 /// How often processes with missing hooks have their mappings looked at again.
 const LATE_ATTACH_INTERVAL: Duration = Duration::from_secs(2);
 
 impl Pipeline {
+    /// The loaded kernel programs, for the start-up preflight (`inferscope check`'s summary in
+    /// `run`), before the loop starts.
+    pub fn probes_mut(&mut self) -> &mut SocketProbes {
+        &mut self.probes
+    }
+
     pub fn new(config: PipelineConfig) -> Result<Self, CaptureError> {
         let privileges = Privileges::read();
         if privileges.missing().is_empty() && privileges.btf && privileges.tracefs {
@@ -245,6 +274,12 @@ impl Pipeline {
             }
             if last_scan.is_none_or(|t| t.elapsed() >= self.config.discovery_interval) {
                 let change = self.discovery.scan();
+                if last_scan.is_none() && change.added.is_empty() {
+                    info!(
+                        "progress: no engine found yet; looking again every {} ms",
+                        self.config.discovery_interval.as_millis()
+                    );
+                }
                 self.apply_discovery(&change, observer);
                 self.settle_adopted(observer);
                 last_scan = Some(Instant::now());
@@ -382,6 +417,13 @@ impl Pipeline {
             } else {
                 Vec::new()
             };
+            info!(
+                "progress: engine {} pid {} on port(s) {:?} traced; {}",
+                new.engine,
+                new.tgid,
+                new.ports,
+                hooks_progress(new.engine, &hooks, self.config.token_hooks)
+            );
             let missing = Missing {
                 engine: new.engine,
                 engine_hooks: hooks.not_found,
@@ -759,6 +801,10 @@ impl Pipeline {
             self.tracker.open_connections() as u64,
         ));
         all.push((Counter::OpenRequests, self.tracker.open_requests() as u64));
+        all.push((
+            Counter::EngineProcessesTraced,
+            self.discovery.traced().count() as u64,
+        ));
         all
     }
 

@@ -59,13 +59,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             patterns: config.patterns.clone(),
         },
     };
+    let capture = CaptureConfig {
+        capture_bytes: config.capture_bytes,
+        ring_buffer_bytes: config.ring_buffer_mb.saturating_mul(1024 * 1024),
+        gpu_launch_cap: config.gpu_launch_cap,
+    };
     let pipeline = Pipeline::new(PipelineConfig {
-        selector,
-        capture: CaptureConfig {
-            capture_bytes: config.capture_bytes,
-            ring_buffer_bytes: config.ring_buffer_mb.saturating_mul(1024 * 1024),
-            gpu_launch_cap: config.gpu_launch_cap,
-        },
+        selector: selector.clone(),
+        capture,
         limits: Limits::default(),
         discovery_interval: std::time::Duration::from_millis(500),
         token_hooks: config.token_hooks,
@@ -219,6 +220,18 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         config.shim_socket.as_deref().filter(|_| !standby),
         config.nvml_interval,
     )?;
+    // The preflight `inferscope check` prints, logged once with the programs the agent runs.
+    let preflight = super::check::gather(
+        Ok(pipeline.probes_mut()),
+        &super::check::Options {
+            selector,
+            capture,
+            token_hooks: config.token_hooks,
+            shim_socket: config.shim_socket.clone(),
+            try_engine_hooks: false,
+        },
+    );
+    preflight.log();
     let health = Arc::new(inferscope::export::health::Health::default());
     servers::start_prometheus(runtime.handle(), &config, metrics.clone(), health.clone())?;
     let grpc_socket: Arc<Mutex<Option<Bound>>> = Arc::default();

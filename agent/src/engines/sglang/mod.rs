@@ -18,6 +18,10 @@ impl Engine for Sglang {
         "sglang"
     }
 
+    fn package(&self) -> Option<&'static str> {
+        Some("sglang")
+    }
+
     fn claims(&self, p: &ProcessInfo) -> bool {
         p.cmdline_has("sglang.launch_server")
             || p.cmdline_has("sglang serve")

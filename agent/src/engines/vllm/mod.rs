@@ -17,6 +17,10 @@ impl Engine for Vllm {
         "vllm"
     }
 
+    fn package(&self) -> Option<&'static str> {
+        Some("vllm")
+    }
+
     fn claims(&self, p: &ProcessInfo) -> bool {
         p.cmdline_has("vllm serve")
             || p.cmdline_has("/vllm ")
