@@ -667,7 +667,11 @@ fn a_surge_roll_under_load_records_every_request_once() {
         .collect();
     let all = reads.len();
     reads.sort_unstable();
-    let twice: Vec<u64> = reads.windows(2).filter(|w| w[0] == w[1]).map(|w| w[0]).collect();
+    let twice: Vec<u64> = reads
+        .windows(2)
+        .filter(|w| w[0] == w[1])
+        .map(|w| w[0])
+        .collect();
     let described = |read: u64| -> Vec<String> {
         let tagged = old_records.iter().map(|r| ("old", r));
         tagged
