@@ -285,6 +285,9 @@ fn assert_split(records: &[Value]) {
 
 #[test]
 fn privileged_form_records_queue_wait_and_prefill() {
+    // assert_split holds prefill to the engine's own prefill time: not beside the played pods'
+    // engine under load (on two cores its first token reached the socket two steps late).
+    let _machine = inferscope_integration_tests::exclusive();
     let (container, dir, _) = records_the_host_engine("privileged", PRIVILEGED);
     container.stop();
     assert_split(&chat_records(&dir));
@@ -293,6 +296,8 @@ fn privileged_form_records_queue_wait_and_prefill() {
 
 #[test]
 fn minimal_form_records_queue_wait_and_prefill_and_takes_the_shim_from_a_host_path() {
+    // As above: the split is held to the engine's own times.
+    let _machine = inferscope_integration_tests::exclusive();
     let (container, dir, prometheus) = records_the_host_engine("minimal", MINIMAL);
 
     // The GPU overlay's init container: the image copies its shim onto a host path.
