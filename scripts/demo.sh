@@ -7,9 +7,9 @@ scripts/setup.sh demo
 export PATH="$HOME/.cargo/bin:$PATH"
 target_dir=${CARGO_TARGET_DIR:-target}
 if [ ! -x "$target_dir/demo/inferscope" ]; then
-  echo "building inferscope (first time: about 4 minutes on 2 cores, BENCHMARKS §19; cargo shows progress)"
+  echo "building inferscope (first time: about 2 minutes on 2 cores, BENCHMARKS §19; cargo shows progress)"
 fi
 # Not -q: a first build takes minutes, and cargo's progress says it is working. The demo profile
-# (Cargo.toml) optimises less than release: a fifth less CPU to build, and fast enough for this.
+# (Cargo.toml) is unoptimised: under half release's CPU to build, and fast enough for the demo.
 cargo build --profile demo -p inferscope
 exec "$target_dir/demo/inferscope" demo --python .venv/bin/python3 "$@"
