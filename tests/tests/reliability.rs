@@ -659,24 +659,32 @@ fn a_surge_roll_under_load_records_every_request_once() {
     // may hand over none.)
     assert!(left > 0, "the agents did not overlap");
     assert!(!old_records.is_empty() && !new_records.is_empty());
-    // The same request seen by both agents has the same read time (one kernel clock).
-    let mut reads: Vec<u64> = old_records
+    // The same request seen by both agents has the same read: one kernel clock, one reading
+    // thread. The time alone is not a key: two server threads on two CPUs once read two
+    // requests of two connections at the same nanosecond (records 3-44 and 4-44 of one run).
+    let read_of = |r: &Value| {
+        Some((
+            r["arrival_read_mono_ns"].as_u64()?,
+            r["reader_tid"].as_u64()?,
+        ))
+    };
+    let mut reads: Vec<(u64, u64)> = old_records
         .iter()
         .chain(&new_records)
-        .filter_map(|r| r["arrival_read_mono_ns"].as_u64())
+        .filter_map(read_of)
         .collect();
     let all = reads.len();
     reads.sort_unstable();
-    let twice: Vec<u64> = reads
+    let twice: Vec<(u64, u64)> = reads
         .windows(2)
         .filter(|w| w[0] == w[1])
         .map(|w| w[0])
         .collect();
-    let described = |read: u64| -> Vec<String> {
+    let described = |read: (u64, u64)| -> Vec<String> {
         let tagged = old_records.iter().map(|r| ("old", r));
         tagged
             .chain(new_records.iter().map(|r| ("new", r)))
-            .filter(|(_, r)| r["arrival_read_mono_ns"].as_u64() == Some(read))
+            .filter(|(_, r)| read_of(r) == Some(read))
             .map(|(agent, r)| format!("{agent}: {r}"))
             .collect()
     };
