@@ -543,7 +543,6 @@ mod tests {
             start_mono_ns: start,
             end_mono_ns: end,
             duration_ms: (end - start) as f64 / 1e6,
-            batch_tokens: None,
             sequences: ids.len() as u64,
             prefilling: 0,
             requests: ids
@@ -553,13 +552,8 @@ mod tests {
                     phase: "decode",
                 })
                 .collect(),
-            kv_cache_usage: None,
-            running_requests: None,
-            waiting_requests: None,
             start_from: Some("previous_step"),
-            kernel_pid: None,
-            kernels_from_ns: None,
-            gpu_launches: None,
+            ..StepRecord::default()
         };
         let mut b = TimelineBuilder::new(TimelineLimits::default());
         let engine_id = "chatcmpl-x-abcdef12";
@@ -655,7 +649,6 @@ mod tests {
             start_mono_ns: 10_000_000,
             end_mono_ns: 30_000_000,
             duration_ms: 20.0,
-            batch_tokens: None,
             sequences: 2,
             prefilling: 2,
             requests: ["0b6c0d6a", "7f3e9a10"]
@@ -665,13 +658,9 @@ mod tests {
                     phase: "prefill",
                 })
                 .collect(),
-            kv_cache_usage: None,
-            running_requests: None,
-            waiting_requests: None,
             start_from: Some("forward_entry"),
             kernel_pid: Some(30),
-            kernels_from_ns: None,
-            gpu_launches: None,
+            ..StepRecord::default()
         });
         for (pid, launch) in [(30, 12_000_000), (30, 25_000_000), (20, 26_000_000)] {
             b.on_kernel(

@@ -368,17 +368,9 @@ mod tests {
             start_mono_ns: start,
             end_mono_ns: end,
             duration_ms: (end - start) as f64 / 1e6,
-            batch_tokens: None,
             sequences: 1,
             prefilling: 0,
-            requests: vec![],
-            kv_cache_usage: None,
-            running_requests: None,
-            waiting_requests: None,
-            start_from: None,
-            kernel_pid: None,
-            kernels_from_ns: None,
-            gpu_launches: None,
+            ..StepRecord::default()
         }
     }
 

@@ -414,13 +414,7 @@ impl Tracker {
             sequences,
             prefilling: prefilling_count,
             requests: members,
-            kv_cache_usage: None,
-            running_requests: None,
-            waiting_requests: None,
-            start_from: None,
-            kernel_pid: None,
-            kernels_from_ns: None,
-            gpu_launches: None,
+            ..StepRecord::default()
         })
     }
 

@@ -408,16 +408,8 @@ mod tests {
             start_mono_ns: start,
             end_mono_ns: end,
             duration_ms: (end - start) as f64 / 1e6,
-            batch_tokens: None,
             sequences: members.len() as u64,
             prefilling: members.iter().filter(|m| m.1 == "prefill").count() as u64,
-            kv_cache_usage: None,
-            running_requests: None,
-            waiting_requests: None,
-            start_from: None,
-            kernel_pid: None,
-            kernels_from_ns: None,
-            gpu_launches: None,
             requests: members
                 .iter()
                 .map(|(id, phase)| StepMember {
@@ -425,6 +417,7 @@ mod tests {
                     phase,
                 })
                 .collect(),
+            ..StepRecord::default()
         }
     }
 

@@ -39,10 +39,7 @@ fn step(pid: u32, end_mono_ns: u64, request_id: &str) -> StepRecord {
         kv_cache_usage: Some(0.25),
         running_requests: Some(1),
         waiting_requests: Some(0),
-        start_from: None,
-        kernel_pid: None,
-        kernels_from_ns: None,
-        gpu_launches: None,
+        ..StepRecord::default()
     }
 }
 

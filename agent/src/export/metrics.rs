@@ -872,17 +872,11 @@ mod tests {
             start_mono_ns: 0,
             end_mono_ns: 0,
             duration_ms,
-            batch_tokens: None,
             sequences: 1,
             prefilling: 0,
             requests: Vec::new(),
-            kv_cache_usage: None,
-            running_requests: None,
-            waiting_requests: None,
             start_from,
-            kernel_pid: None,
-            kernels_from_ns: None,
-            gpu_launches: None,
+            ..StepRecord::default()
         };
         m.record_step(&step(Some("forward_entry"), 12.0));
         m.record_step(&step(Some("unknown"), 0.0));

@@ -170,7 +170,7 @@ impl EndedBy {
 }
 
 /// One engine step (a forward pass over the current batch), from the scheduler hooks.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct StepRecord {
     pub pid: u32,
     pub engine: String,

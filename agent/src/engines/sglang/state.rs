@@ -459,12 +459,8 @@ fn step_record(
         sequences: step.members.len() as u64,
         prefilling: step.prefilling,
         requests: step.members,
-        kv_cache_usage: None,
-        running_requests: None,
-        waiting_requests: None,
         start_from: Some(start_from),
         kernel_pid: seen.kernel_pid.filter(|&p| p != seen.tgid),
-        kernels_from_ns: None,
-        gpu_launches: None,
+        ..StepRecord::default()
     }
 }
