@@ -324,7 +324,7 @@ fn prefill_and_decode_legs_are_stitched_on_vllms_scheduler() {
             &endpoint,
             // The connector's own metrics (vllm:nixl_xfer_time_seconds) from D's /metrics.
             "--engine-metrics-interval",
-            "300ms",
+            "1s",
         ],
     );
     daemon.wait_attached(p.pid(), Duration::from_secs(60));
@@ -366,7 +366,13 @@ fn prefill_and_decode_legs_are_stitched_on_vllms_scheduler() {
         let d_leg = records
             .iter()
             .rev()
-            .find(|r| r["pid"] == d_pid && r["disagg"]["peer_request_id"].is_string())
+            .find(|r| {
+                r["pid"] == d_pid
+                    && r["disagg"]["peer_request_id"].is_string()
+                    && !r["x_request_id"]
+                        .as_str()
+                        .is_some_and(|x| x.starts_with("bad-"))
+            })
             .expect("a stitched decode leg");
         let out = daemon.client(&["inspect", d_leg["request_id"].as_str().unwrap()]);
         String::from_utf8_lossy(&out.stdout).into_owned()
@@ -401,8 +407,14 @@ fn prefill_and_decode_legs_are_stitched_on_vllms_scheduler() {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert_eq!(scraped.0, Some(d_loads), "the connector's transfers, scraped");
-    let scraped_seconds = scraped.1.expect("the connector's transfer seconds, scraped");
+    assert_eq!(
+        scraped.0,
+        Some(d_loads),
+        "the connector's transfers, scraped"
+    );
+    let scraped_seconds = scraped
+        .1
+        .expect("the connector's transfer seconds, scraped");
     assert!(
         (scraped_seconds - d_seconds).abs() < 1e-6 * d_loads,
         "scraped {scraped_seconds} s, the worker's {d_seconds} s"
@@ -477,10 +489,16 @@ fn prefill_and_decode_legs_are_stitched_on_vllms_scheduler() {
             (model - KV_MS[phase] as f64 - 4.0).abs() <= 4.0,
             "{x}: modelled {model} ms"
         );
-        assert_eq!(dd["kv_transfer_source"], "vllm_kv_connector_stats", "{dl:#}");
+        assert_eq!(
+            dd["kv_transfer_source"], "vllm_kv_connector_stats",
+            "{dl:#}"
+        );
         let reported = f(dd, "kv_transfer_ms");
         let e = (reported - model).abs();
-        assert!(e <= 1.0, "KV transfer of {x}: agent {reported} ms, modelled {model} ms");
+        assert!(
+            e <= 1.0,
+            "KV transfer of {x}: agent {reported} ms, modelled {model} ms"
+        );
         s.transfer_max_err_ms = s.transfer_max_err_ms.max(e);
         assert!(reported <= f(dd, "kv_transfer_wait_ms") + 1.0, "{dl:#}");
         kv_wait[phase].push(f(dd, "kv_transfer_wait_ms") - model);
@@ -544,7 +562,11 @@ fn prefill_and_decode_legs_are_stitched_on_vllms_scheduler() {
     let tries = legs_of(&records, p_pid, "bad-retry");
     assert_eq!(tries.len(), 2, "the retried prefill's two legs");
     let d = legs_of(&records, d_pid, "bad-retry");
-    assert_eq!(d[0]["disagg"]["peer_request_id"], tries[1]["request_id"], "{:#}", d[0]);
+    assert_eq!(
+        d[0]["disagg"]["peer_request_id"], tries[1]["request_id"],
+        "{:#}",
+        d[0]
+    );
     assert_eq!(d[0]["disagg"]["id"], tries[1]["disagg"]["id"]);
     assert_ne!(tries[0]["disagg"]["id"], tries[1]["disagg"]["id"]);
 

@@ -563,7 +563,7 @@ mod tests {
     }
 
     #[test]
-    fn durations_no_clock_gives_make_the_step_unreadable_not_the_message() {
+    fn bad_durations_make_the_step_unreadable_not_the_message() {
         for bad in [
             array(&[f(0.1), f(-1.0)]),
             array(&[f(f64::NAN)]),

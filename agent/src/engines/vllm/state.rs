@@ -294,9 +294,7 @@ impl IpcState {
                     EventKind::Preempted => r.preemptions += 1,
                 }
             }
-            if !was_admitted
-                && let (Some(sched), Some(queued)) = (r.scheduled_ns, r.queued_ns)
-            {
+            if !was_admitted && let (Some(sched), Some(queued)) = (r.scheduled_ns, r.queued_ns) {
                 admitted.push((sched, queued, out.request_id.clone()));
             }
             let first = r.first_output_ns.is_none() && out.new_tokens > 0;
@@ -987,7 +985,11 @@ mod tests {
                 ],
             ),
             // p arrived after 1.03 and was admitted at once: it waited for nothing.
-            (1.04, &[], &[(p, 1, None, &[(Queued, 1.035), (Scheduled, 1.036)])]),
+            (
+                1.04,
+                &[],
+                &[(p, 1, None, &[(Queued, 1.035), (Scheduled, 1.036)])],
+            ),
             // One transfer reported (d3's), but a request held for room (q) was admitted with
             // d3: which is whose is not known.
             (1.05, &[0.02], &[]),

@@ -108,7 +108,10 @@ fn attributes(info: &DisaggInfo) -> Vec<KeyValue> {
         out.push(KeyValue::new("inferscope.disagg.scheme", scheme));
     }
     if let Some(source) = info.kv_transfer_source {
-        out.push(KeyValue::new("inferscope.disagg.kv_transfer_source", source));
+        out.push(KeyValue::new(
+            "inferscope.disagg.kv_transfer_source",
+            source,
+        ));
     }
     for (name, v) in [
         (
