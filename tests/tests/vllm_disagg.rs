@@ -5,8 +5,12 @@
 //! delay), and the proxy of vLLM's example (disagg_proxy.py) in front. The real agent records
 //! both servers with eBPF; every decode leg must be stitched to its prefill leg (the proxy's
 //! X-Request-Id, the same for both legs, is the ground truth of the pairing) with the phases
-//! vLLM's schedulers stamped, and the OTLP trace must hold both legs under one parent; a slower
-//! transfer must be named by `diagnose`.
+//! vLLM's schedulers stamped, and the KV transfer's own time (the connector's stats, sent over
+//! vLLM's IPC) must be the one modelled for that request; the agent's scrape of the connector's
+//! `vllm:nixl_xfer_time_seconds` must count and sum every transfer; the OTLP trace must hold
+//! both legs under one parent; a slower transfer must be named by `diagnose`; and bad input
+//! sent past the proxy (an unseen prefill, forged or incomplete hand-offs, a retried prefill)
+//! must stay separate with its reason.
 
 // Test code: a failed setup or check stops the test with the value it did not expect.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

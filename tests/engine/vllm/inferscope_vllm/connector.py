@@ -6,7 +6,9 @@ prompt's KV "asynchronously", so its scheduler keeps the request WAITING_FOR_REM
 the worker reports the blocks received. The worker side is played by the test worker
 (worker.py), which reports a load finished after a modelled delay: `INFERSCOPE_VLLM_KV_MS`
 (default 20), or the number in the file `INFERSCOPE_VLLM_KV_MS_FILE` when it exists (re-read
-every load, so a test can slow the transfer down mid-run).
+every load, so a test can slow the transfer down mid-run), plus 0-8 ms fixed by the request id
+(`INFERSCOPE_VLLM_KV_JITTER=0`: none); it reports its transfers with NIXL's own stats class, so
+vLLM sends their times over its IPC and serves `vllm:nixl_xfer_time_seconds`.
 
     --kv-transfer-config '{"kv_connector": "InferscopeKvConnector",
         "kv_connector_module_path": "inferscope_vllm.connector", "kv_role": "kv_consumer"}'
