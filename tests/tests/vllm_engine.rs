@@ -575,7 +575,8 @@ fn number_after(text: &str, prefix: &str) -> Option<u64> {
 /// CUDA_INJECTION64_PATH, and launches two kernels per step), and `inferscope run` joins every
 /// request's steps (seen on the API server's IPC, by engine id) and the kernels they launched:
 /// `inspect` draws each request's steps, and its prefill / decode kernels are exactly the
-/// worker's launches in vLLM's own per-request step list.
+/// worker's launches in vLLM's own per-request step list. The launch uprobes see the same
+/// launches: each step's are merged with the shim's, counted once (`source both`).
 #[test]
 fn vllm_kernels_per_request_through_the_shim() {
     // Real vLLM servers (each an API server and an EngineCore) with the agent: two such tests
@@ -673,6 +674,25 @@ fn vllm_kernels_per_request_through_the_shim() {
         assert_eq!(
             number_after(&text, "GPU decode: "),
             Some(KERNELS_PER_STEP * want_decode),
+            "{ext}\n{text}"
+        );
+        // The launch uprobes (on by default, attached to the EngineCore when it loaded the
+        // driver) saw the same launches: merged launch by launch, each counted once, the
+        // kernels they saw unnamed (handles looked up nowhere) named by the shim.
+        let merged: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("· source both:"))
+            .collect();
+        assert_eq!(merged.len() as u64, want.len() as u64, "{ext}\n{text}");
+        for line in merged {
+            assert!(
+                line.contains("launches 2 kernels (2 named) + 0 graphs")
+                    && line.contains("2 both, 0 uprobe only, 0 shim only, 2 named by the shim"),
+                "{ext}: {line}\n{text}"
+            );
+        }
+        assert!(
+            text.contains("(host enqueue; launch uprobes and shim merged)"),
             "{ext}\n{text}"
         );
         checked += 1;

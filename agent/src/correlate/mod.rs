@@ -5,6 +5,7 @@ mod arrivals;
 mod connection;
 pub mod disagg;
 pub mod engine_metrics;
+pub mod launch_merge;
 pub mod launches;
 pub mod loss;
 mod peer_close;
