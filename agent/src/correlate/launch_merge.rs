@@ -24,8 +24,10 @@ use crate::{
 };
 
 /// Longest time from a launch function's entry (the uprobe) to the shim's API callback for the
-/// same call: the callback runs inside the call, after the trap.
-pub const PAIR_WITHIN_NS: u64 = 1_000_000;
+/// same call: the callback runs inside the call, microseconds after the trap; the margin is for
+/// a thread preempted in between. (A launch only one source saw, within this time after one
+/// only the other saw on the same thread, would be taken for it.)
+pub const PAIR_WITHIN_NS: u64 = 100_000;
 /// How far the shim's launch time may lie before the uprobe's for the same call (a shim that
 /// calibrates CUPTI's clock against CLOCK_MONOTONIC carries a small offset error).
 pub const CLOCK_SKEW_NS: u64 = 50_000;
@@ -95,7 +97,10 @@ fn same_call(u: &LaunchRecord, s: &ShimLaunch<'_>) -> bool {
         && u.shared_mem_bytes == Some(k.dynamic_shared_bytes)
 }
 
-/// For each shim launch, the index (in `launches`) of the uprobe launch it pairs with.
+/// For each shim launch, the index (in `launches`) of the uprobe launch it pairs with: first
+/// the thread's last launch at or before the shim's callback (the common case: the uprobe fires
+/// at the call's entry, the callback inside it), then, for shim launches left, the thread's
+/// first unpaired launch up to [`CLOCK_SKEW_NS`] after it.
 fn pair(launches: &[LaunchRecord], shim: &[ShimLaunch<'_>]) -> Vec<Option<usize>> {
     // Per thread, its uprobe launches in enqueue order.
     let mut threads: FxHashMap<u32, Vec<usize>> = FxHashMap::default();
@@ -105,38 +110,38 @@ fn pair(launches: &[LaunchRecord], shim: &[ShimLaunch<'_>]) -> Vec<Option<usize>
     for list in threads.values_mut() {
         list.sort_by_key(|&i| launches[i].enqueue_mono_ns);
     }
-    // Per thread, how many of its launches lie behind the shim launches paired so far.
-    let mut cursor: FxHashMap<u32, usize> = FxHashMap::default();
+    let thread_of = |s: &ShimLaunch<'_>| threads.get(&s.tid).filter(|_| s.tid != 0);
     let mut used = vec![false; launches.len()];
-    let mut pairs = Vec::with_capacity(shim.len());
-    for s in shim {
-        let Some(list) = threads.get(&s.tid).filter(|_| s.tid != 0) else {
-            pairs.push(None);
+    let mut pairs: Vec<Option<usize>> = vec![None; shim.len()];
+    for (s, paired) in shim.iter().zip(pairs.iter_mut()) {
+        let Some(list) = thread_of(s) else { continue };
+        let at = list.partition_point(|&i| launches[i].enqueue_mono_ns <= s.mono_ns);
+        let Some(&i) = at.checked_sub(1).and_then(|at| list.get(at)) else {
             continue;
         };
-        let at = cursor.entry(s.tid).or_default();
-        // The thread's launches up to the shim's callback: the last of them is the call.
-        while *at < list.len() && launches[list[*at]].enqueue_mono_ns <= s.mono_ns {
-            *at += 1;
+        if !used[i]
+            && s.mono_ns - launches[i].enqueue_mono_ns <= PAIR_WITHIN_NS
+            && same_call(&launches[i], s)
+        {
+            used[i] = true;
+            *paired = Some(i);
         }
-        let before = at.checked_sub(1).map(|i| list[i]).filter(|&i| {
-            s.mono_ns - launches[i].enqueue_mono_ns <= PAIR_WITHIN_NS
-        });
-        let after = list
-            .get(*at)
+    }
+    for (s, paired) in shim.iter().zip(pairs.iter_mut()) {
+        if paired.is_some() {
+            continue;
+        }
+        let Some(list) = thread_of(s) else { continue };
+        let at = list.partition_point(|&i| launches[i].enqueue_mono_ns <= s.mono_ns);
+        let found = list[at..]
+            .iter()
             .copied()
-            .filter(|&i| launches[i].enqueue_mono_ns - s.mono_ns <= CLOCK_SKEW_NS);
-        let found = [before, after]
-            .into_iter()
-            .flatten()
+            .take_while(|&i| launches[i].enqueue_mono_ns - s.mono_ns <= CLOCK_SKEW_NS)
             .find(|&i| !used[i] && same_call(&launches[i], s));
         if let Some(i) = found {
             used[i] = true;
-            if Some(i) == after {
-                *at += 1;
-            }
+            *paired = Some(i);
         }
-        pairs.push(found);
     }
     pairs
 }

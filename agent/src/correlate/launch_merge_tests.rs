@@ -76,7 +76,7 @@ fn each_launch_counts_once_and_says_who_saw_it() {
         kernel(1, 1_200_004, 12, "rms_norm", 5, 3),
         kernel(1, 1_200_004, 12, "gemm", 5, 1),
         kernel(1, 1_200_004, 12, "gemm", 5, 2),
-        kernel(1, 1_400_000, 13, "shim_only_kernel", 0, 0),
+        kernel(1, 1_500_000, 13, "shim_only_kernel", 0, 0),
     ];
     let refs: Vec<&KernelRecord> = kernels.iter().collect();
     let m = merge_step(&step(900_000, 2_000_000), &launches, &refs).unwrap();

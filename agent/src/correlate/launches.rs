@@ -515,8 +515,9 @@ mod tests {
             ..got
         };
         l.on_name(&unknown, |_, _| None);
+        // (Another thread: on this one it would be the runtime launch's own driver call.)
         let r = l
-            .on_launch(&launch(GpuApi::CuLaunchKernel, 1, 11, 0x71), none)
+            .on_launch(&launch(GpuApi::CuLaunchKernel, 2, 11, 0x71), none)
             .unwrap();
         assert_eq!(r.name, "unnamed#1");
         assert_eq!(l.stats().get(Counter::GpuKernelsUnnamed), 1);
