@@ -188,7 +188,11 @@ pub fn merge_step(
             items.push(Item {
                 enqueue_ns: s.mono_ns,
                 graph: s.is_graph(),
-                name: if s.is_graph() { graph_name } else { &first.name },
+                name: if s.is_graph() {
+                    graph_name
+                } else {
+                    &first.name
+                },
                 named: !s.is_graph(),
                 stands_for: 1,
                 sampled: false,

@@ -39,7 +39,11 @@ fn kernel(tid: u32, launch: u64, corr: u32, name: &str, graph_id: u32, node: u64
         start_mono_ns: launch + 50_000,
         end_mono_ns: launch + 60_000,
         grid: if graph_id == 0 { [64, 1, 1] } else { [1, 1, 1] },
-        block: if graph_id == 0 { [128, 1, 1] } else { [32, 1, 1] },
+        block: if graph_id == 0 {
+            [128, 1, 1]
+        } else {
+            [32, 1, 1]
+        },
         static_shared_bytes: 0,
         dynamic_shared_bytes: 0,
         graph_id,
@@ -170,7 +174,10 @@ fn shim_alone_or_uprobes_alone() {
 #[test]
 fn a_shim_clock_slightly_behind_still_pairs() {
     // Offset calibration: the shim's launch time lies 10 us before the uprobe's entry.
-    let launches = [launch(1, 1_000_000, "k", false), launch(1, 1_500_000, "k", false)];
+    let launches = [
+        launch(1, 1_000_000, "k", false),
+        launch(1, 1_500_000, "k", false),
+    ];
     let kernels = [
         kernel(1, 990_000, 1, "k", 0, 0),
         kernel(1, 1_490_000, 2, "k", 0, 0),

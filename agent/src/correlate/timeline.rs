@@ -227,7 +227,10 @@ impl TimelineBuilder {
                 .shim_seen
                 .get(&pid)
                 .is_some_and(|&(_, latest)| latest > step.end_mono_ns);
-            if !all && !watermark_passed && step.end_mono_ns.saturating_add(self.limits.settle_ns) > now_ns {
+            if !all
+                && !watermark_passed
+                && step.end_mono_ns.saturating_add(self.limits.settle_ns) > now_ns
+            {
                 break;
             }
             let merged = self.merged_launches(step, now_ns);
