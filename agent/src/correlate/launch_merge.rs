@@ -266,7 +266,3 @@ fn graph_kernels(shim: &[ShimLaunch<'_>], graph_of_shim: &[Option<&str>]) -> Vec
     }
     out
 }
-
-#[cfg(test)]
-#[path = "launch_merge_tests.rs"]
-mod tests;

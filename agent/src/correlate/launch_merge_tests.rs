@@ -1,4 +1,9 @@
-use super::*;
+//! The merge of the launch uprobes' launches with the shim's kernel records (launch_merge).
+use super::launch_merge::merge_step;
+use crate::{
+    capture::gpu::KernelRecord,
+    model::{LaunchRecord, LaunchSources, StepRecord},
+};
 
 fn launch(tid: u32, ts: u64, name: &str, graph: bool) -> LaunchRecord {
     LaunchRecord {
