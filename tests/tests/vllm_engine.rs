@@ -582,7 +582,8 @@ fn vllm_kernels_per_request_through_the_shim() {
     // Real vLLM servers (each an API server and an EngineCore) with the agent: two such tests
     // on 2 cores starve each other's engines into timeouts, and one of them traces every engine.
     let _machine = inferscope_integration_tests::exclusive();
-    const KERNELS_PER_STEP: u64 = 2; // tests/engine/vllm/inferscope_vllm/worker.py
+    // tests/engine/vllm/inferscope_vllm/worker.py: two eager kernels and a graph of three.
+    const KERNELS_PER_STEP: u64 = 5;
     let t0 = Instant::now();
     let dir = work_dir("vllm-kernels");
     let shim_socket = dir.join("shim.sock");
@@ -623,6 +624,19 @@ fn vllm_kernels_per_request_through_the_shim() {
     };
     let server = VllmServer::start(&dir.join("vllm"), free_port(), &opts);
     daemon.wait_attached(server.pid(), Duration::from_secs(60));
+    // The EngineCore (not traced: it serves no requests) gets its launch probes at the
+    // daemon's next scan of the engine's workers (every 2 s): only then are its launches seen.
+    let core = server.engine_core_pid().expect("vLLM's EngineCore process");
+    let probed = format!("GPU launch probes attached pid={core} ");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !daemon.log_text().contains(&probed) {
+        assert!(
+            Instant::now() < deadline,
+            "the EngineCore {core} was never probed:\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let _ = warm_up(&server);
     let jobs: Vec<Job> = vllm_load::mix(32, "k")
         .into_iter()
@@ -678,7 +692,8 @@ fn vllm_kernels_per_request_through_the_shim() {
         );
         // The launch uprobes (on by default, attached to the EngineCore when it loaded the
         // driver) saw the same launches: merged launch by launch, each counted once, the
-        // kernels they saw unnamed (handles looked up nowhere) named by the shim.
+        // kernels they saw unnamed (handles looked up nowhere) named by the shim, the graph
+        // (graph#1: the one graph the worker launches) listed with the kernels of its nodes.
         let merged: Vec<&str> = text
             .lines()
             .filter(|l| l.contains("· source both:"))
@@ -686,8 +701,8 @@ fn vllm_kernels_per_request_through_the_shim() {
         assert_eq!(merged.len() as u64, want.len() as u64, "{ext}\n{text}");
         for line in merged {
             assert!(
-                line.contains("launches 2 kernels (2 named) + 0 graphs")
-                    && line.contains("2 both, 0 uprobe only, 0 shim only, 2 named by the shim"),
+                line.contains("launches 2 kernels (2 named) + 1 graphs")
+                    && line.contains("3 both, 0 uprobe only, 0 shim only, 2 named by the shim"),
                 "{ext}: {line}\n{text}"
             );
         }
@@ -695,6 +710,13 @@ fn vllm_kernels_per_request_through_the_shim() {
             text.contains("(host enqueue; launch uprobes and shim merged)"),
             "{ext}\n{text}"
         );
+        let graphs = text
+            .lines()
+            .filter(|l| {
+                l.trim_start() == "graph#1: 3 kernel nodes · gemm_bf16×2, rms_norm_kernel×1"
+            })
+            .count();
+        assert_eq!(graphs as u64, want.len() as u64, "{ext}\n{text}");
         checked += 1;
         if want_prefill > 1 {
             chunked += 1;
