@@ -192,3 +192,43 @@ fn a_shim_clock_slightly_behind_still_pairs() {
     let s = m.sources.unwrap();
     assert_eq!((s.both, s.uprobe_only, s.shim_only), (2, 0, 0));
 }
+
+/// The daemon's cost of the merge per launch (BENCHMARKS.md): an eager decode step of 1,000
+/// kernel launches and 10 graph launches of 50 nodes, both sources seeing every launch.
+#[test]
+#[ignore = "a benchmark: cargo test --release -p inferscope --lib -- --ignored merge_cost --nocapture"]
+fn merge_cost_per_launch() {
+    let mut launches = Vec::new();
+    let mut kernels = Vec::new();
+    for i in 0..1010u64 {
+        let ts = 1_000_000 + i * 10_000;
+        let graph = i % 101 == 100;
+        launches.push(launch(
+            1,
+            ts,
+            if graph { "graph#1" } else { "unnamed#1" },
+            graph,
+        ));
+        if graph {
+            for node in 0..50 {
+                kernels.push(kernel(1, ts + 4, i as u32 + 1, "node", 7, node));
+            }
+        } else {
+            kernels.push(kernel(1, ts + 4, i as u32 + 1, "k", 0, 0));
+        }
+    }
+    let refs: Vec<&KernelRecord> = kernels.iter().collect();
+    let s = step(0, 20_000_000);
+    let rounds = 200;
+    let started = std::time::Instant::now();
+    for _ in 0..rounds {
+        let m = merge_step(&s, &launches, &refs).unwrap();
+        assert_eq!(m.sources.unwrap().both, 1010);
+    }
+    let per = started.elapsed().as_nanos() as f64 / f64::from(rounds) / launches.len() as f64;
+    println!(
+        "merge: {per:.0} ns per launch ({} launches, {} shim records per step)",
+        launches.len(),
+        kernels.len()
+    );
+}
