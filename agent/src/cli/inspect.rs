@@ -719,12 +719,20 @@ mod tests {
         let t = inferscope::export::proto_conv::timeline(&out[0]);
         let text = render(&t, 40, 12);
         assert!(text.contains("steps (3):"), "{text}");
+        // Step rows (each followed by its launch line, indented: the shim's launches, as no
+        // launch uprobe saw them).
         let rows: Vec<&str> = text
             .lines()
             .skip_while(|l| !l.starts_with("steps ("))
             .skip(1)
+            .filter(|l| !l.starts_with(' '))
             .take(3)
             .collect();
+        assert_eq!(
+            text.matches("· source shim: 0 both, 0 uprobe only").count(),
+            3,
+            "{text}"
+        );
         for (row, (phase, kernels)) in
             rows.iter()
                 .zip([("prefill", 1), ("prefill", 1), ("decode", 2)])
