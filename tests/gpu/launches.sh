@@ -13,27 +13,19 @@
 #      LAUNCH_BUDGET (the agent's --gpu-launch-budget; default 0 here: every launch probed, so
 #      the table shows the probes' full cost).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+script=launches.sh
+# shellcheck source=tests/gpu/common.sh
+. "$(dirname "$0")/common.sh"
 out="${1:-$(mktemp -d /tmp/inferscope-launches-XXXX)}"
 mkdir -p "$out"
-bin="${INFERSCOPE_BIN:-$PWD/target/release/inferscope}"
-shim="${INFERSCOPE_SHIM_LIB:-$PWD/target/release/libinferscope_cupti.so}"
 py="${VLLM_PYTHON:-$PWD/.venv-gpu/bin/python3}"
 requests="${REQUESTS:-24}"
 port="${PORT:-18777}"
 vllm_version="0.33.0"
 
-refuse() {
-  echo "tests/gpu/launches.sh refuses: $*" >&2
-  exit 2
-}
-
-[ -x "$bin" ] || refuse "no agent binary at $bin (cargo build --release -p inferscope, or set INFERSCOPE_BIN)"
-[ -f "$shim" ] || refuse "no shim library at $shim (cargo build --release -p inferscope-cupti, or set INFERSCOPE_SHIM_LIB)"
-[ "$(id -u)" = 0 ] || refuse "the agent loads eBPF programs: run as root"
-command -v curl >/dev/null || refuse "curl is missing (apt-get install curl)"
-command -v nvidia-smi >/dev/null || refuse "nvidia-smi is missing: no NVIDIA driver on this machine"
-timeout 60 nvidia-smi -L 2>/dev/null | grep -q GPU || refuse "nvidia-smi lists no GPU"
+need_artefacts
+need_launch_tools
+need_gpu
 if [ ! -x "$py" ] && [ "${INSTALL:-0}" = 1 ]; then
   echo "installing vLLM $vllm_version and its CUDA PyTorch into .venv-gpu" >&2
   timeout 120 python3 -m venv .venv-gpu || refuse "python3 -m venv failed (apt-get install python3-venv)"
@@ -41,8 +33,7 @@ if [ ! -x "$py" ] && [ "${INSTALL:-0}" = 1 ]; then
     || refuse "pip could not install vllm==$vllm_version (the package registry must be reachable)"
 fi
 [ -x "$py" ] || refuse "no Python at $py (set VLLM_PYTHON, or INSTALL=1 to create .venv-gpu)"
-timeout 300 "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' \
-  || refuse "PyTorch in $py cannot use a CUDA device (CPU wheels, or a driver too old for them)"
+need_torch_cuda "$py"
 timeout 300 "$py" -c 'import vllm' 2>/dev/null || refuse "vLLM is not importable from $py"
 model="${VLLM_MODEL:-$out/tiny-model}"
 if [ ! -f "$model/config.json" ]; then
@@ -131,8 +122,7 @@ echo "run 3: vLLM started with the CUPTI shim, the agent attached as well" >&2
 "$bin" gpu --socket "$out/shim.sock" --out "$out/shim-gpu.jsonl" --nvml-interval 500ms \
   2>"$out/shim-gpu-agent.log" &
 agents+=($!)
-for _ in $(seq 100); do [ -S "$out/shim.sock" ] && break; sleep 0.1; done
-[ -S "$out/shim.sock" ] || refuse "inferscope gpu did not create its socket ($out/shim-gpu-agent.log)"
+wait_socket "$out/shim.sock" 100 "$out/shim-gpu-agent.log"
 start_server shim CUDA_INJECTION64_PATH="$shim" INFERSCOPE_SHIM_SOCKET="$out/shim.sock"
 drive warmup-shim
 attach shim "$server"

@@ -1,6 +1,8 @@
-/* Mock libcuda.so (plus the few runtime entry points the mock engine uses). Like the real driver,
- * cuInit dlopens CUDA_INJECTION64_PATH and calls its InitializeInjection. Launch functions report
- * API enter/exit and synthesise kernel activity through the tracer libcupti registered. */
+/* Mock libcuda.so.1 (the driver; the runtime's entry points are in the mock libcudart.so.12,
+ * cudart.c, which calls the mock_runtime_* helpers here). Like the real driver, cuInit dlopens
+ * CUDA_INJECTION64_PATH and calls its InitializeInjection. Launch functions report API
+ * enter/exit and synthesise kernel activity through the tracer libcupti registered. Exported
+ * like the real libcuda.so.1: unversioned symbols, soname libcuda.so.1. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -65,25 +67,41 @@ static void api_exit(int domain, uint32_t cbid, const char *fn, uint32_t corr) {
     if (t) t->api(domain, cbid, SITE_EXIT, fn, corr);
 }
 
-static void emit(const char *name, uint32_t corr, uint32_t stream, uint32_t grid, uint32_t block,
-                 uint32_t shmem, uint32_t graph, uint64_t node) {
+static void emit(const char *name, uint32_t corr, uint32_t stream, const uint32_t grid[3],
+                 const uint32_t block[3], uint32_t shmem, uint32_t graph, uint64_t node) {
     const struct mock_tracer *t = atomic_load(&tracer);
     if (!t) return;
     struct mock_kernel k = {
         .name = name, .correlation_id = corr, .stream_id = stream,
-        .grid = {grid, 2, 1}, .block = {block, 1, 1},
+        .grid = {grid[0], grid[1], grid[2]}, .block = {block[0], block[1], block[2]},
         .static_shared = 1024, .dynamic_shared = shmem,
         .graph_id = graph, .graph_node_id = node, .duration_ns = 2000,
     };
     t->kernel(&k);
 }
 
+/* A CUkernel (cuLibraryGetKernel, the runtime's cudaGetKernel): a small struct holding the
+ * kernel's name, told apart from a CUfunction (the name itself) by its magic. The real driver
+ * takes a CUkernel wherever a CUfunction goes. */
+#define KERNEL_MAGIC 0x6b65726eu
+struct mock_kernel_handle {
+    uint32_t magic;
+    const char *name;
+};
+
+static const char *function_name(CUfunction f) {
+    const struct mock_kernel_handle *k = (const struct mock_kernel_handle *)f;
+    if (k && k->magic == KERNEL_MAGIC) return k->name;
+    return f;
+}
+
 /* Driver launches; `outer` is the runtime call's correlation id (0 when called directly).
  * As with the real stack, the kernel record carries the outermost API's correlation id. */
-static CUresult driver_launch(uint32_t cbid, const char *fn, CUfunction f, unsigned gx, unsigned bx,
-                              unsigned shmem, uintptr_t stream, uint32_t outer) {
+static CUresult driver_launch(uint32_t cbid, const char *fn, CUfunction f, const uint32_t grid[3],
+                              const uint32_t block[3], unsigned shmem, uintptr_t stream,
+                              uint32_t outer) {
     uint32_t corr = api_enter(DOMAIN_DRIVER, cbid, fn);
-    emit(f, outer ? outer : corr, (uint32_t)stream, gx, bx, shmem, 0, 0);
+    emit(function_name(f), outer ? outer : corr, (uint32_t)stream, grid, block, shmem, 0, 0);
     api_exit(DOMAIN_DRIVER, cbid, fn, corr);
     return 0;
 }
@@ -91,22 +109,25 @@ static CUresult driver_launch(uint32_t cbid, const char *fn, CUfunction f, unsig
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                         unsigned by, unsigned bz, unsigned shmem, uintptr_t stream, void **params,
                         void **extra) {
-    (void)gy; (void)gz; (void)by; (void)bz; (void)params; (void)extra;
-    return driver_launch(307, "cuLaunchKernel", f, gx, bx, shmem, stream, 0);
+    (void)params; (void)extra;
+    const uint32_t g[3] = {gx, gy, gz}, b[3] = {bx, by, bz};
+    return driver_launch(307, "cuLaunchKernel", f, g, b, shmem, stream, 0);
 }
 
 CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                              unsigned by, unsigned bz, unsigned shmem, uintptr_t stream,
                              void **params, void **extra) {
-    (void)gy; (void)gz; (void)by; (void)bz; (void)params; (void)extra;
-    return driver_launch(442, "cuLaunchKernel_ptsz", f, gx, bx, shmem, stream, 0);
+    (void)params; (void)extra;
+    const uint32_t g[3] = {gx, gy, gz}, b[3] = {bx, by, bz};
+    return driver_launch(442, "cuLaunchKernel_ptsz", f, g, b, shmem, stream, 0);
 }
 
 CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                    unsigned bx, unsigned by, unsigned bz, unsigned shmem,
                                    uintptr_t stream, void **params) {
-    (void)gy; (void)gz; (void)by; (void)bz; (void)params;
-    return driver_launch(308, "cuLaunchCooperativeKernel", f, gx, bx, shmem, stream, 0);
+    (void)params;
+    const uint32_t g[3] = {gx, gy, gz}, b[3] = {bx, by, bz};
+    return driver_launch(308, "cuLaunchCooperativeKernel", f, g, b, shmem, stream, 0);
 }
 
 /* CUlaunchConfig as CUDA 12 lays it out (the launch uprobe reads it). */
@@ -118,16 +139,24 @@ typedef struct {
 } CUlaunchConfig;
 CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
     (void)params; (void)extra;
-    return driver_launch(652, "cuLaunchKernelEx", f, c->gridDimX, c->blockDimX, c->sharedMemBytes,
-                         c->hStream, 0);
+    const uint32_t g[3] = {c->gridDimX, c->gridDimY, c->gridDimZ};
+    const uint32_t b[3] = {c->blockDimX, c->blockDimY, c->blockDimZ};
+    return driver_launch(652, "cuLaunchKernelEx", f, g, b, c->sharedMemBytes, c->hStream, 0);
 }
 
 /* --- kernel handles: the mock's CUfunction is the kernel's interned name; a CUkernel is a
- * small struct holding it (so the two handle kinds differ, as in the real driver). --- */
+ * mock_kernel_handle (so the two handle kinds differ, as in the real driver). --- */
 typedef struct mock_module *CUmodule;
 typedef struct mock_module *CUlibrary;
-struct mock_kernel_handle { const char *name; };
 typedef struct mock_kernel_handle *CUkernel;
+
+/* A new CUkernel for `name` (exported for the mock runtime's cudaGetKernel). */
+struct mock_kernel_handle *mock_kernel_of(const char *name) {
+    struct mock_kernel_handle *k = calloc(1, sizeof *k);
+    k->magic = KERNEL_MAGIC;
+    k->name = name;
+    return k;
+}
 
 static const char *intern(const char *name) {
     /* Names live as long as the process (the mock never unloads modules). */
@@ -159,9 +188,7 @@ CUresult cuLibraryLoadData(CUlibrary *library, const void *code, void *jit_optio
 CUresult cuLibraryGetKernel(CUkernel *out, CUlibrary library, const char *name) {
     (void)library;
     if (!out || !name) return 1;
-    struct mock_kernel_handle *k = calloc(1, sizeof *k);
-    k->name = intern(name);
-    *out = k;
+    *out = mock_kernel_of(intern(name));
     return 0;
 }
 
@@ -175,8 +202,9 @@ static CUresult driver_graph_launch(uint32_t cbid, const char *fn, CUgraphExec g
                                     uintptr_t stream, uint32_t outer) {
     uint32_t corr = api_enter(DOMAIN_DRIVER, cbid, fn);
     /* One kernel record per node, all with the graph launch's correlation id. */
+    static const uint32_t grid[3] = {64, 1, 1}, block[3] = {128, 1, 1};
     for (int i = 0; i < g->n; i++)
-        emit(g->names[i], outer ? outer : corr, (uint32_t)stream, 64, 128, 0, g->id,
+        emit(g->names[i], outer ? outer : corr, (uint32_t)stream, grid, block, 0, g->id,
              ((uint64_t)g->id << 32) | (uint64_t)(i + 1));
     api_exit(DOMAIN_DRIVER, cbid, fn, corr);
     return 0;
@@ -198,36 +226,27 @@ CUgraphExec mockGraphInstantiate(const char **names, int n) {
     return g;
 }
 
-/* --- runtime API (libcudart's role) --- */
-typedef struct { unsigned x, y, z; } dim3;
-
-/* A runtime launch names its kernel by the host stub's address; the real runtime maps it to the
- * device function registered under the stub's (mangled) name. The mock finds that name with
- * dladdr (the engine exports its stubs), or takes `func` as the name itself. */
-static const char *stub_name(const void *func) {
-    Dl_info info;
-    if (dladdr(func, &info) && info.dli_sname && info.dli_saddr == func) return info.dli_sname;
-    return (const char *)func;
+/* --- what the mock runtime (cudart.c) calls: its launches reach the driver through these
+ * internal entry points, not the exported (probed) ones, as the real runtime's do through
+ * cuGetProcAddress pointers. --- */
+uint32_t mock_runtime_enter(uint32_t cbid, const char *fn) {
+    return api_enter(DOMAIN_RUNTIME, cbid, fn);
 }
 
-int cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t shmem,
-                     uintptr_t stream) {
-    (void)args;
-    uint32_t corr = api_enter(DOMAIN_RUNTIME, 211, "cudaLaunchKernel_v7000");
-    driver_launch(307, "cuLaunchKernel", stub_name(func), grid.x, block.x, (unsigned)shmem,
-                  stream, corr);
-    api_exit(DOMAIN_RUNTIME, 211, "cudaLaunchKernel_v7000", corr);
-    return 0;
+void mock_runtime_exit(uint32_t cbid, const char *fn, uint32_t corr) {
+    api_exit(DOMAIN_RUNTIME, cbid, fn, corr);
 }
 
-int cudaGraphLaunch(CUgraphExec g, uintptr_t stream) {
-    uint32_t corr = api_enter(DOMAIN_RUNTIME, 311, "cudaGraphLaunch_v10000");
-    driver_graph_launch(514, "cuGraphLaunch", g, stream, corr);
-    api_exit(DOMAIN_RUNTIME, 311, "cudaGraphLaunch_v10000", corr);
-    return 0;
+void mock_runtime_launch(const char *name, const uint32_t grid[3], const uint32_t block[3],
+                         unsigned shmem, uintptr_t stream, uint32_t outer) {
+    driver_launch(307, "cuLaunchKernel", name, grid, block, shmem, stream, outer);
 }
 
-int cudaDeviceSynchronize(void) { return 0; }
+void mock_runtime_graph_launch(CUgraphExec g, uintptr_t stream, uint32_t outer) {
+    driver_graph_launch(514, "cuGraphLaunch", g, stream, outer);
+}
+
+const char *mock_function_name(const void *f) { return function_name((CUfunction)f); }
 
 /* cuMemcpyHtoD_v2 (driver callback id 279); the mock copies nothing, it only reports. */
 CUresult cuMemcpyHtoD_v2(uintptr_t dst, const void *src, size_t bytes) {

@@ -1,8 +1,9 @@
 /* A mock engine for the launch uprobes (no CUPTI shim, no environment variable): it loads
  * kernels and a CUDA graph and launches them BEFORE the agent attaches, then waits for GO_FILE;
- * after that it loads more kernels (module, library + kernel handle) and runs STEPS llama.cpp
- * steps (llama_decode in the mock libllama), each spending PRE_US of host time before its first
- * launch, then launching through every driver and runtime entry point, and two graphs.
+ * after that it loads more kernels (module, library + kernel handle, the runtime's cudaGetKernel)
+ * and runs STEPS llama.cpp steps (llama_decode in the mock libllama), each spending PRE_US of
+ * host time before its first launch, then launching through every driver and runtime entry
+ * point, and two graphs.
  *
  *   launcher GO_FILE STEPS PRE_US
  *
@@ -48,14 +49,26 @@ int cuLaunchKernelEx(const CUlaunchConfig *, CUfunction, void **, void **);
 int cuGraphLaunch(CUgraphExec, uintptr_t);
 int cudaLaunchKernel(const void *, dim3, dim3, void **, size_t, uintptr_t);
 int cudaGraphLaunch(CUgraphExec, uintptr_t);
+typedef struct {
+    dim3 gridDim, blockDim;
+    size_t dynamicSmemBytes;
+    uintptr_t stream;
+    void *attrs;
+    unsigned numAttrs;
+} cudaLaunchConfig_t;
+int cudaLaunchKernelExC(const cudaLaunchConfig_t *, const void *, void **);
+int cudaGetKernel(void **, const void *);
 CUgraphExec mockGraphInstantiate(const char **names, int n);
 void mock_llama_set_step(void (*fn)(int32_t));
 int32_t llama_decode(void *ctx, struct llama_batch batch);
 
 /* A runtime kernel's host stub: its symbol is the kernel's mangled name (as nvcc emits). */
 void _Z16flash_fwd_kernelPf(float *p) { (void)p; }
+/* A kernel CUDA 13 code launches through its cudaKernel_t (cudaGetKernel of this stub). */
+void _Z13cuda13_kernelPf(float *p) { (void)p; }
 
 static CUfunction early, late, from_library;
+static void *cuda13;
 static CUgraphExec early_graph, late_graph;
 static long pre_us;
 
@@ -70,6 +83,8 @@ static void step(int32_t n_tokens) {
     cuLaunchCooperativeKernel(late, 2, 1, 1, 32, 1, 1, 0, 0x55, NULL);
     cuLaunchKernelEx(&cfg, from_library, NULL, NULL);
     cudaLaunchKernel((const void *)_Z16flash_fwd_kernelPf, g, b, NULL, 8192, 0x66);
+    cudaLaunchConfig_t rc = {{3, 1, 1}, {96, 1, 1}, 2048, 0x66, NULL, 0};
+    cudaLaunchKernelExC(&rc, cuda13, NULL);
     cuGraphLaunch(early_graph, 0x55);
     cudaGraphLaunch(late_graph, 0x55);
 }
@@ -105,6 +120,7 @@ int main(int argc, char **argv) {
     cuLibraryLoadData(&library, "lib", NULL, NULL, 0, NULL, NULL, 0);
     cuLibraryGetKernel(&kernel, library, "_Z10lib_kernelv");
     cuKernelGetFunction(&from_library, kernel);
+    cudaGetKernel(&cuda13, (const void *)_Z13cuda13_kernelPf);
     const char *late_nodes[1] = {"late_kernel"};
     late_graph = mockGraphInstantiate(late_nodes, 1);
     mock_llama_set_step(step);
@@ -114,7 +130,7 @@ int main(int argc, char **argv) {
     for (long i = 0; i < steps; i++) llama_decode(NULL, batch);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     long long wall = (long long)(t1.tv_sec - t0.tv_sec) * 1000000000ll + (t1.tv_nsec - t0.tv_nsec);
-    printf("{\"pid\":%d,\"tid\":%d,\"steps\":%ld,\"kernel_launches_per_step\":5,"
+    printf("{\"pid\":%d,\"tid\":%d,\"steps\":%ld,\"kernel_launches_per_step\":6,"
            "\"graph_launches_per_step\":2,\"steps_wall_ns\":%lld}\n",
            getpid(), gettid(), steps, wall);
     fflush(stdout);

@@ -1,5 +1,6 @@
-//! The mock CUDA stack (tests/mock-cuda: libcuda.so, libcupti.so and a mock engine), compiled once
-//! per test process with the system C compiler, plus the shim library to inject into it.
+//! The mock CUDA stack (tests/mock-cuda: libcuda.so.1, libcudart.so.12, libcupti.so and mock
+//! engines), compiled once per test process with the system C compiler, plus the shim library to
+//! inject into it.
 use std::{
     path::{Path, PathBuf},
     process::{Command, Output, Stdio},
@@ -23,7 +24,16 @@ fn cc(args: &[&str]) {
     );
 }
 
-/// Directory holding libcuda.so, libcupti.so and `engine`, built on first use.
+/// `dir/name` → `target` (a relative symbolic link, as library installs make them).
+fn link(dir: &Path, target: &str, name: &str) {
+    let path = dir.join(name);
+    let _ = std::fs::remove_file(&path);
+    std::os::unix::fs::symlink(target, &path)
+        .unwrap_or_else(|e| panic!("linking {} to {target}: {e}", path.display()));
+}
+
+/// Directory holding libcuda.so(.1), libcudart.so(.12), libcupti.so and the mock engines,
+/// built on first use.
 pub fn mock_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
@@ -35,11 +45,14 @@ pub fn mock_dir() -> &'static Path {
         let inc = format!("-I{}", src.display());
         let lib = format!("-L{}", dir.display());
         let flags = ["-O2", "-Wall", "-Wextra", "-Werror"];
+        // The driver as installed: libcuda.so.1 (soname), libcuda.so a link to it;
+        // unversioned symbols, as the real one exports them.
         let mut a: Vec<&str> = flags.to_vec();
-        let (cuda_c, cuda_so) = (s("cuda.c"), d("libcuda.so"));
+        let (cuda_c, cuda_so) = (s("cuda.c"), d("libcuda.so.1"));
         a.extend([
             "-shared",
             "-fPIC",
+            "-Wl,-soname,libcuda.so.1",
             &inc,
             "-o",
             &cuda_so,
@@ -48,6 +61,26 @@ pub fn mock_dir() -> &'static Path {
             "-lpthread",
         ]);
         cc(&a);
+        link(&dir, "libcuda.so.1", "libcuda.so");
+        // The runtime: libcudart.so.12, every symbol under the version node libcudart.so.12
+        // (as `nm -D` shows the real one's: cudaLaunchKernel@@libcudart.so.12).
+        let mut a: Vec<&str> = flags.to_vec();
+        let (cudart_c, cudart_so) = (s("cudart.c"), d("libcudart.so.12"));
+        let version_script = format!("-Wl,--version-script={}", s("cudart.map"));
+        a.extend([
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libcudart.so.12",
+            &version_script,
+            "-o",
+            &cudart_so,
+            &cudart_c,
+            &lib,
+            "-lcuda",
+            "-ldl",
+        ]);
+        cc(&a);
+        link(&dir, "libcudart.so.12", "libcudart.so");
         let mut a: Vec<&str> = flags.to_vec();
         let (cupti_c, cupti_so) = (s("cupti.c"), d("libcupti.so"));
         a.extend([
@@ -70,6 +103,7 @@ pub fn mock_dir() -> &'static Path {
             &engine,
             &engine_c,
             &lib,
+            "-lcudart",
             "-lcuda",
             "-lpthread",
             "-ldl",
@@ -88,6 +122,7 @@ pub fn mock_dir() -> &'static Path {
             &launcher,
             &launcher_c,
             &lib,
+            "-lcudart",
             "-lcuda",
             "-lllama",
             "-lpthread",

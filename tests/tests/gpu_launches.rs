@@ -21,8 +21,8 @@ use std::{
 use inferscope_integration_tests::{agent, mock_cuda, test_dir};
 use serde_json::Value;
 
-/// Launches the mock engine makes per step: 5 kernels, 2 graphs.
-const PER_STEP: u64 = 7;
+/// Launches the mock engine makes per step: 6 kernels, 2 graphs.
+const PER_STEP: u64 = 8;
 
 struct Run {
     summary: Value,
@@ -154,6 +154,7 @@ fn a_running_engine_gets_its_launches_names_graphs_and_steps_without_restart() {
         "cuLaunchCooperativeKernel",
         "cuLaunchKernelEx",
         "cudaLaunchKernel",
+        "cudaLaunchKernelExC",
         "cuGraphLaunch",
         "cudaGraphLaunch",
     ] {
@@ -174,6 +175,17 @@ fn a_running_engine_gets_its_launches_names_graphs_and_steps_without_restart() {
         first("cudaLaunchKernel")["name"],
         "flash_fwd_kernel(float*)"
     );
+    // CUDA 13's way: a cudaKernel_t from cudaGetKernel (after the attach), launched through
+    // the versioned libcudart.so.12's cudaLaunchKernelExC, named from the stub it was got for.
+    assert_eq!(
+        first("cudaLaunchKernelExC")["name"],
+        "cuda13_kernel(float*)"
+    );
+    let exc = first("cudaLaunchKernelExC");
+    assert_eq!(exc["grid"], serde_json::json!([3, 1, 1]));
+    assert_eq!(exc["block"], serde_json::json!([96, 1, 1]));
+    assert_eq!(exc["shared_mem_bytes"], 2048);
+    assert_eq!(exc["stream"], 0x66);
     assert_eq!(first("cuGraphLaunch")["name"], "graph#1");
     assert_eq!(first("cudaGraphLaunch")["name"], "graph#2");
     // Arguments as the engine passed them (stack arguments, the launch config, dim3 pairs).
@@ -194,7 +206,7 @@ fn a_running_engine_gets_its_launches_names_graphs_and_steps_without_restart() {
     assert_eq!(rt["stream"], 0x66);
     assert!(got.iter().all(|l| l.get("args_unread").is_none()));
 
-    // Steps: each llama_decode carries its 5 kernel and 2 graph launches, the host time before
+    // Steps: each llama_decode carries its 6 kernel and 2 graph launches, the host time before
     // the first launch (the engine sleeps PRE_US there), and its kernels by name.
     let with_launches: Vec<&Value> = r
         .steps
@@ -205,9 +217,9 @@ fn a_running_engine_gets_its_launches_names_graphs_and_steps_without_restart() {
     for s in &with_launches {
         let g = &s["gpu_launches"];
         assert_eq!(g["source"], "uprobe");
-        assert_eq!(g["kernel_launches"], 5, "{s:#}");
+        assert_eq!(g["kernel_launches"], 6, "{s:#}");
         assert_eq!(g["graph_launches"], 2);
-        assert_eq!(g["named_launches"], 4);
+        assert_eq!(g["named_launches"], 5);
         let before = g["before_first_launch_ms"].as_f64().unwrap();
         assert!(before >= f64::from(PRE_US) / 1e3, "{s:#}");
         let share = g["before_first_launch_share"].as_f64().unwrap();
@@ -225,8 +237,12 @@ fn a_running_engine_gets_its_launches_names_graphs_and_steps_without_restart() {
     let c = &r.counters;
     assert_eq!(c.get("kernel_gpu_launches"), want);
     assert_eq!(c.get("kernel_gpu_launches_sampled_out"), 0);
-    assert!(c.get("kernel_gpu_names") >= 3);
+    assert!(c.get("kernel_gpu_names") >= 4);
     assert_eq!(c.get("kernel_gpu_name_read_failed"), 0);
+    // One kernel was looked up before the attach: one unnamed kernel, counted.
+    assert_eq!(c.get("gpu_kernels_unnamed"), 1);
+    // The runtime's hooks sit in the versioned libcudart.so.12, the driver's in libcuda.so.1.
+    assert!(log.contains("cudaLaunchKernelExC"), "{log}");
 }
 
 /// A process that maps the CUDA driver only after the agent attached (dlopen, as a Python
@@ -414,7 +430,7 @@ fn over_the_launch_cap_launches_are_sampled_and_counted() {
 /// 4,000 launches a second) has its launch probes paused, says so, and counts it.
 #[test]
 fn an_engine_over_the_launch_budget_has_its_launch_probes_paused() {
-    // About 3 s of steps of 7 launches each, 100 us apart: ~40,000 launches a second, for
+    // About 3 s of steps of 8 launches each, 100 us apart: ~40,000 launches a second, for
     // longer than the agent takes to notice (its budget is checked every second).
     const STEPS: u32 = 20_000;
     let r = run_until(

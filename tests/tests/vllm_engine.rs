@@ -575,13 +575,15 @@ fn number_after(text: &str, prefix: &str) -> Option<u64> {
 /// CUDA_INJECTION64_PATH, and launches two kernels per step), and `inferscope run` joins every
 /// request's steps (seen on the API server's IPC, by engine id) and the kernels they launched:
 /// `inspect` draws each request's steps, and its prefill / decode kernels are exactly the
-/// worker's launches in vLLM's own per-request step list.
+/// worker's launches in vLLM's own per-request step list. The launch uprobes see the same
+/// launches: each step's are merged with the shim's, counted once (`source both`).
 #[test]
 fn vllm_kernels_per_request_through_the_shim() {
     // Real vLLM servers (each an API server and an EngineCore) with the agent: two such tests
     // on 2 cores starve each other's engines into timeouts, and one of them traces every engine.
     let _machine = inferscope_integration_tests::exclusive();
-    const KERNELS_PER_STEP: u64 = 2; // tests/engine/vllm/inferscope_vllm/worker.py
+    // tests/engine/vllm/inferscope_vllm/worker.py: two eager kernels and a graph of three.
+    const KERNELS_PER_STEP: u64 = 5;
     let t0 = Instant::now();
     let dir = work_dir("vllm-kernels");
     let shim_socket = dir.join("shim.sock");
@@ -622,6 +624,19 @@ fn vllm_kernels_per_request_through_the_shim() {
     };
     let server = VllmServer::start(&dir.join("vllm"), free_port(), &opts);
     daemon.wait_attached(server.pid(), Duration::from_secs(60));
+    // The EngineCore (not traced: it serves no requests) gets its launch probes at the
+    // daemon's next scan of the engine's workers (every 2 s): only then are its launches seen.
+    let core = server.engine_core_pid().expect("vLLM's EngineCore process");
+    let probed = format!("GPU launch probes attached pid={core} ");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !daemon.log_text().contains(&probed) {
+        assert!(
+            Instant::now() < deadline,
+            "the EngineCore {core} was never probed:\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let _ = warm_up(&server);
     let jobs: Vec<Job> = vllm_load::mix(32, "k")
         .into_iter()
@@ -675,6 +690,33 @@ fn vllm_kernels_per_request_through_the_shim() {
             Some(KERNELS_PER_STEP * want_decode),
             "{ext}\n{text}"
         );
+        // The launch uprobes (on by default, attached to the EngineCore when it loaded the
+        // driver) saw the same launches: merged launch by launch, each counted once, the
+        // kernels they saw unnamed (handles looked up nowhere) named by the shim, the graph
+        // (graph#1: the one graph the worker launches) listed with the kernels of its nodes.
+        let merged: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("· source both:"))
+            .collect();
+        assert_eq!(merged.len() as u64, want.len() as u64, "{ext}\n{text}");
+        for line in merged {
+            assert!(
+                line.contains("launches 2 kernels (2 named) + 1 graphs")
+                    && line.contains("3 both, 0 uprobe only, 0 shim only, 2 named by the shim"),
+                "{ext}: {line}\n{text}"
+            );
+        }
+        assert!(
+            text.contains("(host enqueue; launch uprobes and shim merged)"),
+            "{ext}\n{text}"
+        );
+        let graphs = text
+            .lines()
+            .filter(|l| {
+                l.trim_start() == "graph#1: 3 kernel nodes · gemm_bf16×2, rms_norm_kernel×1"
+            })
+            .count();
+        assert_eq!(graphs as u64, want.len() as u64, "{ext}\n{text}");
         checked += 1;
         if want_prefill > 1 {
             chunked += 1;

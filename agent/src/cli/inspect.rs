@@ -88,7 +88,7 @@ fn launches_line(l: &inferscope_proto::v1::agent::StepLaunches) -> String {
             format!("{short}×{}", c.launches)
         })
         .collect();
-    format!(
+    let mut line = format!(
         "launches {} kernels ({} named) + {} graphs{} · {:.2} ms ({:.0}%) before the first · max gap {:.1} µs · {}",
         l.kernel_launches,
         l.named_launches,
@@ -98,7 +98,50 @@ fn launches_line(l: &inferscope_proto::v1::agent::StepLaunches) -> String {
         l.before_first_launch_share * 100.0,
         l.max_launch_gap_us,
         names.join(", ")
-    )
+    );
+    match &l.sources {
+        Some(s) => {
+            let _ = write!(
+                line,
+                " · source {}: {} both, {} uprobe only, {} shim only, {} named by the shim",
+                l.source, s.both, s.uprobe_only, s.shim_only, s.named_by_shim
+            );
+        }
+        None => {
+            let _ = write!(line, " · source {}", l.source);
+        }
+    }
+    for g in &l.graph_kernels {
+        let kernels: Vec<String> = g
+            .kernels
+            .iter()
+            .take(4)
+            .map(|c| {
+                let short: String = c.name.chars().take(32).collect();
+                format!("{short}×{}", c.launches)
+            })
+            .collect();
+        let _ = write!(
+            line,
+            "\n{:<10}{}: {} kernel nodes · {}",
+            "",
+            g.graph,
+            g.nodes,
+            kernels.join(", ")
+        );
+    }
+    line
+}
+
+/// Which sources a request's step launches came from, e.g. `launch uprobes and shim merged`.
+fn sources_of(launched: &[&inferscope_proto::v1::agent::StepLaunches]) -> &'static str {
+    let has = |s: &str| launched.iter().any(|l| l.source == s);
+    match (has("both"), has("uprobe"), has("shim")) {
+        (true, _, _) => "launch uprobes and shim merged",
+        (false, true, true) => "launch uprobes, and shim where they missed",
+        (false, false, true) => "shim",
+        _ => "launch uprobes",
+    }
 }
 
 pub fn render(t: &RequestTimeline, width: usize, max_steps: usize) -> String {
@@ -252,7 +295,8 @@ pub fn render(t: &RequestTimeline, width: usize, max_steps: usize) -> String {
             let _ = writeln!(
                 out,
                 "
-GPU launches (host enqueue, launch uprobes): {kernels} kernels ({named} named) and {graphs} graphs in {} steps; before the first launch: {:.0}% of a step on average",
+GPU launches (host enqueue; {}): {kernels} kernels ({named} named) and {graphs} graphs in {} steps; before the first launch: {:.0}% of a step on average",
+                sources_of(&launched),
                 launched.len(),
                 share * 100.0
             );
@@ -506,6 +550,67 @@ mod tests {
             ),
             "{text}"
         );
+        assert!(text.contains("· source uprobe"), "{text}");
+        assert!(text.contains("(host enqueue; launch uprobes)"), "{text}");
+    }
+
+    /// A vLLM-shaped step (CUDA graph decode) where the shim runs too: the merged sources and
+    /// the graph's kernels are shown.
+    #[test]
+    fn merged_steps_say_who_saw_what_and_list_each_graph_s_kernels() {
+        use inferscope_proto::v1::agent::{GraphKernels, LaunchSources, NamedCount, StepLaunches};
+        let named = |name: &str, launches: u64| NamedCount {
+            name: name.into(),
+            launches,
+        };
+        let launches = StepLaunches {
+            source: "both".into(),
+            kernel_launches: 1,
+            named_launches: 1,
+            graph_launches: 1,
+            kernels: vec![named("sampler_kernel", 1)],
+            graphs: vec![named("graph#3", 1)],
+            sources: Some(LaunchSources {
+                both: 2,
+                uprobe_only: 0,
+                shim_only: 0,
+                named_by_shim: 1,
+            }),
+            graph_kernels: vec![GraphKernels {
+                graph: "graph#3".into(),
+                nodes: 3,
+                kernels: vec![named("gemm", 2), named("rms_norm", 1)],
+            }],
+            ..Default::default()
+        };
+        let t = RequestTimeline {
+            request: Some(Request {
+                request_id: "r".into(),
+                arrival_mono_ns: 0,
+                end_mono_ns: 20_000_000,
+                ..Default::default()
+            }),
+            steps: vec![Step {
+                start_mono_ns: 1_000_000,
+                end_mono_ns: 7_000_000,
+                launches: Some(launches),
+                ..Default::default()
+            }],
+            kernels: vec![],
+        };
+        let text = render(&t, 20, 5);
+        assert!(
+            text.contains("· source both: 2 both, 0 uprobe only, 0 shim only, 1 named by the shim"),
+            "{text}"
+        );
+        assert!(
+            text.contains("graph#3: 3 kernel nodes · gemm×2, rms_norm×1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("(host enqueue; launch uprobes and shim merged)"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -625,12 +730,20 @@ mod tests {
         let t = inferscope::export::proto_conv::timeline(&out[0]);
         let text = render(&t, 40, 12);
         assert!(text.contains("steps (3):"), "{text}");
+        // Step rows (each followed by its launch line, indented: the shim's launches, as no
+        // launch uprobe saw them).
         let rows: Vec<&str> = text
             .lines()
             .skip_while(|l| !l.starts_with("steps ("))
             .skip(1)
+            .filter(|l| !l.starts_with(' '))
             .take(3)
             .collect();
+        assert_eq!(
+            text.matches("· source shim: 0 both, 0 uprobe only").count(),
+            3,
+            "{text}"
+        );
         for (row, (phase, kernels)) in
             rows.iter()
                 .zip([("prefill", 1), ("prefill", 1), ("decode", 2)])

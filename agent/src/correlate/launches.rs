@@ -7,6 +7,8 @@ use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
+use inferscope_common::GpuApi;
+
 use crate::{
     capture::gpu::launches::{LaunchEvent, NameEvent},
     model::{
@@ -93,11 +95,25 @@ impl Launches {
     }
 
     /// The driver handed out a kernel handle under a name (or said a function handle is a
-    /// named kernel).
-    pub fn on_name(&mut self, event: &NameEvent<'_>) {
+    /// named kernel, or the runtime a kernel handle is a host stub's: `stub_name` names the
+    /// stub from the process's symbols).
+    pub fn on_name(
+        &mut self,
+        event: &NameEvent<'_>,
+        stub_name: impl FnOnce(u32, u64) -> Option<String>,
+    ) {
         let limit = self.limits.names_per_process;
         let process = self.processes.entry(event.tgid).or_default();
-        let name = if event.alias != 0 {
+        let name = if event.api == GpuApi::CudaGetKernel {
+            match process.names.get(&event.alias) {
+                Some(name) => name.clone(),
+                None => match stub_name(event.tgid, event.alias) {
+                    Some(name) => name,
+                    // A stub with no symbol: its launches stay unnamed#N.
+                    None => return,
+                },
+            }
+        } else if event.alias != 0 {
             match process.names.get(&event.alias) {
                 Some(name) => name.clone(),
                 // The kernel was named before the agent attached.
@@ -163,7 +179,11 @@ impl Launches {
             (name, true)
         } else {
             let next = process.unnamed.len() as u32 + 1;
-            let n = *process.unnamed.entry(event.handle).or_insert(next);
+            let n = *process.unnamed.entry(event.handle).or_insert_with(|| {
+                // A kernel whose handle was looked up before the agent attached.
+                self.stats.bump(Counter::GpuKernelsUnnamed);
+                next
+            });
             (format!("unnamed#{n}"), false)
         };
         let record = LaunchRecord {
@@ -249,8 +269,11 @@ impl Launches {
             return;
         }
         mine.sort_by_key(|l| l.enqueue_mono_ns);
-        let refs: Vec<&LaunchRecord> = mine.iter().collect();
-        step.gpu_launches = Some(summarise(&refs, from, to, step.start_mono_ns));
+        let items: Vec<Item<'_>> = mine.iter().map(Item::of).collect();
+        step.gpu_launches = Some(summarise(&items, from, to, step.start_mono_ns, "uprobe"));
+        // Kept for the merge with the shim's records of the step (the timeline drops it at
+        // once where the process has no shim).
+        step.launch_list = Some(mine.into());
     }
 
     pub fn forget(&mut self, tgid: u32) {
@@ -259,15 +282,49 @@ impl Launches {
     }
 }
 
-fn summarise(launches: &[&LaunchRecord], from: u64, to: u64, start: u64) -> StepLaunches {
+/// One launch as a step summary counts it, whichever source saw it.
+#[derive(Debug, Clone)]
+pub(crate) struct Item<'a> {
+    pub enqueue_ns: u64,
+    pub graph: bool,
+    pub name: &'a str,
+    pub named: bool,
+    /// Launches it stands for (above the launch-rate cap, a sampled record counts those
+    /// skipped before it).
+    pub stands_for: u64,
+    pub sampled: bool,
+}
+
+impl<'a> Item<'a> {
+    pub fn of(l: &'a LaunchRecord) -> Self {
+        Self {
+            enqueue_ns: l.enqueue_mono_ns,
+            graph: l.is_graph(),
+            name: &l.name,
+            named: l.named,
+            stands_for: u64::from(l.stands_for),
+            sampled: l.sampled,
+        }
+    }
+}
+
+/// The step summary of `launches` (sorted by enqueue time) in the window `from..=to` of a step
+/// that started at `start`; its source is `source`.
+pub(crate) fn summarise(
+    launches: &[Item<'_>],
+    from: u64,
+    to: u64,
+    start: u64,
+    source: &'static str,
+) -> StepLaunches {
     let mut kernels: Vec<NamedCount> = Vec::new();
     let mut graphs: Vec<NamedCount> = Vec::new();
     let (mut kernel_launches, mut graph_launches, mut named) = (0u64, 0u64, 0u64);
     let mut sampled = false;
     for l in launches {
-        let n = u64::from(l.stands_for);
+        let n = l.stands_for;
         sampled |= l.sampled;
-        let list = if l.is_graph() {
+        let list = if l.graph {
             graph_launches += n;
             &mut graphs
         } else {
@@ -277,25 +334,19 @@ fn summarise(launches: &[&LaunchRecord], from: u64, to: u64, start: u64) -> Step
             }
             &mut kernels
         };
-        match list.iter_mut().find(|c| c.name == l.name) {
-            Some(c) => c.launches += n,
-            None => list.push(NamedCount {
-                name: l.name.clone(),
-                launches: n,
-            }),
-        }
+        count(list, l.name, n);
     }
     kernels.sort_by(|a, b| b.launches.cmp(&a.launches).then(a.name.cmp(&b.name)));
     let kernels_not_listed = kernels.len().saturating_sub(STEP_KERNELS_KEPT) as u64;
     kernels.truncate(STEP_KERNELS_KEPT);
     graphs.truncate(STEP_KERNELS_KEPT);
-    let first = launches.first().map_or(from, |l| l.enqueue_mono_ns);
-    let last = launches.last().map_or(to, |l| l.enqueue_mono_ns);
+    let first = launches.first().map_or(from, |l| l.enqueue_ns);
+    let last = launches.last().map_or(to, |l| l.enqueue_ns);
     let span = to.saturating_sub(start.min(from)).max(1);
     let before = first.saturating_sub(start.min(from));
     let gaps: Vec<u64> = launches
         .windows(2)
-        .map(|w| w[1].enqueue_mono_ns.saturating_sub(w[0].enqueue_mono_ns))
+        .map(|w| w[1].enqueue_ns.saturating_sub(w[0].enqueue_ns))
         .collect();
     let max_gap = gaps.iter().copied().max().unwrap_or(0);
     let mean_gap = if gaps.is_empty() {
@@ -304,7 +355,7 @@ fn summarise(launches: &[&LaunchRecord], from: u64, to: u64, start: u64) -> Step
         gaps.iter().sum::<u64>() as f64 / gaps.len() as f64
     };
     StepLaunches {
-        source: "uprobe",
+        source,
         kernel_launches,
         graph_launches,
         named_launches: named,
@@ -317,6 +368,19 @@ fn summarise(launches: &[&LaunchRecord], from: u64, to: u64, start: u64) -> Step
         graphs,
         kernels_not_listed,
         sampled,
+        sources: None,
+        graph_kernels: Vec::new(),
+    }
+}
+
+/// Adds `n` launches of `name` to `list` (a bounded number of names is listed by the caller).
+pub(crate) fn count(list: &mut Vec<NamedCount>, name: &str, n: u64) {
+    match list.iter_mut().find(|c| c.name == name) {
+        Some(c) => c.launches += n,
+        None => list.push(NamedCount {
+            name: name.to_owned(),
+            launches: n,
+        }),
     }
 }
 
@@ -328,9 +392,13 @@ impl crate::model::PerProcess for Launches {
 
 #[cfg(test)]
 mod tests {
-    use inferscope_common::GpuApi;
-
     use super::*;
+
+    impl Launches {
+        fn on_name_plain(&mut self, event: &NameEvent<'_>) {
+            self.on_name(event, |_, _| None);
+        }
+    }
 
     fn launch(api: GpuApi, tid: u32, ts: u64, handle: u64) -> LaunchEvent {
         LaunchEvent {
@@ -382,7 +450,7 @@ mod tests {
             .on_launch(&launch(GpuApi::CuLaunchKernel, 1, 10, 0xa), none)
             .unwrap();
         assert_eq!((before.name.as_str(), before.named), ("unnamed#1", false));
-        l.on_name(&name(0xb, 0, "_Z4gemmv"));
+        l.on_name_plain(&name(0xb, 0, "_Z4gemmv"));
         let after = l
             .on_launch(&launch(GpuApi::CuLaunchKernel, 1, 11, 0xb), none)
             .unwrap();
@@ -401,8 +469,8 @@ mod tests {
             "unnamed#2"
         );
         // cuKernelGetFunction: a function handle is a kernel named through the library.
-        l.on_name(&name(0xd, 0, "lib_kernel"));
-        l.on_name(&name(0xe, 0xd, ""));
+        l.on_name_plain(&name(0xd, 0, "lib_kernel"));
+        l.on_name_plain(&name(0xe, 0xd, ""));
         assert_eq!(
             l.on_launch(&launch(GpuApi::CuLaunchKernel, 1, 14, 0xe), none)
                 .unwrap()
@@ -410,13 +478,49 @@ mod tests {
             "lib_kernel"
         );
         // An alias of a kernel the agent never saw named teaches nothing.
-        l.on_name(&name(0xf, 0x99, ""));
+        l.on_name_plain(&name(0xf, 0x99, ""));
         assert_eq!(
             l.on_launch(&launch(GpuApi::CuLaunchKernel, 1, 15, 0xf), none)
                 .unwrap()
                 .name,
             "unnamed#3"
         );
+    }
+
+    #[test]
+    fn a_cuda13_kernel_handle_is_named_from_the_stub_it_was_got_for() {
+        let mut l = Launches::default();
+        let none = |_, _| None;
+        // cudaGetKernel(&handle 0x70, stub 0x40): named from the stub's symbol.
+        let got = NameEvent {
+            api: GpuApi::CudaGetKernel,
+            tgid: 7,
+            handle: 0x70,
+            alias: 0x40,
+            name: b"",
+            truncated: false,
+        };
+        l.on_name(&got, |tgid, stub| {
+            assert_eq!((tgid, stub), (7, 0x40));
+            Some("cuda13_kernel(float*)".into())
+        });
+        let r = l
+            .on_launch(&launch(GpuApi::CudaLaunchKernelExC, 1, 10, 0x70), none)
+            .unwrap();
+        assert_eq!((r.name.as_str(), r.named), ("cuda13_kernel(float*)", true));
+        // A stub with no symbol teaches nothing: its launches stay unnamed, and are counted.
+        let unknown = NameEvent {
+            handle: 0x71,
+            alias: 0x41,
+            ..got
+        };
+        l.on_name(&unknown, |_, _| None);
+        // (Another thread: on this one it would be the runtime launch's own driver call.)
+        let r = l
+            .on_launch(&launch(GpuApi::CuLaunchKernel, 2, 11, 0x71), none)
+            .unwrap();
+        assert_eq!(r.name, "unnamed#1");
+        assert_eq!(l.stats().get(Counter::GpuKernelsUnnamed), 1);
     }
 
     #[test]
@@ -444,7 +548,7 @@ mod tests {
     fn steps_get_their_own_thread_and_window_and_graphs_by_first_launch() {
         let mut l = Launches::default();
         let none = |_, _| None;
-        l.on_name(&name(0xb, 0, "k"));
+        l.on_name_plain(&name(0xb, 0, "k"));
         // Another thread's launch inside the window is not this step's.
         l.on_launch(&launch(GpuApi::CuLaunchKernel, 2, 150, 0xb), none)
             .unwrap();

@@ -5,6 +5,9 @@ mod arrivals;
 mod connection;
 pub mod disagg;
 pub mod engine_metrics;
+pub mod launch_merge;
+#[cfg(test)]
+mod launch_merge_tests;
 pub mod launches;
 pub mod loss;
 mod peer_close;

@@ -6,7 +6,7 @@
 //! over when they fill or on a flush), so a finished request waits a short settle time before its
 //! timeline is closed. Where a layer is missing the timeline says so in `unknown` rather than
 //! attributing kernels by time alone, which would guess wrong under batching.
-use crate::model::Counter;
+use crate::model::{Counter, StepLaunches};
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
@@ -113,6 +113,8 @@ pub struct TimelineBuilder {
     /// Finished requests waiting for kernels, oldest first, with the time they become ready
     /// and the process whose kernels they wait for.
     pending: VecDeque<(u64, u32, RequestRecord)>,
+    /// Steps (from the front of `steps`) whose launches were merged with the shim's records.
+    settled: usize,
     stats: Stats,
 }
 
@@ -124,6 +126,7 @@ impl TimelineBuilder {
             kernels: FxHashMap::default(),
             shim_seen: FxHashMap::default(),
             pending: VecDeque::new(),
+            settled: 0,
             stats: Stats::default(),
         }
     }
@@ -132,9 +135,14 @@ impl TimelineBuilder {
         &self.stats
     }
 
+    /// A step ended. Its launch records (launch uprobes) are kept until the shim's records of
+    /// the step can have arrived (`settle_ns`), then merged with them and dropped: at most the
+    /// launches of the last settle time are held, and those are bounded per process by the
+    /// launch join's own limit.
     pub fn on_step(&mut self, step: StepRecord) {
         if self.steps.len() >= self.limits.steps {
             self.steps.pop_front();
+            self.settled = self.settled.saturating_sub(1);
             self.stats.bump(Counter::TimelineStepsEvicted);
         }
         self.steps.push_back(step);
@@ -185,6 +193,7 @@ impl TimelineBuilder {
     /// Closes the timelines whose settle time has passed or whose process's kernels have been
     /// seen past the request's end.
     pub fn poll(&mut self, now_ns: u64, out: &mut Vec<RequestTimeline>) {
+        self.settle_steps(now_ns, false);
         while let Some((ready_at, gpu_pid, request)) = self.pending.front() {
             let watermark_passed = self
                 .shim_seen
@@ -202,8 +211,61 @@ impl TimelineBuilder {
 
     /// Closes every pending timeline now (shutdown).
     pub fn flush(&mut self, now_ns: u64, out: &mut Vec<RequestTimeline>) {
+        self.settle_steps(now_ns, true);
         while let Some((_, _, request)) = self.pending.pop_front() {
             out.push(self.build(request, now_ns));
+        }
+    }
+
+    /// Merges the launch uprobes' launches of each step whose shim records can have arrived
+    /// (the settle time passed, or the process's kernels were seen past the step's end) with
+    /// those records, once, in arrival order; `all`: every step now (shutdown).
+    fn settle_steps(&mut self, now_ns: u64, all: bool) {
+        while let Some(step) = self.steps.get(self.settled) {
+            let pid = step.gpu_pid();
+            let watermark_passed = self
+                .shim_seen
+                .get(&pid)
+                .is_some_and(|&(_, latest)| latest > step.end_mono_ns);
+            if !all
+                && !watermark_passed
+                && step.end_mono_ns.saturating_add(self.limits.settle_ns) > now_ns
+            {
+                break;
+            }
+            let merged = self.merged_launches(step, now_ns);
+            let step = &mut self.steps[self.settled];
+            if let Some(merged) = merged {
+                step.gpu_launches = merged;
+            }
+            step.launch_list = None;
+            self.settled += 1;
+        }
+    }
+
+    /// `step`'s launch summary merged with the shim's records of its window (launch_merge),
+    /// or None where there is nothing to merge: no shim record (the uprobes' summary stands),
+    /// or a summary whose launch records are gone.
+    fn merged_launches(&self, step: &StepRecord, now_ns: u64) -> Option<Option<StepLaunches>> {
+        let pid = step.gpu_pid();
+        let kernels: Vec<&KernelRecord> = match self.kernels.get(&pid) {
+            Some(ring) if self.has_recent_shim(pid, now_ns) => {
+                let from = ring.partition_point(|k| k.launch_mono_ns < step.kernels_from());
+                ring.iter()
+                    .skip(from)
+                    .take_while(|k| k.launch_mono_ns <= step.end_mono_ns)
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+        match (&step.launch_list, kernels.is_empty()) {
+            (_, true) => None,
+            (None, false) if step.gpu_launches.is_some() => None,
+            (launches, false) => Some(super::launch_merge::merge_step(
+                step,
+                launches.as_deref().unwrap_or(&[]),
+                &kernels,
+            )),
         }
     }
 
@@ -263,6 +325,14 @@ impl TimelineBuilder {
                 .collect()
         };
         steps.reverse();
+        // Steps not settled yet (an earlier step of another process holds the queue up): their
+        // copies are merged with what has arrived (the request's own kernels have).
+        for step in steps.iter_mut().filter(|s| s.launch_list.is_some()) {
+            if let Some(merged) = self.merged_launches(step, now_ns) {
+                step.gpu_launches = merged;
+            }
+            step.launch_list = None;
+        }
 
         let mut unknown = Vec::new();
         if request.admitted_mono_ns.is_none() {
@@ -472,6 +542,68 @@ mod tests {
         assert_eq!(decode.devices, vec![1]);
         assert_eq!(t.kernels.len(), 3);
         assert!(t.unknown.is_empty());
+    }
+
+    #[test]
+    fn a_step_s_launches_merge_with_its_shim_kernels_once_they_settle() {
+        use crate::model::LaunchRecord;
+        let mut b = TimelineBuilder::new(TimelineLimits::default());
+        let uprobe = |ts: u64, name: &str| LaunchRecord {
+            pid: 7,
+            tid: 70,
+            kind: "kernel",
+            api: "cuLaunchKernel",
+            source: "uprobe",
+            enqueue_mono_ns: ts,
+            name: name.into(),
+            named: !name.starts_with("unnamed#"),
+            handle: ts,
+            stream: 1,
+            grid: Some([1, 1, 1]),
+            block: Some([32, 1, 1]),
+            shared_mem_bytes: Some(0),
+            stands_for: 1,
+            sampled: false,
+            args_unread: false,
+        };
+        let mut s = step(100, 200, &[("a", "decode")]);
+        let launches = vec![uprobe(110, "unnamed#1"), uprobe(150, "k150")];
+        let items: Vec<crate::correlate::launches::Item<'_>> = launches
+            .iter()
+            .map(crate::correlate::launches::Item::of)
+            .collect();
+        s.gpu_launches = Some(crate::correlate::launches::summarise(
+            &items, 100, 200, 100, "uprobe",
+        ));
+        s.launch_list = Some(launches.clone().into());
+        b.on_step(s);
+        // The shim saw both launches, 2 ns after the uprobes' entries.
+        b.on_kernel(kernel(112, 120, 130, false, 0), 1000);
+        b.on_kernel(kernel(152, 160, 170, false, 0), 1000);
+        let mut out = Vec::new();
+        b.on_request(request("a", 50, Some(100), 250), 1000, &mut out);
+        b.poll(1000 + 2_000_000_000, &mut out);
+        let t = &out[0];
+        let l = t.steps[0].gpu_launches.as_ref().unwrap();
+        assert_eq!(l.source, "both");
+        assert_eq!(l.kernel_launches, 2, "each launch once: {l:?}");
+        assert_eq!(l.named_launches, 2);
+        let sources = l.sources.as_ref().unwrap();
+        assert_eq!((sources.both, sources.named_by_shim), (2, 1));
+        // Merged once, then the launch records are dropped.
+        assert!(b.steps[0].launch_list.is_none());
+        assert!(t.steps[0].launch_list.is_none());
+        // A process without the shim keeps its uprobes' summary, and drops its records too.
+        let mut other = step(300, 400, &[("c", "decode")]);
+        other.pid = 9;
+        other.gpu_launches = Some(crate::correlate::launches::summarise(
+            &items, 300, 400, 300, "uprobe",
+        ));
+        other.launch_list = Some(launches.into());
+        b.on_step(other);
+        b.poll(3_000_000_000, &mut out);
+        assert_eq!(b.steps[1].gpu_launches.as_ref().unwrap().source, "uprobe");
+        assert!(b.steps[1].launch_list.is_none());
     }
 
     #[test]

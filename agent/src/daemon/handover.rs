@@ -32,6 +32,12 @@ use crate::model::{Counter, RequestRecord, StepRecord, clock::monotonic_now_ns};
 /// write the file, so "no cut written yet" always means "the cut, when written, is later".
 pub const CUT_LEAD: Duration = Duration::from_secs(1);
 
+/// How often a successor in standby looks for the cut file (not once per record: at thousands
+/// of requests a second that was a file read each). Safe while well under [`CUT_LEAD`]: a
+/// request read at or after the cut ends, and is gated, at least `CUT_LEAD` after the file was
+/// written, by which time a look has found it.
+const CUT_REREAD: Duration = Duration::from_millis(100);
+
 const SUCCESSOR_FILE: &str = "successor.pid";
 const CUT_FILE: &str = "handover.cut";
 
@@ -115,6 +121,8 @@ pub struct Gate {
     /// A successor's loss counters as they stood when the cut passed: what it counted before
     /// concerns requests read before the cut, which the previous agent records or counts.
     losses_at_cut: Option<std::collections::HashMap<Counter, u64>>,
+    /// When a successor last looked for the cut file (see [`CUT_REREAD`]).
+    cut_looked: Option<std::time::Instant>,
 }
 
 impl Gate {
@@ -127,6 +135,7 @@ impl Gate {
             handed_over: 0,
             left_to_previous: 0,
             losses_at_cut: None,
+            cut_looked: None,
         }
     }
 
@@ -165,7 +174,12 @@ impl Gate {
 
     /// The cut this agent goes by as a successor, read from the file while unknown.
     fn successor_cut(&mut self) -> Option<u64> {
-        if let Role::Successor { cut: None } = self.role {
+        if let Role::Successor { cut: None } = self.role
+            && self
+                .cut_looked
+                .is_none_or(|looked| looked.elapsed() >= CUT_REREAD)
+        {
+            self.cut_looked = Some(std::time::Instant::now());
             let read = self.cut_from_file();
             self.role = Role::Successor { cut: read };
         }
@@ -387,6 +401,11 @@ mod tests {
         let cut = dir.read_cut().expect("the cut is written");
         assert!(cut > monotonic_now_ns(), "the cut is ahead of the SIGTERM");
 
+        // The drain holds while requests read before the cut are open, and until the cut.
+        assert!(matches!(drain.step(true, |_| 0), DrainStep::KeepRunning));
+        // A request read at the cut is gated no earlier than the cut: by then the successor
+        // has looked at the file again.
+        std::thread::sleep(CUT_LEAD);
         let before = record(cut - 1);
         let after = record(cut);
         for r in [&early, &before, &after] {
@@ -397,9 +416,6 @@ mod tests {
         assert_eq!(old.counters()[0], (Counter::RequestsHandedOver, 2));
         assert_eq!(new.counters()[1], (Counter::RequestsLeftToPreviousAgent, 3));
 
-        // The drain holds while requests read before the cut are open, and until the cut.
-        assert!(matches!(drain.step(true, |_| 0), DrainStep::KeepRunning));
-        std::thread::sleep(CUT_LEAD);
         assert!(matches!(
             drain.step(true, |c| usize::from(c == cut)),
             DrainStep::KeepRunning
@@ -449,6 +465,8 @@ mod tests {
         );
         dir.write(CUT_FILE, &format!("{}\n", monotonic_now_ns()))
             .unwrap();
+        // The successor looks at the file again within CUT_REREAD.
+        std::thread::sleep(CUT_REREAD);
         let mut counters = snapshot(5);
         gate.adjust_losses(&mut counters);
         assert_eq!(counters[0], (Counter::RequestsLost, 0));

@@ -154,6 +154,19 @@ pub fn trace(timelines: &[RequestTimeline]) -> Value {
                     .chain(&l.graphs)
                     .map(|c| format!("{}×{}", c.name, c.launches))
                     .collect();
+                // Each graph's kernels (from the shim), as "graph#1: gemm×2, rms_norm×1".
+                let graph_kernels: Vec<String> = l
+                    .graph_kernels
+                    .iter()
+                    .map(|g| {
+                        let kernels: Vec<String> = g
+                            .kernels
+                            .iter()
+                            .map(|c| format!("{}×{}", c.name, c.launches))
+                            .collect();
+                        format!("{}: {}", g.graph, kernels.join(", "))
+                    })
+                    .collect();
                 events.push(span(
                     "host before first launch",
                     "launches",
@@ -175,6 +188,11 @@ pub fn trace(timelines: &[RequestTimeline]) -> Value {
                         "graph_launches": l.graph_launches, "named_launches": l.named_launches,
                         "max_launch_gap_us": l.max_launch_gap_us, "sampled": l.sampled,
                         "kernels": kernels,
+                        "sources": l.sources.as_ref().map(|s| json!({
+                            "both": s.both, "uprobe_only": s.uprobe_only,
+                            "shim_only": s.shim_only, "named_by_shim": s.named_by_shim,
+                        })),
+                        "graph_kernels": graph_kernels,
                     }),
                 ));
             }
@@ -349,5 +367,54 @@ mod tests {
         assert_eq!(launches["tid"], 43);
         assert_eq!(launches["args"]["kernel_launches"], 5);
         assert_eq!(launches["args"]["kernels"][0], "gemm×5");
+        assert_eq!(launches["args"]["source"], "uprobe");
+        assert!(launches["args"]["sources"].is_null());
+    }
+
+    #[test]
+    fn a_merged_step_shows_its_sources_and_graphs_kernels() {
+        use inferscope_proto::v1::agent::{GraphKernels, LaunchSources, NamedCount, StepLaunches};
+        let t = RequestTimeline {
+            request: Some(Request {
+                request_id: "r1".into(),
+                end_mono_ns: 10_000_000,
+                ..Default::default()
+            }),
+            steps: vec![Step {
+                pid: 42,
+                tid: 43,
+                start_mono_ns: 2_000_000,
+                end_mono_ns: 6_000_000,
+                launches: Some(StepLaunches {
+                    source: "both".into(),
+                    graph_launches: 1,
+                    graphs: vec![NamedCount {
+                        name: "graph#1".into(),
+                        launches: 1,
+                    }],
+                    sources: Some(LaunchSources {
+                        both: 1,
+                        ..Default::default()
+                    }),
+                    graph_kernels: vec![GraphKernels {
+                        graph: "graph#1".into(),
+                        nodes: 2,
+                        kernels: vec![NamedCount {
+                            name: "gemm".into(),
+                            launches: 2,
+                        }],
+                    }],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            kernels: vec![],
+        };
+        let v = trace(&[t]);
+        let events = v["traceEvents"].as_array().unwrap();
+        let launches = events.iter().find(|e| e["name"] == "launches").unwrap();
+        assert_eq!(launches["args"]["source"], "both");
+        assert_eq!(launches["args"]["sources"]["both"], 1);
+        assert_eq!(launches["args"]["graph_kernels"][0], "graph#1: gemm×2");
     }
 }

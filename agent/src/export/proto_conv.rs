@@ -167,6 +167,21 @@ fn step_launches(l: &crate::model::StepLaunches) -> pb::StepLaunches {
         kernels: counts(&l.kernels),
         graphs: counts(&l.graphs),
         sampled: l.sampled,
+        sources: l.sources.as_ref().map(|s| pb::LaunchSources {
+            both: s.both,
+            uprobe_only: s.uprobe_only,
+            shim_only: s.shim_only,
+            named_by_shim: s.named_by_shim,
+        }),
+        graph_kernels: l
+            .graph_kernels
+            .iter()
+            .map(|g| pb::GraphKernels {
+                graph: g.graph.clone(),
+                nodes: g.nodes,
+                kernels: counts(&g.kernels),
+            })
+            .collect(),
     }
 }
 

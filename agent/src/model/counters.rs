@@ -259,6 +259,7 @@ counters! {
     GpuLaunchHooksAttached => "gpu_launch_hooks_attached": Total,
     GpuWorkersOverLimit => "gpu_workers_over_limit": Loss,
     GpuLaunchesNested => "gpu_launches_nested": Total,
+    GpuKernelsUnnamed => "gpu_kernels_unnamed": Total,
     GpuLaunchProbesPaused => "gpu_launch_probes_paused": Loss,
     ProcessesAdoptedNotAttached => "processes_adopted_not_attached": Loss,
     ProcessesAdoptedOverLimit => "processes_adopted_over_limit": Loss,

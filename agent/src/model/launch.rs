@@ -13,7 +13,8 @@ pub struct LaunchRecord {
     pub kind: &'static str,
     /// The CUDA function called (`cuLaunchKernel`, `cudaGraphLaunch_ptsz`, ...).
     pub api: &'static str,
-    /// Where the record comes from: `uprobe` (the launch function's entry).
+    /// Where the record comes from: `uprobe` (the launch function's entry). Step summaries
+    /// say `uprobe`, `shim` or `both` (see [`StepLaunches::source`]).
     pub source: &'static str,
     /// Host enqueue time (CLOCK_MONOTONIC ns): the call's entry, not GPU execution.
     pub enqueue_mono_ns: u64,
@@ -58,10 +59,12 @@ pub struct NamedCount {
     pub launches: u64,
 }
 
-/// The GPU launches an engine step made, from the launch uprobes.
+/// The GPU launches an engine step made, from the launch uprobes, the CUPTI shim, or both.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StepLaunches {
-    /// `uprobe`: host-side launches (no device times).
+    /// Where the figures come from: `uprobe` (host-side launches, no device times), `shim`
+    /// (the shim's kernel records: launch times from its API callbacks), or `both` (the two
+    /// merged launch by launch, each launch counted once; see [`LaunchSources`]).
     pub source: &'static str,
     /// Kernel launches (eager), sampled records counted for what they stand for.
     pub kernel_launches: u64,
@@ -87,6 +90,48 @@ pub struct StepLaunches {
     /// Some of the step's launches were sampled (the process was over its launch-rate cap).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub sampled: bool,
+    /// Where the shim's records were merged in: which launches each source saw.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sources: Option<LaunchSources>,
+    /// The kernels each graph ran, from the shim's records of the graph's first launch in the
+    /// step (at most [`STEP_KERNELS_KEPT`] graphs).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub graph_kernels: Vec<GraphKernels>,
+}
+
+impl StepLaunches {
+    /// Launches the step made, kernels and graphs.
+    pub fn launches(&self) -> u64 {
+        self.kernel_launches + self.graph_launches
+    }
+}
+
+/// A step's launches by the source that saw them, where the shim's kernel records were merged
+/// with the launch uprobes' launches (kernels and graphs; `both` + `uprobe_only` + `shim_only`
+/// is the step's launch count).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct LaunchSources {
+    /// Seen by both (paired by the shim's launch thread and time, kind, grid, block and
+    /// shared memory).
+    pub both: u64,
+    /// Seen by the launch uprobes only (the shim's record was dropped or not yet flushed).
+    pub uprobe_only: u64,
+    /// Seen by the shim only (the launch probes were paused, sampled, or not attached yet).
+    pub shim_only: u64,
+    /// Kernel launches the uprobes could not name (`unnamed#N`) that the shim named.
+    pub named_by_shim: u64,
+}
+
+/// The kernels one CUDA graph ran, by name (from the shim's per-node kernel records).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GraphKernels {
+    /// `graph#N` as the launch uprobes name it, or `cuda_graph_id:N` (the shim's graph id)
+    /// for a graph the uprobes did not see launched.
+    pub graph: String,
+    /// Kernel nodes the launch ran.
+    pub nodes: u64,
+    /// By name, most run first (at most [`STEP_KERNELS_KEPT`]).
+    pub kernels: Vec<NamedCount>,
 }
 
 /// Distinct kernels listed per step.

@@ -15,6 +15,6 @@ pub use disagg::{
     DisaggHints, DisaggInfo, DisaggLeg, DisaggRole, HandoffParams, HandoffValue, LegParse,
 };
 pub use identity::ProcessIdentity;
-pub use launch::{LaunchRecord, NamedCount, StepLaunches};
+pub use launch::{GraphKernels, LaunchRecord, LaunchSources, NamedCount, StepLaunches};
 pub use lifecycle::PerProcess;
 pub use record::{EndedBy, RequestRecord, StepMember, StepRecord, StepRef};

@@ -216,9 +216,13 @@ pub struct StepRecord {
     #[serde(skip)]
     pub kernels_from_ns: Option<u64>,
     /// The GPU launches the step made (launch uprobes), where the process's CUDA library is
-    /// probed.
+    /// probed; merged with the CUPTI shim's kernel records where the shim runs too.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu_launches: Option<super::StepLaunches>,
+    /// The step's own launch records behind `gpu_launches`, kept only until the shim's kernel
+    /// records of the step can have arrived and been merged (see correlate::launch_merge).
+    #[serde(skip)]
+    pub launch_list: Option<std::sync::Arc<[super::LaunchRecord]>>,
 }
 
 impl StepRecord {

@@ -729,7 +729,9 @@ impl Pipeline {
                         observer.on_launch(record);
                     }
                 }
-                Ok(CapturedEvent::GpuName(name)) => launches.on_name(&name),
+                Ok(CapturedEvent::GpuName(name)) => {
+                    launches.on_name(&name, |tgid, stub| stub_names.name(tgid, stub))
+                }
                 Ok(CapturedEvent::Segment(segment)) => tracker.on_segment(&segment),
                 Ok(CapturedEvent::SockState(state)) => tracker.on_sock_state(&state),
                 Ok(CapturedEvent::Sched(event)) => tracker.on_sched(&event, steps),

@@ -383,16 +383,23 @@ pub enum GpuApi {
     CudaLaunchKernelPtsz = 10,
     CudaGraphLaunch = 11,
     CudaGraphLaunchPtsz = 12,
+    /// `cudaLaunchKernelExC` (what C++'s `cudaLaunchKernelEx` calls): a `cudaLaunchConfig_t`
+    /// laid out as the driver's `CUlaunchConfig` up to the stream.
+    CudaLaunchKernelExC = 13,
+    CudaLaunchKernelExCPtsz = 14,
     /// `cuModuleGetFunction`: a `CUfunction` named from its module.
     CuModuleGetFunction = 32,
     /// `cuLibraryGetKernel`: a `CUkernel` named from its library (CUDA 12 context-free loading).
     CuLibraryGetKernel = 33,
     /// `cuKernelGetFunction`: the `CUfunction` of a `CUkernel` in the current context.
     CuKernelGetFunction = 34,
+    /// `cudaGetKernel` (CUDA 12.1+, the way CUDA 13 code gets kernel handles): the
+    /// `cudaKernel_t` (a `CUkernel`) of a host stub, named from the stub's symbol.
+    CudaGetKernel = 35,
 }
 
 impl GpuApi {
-    pub const ALL: [GpuApi; 15] = [
+    pub const ALL: [GpuApi; 18] = [
         GpuApi::CuLaunchKernel,
         GpuApi::CuLaunchKernelPtsz,
         GpuApi::CuLaunchCooperativeKernel,
@@ -405,9 +412,12 @@ impl GpuApi {
         GpuApi::CudaLaunchKernelPtsz,
         GpuApi::CudaGraphLaunch,
         GpuApi::CudaGraphLaunchPtsz,
+        GpuApi::CudaLaunchKernelExC,
+        GpuApi::CudaLaunchKernelExCPtsz,
         GpuApi::CuModuleGetFunction,
         GpuApi::CuLibraryGetKernel,
         GpuApi::CuKernelGetFunction,
+        GpuApi::CudaGetKernel,
     ];
 
     pub fn from_u8(v: u8) -> Option<Self> {
@@ -429,9 +439,12 @@ impl GpuApi {
             GpuApi::CudaLaunchKernelPtsz => "cudaLaunchKernel_ptsz",
             GpuApi::CudaGraphLaunch => "cudaGraphLaunch",
             GpuApi::CudaGraphLaunchPtsz => "cudaGraphLaunch_ptsz",
+            GpuApi::CudaLaunchKernelExC => "cudaLaunchKernelExC",
+            GpuApi::CudaLaunchKernelExCPtsz => "cudaLaunchKernelExC_ptsz",
             GpuApi::CuModuleGetFunction => "cuModuleGetFunction",
             GpuApi::CuLibraryGetKernel => "cuLibraryGetKernel",
             GpuApi::CuKernelGetFunction => "cuKernelGetFunction",
+            GpuApi::CudaGetKernel => "cudaGetKernel",
         }
     }
 
@@ -446,12 +459,20 @@ impl GpuApi {
         )
     }
 
+    /// A naming call whose second argument is the handle it resolves (`alias`), not a name:
+    /// `cuKernelGetFunction(CUfunction*, CUkernel)`, `cudaGetKernel(cudaKernel_t*, stub)`.
+    pub fn names_by_alias(self) -> bool {
+        matches!(self, GpuApi::CuKernelGetFunction | GpuApi::CudaGetKernel)
+    }
+
     /// A runtime (libcudart) entry point: its kernel handle is the host stub's address.
     pub fn is_runtime(self) -> bool {
         matches!(
             self,
             GpuApi::CudaLaunchKernel
                 | GpuApi::CudaLaunchKernelPtsz
+                | GpuApi::CudaLaunchKernelExC
+                | GpuApi::CudaLaunchKernelExCPtsz
                 | GpuApi::CudaGraphLaunch
                 | GpuApi::CudaGraphLaunchPtsz
         )
@@ -504,7 +525,8 @@ pub const NAME_FLAG_TRUNCATED: u16 = 1;
 
 /// A kernel handle the driver handed out, with its (mangled) name: `cuModuleGetFunction` and
 /// `cuLibraryGetKernel` name `handle`; `cuKernelGetFunction` says `handle` (a `CUfunction`) is
-/// the kernel `alias` (a `CUkernel`) and carries no name.
+/// the kernel `alias` (a `CUkernel`) and carries no name; `cudaGetKernel` says `handle` (a
+/// `cudaKernel_t`) is the kernel of host stub `alias` (named from the stub's symbol).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct GpuNameRecord {

@@ -75,6 +75,8 @@ pub fn cuda_launch(ctx: ProbeContext) -> u32 {
 
 /// `cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, params, extra)`: the config
 /// starts with gridDimX..Z, blockDimX..Z, sharedMemBytes (u32 each), then the stream at 32.
+/// `cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* func, args)` has the same
+/// layout (its dynamicSmemBytes is a size_t at 24: its low half is read, little-endian).
 #[uprobe]
 pub fn cuda_launch_ex(ctx: ProbeContext) -> u32 {
     let Some(mut record) = begin(&ctx) else {
@@ -147,14 +149,15 @@ pub fn cudart_launch(ctx: ProbeContext) -> u32 {
 
 /// `cuModuleGetFunction(CUfunction* out, CUmodule, const char* name)` and
 /// `cuLibraryGetKernel(CUkernel* out, CUlibrary, const char* name)`; `cuKernelGetFunction(
-/// CUfunction* out, CUkernel)`: the out pointer and the name (or kernel) are kept for the return.
+/// CUfunction* out, CUkernel)` and `cudaGetKernel(cudaKernel_t* out, const void* stub)`: the out
+/// pointer and the name (or the kernel, or the stub) are kept for the return.
 #[uprobe]
 pub fn cuda_name_call(ctx: ProbeContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let regs = regs(&ctx);
     let call = GpuNameCall {
         out: regs.rdi,
-        arg: if cookie(ctx.as_ptr()) == GpuApi::CuKernelGetFunction as u8 {
+        arg: if by_alias(cookie(ctx.as_ptr())) {
             regs.rsi
         } else {
             regs.rdx
@@ -197,7 +200,7 @@ pub fn cuda_name_return(ctx: RetProbeContext) -> u32 {
     record.ts_ns = unsafe { bpf_ktime_get_ns() };
     record.handle = handle;
     record.name[0] = 0;
-    if call.api == GpuApi::CuKernelGetFunction as u8 {
+    if by_alias(call.api) {
         record.alias = call.arg;
     } else {
         record.alias = 0;
@@ -217,6 +220,12 @@ pub fn cuda_name_return(ctx: RetProbeContext) -> u32 {
     }
     output::<GpuNameRecord>(record, Counter::GpuNames);
     0
+}
+
+/// Whether naming call `api` resolves a handle given as its second argument (no name string).
+#[inline(always)]
+fn by_alias(api: u8) -> bool {
+    api == GpuApi::CuKernelGetFunction as u8 || api == GpuApi::CudaGetKernel as u8
 }
 
 #[inline(always)]

@@ -32,6 +32,8 @@ pub const HOOKS: &[GpuHook] = &[
     hook(GpuApi::CuLibraryGetKernel, "cuda_name_return"),
     hook(GpuApi::CuKernelGetFunction, "cuda_name_call"),
     hook(GpuApi::CuKernelGetFunction, "cuda_name_return"),
+    hook(GpuApi::CudaGetKernel, "cuda_name_call"),
+    hook(GpuApi::CudaGetKernel, "cuda_name_return"),
     hook(GpuApi::CuLaunchKernel, "cuda_launch"),
     hook(GpuApi::CuLaunchKernelPtsz, "cuda_launch"),
     hook(GpuApi::CuLaunchCooperativeKernel, "cuda_launch"),
@@ -44,6 +46,8 @@ pub const HOOKS: &[GpuHook] = &[
     hook(GpuApi::CudaGraphLaunchPtsz, "cuda_graph_launch"),
     hook(GpuApi::CudaLaunchKernel, "cudart_launch"),
     hook(GpuApi::CudaLaunchKernelPtsz, "cudart_launch"),
+    hook(GpuApi::CudaLaunchKernelExC, "cuda_launch_ex"),
+    hook(GpuApi::CudaLaunchKernelExCPtsz, "cuda_launch_ex"),
 ];
 
 const fn hook(api: GpuApi, program: &'static str) -> GpuHook {
@@ -269,14 +273,15 @@ impl LaunchEvent {
 }
 
 /// A kernel handle named by the driver (or, for `cuKernelGetFunction`, a function handle that is
-/// the kernel `alias`).
+/// the kernel `alias`; for `cudaGetKernel`, a kernel handle of host stub `alias`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NameEvent<'a> {
     pub api: GpuApi,
     pub tgid: u32,
     pub handle: u64,
     pub alias: u64,
-    /// The name's bytes as the process passed them (empty for `cuKernelGetFunction`).
+    /// The name's bytes as the process passed them (empty for `cuKernelGetFunction` and
+    /// `cudaGetKernel`).
     pub name: &'a [u8],
     pub truncated: bool,
 }
@@ -336,7 +341,7 @@ mod tests {
     #[test]
     fn the_launch_hooks_are_the_launch_programs_only() {
         let hooks = launch_hooks();
-        assert_eq!(hooks.len(), 12);
+        assert_eq!(hooks.len(), 14);
         assert!(
             hooks
                 .iter()

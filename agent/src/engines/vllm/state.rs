@@ -408,12 +408,12 @@ impl IpcState {
             waiting_requests: stats.waiting,
             start_from: Some(start_from),
             kernels_from_ns: kernels_from,
-            gpu_launches: None,
             kernel_pid: self
                 .engine_pids
                 .get(&engine)
                 .copied()
                 .filter(|&p| p != tgid),
+            ..StepRecord::default()
         });
     }
 

@@ -8,8 +8,10 @@ prompt (and any output it must recompute after a preemption) is fully computed a
 
 With `INFERSCOPE_VLLM_MOCK_CUDA` naming the mock CUDA driver (tests/mock-cuda: libcuda.so), the
 worker calls its cuInit (which loads the injection library named by CUDA_INJECTION64_PATH, the
-CUPTI shim) and launches `KERNELS_PER_STEP` kernels through cuLaunchKernel in every step, as a
-GPU worker launches its forward pass: the shim sees them as it would on a GPU.
+CUPTI shim) and, in every step, launches `EAGER_KERNELS` kernels through cuLaunchKernel and one
+CUDA graph of `GRAPH_NODES` kernels through cuGraphLaunch (as vLLM's piecewise graphs run eager
+attention beside captured pieces): the shim sees `KERNELS_PER_STEP` kernel records a step, as it
+would on a GPU, and the launch uprobes three launches.
 """
 import ctypes
 import os
@@ -26,7 +28,9 @@ STEP_S = float(os.environ.get("INFERSCOPE_VLLM_STEP_MS", "4")) / 1e3
 TOKEN_S = float(os.environ.get("INFERSCOPE_VLLM_TOKEN_US", "20")) / 1e6
 # Sampled ids stay clear of the special tokens at the start of the vocabulary.
 FIRST_WORD = 16
-KERNELS_PER_STEP = 2
+EAGER_KERNELS = (b"attention_fwd", b"gemm_bf16")
+GRAPH_NODES = (b"rms_norm_kernel", b"gemm_bf16", b"gemm_bf16")
+KERNELS_PER_STEP = len(EAGER_KERNELS) + len(GRAPH_NODES)
 
 
 class Worker(WorkerBase):
@@ -53,6 +57,12 @@ class Worker(WorkerBase):
             ]
             if self.cuda.cuInit(0) != 0:
                 raise RuntimeError(f"cuInit of {path} failed")
+            # The mock driver's graph: its node names must outlive it (kept on self).
+            self.graph_nodes = (ctypes.c_char_p * len(GRAPH_NODES))(*GRAPH_NODES)
+            self.cuda.mockGraphInstantiate.restype = ctypes.c_void_p
+            self.cuda.mockGraphInstantiate.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_int]
+            self.cuda.cuGraphLaunch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+            self.graph = self.cuda.mockGraphInstantiate(self.graph_nodes, len(GRAPH_NODES))
 
     def load_model(self, *args, **kwargs) -> None:
         pass
@@ -188,8 +198,9 @@ class Worker(WorkerBase):
                 sampled.append([])  # a chunk of a prefill: nothing sampled yet
         if req_ids:
             if self.cuda is not None:
-                for name in (b"attention_fwd", b"gemm_bf16")[:KERNELS_PER_STEP]:
+                for name in EAGER_KERNELS:
                     self.cuda.cuLaunchKernel(name, 64, 1, 1, 128, 1, 1, 0, 1, None, None)
+                self.cuda.cuGraphLaunch(self.graph, 1)
             time.sleep(STEP_S + TOKEN_S * so.total_num_scheduled_tokens)
         elif self.kv_loads:
             # Only transfers in flight: the engine polls its connector every step.
