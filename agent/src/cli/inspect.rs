@@ -380,6 +380,13 @@ fn disagg_section(record_json: &str, width: usize) -> String {
         opt(num(d, "kv_transfer_wait_ms")),
         opt(num(d, "first_decode_step_ms")),
     );
+    if let Some(transfer) = num(d, "kv_transfer_ms") {
+        let source = text(d, "kv_transfer_source").unwrap_or_else(|| "?".into());
+        let _ = writeln!(
+            out,
+            "          KV transfer {transfer:.1} ms by the connector ({source}), within the KV wait"
+        );
+    }
     let (Some(d_arrival), Some(d_end)) =
         (int(&record, "arrival_mono_ns"), int(&record, "end_mono_ns"))
     else {
@@ -430,7 +437,8 @@ mod tests {
                 "id": "5be1f0c27a9d4e10", "role": "decode", "scheme": "vllm_kv_transfer",
                 "peer_request_id": "1001-3-0", "prefill_arrival_mono_ns": 1000 * ms,
                 "prefill_queue_wait_ms": 2.0, "prefill_ms": 7.0, "handoff_ms": 2.0,
-                "kv_transfer_wait_ms": 20.0, "first_decode_step_ms": 4.0, "ttft_ms": 40.0
+                "kv_transfer_wait_ms": 20.0, "first_decode_step_ms": 4.0, "ttft_ms": 40.0,
+                "kv_transfer_ms": 12.5, "kv_transfer_source": "vllm_kv_connector_stats"
             }
         });
         let out = super::disagg_section(&d.to_string(), 40);
@@ -440,6 +448,9 @@ mod tests {
         );
         assert!(out.contains("TTFT 40.0 ms from P's arrival: P queue 2.0 ms + P prefill 7.0 ms"));
         assert!(out.contains("KV wait 20.0 ms + D first step 4.0 ms"));
+        assert!(out.contains(
+            "KV transfer 12.5 ms by the connector (vllm_kv_connector_stats), within the KV wait"
+        ));
         let kv = out.lines().find(|l| l.starts_with("KV wait")).unwrap();
         assert!(kv.ends_with("15.0ms     20.0ms"), "{kv}");
         let p = out.lines().find(|l| l.starts_with("P leg")).unwrap();

@@ -36,12 +36,23 @@ pub struct EngineMetricsRecord {
     pub preemptions_total: Option<f64>,
     pub prompt_tokens_total: Option<f64>,
     pub generation_tokens_total: Option<f64>,
+    /// KV-cache transfers the engine's KV connector finished since it started, and the
+    /// seconds they took by the connector's own measure (vLLM: `vllm:nixl_xfer_time_seconds`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_transfers_total: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_transfer_seconds_total: Option<f64>,
     /// Seconds since this engine's previous record; rates cover that interval. None on the
     /// first record and after a counter reset (the engine restarted).
     pub interval_s: Option<f64>,
     pub preemptions_per_s: Option<f64>,
     pub prompt_tokens_per_s: Option<f64>,
     pub generation_tokens_per_s: Option<f64>,
+    /// Transfers finished in the interval, and their mean time by the connector's measure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_transfers_per_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_transfer_mean_ms: Option<f64>,
     /// Sample lines in the exposition, and lines skipped as unreadable or over the bounds.
     pub samples: u64,
     pub lines_skipped: u64,
@@ -182,6 +193,8 @@ impl EngineMetrics {
             preemptions_total: snap.get(Signal::PreemptionsTotal),
             prompt_tokens_total: snap.get(Signal::PromptTokensTotal),
             generation_tokens_total: snap.get(Signal::GenerationTokensTotal),
+            kv_transfers_total: snap.get(Signal::KvTransfersTotal),
+            kv_transfer_seconds_total: snap.get(Signal::KvTransferSecondsTotal),
             samples: stats.samples,
             lines_skipped: stats.skipped(),
             scrape_errors: scrape.failures_since_last,
@@ -200,6 +213,18 @@ impl EngineMetrics {
             record.preemptions_per_s = rate(Signal::PreemptionsTotal);
             record.prompt_tokens_per_s = rate(Signal::PromptTokensTotal);
             record.generation_tokens_per_s = rate(Signal::GenerationTokensTotal);
+            record.kv_transfers_per_s = rate(Signal::KvTransfersTotal);
+            let delta = |signal: Signal| match (prev.get(signal), snap.get(signal)) {
+                (Some(a), Some(b)) if b >= a => Some(b - a),
+                _ => None,
+            };
+            record.kv_transfer_mean_ms = match (
+                delta(Signal::KvTransfersTotal),
+                delta(Signal::KvTransferSecondsTotal),
+            ) {
+                (Some(n), Some(s)) if n > 0.0 => Some(s / n * 1e3),
+                _ => None,
+            };
         }
         state.previous = Some((mono_ns, snap));
         if state.history.len() == HISTORY {
@@ -309,6 +334,30 @@ mod tests {
         let reset = m.on_scrape(&scrape(b"vllm:num_preemptions_total 1\n", 4000));
         assert_eq!(reset.preemptions_per_s, None);
         assert_eq!(second.mono_ns, 3_001_000_000);
+    }
+
+    /// vLLM's NIXL connector exports its transfers' own times as a histogram: its count and
+    /// sum are totals, and the interval's mean is their change's ratio.
+    #[test]
+    fn the_connectors_transfer_times_give_the_intervals_mean() {
+        let mut m = EngineMetrics::new(Limits::default(), 2_000_000_000);
+        let body = |n: u32, s: f64| {
+            format!(
+                "vllm:nixl_xfer_time_seconds_bucket{{engine=\"0\",le=\"0.1\"}} {n}\n\
+                 vllm:nixl_xfer_time_seconds_count{{engine=\"0\",model_name=\"m\"}} {n}\n\
+                 vllm:nixl_xfer_time_seconds_sum{{engine=\"0\",model_name=\"m\"}} {s}\n"
+            )
+        };
+        let first = m.on_scrape(&scrape(body(4, 0.1).as_bytes(), 1000));
+        assert_eq!(first.kv_transfers_total, Some(4.0));
+        assert_eq!(first.kv_transfer_seconds_total, Some(0.1));
+        assert_eq!(first.kv_transfer_mean_ms, None);
+        let second = m.on_scrape(&scrape(body(14, 1.6).as_bytes(), 3000));
+        assert_eq!(second.kv_transfers_per_s, Some(5.0));
+        assert!((second.kv_transfer_mean_ms.unwrap() - 150.0).abs() < 1e-9);
+        // No transfer in the interval: no mean.
+        let idle = m.on_scrape(&scrape(body(14, 1.6).as_bytes(), 4000));
+        assert_eq!(idle.kv_transfer_mean_ms, None);
     }
 
     #[test]

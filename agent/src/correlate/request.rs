@@ -213,6 +213,7 @@ impl RequestProgress {
             engine_first_token_mono_ns: self.engine_first_token_ns,
             engine_queued_mono_ns: None,
             engine_first_output_mono_ns: None,
+            engine_kv_transfer_ms: None,
             engine_finished_mono_ns: self.engine_finished_ns,
             slot_released_mono_ns: self.slot_released_ns,
             prefill_steps: self.admitted_ns.map(|_| self.prefill_steps),

@@ -111,6 +111,11 @@ pub trait Engine: Sync {
         crate::model::LegParse::None
     }
 
+    /// Where this engine's `engine_kv_transfer_ms` comes from, named in the stitched record.
+    fn kv_transfer_source(&self) -> Option<&'static str> {
+        None
+    }
+
     /// The Python distribution whose installed version is the engine's version, for engines
     /// shipped as one (`inferscope check` names the version).
     fn package(&self) -> Option<&'static str> {

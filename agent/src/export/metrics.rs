@@ -191,6 +191,8 @@ pub struct Metrics {
     kv_cache_usage: Family<ProcessLabels, Gauge<f64, AtomicU64>>,
     requests_running: Family<ProcessLabels, Gauge<f64, AtomicU64>>,
     requests_waiting: Family<ProcessLabels, Gauge<f64, AtomicU64>>,
+    kv_transfers: Family<ProcessLabels, Gauge<f64, AtomicU64>>,
+    kv_transfer_seconds: Family<ProcessLabels, Gauge<f64, AtomicU64>>,
     engine_snapshot: EngineSnapshot,
     /// (engine, pid) of every process with a gauge above, to remove them when it goes.
     process_series: Mutex<BTreeSet<(String, u32)>>,
@@ -323,6 +325,18 @@ impl Metrics {
             "Requests the engine reports as waiting for admission (its own /metrics)",
             requests_waiting.clone(),
         );
+        let kv_transfers = Family::<ProcessLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "inferscope_engine_kv_transfers",
+            "KV-cache transfers the engine's KV connector finished since the engine started (its own /metrics, e.g. vllm:nixl_xfer_time_seconds_count)",
+            kv_transfers.clone(),
+        );
+        let kv_transfer_seconds = Family::<ProcessLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "inferscope_engine_kv_transfer_seconds",
+            "Seconds those transfers took by the connector's own measure (e.g. vllm:nixl_xfer_time_seconds_sum)",
+            kv_transfer_seconds.clone(),
+        );
         let diagnosis = Family::<DiagnosisLabels, Gauge>::default();
         registry.register(
             "inferscope_diagnosis_info",
@@ -369,6 +383,8 @@ impl Metrics {
             kv_cache_usage,
             requests_running,
             requests_waiting,
+            kv_transfers,
+            kv_transfer_seconds,
             engine_snapshot,
             process_series: Mutex::default(),
             diagnosis,
@@ -571,6 +587,8 @@ impl Metrics {
             (&self.kv_cache_usage, m.kv_cache_usage),
             (&self.requests_running, m.requests_running),
             (&self.requests_waiting, m.requests_waiting),
+            (&self.kv_transfers, m.kv_transfers_total),
+            (&self.kv_transfer_seconds, m.kv_transfer_seconds_total),
         ] {
             if let Some(v) = value {
                 family.get_or_create(&labels).set(v);
@@ -618,6 +636,8 @@ impl Metrics {
                 &self.kv_cache_usage,
                 &self.requests_running,
                 &self.requests_waiting,
+                &self.kv_transfers,
+                &self.kv_transfer_seconds,
             ] {
                 family.remove(&labels);
             }

@@ -175,6 +175,7 @@ counters! {
     VllmEngineTableFull => "vllm_engine_table_full": Loss,
     VllmEventBadTimestamp => "vllm_event_bad_timestamp": Loss,
     VllmJoinAmbiguous => "vllm_join_ambiguous": Loss,
+    VllmKvTransfersUnattributed => "vllm_kv_transfers_unattributed": Loss,
     VllmJoinOutsideRequestTime => "vllm_join_outside_request_time": Loss,
     VllmOutputsPartial => "vllm_outputs_partial": Loss,
     VllmOutputsSeenTwice => "vllm_outputs_seen_twice": Loss,

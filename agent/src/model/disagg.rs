@@ -154,6 +154,14 @@ pub struct DisaggInfo {
     pub handoff_ms: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_transfer_wait_ms: Option<f64>,
+    /// The KV transfer's own time, as the engine's KV connector measured it (vLLM: the
+    /// duration NIXL's transfer agent reported, post → done), and where it came from
+    /// (`vllm_kv_connector_stats`). `kv_transfer_wait_ms` is the scheduler-observed wait,
+    /// which also holds the steps before the load started and after it finished.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_transfer_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_transfer_source: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_decode_step_ms: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]

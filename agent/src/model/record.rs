@@ -63,6 +63,11 @@ pub struct RequestRecord {
     pub engine_queued_mono_ns: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub engine_first_output_mono_ns: Option<u64>,
+    /// The engine's KV connector's own time for the transfer of this request's remote KV
+    /// cache (vLLM: the duration its connector, e.g. NIXL, reported for it in the scheduler
+    /// stats), where the request waited for one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine_kv_transfer_ms: Option<f64>,
     pub engine_finished_mono_ns: Option<u64>,
     pub slot_released_mono_ns: Option<u64>,
     /// Engine steps the request took part in before / after its first token.

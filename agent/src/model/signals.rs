@@ -16,16 +16,23 @@ pub enum Signal {
     PromptTokensTotal,
     /// Tokens generated since the engine started (counter).
     GenerationTokensTotal,
+    /// KV-cache transfers the engine's KV connector finished, and the seconds they took by
+    /// its own measure, since the engine started (a histogram's count and sum: vLLM's
+    /// `vllm:nixl_xfer_time_seconds`).
+    KvTransfersTotal,
+    KvTransferSecondsTotal,
 }
 
 impl Signal {
-    pub const ALL: [Signal; 6] = [
+    pub const ALL: [Signal; 8] = [
         Signal::KvCacheUsage,
         Signal::RequestsRunning,
         Signal::RequestsWaiting,
         Signal::PreemptionsTotal,
         Signal::PromptTokensTotal,
         Signal::GenerationTokensTotal,
+        Signal::KvTransfersTotal,
+        Signal::KvTransferSecondsTotal,
     ];
 
     pub fn index(self) -> usize {

@@ -221,6 +221,11 @@ impl Stitcher {
             prefill_ms: p.prefill_ms,
             handoff_ms: Some(ms(p.end, arrival)),
             kv_transfer_wait_ms,
+            kv_transfer_ms: record.engine_kv_transfer_ms,
+            kv_transfer_source: record
+                .engine_kv_transfer_ms
+                .and_then(|_| crate::engines::by_name(&record.engine))
+                .and_then(|e| e.kv_transfer_source()),
             first_decode_step_ms,
             ttft_ms: record.first_token_mono_ns.map(|t| ms(p.arrival, t)),
         }));

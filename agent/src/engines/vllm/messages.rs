@@ -9,6 +9,9 @@ const MAX_ID: usize = 512;
 const MAX_OUTPUTS: u32 = 65_536;
 /// Most events read per output (QUEUED, SCHEDULED, PREEMPTED... per step).
 const MAX_EVENTS: u32 = 1024;
+/// Most KV-transfer durations kept from one step's connector stats (NIXL reports one per
+/// finished transfer handle); a step with more keeps none of them (see [`KvTransfers`]).
+pub const MAX_KV_TRANSFERS: usize = 256;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum IpcMessage {
@@ -73,12 +76,31 @@ pub struct Event {
     pub timestamp: f64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct SchedulerStats {
     pub running: Option<u64>,
     pub waiting: Option<u64>,
     pub kv_cache_usage: Option<f64>,
     pub step_counter: Option<u64>,
+    /// The KV connector's own transfer times reported with this step (`kv_connector_stats`).
+    pub kv_transfers: KvTransfers,
+}
+
+/// What a step's `kv_connector_stats` (the connector's `KVConnectorStats.to_dict()`, sent in
+/// SchedulerStats) says about the transfers its worker saw finish in that step. NIXL's dict has
+/// `transfer_duration`: seconds per finished transfer handle, measured by the transfer agent
+/// (post → done), in the order the loads were started; a MultiConnector nests one such dict
+/// per connector. Nothing in it names a request.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum KvTransfers {
+    /// No connector stats with transfer times in this step.
+    #[default]
+    None,
+    /// Seconds per finished transfer, in the connector's order.
+    Durations(Vec<f64>),
+    /// More than [`MAX_KV_TRANSFERS`], a value no duration can be, or several connectors'
+    /// lists at once: the step's transfers cannot be told apart.
+    Unreadable,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -369,8 +391,224 @@ fn decode_stats(r: &mut Reader<'_>) -> Result<SchedulerStats, DecodeError> {
                 let v = r.float().map_err(layout_on_type)?;
                 s.kv_cache_usage = (v.is_finite() && (0.0..=1.0).contains(&v)).then_some(v);
             }
+            b"kv_connector_stats" => s.kv_transfers = decode_connector_stats(r)?,
             _ => r.skip()?,
         }
     }
     Ok(s)
+}
+
+/// Longest duration accepted from connector stats (seconds); longer is not a transfer time.
+const MAX_TRANSFER_S: f64 = 86_400.0;
+
+/// `kv_connector_stats`: nil, a connector's dict, or a MultiConnector's dict of dicts. Any
+/// shape other than NIXL's `transfer_duration` list is skipped (another connector's stats).
+fn decode_connector_stats(r: &mut Reader<'_>) -> Result<KvTransfers, DecodeError> {
+    if r.nil()? {
+        return Ok(KvTransfers::None);
+    }
+    let mut found = KvTransfers::None;
+    visit_connector_stats(r, 0, &mut found)?;
+    Ok(found)
+}
+
+fn visit_connector_stats(
+    r: &mut Reader<'_>,
+    depth: u32,
+    found: &mut KvTransfers,
+) -> Result<(), DecodeError> {
+    let n = match r.map_len() {
+        Ok(n) => n,
+        // Not a dict: another connector's stats shape.
+        Err(MsgpackError::Type) => return Ok(r.skip()?),
+        Err(e) => return Err(e.into()),
+    };
+    for _ in 0..n {
+        let key = match r.str() {
+            Ok(key) => key,
+            Err(MsgpackError::Type) => {
+                r.skip()?;
+                r.skip()?;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if key == b"transfer_duration" {
+            let list = read_durations(r)?;
+            *found = match (std::mem::take(found), list) {
+                (KvTransfers::None, list) => list,
+                (prev, KvTransfers::None) => prev,
+                // Two connectors' lists in one step: whose transfer is whose is unknown.
+                _ => KvTransfers::Unreadable,
+            };
+        } else if depth == 0 {
+            // A MultiConnector's entry (one connector's dict), or a scalar of this one.
+            visit_connector_stats(r, depth + 1, found)?;
+        } else {
+            r.skip()?;
+        }
+    }
+    Ok(())
+}
+
+fn read_durations(r: &mut Reader<'_>) -> Result<KvTransfers, DecodeError> {
+    let n = match r.opt_array_len() {
+        Ok(Some(n)) => n,
+        Ok(None) => return Ok(KvTransfers::None),
+        Err(MsgpackError::Type) => {
+            r.skip()?;
+            return Ok(KvTransfers::Unreadable);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let mut out = Vec::with_capacity((n as usize).min(MAX_KV_TRANSFERS));
+    let mut readable = n as usize <= MAX_KV_TRANSFERS;
+    for _ in 0..n {
+        match r.float() {
+            Ok(v) if v.is_finite() && (0.0..=MAX_TRANSFER_S).contains(&v) => {
+                if readable {
+                    out.push(v);
+                }
+            }
+            Ok(_) => readable = false,
+            Err(MsgpackError::Type) => {
+                r.skip()?;
+                readable = false;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(match (readable, out.is_empty()) {
+        (false, _) => KvTransfers::Unreadable,
+        (true, true) => KvTransfers::None,
+        (true, false) => KvTransfers::Durations(out),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Hand-written msgpack (vLLM's SchedulerStats is a map keyed by field name).
+    fn s(text: &str) -> Vec<u8> {
+        let mut out = vec![0xa0 | text.len() as u8];
+        out.extend_from_slice(text.as_bytes());
+        out
+    }
+
+    fn f(v: f64) -> Vec<u8> {
+        let mut out = vec![0xcb];
+        out.extend_from_slice(&v.to_be_bytes());
+        out
+    }
+
+    fn map(entries: &[(&str, Vec<u8>)]) -> Vec<u8> {
+        let mut out = vec![0x80 | entries.len() as u8];
+        for (k, v) in entries {
+            out.extend(s(k));
+            out.extend_from_slice(v);
+        }
+        out
+    }
+
+    fn array(items: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = vec![0x90 | items.len() as u8];
+        for i in items {
+            out.extend_from_slice(i);
+        }
+        out
+    }
+
+    fn stats(bytes: &[u8]) -> Result<SchedulerStats, DecodeError> {
+        decode_stats(&mut Reader::new(bytes))
+    }
+
+    #[test]
+    fn nixl_transfer_durations_are_read_from_the_scheduler_stats() {
+        let nixl = map(&[
+            ("transfer_duration", array(&[f(0.02), f(0.15)])),
+            ("bytes_transferred", array(&[vec![0x01], vec![0x02]])),
+            ("num_failed_transfers", array(&[])),
+        ]);
+        let got = stats(&map(&[
+            ("num_running_reqs", vec![0x01]),
+            ("kv_connector_stats", nixl.clone()),
+            ("num_waiting_reqs", vec![0x03]),
+        ]))
+        .unwrap();
+        assert_eq!(got.kv_transfers, KvTransfers::Durations(vec![0.02, 0.15]));
+        assert_eq!((got.running, got.waiting), (Some(1), Some(3)));
+        // A MultiConnector nests one dict per connector.
+        let multi = map(&[
+            ("NixlConnector", nixl),
+            ("LMCacheConnectorV1", map(&[("x", array(&[vec![0x01]]))])),
+        ]);
+        let got = stats(&map(&[("kv_connector_stats", multi)])).unwrap();
+        assert_eq!(got.kv_transfers, KvTransfers::Durations(vec![0.02, 0.15]));
+        // None, an empty list and other connectors' shapes: no transfers.
+        for empty in [
+            vec![0xc0],
+            map(&[("transfer_duration", array(&[]))]),
+            s("text"),
+            array(&[f(1.0)]),
+        ] {
+            let got = stats(&map(&[
+                ("kv_connector_stats", empty),
+                ("num_waiting_reqs", vec![0x02]),
+            ]))
+            .unwrap();
+            assert_eq!(got.kv_transfers, KvTransfers::None);
+            assert_eq!(got.waiting, Some(2));
+        }
+    }
+
+    #[test]
+    fn bad_durations_make_the_step_unreadable_not_the_message() {
+        for bad in [
+            array(&[f(0.1), f(-1.0)]),
+            array(&[f(f64::NAN)]),
+            array(&[f(0.1), array(&[f(0.2)])]),
+            array(&[s("x")]),
+            s("x"),
+        ] {
+            let got = stats(&map(&[
+                ("kv_connector_stats", map(&[("transfer_duration", bad)])),
+                ("num_waiting_reqs", vec![0x02]),
+            ]))
+            .unwrap();
+            assert_eq!(got.kv_transfers, KvTransfers::Unreadable);
+            assert_eq!(got.waiting, Some(2));
+        }
+        // Two connectors' lists in one step cannot be told apart.
+        let two = map(&[
+            ("a", map(&[("transfer_duration", array(&[f(0.1)]))])),
+            ("b", map(&[("transfer_duration", array(&[f(0.2)]))])),
+        ]);
+        let got = stats(&map(&[("kv_connector_stats", two)])).unwrap();
+        assert_eq!(got.kv_transfers, KvTransfers::Unreadable);
+        // Too many to keep.
+        let mut many = vec![0xdc];
+        many.extend_from_slice(&((MAX_KV_TRANSFERS + 1) as u16).to_be_bytes());
+        for _ in 0..=MAX_KV_TRANSFERS {
+            many.extend(f(0.01));
+        }
+        let got = stats(&map(&[(
+            "kv_connector_stats",
+            map(&[("transfer_duration", many)]),
+        )]))
+        .unwrap();
+        assert_eq!(got.kv_transfers, KvTransfers::Unreadable);
+        // Cut off inside the list: the frame is truncated, never a panic.
+        let whole = map(&[(
+            "kv_connector_stats",
+            map(&[("transfer_duration", array(&[f(0.1), f(0.2)]))]),
+        )]);
+        for cut in 0..whole.len() {
+            let _ = stats(&whole[..cut]);
+        }
+        assert_eq!(
+            stats(&whole[..whole.len() - 3]),
+            Err(DecodeError::Msgpack(MsgpackError::Truncated))
+        );
+    }
 }

@@ -45,6 +45,12 @@ impl Engine for Vllm {
     fn disagg_leg(&self, hints: &crate::model::DisaggHints) -> crate::model::LegParse {
         disagg::leg(hints)
     }
+
+    fn kv_transfer_source(&self) -> Option<&'static str> {
+        // The scheduler stats' `kv_connector_stats` (NIXL's `transfer_duration`), read from
+        // the engine's IPC.
+        Some("vllm_kv_connector_stats")
+    }
 }
 
 /// `vllm serve`'s scheduler and KV-cache flags (vllm/engine/arg_utils.py).
@@ -107,6 +113,16 @@ static METRICS: MetricsEndpoint = MetricsEndpoint {
         MetricSource::new(
             "vllm:generation_tokens_total",
             Signal::GenerationTokensTotal,
+        ),
+        // The NIXL connector's own transfer times (its KVConnectorPromMetrics; served only
+        // with `--kv-transfer-config` naming NIXL, or a connector reporting NIXL's stats).
+        MetricSource::new(
+            "vllm:nixl_xfer_time_seconds_count",
+            Signal::KvTransfersTotal,
+        ),
+        MetricSource::new(
+            "vllm:nixl_xfer_time_seconds_sum",
+            Signal::KvTransferSecondsTotal,
         ),
     ],
     enable_hint: "vLLM serves /metrics unless it runs with --disable-log-stats",

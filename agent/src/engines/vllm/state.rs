@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
-use super::messages::{AddRequest, EventKind, IpcMessage, Outputs};
+use super::messages::{AddRequest, EventKind, IpcMessage, KvTransfers, Outputs};
 use crate::model::{RequestRecord, Stats, StepMember, StepRecord, StepRef};
 
 /// Requests remembered at once; the oldest is forgotten (counted) beyond this.
@@ -24,6 +24,9 @@ const OUTPUT_STEPS: usize = 1 << 14;
 const OUTPUT_STEPS_TOTAL: usize = 1 << 20;
 /// Engines whose recent steps are kept (each up to [`STEPS_PER_ENGINE`]).
 const STEP_ENGINES: usize = 64;
+/// Requests remembered per step as admitted after waiting (for the KV-transfer attribution);
+/// a step with more attributes none.
+const MAX_HELD: usize = 64;
 
 /// CLOCK_MONOTONIC seconds (vLLM's time.monotonic()) → nanoseconds; None for values no clock
 /// reads (negative, NaN, more than ~300 years).
@@ -58,11 +61,18 @@ pub struct RequestState {
 }
 
 /// One step of an engine, as remembered for the per-request join.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct EngineStep {
     end: u64,
     /// The process the step's message was seen in (the step record's pid).
     tgid: u32,
+    /// The KV transfers its worker reported finished (the connector's own durations).
+    transfers: KvTransfers,
+    /// Requests first admitted in this step that had waited through the step before (queued
+    /// before it ended): (queued, engine id). A request whose remote KV arrived is admitted
+    /// in the step after the one that reported its transfer finished.
+    held: Vec<(u64, String)>,
+    held_overflow: bool,
 }
 
 #[derive(Debug, Default)]
@@ -251,11 +261,14 @@ impl IpcState {
         // SCHEDULED / PREEMPTED stamps carried by this message: the scheduler's clock at some
         // step's schedule().
         let mut sched_stamps: Vec<u64> = Vec::new();
+        // Requests first admitted per this message: (SCHEDULED, QUEUED, id).
+        let mut admitted: Vec<(u64, u64, String)> = Vec::new();
         let engine_key = (server, outputs.engine_index.unwrap_or(0));
         for out in outputs.outputs {
             let room = self.output_steps_total < OUTPUT_STEPS_TOTAL;
             let mut kept = false;
             let r = self.entry(&out.request_id);
+            let was_admitted = r.scheduled_ns.is_some();
             let mut bad_time = 0;
             for ev in &out.events {
                 let Some(ns) = mono_ns(ev.timestamp) else {
@@ -280,6 +293,9 @@ impl IpcState {
                     }
                     EventKind::Preempted => r.preemptions += 1,
                 }
+            }
+            if !was_admitted && let (Some(sched), Some(queued)) = (r.scheduled_ns, r.queued_ns) {
+                admitted.push((sched, queued, out.request_id.clone()));
             }
             let first = r.first_output_ns.is_none() && out.new_tokens > 0;
             if out.new_tokens > 0 && ts_ns.is_some() {
@@ -347,7 +363,34 @@ impl IpcState {
         // One engine's outputs come in step order; a late one is put in its place.
         let at = ring.partition_point(|s| s.end < end);
         if ring.get(at).is_none_or(|s| s.end != end) {
-            ring.insert(at, EngineStep { end, tgid });
+            ring.insert(
+                at,
+                EngineStep {
+                    end,
+                    tgid,
+                    transfers: stats.kv_transfers.clone(),
+                    held: Vec::new(),
+                    held_overflow: false,
+                },
+            );
+        }
+        // Each newly admitted request to the step its SCHEDULED stamp fell in (the first whose
+        // end is not before it), when it was queued before the step ahead of that one ended.
+        for (sched, queued, id) in admitted {
+            let a = ring.partition_point(|s| s.end < sched);
+            let Some(before) = a.checked_sub(1).and_then(|i| ring.get(i)).map(|s| s.end) else {
+                continue;
+            };
+            if queued >= before {
+                continue;
+            }
+            if let Some(step) = ring.get_mut(a) {
+                if step.held.len() < MAX_HELD {
+                    step.held.push((queued, id));
+                } else {
+                    step.held_overflow = true;
+                }
+            }
         }
         steps.push(StepRecord {
             pid: tgid,
@@ -538,6 +581,42 @@ impl IpcState {
         record.engine_steps = steps;
     }
 
+    /// The KV connector's own transfer time (ms) for `r`, a request that waited for a remote
+    /// KV cache: the connector reports its finished transfers' durations with the step its
+    /// worker saw them finish (naming no request), and the scheduler admits those requests in
+    /// the next step. So the step before `r`'s admission step holds its duration, when that
+    /// step reported as many transfers as requests the admission step took in after waiting;
+    /// NIXL lists them in the order their loads started, which is the waiting queue's order
+    /// (first queued first), so the i-th duration is the i-th of them by queued time. None
+    /// when `r` was not admitted after a reported transfer; counted when it was but the
+    /// numbers do not match.
+    fn kv_transfer_ms(&mut self, r: &RequestState) -> Option<f64> {
+        let sched = r.scheduled_ns?;
+        let ring = self.engine_steps.get(&r.engine?)?;
+        let a = ring.partition_point(|s| s.end < sched);
+        let admission = ring.get(a)?;
+        let before = ring.get(a.checked_sub(1)?)?;
+        if !admission.held.iter().any(|(_, id)| id == &r.request_id) {
+            return None;
+        }
+        let durations = match &before.transfers {
+            KvTransfers::None => return None,
+            KvTransfers::Durations(d)
+                if !admission.held_overflow && d.len() == admission.held.len() =>
+            {
+                d
+            }
+            _ => {
+                self.stats.bump(Counter::VllmKvTransfersUnattributed);
+                return None;
+            }
+        };
+        let mut order: Vec<&(u64, String)> = admission.held.iter().collect();
+        order.sort_unstable();
+        let i = order.iter().position(|(_, id)| id == &r.request_id)?;
+        durations.get(i).map(|s| s * 1e3)
+    }
+
     /// Fills `record` (an HTTP request that just finished) from the engine requests that
     /// served it (one, or one per prompt and per `n`), and forgets them. Admission is the
     /// first SCHEDULED of any; preemptions add up, and are unknown (not 0) when a request was
@@ -576,6 +655,12 @@ impl IpcState {
         }
         record.engine_queued_mono_ns = states.iter().filter_map(|s| s.queued_ns).min();
         record.engine_first_output_mono_ns = states.iter().filter_map(|s| s.first_output_ns).min();
+        // One request's KV transfer (a decode leg of disaggregated serving holds one engine
+        // request; for several, the longest is the one the record waited for).
+        record.engine_kv_transfer_ms = states
+            .iter()
+            .filter_map(|s| self.kv_transfer_ms(s))
+            .reduce(f64::max);
         let Some(admitted) = states.iter().filter_map(|s| s.scheduled_ns).min() else {
             if served {
                 record.engine_unknown.push("admitted_mono_ns");
@@ -845,6 +930,102 @@ mod tests {
             finished_requests: Vec::new(),
             partial: false,
         })
+    }
+
+    /// One step's message whose scheduler stats carry the connector's transfer durations.
+    fn step_kv(ts: f64, transfers: &[f64], outputs: &[ScriptedOutput<'_>]) -> IpcMessage {
+        let IpcMessage::Outputs(mut o) = step_with(ts, outputs) else {
+            unreachable!("step_with builds outputs");
+        };
+        if let Some(stats) = o.stats.as_mut() {
+            stats.kv_transfers = if transfers.is_empty() {
+                KvTransfers::None
+            } else {
+                KvTransfers::Durations(transfers.to_vec())
+            };
+        }
+        IpcMessage::Outputs(o)
+    }
+
+    /// Disaggregated decode: the connector reports finished transfers' durations with the step
+    /// its worker saw them finish, naming no request; the requests whose KV arrived are
+    /// admitted in the next step. Each gets its own duration (in the order of their queueing,
+    /// NIXL's order), and a step whose numbers do not match attributes none.
+    #[test]
+    fn connector_transfer_times_go_to_the_requests_they_released() {
+        use EventKind::{Queued, Scheduled};
+        let mut state = IpcState::default();
+        let mut steps = Vec::new();
+        let (d1, d2, d3) = (
+            "cmpl-d1-0-aaaaaaaa",
+            "cmpl-d2-0-bbbbbbbb",
+            "cmpl-d3-0-cccccccc",
+        );
+        let (p, q) = ("cmpl-p-0-dddddddd", "cmpl-q-0-eeeeeeee");
+        for (id, ext) in [
+            (d1, "cmpl-d1-0"),
+            (d2, "cmpl-d2-0"),
+            (d3, "cmpl-d3-0"),
+            (p, "cmpl-p-0"),
+            (q, "cmpl-q-0"),
+        ] {
+            state.apply(add(id, ext, 40), (1, 1, 1), &mut steps);
+        }
+        let script: &[(f64, &[f64], &[ScriptedOutput<'_>])] = &[
+            (1.00, &[], &[]),
+            (1.01, &[], &[]),
+            // d1 and d2 (queued at 0.995 and 0.996) finished loading: d2's listed second.
+            (1.02, &[0.011, 0.0123], &[]),
+            (
+                1.03,
+                &[],
+                &[
+                    (d2, 1, None, &[(Queued, 0.996), (Scheduled, 1.025)]),
+                    (d1, 1, None, &[(Queued, 0.995), (Scheduled, 1.025)]),
+                ],
+            ),
+            // p arrived after 1.03 and was admitted at once: it waited for nothing.
+            (
+                1.04,
+                &[],
+                &[(p, 1, None, &[(Queued, 1.035), (Scheduled, 1.036)])],
+            ),
+            // One transfer reported (d3's), but a request held for room (q) was admitted with
+            // d3: which is whose is not known.
+            (1.05, &[0.02], &[]),
+            (
+                1.06,
+                &[],
+                &[
+                    (d3, 1, None, &[(Queued, 1.0305), (Scheduled, 1.055)]),
+                    (q, 1, None, &[(Queued, 1.041), (Scheduled, 1.055)]),
+                ],
+            ),
+        ];
+        for &(ts, transfers, outputs) in script {
+            state.apply(step_kv(ts, transfers, outputs), (1, 1, 1), &mut steps);
+        }
+        let transfer = |state: &mut IpcState, x: &str| {
+            let mut record = RequestRecord {
+                pid: 1,
+                path: "/v1/completions".into(),
+                x_request_id: Some(x.into()),
+                arrival_mono_ns: 900_000_000,
+                end_mono_ns: 2_000_000_000,
+                ..Default::default()
+            };
+            state.enrich(&mut record);
+            assert!(record.admitted_mono_ns.is_some(), "{x} joined");
+            record.engine_kv_transfer_ms
+        };
+        let close = |got: Option<f64>, want: f64| got.is_some_and(|g| (g - want).abs() < 1e-9);
+        assert!(close(transfer(&mut state, "d1"), 11.0));
+        assert!(close(transfer(&mut state, "d2"), 12.3));
+        assert_eq!(transfer(&mut state, "p"), None);
+        assert_eq!(state.stats.get(Counter::VllmKvTransfersUnattributed), 0);
+        assert_eq!(transfer(&mut state, "d3"), None);
+        assert_eq!(transfer(&mut state, "q"), None);
+        assert_eq!(state.stats.get(Counter::VllmKvTransfersUnattributed), 2);
     }
 
     #[test]

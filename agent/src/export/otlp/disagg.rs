@@ -107,6 +107,12 @@ fn attributes(info: &DisaggInfo) -> Vec<KeyValue> {
     if let Some(scheme) = info.scheme {
         out.push(KeyValue::new("inferscope.disagg.scheme", scheme));
     }
+    if let Some(source) = info.kv_transfer_source {
+        out.push(KeyValue::new(
+            "inferscope.disagg.kv_transfer_source",
+            source,
+        ));
+    }
     for (name, v) in [
         (
             "inferscope.disagg.prefill_queue_wait_ms",
@@ -118,6 +124,7 @@ fn attributes(info: &DisaggInfo) -> Vec<KeyValue> {
             "inferscope.disagg.kv_transfer_wait_ms",
             info.kv_transfer_wait_ms,
         ),
+        ("inferscope.disagg.kv_transfer_ms", info.kv_transfer_ms),
         (
             "inferscope.disagg.first_decode_step_ms",
             info.first_decode_step_ms,

@@ -6,15 +6,16 @@ prompt's KV "asynchronously", so its scheduler keeps the request WAITING_FOR_REM
 the worker reports the blocks received. The worker side is played by the test worker
 (worker.py), which reports a load finished after a modelled delay: `INFERSCOPE_VLLM_KV_MS`
 (default 20), or the number in the file `INFERSCOPE_VLLM_KV_MS_FILE` when it exists (re-read
-every load, so a test can slow the transfer down mid-run).
+every load, so a test can slow the transfer down mid-run), plus 0-8 ms fixed by the request id
+(`INFERSCOPE_VLLM_KV_JITTER=0`: none); it reports its transfers with NIXL's own stats class, so
+vLLM sends their times over its IPC and serves `vllm:nixl_xfer_time_seconds`.
 
     --kv-transfer-config '{"kv_connector": "InferscopeKvConnector",
         "kv_connector_module_path": "inferscope_vllm.connector", "kv_role": "kv_consumer"}'
 """
-import json
 import os
-import time
 import uuid
+import zlib
 from dataclasses import dataclass, field
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -33,6 +34,14 @@ def transfer_delay_s() -> float:
         except (OSError, ValueError):
             pass
     return float(os.environ.get("INFERSCOPE_VLLM_KV_MS", "20")) / 1e3
+
+
+def transfer_jitter_s(request_id: str) -> float:
+    """0-8 ms added to one request's modelled transfer, fixed by its id (with
+    `INFERSCOPE_VLLM_KV_JITTER=0`, none)."""
+    if os.environ.get("INFERSCOPE_VLLM_KV_JITTER", "1") == "0":
+        return 0.0
+    return (zlib.crc32(request_id.encode()) % 8000) / 1e6
 
 
 @dataclass
@@ -89,6 +98,21 @@ class InferscopeKvConnector(KVConnectorBase_V1):
             tp_size=1,
             remote_num_tokens=request.num_computed_tokens,
         )
+
+    # The connector's stats are NIXL's (the test worker reports its transfers with vLLM's
+    # NixlKVConnectorStats), so the API server logs them and exports vLLM's own
+    # `vllm:nixl_xfer_time_seconds` histogram, as it does for NIXL.
+    @classmethod
+    def build_kv_connector_stats(cls, data=None):
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
+
+        return NixlKVConnectorStats(data=data) if data is not None else NixlKVConnectorStats()
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlPromMetrics
+
+        return NixlPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     # Worker side: played by the test worker (worker.py), never instantiated there.
     def start_load_kv(self, forward_context, **kwargs):

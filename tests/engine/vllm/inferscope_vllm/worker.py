@@ -16,6 +16,7 @@ would on a GPU, and the launch uprobes three launches.
 import ctypes
 import os
 import time
+from types import SimpleNamespace
 
 import torch
 
@@ -38,8 +39,9 @@ class Worker(WorkerBase):
         # req id -> tokens the request holds (prompt + sampled outputs)
         self.lengths: dict[str, int] = {}
         self.kv_cache_config = None
-        # Disaggregated serving (connector.py): engine id -> when its remote KV "arrives".
-        self.kv_loads: dict[str, float] = {}
+        # Disaggregated serving (connector.py): engine id -> (load started, modelled transfer
+        # time), in load order.
+        self.kv_loads: dict[str, tuple[float, float]] = {}
         self.kv_truth = None
         truth = os.environ.get("INFERSCOPE_VLLM_TRUTH")
         if truth:
@@ -131,23 +133,44 @@ class Worker(WorkerBase):
 
     def _kv_connector_output(self, so):
         """The connector's worker side: a load the scheduler started this step finishes after
-        the modelled transfer delay; reported with the first step after that."""
+        the modelled transfer delay (the connector's delay plus a per-request jitter of 0-8 ms,
+        so that a transfer time given to the wrong request shows); reported with the first
+        step after that, with NIXL's own stats (vLLM's NixlKVConnectorStats: one
+        `transfer_duration` per finished transfer, the transfer's own time, in the order the
+        loads started), which vLLM's scheduler sends over its IPC and its API server turns
+        into `vllm:nixl_xfer_time_seconds`."""
         meta = getattr(so, "kv_connector_metadata", None)
         if meta is None and not self.kv_loads:
             return None
-        from inferscope_vllm.connector import transfer_delay_s
+        from inferscope_vllm.connector import transfer_delay_s, transfer_jitter_s
 
         now = time.monotonic()
         for rid in getattr(meta, "loads", None) or ():
-            self.kv_loads[rid] = now + transfer_delay_s()
+            delay = transfer_delay_s() + transfer_jitter_s(rid)
+            self.kv_loads[rid] = (now, delay)
             if self.kv_truth is not None:
-                self.kv_truth.write(f'{{"ev":"kv_load","id":"{rid}","t":{now}}}\n')
-        done = {rid for rid, t in self.kv_loads.items() if t <= now}
+                self.kv_truth.write(f'{{"ev":"kv_load","id":"{rid}","t":{now},"model":{delay}}}\n')
+        # In load order, as NIXL polls its transfers.
+        done = [rid for rid, (start, delay) in self.kv_loads.items() if start + delay <= now]
+        stats = None
+        if done:
+            from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
+                NixlKVConnectorStats,
+            )
+
+            stats = NixlKVConnectorStats()
         for rid in done:
-            del self.kv_loads[rid]
+            start, delay = self.kv_loads.pop(rid)
+            # What nixlXferTelemetry gives (microseconds): the transfer took the modelled
+            # delay; posting it is immediate; the fake transfer moves no bytes.
+            stats.record_transfer(
+                SimpleNamespace(xferDuration=delay * 1e6, postDuration=0.0, totalBytes=0, descCount=1)
+            )
             if self.kv_truth is not None:
-                self.kv_truth.write(f'{{"ev":"kv_received","id":"{rid}","t":{now}}}\n')
-        return KVConnectorOutput(finished_recving=done or None)
+                self.kv_truth.write(
+                    f'{{"ev":"kv_received","id":"{rid}","t":{now},"xfer":{delay}}}\n'
+                )
+        return KVConnectorOutput(finished_recving=set(done) or None, kv_connector_stats=stats)
 
     def execute_model(self, scheduler_output) -> ModelRunnerOutput:
         so = scheduler_output
