@@ -24,10 +24,12 @@ use crate::{
 };
 
 /// Longest time from a launch function's entry (the uprobe) to the shim's API callback for the
-/// same call: the callback runs inside the call, microseconds after the trap; the margin is for
-/// a thread preempted in between. (A launch only one source saw, within this time after one
-/// only the other saw on the same thread, would be taken for it.)
-pub const PAIR_WITHIN_NS: u64 = 100_000;
+/// same call: the callback runs inside the call, microseconds after the trap, unless the thread
+/// is preempted in between — on a loaded 2-core machine that is milliseconds (a pairing miss at
+/// 100 µs was seen in CI). Pairing follows each thread's call order (a shim launch takes the
+/// thread's last unpaired uprobe launch at or before it), so the window only matters where both
+/// sources missed a different call of the same shape on one thread within it.
+pub const PAIR_WITHIN_NS: u64 = 10_000_000;
 /// How far the shim's launch time may lie before the uprobe's for the same call (a shim that
 /// calibrates CUPTI's clock against CLOCK_MONOTONIC carries a small offset error).
 pub const CLOCK_SKEW_NS: u64 = 50_000;
@@ -97,50 +99,66 @@ fn same_call(u: &LaunchRecord, s: &ShimLaunch<'_>) -> bool {
         && u.shared_mem_bytes == Some(k.dynamic_shared_bytes)
 }
 
-/// For each shim launch, the index (in `launches`) of the uprobe launch it pairs with: first
-/// the thread's last launch at or before the shim's callback (the common case: the uprobe fires
-/// at the call's entry, the callback inside it), then, for shim launches left, the thread's
-/// first unpaired launch up to [`CLOCK_SKEW_NS`] after it.
+/// For each shim launch, the index (in `launches`) of the uprobe launch it pairs with. Each
+/// thread's launches are one sequence of calls that both sources see in call order (each call's
+/// shim callback before the next call's entry), so the two sequences are aligned by walking
+/// them together: a shim launch after the thread's next uprobe entry is not the current
+/// call's (which the shim missed); one more than [`CLOCK_SKEW_NS`] before the current entry is
+/// a call the uprobes missed; otherwise the two are one call when [`same_call`] and at most
+/// [`PAIR_WITHIN_NS`] apart. Where the shim's clock lies a little behind, of two shim launches
+/// that could both be the current call the later (at or after its entry, as with an exact
+/// clock) is taken.
 fn pair(launches: &[LaunchRecord], shim: &[ShimLaunch<'_>]) -> Vec<Option<usize>> {
-    // Per thread, its uprobe launches in enqueue order.
-    let mut threads: FxHashMap<u32, Vec<usize>> = FxHashMap::default();
-    for (i, l) in launches.iter().enumerate() {
-        threads.entry(l.tid).or_default().push(i);
-    }
-    for list in threads.values_mut() {
-        list.sort_by_key(|&i| launches[i].enqueue_mono_ns);
-    }
-    let thread_of = |s: &ShimLaunch<'_>| threads.get(&s.tid).filter(|_| s.tid != 0);
-    let mut used = vec![false; launches.len()];
     let mut pairs: Vec<Option<usize>> = vec![None; shim.len()];
-    for (s, paired) in shim.iter().zip(pairs.iter_mut()) {
-        let Some(list) = thread_of(s) else { continue };
-        let at = list.partition_point(|&i| launches[i].enqueue_mono_ns <= s.mono_ns);
-        let Some(&i) = at.checked_sub(1).and_then(|at| list.get(at)) else {
-            continue;
-        };
-        if !used[i]
-            && s.mono_ns - launches[i].enqueue_mono_ns <= PAIR_WITHIN_NS
-            && same_call(&launches[i], s)
+    // Per thread, its uprobe and shim launches, each in time order (call order).
+    let mut threads: FxHashMap<u32, (Vec<usize>, Vec<usize>)> = FxHashMap::default();
+    for (i, l) in launches.iter().enumerate() {
+        threads.entry(l.tid).or_default().0.push(i);
+    }
+    for (j, s) in shim.iter().enumerate() {
+        if s.tid != 0
+            && let Some((_, list)) = threads.get_mut(&s.tid)
         {
-            used[i] = true;
-            *paired = Some(i);
+            list.push(j);
         }
     }
-    for (s, paired) in shim.iter().zip(pairs.iter_mut()) {
-        if paired.is_some() {
-            continue;
-        }
-        let Some(list) = thread_of(s) else { continue };
-        let at = list.partition_point(|&i| launches[i].enqueue_mono_ns <= s.mono_ns);
-        let found = list[at..]
-            .iter()
-            .copied()
-            .take_while(|&i| launches[i].enqueue_mono_ns - s.mono_ns <= CLOCK_SKEW_NS)
-            .find(|&i| !used[i] && same_call(&launches[i], s));
-        if let Some(i) = found {
-            used[i] = true;
-            *paired = Some(i);
+    for (ups, shims) in threads.values_mut() {
+        ups.sort_by_key(|&i| launches[i].enqueue_mono_ns);
+        shims.sort_by_key(|&j| shim[j].mono_ns);
+        let (mut a, mut b) = (0, 0);
+        while let (Some(&i), Some(&j)) = (ups.get(a), shims.get(b)) {
+            let (u, s) = (&launches[i], &shim[j]);
+            let next_entry = ups.get(a + 1).map_or(u64::MAX, |&n| launches[n].enqueue_mono_ns);
+            if s.mono_ns > next_entry {
+                // The shim's next launch came after the next call began: it missed this one.
+                a += 1;
+                continue;
+            }
+            if s.mono_ns.saturating_add(CLOCK_SKEW_NS) < u.enqueue_mono_ns {
+                b += 1;
+                continue;
+            }
+            let later_fits = s.mono_ns < u.enqueue_mono_ns
+                && shims.get(b + 1).is_some_and(|&k| {
+                    let t = &shim[k];
+                    t.mono_ns.saturating_add(CLOCK_SKEW_NS) < next_entry
+                        && t.mono_ns.saturating_sub(u.enqueue_mono_ns) <= PAIR_WITHIN_NS
+                        && same_call(u, t)
+                });
+            if later_fits {
+                b += 1;
+                continue;
+            }
+            if same_call(u, s) && s.mono_ns.saturating_sub(u.enqueue_mono_ns) <= PAIR_WITHIN_NS {
+                pairs[j] = Some(i);
+                a += 1;
+                b += 1;
+            } else if s.mono_ns >= u.enqueue_mono_ns {
+                // Not this call, and after its entry: the shim missed this call.
+                a += 1;
+            } else {
+                b += 1;
+            }
         }
     }
     pairs

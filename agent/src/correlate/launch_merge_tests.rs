@@ -1,5 +1,5 @@
 //! The merge of the launch uprobes' launches with the shim's kernel records (launch_merge).
-use super::launch_merge::merge_step;
+use super::launch_merge::{PAIR_WITHIN_NS, merge_step};
 use crate::{
     capture::gpu::KernelRecord,
     model::{LaunchRecord, LaunchSources, StepRecord},
@@ -85,10 +85,12 @@ fn each_launch_counts_once_and_says_who_saw_it() {
         kernel(1, 1_200_004, 12, "rms_norm", 5, 3),
         kernel(1, 1_200_004, 12, "gemm", 5, 1),
         kernel(1, 1_200_004, 12, "gemm", 5, 2),
-        kernel(1, 1_500_000, 13, "shim_only_kernel", 0, 0),
+        // Beyond the pairing window after the uprobes' last, unpaired, launch.
+        kernel(1, 1_300_001 + PAIR_WITHIN_NS, 13, "shim_only_kernel", 0, 0),
     ];
     let refs: Vec<&KernelRecord> = kernels.iter().collect();
-    let m = merge_step(&step(900_000, 2_000_000), &launches, &refs).unwrap();
+    let end = 2_000_000 + PAIR_WITHIN_NS;
+    let m = merge_step(&step(900_000, end), &launches, &refs).unwrap();
     assert_eq!(m.source, "both");
     assert_eq!(
         m.sources,
@@ -128,16 +130,16 @@ fn each_launch_counts_once_and_says_who_saw_it() {
 #[test]
 fn another_thread_another_shape_or_too_far_apart_do_not_pair() {
     let launches = [launch(1, 1_000_000, "k", false)];
-    // Same time, other thread; same thread, other grid; same thread, 2 ms later.
+    // Same time, other thread; same thread, other grid; same thread, beyond the window.
     let mut other_grid = kernel(1, 1_000_003, 2, "k", 0, 0);
     other_grid.grid = [1, 1, 1];
     let kernels = [
         kernel(2, 1_000_002, 1, "k", 0, 0),
         other_grid,
-        kernel(1, 3_000_000, 3, "k", 0, 0),
+        kernel(1, 1_000_001 + PAIR_WITHIN_NS, 3, "k", 0, 0),
     ];
     let refs: Vec<&KernelRecord> = kernels.iter().collect();
-    let m = merge_step(&step(0, 4_000_000), &launches, &refs).unwrap();
+    let m = merge_step(&step(0, 2 * PAIR_WITHIN_NS), &launches, &refs).unwrap();
     let s = m.sources.unwrap();
     assert_eq!((s.both, s.uprobe_only, s.shim_only), (0, 1, 3));
     assert_eq!(m.kernel_launches, 4);
@@ -231,4 +233,23 @@ fn merge_cost_per_launch() {
         launches.len(),
         kernels.len()
     );
+}
+
+#[test]
+fn a_thread_preempted_between_the_trap_and_the_callback_still_pairs_in_call_order() {
+    // Two launches of one shape on one thread; the first call's thread lost its CPU for 3 ms
+    // between the uprobe's trap and the shim's callback (seen on a loaded 2-core machine).
+    let launches = [
+        launch(1, 1_000_000, "unnamed#1", false),
+        launch(1, 4_100_000, "unnamed#1", false),
+    ];
+    let kernels = [
+        kernel(1, 4_000_000, 1, "k", 0, 0),
+        kernel(1, 4_100_004, 2, "k", 0, 0),
+    ];
+    let refs: Vec<&KernelRecord> = kernels.iter().collect();
+    let m = merge_step(&step(0, 5_000_000), &launches, &refs).unwrap();
+    let s = m.sources.unwrap();
+    assert_eq!((s.both, s.uprobe_only, s.shim_only), (2, 0, 0));
+    assert_eq!(m.kernel_launches, 2);
 }

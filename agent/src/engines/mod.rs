@@ -71,6 +71,11 @@ pub trait EngineIpc {
     fn forget_process(&mut self, tgid: u32);
     /// Adds what the IPC said about the HTTP request `record` describes (it just finished).
     fn enrich(&mut self, record: &mut RequestRecord);
+    /// Whether the engine may still tell about the finished `record`'s request (held back
+    /// before [`Self::enrich`], briefly: see `ipc_router`).
+    fn awaits_engine(&self, _record: &RequestRecord) -> bool {
+        false
+    }
     fn counters(&self) -> Vec<(Counter, u64)>;
 }
 

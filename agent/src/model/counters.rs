@@ -190,6 +190,9 @@ counters! {
     VllmIpcLayoutMismatch => "vllm_ipc_layout_mismatch": Loss,
     // Correlate: connections, requests, scheduler joins, timelines; requests lost or left incomplete.
     RequestsUnfinished => "requests_unfinished": Total,
+    RecordsHeldForEngine => "records_held_for_engine": Total,
+    RecordsHeldForEngineUntold => "records_held_for_engine_untold": Total,
+    RecordsHeldForEngineOverflow => "records_held_for_engine_overflow": Loss,
     ClosesRecovered => "closes_recovered": Total,
     ArrivalWireUnknown => "arrival_wire_unknown": Loss,
     ConnectionGaps => "connection_gaps": Loss,
@@ -273,6 +276,7 @@ counters! {
     MetricsScrapeRequestsHidden => "metrics_scrape_requests_hidden": Total,
     OpenConnections => "open_connections": Gauge,
     OpenRequests => "open_requests": Gauge,
+    RecordsHeldForEngineNow => "records_awaiting_engine": Gauge,
     // Engine processes being traced (0 with an engine on the node: the agent is detached).
     EngineProcessesTraced => "engine_processes_traced": Gauge,
     // Identity: container and Kubernetes pod names.

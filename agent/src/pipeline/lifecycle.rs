@@ -74,6 +74,7 @@ impl Processes<'_> {
             self.identities,
             self.records,
             observer,
+            false,
         );
         let joined_to_records: [&mut dyn PerProcess; 2] =
             [&mut *self.engine_metrics, &mut *self.identities];

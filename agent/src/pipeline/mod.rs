@@ -317,6 +317,7 @@ impl Pipeline {
             &mut self.identities,
             &mut self.records,
             observer,
+            true,
         );
         Ok(())
     }
@@ -449,6 +450,7 @@ impl Pipeline {
             &mut self.identities,
             &mut self.records,
             observer,
+            false,
         );
     }
 
@@ -772,7 +774,15 @@ impl Pipeline {
             launches.annotate(&mut step);
             observer.on_step(step);
         }
-        emit(engine_metrics, stitcher, ipc, identities, records, observer);
+        emit(
+            engine_metrics,
+            stitcher,
+            ipc,
+            identities,
+            records,
+            observer,
+            false,
+        );
         adopted
     }
 
@@ -827,7 +837,8 @@ impl Pipeline {
 
 /// Hands finished requests to the observer, with what their engine's IPC knows added and
 /// joined to the engine metrics sampled at their arrival; the agent's own scrapes (seen by the
-/// socket probes) are not requests.
+/// socket probes) are not requests. Records whose engine may still tell about them are held
+/// back briefly (all handed over with `flush`).
 fn emit(
     engine_metrics: &mut EngineMetrics,
     stitcher: &mut Stitcher,
@@ -835,12 +846,18 @@ fn emit(
     identities: &mut Identities,
     records: &mut Vec<RequestRecord>,
     observer: &mut dyn Observer,
+    flush: bool,
 ) {
-    for mut record in records.drain(..) {
-        if engine_metrics.is_own_scrape(&record) {
-            continue;
-        }
-        record.identity = identities.of(record.pid);
+    let mut ready = Vec::with_capacity(records.len());
+    let finished = records
+        .drain(..)
+        .filter(|r| !engine_metrics.is_own_scrape(r))
+        .map(|mut record| {
+            record.identity = identities.of(record.pid);
+            record
+        });
+    ipc.ready_for_join(finished, Instant::now(), flush, &mut ready);
+    for mut record in ready {
         ipc.enrich(&mut record);
         // After the IPC join: a leg's phases come from its engine's stamps.
         stitcher.stitch(&mut record);

@@ -288,6 +288,10 @@ impl EngineIpc for VllmIpc {
         self.state.enrich(record);
     }
 
+    fn awaits_engine(&self, record: &RequestRecord) -> bool {
+        self.state.awaits_engine(record)
+    }
+
     fn counters(&self) -> Vec<(Counter, u64)> {
         self.stats.iter().chain(self.state.stats.iter()).collect()
     }

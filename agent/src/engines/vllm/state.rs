@@ -109,6 +109,20 @@ fn externals_of<'a>(
     by_external.get(key).into_iter().chain(prompts)
 }
 
+/// The external ids `record`'s engine requests may carry: the stream's own id, and
+/// `chatcmpl-`/`cmpl-` + its X-Request-Id.
+fn join_keys(record: &RequestRecord) -> Vec<String> {
+    let mut keys: Vec<String> = Vec::with_capacity(3);
+    if let Some(id) = &record.response_id {
+        keys.push(id.clone());
+    }
+    if let Some(x) = &record.x_request_id {
+        keys.push(format!("chatcmpl-{x}"));
+        keys.push(format!("cmpl-{x}"));
+    }
+    keys
+}
+
 /// `<n>_<id>` (a child of an `n > 1` request) → `<id>`.
 fn parent_of(request_id: &str) -> &str {
     match request_id.split_once('_') {
@@ -423,18 +437,8 @@ impl IpcState {
     /// request's lifetime. `n > 1` children share their parent's external id. None when one
     /// external id names engine requests of different HTTP requests (a reused X-Request-Id).
     fn members(&mut self, record: &RequestRecord) -> Option<Vec<String>> {
-        let mut keys: Vec<String> = Vec::with_capacity(3);
-        if let Some(id) = &record.response_id {
-            keys.push(id.clone());
-        }
-        if let Some(x) = &record.x_request_id {
-            keys.push(format!("chatcmpl-{x}"));
-            keys.push(format!("cmpl-{x}"));
-        }
-        let key = keys.iter().find(|k| {
-            self.by_external.contains_key(k.as_str())
-                || self.by_external.contains_key(&format!("{k}-0"))
-        })?;
+        let keys = join_keys(record);
+        let key = self.known_key(&keys)?;
         // Two servers may hold requests with one external id (a disaggregated request's
         // prefill and decode legs share the proxy's X-Request-Id): where the record's own
         // server holds some, only those are its.
@@ -448,8 +452,11 @@ impl IpcState {
                 return false;
             }
             let first = r.queued_ns.or(r.scheduled_ns);
+            // An engine request aborted with its client may be admitted after the client left
+            // (the abort reaches the engine after the API server forwarded the request).
             first.is_none_or(|t| t >= record.arrival_mono_ns)
-                && r.scheduled_ns.is_none_or(|t| t <= record.end_mono_ns)
+                && r.scheduled_ns
+                    .is_none_or(|t| t <= record.end_mono_ns || (record.aborted && r.aborted))
         };
         let mut externals = vec![key.clone()];
         for i in 0..MAX_PROMPTS {
@@ -617,6 +624,36 @@ impl IpcState {
         durations.get(i).map(|s| s * 1e3)
     }
 
+    /// The first of `keys` that names engine requests (itself, or its first prompt's).
+    fn known_key<'k>(&self, keys: &'k [String]) -> Option<&'k String> {
+        keys.iter().find(|k| {
+            self.by_external.contains_key(k.as_str())
+                || self.by_external.contains_key(&format!("{k}-0"))
+        })
+    }
+
+    /// Whether the engine may still tell about `record`'s request: its client left before
+    /// any token, and the engine has not yet heard of it (vLLM's API server forwards a request
+    /// only after tokenising it), or some of its engine requests have not been aborted or
+    /// finished yet (the API server forwards the abort after that).
+    pub fn awaits_engine(&self, record: &RequestRecord) -> bool {
+        if !record.aborted || record.first_token_mono_ns.is_some() {
+            return false;
+        }
+        let keys = join_keys(record);
+        if keys.is_empty() {
+            // Nothing could join it, however long it waits.
+            return false;
+        }
+        let Some(key) = self.known_key(&keys) else {
+            return true;
+        };
+        externals_of(&self.by_external, key)
+            .flatten()
+            .filter_map(|id| self.requests.get(id))
+            .any(|r| !r.aborted && r.finish_reason.is_none())
+    }
+
     /// Fills `record` (an HTTP request that just finished) from the engine requests that
     /// served it (one, or one per prompt and per `n`), and forgets them. Admission is the
     /// first SCHEDULED of any; preemptions add up, and are unknown (not 0) when a request was
@@ -748,6 +785,87 @@ mod tests {
         assert_eq!(state.output_steps_total, kept);
         assert!(kept > 0 && kept <= OUTPUT_STEPS_TOTAL);
         assert!(state.stats.get(Counter::VllmRequestsEvictedUnjoined) > 0);
+    }
+
+    /// The client left while its request was being tokenised: the record ends before the
+    /// engine hears of the request, which it then queues, schedules, and is told to abort.
+    #[test]
+    fn a_request_whose_client_left_before_the_engine_heard_of_it_joins_late() {
+        let mut state = IpcState::default();
+        let mut steps = Vec::new();
+        let mut record = RequestRecord {
+            x_request_id: Some("q1".into()),
+            arrival_mono_ns: 9_000_000_000,
+            end_mono_ns: 9_020_000_000,
+            aborted: true,
+            ..Default::default()
+        };
+        assert!(state.awaits_engine(&record), "the engine has not heard of it");
+        let add = |prompt| {
+            IpcMessage::Add(AddRequest {
+                request_id: "chatcmpl-q1-abcdefgh".into(),
+                external_req_id: Some("chatcmpl-q1".into()),
+                prompt_tokens: Some(prompt),
+                arrival_time: None,
+                partial: false,
+            })
+        };
+        state.apply(add(61), (1, 1, 1), &mut steps);
+        assert!(state.awaits_engine(&record), "nor told it to abort");
+        state.apply(output("chatcmpl-q1-abcdefgh", EventKind::Queued, 9.05), (1, 1, 1), &mut steps);
+        state.apply(
+            output("chatcmpl-q1-abcdefgh", EventKind::Scheduled, 9.06),
+            (1, 1, 1),
+            &mut steps,
+        );
+        state.apply(
+            IpcMessage::Abort {
+                request_ids: vec!["chatcmpl-q1-abcdefgh".into()],
+            },
+            (1, 1, 1),
+            &mut steps,
+        );
+        assert!(!state.awaits_engine(&record));
+        state.enrich(&mut record);
+        assert_eq!(record.prompt_tokens, Some(61));
+        // Admitted after its client left: the engine's work for nobody, shown as it was.
+        assert_eq!(record.admitted_mono_ns, Some(9_060_000_000));
+        assert_eq!(record.preemptions, None);
+
+        // Served, unaborted, or unjoinable records never wait.
+        let served = RequestRecord {
+            x_request_id: Some("q2".into()),
+            aborted: true,
+            first_token_mono_ns: Some(1),
+            ..Default::default()
+        };
+        let finished = RequestRecord {
+            x_request_id: Some("q3".into()),
+            ..Default::default()
+        };
+        let anonymous = RequestRecord {
+            aborted: true,
+            ..Default::default()
+        };
+        for r in [&served, &finished, &anonymous] {
+            assert!(!state.awaits_engine(r), "{r:?}");
+        }
+        // An engine request admitted after the record's end is not its own unless both ended
+        // by an abort.
+        state.apply(add(7), (1, 1, 1), &mut steps);
+        state.apply(
+            output("chatcmpl-q1-abcdefgh", EventKind::Scheduled, 9.5),
+            (1, 1, 1),
+            &mut steps,
+        );
+        let mut unaborted = RequestRecord {
+            x_request_id: Some("q1".into()),
+            arrival_mono_ns: 9_000_000_000,
+            end_mono_ns: 9_020_000_000,
+            ..Default::default()
+        };
+        state.enrich(&mut unaborted);
+        assert_eq!(unaborted.admitted_mono_ns, None);
     }
 
     #[test]
