@@ -9,6 +9,8 @@ pub struct Packet {
     pub ts_ns: u64,
     pub src_port: u16,
     pub dst_port: u16,
+    /// The TCP sequence number: a retransmitted segment repeats its original's.
+    pub seq: u32,
     /// TCP flags (FIN 0x01, SYN 0x02, RST 0x04, PSH 0x08, ACK 0x10).
     pub flags: u8,
     pub payload: Vec<u8>,
@@ -22,6 +24,17 @@ pub fn read(path: &Path) -> Vec<Packet> {
     read_all(path)
         .into_iter()
         .filter(|p| !p.payload.is_empty())
+        .collect()
+}
+
+/// Whether `p` repeats the data of a segment before it in `packets` (a retransmission: same
+/// ports and sequence number). On loopback a client's data is retransmitted when the server's
+/// accept queue overflowed and dropped it; the request was still sent once.
+pub fn retransmitted(packets: &[Packet]) -> Vec<bool> {
+    let mut seen = std::collections::HashSet::new();
+    packets
+        .iter()
+        .map(|p| !p.payload.is_empty() && !seen.insert((p.src_port, p.dst_port, p.seq)))
         .collect()
 }
 
@@ -76,6 +89,7 @@ pub fn read_all(path: &Path) -> Vec<Packet> {
             ts_ns,
             src_port,
             dst_port,
+            seq: u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]),
             flags: tcp[13],
             payload,
         });
