@@ -542,9 +542,16 @@ mod tests {
         assert!(out.contains(
             "P/D proxy of 5be1f0c27a9d4e10 (vllm_kv_transfer); prefill leg 1001-3-0, decode leg 2002-7-0"
         ));
-        assert!(out.contains("client TTFT 46.0 ms at the proxy: proxy → P 5.0 ms + P queue 2.0 ms"));
+        assert!(
+            out.contains("client TTFT 46.0 ms at the proxy: proxy → P 5.0 ms + P queue 2.0 ms")
+        );
         assert!(out.contains("… relay 1.0 ms"));
-        let row = |name: &str| out.lines().find(|l| l.starts_with(name)).unwrap().to_owned();
+        let row = |name: &str| {
+            out.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap()
+                .to_owned()
+        };
         assert!(row("→ P").ends_with("0.0ms      5.0ms"), "{out}");
         assert!(row("P leg").ends_with("5.0ms     12.0ms"), "{out}");
         assert!(row("hand-off").ends_with("17.0ms      2.0ms"), "{out}");

@@ -128,7 +128,9 @@ fn pair(launches: &[LaunchRecord], shim: &[ShimLaunch<'_>]) -> Vec<Option<usize>
         let (mut a, mut b) = (0, 0);
         while let (Some(&i), Some(&j)) = (ups.get(a), shims.get(b)) {
             let (u, s) = (&launches[i], &shim[j]);
-            let next_entry = ups.get(a + 1).map_or(u64::MAX, |&n| launches[n].enqueue_mono_ns);
+            let next_entry = ups
+                .get(a + 1)
+                .map_or(u64::MAX, |&n| launches[n].enqueue_mono_ns);
             if s.mono_ns > next_entry {
                 // The shim's next launch came after the next call began: it missed this one.
                 a += 1;

@@ -39,8 +39,7 @@ impl Engine for PdProxy {
             SCRIPTS.contains(&name)
         });
         let module = args.clone().any(|a| MODULES.contains(&a));
-        let router =
-            args.clone().any(|a| PD_ROUTERS.contains(&a)) && args.any(|a| a == PD_FLAG);
+        let router = args.clone().any(|a| PD_ROUTERS.contains(&a)) && args.any(|a| a == PD_FLAG);
         script || module || router
     }
 

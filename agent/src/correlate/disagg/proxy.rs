@@ -95,13 +95,16 @@ impl ProxyJoin {
             }
         }
         self.order.push_back((record.end_mono_ns, stream.clone()));
-        self.legs.entry(stream.clone()).or_default().push(DecodeLeg {
-            request_id: record.request_id.clone(),
-            arrival: record.arrival_mono_ns,
-            first_token: record.first_token_mono_ns,
-            info: info.clone(),
-            claimed: false,
-        });
+        self.legs
+            .entry(stream.clone())
+            .or_default()
+            .push(DecodeLeg {
+                request_id: record.request_id.clone(),
+                arrival: record.arrival_mono_ns,
+                first_token: record.first_token_mono_ns,
+                info: info.clone(),
+                claimed: false,
+            });
         self.count += 1;
         let mut i = 0;
         while i < self.held.len() {

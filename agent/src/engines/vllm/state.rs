@@ -800,7 +800,10 @@ mod tests {
             aborted: true,
             ..Default::default()
         };
-        assert!(state.awaits_engine(&record), "the engine has not heard of it");
+        assert!(
+            state.awaits_engine(&record),
+            "the engine has not heard of it"
+        );
         let add = |prompt| {
             IpcMessage::Add(AddRequest {
                 request_id: "chatcmpl-q1-abcdefgh".into(),
@@ -812,7 +815,11 @@ mod tests {
         };
         state.apply(add(61), (1, 1, 1), &mut steps);
         assert!(state.awaits_engine(&record), "nor told it to abort");
-        state.apply(output("chatcmpl-q1-abcdefgh", EventKind::Queued, 9.05), (1, 1, 1), &mut steps);
+        state.apply(
+            output("chatcmpl-q1-abcdefgh", EventKind::Queued, 9.05),
+            (1, 1, 1),
+            &mut steps,
+        );
         state.apply(
             output("chatcmpl-q1-abcdefgh", EventKind::Scheduled, 9.06),
             (1, 1, 1),
