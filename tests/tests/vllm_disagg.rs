@@ -80,8 +80,9 @@ fn start_proxy(dir: &Path, port: u16, prefill: u16, decode: u16) -> Proxy {
     Proxy(child)
 }
 
-/// One streamed completion through the proxy; the response's bytes.
-fn complete(port: u16, i: usize) -> String {
+/// One streamed completion through the proxy; the response's bytes, and the TTFT the client
+/// measured: its request written → the first read that holds an SSE event (`data: `).
+fn complete(port: u16, i: usize) -> (String, Option<Duration>) {
     let words = 8 + (i * 37) % 120;
     let prompt: String = (0..words)
         .map(|w| format!("w{} ", (w * 13 + i) % 97))
@@ -92,23 +93,34 @@ fn complete(port: u16, i: usize) -> String {
     .to_string();
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    write!(
-        s,
+    let request = format!(
         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
+    );
+    // One write, as the proxy's record starts at its first read of it.
+    let sent = Instant::now();
+    s.write_all(request.as_bytes()).unwrap();
+    let (mut out, mut buf, mut ttft) = (Vec::new(), [0u8; 65536], None);
+    loop {
+        let n = s.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+        if ttft.is_none() && out.windows(6).any(|w| w == b"data: ") {
+            ttft = Some(sent.elapsed());
+        }
+    }
+    (String::from_utf8(out).unwrap(), ttft)
 }
 
 /// One phase of load: request `from + k` leaves at `k * PACE` (an open loop at a steady rate,
 /// so the two phases' arrival rates are equal and only the transfer differs), on up to
 /// CONCURRENCY clients at once.
-fn run_phase(port: u16, from: usize) {
+fn run_phase(port: u16, from: usize) -> Vec<(String, Duration)> {
     let next = std::sync::atomic::AtomicUsize::new(0);
     let start = Instant::now();
+    let ttfts = std::sync::Mutex::new(Vec::new());
     std::thread::scope(|scope| {
         for _ in 0..CONCURRENCY {
             scope.spawn(|| {
@@ -119,13 +131,27 @@ fn run_phase(port: u16, from: usize) {
                     }
                     let at = start + PACE * k as u32;
                     std::thread::sleep(at.saturating_duration_since(Instant::now()));
-                    let answer = complete(port, from + k);
+                    let (answer, ttft) = complete(port, from + k);
                     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
                     assert!(answer.contains("data: [DONE]"), "{answer}");
+                    // Matched to the proxy's record by the stream id the answer names.
+                    let id = stream_id(&answer).unwrap_or_else(|| panic!("no id: {answer}"));
+                    ttfts
+                        .lock()
+                        .unwrap()
+                        .push((id, ttft.expect("an SSE event")));
                 }
             });
         }
     });
+    ttfts.into_inner().unwrap()
+}
+
+/// The stream id (`"id":"cmpl-…"`) of an SSE answer's first event.
+fn stream_id(answer: &str) -> Option<String> {
+    let data = answer.split("data: ").nth(1)?;
+    let event: Value = serde_json::from_str(data.lines().next()?).ok()?;
+    event["id"].as_str().map(str::to_owned)
 }
 
 /// A non-streamed completion sent straight to one server with `kv_transfer_params` and an
@@ -281,6 +307,34 @@ struct Summary {
     kv_wait_minus_model_ms: [[f64; 2]; 2],
     load_seen_minus_model_ms: [[f64; 2]; 2],
     proxy_ttft_minus_stitched_ms_max: f64,
+    /// The proxy's hop against the proxy's own stamps (`disagg_proxy.py --truth`), each over
+    /// every request: [min, max] in ms.
+    /// The proxy's `arrival` stamp (its body read) − the wire arrival of the client's request
+    /// at the proxy (the agent's `proxy_arrival_mono_ns`): ≥ 0, the proxy reads before it stamps.
+    proxy_arrival_lead_ms: [f64; 2],
+    /// The proxy's first token on the wire − its `first_byte` stamp (taken just before writing).
+    proxy_first_token_err_ms: [f64; 2],
+    /// The proxy's `end` stamp − the end of its answer on the wire.
+    proxy_end_lead_ms: [f64; 2],
+    /// P's and D's arrival on the wire − the proxy's `prefill_sent` and `decode_sent` stamps
+    /// (taken before it connects and writes).
+    prefill_arrival_after_sent_ms: [f64; 2],
+    decode_arrival_after_sent_ms: [f64; 2],
+    /// The agent's proxy → P hop − the proxy's (`prefill_sent` − `arrival`).
+    proxy_to_prefill_err_ms: [f64; 2],
+    /// The client's TTFT at the proxy (the agent's `client_ttft_ms`) − the TTFT the test's
+    /// client measured itself.
+    client_ttft_err_ms: [f64; 2],
+    /// The relay (D's first token on D's wire → the proxy's on its wire).
+    relay_ms: [f64; 2],
+}
+
+fn widen(range: &mut [f64; 2], v: f64) {
+    if range == &[0.0, 0.0] {
+        *range = [v, v];
+    }
+    range[0] = range[0].min(v);
+    range[1] = range[1].max(v);
 }
 
 fn p50_max(mut v: Vec<f64>) -> [f64; 2] {
@@ -310,7 +364,8 @@ fn prefill_and_decode_legs_are_stitched_on_vllms_scheduler() {
     let start_p = std::thread::spawn(move || VllmServer::start(&p_dir, p_port, &p_opts));
     let d = VllmServer::start(&dir.join("d"), d_port, &opts("kv_consumer"));
     let p = start_p.join().expect("starting the prefill server");
-    let _proxy = start_proxy(&dir, proxy_port, p_port, d_port);
+    let proxy_server = start_proxy(&dir, proxy_port, p_port, d_port);
+    let proxy_pid = proxy_server.0.id();
     // First requests through both (vLLM's first requests pay for lazy imports).
     for i in 0..4 {
         complete(proxy_port, 10_000 + i);
@@ -333,12 +388,15 @@ fn prefill_and_decode_legs_are_stitched_on_vllms_scheduler() {
     );
     daemon.wait_attached(p.pid(), Duration::from_secs(60));
     daemon.wait_attached(d.pid(), Duration::from_secs(60));
+    // The proxy is found by discovery like the engines (the `pd_proxy` plugin).
+    daemon.wait_attached(proxy_pid, Duration::from_secs(60));
     let proxy_truth = dir.join("proxy.jsonl");
     let proxy_mark = lines(&proxy_truth).len();
 
-    run_phase(proxy_port, 0);
+    let mut client_ttfts: HashMap<String, Duration> =
+        run_phase(proxy_port, 0).into_iter().collect();
     std::fs::write(&kv_file, KV_MS[1].to_string()).unwrap();
-    run_phase(proxy_port, PER_PHASE);
+    client_ttfts.extend(run_phase(proxy_port, PER_PHASE));
     send_bad_input(p_port, d_port);
     let total = 2 * PER_PHASE;
     // The bad input's legs: P answered bad-forged and bad-retry twice; D all four.
@@ -354,17 +412,25 @@ fn prefill_and_decode_legs_are_stitched_on_vllms_scheduler() {
                     .filter(|r| r["pid"] == pid && r["method"] == "POST")
                     .count()
             };
-            legs(p_pid) >= total + p_extra && legs(d_pid) >= total + d_extra
+            legs(p_pid) >= total + p_extra
+                && legs(d_pid) >= total + d_extra
+                && legs(proxy_pid) >= total
         },
     );
 
     // The OTLP trace: per request, one trace with the parent span and both legs under it.
     let spans = rotel.wait_for(Duration::from_secs(20), |spans| {
-        spans
-            .iter()
-            .filter(|s| s.name == "disaggregated_request")
-            .count()
-            >= total
+        let count = |key: &str, value: &str| {
+            spans
+                .iter()
+                .filter(|s| {
+                    (key.is_empty() && s.name == value)
+                        || s.attributes.get(key).map(String::as_str) == Some(value)
+                })
+                .count()
+        };
+        count("", "disaggregated_request") >= total
+            && count("inferscope.disagg.role", "proxy") >= total
     });
     let inspect_sample = {
         let d_leg = records
@@ -382,6 +448,17 @@ fn prefill_and_decode_legs_are_stitched_on_vllms_scheduler() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     eprintln!("inspect of a stitched decode leg:\n{inspect_sample}");
+    let proxy_sample = {
+        let leg = records
+            .iter()
+            .rev()
+            .find(|r| r["pid"] == proxy_pid && r["disagg"]["role"] == "proxy")
+            .expect("a proxy record");
+        let out = daemon.client(&["inspect", leg["request_id"].as_str().unwrap()]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    eprintln!("inspect of the proxy's record:\n{proxy_sample}");
+    assert!(proxy_sample.contains("P/D proxy of"), "{proxy_sample}");
     // vLLM's API server exports the connector's transfer times (its NIXL histogram); the agent
     // scrapes them: every transfer D's worker made (warm-up included), and their summed time.
     let (d_loads, d_seconds) = {
@@ -518,6 +595,98 @@ fn prefill_and_decode_legs_are_stitched_on_vllms_scheduler() {
         ttft_diff = ttft_diff.max(proxy_ttft - stitched);
         s.requests += 1;
 
+        // The proxy's own hop: its record of the client's request, joined to the decode leg
+        // whose stream it relayed (the same stream id), with the whole request stitched.
+        let mut joined = records.iter().filter(|r| {
+            r["pid"] == proxy_pid && r["disagg"]["peer_request_id"] == dl["request_id"]
+        });
+        let pr = joined
+            .next()
+            .unwrap_or_else(|| panic!("{x}: no proxy record joined to {dl:#}"));
+        assert!(joined.next().is_none(), "{x}: two proxy records");
+        let prd = &pr["disagg"];
+        assert_eq!(prd["role"], "proxy", "{pr:#}");
+        assert!(prd["unjoined"].is_null(), "{pr:#}");
+        assert_eq!(prd["id"], dd["id"], "{pr:#}");
+        assert_eq!(prd["prefill_request_id"], pl["request_id"], "{pr:#}");
+        assert_eq!(pr["response_id"], dl["response_id"], "{pr:#}");
+        let wire = |v: &Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}: {v:#}"));
+        let (p_arr, p_end) = (wire(pl, "arrival_mono_ns"), wire(pl, "end_mono_ns"));
+        let d_arr = wire(dl, "arrival_mono_ns");
+        let (x_arr, x_first, x_end) = (
+            wire(pr, "arrival_mono_ns"),
+            wire(pr, "first_token_mono_ns"),
+            wire(pr, "end_mono_ns"),
+        );
+        assert_eq!(wire(prd, "proxy_arrival_mono_ns"), x_arr, "{pr:#}");
+        let truth = |k: &str| ns(f(px, k));
+        // The proxy stamps `arrival` after reading the client's body, `prefill_sent` and
+        // `decode_sent` before connecting to the server and writing, `first_byte` just before
+        // writing the relayed bytes, `end` after its last write: the wire is on the far side
+        // of each stamp, and close to it.
+        let lead = ms(x_arr, truth("arrival"));
+        assert!(
+            (0.0..=5.0).contains(&lead),
+            "{x}: arrival stamp {lead} ms after the wire"
+        );
+        widen(&mut s.proxy_arrival_lead_ms, lead);
+        let first_err = ms(truth("first_byte"), x_first);
+        assert!(
+            (0.0..=1.0).contains(&first_err),
+            "{x}: first token on the proxy's wire {first_err} ms after its first_byte stamp"
+        );
+        widen(&mut s.proxy_first_token_err_ms, first_err);
+        let end_lead = ms(x_end, truth("end"));
+        assert!((0.0..=5.0).contains(&end_lead), "{x}: end {end_lead} ms");
+        widen(&mut s.proxy_end_lead_ms, end_lead);
+        let p_after = ms(truth("prefill_sent"), p_arr);
+        let d_after = ms(truth("decode_sent"), d_arr);
+        assert!(
+            (0.0..=10.0).contains(&p_after),
+            "{x}: P arrived {p_after} ms after sent"
+        );
+        assert!(
+            (0.0..=10.0).contains(&d_after),
+            "{x}: D arrived {d_after} ms after sent"
+        );
+        assert!(
+            p_end <= truth("prefill_answered"),
+            "{x}: P answered after the proxy read it"
+        );
+        widen(&mut s.prefill_arrival_after_sent_ms, p_after);
+        widen(&mut s.decode_arrival_after_sent_ms, d_after);
+        // The hops, from the wire: the proxy → P hop is the proxy's own (sent − arrival) plus
+        // the wire's lead on its `arrival` stamp plus P's connect and read; the hand-off is
+        // P's end → D's arrival.
+        let to_p = f(prd, "proxy_to_prefill_ms");
+        assert!((to_p - ms(x_arr, p_arr)).abs() < 1e-3, "{pr:#}");
+        widen(
+            &mut s.proxy_to_prefill_err_ms,
+            to_p - ms(truth("arrival"), truth("prefill_sent")),
+        );
+        assert!(
+            (f(prd, "handoff_ms") - ms(p_end, d_arr)).abs() < 1e-3,
+            "{pr:#}"
+        );
+        let relay = f(prd, "relay_ms");
+        assert!(
+            (relay - ms(wire(dl, "first_token_mono_ns"), x_first)).abs() < 1e-3,
+            "{pr:#}"
+        );
+        widen(&mut s.relay_ms, relay);
+        // The client's TTFT as it saw it, against the proxy's record.
+        let client = client_ttfts
+            .get(dl["response_id"].as_str().unwrap())
+            .unwrap_or_else(|| panic!("{x}: the client saw no stream {}", dl["response_id"]));
+        let client_err = f(prd, "client_ttft_ms") - client.as_secs_f64() * 1e3;
+        assert!(
+            client_err.abs() <= 1.0,
+            "{x}: client TTFT {} ms at the proxy, {client:?} at the client",
+            f(prd, "client_ttft_ms")
+        );
+        widen(&mut s.client_ttft_err_ms, client_err);
+        assert!(f(prd, "client_ttft_ms") >= stitched, "{pr:#}");
+
         // One trace: the parent span, and both legs' request spans under it.
         let id = dd["id"].as_str().unwrap();
         let parent = spans
@@ -527,7 +696,7 @@ fn prefill_and_decode_legs_are_stitched_on_vllms_scheduler() {
                     && s.attributes.get("inferscope.disagg.id").map(String::as_str) == Some(id)
             })
             .unwrap_or_else(|| panic!("no disaggregated_request span for {id}"));
-        for leg in [pl, dl] {
+        for leg in [pl, dl, pr] {
             let rid = leg["request_id"].as_str().unwrap();
             let span = spans
                 .iter()
@@ -546,6 +715,20 @@ fn prefill_and_decode_legs_are_stitched_on_vllms_scheduler() {
                 .filter(|s| s.name == "kv_transfer_wait" && s.parent_id == span.id)
                 .count();
             assert_eq!(waits, usize::from(leg == dl), "{rid}");
+            if leg == pr {
+                assert_eq!(
+                    span.attributes
+                        .get("inferscope.disagg.role")
+                        .map(String::as_str),
+                    Some("proxy"),
+                    "{rid}"
+                );
+                assert!(
+                    span.attributes
+                        .contains_key("inferscope.disagg.client_ttft_ms"),
+                    "{rid}"
+                );
+            }
         }
     }
     // Bad input: the legs stay separate and say why; the retried prefill's second try is the
@@ -614,6 +797,16 @@ fn prefill_and_decode_legs_are_stitched_on_vllms_scheduler() {
         .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
     assert_eq!(diagnosis["cause"], "kv_transfer", "{diagnosis:#}");
     assert!(!log.contains("disagg_prefill_legs_evicted"), "{log}");
+    // Every request went through the proxy once and was joined (the bad input went past it).
+    assert!(!log.contains("disagg_proxy_records_unjoined"), "{log}");
+    assert_eq!(
+        records
+            .iter()
+            .filter(|r| r["pid"] == proxy_pid && r["method"] == "POST")
+            .count(),
+        total,
+        "the proxy's records"
+    );
     eprintln!("disaggregated test: {:?}", t0.elapsed());
     let _ = std::fs::remove_dir_all(&dir);
 }
