@@ -494,7 +494,7 @@ fn proxy_section(
     let p_arrival = int(d, "prefill_arrival_mono_ns");
     let d_arrival = int(d, "decode_arrival_mono_ns");
     if let Some(p) = p_arrival {
-        row("→ P", start, p, '·');
+        row("→ P", start, p, '─');
     }
     let p_end = match (d_arrival, num(d, "handoff_ms")) {
         (Some(a), Some(h)) => Some(a.saturating_sub((h * 1e6).round() as u64)),
@@ -504,7 +504,7 @@ fn proxy_section(
         row("P leg", p, e, '█');
     }
     if let (Some(e), Some(a)) = (p_end, d_arrival) {
-        row("hand-off", e, a, '·');
+        row("hand-off", e, a, '─');
     }
     let d_first = int(d, "decode_first_token_mono_ns");
     if let (Some(a), Some(f)) = (d_arrival, d_first) {
