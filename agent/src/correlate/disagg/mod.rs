@@ -84,8 +84,7 @@ impl Stitcher {
                 out.push(record);
                 out.append(&mut released);
             } else {
-                self.proxy
-                    .proxy_record(record, now, flush, &mut self.stats, out);
+                self.proxy.proxy_record(record, now, &mut self.stats, out);
             }
         }
         self.proxy.expire(self.newest_end, &mut self.stats);

@@ -129,7 +129,6 @@ impl ProxyJoin {
         &mut self,
         mut record: RequestRecord,
         now: Instant,
-        flush: bool,
         stats: &mut Stats,
         out: &mut Vec<RequestRecord>,
     ) {
@@ -151,11 +150,12 @@ impl ProxyJoin {
         }
         self.proxy_seen = true;
         match outcome {
-            Outcome::NotYet if flush => self.unjoined(&mut record, "decode_leg_not_seen", stats),
             Outcome::NotYet if self.held.len() >= MAX_HELD => {
                 stats.bump(Counter::DisaggProxyHeldOverflow);
                 self.unjoined(&mut record, "decode_leg_not_seen", stats);
             }
+            // Held even when the agent stops: its decode leg may come later in the same batch,
+            // and the batch's end hands on what is still held.
             Outcome::NotYet => {
                 self.held.push_back((now, record));
                 return;

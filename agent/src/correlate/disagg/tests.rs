@@ -356,7 +356,17 @@ fn a_proxy_record_whose_decode_leg_never_comes_is_handed_on_in_bounded_time() {
     assert_eq!(info(&out[0]).unjoined, Some("decode_leg_not_seen"));
     assert_eq!(info(&out[0]).id, None);
     assert_eq!(s.stats.get(Counter::DisaggProxyUnjoined), 1);
-    // The agent stopping hands on whatever is held.
+    // The agent stopping: a proxy record and its decode leg in the last batch still join;
+    // whatever is held after it is handed on.
+    let key = "cmpl-last-0000abcd";
+    let p = prefill("1-last-0", 1000, Some(handoff(key, 1)));
+    let mut d = decode("2-last-0", 1014, handoff(key, 1));
+    d.response_id = Some("cmpl-last".into());
+    let mut out = Vec::new();
+    let last = proxy_record("3-last-0", 990, 1041, 1200, Some("cmpl-last"));
+    s.stitch_batch([p, last, d], t0, true, &mut out);
+    assert_eq!(out.len(), 3);
+    assert_eq!(info(&out[2]).peer_request_id.as_deref(), Some("2-last-0"));
     assert!(batch(&mut s, proxy_record("3-2-0", 10, 20, 30, Some("x")), t0).is_empty());
     let mut out = Vec::new();
     s.stitch_batch([], t0, true, &mut out);
