@@ -90,7 +90,7 @@ struct ClientTtft {
 }
 
 /// One `recv` on `s` with the kernel's receive stamp (CLOCK_REALTIME) of the bytes it returned
-/// (of the last segment, where several were queued).
+/// (of the last segment it read from, where several were queued).
 fn recv_stamped(s: &TcpStream, buf: &mut [u8]) -> (usize, Option<std::time::SystemTime>) {
     use std::os::fd::AsRawFd;
     let mut iov = libc::iovec {
@@ -160,7 +160,12 @@ fn complete(port: u16, i: usize) -> (String, Option<ClientTtft>) {
     s.write_all(request.as_bytes()).unwrap();
     let (mut out, mut buf, mut ttft) = (Vec::new(), vec![0u8; 65536], None);
     loop {
-        let (n, stamp) = recv_stamped(&s, &mut buf);
+        // The kernel stamps a read with its last segment's arrival: small reads until the first
+        // event is read, so the read that completes `data: ` ends in the segment holding it
+        // (the proxy writes each chunk, its size line first, in one write), not in a later
+        // token's, when the client wakes late on the loaded cores.
+        let want = if ttft.is_none() { 64 } else { buf.len() };
+        let (n, stamp) = recv_stamped(&s, &mut buf[..want]);
         if n == 0 {
             break;
         }
