@@ -374,19 +374,10 @@ struct Summary {
     kv_wait_minus_model_ms: [[f64; 2]; 2],
     load_seen_minus_model_ms: [[f64; 2]; 2],
     proxy_ttft_minus_stitched_ms_max: f64,
-    /// The proxy's hop against the proxy's own stamps (`disagg_proxy.py --truth`), each over
-    /// every request: [min, max] in ms.
-    /// The proxy's `arrival` stamp (its body read) − the wire arrival of the client's request
-    /// at the proxy (the agent's `proxy_arrival_mono_ns`): ≥ 0, the proxy reads before it stamps.
-    proxy_arrival_lead_ms: [f64; 2],
-    /// The proxy's first token on the wire − its `first_byte` stamp (taken just before writing).
-    proxy_first_token_err_ms: [f64; 2],
-    /// The proxy's `end` stamp − the end of its answer on the wire.
-    proxy_end_lead_ms: [f64; 2],
-    /// P's and D's arrival on the wire − the proxy's `prefill_sent` and `decode_sent` stamps
-    /// (taken before it connects and writes).
-    prefill_arrival_after_sent_ms: [f64; 2],
-    decode_arrival_after_sent_ms: [f64; 2],
+    /// The proxy's record against the proxy's own stamps (`disagg_proxy.py --truth`): per
+    /// comparison, how far the wire was from the stamp, [p50, p90, max] in ms over every
+    /// request.
+    proxy_stamp_gap_ms: Vec<(String, [f64; 3])>,
     /// The agent's proxy → P hop − the proxy's (`prefill_sent` − `arrival`).
     proxy_to_prefill_err_ms: [f64; 2],
     /// The client's TTFT at the proxy (the agent's `client_ttft_ms`) − the TTFT the test's
@@ -596,6 +587,7 @@ fn prefill_and_decode_legs_are_stitched_on_vllms_scheduler() {
     let mut kv_wait = [Vec::new(), Vec::new()];
     let mut transfer = [Vec::new(), Vec::new()];
     let mut ttft_diff: f64 = 0.0;
+    let mut proxy_gaps: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
     for (i, px) in proxy.iter().enumerate() {
         let x = px["x_request_id"].as_str().unwrap();
         let phase = usize::from(i >= PER_PHASE);
@@ -694,37 +686,37 @@ fn prefill_and_decode_legs_are_stitched_on_vllms_scheduler() {
         // `decode_sent` before connecting to the server and writing, `first_byte` just before
         // writing the relayed bytes, `end` after its last write: the wire is on the far side
         // of each stamp, and close to it.
-        let lead = ms(x_arr, truth("arrival"));
-        assert!(
-            (0.0..=5.0).contains(&lead),
-            "{x}: arrival stamp {lead} ms after the wire"
-        );
-        widen(&mut s.proxy_arrival_lead_ms, lead);
-        let first_err = ms(truth("first_byte"), x_first);
-        assert!(
-            (0.0..=1.0).contains(&first_err),
-            "{x}: first token on the proxy's wire {first_err} ms after its first_byte stamp"
-        );
-        widen(&mut s.proxy_first_token_err_ms, first_err);
-        let end_lead = ms(x_end, truth("end"));
-        assert!((0.0..=5.0).contains(&end_lead), "{x}: end {end_lead} ms");
-        widen(&mut s.proxy_end_lead_ms, end_lead);
-        let p_after = ms(truth("prefill_sent"), p_arr);
-        let d_after = ms(truth("decode_sent"), d_arr);
-        assert!(
-            (0.0..=10.0).contains(&p_after),
-            "{x}: P arrived {p_after} ms after sent"
-        );
-        assert!(
-            (0.0..=10.0).contains(&d_after),
-            "{x}: D arrived {d_after} ms after sent"
-        );
-        assert!(
-            p_end <= truth("prefill_answered"),
-            "{x}: P answered after the proxy read it"
-        );
-        widen(&mut s.prefill_arrival_after_sent_ms, p_after);
-        widen(&mut s.decode_arrival_after_sent_ms, d_after);
+        // Each is exact in its order (the stamps and the agent's are both CLOCK_MONOTONIC):
+        // the wire on its side of the stamp. How far is the proxy's own time between its stamp
+        // and its syscall (Python: the GIL its eight request threads share, the shared cores),
+        // judged over all requests below.
+        let gaps = [
+            ("arrival stamp − wire arrival", ms(x_arr, truth("arrival"))),
+            (
+                "wire first token − first_byte stamp",
+                ms(truth("first_byte"), x_first),
+            ),
+            ("end stamp − wire end", ms(x_end, truth("end"))),
+            (
+                "P's wire arrival − prefill_sent stamp",
+                ms(truth("prefill_sent"), p_arr),
+            ),
+            (
+                "prefill_answered stamp − P's wire end",
+                ms(p_end, truth("prefill_answered")),
+            ),
+            (
+                "D's wire arrival − decode_sent stamp",
+                ms(truth("decode_sent"), d_arr),
+            ),
+        ];
+        for (what, gap) in gaps {
+            assert!(
+                gap >= 0.0,
+                "{x}: {what} = {gap} ms: the wire is on the wrong side"
+            );
+            proxy_gaps.entry(what).or_default().push(gap);
+        }
         // The hops, from the wire: the proxy → P hop is the proxy's own (sent − arrival) plus
         // the wire's lead on its `arrival` stamp plus P's connect and read; the hand-off is
         // P's end → D's arrival.
@@ -843,6 +835,20 @@ fn prefill_and_decode_legs_are_stitched_on_vllms_scheduler() {
     s.kv_wait_minus_model_ms = [p50_max(k0), p50_max(k1)];
     s.load_seen_minus_model_ms = [p50_max(t0_), p50_max(t1_)];
     s.proxy_ttft_minus_stitched_ms_max = ttft_diff;
+    // The proxy stamps just before or after each syscall: at the median the wire is within
+    // 1 ms of its stamp; the tail is the proxy's own scheduling (reported, not judged).
+    for (what, gaps) in proxy_gaps {
+        let [p50, max] = p50_max(gaps.clone());
+        let mut sorted = gaps;
+        sorted.sort_by(f64::total_cmp);
+        let p90 = sorted[sorted.len() * 9 / 10];
+        assert!(
+            p50 <= 1.0,
+            "{what}: median {p50} ms, p90 {p90} ms, max {max} ms"
+        );
+        s.proxy_stamp_gap_ms
+            .push((what.to_owned(), [p50, p90, max]));
+    }
     eprintln!("{s:#?}");
 
     // The slow transfer, named.
