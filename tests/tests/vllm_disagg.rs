@@ -87,6 +87,20 @@ fn start_proxy(dir: &Path, port: u16, prefill: u16, decode: u16) -> Proxy {
 struct ClientTtft {
     received: Duration,
     read: Duration,
+    /// The same two ends on CLOCK_MONOTONIC (the agent's clock): the request's write, and its
+    /// first event's arrival (the kernel's stamp less the REALTIME − MONOTONIC offset).
+    sent_mono_ns: u64,
+    received_mono_ns: u64,
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and a live timespec.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// One `recv` on `s` with the kernel's receive stamp (CLOCK_REALTIME) of the bytes it returned
@@ -156,7 +170,9 @@ fn complete(port: u16, i: usize) -> (String, Option<ClientTtft>) {
     };
     assert_eq!(rc, 0, "SO_TIMESTAMPNS: {}", std::io::Error::last_os_error());
     // One write: the request reaches the proxy's socket in it.
+    let offset = clock_ns(libc::CLOCK_REALTIME) - clock_ns(libc::CLOCK_MONOTONIC);
     let (sent, sent_at) = (Instant::now(), std::time::SystemTime::now());
+    let sent_mono_ns = clock_ns(libc::CLOCK_MONOTONIC);
     s.write_all(request.as_bytes()).unwrap();
     let (mut out, mut buf, mut ttft) = (Vec::new(), vec![0u8; 65536], None);
     loop {
@@ -172,10 +188,18 @@ fn complete(port: u16, i: usize) -> (String, Option<ClientTtft>) {
         out.extend_from_slice(&buf[..n]);
         if ttft.is_none() && out.windows(6).any(|w| w == b"data: ") {
             let read = sent.elapsed();
-            let received = stamp
-                .and_then(|t| t.duration_since(sent_at).ok())
-                .expect("the kernel stamps received bytes");
-            ttft = Some(ClientTtft { received, read });
+            let stamp = stamp.expect("the kernel stamps received bytes");
+            let received = stamp.duration_since(sent_at).unwrap_or_default();
+            let real = stamp
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64;
+            ttft = Some(ClientTtft {
+                received,
+                read,
+                sent_mono_ns,
+                received_mono_ns: real - offset,
+            });
         }
     }
     (String::from_utf8(out).unwrap(), ttft)
@@ -741,9 +765,15 @@ fn prefill_and_decode_legs_are_stitched_on_vllms_scheduler() {
             .get(dl["response_id"].as_str().unwrap())
             .unwrap_or_else(|| panic!("{x}: the client saw no stream {}", dl["response_id"]));
         let client_err = f(prd, "client_ttft_ms") - client.received.as_secs_f64() * 1e3;
+        // Each end: the client's write → the request on the proxy's wire, the proxy's first
+        // token → the client's socket received it.
+        let (to_proxy, to_client) = (
+            ms(client.sent_mono_ns, x_arr),
+            ms(x_first, client.received_mono_ns),
+        );
         assert!(
             client_err.abs() <= 1.0,
-            "{x}: client TTFT {} ms at the proxy, {client:?} at the client",
+            "{x}: client TTFT {} ms at the proxy, {client:?} at the client; client's write → proxy's arrival {to_proxy} ms, proxy's first token → client's socket {to_client} ms",
             f(prd, "client_ttft_ms")
         );
         widen(&mut s.client_ttft_err_ms, client_err);
