@@ -771,6 +771,20 @@ fn prefill_and_decode_legs_are_stitched_on_vllms_scheduler() {
             ms(client.sent_mono_ns, x_arr),
             ms(x_first, client.received_mono_ns),
         );
+        // The kernel's receive stamp, brought to CLOCK_MONOTONIC through an offset read in
+        // user space: a few µs of slack.
+        assert!(
+            to_proxy >= 0.0 && to_client >= -0.05,
+            "{x}: {to_proxy} ms, {to_client} ms"
+        );
+        proxy_gaps
+            .entry("wire arrival − client's write")
+            .or_default()
+            .push(to_proxy);
+        proxy_gaps
+            .entry("client's socket received − wire first token")
+            .or_default()
+            .push(to_client);
         assert!(
             client_err.abs() <= 1.0,
             "{x}: client TTFT {} ms at the proxy, {client:?} at the client; client's write → proxy's arrival {to_proxy} ms, proxy's first token → client's socket {to_client} ms",
@@ -866,14 +880,17 @@ fn prefill_and_decode_legs_are_stitched_on_vllms_scheduler() {
     s.load_seen_minus_model_ms = [p50_max(t0_), p50_max(t1_)];
     s.proxy_ttft_minus_stitched_ms_max = ttft_diff;
     // The proxy stamps just before or after each syscall: at the median the wire is within
-    // 1 ms of its stamp; the tail is the proxy's own scheduling (reported, not judged).
+    // 1 ms of its stamp; the tail is the proxy's own scheduling (reported, not judged). Its
+    // `arrival` stamp follows its reading and parsing of the headers and body in Python, which
+    // took 2 ms at the median in one run on the loaded cores: that one is judged against the
+    // client's write instead (the request reached the proxy in it).
     for (what, gaps) in proxy_gaps {
         let [p50, max] = p50_max(gaps.clone());
         let mut sorted = gaps;
         sorted.sort_by(f64::total_cmp);
         let p90 = sorted[sorted.len() * 9 / 10];
         assert!(
-            p50 <= 1.0,
+            p50 <= 1.0 || what == "arrival stamp − wire arrival",
             "{what}: median {p50} ms, p90 {p90} ms, max {max} ms"
         );
         s.proxy_stamp_gap_ms
