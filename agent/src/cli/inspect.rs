@@ -348,6 +348,10 @@ fn disagg_section(record_json: &str, width: usize) -> String {
     let int = |v: &serde_json::Value, k: &str| v.get(k).and_then(serde_json::Value::as_u64);
     let role = text(d, "role").unwrap_or_else(|| "?".into());
     let scheme = text(d, "scheme").unwrap_or_else(|| "?".into());
+    if role == "proxy" {
+        proxy_section(&mut out, &record, d, width);
+        return out;
+    }
     let _ = match (text(d, "id"), text(d, "unjoined")) {
         (_, Some(why)) => writeln!(out, "disagg    {role} leg, not joined: {why} ({scheme})"),
         (Some(id), None) => match text(d, "peer_request_id") {
@@ -422,8 +426,147 @@ fn disagg_section(record_json: &str, width: usize) -> String {
     out
 }
 
+/// The P/D proxy's record of the client's request, joined to the decode leg it relayed: the
+/// client's TTFT at the proxy, split into the proxy's hops and the servers' phases, drawn from
+/// the proxy's arrival.
+fn proxy_section(
+    out: &mut String,
+    record: &serde_json::Value,
+    d: &serde_json::Value,
+    width: usize,
+) {
+    let text =
+        |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_owned);
+    let num = |v: &serde_json::Value, k: &str| v.get(k).and_then(serde_json::Value::as_f64);
+    let int = |v: &serde_json::Value, k: &str| v.get(k).and_then(serde_json::Value::as_u64);
+    let (Some(id), None) = (text(d, "id"), text(d, "unjoined")) else {
+        let why = text(d, "unjoined").unwrap_or_else(|| "?".into());
+        let _ = writeln!(out, "disagg    P/D proxy, not joined: {why}");
+        return;
+    };
+    let scheme = text(d, "scheme").unwrap_or_else(|| "?".into());
+    let _ = writeln!(
+        out,
+        "disagg    P/D proxy of {id} ({scheme}); prefill leg {}, decode leg {}",
+        text(d, "prefill_request_id").unwrap_or_else(|| "?".into()),
+        text(d, "peer_request_id").unwrap_or_else(|| "?".into()),
+    );
+    let _ = writeln!(
+        out,
+        "stitched  client TTFT {} at the proxy: proxy → P {} + P queue {} + P prefill {} … hand-off {} … KV wait {} + D first step {} … relay {}",
+        opt(num(d, "client_ttft_ms")),
+        opt(num(d, "proxy_to_prefill_ms")),
+        opt(num(d, "prefill_queue_wait_ms")),
+        opt(num(d, "prefill_ms")),
+        opt(num(d, "handoff_ms")),
+        opt(num(d, "kv_transfer_wait_ms")),
+        opt(num(d, "first_decode_step_ms")),
+        opt(num(d, "relay_ms")),
+    );
+    let _ = writeln!(
+        out,
+        "          servers' TTFT {} (P's arrival → D's first token)",
+        opt(num(d, "ttft_ms"))
+    );
+    if let Some(transfer) = num(d, "kv_transfer_ms") {
+        let source = text(d, "kv_transfer_source").unwrap_or_else(|| "?".into());
+        let _ = writeln!(
+            out,
+            "          KV transfer {transfer:.1} ms by the connector ({source}), within the KV wait"
+        );
+    }
+    let (Some(start), Some(end)) = (int(record, "arrival_mono_ns"), int(record, "end_mono_ns"))
+    else {
+        return;
+    };
+    let end = end.max(start);
+    let span = end - start;
+    let mut row = |name: &str, from: u64, to: u64, fill: char| {
+        let _ = writeln!(
+            out,
+            "{:<10}{}  {:>8.1}ms {:>8.1}ms",
+            name,
+            bar(start, span, from, to, width, fill),
+            ms(from.saturating_sub(start)),
+            ms(to.saturating_sub(from))
+        );
+    };
+    let p_arrival = int(d, "prefill_arrival_mono_ns");
+    let d_arrival = int(d, "decode_arrival_mono_ns");
+    if let Some(p) = p_arrival {
+        row("→ P", start, p, '─');
+    }
+    let p_end = match (d_arrival, num(d, "handoff_ms")) {
+        (Some(a), Some(h)) => Some(a.saturating_sub((h * 1e6).round() as u64)),
+        _ => None,
+    };
+    if let (Some(p), Some(e)) = (p_arrival, p_end) {
+        row("P leg", p, e, '█');
+    }
+    if let (Some(e), Some(a)) = (p_end, d_arrival) {
+        row("hand-off", e, a, '─');
+    }
+    let d_first = int(d, "decode_first_token_mono_ns");
+    if let (Some(a), Some(f)) = (d_arrival, d_first) {
+        row("D → tok 1", a, f, '░');
+    }
+    if let (Some(f), Some(c)) = (d_first, int(record, "first_token_mono_ns")) {
+        row("relay", f, c, '█');
+    }
+    row("proxy", start, end, '▒');
+    out.push('\n');
+}
+
 #[cfg(test)]
 mod tests {
+    /// The P/D proxy's record draws the client's request from the proxy's arrival: its hops and
+    /// the servers' phases between them.
+    #[test]
+    fn draws_the_proxy_hop() {
+        let ms = 1_000_000u64;
+        let proxy = serde_json::json!({
+            "request_id": "3003-1-0", "arrival_mono_ns": 995 * ms, "end_mono_ns": 1201 * ms,
+            "first_token_mono_ns": 1041 * ms,
+            "disagg": {
+                "id": "5be1f0c27a9d4e10", "role": "proxy", "scheme": "vllm_kv_transfer",
+                "peer_request_id": "2002-7-0", "prefill_request_id": "1001-3-0",
+                "prefill_arrival_mono_ns": 1000 * ms, "prefill_queue_wait_ms": 2.0,
+                "prefill_ms": 7.0, "handoff_ms": 2.0, "kv_transfer_wait_ms": 20.0,
+                "first_decode_step_ms": 4.0, "ttft_ms": 40.0, "proxy_arrival_mono_ns": 995 * ms,
+                "proxy_to_prefill_ms": 5.0, "relay_ms": 1.0, "client_ttft_ms": 46.0,
+                "decode_arrival_mono_ns": 1014 * ms, "decode_first_token_mono_ns": 1040 * ms
+            }
+        });
+        let out = super::disagg_section(&proxy.to_string(), 40);
+        println!("{out}");
+        assert!(out.contains(
+            "P/D proxy of 5be1f0c27a9d4e10 (vllm_kv_transfer); prefill leg 1001-3-0, decode leg 2002-7-0"
+        ));
+        assert!(
+            out.contains("client TTFT 46.0 ms at the proxy: proxy → P 5.0 ms + P queue 2.0 ms")
+        );
+        assert!(out.contains("… relay 1.0 ms"));
+        let row = |name: &str| {
+            out.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap()
+                .to_owned()
+        };
+        assert!(row("→ P").ends_with("0.0ms      5.0ms"), "{out}");
+        assert!(row("P leg").ends_with("5.0ms     12.0ms"), "{out}");
+        assert!(row("hand-off").ends_with("17.0ms      2.0ms"), "{out}");
+        assert!(row("D → tok 1").ends_with("19.0ms     26.0ms"), "{out}");
+        assert!(row("relay").ends_with("45.0ms      1.0ms"), "{out}");
+        assert!(row("proxy").ends_with("0.0ms    206.0ms"), "{out}");
+        let unjoined = serde_json::json!({
+            "disagg": {"role": "proxy", "unjoined": "decode_leg_not_seen"}
+        });
+        assert_eq!(
+            super::disagg_section(&unjoined.to_string(), 40),
+            "disagg    P/D proxy, not joined: decode_leg_not_seen\n"
+        );
+    }
+
     /// The decode leg of a request stitched to its prefill leg draws the whole request from
     /// P's arrival; an unjoined leg says why. (The docs' P/D page shows this output.)
     #[test]

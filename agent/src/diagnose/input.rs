@@ -41,6 +41,8 @@ pub struct RequestSample {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct DisaggSample {
+    /// `prefill`, `decode` or `proxy`: a proxy's record repeats its decode leg's phases.
+    pub role: Option<String>,
     pub kv_transfer_wait_ms: Option<f64>,
 }
 
@@ -63,6 +65,7 @@ impl From<&RequestRecord> for RequestSample {
             preemptions: r.preemptions,
             first_token_mono_ns: r.first_token_mono_ns,
             disagg: r.disagg.as_deref().map(|d| DisaggSample {
+                role: d.role.map(|r| r.as_str().to_owned()),
                 kv_transfer_wait_ms: d.kv_transfer_wait_ms,
             }),
         }

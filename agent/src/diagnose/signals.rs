@@ -101,7 +101,10 @@ pub fn measure(inputs: &Inputs, w: &TimeWindow) -> WindowSignals {
         kv_transfer_wait_p99_ms: p(
             served
                 .iter()
-                .filter_map(|r| r.disagg.as_ref().and_then(|d| d.kv_transfer_wait_ms))
+                .filter_map(|r| r.disagg.as_ref())
+                // A proxy's record repeats its decode leg's wait: counted once.
+                .filter(|d| d.role.as_deref() != Some("proxy"))
+                .filter_map(|d| d.kv_transfer_wait_ms)
                 .collect(),
             0.99,
         ),

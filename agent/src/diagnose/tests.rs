@@ -61,6 +61,7 @@ fn add(inputs: &mut Inputs, t0: u64, load: Load) {
             preemptions: Some(if i % 4 == 0 { load.preemptions } else { 0 }),
             first_token_mono_ns: None,
             disagg: load.kv_wait_ms.map(|k| input::DisaggSample {
+                role: Some("decode".into()),
                 kv_transfer_wait_ms: Some(k + jitter),
             }),
         });

@@ -5,6 +5,7 @@ pub mod config;
 mod ipc_router;
 mod llamacpp;
 mod package;
+mod pd_proxy;
 mod sglang;
 mod tensorrt_llm;
 mod triton;
@@ -116,6 +117,12 @@ pub trait Engine: Sync {
         crate::model::LegParse::None
     }
 
+    /// Whether this kind is a proxy (router) in front of disaggregated prefill/decode servers,
+    /// whose records the stitcher joins to the decode leg they relayed.
+    fn pd_proxy(&self) -> bool {
+        false
+    }
+
     /// Where this engine's `engine_kv_transfer_ms` comes from, named in the stitched record.
     fn kv_transfer_source(&self) -> Option<&'static str> {
         None
@@ -156,6 +163,8 @@ pub fn by_name(name: &str) -> Option<&'static dyn Engine> {
 }
 
 static ENGINES: &[&dyn Engine] = &[
+    // First: a proxy's command line may name an engine (its flags, its script's folder).
+    &pd_proxy::PdProxy,
     &llamacpp::LlamaCpp,
     &vllm::Vllm,
     &sglang::Sglang,
@@ -253,6 +262,10 @@ mod tests {
                 Some("sglang"),
             ),
             (process("trtllm-serve m", &[]), Some("tensorrt-llm")),
+            (
+                process("python3 toy_proxy_server.py --port 8000", &[]),
+                Some("pd_proxy"),
+            ),
             (
                 process("python x.py", &["/x/libtensorrt_llm.so"]),
                 Some("tensorrt-llm"),

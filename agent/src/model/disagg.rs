@@ -90,6 +90,9 @@ impl DisaggHints {
 pub enum DisaggRole {
     Prefill,
     Decode,
+    /// The P/D proxy's (router's) own record of the client's request, joined to the decode leg
+    /// whose stream it relayed.
+    Proxy,
 }
 
 impl DisaggRole {
@@ -97,6 +100,7 @@ impl DisaggRole {
         match self {
             DisaggRole::Prefill => "prefill",
             DisaggRole::Decode => "decode",
+            DisaggRole::Proxy => "proxy",
         }
     }
 }
@@ -166,6 +170,30 @@ pub struct DisaggInfo {
     pub first_decode_step_ms: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ttft_ms: Option<f64>,
+    /// On the proxy's record: the prefill leg's `request_id` (`peer_request_id` is the decode
+    /// leg's, whose stream the proxy relayed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefill_request_id: Option<String>,
+    /// On the proxy's record: the client's request read by the proxy (its record's arrival).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxy_arrival_mono_ns: Option<u64>,
+    /// On the proxy's record: proxy's arrival → P's arrival (the proxy's hop to P).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxy_to_prefill_ms: Option<f64>,
+    /// On the proxy's record: D's first token on D's wire → the proxy's first token to the
+    /// client (the proxy relaying the stream).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub relay_ms: Option<f64>,
+    /// On the proxy's record: the proxy's arrival → its first token to the client: the TTFT as
+    /// the client saw it, at the proxy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_ttft_ms: Option<f64>,
+    /// On the proxy's record: the decode leg's arrival and first token on D's wire (the prefill
+    /// leg's end is `decode_arrival_mono_ns` − `handoff_ms`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decode_arrival_mono_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decode_first_token_mono_ns: Option<u64>,
 }
 
 /// 64-bit FNV-1a: a stable digest (the same on every agent and every run) for join keys.

@@ -856,11 +856,16 @@ fn emit(
             record.identity = identities.of(record.pid);
             record
         });
-    ipc.ready_for_join(finished, Instant::now(), flush, &mut ready);
-    for mut record in ready {
-        ipc.enrich(&mut record);
-        // After the IPC join: a leg's phases come from its engine's stamps.
-        stitcher.stitch(&mut record);
+    let now = Instant::now();
+    ipc.ready_for_join(finished, now, flush, &mut ready);
+    for record in &mut ready {
+        ipc.enrich(record);
+    }
+    // After the IPC join: a leg's phases come from its engine's stamps. A P/D proxy's record
+    // may be held for the decode leg it relayed.
+    let mut stitched = Vec::with_capacity(ready.len());
+    stitcher.stitch_batch(ready, now, flush, &mut stitched);
+    for mut record in stitched {
         engine_metrics.annotate(&mut record);
         observer.on_record(record);
     }

@@ -6,6 +6,7 @@
 //! prefill leg that returned exactly the hand-off it was sent, before it arrived, and only
 //! once; otherwise it stays separate and says why.
 use std::collections::VecDeque;
+use std::time::Instant;
 
 use rustc_hash::FxHashMap;
 
@@ -39,6 +40,8 @@ pub struct Stitcher {
     order: VecDeque<(u64, Key)>,
     legs: usize,
     newest_end: u64,
+    /// The P/D proxy's records, joined to the decode legs they relayed.
+    proxy: proxy::ProxyJoin,
     pub stats: Stats,
 }
 
@@ -61,6 +64,33 @@ fn engine_phases(r: &RequestRecord) -> (Option<f64>, Option<f64>) {
 }
 
 impl Stitcher {
+    /// Stitches finished `records` and hands them on in `out`: legs at once, a P/D proxy's
+    /// record once its decode leg was seen or it waited [`proxy::HOLD`] (all with `flush`,
+    /// when the agent stops). Call it on every pass of the loop, records or none.
+    pub fn stitch_batch(
+        &mut self,
+        records: impl IntoIterator<Item = RequestRecord>,
+        now: Instant,
+        flush: bool,
+        out: &mut Vec<RequestRecord>,
+    ) {
+        for mut record in records {
+            self.stitch(&mut record);
+            if record.disagg.is_some() {
+                // A proxy record held for this decode leg follows it.
+                let mut released = Vec::new();
+                self.proxy
+                    .decode_leg(&record, self.newest_end, &mut self.stats, &mut released);
+                out.push(record);
+                out.append(&mut released);
+            } else {
+                self.proxy.proxy_record(record, now, &mut self.stats, out);
+            }
+        }
+        self.proxy.expire(self.newest_end, &mut self.stats);
+        self.proxy.release(now, flush, &mut self.stats, out);
+    }
+
     /// Reads `record`'s leg (if it is one) and fills its `disagg` view.
     pub fn stitch(&mut self, record: &mut RequestRecord) {
         self.newest_end = self.newest_end.max(record.end_mono_ns);
@@ -77,6 +107,8 @@ impl Stitcher {
             LegParse::Leg(leg) => match leg.role {
                 DisaggRole::Prefill => self.remember(record, leg),
                 DisaggRole::Decode => self.join(record, leg),
+                // A proxy's record is no engine leg: no engine module reads one.
+                DisaggRole::Proxy => {}
             },
         }
     }
@@ -228,13 +260,17 @@ impl Stitcher {
                 .and_then(|e| e.kv_transfer_source()),
             first_decode_step_ms,
             ttft_ms: record.first_token_mono_ns.map(|t| ms(p.arrival, t)),
+            ..DisaggInfo::default()
         }));
     }
 
     pub fn counters(&self) -> Vec<(Counter, u64)> {
-        self.stats.iter().collect()
+        let mut all: Vec<(Counter, u64)> = self.stats.iter().collect();
+        all.push((Counter::DisaggProxyHeldNow, self.proxy.held() as u64));
+        all
     }
 }
 
+mod proxy;
 #[cfg(test)]
 mod tests;

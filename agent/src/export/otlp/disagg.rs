@@ -169,6 +169,29 @@ pub fn leg_attributes(record: &RequestRecord) -> Vec<KeyValue> {
     if let Some(why) = info.unjoined {
         out.push(KeyValue::new("inferscope.disagg.unjoined", why));
     }
+    // The proxy's record: its own hops, around the servers' phases the parent span carries.
+    if info.role == Some(DisaggRole::Proxy) {
+        if let Some(p) = &info.prefill_request_id {
+            out.push(KeyValue::new(
+                "inferscope.disagg.prefill_request_id",
+                p.clone(),
+            ));
+        }
+        for (name, v) in [
+            (
+                "inferscope.disagg.proxy_to_prefill_ms",
+                info.proxy_to_prefill_ms,
+            ),
+            ("inferscope.disagg.handoff_ms", info.handoff_ms),
+            ("inferscope.disagg.relay_ms", info.relay_ms),
+            ("inferscope.disagg.client_ttft_ms", info.client_ttft_ms),
+            ("inferscope.disagg.ttft_ms", info.ttft_ms),
+        ] {
+            if let Some(v) = v {
+                out.push(KeyValue::new(name, v));
+            }
+        }
+    }
     out
 }
 
