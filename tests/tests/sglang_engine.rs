@@ -316,16 +316,24 @@ fn sglang_real_scheduler_admission_retractions_and_prompt_tokens() {
             .iter()
             .filter(|s| s["start_from"] == "forward_entry" && has(s, "prefill"))
             .collect();
-        assert_eq!(prefills.len(), 1, "{id}: {prefills:#?}");
-        let step = prefills[0];
-        let (start, end) = (
-            step["start_mono_ns"].as_u64().unwrap(),
-            step["end_mono_ns"].as_u64().unwrap(),
-        );
+        // One prefill, and one more for each retraction it was prefilled again after (a full
+        // run on two loaded cores retracted one request of this test).
+        let retracted = retractions.get(id.as_str()).copied().unwrap_or(0) as usize;
         assert!(
-            start <= want + 1_000_000 && want <= end,
-            "{id}: SGLang admitted at {want}, step {step:#?}"
+            (1..=1 + retracted).contains(&prefills.len()),
+            "{id}: {retracted} retractions, {prefills:#?}"
         );
+        let step = prefills
+            .iter()
+            .copied()
+            .find(|step| {
+                let (start, end) = (
+                    step["start_mono_ns"].as_u64().unwrap(),
+                    step["end_mono_ns"].as_u64().unwrap(),
+                );
+                start <= want + 1_000_000 && want <= end
+            })
+            .unwrap_or_else(|| panic!("{id}: SGLang admitted at {want}, steps {prefills:#?}"));
         assert_eq!(
             step["kernel_pid"].as_u64().or(step["pid"].as_u64()),
             Some(u64::from(scheduler)),

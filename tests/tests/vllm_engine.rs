@@ -321,7 +321,22 @@ fn check(
                 s.step_start_scheduled += 1;
                 let err = start.abs_diff(t.start_ns);
                 s.step_start_scheduled_max_err_ns = s.step_start_scheduled_max_err_ns.max(err);
-                assert!(err <= 1_000_000, "{st:#?} {t:?}");
+                // The start is one of the SCHEDULED/PREEMPTED stamps vLLM took in this step's
+                // schedule(), to the stamp (how far that stamp lies after schedule()'s entry is
+                // Python's own work before it: within 1 ms on a quiet machine, 1.17 ms once in
+                // a full run on two loaded cores; counted in step_start_within_1ms below).
+                let lo = i
+                    .checked_sub(1)
+                    .map_or(t.start_ns, |p| truth.steps[p].end_ns);
+                let stamped = truth
+                    .requests
+                    .values()
+                    .flat_map(|r| r.scheduled.iter().chain(&r.preempted))
+                    .any(|&x| x > lo && x <= t.end_ns && x.abs_diff(start) <= 1_000);
+                assert!(
+                    stamped,
+                    "not a stamp of this step's schedule(): {st:#?} {t:?}"
+                );
                 assert!(
                     start >= t.start_ns,
                     "stamp before schedule(): {st:#?} {t:?}"
