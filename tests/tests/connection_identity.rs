@@ -57,7 +57,11 @@ fn tcpdump(pcap_path: &Path, port: u16) -> KillOnDrop {
         .arg(pcap_path)
         .args(["tcp", "port", &port.to_string()])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        // Its closing lines say how many packets the kernel dropped (read by `wire_note`).
+        .stderr(
+            std::fs::File::create(pcap_path.with_extension("log"))
+                .map_or_else(|_| Stdio::null(), Stdio::from),
+        )
         .spawn()
         .expect("starting tcpdump (apt-get install tcpdump)");
     // tcpdump writes the file header once its capture is live: wait for it, so the test's
@@ -85,17 +89,35 @@ fn wire_requests(packets: &[pcap::Packet], port: u16, method: &[u8]) -> usize {
         .count()
 }
 
+/// What tcpdump said at its stop and the request segments counting retransmissions, for a
+/// wire reference that falls short.
+fn wire_note(packets: &[pcap::Packet], pcap_path: &Path, port: u16) -> String {
+    let all = packets
+        .iter()
+        .filter(|p| {
+            p.dst_port == port
+                && (p.payload.starts_with(b"GET ") || p.payload.starts_with(b"POST "))
+        })
+        .count();
+    let said = std::fs::read_to_string(pcap_path.with_extension("log")).unwrap_or_default();
+    format!("{all} request segments with retransmissions; tcpdump: {said}")
+}
+
 /// tcpdump writes each packet as it reads it (-U, immediate mode), but on a busy machine it
 /// reads late, and SIGINT ends it without reading what is still queued: stop it once the file
-/// has stopped growing.
-fn stop_tcpdump(mut dump: KillOnDrop, pcap_path: &Path) {
-    // Stopped only once the file has not grown for 1.2 s: SIGINT drops what tcpdump has not
-    // read from the kernel yet, and on two loaded cores it was once starved for one 400 ms look
-    // (297 of 300 requests in the file).
+/// holds the `want` request segments the clients sent to `port` (each answered, so on the wire)
+/// and has stopped growing, or after 30 s.
+fn stop_tcpdump(mut dump: KillOnDrop, pcap_path: &Path, port: u16, want: usize) {
+    // A file that had not grown for 1.2 s still lacked requests once: on two loaded cores
+    // tcpdump was starved longer (297, and once 292, of 300 requests in the file).
     let size = || std::fs::metadata(pcap_path).map_or(0, |m| m.len());
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let requests = || {
+        let packets = pcap::read(pcap_path);
+        wire_requests(&packets, port, b"POST ") + wire_requests(&packets, port, b"GET ")
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let (mut last, mut unchanged) = (size(), 0);
-    while unchanged < 3 && std::time::Instant::now() < deadline {
+    while (unchanged < 3 || requests() < want) && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(400));
         let now = size();
         unchanged = if now == last { unchanged + 1 } else { 0 };
@@ -168,7 +190,7 @@ fn fd_reuse_late_accept_and_server_close_match_the_wire() {
     recorder.wait_records(Duration::from_secs(30), "a record per request", |records| {
         records.len() >= PER * scenarios.len()
     });
-    stop_tcpdump(dump, &pcap_path);
+    stop_tcpdump(dump, &pcap_path, port, PER * scenarios.len());
     let log_recorder = recorder.log.clone();
     let records = recorder.stop();
     let counters = agent::Counters::beside(&log_recorder);
@@ -176,7 +198,12 @@ fn fd_reuse_late_accept_and_server_close_match_the_wire() {
 
     let packets = pcap::read(&pcap_path);
     let on_wire = wire_requests(&packets, port, b"POST ");
-    assert_eq!(on_wire, PER * scenarios.len(), "requests on the wire");
+    let note = wire_note(&packets, &pcap_path, port);
+    assert_eq!(
+        on_wire,
+        PER * scenarios.len(),
+        "requests on the wire: {note}"
+    );
     let wire = pcap::wire_ttfts(&packets, port);
     assert_eq!(
         wire.len(),
@@ -284,15 +311,16 @@ fn real_engine_burst_and_sequential_requests_all_recorded_with_wire_arrivals() {
     recorder.wait_records(Duration::from_secs(30), "a record per request", |records| {
         records.len() >= BURST + SEQUENTIAL
     });
-    stop_tcpdump(dump, &pcap_path);
+    stop_tcpdump(dump, &pcap_path, port, BURST + SEQUENTIAL);
     let log_path = recorder.log.clone();
     let records = recorder.stop();
     let counters = agent::Counters::beside(&log_path);
     let log = std::fs::read_to_string(log_path).unwrap_or_default();
 
     let packets = pcap::read(&pcap_path);
-    assert_eq!(wire_requests(&packets, port, b"POST "), BURST);
-    assert_eq!(wire_requests(&packets, port, b"GET "), SEQUENTIAL);
+    let note = wire_note(&packets, &pcap_path, port);
+    assert_eq!(wire_requests(&packets, port, b"POST "), BURST, "{note}");
+    assert_eq!(wire_requests(&packets, port, b"GET "), SEQUENTIAL, "{note}");
     let wire = pcap::wire_ttfts(&packets, port);
     assert_eq!(wire.len(), BURST);
 
@@ -427,7 +455,7 @@ fn real_engine_pipelined_requests_and_a_request_after_the_servers_shutdown() {
             })
         },
     );
-    stop_tcpdump(dump, &pcap_path);
+    stop_tcpdump(dump, &pcap_path, port, CONNECTIONS + 1);
     let log_path = recorder.log.clone();
     let records = recorder.stop();
     let counters = agent::Counters::beside(&log_path);
