@@ -78,11 +78,9 @@ impl Stitcher {
             self.stitch(&mut record);
             if record.disagg.is_some() {
                 // A proxy record held for this decode leg follows it.
-                let mut released = Vec::new();
-                self.proxy
-                    .decode_leg(&record, self.newest_end, &mut self.stats, &mut released);
-                out.push(record);
-                out.append(&mut released);
+                let at = out.len();
+                self.proxy.decode_leg(&record, &mut self.stats, out);
+                out.insert(at, record);
             } else {
                 self.proxy.proxy_record(record, now, &mut self.stats, out);
             }

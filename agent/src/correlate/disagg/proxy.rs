@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 
+use super::ms;
 use crate::model::{Counter, DisaggInfo, DisaggRole, RequestRecord, Stats};
 
 /// Decode legs remembered for their proxy's record; the oldest is forgotten beyond this.
@@ -58,10 +59,6 @@ enum Outcome {
     NotYet,
 }
 
-fn ms(from: u64, to: u64) -> f64 {
-    to.saturating_sub(from) as f64 / 1e6
-}
-
 /// Whether `record` is a proxy's, and whether it is one by its kind (`pd_proxy`), not only by
 /// what it relayed (a proxy a user claimed with a pattern, `custom`).
 fn proxy_kind(record: &RequestRecord) -> bool {
@@ -70,11 +67,11 @@ fn proxy_kind(record: &RequestRecord) -> bool {
 
 impl ProxyJoin {
     /// Remembers a decode leg that was joined to its prefill leg, and releases the held proxy
-    /// records it answers into `out`.
+    /// records it answers into `out` (legs no proxy claimed are forgotten by [`Self::expire`],
+    /// once per batch).
     pub(super) fn decode_leg(
         &mut self,
         record: &RequestRecord,
-        newest_end: u64,
         stats: &mut Stats,
         out: &mut Vec<RequestRecord>,
     ) {
@@ -120,7 +117,6 @@ impl ProxyJoin {
                 out.push(proxy);
             }
         }
-        self.expire(newest_end, stats);
     }
 
     /// A record that may be a proxy's: joined and pushed to `out`, or held for its decode leg.
