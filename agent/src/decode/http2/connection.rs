@@ -1,0 +1,350 @@
+//! Both directions of one HTTP/2 connection: each direction's framer and HPACK decoder, and the
+//! streams they share, summarised as they end.
+
+use rustc_hash::FxHashMap;
+
+use super::frame::{BlockLoss, Frame, FrameDecoder};
+use super::hpack::{self, Field};
+use super::stream::{EndedBy, Fields, Stream, StreamSummary};
+use super::{Limits, Side, Start};
+use crate::decode::http::Chunk;
+use crate::model::{Counter, Stats};
+
+/// One HTTP/2 connection seen from the server's socket.
+#[derive(Debug)]
+pub struct Http2Connection {
+    limits: Limits,
+    client: FrameDecoder,
+    server: FrameDecoder,
+    /// HPACK state of the client's header blocks, then the server's.
+    hpack: [hpack::Decoder; 2],
+    streams: FxHashMap<u32, Stream>,
+    /// The highest stream id the client opened: ids only grow.
+    max_client_stream: u32,
+    /// The last GOAWAY seen, for streams the close cuts afterwards.
+    goaway: Option<EndedBy>,
+}
+
+/// What one frame's handling needs, borrowed apart from the framer producing it.
+struct Handler<'a> {
+    side: Side,
+    ts_ns: u64,
+    limits: Limits,
+    hpack: &'a mut [hpack::Decoder; 2],
+    streams: &'a mut FxHashMap<u32, Stream>,
+    max_client_stream: &'a mut u32,
+    goaway: &'a mut Option<EndedBy>,
+    stats: &'a mut Stats,
+    out: &'a mut Vec<StreamSummary>,
+}
+
+impl Http2Connection {
+    pub fn new(limits: Limits, start: Start) -> Self {
+        let fresh = start == Start::Fresh;
+        let table = |_| {
+            if fresh {
+                hpack::Decoder::fresh(limits.max_table_bytes)
+            } else {
+                hpack::Decoder::mid_connection(limits.max_table_bytes)
+            }
+        };
+        Self {
+            limits,
+            client: FrameDecoder::new(fresh, false, limits.max_header_block_bytes),
+            server: FrameDecoder::new(false, fresh, limits.max_header_block_bytes),
+            hpack: [table(0), table(1)],
+            streams: FxHashMap::default(),
+            max_client_stream: 0,
+            goaway: None,
+        }
+    }
+
+    /// Whether the client did not begin with the HTTP/2 preface: nothing is decoded.
+    pub fn not_http2(&self) -> bool {
+        self.client.failed()
+    }
+
+    pub fn open_streams(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// One syscall's bytes: `Side::Client` for what the server read, `Side::Server` for what it
+    /// wrote. Streams that end are appended to `out`.
+    pub fn feed(
+        &mut self,
+        side: Side,
+        chunk: Chunk<'_>,
+        stats: &mut Stats,
+        out: &mut Vec<StreamSummary>,
+    ) {
+        let mut h = Handler {
+            side,
+            ts_ns: chunk.ts_ns,
+            limits: self.limits,
+            hpack: &mut self.hpack,
+            streams: &mut self.streams,
+            max_client_stream: &mut self.max_client_stream,
+            goaway: &mut self.goaway,
+            stats,
+            out,
+        };
+        let frames = match side {
+            Side::Client => &mut self.client,
+            Side::Server => &mut self.server,
+        };
+        frames.feed(chunk.bytes, chunk.lost, &mut |f| h.frame(f));
+    }
+
+    /// The connection closed (or the agent stops): open streams end here.
+    pub fn close(&mut self, ts_ns: u64, stats: &mut Stats, out: &mut Vec<StreamSummary>) {
+        let by = self.goaway.unwrap_or(EndedBy::ConnectionClosed);
+        let mut ids: Vec<u32> = self.streams.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            if let Some(s) = self.streams.remove(&id) {
+                stats.bump(Counter::H2Streams);
+                if s.grpc_framing_lost() {
+                    stats.bump(Counter::GrpcMessageFramingLost);
+                }
+                out.push(s.finish(by, ts_ns));
+            }
+        }
+    }
+}
+
+impl Handler<'_> {
+    fn frame(&mut self, frame: Frame<'_>) {
+        let side = self.side;
+        let ts = self.ts_ns;
+        match frame {
+            Frame::Data { stream_id, bytes } => {
+                if let Some(s) = self.streams.get_mut(&stream_id) {
+                    s.data(side, bytes, ts);
+                }
+            }
+            Frame::DataLost { stream_id, len } => {
+                self.stats.add(Counter::H2DataBytesLost, len);
+                if let Some(s) = self.streams.get_mut(&stream_id) {
+                    s.data_lost(side, len, ts);
+                }
+            }
+            Frame::DataEnd {
+                stream_id,
+                end_stream,
+            } => match self.streams.get_mut(&stream_id) {
+                Some(s) if end_stream => {
+                    s.end(side, ts);
+                    self.finish_if_done(stream_id);
+                }
+                Some(_) => {}
+                None => self.stats.bump(Counter::H2FramesUntracked),
+            },
+            Frame::HeaderBlock {
+                stream_id,
+                block,
+                end_stream,
+                push,
+            } => {
+                let fields = self.decode(block);
+                if !push {
+                    self.headers(stream_id, fields, end_stream, false);
+                }
+            }
+            Frame::HeaderBlockLost {
+                stream_id,
+                end_stream,
+                push,
+                why,
+            } => {
+                self.stats.bump(match why {
+                    BlockLoss::TooLarge => Counter::H2HeaderBlocksTooLarge,
+                    BlockLoss::Broken => Counter::H2HeaderBlocksLost,
+                });
+                self.hpack_of(side).desync();
+                if !push {
+                    self.headers(stream_id, Fields::all_unknown(), end_stream, true);
+                }
+            }
+            Frame::RstStream {
+                stream_id,
+                error_code,
+            } => {
+                if let Some(s) = self.streams.remove(&stream_id) {
+                    self.emit(
+                        s,
+                        EndedBy::Reset {
+                            by: side,
+                            error_code,
+                        },
+                    );
+                } else {
+                    self.stats.bump(Counter::H2FramesUntracked);
+                }
+            }
+            Frame::GoAway {
+                last_stream_id,
+                error_code,
+            } => self.goaway(last_stream_id, error_code),
+            Frame::Settings {
+                ack: false,
+                header_table_size: Some(size),
+            } => {
+                // A peer's SETTINGS bound the other side's encoder.
+                self.hpack_of(side.other()).peer_allows(size);
+            }
+            Frame::Settings { .. }
+            | Frame::Ping { .. }
+            | Frame::WindowUpdate { .. }
+            | Frame::Priority { .. }
+            | Frame::Unknown { .. } => {}
+            Frame::Malformed { .. } => self.stats.bump(Counter::H2FramesMalformed),
+            Frame::FramingLost => {
+                self.stats.bump(Counter::H2FramingLost);
+                self.hpack_of(side).desync();
+                for s in self.streams.values_mut() {
+                    s.abandon(side);
+                }
+            }
+            Frame::Resynced { skipped } => {
+                self.stats.bump(Counter::H2Resyncs);
+                self.stats.add(Counter::H2ResyncBytesSkipped, skipped);
+            }
+            Frame::NotHttp2 => self.stats.bump(Counter::H2NotHttp2),
+        }
+    }
+
+    fn hpack_of(&mut self, side: Side) -> &mut hpack::Decoder {
+        let [client, server] = &mut *self.hpack;
+        match side {
+            Side::Client => client,
+            Side::Server => server,
+        }
+    }
+
+    fn decode(&mut self, block: &[u8]) -> Fields {
+        let mut fields = Fields::default();
+        let result = self.hpack_of(self.side).decode(block, &mut |h| {
+            fields.add(known(h.name), known(h.value));
+        });
+        match result {
+            Ok(block_stats) => {
+                if block_stats.resynced {
+                    self.stats.bump(Counter::H2HpackResyncs);
+                }
+            }
+            Err(_) => {
+                self.stats.bump(Counter::H2HpackErrors);
+                // Fields after the error are unknown; so may be the ones it hid.
+                fields.unknown += 1;
+            }
+        }
+        self.stats
+            .add(Counter::H2HpackUnknownFields, u64::from(fields.unknown));
+        fields.finish();
+        fields
+    }
+
+    fn headers(&mut self, stream_id: u32, fields: Fields, end_stream: bool, lost: bool) {
+        let ts = self.ts_ns;
+        match self.side {
+            Side::Client => self.client_headers(stream_id, fields, end_stream, lost),
+            Side::Server => match self.streams.get_mut(&stream_id) {
+                Some(s) => {
+                    s.summary.headers_lost |= lost;
+                    s.server_headers(fields, end_stream, ts);
+                    self.finish_if_done(stream_id);
+                }
+                None => {
+                    // Its request was not followed: opened before we attached, or over the
+                    // stream limit.
+                    self.stats.bump(Counter::H2FramesUntracked);
+                }
+            },
+        }
+    }
+
+    fn client_headers(&mut self, stream_id: u32, fields: Fields, end_stream: bool, lost: bool) {
+        let ts = self.ts_ns;
+        let seen_before = stream_id <= *self.max_client_stream;
+        if let Some(s) = self.streams.get_mut(&stream_id) {
+            if !s.request_ended && !fields.opens_request() {
+                // Request trailers.
+                s.summary.headers_lost |= lost;
+                if end_stream {
+                    s.end(Side::Client, ts);
+                }
+                return;
+            }
+            // A new request on an id in use: RFC 9113 §5.1.1 forbids it; end the old one.
+            self.stats.bump(Counter::H2StreamIdsReused);
+            if let Some(old) = self.streams.remove(&stream_id) {
+                self.emit(old, EndedBy::IdReused);
+            }
+        } else if seen_before {
+            if !fields.opens_request() {
+                // Trailers of a stream already summarised (the server ended first).
+                self.stats.bump(Counter::H2FramesUntracked);
+                return;
+            }
+            self.stats.bump(Counter::H2StreamIdsReused);
+        }
+        *self.max_client_stream = (*self.max_client_stream).max(stream_id);
+        if self.streams.len() >= self.limits.max_streams {
+            self.stats.bump(Counter::H2StreamsOverLimit);
+            return;
+        }
+        let mut s = Stream::open(stream_id, fields, end_stream, ts);
+        s.summary.headers_lost = lost;
+        self.streams.insert(stream_id, s);
+    }
+
+    /// GOAWAY from `side`: the streams its peer opened above `last_stream_id` were not and will
+    /// not be processed.
+    fn goaway(&mut self, last_stream_id: u32, error_code: u32) {
+        let by = EndedBy::GoAway {
+            by: self.side,
+            last_stream_id,
+            error_code,
+        };
+        *self.goaway = Some(by);
+        if self.side == Side::Client {
+            // It concerns streams the server pushed: none are followed.
+            return;
+        }
+        let mut cut: Vec<u32> = self
+            .streams
+            .keys()
+            .copied()
+            .filter(|&id| id > last_stream_id)
+            .collect();
+        cut.sort_unstable();
+        for id in cut {
+            if let Some(s) = self.streams.remove(&id) {
+                self.emit(s, by);
+            }
+        }
+    }
+
+    fn finish_if_done(&mut self, stream_id: u32) {
+        if self.streams.get(&stream_id).is_some_and(Stream::done)
+            && let Some(s) = self.streams.remove(&stream_id)
+        {
+            self.emit(s, EndedBy::EndStream);
+        }
+    }
+
+    fn emit(&mut self, s: Stream, by: EndedBy) {
+        self.stats.bump(Counter::H2Streams);
+        if s.grpc_framing_lost() {
+            self.stats.bump(Counter::GrpcMessageFramingLost);
+        }
+        self.out.push(s.finish(by, self.ts_ns));
+    }
+}
+
+fn known(f: Field<'_>) -> Option<&[u8]> {
+    match f {
+        Field::Known(b) => Some(b),
+        Field::Unknown => None,
+    }
+}

@@ -1,0 +1,189 @@
+//! gRPC's message framing inside one direction of one HTTP/2 stream: each message is a 1-byte
+//! compressed flag and a 4-byte big-endian length, then that many bytes, split across DATA
+//! frames anyhow. Only the 5-byte prefix is ever held; message bytes are counted and dropped.
+
+/// One complete message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Message {
+    pub len: u32,
+    pub compressed: bool,
+    /// The syscall that carried the message's first byte, and the one that carried its last.
+    pub first_ts_ns: u64,
+    pub last_ts_ns: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// `usize` prefix bytes held.
+    Prefix(usize),
+    Body {
+        left: u64,
+    },
+    /// Bytes were lost across a message boundary: later messages cannot be delimited.
+    Lost,
+}
+
+/// The message splitter of one direction of one stream.
+#[derive(Debug, Clone)]
+pub struct MessageReader {
+    state: State,
+    prefix: [u8; 5],
+    first_ts_ns: u64,
+}
+
+impl Default for MessageReader {
+    fn default() -> Self {
+        Self {
+            state: State::Prefix(0),
+            prefix: [0; 5],
+            first_ts_ns: 0,
+        }
+    }
+}
+
+impl MessageReader {
+    /// Whether message boundaries are still known.
+    pub fn in_step(&self) -> bool {
+        self.state != State::Lost
+    }
+
+    /// Whether a message is open (its prefix or body partly seen).
+    pub fn mid_message(&self) -> bool {
+        !matches!(self.state, State::Prefix(0) | State::Lost)
+    }
+
+    pub fn data(&mut self, mut bytes: &[u8], ts_ns: u64, on: &mut dyn FnMut(Message)) {
+        while !bytes.is_empty() {
+            match self.state {
+                State::Lost => return,
+                State::Prefix(held) => {
+                    if held == 0 {
+                        self.first_ts_ns = ts_ns;
+                    }
+                    let n = (5 - held).min(bytes.len());
+                    if let (Some(dst), Some(src)) =
+                        (self.prefix.get_mut(held..held + n), bytes.get(..n))
+                    {
+                        dst.copy_from_slice(src);
+                    }
+                    bytes = bytes.get(n..).unwrap_or_default();
+                    if held + n < 5 {
+                        self.state = State::Prefix(held + n);
+                        continue;
+                    }
+                    let [_, a, b, c, d] = self.prefix;
+                    let left = u64::from(u32::from_be_bytes([a, b, c, d]));
+                    self.state = State::Body { left };
+                    if left == 0 {
+                        self.finish(ts_ns, on);
+                    }
+                }
+                State::Body { left } => {
+                    let n = (bytes.len() as u64).min(left);
+                    bytes = bytes.get(n as usize..).unwrap_or_default();
+                    self.state = State::Body { left: left - n };
+                    if left == n {
+                        self.finish(ts_ns, on);
+                    }
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self, ts_ns: u64, on: &mut dyn FnMut(Message)) {
+        let [flag, a, b, c, d] = self.prefix;
+        on(Message {
+            len: u32::from_be_bytes([a, b, c, d]),
+            compressed: flag & 1 != 0,
+            first_ts_ns: self.first_ts_ns,
+            last_ts_ns: ts_ns,
+        });
+        self.state = State::Prefix(0);
+    }
+
+    /// `n` bytes of the stream's data were lost from the syscall at `ts_ns`. Inside a message
+    /// body only that message's bytes are gone (it is still counted when its end passes); a
+    /// loss that reaches past a body's end loses the boundaries.
+    pub fn lost(&mut self, n: u64, ts_ns: u64, on: &mut dyn FnMut(Message)) {
+        match self.state {
+            State::Body { left } if n < left => self.state = State::Body { left: left - n },
+            State::Body { left } if n == left => self.finish(ts_ns, on),
+            _ => self.state = State::Lost,
+        }
+    }
+
+    /// The stream's data stopped being followed (the connection's framing was lost).
+    pub fn abandon(&mut self) {
+        self.state = State::Lost;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn messages(pieces: &[&[u8]]) -> Vec<Message> {
+        let mut r = MessageReader::default();
+        let mut out = Vec::new();
+        for (i, p) in pieces.iter().enumerate() {
+            r.data(p, i as u64 + 1, &mut |m| out.push(m));
+        }
+        out
+    }
+
+    fn msg(compressed: bool, body: &[u8]) -> Vec<u8> {
+        let mut v = vec![u8::from(compressed)];
+        v.extend((body.len() as u32).to_be_bytes());
+        v.extend(body);
+        v
+    }
+
+    #[test]
+    fn messages_split_anywhere_are_counted_once_with_their_timestamps() {
+        let mut wire = msg(false, b"hello");
+        wire.extend(msg(true, b""));
+        wire.extend(msg(false, &[7; 300]));
+        let whole = messages(&[&wire]);
+        assert_eq!(
+            whole
+                .iter()
+                .map(|m| (m.len, m.compressed))
+                .collect::<Vec<_>>(),
+            vec![(5, false), (0, true), (300, false)]
+        );
+        for cut in 0..=wire.len() {
+            let (a, b) = wire.split_at(cut);
+            let got = messages(&[a, b]);
+            assert_eq!(got.len(), 3, "cut {cut}");
+            assert_eq!(got[0].len, 5);
+            // The first message starts in the first piece unless the cut is at 0.
+            let first_ts = if cut == 0 { 2 } else { 1 };
+            assert_eq!(got[0].first_ts_ns, first_ts, "cut {cut}");
+            let last_ts = if cut == wire.len() { 1 } else { 2 };
+            assert_eq!(got[2].last_ts_ns, last_ts, "cut {cut}");
+        }
+        let bytewise: Vec<&[u8]> = wire.chunks(1).collect();
+        assert_eq!(messages(&bytewise).len(), 3);
+    }
+
+    #[test]
+    fn losses_inside_a_body_keep_the_boundaries_and_others_do_not() {
+        let mut r = MessageReader::default();
+        let mut out = Vec::new();
+        r.data(&msg(false, b"abcdef")[..7], 1, &mut |m| out.push(m));
+        r.lost(3, 1, &mut |m| out.push(m));
+        r.data(b"f", 2, &mut |m| out.push(m));
+        assert_eq!(out.len(), 1);
+        assert!(r.in_step());
+        // A loss that ends exactly at the body's end completes the message.
+        r.data(&msg(false, b"abc")[..6], 3, &mut |m| out.push(m));
+        r.lost(2, 4, &mut |m| out.push(m));
+        assert_eq!(out.len(), 2);
+        assert_eq!((out[1].len, out[1].last_ts_ns), (3, 4));
+        r.data(&[0, 0], 3, &mut |m| out.push(m));
+        r.lost(1, 5, &mut |m| out.push(m));
+        assert!(!r.in_step());
+        r.data(&msg(false, b"x"), 4, &mut |m| out.push(m));
+        assert_eq!(out.len(), 2);
+    }
+}

@@ -1,0 +1,308 @@
+//! One HTTP/2 stream as an inference request: the fields of its header blocks, its gRPC
+//! messages each way, how it ended. Only sizes, counts, timestamps and a few short header values
+//! are kept.
+
+use super::grpc::{Message, MessageReader};
+use super::{Side, Value};
+
+/// Messages one way of a stream.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Messages {
+    /// gRPC messages whose end was seen.
+    pub count: u32,
+    /// Their lengths, summed, and the largest (the 5-byte prefixes not included).
+    pub bytes: u64,
+    pub max_bytes: u32,
+    /// DATA payload bytes (padding excluded), messages or not.
+    pub data_bytes: u64,
+    /// The syscall that carried the first byte of the first message, and the one that ended the
+    /// last message: first and last token of a server-streaming completion.
+    pub first_ts_ns: Option<u64>,
+    pub last_ts_ns: Option<u64>,
+    /// DATA bytes the capture lost: sizes may be short.
+    pub data_lost: bool,
+    /// Message boundaries were lost: `count` stops short.
+    pub framing_lost: bool,
+}
+
+impl Messages {
+    fn add(&mut self, m: Message) {
+        self.count = self.count.saturating_add(1);
+        self.bytes = self.bytes.saturating_add(u64::from(m.len));
+        self.max_bytes = self.max_bytes.max(m.len);
+        self.first_ts_ns.get_or_insert(m.first_ts_ns);
+        self.last_ts_ns = Some(m.last_ts_ns);
+    }
+}
+
+/// How a stream ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndedBy {
+    /// Both sides sent END_STREAM (or the server did, which ends the exchange).
+    EndStream,
+    /// RST_STREAM from `by`, with its error code.
+    Reset { by: Side, error_code: u32 },
+    /// GOAWAY from `by`: the stream was above `last_stream_id`, or still open when the
+    /// connection closed after it.
+    GoAway {
+        by: Side,
+        last_stream_id: u32,
+        error_code: u32,
+    },
+    /// The connection closed (or the agent stopped) with the stream open.
+    ConnectionClosed,
+    /// The client opened the same stream id again before the stream ended.
+    IdReused,
+    /// The framing of the connection was lost while the stream was open.
+    FramingLost,
+}
+
+/// A stream, summarised once it ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamSummary {
+    pub stream_id: u32,
+    pub method: Value<String>,
+    pub path: Value<String>,
+    pub content_type: Value<String>,
+    pub x_request_id: Value<String>,
+    pub status: Value<u16>,
+    pub grpc_status: Value<u32>,
+    pub grpc_message: Value<String>,
+    /// The request's HEADERS, and the request's END_STREAM.
+    pub request_ts_ns: u64,
+    pub request_end_ts_ns: Option<u64>,
+    /// The response's (non-informational) HEADERS, and the response's END_STREAM.
+    pub response_ts_ns: Option<u64>,
+    pub response_end_ts_ns: Option<u64>,
+    pub request: Messages,
+    pub response: Messages,
+    pub ended_by: EndedBy,
+    pub end_ts_ns: u64,
+    /// A header block of the stream could not be decoded (its fields read unknown).
+    pub headers_lost: bool,
+}
+
+/// Header fields an inference record uses, as one block gave them.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Fields {
+    pub method: Value<String>,
+    pub path: Value<String>,
+    pub content_type: Value<String>,
+    pub x_request_id: Value<String>,
+    pub status: Value<u16>,
+    pub grpc_status: Value<u32>,
+    pub grpc_message: Value<String>,
+    /// Fields whose name came from a dynamic entry never seen.
+    pub unknown: u32,
+}
+
+impl Fields {
+    /// Every field unknown: the block could not be decoded.
+    pub fn all_unknown() -> Self {
+        Self {
+            method: Value::Unknown,
+            path: Value::Unknown,
+            content_type: Value::Unknown,
+            x_request_id: Value::Unknown,
+            status: Value::Unknown,
+            grpc_status: Value::Unknown,
+            grpc_message: Value::Unknown,
+            unknown: 1,
+        }
+    }
+
+    /// One decoded field; `None` for a name never seen.
+    pub fn add(&mut self, name: Option<&[u8]>, value: Option<&[u8]>) {
+        use crate::decode::http::{MAX_FIELD_BYTES, truncated_string};
+        let Some(name) = name else {
+            self.unknown += 1;
+            return;
+        };
+        let text = |v: Option<&[u8]>| match v {
+            Some(v) => Value::Known(truncated_string(v, MAX_FIELD_BYTES)),
+            None => Value::Unknown,
+        };
+        let number = |v: Option<&[u8]>| match v {
+            Some(v) => std::str::from_utf8(v)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .map_or(Value::Absent, Value::Known),
+            None => Value::Unknown,
+        };
+        match name {
+            b":method" => self.method = text(value),
+            b":path" => self.path = text(value),
+            b"content-type" => self.content_type = text(value),
+            b"x-request-id" => self.x_request_id = text(value),
+            b":status" => self.status = number(value).map(|s: u32| s.min(999) as u16),
+            b"grpc-status" => self.grpc_status = number(value),
+            b"grpc-message" => self.grpc_message = text(value),
+            _ => {}
+        }
+    }
+
+    /// After the block: a field not found is unknown, not absent, when a field of unknown name
+    /// might have been it.
+    pub fn finish(&mut self) {
+        if self.unknown == 0 {
+            return;
+        }
+        for v in [
+            &mut self.method,
+            &mut self.path,
+            &mut self.content_type,
+            &mut self.x_request_id,
+            &mut self.grpc_message,
+        ] {
+            v.absent_is_unknown();
+        }
+        self.status.absent_is_unknown();
+        self.grpc_status.absent_is_unknown();
+    }
+
+    /// Whether the block has request pseudo-headers (or may have).
+    pub fn opens_request(&self) -> bool {
+        !matches!((&self.method, &self.path), (Value::Absent, Value::Absent))
+    }
+}
+
+/// A stream being followed.
+#[derive(Debug)]
+pub struct Stream {
+    pub summary: StreamSummary,
+    pub request_reader: MessageReader,
+    pub response_reader: MessageReader,
+    pub request_ended: bool,
+    pub response_ended: bool,
+    /// Whether DATA is split into gRPC messages: not when the request says another
+    /// content-type (a plain HTTP/2 request's body has no message framing).
+    grpc: bool,
+}
+
+impl Stream {
+    pub fn open(stream_id: u32, fields: Fields, end_stream: bool, ts_ns: u64) -> Self {
+        let grpc = match &fields.content_type {
+            Value::Known(ct) => ct.starts_with("application/grpc"),
+            Value::Absent | Value::Unknown => true,
+        };
+        let summary = StreamSummary {
+            stream_id,
+            method: fields.method,
+            path: fields.path,
+            content_type: fields.content_type,
+            x_request_id: fields.x_request_id,
+            status: Value::Absent,
+            grpc_status: Value::Absent,
+            grpc_message: Value::Absent,
+            request_ts_ns: ts_ns,
+            request_end_ts_ns: end_stream.then_some(ts_ns),
+            response_ts_ns: None,
+            response_end_ts_ns: None,
+            request: Messages::default(),
+            response: Messages::default(),
+            ended_by: EndedBy::ConnectionClosed,
+            end_ts_ns: ts_ns,
+            headers_lost: false,
+        };
+        Self {
+            summary,
+            request_reader: MessageReader::default(),
+            response_reader: MessageReader::default(),
+            request_ended: end_stream,
+            response_ended: false,
+            grpc,
+        }
+    }
+
+    /// A server header block: the response head, an informational head, or trailers.
+    pub fn server_headers(&mut self, fields: Fields, end_stream: bool, ts_ns: u64) {
+        let s = &mut self.summary;
+        let informational = matches!(fields.status, Value::Known(100..=199));
+        if s.response_ts_ns.is_none() && !informational {
+            s.response_ts_ns = Some(ts_ns);
+            s.status = fields.status;
+            // The request's content-type is kept; the response's stands in when it had none.
+            if !matches!(s.content_type, Value::Known(_)) && fields.content_type != Value::Absent {
+                s.content_type = fields.content_type.clone();
+            }
+        }
+        // gRPC puts these in the trailers, or in the only header block of a trailers-only
+        // response.
+        if fields.grpc_status != Value::Absent {
+            s.grpc_status = fields.grpc_status;
+        }
+        if fields.grpc_message != Value::Absent {
+            s.grpc_message = fields.grpc_message;
+        }
+        if end_stream {
+            self.end(Side::Server, ts_ns);
+        }
+    }
+
+    pub fn data(&mut self, side: Side, bytes: &[u8], ts_ns: u64) {
+        let grpc = self.grpc;
+        let (reader, msgs) = self.side(side);
+        msgs.data_bytes = msgs.data_bytes.saturating_add(bytes.len() as u64);
+        if grpc {
+            reader.data(bytes, ts_ns, &mut |m| msgs.add(m));
+        }
+    }
+
+    pub fn data_lost(&mut self, side: Side, len: u64, ts_ns: u64) {
+        let grpc = self.grpc;
+        let (reader, msgs) = self.side(side);
+        msgs.data_lost = true;
+        msgs.data_bytes = msgs.data_bytes.saturating_add(len);
+        if grpc {
+            reader.lost(len, ts_ns, &mut |m| msgs.add(m));
+            msgs.framing_lost |= !reader.in_step();
+        }
+    }
+
+    /// The connection's framing was lost on `side`: this stream's data is no longer followed.
+    pub fn abandon(&mut self, side: Side) {
+        let (reader, msgs) = self.side(side);
+        reader.abandon();
+        msgs.framing_lost = true;
+        msgs.data_lost = true;
+    }
+
+    pub fn end(&mut self, side: Side, ts_ns: u64) {
+        match side {
+            Side::Client => {
+                self.request_ended = true;
+                self.summary.request_end_ts_ns.get_or_insert(ts_ns);
+            }
+            Side::Server => {
+                self.response_ended = true;
+                self.summary.response_end_ts_ns.get_or_insert(ts_ns);
+            }
+        }
+        let (reader, msgs) = self.side(side);
+        // A stream that ends inside a message did not deliver it whole.
+        msgs.framing_lost |= reader.mid_message();
+    }
+
+    /// The exchange is over once the server ended its side: the server has answered.
+    pub fn done(&self) -> bool {
+        self.response_ended
+    }
+
+    /// Whether the stream carried gRPC messages whose boundaries were lost.
+    pub fn grpc_framing_lost(&self) -> bool {
+        self.grpc && (self.summary.request.framing_lost || self.summary.response.framing_lost)
+    }
+
+    pub fn finish(mut self, ended_by: EndedBy, ts_ns: u64) -> StreamSummary {
+        self.summary.ended_by = ended_by;
+        self.summary.end_ts_ns = ts_ns;
+        self.summary
+    }
+
+    fn side(&mut self, side: Side) -> (&mut MessageReader, &mut Messages) {
+        match side {
+            Side::Client => (&mut self.request_reader, &mut self.summary.request),
+            Side::Server => (&mut self.response_reader, &mut self.summary.response),
+        }
+    }
+}

@@ -1,0 +1,790 @@
+//! A connection's streams from wire bytes: gRPC exchanges split at every byte, interleaved
+//! streams, mid-connection attach, losses, hostile frames.
+
+use super::frame::kind;
+use super::*;
+use crate::decode::http::Chunk;
+use crate::model::{Counter, Stats};
+
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+const PADDED: u8 = 0x8;
+const PRIORITY: u8 = 0x20;
+
+fn frame(ty: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut v = len.to_be_bytes()[1..].to_vec();
+    v.push(ty);
+    v.push(flags);
+    v.extend(stream.to_be_bytes());
+    v.extend(payload);
+    v
+}
+
+fn padded(pad: u8, body: &[u8]) -> Vec<u8> {
+    let mut v = vec![pad];
+    v.extend(body);
+    v.extend(std::iter::repeat_n(0, usize::from(pad)));
+    v
+}
+
+/// A string literal of under 127 bytes, not Huffman coded.
+fn string(s: &str) -> Vec<u8> {
+    let mut v = vec![s.len() as u8];
+    v.extend(s.as_bytes());
+    v
+}
+
+/// Literal with incremental indexing, name from the static table (`index` < 63).
+fn indexed_name(index: u8, value: &str) -> Vec<u8> {
+    let mut v = vec![0x40 | index];
+    v.extend(string(value));
+    v
+}
+
+/// Literal without indexing, new name.
+fn literal(name: &str, value: &str) -> Vec<u8> {
+    let mut v = vec![0x00];
+    v.extend(string(name));
+    v.extend(string(value));
+    v
+}
+
+fn grpc_message(len: usize) -> Vec<u8> {
+    let mut v = vec![0];
+    v.extend((len as u32).to_be_bytes());
+    v.extend(std::iter::repeat_n(b'p', len));
+    v
+}
+
+fn settings(table_size: Option<u32>) -> Vec<u8> {
+    let mut p = Vec::new();
+    if let Some(size) = table_size {
+        p.extend(1u16.to_be_bytes());
+        p.extend(size.to_be_bytes());
+    }
+    p.extend(3u16.to_be_bytes());
+    p.extend(100u32.to_be_bytes());
+    frame(kind::SETTINGS, 0, 0, &p)
+}
+
+/// A request's header block: POST, http, the path (inserted into the dynamic table), gRPC's
+/// content-type (inserted too) and `te: trailers`.
+fn request_block(path: &str) -> Vec<u8> {
+    let mut b = vec![0x83, 0x86];
+    b.extend(indexed_name(4, path));
+    b.extend(indexed_name(31, "application/grpc"));
+    b.extend(literal("te", "trailers"));
+    b
+}
+
+fn response_block() -> Vec<u8> {
+    let mut b = vec![0x88];
+    b.extend(indexed_name(31, "application/grpc"));
+    b
+}
+
+fn trailers_block(status: &str) -> Vec<u8> {
+    let mut b = literal("grpc-status", status);
+    b.extend(literal("grpc-message", "fine"));
+    b
+}
+
+struct Exchange {
+    client: Vec<u8>,
+    server: Vec<u8>,
+}
+
+/// A server-streaming call on stream 1 with every frame type and flag the decoder handles:
+/// a padded, prioritised HEADERS continued by CONTINUATION, padded DATA, a message split across
+/// DATA frames, PING, WINDOW_UPDATE, PRIORITY and a frame of unknown type.
+fn exchange() -> Exchange {
+    let mut client = PREFACE.to_vec();
+    client.extend(settings(Some(8192)));
+    let block = request_block("/inference.Gen/Stream");
+    let (a, b) = block.split_at(5);
+    let mut headers = vec![3]; // pad length
+    headers.extend([0, 0, 0, 0, 16]); // priority: dependency 0, weight 16
+    headers.extend(a);
+    headers.extend([0, 0, 0]);
+    client.extend(frame(kind::HEADERS, PADDED | PRIORITY, 1, &headers));
+    client.extend(frame(kind::CONTINUATION, END_HEADERS, 1, b));
+    client.extend(frame(kind::PRIORITY, 0, 1, &[0, 0, 0, 0, 32]));
+    let msg = grpc_message(40);
+    client.extend(frame(kind::DATA, PADDED, 1, &padded(7, &msg[..12])));
+    client.extend(frame(kind::DATA, END_STREAM, 1, &msg[12..]));
+    client.extend(frame(0xee, 0xff, 1, b"unknown frame type"));
+    client.extend(frame(kind::PING, 0, 0, &[1; 8]));
+
+    let mut server = settings(None);
+    server.extend(frame(kind::SETTINGS, 1, 0, &[]));
+    server.extend(frame(kind::WINDOW_UPDATE, 0, 0, &1000u32.to_be_bytes()));
+    server.extend(frame(kind::HEADERS, END_HEADERS, 1, &response_block()));
+    for len in [3, 0, 700] {
+        server.extend(frame(kind::DATA, 0, 1, &grpc_message(len)));
+    }
+    // Two messages in one DATA frame, then one split over two.
+    let mut two = grpc_message(5);
+    two.extend(grpc_message(6));
+    server.extend(frame(kind::DATA, PADDED, 1, &padded(1, &two)));
+    let split = grpc_message(20);
+    server.extend(frame(kind::DATA, 0, 1, &split[..3]));
+    server.extend(frame(kind::DATA, 0, 1, &split[3..]));
+    server.extend(frame(kind::PING, 1, 0, &[1; 8]));
+    server.extend(frame(
+        kind::HEADERS,
+        END_HEADERS | END_STREAM,
+        1,
+        &trailers_block("0"),
+    ));
+    Exchange { client, server }
+}
+
+struct Run {
+    conn: Http2Connection,
+    stats: Stats,
+    out: Vec<StreamSummary>,
+    ts: u64,
+}
+
+impl Run {
+    fn new(start: Start) -> Self {
+        Self::with_limits(start, Limits::default())
+    }
+
+    fn with_limits(start: Start, limits: Limits) -> Self {
+        Self {
+            conn: Http2Connection::new(limits, start),
+            stats: Stats::default(),
+            out: Vec::new(),
+            ts: 0,
+        }
+    }
+
+    fn feed(&mut self, side: Side, bytes: &[u8]) {
+        self.feed_lost(side, bytes, 0);
+    }
+
+    fn feed_lost(&mut self, side: Side, bytes: &[u8], lost: u64) {
+        self.ts += 10;
+        let chunk = Chunk {
+            bytes,
+            lost,
+            ts_ns: self.ts,
+        };
+        self.conn.feed(side, chunk, &mut self.stats, &mut self.out);
+    }
+
+    fn close(&mut self) {
+        self.ts += 10;
+        self.conn.close(self.ts, &mut self.stats, &mut self.out);
+    }
+
+    fn losses(&self) -> Vec<(Counter, u64)> {
+        self.stats
+            .iter()
+            .filter(|(c, n)| c.kind() == crate::model::counters::Kind::Loss && *n > 0)
+            .collect()
+    }
+}
+
+fn known(s: &str) -> Value<String> {
+    Value::Known(s.to_string())
+}
+
+fn check_exchange(s: &StreamSummary) {
+    assert_eq!(s.stream_id, 1);
+    assert_eq!(s.method, known("POST"));
+    assert_eq!(s.path, known("/inference.Gen/Stream"));
+    assert_eq!(s.content_type, known("application/grpc"));
+    assert_eq!(s.status, Value::Known(200));
+    assert_eq!(s.grpc_status, Value::Known(0));
+    assert_eq!(s.grpc_message, known("fine"));
+    assert_eq!(s.x_request_id, Value::Absent);
+    assert_eq!((s.request.count, s.request.bytes), (1, 40));
+    assert_eq!(s.request.data_bytes, 45);
+    assert_eq!(
+        (s.response.count, s.response.bytes, s.response.max_bytes),
+        (6, 3 + 700 + 5 + 6 + 20, 700)
+    );
+    assert_eq!(s.ended_by, EndedBy::EndStream);
+    assert!(!s.request.framing_lost && !s.response.framing_lost && !s.headers_lost);
+    assert!(s.response.first_ts_ns <= s.response.last_ts_ns);
+    assert!(s.response_ts_ns.unwrap() <= s.response.first_ts_ns.unwrap());
+}
+
+#[test]
+fn a_grpc_exchange_fed_whole() {
+    let ex = exchange();
+    let mut run = Run::new(Start::Fresh);
+    run.feed(Side::Client, &ex.client);
+    run.feed(Side::Server, &ex.server);
+    assert_eq!(run.out.len(), 1);
+    check_exchange(&run.out[0]);
+    assert_eq!(run.losses(), vec![]);
+    assert_eq!(run.stats.get(Counter::H2Streams), 1);
+}
+
+/// Each direction cut in two at every byte offset (and the other fed whole) decodes the same,
+/// and so does each direction fed a byte at a time.
+#[test]
+fn frames_split_at_every_offset_decode_the_same() {
+    let ex = exchange();
+    let mut whole = Run::new(Start::Fresh);
+    whole.feed(Side::Client, &ex.client);
+    whole.feed(Side::Server, &ex.server);
+    let want = whole.out[0].clone();
+    let strip = |mut s: StreamSummary| {
+        // Timestamps depend on the cut; everything else must not.
+        s.request_ts_ns = 0;
+        s.request_end_ts_ns = None;
+        s.response_ts_ns = None;
+        s.response_end_ts_ns = None;
+        s.end_ts_ns = 0;
+        for m in [&mut s.request, &mut s.response] {
+            m.first_ts_ns = None;
+            m.last_ts_ns = None;
+        }
+        s
+    };
+    for cut in 0..=ex.client.len() {
+        let mut run = Run::new(Start::Fresh);
+        let (a, b) = ex.client.split_at(cut);
+        run.feed(Side::Client, a);
+        run.feed(Side::Client, b);
+        run.feed(Side::Server, &ex.server);
+        assert_eq!(run.out.len(), 1, "client cut at {cut}");
+        assert_eq!(
+            strip(run.out[0].clone()),
+            strip(want.clone()),
+            "client cut {cut}"
+        );
+        assert_eq!(run.losses(), vec![], "client cut {cut}");
+    }
+    for cut in 0..=ex.server.len() {
+        let mut run = Run::new(Start::Fresh);
+        run.feed(Side::Client, &ex.client);
+        let (a, b) = ex.server.split_at(cut);
+        run.feed(Side::Server, a);
+        run.feed(Side::Server, b);
+        assert_eq!(run.out.len(), 1, "server cut at {cut}");
+        assert_eq!(
+            strip(run.out[0].clone()),
+            strip(want.clone()),
+            "server cut {cut}"
+        );
+    }
+    let mut run = Run::new(Start::Fresh);
+    for b in ex.client.chunks(1) {
+        run.feed(Side::Client, b);
+    }
+    for b in ex.server.chunks(1) {
+        run.feed(Side::Server, b);
+    }
+    check_exchange(&run.out[0]);
+    // Byte at a time, the first response message starts at the first byte of its DATA payload
+    // and the last ends at the last byte of the last one: different syscalls.
+    assert!(run.out[0].response.first_ts_ns < run.out[0].response.last_ts_ns);
+}
+
+/// Three calls interleaved frame by frame, the second reset by the client, the third reusing
+/// the dynamic table entries of the first.
+#[test]
+fn interleaved_streams_each_get_their_own_record() {
+    let mut run = Run::new(Start::Fresh);
+    let mut c = PREFACE.to_vec();
+    c.extend(settings(None));
+    c.extend(frame(
+        kind::HEADERS,
+        END_HEADERS,
+        1,
+        &request_block("/a.A/One"),
+    ));
+    c.extend(frame(
+        kind::HEADERS,
+        END_HEADERS,
+        3,
+        &request_block("/b.B/Two"),
+    ));
+    // Stream 5: the path and content-type by their dynamic indexes (62 = content-type of
+    // stream 3, 63 = its path, 65 = stream 1's path).
+    c.extend(frame(
+        kind::HEADERS,
+        END_HEADERS,
+        5,
+        &[0x83, 0x86, 0xc1, 0xbe],
+    ));
+    c.extend(frame(kind::DATA, 0, 3, &grpc_message(8)));
+    c.extend(frame(kind::DATA, END_STREAM, 1, &grpc_message(9)));
+    c.extend(frame(kind::DATA, END_STREAM, 5, &grpc_message(10)));
+    c.extend(frame(kind::RST_STREAM, 0, 3, &8u32.to_be_bytes()));
+    run.feed(Side::Client, &c);
+    let mut s = settings(None);
+    s.extend(frame(kind::HEADERS, END_HEADERS, 5, &response_block()));
+    s.extend(frame(kind::HEADERS, END_HEADERS, 1, &response_block()));
+    s.extend(frame(kind::DATA, 0, 1, &grpc_message(1)));
+    s.extend(frame(kind::DATA, 0, 5, &grpc_message(2)));
+    s.extend(frame(kind::DATA, 0, 1, &grpc_message(3)));
+    s.extend(frame(
+        kind::HEADERS,
+        END_HEADERS | END_STREAM,
+        5,
+        &trailers_block("0"),
+    ));
+    s.extend(frame(
+        kind::HEADERS,
+        END_HEADERS | END_STREAM,
+        1,
+        &trailers_block("13"),
+    ));
+    run.feed(Side::Server, &s);
+    let by_id: Vec<_> = run.out.iter().map(|s| s.stream_id).collect();
+    assert_eq!(by_id, vec![3, 5, 1]);
+    let [three, five, one] = [&run.out[0], &run.out[1], &run.out[2]];
+    assert_eq!(three.path, known("/b.B/Two"));
+    assert_eq!(
+        three.ended_by,
+        EndedBy::Reset {
+            by: Side::Client,
+            error_code: 8
+        }
+    );
+    assert_eq!((three.request.count, three.response.count), (1, 0));
+    assert_eq!(five.path, known("/a.A/One"));
+    assert_eq!(five.content_type, known("application/grpc"));
+    assert_eq!((five.request.bytes, five.response.bytes), (10, 2));
+    assert_eq!(five.grpc_status, Value::Known(0));
+    assert_eq!(one.path, known("/a.A/One"));
+    assert_eq!((one.request.bytes, one.response.count), (9, 2));
+    assert_eq!(one.grpc_status, Value::Known(13));
+    assert_eq!(run.losses(), vec![]);
+}
+
+/// Attached mid-connection: the path by a dynamic index never seen reads unknown (never a
+/// guess), a literal path reads, and after the encoder empties its table everything reads.
+#[test]
+fn mid_connection_attach_reports_unknown_paths_until_the_table_is_known() {
+    let mut run = Run::new(Start::MidConnection);
+    // Stream 41: path and content-type by dynamic index.
+    run.feed(
+        Side::Client,
+        &frame(
+            kind::HEADERS,
+            END_HEADERS | END_STREAM,
+            41,
+            &[0x83, 0xbf, 0xbe],
+        ),
+    );
+    // Stream 43: a literal path.
+    let mut b = vec![0x83];
+    b.extend(indexed_name(4, "/x.X/Lit"));
+    run.feed(
+        Side::Client,
+        &frame(kind::HEADERS, END_HEADERS | END_STREAM, 43, &b),
+    );
+    // Stream 45: index 62 is 43's path now, 63 unknown.
+    run.feed(
+        Side::Client,
+        &frame(
+            kind::HEADERS,
+            END_HEADERS | END_STREAM,
+            45,
+            &[0x83, 0xbe, 0xbf],
+        ),
+    );
+    // Stream 47: the encoder empties its table (size update to 0, then back to 4096).
+    let mut b = vec![0x20, 0x3f, 0xe1, 0x1f, 0x83];
+    b.extend(indexed_name(4, "/y.Y/After"));
+    run.feed(
+        Side::Client,
+        &frame(kind::HEADERS, END_HEADERS | END_STREAM, 47, &b),
+    );
+    // The server's direction: an in-flight response of a stream opened before we attached,
+    // then the answers.
+    let mut s = frame(kind::DATA, 0, 39, &grpc_message(4));
+    for id in [41, 43, 45, 47] {
+        s.extend(frame(kind::HEADERS, END_HEADERS | END_STREAM, id, &[0x88]));
+    }
+    run.feed(Side::Server, &s);
+    let paths: Vec<_> = run
+        .out
+        .iter()
+        .map(|s| (s.stream_id, s.path.clone()))
+        .collect();
+    assert_eq!(
+        paths,
+        vec![
+            (41, Value::Unknown),
+            (43, known("/x.X/Lit")),
+            (45, known("/x.X/Lit")),
+            (47, known("/y.Y/After")),
+        ]
+    );
+    assert_eq!(run.out[0].content_type, Value::Unknown);
+    assert_eq!(run.out[0].method, known("POST"));
+    assert_eq!(run.out[2].content_type, Value::Unknown);
+    assert_eq!(run.stats.get(Counter::H2HpackUnknownFields), 3);
+    assert_eq!(run.stats.get(Counter::H2HpackResyncs), 1);
+    assert_eq!(run.stats.get(Counter::H2FramesUntracked), 1);
+    assert!(run.out.iter().all(|s| s.status == Value::Known(200)));
+}
+
+/// Attached mid-frame: the first syscalls do not begin frames and are skipped (counted) until
+/// one does.
+#[test]
+fn mid_connection_attach_hunts_for_a_frame_start() {
+    let mut run = Run::new(Start::MidConnection);
+    let data = frame(kind::DATA, 0, 7, &grpc_message(100));
+    run.feed(Side::Client, &data[30..]);
+    let mut b = vec![0x83];
+    b.extend(indexed_name(4, "/z.Z/Found"));
+    run.feed(
+        Side::Client,
+        &frame(kind::HEADERS, END_HEADERS | END_STREAM, 9, &b),
+    );
+    run.feed(Side::Server, &[0x88]);
+    run.feed(
+        Side::Server,
+        &frame(kind::HEADERS, END_HEADERS | END_STREAM, 9, &[0x88]),
+    );
+    assert_eq!(run.out.len(), 1);
+    assert_eq!(run.out[0].path, known("/z.Z/Found"));
+    assert_eq!(run.stats.get(Counter::H2ResyncBytesSkipped), 84 + 1);
+}
+
+#[test]
+fn a_stream_id_reused_ends_the_first_request() {
+    let mut run = Run::new(Start::Fresh);
+    let mut c = PREFACE.to_vec();
+    c.extend(frame(
+        kind::HEADERS,
+        END_HEADERS | END_STREAM,
+        1,
+        &request_block("/a.A/A"),
+    ));
+    c.extend(frame(
+        kind::HEADERS,
+        END_HEADERS | END_STREAM,
+        1,
+        &request_block("/b.B/B"),
+    ));
+    run.feed(Side::Client, &c);
+    run.feed(
+        Side::Server,
+        &frame(kind::HEADERS, END_HEADERS | END_STREAM, 1, &[0x88]),
+    );
+    assert_eq!(run.out.len(), 2);
+    assert_eq!(run.out[0].path, known("/a.A/A"));
+    assert_eq!(run.out[0].ended_by, EndedBy::IdReused);
+    assert_eq!(run.out[1].path, known("/b.B/B"));
+    assert_eq!(run.out[1].ended_by, EndedBy::EndStream);
+    assert_eq!(run.stats.get(Counter::H2StreamIdsReused), 1);
+    // A lower id than one already opened, after its stream ended: reused too.
+    run.feed(
+        Side::Client,
+        &frame(kind::HEADERS, END_HEADERS, 1, &request_block("/c.C/C")),
+    );
+    assert_eq!(run.stats.get(Counter::H2StreamIdsReused), 2);
+    // Request trailers for an ended stream are not a new request.
+    run.feed(
+        Side::Client,
+        &frame(
+            kind::HEADERS,
+            END_HEADERS | END_STREAM,
+            1,
+            &literal("x-t", "1"),
+        ),
+    );
+    assert_eq!(run.conn.open_streams(), 1);
+}
+
+/// A header block over the limit is skipped: its stream's fields read unknown, and so do later
+/// references into the table it changed; static and literal fields still read.
+#[test]
+fn a_huge_header_block_is_counted_and_its_table_reads_unknown() {
+    let limits = Limits {
+        max_header_block_bytes: 1024,
+        ..Limits::default()
+    };
+    let mut run = Run::with_limits(Start::Fresh, limits);
+    let mut c = PREFACE.to_vec();
+    let mut block = request_block("/big.Big/Call");
+    for i in 0..40 {
+        block.extend(literal(&format!("x-filler-{i}"), &"v".repeat(100)));
+    }
+    let (a, rest) = block.split_at(1000);
+    let (b, d) = rest.split_at(2000);
+    c.extend(frame(kind::HEADERS, END_STREAM, 1, a));
+    c.extend(frame(kind::CONTINUATION, 0, 1, b));
+    c.extend(frame(kind::CONTINUATION, END_HEADERS, 1, d));
+    // Stream 3 refers to the path stream 1 inserted: unknown. Stream 5 has a literal.
+    c.extend(frame(
+        kind::HEADERS,
+        END_HEADERS | END_STREAM,
+        3,
+        &[0x83, 0xbf],
+    ));
+    let mut lit = vec![0x83];
+    lit.extend(indexed_name(4, "/small.S/Call"));
+    c.extend(frame(kind::HEADERS, END_HEADERS | END_STREAM, 5, &lit));
+    run.feed(Side::Client, &c);
+    let mut s = Vec::new();
+    for id in [1, 3, 5] {
+        s.extend(frame(kind::HEADERS, END_HEADERS | END_STREAM, id, &[0x88]));
+    }
+    run.feed(Side::Server, &s);
+    assert_eq!(run.stats.get(Counter::H2HeaderBlocksTooLarge), 1);
+    let paths: Vec<_> = run.out.iter().map(|s| s.path.clone()).collect();
+    assert_eq!(
+        paths,
+        vec![Value::Unknown, Value::Unknown, known("/small.S/Call")]
+    );
+    assert!(run.out[0].headers_lost);
+    assert_eq!(run.out[1].method, known("POST"));
+}
+
+#[test]
+fn padding_errors_are_counted_and_framing_continues() {
+    let mut run = Run::new(Start::Fresh);
+    let mut c = PREFACE.to_vec();
+    c.extend(frame(
+        kind::HEADERS,
+        END_HEADERS,
+        1,
+        &request_block("/p.P/Pad"),
+    ));
+    // DATA whose pad length (9) is past its payload (4 bytes after the pad length byte).
+    c.extend(frame(kind::DATA, PADDED | END_STREAM, 1, &[9, 0, 0, 0, 0]));
+    // HEADERS whose padding swallows the block: a lost block.
+    c.extend(frame(
+        kind::HEADERS,
+        PADDED | END_HEADERS | END_STREAM,
+        3,
+        &[200, 0x83],
+    ));
+    // A PADDED DATA frame too short to hold its pad length.
+    c.extend(frame(kind::DATA, PADDED, 5, &[]));
+    c.extend(frame(kind::RST_STREAM, 0, 1, &[0, 0])); // wrong length
+    c.extend(frame(
+        kind::HEADERS,
+        END_HEADERS | END_STREAM,
+        7,
+        &[0x83, 0x84],
+    ));
+    run.feed(Side::Client, &c);
+    let mut s = Vec::new();
+    for id in [1, 3, 7] {
+        s.extend(frame(kind::HEADERS, END_HEADERS | END_STREAM, id, &[0x88]));
+    }
+    run.feed(Side::Server, &s);
+    assert_eq!(run.stats.get(Counter::H2FramesMalformed), 4);
+    assert_eq!(run.stats.get(Counter::H2HeaderBlocksLost), 1);
+    let got: Vec<_> = run
+        .out
+        .iter()
+        .map(|s| (s.stream_id, s.path.clone()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![(1, known("/p.P/Pad")), (3, Value::Unknown), (7, known("/"))]
+    );
+    // The bad DATA frame still ended its stream's request.
+    assert!(run.out[0].request_end_ts_ns.is_some());
+}
+
+#[test]
+fn goaway_cuts_the_streams_above_its_last_id_and_close_the_rest() {
+    let mut run = Run::new(Start::Fresh);
+    let mut c = PREFACE.to_vec();
+    for id in [1, 3, 5] {
+        c.extend(frame(
+            kind::HEADERS,
+            END_HEADERS | END_STREAM,
+            id,
+            &request_block("/g.G/G"),
+        ));
+    }
+    run.feed(Side::Client, &c);
+    let mut goaway = 1u32.to_be_bytes().to_vec();
+    goaway.extend(0u32.to_be_bytes());
+    goaway.extend(b"debug data is skipped");
+    run.feed(Side::Server, &frame(kind::GOAWAY, 0, 0, &goaway));
+    let cut: Vec<_> = run.out.iter().map(|s| s.stream_id).collect();
+    assert_eq!(cut, vec![3, 5]);
+    let by = EndedBy::GoAway {
+        by: Side::Server,
+        last_stream_id: 1,
+        error_code: 0,
+    };
+    assert_eq!(run.out[0].ended_by, by);
+    run.close();
+    assert_eq!(run.out[2].stream_id, 1);
+    assert_eq!(run.out[2].ended_by, by);
+}
+
+#[test]
+fn lost_bytes_inside_data_keep_the_framing_and_across_frames_do_not() {
+    let mut run = Run::new(Start::Fresh);
+    let mut c = PREFACE.to_vec();
+    c.extend(frame(
+        kind::HEADERS,
+        END_HEADERS | END_STREAM,
+        1,
+        &request_block("/l.L/L"),
+    ));
+    run.feed(Side::Client, &c);
+    let mut s = frame(kind::HEADERS, END_HEADERS, 1, &response_block());
+    let big = frame(kind::DATA, 0, 1, &grpc_message(1000));
+    // The syscall's capture kept 100 bytes of the 1014-byte frame.
+    s.extend(&big[..100]);
+    run.feed_lost(Side::Server, &s, (big.len() - 100) as u64);
+    run.feed(Side::Server, &frame(kind::DATA, 0, 1, &grpc_message(3)));
+    assert_eq!(run.stats.get(Counter::H2DataBytesLost), 914);
+    // Now a loss across the next frame header: the stream's messages stop being counted.
+    run.feed_lost(
+        Side::Server,
+        &frame(kind::DATA, 0, 1, &grpc_message(3))[..4],
+        20,
+    );
+    assert_eq!(run.stats.get(Counter::H2FramingLost), 1);
+    // A syscall in the middle of a frame is skipped; the next that starts a frame resumes.
+    run.feed(Side::Server, &grpc_message(50)[..7]);
+    run.feed(
+        Side::Server,
+        &frame(
+            kind::HEADERS,
+            END_HEADERS | END_STREAM,
+            1,
+            &trailers_block("0"),
+        ),
+    );
+    assert_eq!(run.out.len(), 1);
+    let r = &run.out[0].response;
+    assert_eq!(r.count, 2);
+    assert!(r.data_lost && r.framing_lost);
+    assert_eq!(run.stats.get(Counter::GrpcMessageFramingLost), 1);
+    assert_eq!(run.stats.get(Counter::H2Resyncs), 1);
+    // Not the server's table: it may have changed in what was lost; its trailers used literals.
+    assert_eq!(run.out[0].grpc_status, Value::Known(0));
+}
+
+#[test]
+fn streams_past_the_limit_are_counted_not_followed() {
+    let limits = Limits {
+        max_streams: 2,
+        ..Limits::default()
+    };
+    let mut run = Run::with_limits(Start::Fresh, limits);
+    let mut c = PREFACE.to_vec();
+    for id in [1, 3, 5] {
+        c.extend(frame(
+            kind::HEADERS,
+            END_HEADERS | END_STREAM,
+            id,
+            &request_block("/s.S/S"),
+        ));
+    }
+    run.feed(Side::Client, &c);
+    assert_eq!(run.conn.open_streams(), 2);
+    assert_eq!(run.stats.get(Counter::H2StreamsOverLimit), 1);
+}
+
+#[test]
+fn a_client_without_the_preface_is_not_http2() {
+    let mut run = Run::new(Start::Fresh);
+    run.feed(Side::Client, b"GET / HTTP/1.1\r\n\r\n");
+    assert!(run.conn.not_http2());
+    assert_eq!(run.stats.get(Counter::H2NotHttp2), 1);
+    assert!(starts_with_preface(PREFACE));
+    assert!(starts_with_preface(&PREFACE[..16]));
+    assert!(!starts_with_preface(b"PRI * HTTP/2"));
+    assert!(!starts_with_preface(b"POST / HTTP/1.1\r\n\r\n"));
+}
+
+/// The SETTINGS a client sends allow the server's encoder a larger table.
+#[test]
+fn settings_header_table_size_bounds_the_peer_encoder() {
+    let mut run = Run::new(Start::Fresh);
+    let mut c = PREFACE.to_vec();
+    c.extend(settings(Some(16384)));
+    c.extend(frame(
+        kind::HEADERS,
+        END_HEADERS | END_STREAM,
+        1,
+        &request_block("/t.T/T"),
+    ));
+    run.feed(Side::Client, &c);
+    // A size update to 16384 (0x3f, 16353 = e1 7f) is legal now.
+    let mut b = vec![0x3f, 0xe1, 0x7f, 0x88];
+    b.extend(trailers_block("0"));
+    run.feed(
+        Side::Server,
+        &frame(kind::HEADERS, END_HEADERS | END_STREAM, 1, &b),
+    );
+    assert_eq!(run.stats.get(Counter::H2HpackErrors), 0);
+    assert_eq!(run.out[0].grpc_status, Value::Known(0));
+    // Without those SETTINGS the same block is an HPACK error.
+    let mut run = Run::new(Start::Fresh);
+    let mut c = PREFACE.to_vec();
+    c.extend(frame(
+        kind::HEADERS,
+        END_HEADERS | END_STREAM,
+        1,
+        &request_block("/t.T/T"),
+    ));
+    run.feed(Side::Client, &c);
+    run.feed(
+        Side::Server,
+        &frame(kind::HEADERS, END_HEADERS | END_STREAM, 1, &b),
+    );
+    assert_eq!(run.stats.get(Counter::H2HpackErrors), 1);
+    assert_eq!(run.out[0].grpc_status, Value::Unknown);
+}
+
+/// Pseudo-random bytes and mutations of a valid exchange, split and lost at random, never panic
+/// and keep every bound.
+#[test]
+fn random_and_mutated_input_never_panics() {
+    let mut rng = crate::decode::http::testutil::XorShift(0x42);
+    let ex = exchange();
+    for round in 0..3000 {
+        let start = if round % 2 == 0 {
+            Start::Fresh
+        } else {
+            Start::MidConnection
+        };
+        let limits = Limits {
+            max_header_block_bytes: 256,
+            max_table_bytes: 256,
+            max_streams: 4,
+        };
+        let mut run = Run::with_limits(start, limits);
+        for (side, base) in [(Side::Client, &ex.client), (Side::Server, &ex.server)] {
+            let mut bytes = base.clone();
+            if round % 3 == 0 {
+                bytes = (0..rng.below(600)).map(|_| rng.next() as u8).collect();
+            } else {
+                for _ in 0..rng.below(6) {
+                    let i = rng.below(bytes.len() as u64) as usize;
+                    bytes[i] = rng.next() as u8;
+                }
+            }
+            let mut rest = &bytes[..];
+            while !rest.is_empty() {
+                let n = (rng.below(64) as usize + 1).min(rest.len());
+                let (now, later) = rest.split_at(n);
+                rest = later;
+                let lost = if rng.below(20) == 0 { rng.below(50) } else { 0 };
+                run.feed_lost(side, now, lost);
+                assert!(run.conn.open_streams() <= 4);
+            }
+        }
+        run.close();
+        assert_eq!(run.conn.open_streams(), 0);
+        for s in &run.out {
+            for v in [&s.path, &s.method, &s.content_type, &s.grpc_message] {
+                assert!(v.known().is_none_or(|v| v.len() <= 256));
+            }
+        }
+    }
+}
