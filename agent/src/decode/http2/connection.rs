@@ -265,14 +265,18 @@ impl Handler<'_> {
 
     fn client_headers(&mut self, stream_id: u32, fields: Fields, end_stream: bool, lost: bool) {
         let ts = self.ts_ns;
-        let seen_before = stream_id <= *self.max_client_stream;
         if let Some(s) = self.streams.get_mut(&stream_id) {
-            if !s.request_ended && !fields.opens_request() {
-                // Request trailers.
+            if !s.request_ended {
+                // A second block before the request's END_STREAM is its trailers (RFC 9113
+                // §8.1), whatever fields we could or could not read in it.
                 s.summary.headers_lost |= lost;
                 if end_stream {
                     s.end(Side::Client, ts);
                 }
+                return;
+            }
+            if !fields.names_a_request() {
+                self.stats.bump(Counter::H2FramesUntracked);
                 return;
             }
             // A new request on an id in use: RFC 9113 §5.1.1 forbids it; end the old one.
@@ -280,9 +284,10 @@ impl Handler<'_> {
             if let Some(old) = self.streams.remove(&stream_id) {
                 self.emit(old, EndedBy::IdReused);
             }
-        } else if seen_before {
-            if !fields.opens_request() {
-                // Trailers of a stream already summarised (the server ended first).
+        } else if stream_id <= *self.max_client_stream {
+            if !fields.names_a_request() {
+                // Trailers of a stream already summarised (the server ended first), or of one
+                // not followed.
                 self.stats.bump(Counter::H2FramesUntracked);
                 return;
             }

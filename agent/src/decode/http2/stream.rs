@@ -160,9 +160,10 @@ impl Fields {
         self.grpc_status.absent_is_unknown();
     }
 
-    /// Whether the block has request pseudo-headers (or may have).
-    pub fn opens_request(&self) -> bool {
-        !matches!((&self.method, &self.path), (Value::Absent, Value::Absent))
+    /// Whether the block surely opens a request: a `:method` or `:path` we could read. Only
+    /// that evidence makes a block on a used stream id a new request.
+    pub fn names_a_request(&self) -> bool {
+        matches!(self.method, Value::Known(_)) || matches!(self.path, Value::Known(_))
     }
 }
 

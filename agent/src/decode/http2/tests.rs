@@ -485,7 +485,7 @@ fn a_stream_id_reused_ends_the_first_request() {
         &frame(kind::HEADERS, END_HEADERS, 1, &request_block("/c.C/C")),
     );
     assert_eq!(run.stats.get(Counter::H2StreamIdsReused), 2);
-    // Request trailers for an ended stream are not a new request.
+    // Its trailers (no request line, END_STREAM) are not a new request.
     run.feed(
         Side::Client,
         &frame(
