@@ -10,6 +10,7 @@ use std::collections::VecDeque;
 
 use crate::{
     capture::SyscallEvent,
+    decode,
     decode::http::{
         Chunk, Limits, ParseError, RequestDecoder, RequestEvent, ResponseDecoder, ResponseEvent,
     },
@@ -19,6 +20,7 @@ use crate::{
 use super::{
     Peer, RequestRecord, Stats, Work,
     arrivals::ArrivalIndex,
+    h2_connection::H2Connection,
     loss::{self, Reason},
     peer_close::PeerEnd,
     request::{RecordContext, RequestProgress},
@@ -95,6 +97,8 @@ pub struct Connection {
     dropped_tail: u32,
     /// When the last record of this connection was seen (its syscall's exit).
     pub last_event_ns: u64,
+    /// The client began with the HTTP/2 preface: every syscall goes to HTTP/2 decoding.
+    h2: Option<Box<H2Connection>>,
 }
 
 impl Connection {
@@ -133,6 +137,7 @@ impl Connection {
             held: Vec::new(),
             dropped_tail: 0,
             last_event_ns: 0,
+            h2: None,
         }
     }
 
@@ -273,6 +278,10 @@ impl Connection {
         out: &mut Vec<RequestRecord>,
     ) {
         stats.bump(Counter::ConnectionGaps);
+        if let Some(h2) = self.h2.as_mut() {
+            h2.records_lost(self.last_event_ns, stats);
+            return;
+        }
         if lost_heads > 0 {
             stats.add(loss::LOST_EVENTS, u64::from(lost_heads));
             stats.add(loss::LOST_TOTAL, u64::from(lost_heads));
@@ -315,6 +324,14 @@ impl Connection {
         work: &mut Work<'_>,
     ) {
         self.observe(ev, ctx, work.stats, work.out);
+        if self.h2.is_none() && !self.spoke_http && decode::http2::starts_with_preface(ev.payload) {
+            work.stats.bump(Counter::Http2Connections);
+            self.h2 = Some(Box::default());
+        }
+        if let Some(h2) = self.h2.as_mut() {
+            h2.on_read(ev, ctx, work.stats, work.out);
+            return;
+        }
         if ev.ret <= 0 {
             // EOF or reset from the peer: whatever is still being answered was abandoned.
             let by = self.peer_end();
@@ -423,6 +440,10 @@ impl Connection {
 
     pub fn on_write(&mut self, ev: &SyscallEvent<'_>, ctx: RecordContext<'_>, work: &mut Work<'_>) {
         self.observe(ev, ctx, work.stats, work.out);
+        if let Some(h2) = self.h2.as_mut() {
+            h2.on_write(ev, ctx, work.stats, work.out);
+            return;
+        }
         if ev.ret < 0 {
             // EPIPE/ECONNRESET: the client went away mid-response.
             let by = self.peer_end();
@@ -690,6 +711,10 @@ impl Connection {
         ctx: RecordContext<'_>,
         out: &mut Vec<RequestRecord>,
     ) {
+        if let Some(h2) = self.h2.take() {
+            h2.close(ts_ns, ending, stats, ctx, out);
+            return;
+        }
         self.settle_held(stats, ctx, out);
         // A body delimited by the connection's close (no length, not chunked) is complete now.
         if matches!(ending, Ending::Closed(_)) {

@@ -34,6 +34,9 @@ pub enum Reason {
     SseEventTooLarge,
     /// The bytes stopped looking like HTTP/1.x.
     NotHttp,
+    /// HTTP/2: the stream's header block could not be decoded, or its gRPC message boundaries
+    /// were lost.
+    Http2Framing,
     /// The agent stopped while the request was open.
     AgentShutdown,
     /// The server process exited (or stopped being traced) while the request was open.
@@ -49,6 +52,7 @@ impl Reason {
             Reason::ChunkFraming => "chunk_framing",
             Reason::SseEventTooLarge => "sse_event_too_large",
             Reason::NotHttp => "not_http",
+            Reason::Http2Framing => "http2_framing",
             Reason::AgentShutdown => "agent_shutdown",
             Reason::ServerExited => "server_exited",
         }
@@ -63,6 +67,7 @@ impl Reason {
             Reason::ChunkFraming => Counter::RequestsIncompleteChunkFraming,
             Reason::SseEventTooLarge => Counter::RequestsIncompleteSseEventTooLarge,
             Reason::NotHttp => Counter::RequestsIncompleteNotHttp,
+            Reason::Http2Framing => Counter::RequestsIncompleteHttp2Framing,
             Reason::AgentShutdown => Counter::RequestsIncompleteAgentShutdown,
             Reason::ServerExited => Counter::RequestsIncompleteServerExited,
         }

@@ -5,6 +5,7 @@ mod arrivals;
 mod connection;
 pub mod disagg;
 pub mod engine_metrics;
+mod h2_connection;
 pub mod launch_merge;
 #[cfg(test)]
 mod launch_merge_tests;

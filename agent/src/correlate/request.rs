@@ -256,6 +256,7 @@ impl RequestProgress {
             disagg_hints: (!hints.is_empty()).then(|| Box::new(hints)),
             // Stitched by the pipeline (correlate::disagg) when the record is emitted.
             disagg: None,
+            http2: None,
         }
     }
 }

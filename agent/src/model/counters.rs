@@ -246,6 +246,9 @@ counters! {
     RequestsIncompleteHeadLost => "requests_incomplete_head_lost": Loss,
     RequestsIncompleteHeadTooLarge => "requests_incomplete_head_too_large": Loss,
     RequestsIncompleteNotHttp => "requests_incomplete_not_http": Loss,
+    RequestsIncompleteHttp2Framing => "requests_incomplete_http2_framing": Loss,
+    // h2c connections handed to the HTTP/2 decoder (their streams are counted in h2_streams).
+    Http2Connections => "http2_connections": Total,
     RequestsIncompleteServerExited => "requests_incomplete_server_exited": Loss,
     RequestsIncompleteSseEventTooLarge => "requests_incomplete_sse_event_too_large": Loss,
     RequestsLost => "requests_lost": Loss,

@@ -17,4 +17,4 @@ pub use disagg::{
 pub use identity::ProcessIdentity;
 pub use launch::{GraphKernels, LaunchRecord, LaunchSources, NamedCount, StepLaunches};
 pub use lifecycle::PerProcess;
-pub use record::{EndedBy, RequestRecord, StepMember, StepRecord, StepRef};
+pub use record::{EndedBy, Http2Info, RequestRecord, StepMember, StepRecord, StepRef};

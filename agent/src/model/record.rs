@@ -142,10 +142,35 @@ pub struct RequestRecord {
     /// The disaggregated-serving view of this leg, where it is one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disagg: Option<Box<super::DisaggInfo>>,
+    /// The HTTP/2 stream this request was, with its gRPC fields; absent for HTTP/1.x.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http2: Option<Box<Http2Info>>,
     /// The engine process's container and Kubernetes pod (`container_id`, `k8s_pod_name`,
     /// `k8s_namespace_name`, …), where known; absent for a process on the host.
     #[serde(flatten)]
     pub identity: Option<super::ProcessIdentity>,
+}
+
+/// What an HTTP/2 (h2c) stream adds to its record: its id, content-type, gRPC status and the
+/// messages each way (sizes and counts only).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Http2Info {
+    pub stream_id: u32,
+    /// `unknown` where the header referred to an HPACK table entry the agent never saw.
+    pub content_type: Option<String>,
+    /// From the trailers (or a trailers-only response); absent when the stream carried none.
+    pub grpc_status: Option<u32>,
+    /// gRPC messages (length-prefixed) whose end was seen, and their summed lengths.
+    pub request_messages: u32,
+    pub request_message_bytes: u64,
+    pub response_messages: u32,
+    pub response_message_bytes: u64,
+    /// How the stream ended on the wire: `end_stream`, `rst_stream`, `goaway`, `closed` (the
+    /// connection closed with it open), `id_reused`.
+    pub stream_end: &'static str,
+    /// The error code of the RST_STREAM or GOAWAY that ended it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_code: Option<u32>,
 }
 
 /// How a request ended.

@@ -26,6 +26,8 @@ pub mod hpack;
 mod stream;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+pub(crate) mod testwire;
 
 pub use connection::Http2Connection;
 pub use frame::PREFACE;

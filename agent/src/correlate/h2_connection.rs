@@ -1,0 +1,346 @@
+//! An h2c connection (HTTP/2 with prior knowledge) of a traced server: one record per stream.
+//!
+//! The connection tracker hands a connection here when the client's first bytes are the HTTP/2
+//! preface; [`crate::decode::http2`] follows both directions' frames and streams, and each
+//! stream that ends becomes a record: its path, status, gRPC status and message counts, with
+//! TTFT at the first response message (the first token of a server-streaming completion) and
+//! the token gaps between response messages.
+
+use crate::capture::SyscallEvent;
+use crate::decode::http::Chunk;
+use crate::decode::http2::{
+    self, EndedBy as StreamEnd, Http2Connection, Side, Start, StreamSummary, Value,
+};
+use crate::model::{EndedBy, Http2Info, RequestRecord};
+
+use super::Stats;
+use super::connection::Ending;
+use super::loss::{self, Reason};
+use super::request::{RecordContext, RequestProgress};
+
+pub struct H2Connection {
+    decoder: Http2Connection,
+    /// Streams that ended during the last syscall; kept for its allocation.
+    ended: Vec<StreamSummary>,
+}
+
+impl Default for H2Connection {
+    fn default() -> Self {
+        Self {
+            decoder: Http2Connection::new(http2::Limits::default(), Start::Fresh),
+            ended: Vec::new(),
+        }
+    }
+}
+
+impl H2Connection {
+    pub fn on_read(
+        &mut self,
+        ev: &SyscallEvent<'_>,
+        ctx: RecordContext<'_>,
+        stats: &mut Stats,
+        out: &mut Vec<RequestRecord>,
+    ) {
+        if ev.ret <= 0 {
+            // The client's EOF or reset: what is still open ends at its close.
+            return;
+        }
+        self.feed(Side::Client, ev, ev.ts_exit_ns, ctx, stats, out);
+    }
+
+    pub fn on_write(
+        &mut self,
+        ev: &SyscallEvent<'_>,
+        ctx: RecordContext<'_>,
+        stats: &mut Stats,
+        out: &mut Vec<RequestRecord>,
+    ) {
+        if ev.ret <= 0 {
+            return;
+        }
+        self.feed(Side::Server, ev, ev.ts_enter_ns, ctx, stats, out);
+    }
+
+    fn feed(
+        &mut self,
+        side: Side,
+        ev: &SyscallEvent<'_>,
+        ts_ns: u64,
+        ctx: RecordContext<'_>,
+        stats: &mut Stats,
+        out: &mut Vec<RequestRecord>,
+    ) {
+        let chunk = Chunk {
+            bytes: ev.payload,
+            lost: ev.lost_bytes(),
+            ts_ns,
+        };
+        self.decoder.feed(side, chunk, stats, &mut self.ended);
+        for s in self.ended.drain(..) {
+            emit(s, ctx, None, stats, out);
+        }
+    }
+
+    /// The kernel dropped records of this connection: an unknown number of bytes each way are
+    /// gone, so both directions lose their framing.
+    pub fn records_lost(&mut self, ts_ns: u64, stats: &mut Stats) {
+        for side in [Side::Client, Side::Server] {
+            let chunk = Chunk {
+                bytes: &[],
+                lost: u64::MAX,
+                ts_ns,
+            };
+            self.decoder.feed(side, chunk, stats, &mut self.ended);
+        }
+    }
+
+    pub fn close(
+        mut self,
+        ts_ns: u64,
+        ending: Ending,
+        stats: &mut Stats,
+        ctx: RecordContext<'_>,
+        out: &mut Vec<RequestRecord>,
+    ) {
+        self.decoder.close(ts_ns, stats, &mut self.ended);
+        for s in self.ended.drain(..) {
+            emit(s, ctx, Some(ending), stats, out);
+        }
+    }
+}
+
+/// A stream's record. `closing`: how the connection ended, for streams it cut.
+fn emit(
+    s: StreamSummary,
+    ctx: RecordContext<'_>,
+    closing: Option<Ending>,
+    stats: &mut Stats,
+    out: &mut Vec<RequestRecord>,
+) {
+    let (ended_by, stream_end, error_code, mut incomplete) = match s.ended_by {
+        StreamEnd::EndStream => (EndedBy::Complete, "end_stream", None, None),
+        StreamEnd::Reset { by, error_code } => {
+            (side_ended(by), "rst_stream", Some(error_code), None)
+        }
+        StreamEnd::GoAway { by, error_code, .. } => {
+            (side_ended(by), "goaway", Some(error_code), None)
+        }
+        StreamEnd::IdReused => (EndedBy::Unknown, "id_reused", None, None),
+        StreamEnd::ConnectionClosed | StreamEnd::FramingLost => match closing {
+            Some(Ending::Closed(by)) => (by, "closed", None, None),
+            Some(Ending::Incomplete(reason)) => (EndedBy::Unknown, "closed", None, Some(reason)),
+            None => (EndedBy::Unknown, "closed", None, None),
+        },
+    };
+    let framing_lost = s.headers_lost || s.request.framing_lost || s.response.framing_lost;
+    if framing_lost && incomplete.is_none() {
+        incomplete = Some(Reason::Http2Framing);
+    }
+
+    let mut p = RequestProgress::new(s.stream_id, 0, s.request_ts_ns, None);
+    p.status = s.status.known().copied();
+    p.first_byte_ns = s.response_ts_ns;
+    p.request_bytes = s.request.data_bytes;
+    p.response_bytes = s.response.data_bytes;
+    p.truncated = s.request.data_lost || s.response.data_lost;
+    p.incomplete = incomplete;
+    p.first_token_ns = s.response.first_ts_ns;
+    p.last_token_ns = s.response.last_ts_ns;
+    p.output_chunks = u64::from(s.response.count);
+    // TPOT follows from the first and last message and their count; the gaps between single
+    // messages are not kept (no `itl_*` for HTTP/2 streams yet).
+    let summary = crate::decode::http::RequestSummary {
+        method: text(&s.method),
+        path: text(&s.path),
+        x_request_id: s.x_request_id.known().cloned(),
+        ts_ns: s.request_end_ts_ns.unwrap_or(0),
+        ..Default::default()
+    };
+    p.summary = Some(summary);
+    let end_ns = s.end_ts_ns;
+    if let Some(reason) = p.incomplete {
+        stats.bump(loss::INCOMPLETE_TOTAL);
+        stats.bump(reason.counter());
+    }
+    let mut record = p.into_record(ctx, end_ns, ended_by);
+    record.http2 = Some(Box::new(Http2Info {
+        stream_id: s.stream_id,
+        content_type: match &s.content_type {
+            Value::Known(v) => Some(v.clone()),
+            Value::Unknown => Some("unknown".to_owned()),
+            Value::Absent => None,
+        },
+        grpc_status: s.grpc_status.known().copied(),
+        request_messages: s.request.count,
+        request_message_bytes: s.request.bytes,
+        response_messages: s.response.count,
+        response_message_bytes: s.response.bytes,
+        stream_end,
+        error_code,
+    }));
+    out.push(record);
+}
+
+fn side_ended(side: Side) -> EndedBy {
+    match side {
+        Side::Client => EndedBy::Client,
+        Side::Server => EndedBy::Server,
+    }
+}
+
+/// A header for the record: `unknown` when it came from an HPACK entry never seen.
+fn text(v: &Value<String>) -> String {
+    match v {
+        Value::Known(s) => s.clone(),
+        Value::Unknown => "unknown".to_owned(),
+        Value::Absent => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use inferscope_common::SyscallKind;
+
+    use crate::capture::SyscallEvent;
+    use crate::correlate::{Peer, Tracker};
+    use crate::decode::http::Limits;
+    use crate::decode::http2::PREFACE;
+    use crate::decode::http2::frame::kind;
+    use crate::decode::http2::testwire::*;
+    use crate::model::{Counter, EndedBy};
+
+    const MS: u64 = 1_000_000;
+
+    fn ev(kind: SyscallKind, ts: u64, payload: &[u8]) -> SyscallEvent<'_> {
+        SyscallEvent {
+            kind,
+            tgid: 1,
+            tid: 2,
+            fd: 5,
+            ts_enter_ns: ts,
+            ts_exit_ns: ts,
+            ret: payload.len() as i64,
+            truncated: false,
+            copy_failed: false,
+            conn_gen: 0,
+            conn_flags: 0,
+            sock: 0,
+            conn_seq: None,
+            lost_heads: 0,
+            payload,
+            more: false,
+            chunk_offset: None,
+        }
+    }
+
+    /// An h2c connection: two gRPC calls, one server-streaming to its end, one reset by the
+    /// client, become one record each instead of a connection "that never spoke HTTP".
+    #[test]
+    fn an_h2c_connection_gives_one_record_per_stream() {
+        let mut t = Tracker::new(Limits::default());
+        let peer = Peer::default();
+        let mut out = Vec::new();
+        let mut read = PREFACE.to_vec();
+        read.extend(settings(None));
+        read.extend(frame(
+            kind::HEADERS,
+            END_HEADERS,
+            1,
+            &request_block("/vllm.Engine/Generate"),
+        ));
+        read.extend(frame(kind::DATA, END_STREAM, 1, &grpc_message(30)));
+        t.on_read(&ev(SyscallKind::Read, 10 * MS, &read), peer, &mut out);
+        let mut write = settings(None);
+        write.extend(frame(kind::HEADERS, END_HEADERS, 1, &response_block()));
+        t.on_write(&ev(SyscallKind::Write, 12 * MS, &write), peer, &mut out);
+        let second = frame(
+            kind::HEADERS,
+            END_HEADERS | END_STREAM,
+            3,
+            &request_block("/vllm.Engine/Abort"),
+        );
+        t.on_read(&ev(SyscallKind::Read, 13 * MS, &second), peer, &mut out);
+        for ts in [30, 40, 60] {
+            let data = frame(kind::DATA, 0, 1, &grpc_message(7));
+            t.on_write(&ev(SyscallKind::Write, ts * MS, &data), peer, &mut out);
+        }
+        let reset = frame(kind::RST_STREAM, 0, 3, &8u32.to_be_bytes());
+        t.on_read(&ev(SyscallKind::Read, 61 * MS, &reset), peer, &mut out);
+        let trailers = frame(
+            kind::HEADERS,
+            END_HEADERS | END_STREAM,
+            1,
+            &trailers_block("0"),
+        );
+        t.on_write(&ev(SyscallKind::Write, 70 * MS, &trailers), peer, &mut out);
+        let mut close = ev(SyscallKind::Close, 80 * MS, b"");
+        close.ret = 0;
+        t.on_close(&close, &mut out);
+
+        assert_eq!(out.len(), 2);
+        let (abort, call) = (&out[0], &out[1]);
+        assert_eq!(abort.path, "/vllm.Engine/Abort");
+        assert_eq!(abort.ended_by, EndedBy::Client);
+        let info = abort.http2.as_ref().unwrap();
+        assert_eq!((info.stream_end, info.error_code), ("rst_stream", Some(8)));
+
+        assert_eq!(call.method, "POST");
+        assert_eq!(call.path, "/vllm.Engine/Generate");
+        assert_eq!(call.status, Some(200));
+        assert_eq!(call.ended_by, EndedBy::Complete);
+        assert_eq!(call.arrival_read_mono_ns, 10 * MS);
+        assert_eq!(call.first_byte_mono_ns, Some(12 * MS));
+        assert_eq!(call.ttft_ms, Some(20.0));
+        assert_eq!(call.last_token_mono_ns, Some(60 * MS));
+        assert_eq!(call.tpot_ms, Some(15.0));
+        assert_eq!(call.output_chunks, 3);
+        assert_eq!(call.e2e_ms, 60.0);
+        assert_eq!(call.request_id, format!("1-{}-1", call.connection_id));
+        assert_eq!(call.incomplete, None);
+        let info = call.http2.as_ref().unwrap();
+        assert_eq!(info.content_type.as_deref(), Some("application/grpc"));
+        assert_eq!(info.grpc_status, Some(0));
+        assert_eq!((info.request_messages, info.request_message_bytes), (1, 30));
+        assert_eq!(
+            (info.response_messages, info.response_message_bytes),
+            (3, 21)
+        );
+        assert_eq!(info.stream_end, "end_stream");
+        let json = serde_json::to_string(call).unwrap();
+        assert!(json.contains("\"http2\":{\"stream_id\":1"), "{json}");
+
+        assert_eq!(t.stats.get(Counter::Http2Connections), 1);
+        assert_eq!(t.stats.get(Counter::ConnectionsNeverHttp), 0);
+        assert_eq!(t.stats.get(Counter::H2Streams), 2);
+    }
+
+    /// A stream open when the connection closes ends with it; one whose message boundaries were
+    /// lost says so.
+    #[test]
+    fn streams_cut_by_the_close_end_with_it() {
+        let mut t = Tracker::new(Limits::default());
+        let peer = Peer::default();
+        let mut out = Vec::new();
+        let mut read = PREFACE.to_vec();
+        read.extend(frame(
+            kind::HEADERS,
+            END_HEADERS | END_STREAM,
+            1,
+            &request_block("/a.A/A"),
+        ));
+        t.on_read(&ev(SyscallKind::Read, MS, &read), peer, &mut out);
+        let mut write = frame(kind::HEADERS, END_HEADERS, 1, &response_block());
+        write.extend(&grpc_message(10)[..3]);
+        let mut w = ev(SyscallKind::Write, 2 * MS, &write);
+        w.ret += 20;
+        t.on_write(&w, peer, &mut out);
+        let mut close = ev(SyscallKind::Close, 3 * MS, b"");
+        close.ret = 0;
+        t.on_close(&close, &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].ended_by, EndedBy::Server);
+        assert_eq!(out[0].incomplete.as_deref(), Some("http2_framing"));
+        assert!(out[0].capture_truncated);
+        assert_eq!(out[0].http2.as_ref().unwrap().stream_end, "closed");
+    }
+}
