@@ -4,7 +4,8 @@
 # (ZMTP 3.x framing, msgpack, vLLM V1 IPC messages and request state), probe_spec (the
 # user-defined probe spec parser), pod_identity (cgroup paths, Kubernetes watch lines and pods),
 # connection_tracker (the per-connection tracker under dropped records, truncated captures and
-# stray bytes), pickle_reader (the inert pickle reader and SGLang's IPC decoder).
+# stray bytes), pickle_reader (the inert pickle reader and SGLang's IPC decoder), http2_decoder
+# (HTTP/2 framing, HPACK and gRPC messages per stream, fresh and mid-connection).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-30}"

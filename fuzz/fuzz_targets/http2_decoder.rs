@@ -1,0 +1,120 @@
+//! Feeds arbitrary bytes to the HTTP/2 connection decoder (framing, HPACK, gRPC messages) as
+//! syscalls of either side, split and cut by capture losses anywhere, or header blocks straight
+//! to an HPACK decoder. Beyond "never panics": streams followed stay under their limit, kept
+//! header values stay short, the kept dynamic table stays under its cap, and closing the
+//! connection ends every stream.
+//!
+//! Input layout: byte 0 picks the mode (bit 0: HPACK blocks only; bit 1: attach mid-connection;
+//! bit 2: small limits) and the number of control bytes (bits 3..8); the control bytes then cut
+//! the records into syscalls (two per syscall: its size, and whether capture lost bytes after
+//! it). The rest is records: a big-endian u16 whose top bit is the side (server when set) and
+//! whose low 15 bits are the length, then that many bytes (fewer at the end of the input).
+#![no_main]
+
+use inferscope::decode::http::Chunk;
+use inferscope::decode::http2::{Http2Connection, Limits, Side, Start, hpack};
+use inferscope::model::Stats;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&cfg, rest)) = data.split_first() else {
+        return;
+    };
+    let ctrl_len = usize::from(cfg >> 3).min(rest.len());
+    let (ctrl, mut records) = rest.split_at(ctrl_len);
+    let limits = if cfg & 4 == 0 {
+        Limits::default()
+    } else {
+        Limits {
+            max_header_block_bytes: 64,
+            max_table_bytes: 128,
+            max_streams: 3,
+        }
+    };
+
+    if cfg & 1 == 1 {
+        let mut d = if cfg & 2 == 0 {
+            hpack::Decoder::fresh(limits.max_table_bytes)
+        } else {
+            hpack::Decoder::mid_connection(limits.max_table_bytes)
+        };
+        while let Some((_, block)) = next_record(&mut records) {
+            let _ = d.decode(block, &mut |_| {});
+        }
+        return;
+    }
+
+    let start = if cfg & 2 == 0 {
+        Start::Fresh
+    } else {
+        Start::MidConnection
+    };
+    let mut conn = Http2Connection::new(limits, start);
+    let mut stats = Stats::default();
+    let mut out = Vec::new();
+    let mut ts = 0u64;
+    let mut i = 0usize;
+    while let Some((side, mut bytes)) = next_record(&mut records) {
+        while !bytes.is_empty() {
+            let (size, flags) = match (
+                ctrl.get(i % ctrl.len().max(1)),
+                ctrl.get((i + 1) % ctrl.len().max(1)),
+            ) {
+                (Some(&a), Some(&b)) => (usize::from(a) + 1, b),
+                _ => (bytes.len(), 0),
+            };
+            i += 2;
+            let (now, later) = bytes.split_at(size.min(bytes.len()));
+            bytes = later;
+            let lost = if flags & 1 == 1 {
+                u64::from(flags >> 1)
+            } else {
+                0
+            };
+            ts += 1;
+            conn.feed(
+                side,
+                Chunk {
+                    bytes: now,
+                    lost,
+                    ts_ns: ts,
+                },
+                &mut stats,
+                &mut out,
+            );
+            assert!(conn.open_streams() <= limits.max_streams);
+        }
+    }
+    conn.close(ts + 1, &mut stats, &mut out);
+    assert_eq!(conn.open_streams(), 0);
+    for s in &out {
+        for v in [
+            &s.method,
+            &s.path,
+            &s.content_type,
+            &s.x_request_id,
+            &s.grpc_message,
+        ] {
+            assert!(v.known().is_none_or(|v| v.len() <= 256));
+        }
+        // Every message counted took at least its 5-byte prefix from the DATA counted.
+        for m in [&s.request, &s.response] {
+            assert!(u64::from(m.count) * 5 <= m.data_bytes);
+        }
+    }
+});
+
+/// The next record: its side and bytes.
+fn next_record<'a>(records: &mut &'a [u8]) -> Option<(Side, &'a [u8])> {
+    let (head, rest) = records.split_first_chunk::<2>()?;
+    let word = u16::from_be_bytes(*head);
+    let side = if word & 0x8000 == 0 {
+        Side::Client
+    } else {
+        Side::Server
+    };
+    let len = usize::from(word & 0x7fff).min(rest.len());
+    let (bytes, after) = rest.split_at(len);
+    *records = after;
+    Some((side, bytes))
+}
