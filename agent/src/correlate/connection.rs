@@ -330,7 +330,11 @@ impl Connection {
         }
         if let Some(h2) = self.h2.as_mut() {
             h2.on_read(ev, ctx, work.stats, work.out);
-            return;
+            if !h2.not_http2() {
+                return;
+            }
+            // The server's first write looked like HTTP/2's, the client's bytes are not.
+            self.h2 = None;
         }
         if ev.ret <= 0 {
             // EOF or reset from the peer: whatever is still being answered was abandoned.
@@ -440,6 +444,14 @@ impl Connection {
 
     pub fn on_write(&mut self, ev: &SyscallEvent<'_>, ctx: RecordContext<'_>, work: &mut Work<'_>) {
         self.observe(ev, ctx, work.stats, work.out);
+        if self.h2.is_none()
+            && self.next_seq == 0
+            && self.reading.is_none()
+            && decode::http2::starts_with_server_preface(ev.payload)
+        {
+            work.stats.bump(Counter::Http2Connections);
+            self.h2 = Some(Box::default());
+        }
         if let Some(h2) = self.h2.as_mut() {
             h2.on_write(ev, ctx, work.stats, work.out);
             return;

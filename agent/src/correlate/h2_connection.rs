@@ -34,6 +34,11 @@ impl Default for H2Connection {
 }
 
 impl H2Connection {
+    /// The client did not begin with the HTTP/2 preface.
+    pub fn not_http2(&self) -> bool {
+        self.decoder.not_http2()
+    }
+
     pub fn on_read(
         &mut self,
         ev: &SyscallEvent<'_>,
@@ -240,6 +245,12 @@ mod tests {
         let mut t = Tracker::new(Limits::default());
         let peer = Peer::default();
         let mut out = Vec::new();
+        // The server speaks first: its SETTINGS on accept, before it reads the client's preface.
+        t.on_write(
+            &ev(SyscallKind::Write, 9 * MS, &settings(None)),
+            peer,
+            &mut out,
+        );
         let mut read = PREFACE.to_vec();
         read.extend(settings(None));
         read.extend(frame(
@@ -250,7 +261,7 @@ mod tests {
         ));
         read.extend(frame(kind::DATA, END_STREAM, 1, &grpc_message(30)));
         t.on_read(&ev(SyscallKind::Read, 10 * MS, &read), peer, &mut out);
-        let mut write = settings(None);
+        let mut write = frame(kind::SETTINGS, 1, 0, &[]);
         write.extend(frame(kind::HEADERS, END_HEADERS, 1, &response_block()));
         t.on_write(&ev(SyscallKind::Write, 12 * MS, &write), peer, &mut out);
         let second = frame(
@@ -311,6 +322,8 @@ mod tests {
 
         assert_eq!(t.stats.get(Counter::Http2Connections), 1);
         assert_eq!(t.stats.get(Counter::ConnectionsNeverHttp), 0);
+        assert_eq!(t.stats.get(Counter::ResponseWithoutRequest), 0);
+        assert_eq!(t.stats.get(Counter::H2FramesMalformed), 0);
         assert_eq!(t.stats.get(Counter::H2Streams), 2);
     }
 
@@ -342,5 +355,36 @@ mod tests {
         assert_eq!(out[0].incomplete.as_deref(), Some("http2_framing"));
         assert!(out[0].capture_truncated);
         assert_eq!(out[0].http2.as_ref().unwrap().stream_end, "closed");
+    }
+
+    /// A server whose first write looks like HTTP/2's SETTINGS, and a client that then sends
+    /// HTTP/1.1: the connection is decoded as HTTP/1.1.
+    #[test]
+    fn a_settings_lookalike_before_an_http1_request_does_not_hide_it() {
+        let mut t = Tracker::new(Limits::default());
+        let peer = Peer::default();
+        let mut out = Vec::new();
+        t.on_write(&ev(SyscallKind::Write, MS, &settings(None)), peer, &mut out);
+        t.on_read(
+            &ev(
+                SyscallKind::Read,
+                2 * MS,
+                b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n",
+            ),
+            peer,
+            &mut out,
+        );
+        t.on_write(
+            &ev(
+                SyscallKind::Write,
+                3 * MS,
+                b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+            ),
+            peer,
+            &mut out,
+        );
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].path, "/x");
+        assert!(out[0].http2.is_none());
     }
 }

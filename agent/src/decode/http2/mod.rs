@@ -126,3 +126,19 @@ pub fn starts_with_preface(bytes: &[u8]) -> bool {
     let n = bytes.len().min(PREFACE.len());
     n >= 16 && bytes.get(..n) == PREFACE.get(..n)
 }
+
+/// Whether a server's first write, before it read anything, is an HTTP/2 server's connection
+/// preface: a SETTINGS frame (not an acknowledgement) on stream 0. An HTTP/1 server never writes
+/// first, and HTTP/2 servers (grpcio's core among them) send their SETTINGS on accept, before
+/// the client's preface arrives.
+pub fn starts_with_server_preface(bytes: &[u8]) -> bool {
+    let Some(&[l0, l1, l2, kind, flags, s0, s1, s2, s3]) = bytes.first_chunk::<9>() else {
+        return false;
+    };
+    let len = u32::from_be_bytes([0, l0, l1, l2]);
+    kind == frame::kind::SETTINGS
+        && flags == 0
+        && [s0, s1, s2, s3] == [0; 4]
+        && len.is_multiple_of(6)
+        && len <= 16 * 6
+}

@@ -616,6 +616,20 @@ fn a_client_without_the_preface_is_not_http2() {
     assert!(starts_with_preface(&PREFACE[..16]));
     assert!(!starts_with_preface(b"PRI * HTTP/2"));
     assert!(!starts_with_preface(b"POST / HTTP/1.1\r\n\r\n"));
+    assert!(starts_with_server_preface(&settings(None)));
+    assert!(starts_with_server_preface(&frame(
+        kind::SETTINGS,
+        0,
+        0,
+        &[]
+    )));
+    assert!(!starts_with_server_preface(&frame(
+        kind::SETTINGS,
+        1,
+        0,
+        &[]
+    )));
+    assert!(!starts_with_server_preface(b"HTTP/1.1 200 OK\r\n\r\n"));
 }
 
 /// The SETTINGS a client sends allow the server's encoder a larger table.
@@ -702,6 +716,54 @@ fn random_and_mutated_input_never_panics() {
             for v in [&s.path, &s.method, &s.content_type, &s.grpc_message] {
                 assert!(v.known().is_none_or(|v| v.len() <= 256));
             }
+        }
+    }
+}
+
+/// A real connection between grpcio's C core client and server (tests/fixtures/grpc_h2c): every
+/// call is one stream with the client's own counts, and every header field is known (the
+/// connection was seen from its start).
+#[test]
+fn a_real_grpcio_connection_decodes_to_the_clients_counts() {
+    let client = include_bytes!("../../../../tests/fixtures/grpc_h2c/client.bin");
+    let server = include_bytes!("../../../../tests/fixtures/grpc_h2c/server.bin");
+    let calls: Vec<serde_json::Value> =
+        include_str!("../../../../tests/fixtures/grpc_h2c/calls.jsonl")
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+    for split in [usize::MAX, 1000, 7] {
+        let mut run = Run::new(Start::Fresh);
+        for piece in client.chunks(split.min(client.len())) {
+            run.feed(Side::Client, piece);
+        }
+        for piece in server.chunks(split.min(server.len())) {
+            run.feed(Side::Server, piece);
+        }
+        run.close();
+        assert_eq!(run.losses(), vec![], "split {split}");
+        assert_eq!(run.stats.get(Counter::H2HpackUnknownFields), 0);
+        assert_eq!(run.out.len(), calls.len());
+        for call in &calls {
+            let size = call["request_bytes"].as_u64().unwrap();
+            let s = run
+                .out
+                .iter()
+                .find(|s| s.request.bytes == size)
+                .unwrap_or_else(|| panic!("no stream for {call}"));
+            assert_eq!(s.method, known("POST"));
+            assert_eq!(s.path, known(call["path"].as_str().unwrap()));
+            assert_eq!(s.content_type, known("application/grpc"));
+            assert_eq!(s.status, Value::Known(200));
+            let status = call["grpc_status"].as_u64().unwrap() as u32;
+            assert_eq!(s.grpc_status, Value::Known(status), "{call}");
+            assert_eq!(s.request.count, 1);
+            assert_eq!(
+                u64::from(s.response.count),
+                call["messages"].as_u64().unwrap()
+            );
+            assert_eq!(s.response.bytes, call["bytes"].as_u64().unwrap());
+            assert_eq!(s.ended_by, EndedBy::EndStream);
         }
     }
 }
