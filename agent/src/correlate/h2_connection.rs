@@ -47,7 +47,8 @@ impl H2Connection {
         out: &mut Vec<RequestRecord>,
     ) {
         if ev.ret <= 0 {
-            // The client's EOF or reset: what is still open ends at its close.
+            // The client's EOF or reset: the streams still open were abandoned by it.
+            self.client_left(ev.ts_exit_ns, ctx, stats, out);
             return;
         }
         self.feed(Side::Client, ev, ev.ts_exit_ns, ctx, stats, out);
@@ -60,7 +61,9 @@ impl H2Connection {
         stats: &mut Stats,
         out: &mut Vec<RequestRecord>,
     ) {
-        if ev.ret <= 0 {
+        if ev.ret < 0 {
+            // EPIPE/ECONNRESET: the client went away.
+            self.client_left(ev.ts_enter_ns, ctx, stats, out);
             return;
         }
         self.feed(Side::Server, ev, ev.ts_enter_ns, ctx, stats, out);
@@ -83,6 +86,19 @@ impl H2Connection {
         self.decoder.feed(side, chunk, stats, &mut self.ended);
         for s in self.ended.drain(..) {
             emit(s, ctx, None, stats, out);
+        }
+    }
+
+    fn client_left(
+        &mut self,
+        ts_ns: u64,
+        ctx: RecordContext<'_>,
+        stats: &mut Stats,
+        out: &mut Vec<RequestRecord>,
+    ) {
+        self.decoder.close(ts_ns, stats, &mut self.ended);
+        for s in self.ended.drain(..) {
+            emit(s, ctx, Some(Ending::Closed(EndedBy::Client)), stats, out);
         }
     }
 
@@ -355,6 +371,35 @@ mod tests {
         assert_eq!(out[0].incomplete.as_deref(), Some("http2_framing"));
         assert!(out[0].capture_truncated);
         assert_eq!(out[0].http2.as_ref().unwrap().stream_end, "closed");
+    }
+
+    /// The client's EOF with a stream open: the record ends there, cut by the client.
+    #[test]
+    fn a_client_that_leaves_ends_its_open_streams() {
+        let mut t = Tracker::new(Limits::default());
+        let peer = Peer::default();
+        let mut out = Vec::new();
+        let mut read = PREFACE.to_vec();
+        read.extend(frame(
+            kind::HEADERS,
+            END_HEADERS | END_STREAM,
+            1,
+            &request_block("/a.A/A"),
+        ));
+        t.on_read(&ev(SyscallKind::Read, MS, &read), peer, &mut out);
+        let write = frame(kind::HEADERS, END_HEADERS, 1, &response_block());
+        t.on_write(&ev(SyscallKind::Write, 2 * MS, &write), peer, &mut out);
+        let mut eof = ev(SyscallKind::Read, 3 * MS, b"");
+        eof.ret = 0;
+        t.on_read(&eof, peer, &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].ended_by, EndedBy::Client);
+        assert!(out[0].aborted);
+        assert_eq!(out[0].end_mono_ns, 3 * MS);
+        let mut close = ev(SyscallKind::Close, 4 * MS, b"");
+        close.ret = 0;
+        t.on_close(&close, &mut out);
+        assert_eq!(out.len(), 1);
     }
 
     /// A server whose first write looks like HTTP/2's SETTINGS, and a client that then sends
