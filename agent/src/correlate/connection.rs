@@ -10,7 +10,6 @@ use std::collections::VecDeque;
 
 use crate::{
     capture::SyscallEvent,
-    decode,
     decode::http::{
         Chunk, Limits, ParseError, RequestDecoder, RequestEvent, ResponseDecoder, ResponseEvent,
     },
@@ -324,9 +323,8 @@ impl Connection {
         work: &mut Work<'_>,
     ) {
         self.observe(ev, ctx, work.stats, work.out);
-        if self.h2.is_none() && !self.spoke_http && decode::http2::starts_with_preface(ev.payload) {
-            work.stats.bump(Counter::Http2Connections);
-            self.h2 = Some(Box::default());
+        if self.h2.is_none() && !self.spoke_http {
+            self.h2 = H2Connection::from_read(ev.payload, self.hunt_request, work.stats);
         }
         if let Some(h2) = self.h2.as_mut() {
             h2.on_read(ev, ctx, work.stats, work.out);
@@ -444,13 +442,8 @@ impl Connection {
 
     pub fn on_write(&mut self, ev: &SyscallEvent<'_>, ctx: RecordContext<'_>, work: &mut Work<'_>) {
         self.observe(ev, ctx, work.stats, work.out);
-        if self.h2.is_none()
-            && self.next_seq == 0
-            && self.reading.is_none()
-            && decode::http2::starts_with_server_preface(ev.payload)
-        {
-            work.stats.bump(Counter::Http2Connections);
-            self.h2 = Some(Box::default());
+        if self.h2.is_none() && self.next_seq == 0 && self.reading.is_none() {
+            self.h2 = H2Connection::from_first_write(ev.payload, work.stats);
         }
         if let Some(h2) = self.h2.as_mut() {
             h2.on_write(ev, ctx, work.stats, work.out);

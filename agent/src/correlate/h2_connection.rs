@@ -11,7 +11,7 @@ use crate::decode::http::Chunk;
 use crate::decode::http2::{
     self, EndedBy as StreamEnd, Http2Connection, Side, Start, StreamSummary, Value,
 };
-use crate::model::{EndedBy, Http2Info, RequestRecord};
+use crate::model::{Counter, EndedBy, Http2Info, RequestRecord};
 
 use super::Stats;
 use super::connection::Ending;
@@ -24,16 +24,41 @@ pub struct H2Connection {
     ended: Vec<StreamSummary>,
 }
 
-impl Default for H2Connection {
-    fn default() -> Self {
+impl H2Connection {
+    /// The HTTP/2 state for a connection whose client has not spoken HTTP/1, if this read says
+    /// it speaks HTTP/2: the preface, or (`joined`: the connection was joined mid-stream) whole
+    /// HTTP/2 frames, as a long-lived gRPC channel that predates the agent sends.
+    pub fn from_read(payload: &[u8], joined: bool, stats: &mut Stats) -> Option<Box<Self>> {
+        let start = if http2::starts_with_preface(payload) {
+            Start::Fresh
+        } else if joined && http2::whole_frames(payload) {
+            Start::MidConnection
+        } else {
+            return None;
+        };
+        stats.bump(Counter::Http2Connections);
+        Some(Box::new(Self::new(start)))
+    }
+
+    /// The HTTP/2 state for a connection whose server writes before reading anything, if that
+    /// write is HTTP/2's SETTINGS (an HTTP/1 server never speaks first).
+    pub fn from_first_write(payload: &[u8], stats: &mut Stats) -> Option<Box<Self>> {
+        if !http2::starts_with_server_preface(payload) {
+            return None;
+        }
+        stats.bump(Counter::Http2Connections);
+        Some(Box::new(Self::new(Start::Fresh)))
+    }
+
+    /// `Start::Fresh` when the client's preface (or the server's first SETTINGS) was seen;
+    /// `Start::MidConnection` for a connection joined later.
+    pub fn new(start: Start) -> Self {
         Self {
-            decoder: Http2Connection::new(http2::Limits::default(), Start::Fresh),
+            decoder: Http2Connection::new(http2::Limits::default(), start),
             ended: Vec::new(),
         }
     }
-}
 
-impl H2Connection {
     /// The client did not begin with the HTTP/2 preface.
     pub fn not_http2(&self) -> bool {
         self.decoder.not_http2()
@@ -431,5 +456,32 @@ mod tests {
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].path, "/x");
         assert!(out[0].http2.is_none());
+    }
+
+    /// A gRPC channel that predates the agent: its reads are whole HTTP/2 frames, so it is
+    /// decoded from there; the path its client sends by an HPACK index from before reads
+    /// `unknown`, a path sent as a literal reads.
+    #[test]
+    fn an_h2c_connection_joined_mid_stream_is_decoded_from_there() {
+        let mut t = Tracker::new(Limits::default());
+        let peer = Peer::default();
+        let mut out = Vec::new();
+        let indexed = frame(kind::HEADERS, END_HEADERS | END_STREAM, 41, &[0x83, 0xbe]);
+        t.on_read(&ev(SyscallKind::Read, MS, &indexed), peer, &mut out);
+        let literal = frame(
+            kind::HEADERS,
+            END_HEADERS | END_STREAM,
+            43,
+            &request_block("/b.B/Known"),
+        );
+        t.on_read(&ev(SyscallKind::Read, 2 * MS, &literal), peer, &mut out);
+        let mut write = frame(kind::HEADERS, END_HEADERS | END_STREAM, 41, &[0x88]);
+        write.extend(frame(kind::HEADERS, END_HEADERS | END_STREAM, 43, &[0x88]));
+        t.on_write(&ev(SyscallKind::Write, 3 * MS, &write), peer, &mut out);
+        let paths: Vec<_> = out.iter().map(|r| r.path.as_str()).collect();
+        assert_eq!(paths, vec!["unknown", "/b.B/Known"]);
+        assert_eq!(t.stats.get(Counter::Http2Connections), 1);
+        assert_eq!(t.stats.get(Counter::H2HpackUnknownFields), 1);
+        assert_eq!(t.stats.get(Counter::ConnectionsNeverHttp), 0);
     }
 }

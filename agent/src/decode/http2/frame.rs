@@ -246,6 +246,26 @@ fn plausible_start(bytes: &[u8]) -> bool {
     true
 }
 
+/// Whether `bytes` are whole, plausible frames end to end (at least one): how a syscall of an
+/// HTTP/2 connection joined mid-connection looks, and what other protocols almost never do.
+pub fn whole_frames(bytes: &[u8]) -> bool {
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let Some(raw) = rest.first_chunk::<HEADER_LEN>() else {
+            return false;
+        };
+        if !Header::plausible(raw) {
+            return false;
+        }
+        let next = HEADER_LEN + Header::parse(raw).length as usize;
+        let Some(after) = rest.get(next..) else {
+            return false;
+        };
+        rest = after;
+    }
+    !bytes.is_empty()
+}
+
 /// A header block being gathered across HEADERS/PUSH_PROMISE and CONTINUATION frames.
 #[derive(Debug, Clone, Copy)]
 struct OpenBlock {

@@ -30,7 +30,7 @@ mod tests;
 pub(crate) mod testwire;
 
 pub use connection::Http2Connection;
-pub use frame::PREFACE;
+pub use frame::{PREFACE, whole_frames};
 pub use stream::{EndedBy, Messages, StreamSummary};
 
 /// Which end wrote the bytes.

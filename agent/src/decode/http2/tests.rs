@@ -630,6 +630,16 @@ fn a_client_without_the_preface_is_not_http2() {
         &[]
     )));
     assert!(!starts_with_server_preface(b"HTTP/1.1 200 OK\r\n\r\n"));
+    let mut two = frame(kind::HEADERS, END_HEADERS, 5, &request_block("/w.W/W"));
+    two.extend(frame(kind::DATA, END_STREAM, 5, &grpc_message(3)));
+    assert!(whole_frames(&two));
+    assert!(!whole_frames(&two[..two.len() - 1]));
+    assert!(!whole_frames(&two[1..]));
+    assert!(!whole_frames(b""));
+    assert!(!whole_frames(
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"
+    ));
+    assert!(!whole_frames(b"GET / HTTP/1.1\r\n\r\n"));
 }
 
 /// The SETTINGS a client sends allow the server's encoder a larger table.
