@@ -8,7 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{
-    io::{BufRead, BufReader},
+    io::{BufRead, BufReader, Write},
     path::PathBuf,
     process::{Child, Command, Stdio},
     time::Duration,
@@ -37,17 +37,8 @@ fn script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("engine/grpc_h2c.py")
 }
 
-#[test]
-fn every_grpc_call_on_h2c_has_one_record_with_the_clients_counts() {
-    let python = vllm_python();
-    assert!(
-        python.exists(),
-        "{} missing: grpcio comes with the vLLM venv (scripts/setup.sh test)",
-        python.display()
-    );
-    let dir = inferscope_integration_tests::test_dir("grpc-h2c");
-    let port = free_port();
-    let mut server = Command::new(&python)
+fn start_server(python: &PathBuf, port: u16) -> KillOnDrop {
+    let mut server = Command::new(python)
         .arg(script())
         .args(["serve", &port.to_string()])
         .stdout(Stdio::piped())
@@ -59,7 +50,34 @@ fn every_grpc_call_on_h2c_has_one_record_with_the_clients_counts() {
         .read_line(&mut ready)
         .expect("server ready line");
     assert_eq!(ready.trim(), "ready");
-    let server = KillOnDrop(server);
+    KillOnDrop(server)
+}
+
+fn python() -> PathBuf {
+    let python = vllm_python();
+    assert!(
+        python.exists(),
+        "{} missing: grpcio comes with the vLLM venv (scripts/setup.sh test)",
+        python.display()
+    );
+    python
+}
+
+/// The client's lines: one JSON object per call.
+fn parse_calls(text: &str) -> Vec<Value> {
+    assert_eq!(text.lines().last(), Some("done"), "{text}");
+    text.lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn every_grpc_call_on_h2c_has_one_record_with_the_clients_counts() {
+    let python = python();
+    let dir = inferscope_integration_tests::test_dir("grpc-h2c");
+    let port = free_port();
+    let server = start_server(&python, port);
     let pid = server.0.id();
 
     let mut recorder = Recorder::start(&dir, &["--pid", &pid.to_string()]);
@@ -71,13 +89,7 @@ fn every_grpc_call_on_h2c_has_one_record_with_the_clients_counts() {
         .output()
         .expect("running the gRPC client");
     assert!(out.status.success(), "client failed: {out:?}");
-    let text = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(text.lines().last(), Some("done"), "{text}");
-    let calls: Vec<Value> = text
-        .lines()
-        .filter(|l| l.starts_with('{'))
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let calls = parse_calls(&String::from_utf8(out.stdout).unwrap());
     assert_eq!(calls.len(), CALLS);
 
     recorder.wait_records(Duration::from_secs(30), "every call's record", |r| {
@@ -172,4 +184,90 @@ fn every_grpc_call_on_h2c_has_one_record_with_the_clients_counts() {
             assert_eq!(counters.get(loss), 0, "{loss}");
         }
     }
+}
+
+/// A gRPC channel opened before the agent attached: decoding starts at its next whole frames.
+/// The calls after the attach have records; a path the client's HPACK encoder sends by a table
+/// entry inserted before the attach reads `unknown` (counted), never another path, and a path
+/// first used after the attach (a literal) reads right on every call.
+#[test]
+fn a_grpc_channel_that_predates_the_agent_is_decoded_from_its_next_frames() {
+    const BEFORE: usize = 4;
+    let python = python();
+    let dir = inferscope_integration_tests::test_dir("grpc-h2c-joined");
+    let port = free_port();
+    let server = start_server(&python, port);
+    let pid = server.0.id();
+
+    let mut client = Command::new(&python)
+        .arg(script())
+        .args([
+            "call",
+            &port.to_string(),
+            &CALLS.to_string(),
+            &BEFORE.to_string(),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("running the gRPC client");
+    let mut stdout = BufReader::new(client.stdout.take().unwrap());
+    let mut text = String::new();
+    while !text.ends_with("paused\n") {
+        assert!(stdout.read_line(&mut text).unwrap() > 0, "client: {text}");
+    }
+    let mut recorder = Recorder::start(&dir, &["--pid", &pid.to_string()]);
+    recorder.wait_attached(pid, Duration::from_secs(30));
+    client
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"go\n")
+        .expect("resuming the client");
+    std::io::Read::read_to_string(&mut stdout, &mut text).unwrap();
+    assert!(client.wait().unwrap().success(), "client: {text}");
+    let calls = parse_calls(&text.replace("paused\n", ""));
+    let after = &calls[BEFORE..];
+
+    recorder.wait_records(Duration::from_secs(30), "the calls after the attach", |r| {
+        r.iter().filter(|r| r["http2"].is_object()).count() >= after.len()
+    });
+    let log = recorder.log.clone();
+    let records = recorder.stop();
+    let streams: Vec<&Value> = records.iter().filter(|r| r["http2"].is_object()).collect();
+    assert_eq!(streams.len(), after.len(), "{streams:#?}");
+    let mut late = 0;
+    for call in after {
+        let size = call["request_bytes"].as_u64().unwrap();
+        let matching: Vec<_> = streams
+            .iter()
+            .filter(|r| r["http2"]["request_message_bytes"] == size)
+            .collect();
+        assert_eq!(matching.len(), 1, "call {call}: {matching:#?}");
+        let r = matching[0];
+        assert!(
+            r["path"] == call["path"] || r["path"] == "unknown",
+            "{r} {call}"
+        );
+        if call["path"] == "/inferscope.test.Gen/Late" {
+            assert_eq!(r["path"], call["path"], "{r}");
+            late += 1;
+        }
+        assert_eq!(r["connection_preexisting"], true, "{r}");
+        let h2 = &r["http2"];
+        assert!(
+            h2["grpc_status"] == call["grpc_status"] || h2["grpc_status"].is_null(),
+            "{r}"
+        );
+        if r["capture_truncated"] == false && r["incomplete"].is_null() {
+            assert_eq!(h2["response_messages"], call["messages"], "{r}");
+            assert_eq!(h2["response_message_bytes"], call["bytes"], "{r}");
+        }
+    }
+    assert!(late >= 2, "{late} calls on the late path");
+    let counters = Counters::beside(&log);
+    assert_eq!(counters.get("http2_connections"), 1);
+    assert_eq!(counters.get("connections_never_http"), 0);
+    assert_eq!(counters.get("h2_hpack_errors"), 0);
 }
