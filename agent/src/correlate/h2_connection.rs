@@ -193,8 +193,8 @@ fn emit(
     p.first_token_ns = s.response.first_ts_ns;
     p.last_token_ns = s.response.last_ts_ns;
     p.output_chunks = u64::from(s.response.count);
-    // TPOT follows from the first and last message and their count; the gaps between single
-    // messages are not kept (no `itl_*` for HTTP/2 streams yet).
+    p.gaps_ns = s.response.gaps_ns.iter().map(|&g| u64::from(g)).collect();
+    p.gaps_dropped = s.response.gaps_dropped;
     let summary = crate::decode::http::RequestSummary {
         method: text(&s.method),
         path: text(&s.path),
@@ -345,6 +345,8 @@ mod tests {
         assert_eq!(call.ttft_ms, Some(20.0));
         assert_eq!(call.last_token_mono_ns, Some(60 * MS));
         assert_eq!(call.tpot_ms, Some(15.0));
+        assert_eq!(call.itl_p50_ms, Some(10.0));
+        assert_eq!(call.itl_max_ms, Some(20.0));
         assert_eq!(call.output_chunks, 3);
         assert_eq!(call.e2e_ms, 60.0);
         assert_eq!(call.request_id, format!("1-{}-1", call.connection_id));

@@ -23,7 +23,15 @@ pub struct Messages {
     pub data_lost: bool,
     /// Message boundaries were lost: `count` stops short.
     pub framing_lost: bool,
+    /// The time from each message's end to the next one's (inter-token gaps), in ns saturated
+    /// at u32 (4.3 s); the first [`MAX_GAPS`] only, the rest counted in `gaps_dropped`.
+    pub gaps_ns: Vec<u32>,
+    pub gaps_dropped: u64,
 }
+
+/// Gaps kept per stream and direction: up to 64 KiB each, allocated as a stream grows (a
+/// connection's 256 streams could otherwise hold far more than one HTTP/1 request does).
+pub const MAX_GAPS: usize = 16 * 1024;
 
 impl Messages {
     fn add(&mut self, m: Message) {
@@ -31,6 +39,14 @@ impl Messages {
         self.bytes = self.bytes.saturating_add(u64::from(m.len));
         self.max_bytes = self.max_bytes.max(m.len);
         self.first_ts_ns.get_or_insert(m.first_ts_ns);
+        if let Some(previous) = self.last_ts_ns {
+            if self.gaps_ns.len() < MAX_GAPS {
+                let gap = m.last_ts_ns.saturating_sub(previous);
+                self.gaps_ns.push(u32::try_from(gap).unwrap_or(u32::MAX));
+            } else {
+                self.gaps_dropped += 1;
+            }
+        }
         self.last_ts_ns = Some(m.last_ts_ns);
     }
 }
