@@ -327,7 +327,7 @@ impl Connection {
             self.h2 = H2Connection::from_read(ev.payload, self.hunt_request, work.stats);
         }
         if let Some(h2) = self.h2.as_mut() {
-            h2.on_read(ev, ctx, work.stats, work.out);
+            h2.on_read(ev, &self.peer, arrivals, ctx, work);
             if !h2.not_http2() {
                 return;
             }

@@ -13,16 +13,27 @@ use crate::decode::http2::{
 };
 use crate::model::{Counter, EndedBy, Http2Info, RequestRecord};
 
-use super::Stats;
+use std::collections::VecDeque;
+
+use super::arrivals::ArrivalIndex;
 use super::connection::Ending;
 use super::loss::{self, Reason};
 use super::request::{RecordContext, RequestProgress};
+use super::{Peer, Stats, Work};
 
 pub struct H2Connection {
     decoder: Http2Connection,
     /// Streams that ended during the last syscall; kept for its allocation.
     ended: Vec<StreamSummary>,
+    /// The previous read: the wire arrival of a read is the first segment after it.
+    last_read_ns: u64,
+    /// (read time, wire arrival of its first byte) of recent reads, oldest first: a stream's
+    /// arrival is that of the read that carried its HEADERS.
+    read_arrivals: VecDeque<(u64, u64)>,
 }
+
+/// Reads whose wire arrival is remembered: enough for the streams a connection can have open.
+const MAX_READ_ARRIVALS: usize = 1024;
 
 impl H2Connection {
     /// The HTTP/2 state for a connection whose client has not spoken HTTP/1, if this read says
@@ -56,6 +67,8 @@ impl H2Connection {
         Self {
             decoder: Http2Connection::new(http2::Limits::default(), start),
             ended: Vec::new(),
+            last_read_ns: 0,
+            read_arrivals: VecDeque::new(),
         }
     }
 
@@ -67,16 +80,33 @@ impl H2Connection {
     pub fn on_read(
         &mut self,
         ev: &SyscallEvent<'_>,
+        peer: &Peer,
+        arrivals: &mut ArrivalIndex,
         ctx: RecordContext<'_>,
-        stats: &mut Stats,
-        out: &mut Vec<RequestRecord>,
+        work: &mut Work<'_>,
     ) {
+        let ts = ev.ts_exit_ns;
         if ev.ret <= 0 {
             // The client's EOF or reset: the streams still open were abandoned by it.
-            self.client_left(ev.ts_exit_ns, ctx, stats, out);
+            self.client_left(ts, ctx, work.stats, work.out);
             return;
         }
-        self.feed(Side::Client, ev, ev.ts_exit_ns, ctx, stats, out);
+        // Taken for every read, so the socket's segments are consumed as HTTP/1's are.
+        let wire = match (peer.sock, peer.local_port, peer.remote) {
+            (sock, ..) if sock != 0 => arrivals.first_arrival_on(sock, self.last_read_ns, ts),
+            (_, Some(port), Some(remote)) => {
+                arrivals.first_arrival(port, remote, self.last_read_ns, ts)
+            }
+            _ => None,
+        };
+        self.last_read_ns = ts;
+        if let Some(wire) = wire {
+            if self.read_arrivals.len() >= MAX_READ_ARRIVALS {
+                self.read_arrivals.pop_front();
+            }
+            self.read_arrivals.push_back((ts, wire));
+        }
+        self.feed(Side::Client, ev, ts, ctx, work.stats, work.out);
     }
 
     pub fn on_write(
@@ -110,7 +140,8 @@ impl H2Connection {
         };
         self.decoder.feed(side, chunk, stats, &mut self.ended);
         for s in self.ended.drain(..) {
-            emit(s, ctx, None, stats, out);
+            let wire = wire_of(&self.read_arrivals, s.request_ts_ns);
+            emit(s, wire, ctx, None, stats, out);
         }
     }
 
@@ -123,7 +154,15 @@ impl H2Connection {
     ) {
         self.decoder.close(ts_ns, stats, &mut self.ended);
         for s in self.ended.drain(..) {
-            emit(s, ctx, Some(Ending::Closed(EndedBy::Client)), stats, out);
+            let wire = wire_of(&self.read_arrivals, s.request_ts_ns);
+            emit(
+                s,
+                wire,
+                ctx,
+                Some(Ending::Closed(EndedBy::Client)),
+                stats,
+                out,
+            );
         }
     }
 
@@ -150,14 +189,25 @@ impl H2Connection {
     ) {
         self.decoder.close(ts_ns, stats, &mut self.ended);
         for s in self.ended.drain(..) {
-            emit(s, ctx, Some(ending), stats, out);
+            let wire = wire_of(&self.read_arrivals, s.request_ts_ns);
+            emit(s, wire, ctx, Some(ending), stats, out);
         }
     }
+}
+
+/// The wire arrival of the read at `read_ns`, if it is remembered.
+fn wire_of(reads: &VecDeque<(u64, u64)>, read_ns: u64) -> Option<u64> {
+    let i = reads.partition_point(|&(ts, _)| ts < read_ns);
+    reads
+        .get(i)
+        .filter(|&&(ts, _)| ts == read_ns)
+        .map(|&(_, w)| w)
 }
 
 /// A stream's record. `closing`: how the connection ended, for streams it cut.
 fn emit(
     s: StreamSummary,
+    wire_ns: Option<u64>,
     ctx: RecordContext<'_>,
     closing: Option<Ending>,
     stats: &mut Stats,
@@ -183,7 +233,10 @@ fn emit(
         incomplete = Some(Reason::Http2Framing);
     }
 
-    let mut p = RequestProgress::new(s.stream_id, 0, s.request_ts_ns, None);
+    if wire_ns.is_none() {
+        stats.bump(Counter::ArrivalWireUnknown);
+    }
+    let mut p = RequestProgress::new(s.stream_id, 0, s.request_ts_ns, wire_ns);
     p.status = s.status.known().copied();
     p.first_byte_ns = s.response_ts_ns;
     p.request_bytes = s.request.data_bytes;
@@ -247,7 +300,7 @@ fn text(v: &Value<String>) -> String {
 mod tests {
     use inferscope_common::SyscallKind;
 
-    use crate::capture::SyscallEvent;
+    use crate::capture::{Segment, SyscallEvent};
     use crate::correlate::{Peer, Tracker};
     use crate::decode::http::Limits;
     use crate::decode::http2::PREFACE;
@@ -284,8 +337,22 @@ mod tests {
     #[test]
     fn an_h2c_connection_gives_one_record_per_stream() {
         let mut t = Tracker::new(Limits::default());
-        let peer = Peer::default();
+        let peer = Peer {
+            sock: 0x77,
+            ..Peer::default()
+        };
         let mut out = Vec::new();
+        // The segments that carried the two requests' HEADERS, before the reads.
+        for ts in [9_500_000, 12_800_000] {
+            t.on_segment(&Segment {
+                ts_ns: ts,
+                local_port: 8080,
+                remote: "127.0.0.1".parse().unwrap(),
+                remote_port: 40000,
+                data_len: 60,
+                sock: 0x77,
+            });
+        }
         // The server speaks first: its SETTINGS on accept, before it reads the client's preface.
         t.on_write(
             &ev(SyscallKind::Write, 9 * MS, &settings(None)),
@@ -333,6 +400,7 @@ mod tests {
         let (abort, call) = (&out[0], &out[1]);
         assert_eq!(abort.path, "/vllm.Engine/Abort");
         assert_eq!(abort.ended_by, EndedBy::Client);
+        assert_eq!(abort.arrival_wire_mono_ns, Some(12_800_000));
         let info = abort.http2.as_ref().unwrap();
         assert_eq!((info.stream_end, info.error_code), ("rst_stream", Some(8)));
 
@@ -341,14 +409,15 @@ mod tests {
         assert_eq!(call.status, Some(200));
         assert_eq!(call.ended_by, EndedBy::Complete);
         assert_eq!(call.arrival_read_mono_ns, 10 * MS);
+        assert_eq!(call.arrival_wire_mono_ns, Some(9_500_000));
         assert_eq!(call.first_byte_mono_ns, Some(12 * MS));
-        assert_eq!(call.ttft_ms, Some(20.0));
+        assert_eq!(call.ttft_ms, Some(20.5));
         assert_eq!(call.last_token_mono_ns, Some(60 * MS));
         assert_eq!(call.tpot_ms, Some(15.0));
         assert_eq!(call.itl_p50_ms, Some(10.0));
         assert_eq!(call.itl_max_ms, Some(20.0));
         assert_eq!(call.output_chunks, 3);
-        assert_eq!(call.e2e_ms, 60.0);
+        assert_eq!(call.e2e_ms, 60.5);
         assert_eq!(call.request_id, format!("1-{}-1", call.connection_id));
         assert_eq!(call.incomplete, None);
         let info = call.http2.as_ref().unwrap();
@@ -368,6 +437,8 @@ mod tests {
         assert_eq!(t.stats.get(Counter::ResponseWithoutRequest), 0);
         assert_eq!(t.stats.get(Counter::H2FramesMalformed), 0);
         assert_eq!(t.stats.get(Counter::H2Streams), 2);
+        assert_eq!(t.stats.get(Counter::ArrivalWireUnknown), 0);
+        assert!(t.arrivals.is_empty(), "every segment consumed");
     }
 
     /// A stream open when the connection closes ends with it; one whose message boundaries were
