@@ -141,6 +141,12 @@ fn every_grpc_call_on_h2c_has_one_record_with_the_clients_counts() {
             continue;
         }
         exact += 1;
+        // The segment that carried the call, seen by the kernel before the server read it.
+        let wire = r["arrival_wire_mono_ns"].as_u64().unwrap();
+        assert!(
+            wire <= arrival && wire >= call["start_ns"].as_u64().unwrap(),
+            "{r}"
+        );
         assert_eq!(h2["response_messages"], call["messages"], "{r}");
         assert_eq!(h2["response_message_bytes"], call["bytes"], "{r}");
         assert_eq!(r["output_chunks"], call["messages"], "{r}");
@@ -152,6 +158,12 @@ fn every_grpc_call_on_h2c_has_one_record_with_the_clients_counts() {
             ttft_gaps_ms.push((read - first) as f64 / 1e6);
             let last = r["last_token_mono_ns"].as_u64().unwrap();
             assert!(last <= call["last_ns"].as_u64().unwrap() && last >= first);
+            // The server sleeps 2 ms before each message: no gap between two is shorter.
+            let shortest = r["itl_p50_ms"]
+                .as_f64()
+                .unwrap()
+                .min(r["tpot_ms"].as_f64().unwrap());
+            assert!(shortest >= 2.0, "{r}");
         } else {
             assert!(r["ttft_ms"].is_null(), "{r}");
         }
