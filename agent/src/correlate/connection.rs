@@ -443,7 +443,7 @@ impl Connection {
     pub fn on_write(&mut self, ev: &SyscallEvent<'_>, ctx: RecordContext<'_>, work: &mut Work<'_>) {
         self.observe(ev, ctx, work.stats, work.out);
         if self.h2.is_none() && self.next_seq == 0 && self.reading.is_none() {
-            self.h2 = H2Connection::from_first_write(ev.payload, work.stats);
+            self.h2 = H2Connection::from_first_write(ev.payload, self.hunt_response, work.stats);
         }
         if let Some(h2) = self.h2.as_mut() {
             h2.on_write(ev, ctx, work.stats, work.out);

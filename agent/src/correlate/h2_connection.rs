@@ -30,6 +30,10 @@ pub struct H2Connection {
     /// (read time, wire arrival of its first byte) of recent reads, oldest first: a stream's
     /// arrival is that of the read that carried its HEADERS.
     read_arrivals: VecDeque<(u64, u64)>,
+    /// Taken for HTTP/2 on the server's word alone (its first write): the client's first read
+    /// must agree, or the connection is not HTTP/2 (`rejected`).
+    unconfirmed: bool,
+    rejected: bool,
 }
 
 /// Reads whose wire arrival is remembered: enough for the streams a connection can have open.
@@ -52,13 +56,22 @@ impl H2Connection {
     }
 
     /// The HTTP/2 state for a connection whose server writes before reading anything, if that
-    /// write is HTTP/2's SETTINGS (an HTTP/1 server never speaks first).
-    pub fn from_first_write(payload: &[u8], stats: &mut Stats) -> Option<Box<Self>> {
+    /// write is HTTP/2's SETTINGS (an HTTP/1 server never speaks first). `joined`: the
+    /// connection was joined mid-stream, so this may be a later SETTINGS; the client's preface,
+    /// if it comes, still marks the start.
+    pub fn from_first_write(payload: &[u8], joined: bool, stats: &mut Stats) -> Option<Box<Self>> {
         if !http2::starts_with_server_preface(payload) {
             return None;
         }
         stats.bump(Counter::Http2Connections);
-        Some(Box::new(Self::new(Start::Fresh)))
+        let start = if joined {
+            Start::MidConnection
+        } else {
+            Start::Fresh
+        };
+        let mut h2 = Box::new(Self::new(start));
+        h2.unconfirmed = true;
+        Some(h2)
     }
 
     /// `Start::Fresh` when the client's preface (or the server's first SETTINGS) was seen;
@@ -69,12 +82,14 @@ impl H2Connection {
             ended: Vec::new(),
             last_read_ns: 0,
             read_arrivals: VecDeque::new(),
+            unconfirmed: false,
+            rejected: false,
         }
     }
 
-    /// The client did not begin with the HTTP/2 preface.
+    /// The client did not begin with the HTTP/2 preface (or whole frames, joined mid-stream).
     pub fn not_http2(&self) -> bool {
-        self.decoder.not_http2()
+        self.rejected || self.decoder.not_http2()
     }
 
     pub fn on_read(
@@ -90,6 +105,14 @@ impl H2Connection {
             // The client's EOF or reset: the streams still open were abandoned by it.
             self.client_left(ts, ctx, work.stats, work.out);
             return;
+        }
+        if self.unconfirmed {
+            if !http2::starts_with_preface(ev.payload) && !http2::whole_frames(ev.payload) {
+                work.stats.bump(Counter::H2NotHttp2);
+                self.rejected = true;
+                return;
+            }
+            self.unconfirmed = false;
         }
         // Taken for every read, so the socket's segments are consumed as HTTP/1's are.
         let wire = match (peer.sock, peer.local_port, peer.remote) {
@@ -436,6 +459,8 @@ mod tests {
         assert_eq!(t.stats.get(Counter::ConnectionsNeverHttp), 0);
         assert_eq!(t.stats.get(Counter::ResponseWithoutRequest), 0);
         assert_eq!(t.stats.get(Counter::H2FramesMalformed), 0);
+        assert_eq!(t.stats.get(Counter::H2HpackUnknownFields), 0);
+        assert_eq!(t.stats.get(Counter::H2ResyncBytesSkipped), 0);
         assert_eq!(t.stats.get(Counter::H2Streams), 2);
         assert_eq!(t.stats.get(Counter::ArrivalWireUnknown), 0);
         assert!(t.arrivals.is_empty(), "every segment consumed");

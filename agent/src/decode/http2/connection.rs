@@ -210,6 +210,11 @@ impl Handler<'_> {
                 self.stats.add(Counter::H2ResyncBytesSkipped, skipped);
             }
             Frame::NotHttp2 => self.stats.bump(Counter::H2NotHttp2),
+            Frame::Preface => {
+                // Nothing was encoded before the preface: both tables are empty and known.
+                let cap = self.limits.max_table_bytes;
+                *self.hpack = [hpack::Decoder::fresh(cap), hpack::Decoder::fresh(cap)];
+            }
         }
     }
 

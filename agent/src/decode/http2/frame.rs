@@ -141,6 +141,8 @@ pub enum Frame<'a> {
     },
     /// The direction was to start with the client preface and did not: not HTTP/2.
     NotHttp2,
+    /// A hunt found the client preface: this is the connection's start.
+    Preface,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -368,7 +370,12 @@ impl FrameDecoder {
     /// Feeds one syscall's captured bytes, then the `lost` bytes that followed them.
     pub fn feed(&mut self, mut bytes: &[u8], lost: u64, on: &mut dyn FnMut(Frame<'_>)) {
         if let State::Hunting { skipped } = self.state {
-            if plausible_start(bytes) {
+            if let Some(rest) = bytes.strip_prefix(PREFACE.as_slice()) {
+                // The connection's start after all (its server spoke first): frames follow.
+                self.state = State::Header;
+                on(Frame::Preface);
+                bytes = rest;
+            } else if plausible_start(bytes) {
                 self.state = State::Header;
                 on(Frame::Resynced { skipped });
             } else {

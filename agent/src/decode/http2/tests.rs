@@ -371,6 +371,36 @@ fn mid_connection_attach_hunts_for_a_frame_start() {
     assert_eq!(run.stats.get(Counter::H2ResyncBytesSkipped), 84 + 1);
 }
 
+/// Started mid-connection (the server spoke first, or the start was not seen), the client's
+/// preface still says where the connection begins: both tables are known from there.
+#[test]
+fn a_preface_found_while_hunting_starts_the_connection() {
+    let mut run = Run::new(Start::MidConnection);
+    run.feed(Side::Server, &settings(None));
+    let mut c = PREFACE.to_vec();
+    c.extend(settings(None));
+    c.extend(frame(
+        kind::HEADERS,
+        END_HEADERS,
+        1,
+        &request_block("/p.P/First"),
+    ));
+    // The path again by its dynamic index (62 is content-type, 63 the path).
+    c.extend(frame(
+        kind::HEADERS,
+        END_HEADERS | END_STREAM,
+        3,
+        &[0x83, 0xbf],
+    ));
+    run.feed(Side::Client, &c);
+    run.feed(
+        Side::Server,
+        &frame(kind::HEADERS, END_HEADERS | END_STREAM, 3, &[0x88]),
+    );
+    assert_eq!(run.out[0].path, known("/p.P/First"));
+    assert_eq!(run.losses(), vec![]);
+}
+
 #[test]
 fn a_stream_id_reused_ends_the_first_request() {
     let mut run = Run::new(Start::Fresh);
