@@ -56,6 +56,7 @@ fn event(kind: SyscallKind, fd: i32, ts: u64, payload: &[u8]) -> SyscallEvent<'_
         payload,
         more: false,
         chunk_offset: None,
+        token: false,
     }
 }
 

@@ -55,6 +55,7 @@ impl Feed {
             payload: shown,
             more: false,
             chunk_offset: None,
+            token: false,
         };
         self.seq = self.seq.wrapping_add(1);
         let peer = Peer::default();

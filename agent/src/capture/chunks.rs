@@ -142,6 +142,7 @@ mod tests {
             payload,
             more,
             chunk_offset: offset,
+            token: false,
         }
     }
 

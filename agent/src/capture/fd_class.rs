@@ -204,6 +204,7 @@ mod tests {
             payload: b"GET / HTTP/1.1\r\n",
             more: false,
             chunk_offset: None,
+            token: false,
         }
     }
 

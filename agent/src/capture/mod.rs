@@ -17,6 +17,7 @@ pub mod records;
 pub mod sched_hooks;
 pub mod sockets;
 pub mod sockpath;
+pub mod stream_template;
 pub mod symbols;
 pub mod tracefs;
 pub mod user_probes;

@@ -12,7 +12,8 @@ use aya::{
 };
 use aya_log::EbpfLogger;
 use inferscope_common::{
-    COUNTER_SLOTS, ConnEntry, Counter, MAX_CAPTURE_BYTES, SyscallRecord, UserProbeConfig, fd_key,
+    COUNTER_SLOTS, ConnEntry, Counter, MAX_CAPTURE_BYTES, StreamTemplate, SyscallRecord,
+    UserProbeConfig, fd_key,
 };
 use tracing::{debug, info, warn};
 
@@ -122,6 +123,8 @@ pub struct SocketProbes {
     fd_verdicts: HashMap<MapData, u64, u64>,
     /// (tgid, fd) → connection id carrying engine IPC, never cut under back-pressure.
     keep_whole: HashMap<MapData, u64, u64>,
+    /// (tgid, fd) → the connection's token event template (an LRU map).
+    stream_templates: HashMap<MapData, u64, StreamTemplate>,
     /// (tgid, fd) → connection, written by the kernel at accept; user space adds only the
     /// connections that predate the agent.
     conns: HashMap<MapData, u64, ConnEntry>,
@@ -312,6 +315,8 @@ impl SocketProbes {
             HashMap::try_from(take_map(&mut ebpf, "FD_VERDICT")?).map_err(map_err("FD_VERDICT"))?;
         let keep_whole =
             HashMap::try_from(take_map(&mut ebpf, "KEEP_WHOLE")?).map_err(map_err("KEEP_WHOLE"))?;
+        let stream_templates = HashMap::try_from(take_map(&mut ebpf, "STREAM_TEMPLATES")?)
+            .map_err(map_err("STREAM_TEMPLATES"))?;
         let large_capture = HashMap::try_from(take_map(&mut ebpf, "LARGE_CAPTURE")?)
             .map_err(map_err("LARGE_CAPTURE"))?;
         let counters =
@@ -335,6 +340,7 @@ impl SocketProbes {
             ports,
             fd_verdicts,
             keep_whole,
+            stream_templates,
             conns,
             lost_closes,
             unknown_fds,
@@ -462,6 +468,14 @@ impl SocketProbes {
     pub fn keep_whole(&mut self, tgid: u32, fd: i32, conn_gen: u64) {
         if let Err(e) = self.keep_whole.insert(fd_key(tgid, fd), conn_gen, 0) {
             warn!("pid {tgid}: cannot exempt IPC connection on fd {fd} from cut captures: {e}");
+        }
+    }
+
+    /// Installs the token event template of connection `conn_gen` on `fd`: its writes that are
+    /// one whole token event of it then go out as payload-free token records.
+    pub fn set_stream_template(&mut self, tgid: u32, fd: i32, template: &StreamTemplate) {
+        if let Err(e) = self.stream_templates.insert(fd_key(tgid, fd), template, 0) {
+            debug!("pid {tgid}: cannot install a token template for fd {fd}: {e}");
         }
     }
 

@@ -3,9 +3,9 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use inferscope_common::{
-    AdoptRecord, CompactWriteRecord, FLAG_CHUNK, FLAG_COPY_FAILED, FLAG_MORE, FLAG_TRUNCATED,
-    RecordType, SchedKind, SchedRecord, SegmentRecord, SockStateRecord, SyscallKind, SyscallRecord,
-    USER_FLAG_READ_FAILED, UserProbeRecord,
+    AdoptRecord, CompactWriteRecord, FLAG_CHUNK, FLAG_COPY_FAILED, FLAG_MORE, FLAG_TOKEN,
+    FLAG_TRUNCATED, RecordType, SchedKind, SchedRecord, SegmentRecord, SockStateRecord,
+    SyscallKind, SyscallRecord, USER_FLAG_READ_FAILED, UserProbeRecord,
 };
 
 /// The kind of a captured syscall, for callers outside the agent (fuzz targets, benchmarks).
@@ -74,6 +74,9 @@ pub struct SyscallEvent<'a> {
     pub more: bool,
     /// This record continues its thread's previous syscall record at this byte offset.
     pub chunk_offset: Option<u32>,
+    /// A write the kernel recognised as one whole token event of the connection's template
+    /// and did not copy (`payload` is empty, and no byte of it counts as lost).
+    pub token: bool,
 }
 
 impl SyscallEvent<'_> {
@@ -94,7 +97,7 @@ impl SyscallEvent<'_> {
 
     /// Bytes the syscall moved that are not in `payload`.
     pub fn lost_bytes(&self) -> u64 {
-        if self.ret > 0 {
+        if self.ret > 0 && !self.token {
             (self.ret as u64).saturating_sub(self.payload.len() as u64)
         } else {
             0
@@ -218,6 +221,7 @@ pub fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
             payload,
             more: header.flags & FLAG_MORE != 0,
             chunk_offset: (header.flags & FLAG_CHUNK != 0).then_some(header.chunk_offset),
+            token: false,
         }))
     } else if record_type == RecordType::GpuLaunch as u8 {
         let record: inferscope_common::GpuLaunchRecord =
@@ -313,6 +317,7 @@ fn compact_write(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
         payload,
         more: false,
         chunk_offset: None,
+        token: flags & FLAG_TOKEN != 0,
     }))
 }
 

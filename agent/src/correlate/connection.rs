@@ -11,13 +11,14 @@ use std::collections::VecDeque;
 use crate::{
     capture::SyscallEvent,
     decode::http::{
-        Chunk, Limits, ParseError, RequestDecoder, RequestEvent, ResponseDecoder, ResponseEvent,
+        Chunk, Limits, Merge, ParseError, RequestDecoder, RequestEvent, ResponseDecoder,
+        ResponseEvent, TokenTemplate,
     },
     model::EndedBy,
 };
 
 use super::{
-    Peer, RequestRecord, Stats, Work,
+    Peer, RequestRecord, Stats, TemplateUpdate, Work,
     arrivals::ArrivalIndex,
     h2_connection::H2Connection,
     loss::{self, Reason},
@@ -98,6 +99,8 @@ pub struct Connection {
     pub last_event_ns: u64,
     /// The client began with the HTTP/2 preface: every syscall goes to HTTP/2 decoding.
     h2: Option<Box<H2Connection>>,
+    /// The token event template installed in the kernel for this connection.
+    template: Option<Box<TokenTemplate>>,
 }
 
 impl Connection {
@@ -137,6 +140,7 @@ impl Connection {
             dropped_tail: 0,
             last_event_ns: 0,
             h2: None,
+            template: None,
         }
     }
 
@@ -519,7 +523,19 @@ impl Connection {
             ts_ns: ev.ts_enter_ns,
         };
         let mut events = std::mem::take(work.response_events);
-        self.responses.feed(chunk, &mut events);
+        if ev.token {
+            self.responses
+                .feed_token(ev.ts_enter_ns, ev.ret as u64, &mut events);
+        } else {
+            if ev.conn_gen != 0 && self.template.is_none() {
+                // Capture can summarise this connection's token events once it knows them.
+                self.responses.set_learn_templates(true);
+            }
+            self.responses.feed(chunk, &mut events);
+            if let Some(learned) = self.responses.take_template() {
+                self.install_template(learned, ev, work);
+            }
+        }
         for event in events.drain(..) {
             if !self.apply_response_event(event, ctx, work) {
                 break;
@@ -527,6 +543,34 @@ impl Connection {
         }
         events.clear();
         *work.response_events = events;
+    }
+
+    /// Folds a template learned from this connection's writes into the installed one; what
+    /// changed goes to the kernel.
+    fn install_template(
+        &mut self,
+        learned: TokenTemplate,
+        ev: &SyscallEvent<'_>,
+        work: &mut Work<'_>,
+    ) {
+        let merge = match self.template.as_mut() {
+            Some(template) => template.merge(&learned),
+            None => {
+                self.template = Some(Box::new(learned));
+                Merge::Replaced
+            }
+        };
+        if merge != Merge::Same
+            && let Some(template) = self.template.as_deref()
+        {
+            work.stats.bump(Counter::TokenTemplatesInstalled);
+            work.templates.push(TemplateUpdate {
+                tgid: ev.tgid,
+                fd: ev.fd,
+                conn_gen: ev.conn_gen,
+                template: template.clone(),
+            });
+        }
     }
 
     /// Applies one response event; false when framing was lost and the rest of the batch must

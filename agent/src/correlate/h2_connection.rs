@@ -352,6 +352,7 @@ mod tests {
             payload,
             more: false,
             chunk_offset: None,
+            token: false,
         }
     }
 

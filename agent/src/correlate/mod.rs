@@ -54,6 +54,17 @@ pub struct Peer {
     pub preexisting: bool,
 }
 
+/// A connection's token event template, for capture: it summarises writes of that connection
+/// that match it (see `docs/src/token-events.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TemplateUpdate {
+    pub tgid: u32,
+    pub fd: i32,
+    /// The connection the template belongs to; a reused fd never inherits it.
+    pub conn_gen: u64,
+    pub template: crate::decode::http::TokenTemplate,
+}
+
 /// A connection in user space: (tgid, [`SyscallEvent::conn_key`]).
 type ConnKey = (u32, u64);
 
@@ -69,6 +80,8 @@ pub struct Tracker {
     last_loss_ns: u64,
     /// Connections that turned out not to be HTTP: capture should stop copying their bytes.
     to_ignore: Vec<(u32, i32, u64)>,
+    /// Token event templates for capture to install.
+    templates: Vec<TemplateUpdate>,
     /// Decoder output buffers, shared by all connections (one connection is fed at a time).
     request_events: Vec<RequestEvent>,
     response_events: Vec<ResponseEvent>,
@@ -84,6 +97,7 @@ pub(crate) struct Work<'a> {
     pub stats: &'a mut Stats,
     pub out: &'a mut Vec<RequestRecord>,
     pub to_ignore: &'a mut Vec<(u32, i32, u64)>,
+    pub templates: &'a mut Vec<TemplateUpdate>,
     pub request_events: &'a mut Vec<RequestEvent>,
     pub response_events: &'a mut Vec<ResponseEvent>,
     /// Requests that finished arriving, in order: (reading thread, sequence number). Several
@@ -109,6 +123,7 @@ impl Tracker {
             unix_offset_ns: crate::model::clock::unix_offset_ns(),
             last_loss_ns: 0,
             to_ignore: Vec::new(),
+            templates: Vec::new(),
             request_events: Vec::new(),
             response_events: Vec::new(),
             read_complete: Vec::new(),
@@ -264,6 +279,7 @@ impl Tracker {
             stats: &mut self.stats,
             out,
             to_ignore: &mut self.to_ignore,
+            templates: &mut self.templates,
             request_events: &mut self.request_events,
             response_events: &mut self.response_events,
             read_complete: &mut self.read_complete,
@@ -420,6 +436,12 @@ impl Tracker {
             requests: members,
             ..StepRecord::default()
         })
+    }
+
+    /// Token event templates learned since the last call, for capture to install per
+    /// connection (the latest per connection wins).
+    pub fn take_templates(&mut self) -> Vec<TemplateUpdate> {
+        std::mem::take(&mut self.templates)
     }
 
     /// fds whose capture should stop (not HTTP, or framing lost for good).
@@ -605,6 +627,7 @@ mod tests {
             payload,
             more: false,
             chunk_offset: None,
+            token: false,
         }
     }
 

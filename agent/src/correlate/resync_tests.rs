@@ -74,6 +74,7 @@ impl Conn {
             payload,
             more: false,
             chunk_offset: None,
+            token: false,
         };
         self.seq += 1;
         ev

@@ -67,6 +67,10 @@ counters! {
     KernelGpuLaunchesSampledOut => "kernel_gpu_launches_sampled_out": Loss,
     KernelGpuNames => "kernel_gpu_names": Total,
     KernelGpuNameReadFailed => "kernel_gpu_name_read_failed": Loss,
+    KernelTokenEvents => "kernel_token_events": Total,
+    KernelTokenTemplateMisses => "kernel_token_template_misses": Total,
+    TokenTemplatesInstalled => "token_templates_installed": Total,
+    TokenTemplatesRefused => "token_templates_refused": Total,
     KernelTracepointsUnattached => "kernel_tracepoints_unattached": Loss,
     // Capture: the CUPTI shim's socket (`gpu` and `run --shim-socket`).
     ShimConnections => "shim_connections": Total,
@@ -348,6 +352,8 @@ pub const fn kernel(c: inferscope_common::Counter) -> Counter {
         K::GpuLaunchesSampledOut => Counter::KernelGpuLaunchesSampledOut,
         K::GpuNames => Counter::KernelGpuNames,
         K::GpuNameReadFailed => Counter::KernelGpuNameReadFailed,
+        K::TokenEvents => Counter::KernelTokenEvents,
+        K::TokenTemplateMisses => Counter::KernelTokenTemplateMisses,
     }
 }
 

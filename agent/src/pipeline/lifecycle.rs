@@ -237,6 +237,7 @@ mod tests {
                 payload: HEAD,
                 more: false,
                 chunk_offset: None,
+                token: false,
             };
             self.tracker.on_read(&read, Peer::default(), &mut out);
             assert!(out.is_empty());

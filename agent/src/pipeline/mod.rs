@@ -25,6 +25,7 @@ use crate::{
         preexisting,
         privileges::Privileges,
         records, sched_hooks,
+        stream_template::{TemplateSide, kernel_template},
         user_probes::{ProbeSpec, UserProbes},
     },
     correlate::{EngineMetrics, EngineMetricsRecord, Tracker, launches::Launches},
@@ -764,6 +765,18 @@ impl Pipeline {
         }
         for (tgid, fd, conn_gen) in classifier.new_ipc.drain(..) {
             probes.keep_whole(tgid, fd, conn_gen);
+        }
+        for update in tracker.take_templates() {
+            let template = &update.template;
+            let side = |bytes, mask| TemplateSide { bytes, mask };
+            match kernel_template(
+                update.conn_gen,
+                side(&template.prefix, &template.prefix_mask),
+                side(&template.suffix, &template.suffix_mask),
+            ) {
+                Some(kernel) => probes.set_stream_template(update.tgid, update.fd, &kernel),
+                None => stats.bump(Counter::TokenTemplatesRefused),
+            }
         }
         if let Some(user) = user_probes.as_mut() {
             user.detach_failed(probes);

@@ -83,6 +83,11 @@ pub const FLAG_COPY_FAILED: u16 = 2;
 pub const FLAG_MORE: u16 = 4;
 /// This record continues the previous syscall record of its thread at byte `chunk_offset`.
 pub const FLAG_CHUNK: u16 = 8;
+/// A [`CompactWriteRecord`] with no payload: the write was one whole token event of the
+/// connection's [`StreamTemplate`] (exactly one chunk holding one server-sent event whose only
+/// difference from the template is its non-empty token text), so user space needs only its
+/// time and size.
+pub const FLAG_TOKEN: u16 = 16;
 /// Most records one syscall of a large-capture process is split into: up to
 /// `MAX_CHUNKS * MAX_CAPTURE_BYTES` (128 KiB) of one send or receive.
 pub const MAX_CHUNKS: usize = 16;
@@ -178,6 +183,36 @@ pub struct CompactWriteRecord {
     pub conn_seq: u32,
     /// As [`SyscallRecord::lost_heads`].
     pub lost_heads: u32,
+}
+
+/// Bytes of one side (prefix or suffix) of a [`StreamTemplate`], in 8-byte words.
+pub const TEMPLATE_WORDS: usize = 24;
+/// Bytes of one side of a [`StreamTemplate`].
+pub const TEMPLATE_BYTES: usize = TEMPLATE_WORDS * 8;
+/// Longest token text (the bytes between a template's prefix and suffix) the kernel checks.
+pub const TOKEN_TEXT_MAX: usize = 64;
+/// Longest write the kernel summarises as a token event.
+pub const TOKEN_WRITE_MAX: usize = 2 * TEMPLATE_BYTES + TOKEN_TEXT_MAX + 16;
+
+/// What one streamed token event of a connection looks like, from user space (which decoded
+/// such events in full first): the chunk's data is `prefix`, then 1 to [`TOKEN_TEXT_MAX`]
+/// bytes of token text without a `"`, then `suffix`. A mask byte of 0xff must match, 0 is free
+/// (bytes that differ between responses: ids, timestamps; and the tail of the last word).
+/// Per (tgid, fd), valid for connection `conn_gen` only.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct StreamTemplate {
+    pub conn_gen: u64,
+    pub prefix_len: u16,
+    pub suffix_len: u16,
+    /// Kernel-owned: 0 after a response head, 1 once the response's first body write went out
+    /// in full (it carries the response's id, which user space reads once per response).
+    pub armed: u8,
+    pub _pad: [u8; 3],
+    pub prefix: [u64; TEMPLATE_WORDS],
+    pub prefix_mask: [u64; TEMPLATE_WORDS],
+    pub suffix: [u64; TEMPLATE_WORDS],
+    pub suffix_mask: [u64; TEMPLATE_WORDS],
 }
 
 /// A TCP segment with payload that reached a traced listening port (tcp:tcp_probe). It tells
@@ -613,12 +648,17 @@ pub enum Counter {
     GpuNames = 17,
     /// A naming call's return could not read the handle or name it produced.
     GpuNameReadFailed = 18,
+    /// Response writes summarised as a token event ([`FLAG_TOKEN`]).
+    TokenEvents = 19,
+    /// Response writes on a connection with a [`StreamTemplate`] that did not match it (a
+    /// different event, or not one whole chunk): captured in full.
+    TokenTemplateMisses = 20,
 }
 
-pub const COUNTER_SLOTS: u32 = 19;
+pub const COUNTER_SLOTS: u32 = 21;
 
 impl Counter {
-    pub const ALL: [Counter; 19] = [
+    pub const ALL: [Counter; 21] = [
         Counter::RecordsEmitted,
         Counter::RingbufFull,
         Counter::PayloadTruncated,
@@ -638,6 +678,8 @@ impl Counter {
         Counter::GpuLaunchesSampledOut,
         Counter::GpuNames,
         Counter::GpuNameReadFailed,
+        Counter::TokenEvents,
+        Counter::TokenTemplateMisses,
     ];
 
     pub fn name(self) -> &'static str {
@@ -661,6 +703,8 @@ impl Counter {
             Counter::GpuLaunchesSampledOut => "gpu_launches_sampled_out",
             Counter::GpuNames => "gpu_names",
             Counter::GpuNameReadFailed => "gpu_name_read_failed",
+            Counter::TokenEvents => "token_events",
+            Counter::TokenTemplateMisses => "token_template_misses",
         }
     }
 }
@@ -695,6 +739,8 @@ mod pod {
     unsafe impl aya::Pod for super::GpuLaunchRecord {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::GpuNameRecord {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::StreamTemplate {}
 }
 
 #[cfg(test)]
@@ -708,6 +754,10 @@ mod tests {
         assert_eq!(core::mem::size_of::<CompactWriteRecord>(), 40);
         assert_eq!(core::mem::size_of::<SegmentRecord>(), 64);
         assert_eq!(core::mem::size_of::<ConnEntry>(), 24);
+        assert_eq!(
+            core::mem::size_of::<StreamTemplate>(),
+            16 + 4 * TEMPLATE_BYTES
+        );
         assert_eq!(core::mem::size_of::<SchedRecord>(), 32);
         assert_eq!(core::mem::size_of::<UserProbeRecord>(), 32);
         assert_eq!(core::mem::size_of::<UserProbeConfig>(), 32);

@@ -208,6 +208,11 @@ pub struct Scratch {
     pub payload: [u8; 2 * MAX_CAPTURE_BYTES],
 }
 
+// The token template check reads the payload in aligned 8-byte words.
+const _: () = assert!(
+    core::mem::offset_of!(Scratch, payload) % 8 == 0 && core::mem::align_of::<Scratch>() >= 8
+);
+
 /// Payload prefix captured per syscall; user space overrides it at load time.
 #[unsafe(no_mangle)]
 pub static CAPTURE_BYTES: u32 = 4096;

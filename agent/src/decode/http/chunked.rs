@@ -64,6 +64,11 @@ impl ChunkedDecoder {
         }
     }
 
+    /// At the start of a chunk-size line: the next byte begins a chunk.
+    pub(crate) fn at_chunk_start(&self) -> bool {
+        self.state == SIZE_START
+    }
+
     /// Consumes framing from `data` until it yields payload, completes, or
     /// runs out of input. Never consumes past the end of the message.
     pub(crate) fn advance(&mut self, data: &[u8]) -> Result<Advance, ParseError> {

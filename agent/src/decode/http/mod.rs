@@ -18,10 +18,12 @@ mod json;
 mod request;
 mod response;
 mod sse;
+mod template;
 
 pub use counts::{Timings, Usage};
 pub use request::{RequestDecoder, RequestEvent, RequestSummary};
 pub use response::{BodySummary, ResponseDecoder, ResponseEvent, SseEvent};
+pub use template::{Merge, TEMPLATE_SIDE_MAX, TOKEN_TEXT_MAX, TokenTemplate};
 
 /// The bytes of one syscall on one direction of a connection; the capture is
 /// truncated, so `lost` says how much more the syscall moved after `bytes`.

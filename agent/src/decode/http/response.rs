@@ -6,6 +6,7 @@ use super::chunked::ChunkedDecoder;
 use super::counts::{Timings, Usage};
 use super::head::{HeadBuf, HeadProgress, MAX_HEADERS, ParseResult, map_httparse_err};
 use super::sse::{RawEvent, SseFramer};
+use super::template::TokenTemplate;
 use super::{
     Chunk, Limits, MAX_NAME_BYTES, ParseError, collect_body, contains_ignore_case, json,
     parse_content_length, truncated_str, wipe,
@@ -176,6 +177,10 @@ pub struct ResponseDecoder {
     body: Vec<u8>,
     /// The next response answers a HEAD request: it has no body whatever its headers say.
     next_is_head_reply: bool,
+    /// Learn token event templates from writes that are one whole token event.
+    learn_templates: bool,
+    /// The template of the last such write, until taken.
+    learned: Option<TokenTemplate>,
 }
 
 impl ResponseDecoder {
@@ -188,7 +193,54 @@ impl ResponseDecoder {
             sse: SseFramer::default(),
             body: Vec::new(),
             next_is_head_reply: false,
+            learn_templates: false,
+            learned: None,
         }
+    }
+
+    /// Turns template learning on (for connections capture can summarise token events of).
+    pub fn set_learn_templates(&mut self, learn: bool) {
+        self.learn_templates = learn;
+    }
+
+    /// The token event template learned from the last write that was one whole token event.
+    pub fn take_template(&mut self) -> Option<TokenTemplate> {
+        self.learned.take()
+    }
+
+    /// Between two events of a chunked event stream, at a chunk boundary: where a write that
+    /// is one whole chunk holding one event begins.
+    fn at_token_boundary(&self) -> bool {
+        matches!(&self.state, State::Body(inflight)
+            if inflight.event_stream
+                && matches!(&inflight.framing, Framing::Chunked(dec) if dec.at_chunk_start()))
+            && self.sse.is_idle()
+    }
+
+    /// A write of `len` bytes that capture recognised as one whole token event of this
+    /// connection's template (one chunk, one content event) and did not copy. If this side of
+    /// the stream is not between events, the two views disagree: the bytes count as lost.
+    pub fn feed_token(&mut self, ts_ns: u64, len: u64, out: &mut Vec<ResponseEvent>) {
+        if self.at_token_boundary()
+            && let State::Body(inflight) = &mut self.state
+        {
+            inflight.wire_bytes = inflight.wire_bytes.saturating_add(len);
+            inflight.payload_bytes = inflight.payload_bytes.saturating_add(chunk_data_len(len));
+            out.push(ResponseEvent::Sse(SseEvent {
+                ts_ns,
+                content: true,
+                ..SseEvent::default()
+            }));
+            return;
+        }
+        self.feed(
+            Chunk {
+                bytes: &[],
+                lost: len,
+                ts_ns,
+            },
+            out,
+        );
     }
 
     /// Says whether the next response answers a HEAD request (the response alone cannot tell,
@@ -222,6 +274,8 @@ impl ResponseDecoder {
 
     /// Consumes one syscall's bytes, appending resulting events to `out`.
     pub fn feed(&mut self, chunk: Chunk<'_>, out: &mut Vec<ResponseEvent>) {
+        let learn = self.learn_templates && chunk.lost == 0 && self.at_token_boundary();
+        let events_before = out.len();
         let mut data = chunk.bytes;
         while !data.is_empty() && !matches!(self.state, State::Failed | State::Upgraded) {
             match self.step(data, chunk.ts_ns, out) {
@@ -232,6 +286,18 @@ impl ResponseDecoder {
         }
         if let Err(e) = self.skip_lost(chunk.lost, chunk.ts_ns, out) {
             self.fail(e, out);
+        }
+        if learn
+            && self.at_token_boundary()
+            && let [ResponseEvent::Sse(event)] = out.get(events_before..).unwrap_or_default()
+            && event.content
+            && !(event.finish || event.done || event.json_error || event.lost)
+            && event.usage.is_none()
+            && event.timings.is_none()
+            && let Some(data) = one_chunk_data(chunk.bytes)
+            && let Some(template) = TokenTemplate::learn(data)
+        {
+            self.learned = Some(template);
         }
     }
 
@@ -445,6 +511,36 @@ impl ResponseDecoder {
         }
         Ok(())
     }
+}
+
+/// The data of `write` when it is exactly one chunk (size line without extensions, data, CRLF).
+fn one_chunk_data(write: &[u8]) -> Option<&[u8]> {
+    let line = write.iter().position(|&b| b == b'\r')?;
+    let digits = write.get(..line)?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    let size = usize::from_str_radix(std::str::from_utf8(digits).ok()?, 16).ok()?;
+    let data_start = line + 2;
+    if write.get(line..data_start)? != b"\r\n"
+        || write.len() != data_start.checked_add(size)?.checked_add(2)?
+        || !write.ends_with(b"\r\n")
+    {
+        return None;
+    }
+    write.get(data_start..data_start + size)
+}
+
+/// Chunk data bytes of a write that is one whole chunk of `len` bytes: the size line is the
+/// shortest hex number that makes the lengths add up.
+fn chunk_data_len(len: u64) -> u64 {
+    (1..=16u32)
+        .find_map(|digits| {
+            let size = len.checked_sub(u64::from(digits) + 4)?;
+            let needed = (64 - size.leading_zeros()).div_ceil(4).max(1);
+            (needed == digits).then_some(size)
+        })
+        .unwrap_or(0)
 }
 
 /// Reduces one SSE event to flags; allocates only for the first id.
@@ -961,5 +1057,74 @@ mod tests {
             matches!(out.last(), Some(ResponseEvent::End { .. })),
             "{out:?}"
         );
+    }
+
+    #[test]
+    fn token_writes_decode_like_the_full_writes_they_stand_for() {
+        let writes = llama_writes();
+        let full = feed_all(&writes.iter().map(|w| chunk(w, 0)).collect::<Vec<_>>());
+        let mut d = ResponseDecoder::new(Limits::default());
+        d.set_learn_templates(true);
+        let mut out = Vec::new();
+        // Head, then role and first token in one chunk: two events, nothing to learn.
+        d.feed(chunk(&writes[0], 0), &mut out);
+        d.feed(chunk(&writes[1], 0), &mut out);
+        assert!(d.take_template().is_none());
+        // One chunk holding one token event: its template.
+        d.feed(chunk(&writes[2], 0), &mut out);
+        let template = d
+            .take_template()
+            .expect("a template from a one-event chunk");
+        let data = one_chunk_data(&writes[2]).unwrap();
+        assert!(template.matches(data));
+        // The kernel would now send the same write as a token record.
+        let mut replayed = Vec::new();
+        let mut d2 = ResponseDecoder::new(Limits::default());
+        for w in &writes[..2] {
+            d2.feed(chunk(w, 0), &mut replayed);
+        }
+        d2.feed_token(0, writes[2].len() as u64, &mut replayed);
+        for w in &writes[3..] {
+            d2.feed(chunk(w, 0), &mut replayed);
+        }
+        // The same events, the same body size: only the (already reported) id is not read.
+        assert_eq!(strip_ts(&replayed), strip_ts(&full));
+        // Finish, [DONE] and the terminator are not token events: nothing learned from them.
+        for w in &writes[3..] {
+            d.feed(chunk(w, 0), &mut out);
+        }
+        assert!(d.take_template().is_none());
+    }
+
+    #[test]
+    fn a_token_write_where_no_event_can_start_is_lost_bytes() {
+        let writes = llama_writes();
+        let mut d = ResponseDecoder::new(Limits::default());
+        let mut out = Vec::new();
+        // No head yet: the stream's framing is unknown.
+        d.feed_token(0, 40, &mut out);
+        assert_eq!(out, vec![ResponseEvent::Error(ParseError::HeadLost)]);
+        // Inside a chunk (half an event written): the token write cannot be a whole chunk.
+        let mut d = ResponseDecoder::new(Limits::default());
+        let mut out = Vec::new();
+        d.feed(chunk(&writes[0], 0), &mut out);
+        d.feed(chunk(&writes[2][..20], 0), &mut out);
+        d.feed_token(0, 40, &mut out);
+        assert!(
+            out.iter()
+                .all(|e| !matches!(e, ResponseEvent::Sse(s) if s.content))
+        );
+    }
+
+    #[test]
+    fn chunk_data_length_follows_the_shortest_size_line() {
+        for size in [1u64, 15, 16, 255, 256, 4095, 4096, 70_000] {
+            let line = format!("{size:x}\r\n").len() as u64;
+            assert_eq!(chunk_data_len(line + size + 2), size, "size {size}");
+        }
+        let write = b"5\r\nhello\r\n";
+        assert_eq!(one_chunk_data(write), Some(&b"hello"[..]));
+        assert_eq!(one_chunk_data(b"5\r\nhello\r\n0\r\n\r\n"), None);
+        assert_eq!(one_chunk_data(b"5;x=1\r\nhello\r\n"), None);
     }
 }

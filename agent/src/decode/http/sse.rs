@@ -36,6 +36,11 @@ impl SseFramer {
         self.corrupt = false;
     }
 
+    /// Between events: nothing of a next one seen yet.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.pending.is_empty() && !self.line_nonempty && !self.corrupt
+    }
+
     /// Marks the current event as damaged by lost bytes.
     pub(crate) fn lost(&mut self) {
         wipe(&mut self.pending);

@@ -7,7 +7,7 @@ use core::mem::size_of;
 
 use inferscope_common::{
     CONN_ID_BIT, CONN_INET, CONN_KNOWN, CONN_SHARED, CompactWriteRecord, ConnEntry, Counter,
-    FLAG_COPY_FAILED, FLAG_TRUNCATED, RecordType, SyscallKind, SyscallRecord, fd_key,
+    FLAG_COPY_FAILED, FLAG_TOKEN, FLAG_TRUNCATED, RecordType, SyscallKind, SyscallRecord, fd_key,
 };
 
 use super::{copy::copy_payload, enter::close_fd};
@@ -153,6 +153,17 @@ fn emit_syscall(tgid: u32, tid: u32, fd: i32, ret: i64, inflight: &Inflight) -> 
         let p = &scratch.payload;
         p[0] == b'H' && p[1] == b'T' && p[2] == b'T' && p[3] == b'P' && p[4] == b'/'
     };
+    if kind == SyscallKind::Write as u8 && inflight.conn_id != 0 && ret > 0 {
+        let key = fd_key(tgid, fd);
+        if head {
+            super::token::on_head(key, inflight.conn_id);
+        } else if flags == 0
+            && captured as i64 == ret
+            && super::token::is_token(key, inflight.conn_id, &scratch.payload, captured)
+        {
+            return emit_token(tgid, fd, ret as u32, inflight, scratch);
+        }
+    }
     // Adaptive capture: behind a filling ring, response writes other than heads keep only a
     // prefix (counted as truncation) under a half-size header, so a stalled agent loses token
     // text, not requests.
@@ -165,8 +176,13 @@ fn emit_syscall(tgid: u32, tid: u32, fd: i32, ret: i64, inflight: &Inflight) -> 
     {
         return emit_compact(tgid, fd, ret as u32, captured, flags, inflight, scratch);
     }
-    // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
-    let ts_exit = unsafe { bpf_ktime_get_ns() };
+    // A write's time is its entry (user space reads no other): one clock read fewer.
+    let ts_exit = if kind == SyscallKind::Write as u8 {
+        inflight.ts_enter_ns
+    } else {
+        // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
+        unsafe { bpf_ktime_get_ns() }
+    };
     let key = fd_key(tgid, fd);
     let (conn_seq, lost_heads) = crate::conn_seq::take(key, kind == SyscallKind::Accept as u8);
     scratch.header = SyscallRecord {
@@ -201,6 +217,7 @@ const _: () = assert!(
         && PRESSURE_PREFIX <= PRESSURE_WHOLE
         && CONN_SHARED <= u8::MAX as u32
         && FLAG_COPY_FAILED <= u8::MAX as u16
+        && FLAG_TOKEN <= u8::MAX as u16
 );
 
 /// A write behind a filling ring buffer: a [`CompactWriteRecord`] with the write whole if it is
@@ -250,6 +267,46 @@ fn emit_compact(
     };
     if output::<[u8]>(bytes, Counter::RecordsEmitted) {
         bump(Counter::CompactWrites);
+    }
+    Ok(())
+}
+
+/// A write the connection's template recognised as one token event: a [`CompactWriteRecord`]
+/// without payload, flagged [`FLAG_TOKEN`].
+#[inline(always)]
+fn emit_token(
+    tgid: u32,
+    fd: i32,
+    ret: u32,
+    inflight: &Inflight,
+    scratch: &mut Scratch,
+) -> Result<(), i32> {
+    let key = fd_key(tgid, fd);
+    let (conn_seq, lost_heads) = crate::conn_seq::take(key, false);
+    let header = CompactWriteRecord {
+        record_type: RecordType::CompactWrite as u8,
+        flags: FLAG_TOKEN as u8,
+        captured: 0,
+        conn_flags: inflight.conn_flags as u8,
+        tgid,
+        fd,
+        ret,
+        ts_enter_ns: inflight.ts_enter_ns,
+        conn_gen: inflight.conn_id,
+        conn_seq,
+        lost_heads,
+    };
+    // The header goes through the scratch (a per-CPU map value) rather than the stack, which
+    // the exit program's frame has little room left for.
+    let offset = size_of::<SyscallRecord>() - size_of::<CompactWriteRecord>();
+    // SAFETY: as in `emit_compact`: the compact header fits the tail of the full header.
+    let bytes = unsafe {
+        let base = (scratch as *mut Scratch).cast::<u8>().add(offset);
+        core::ptr::write_unaligned(base.cast::<CompactWriteRecord>(), header);
+        core::slice::from_raw_parts(base, size_of::<CompactWriteRecord>())
+    };
+    if output::<[u8]>(bytes, Counter::RecordsEmitted) {
+        bump(Counter::TokenEvents);
     }
     Ok(())
 }

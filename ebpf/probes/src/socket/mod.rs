@@ -3,3 +3,4 @@
 mod copy;
 mod enter;
 mod exit;
+mod token;
