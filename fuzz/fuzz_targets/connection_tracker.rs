@@ -32,6 +32,11 @@ struct Feed {
 
 impl Feed {
     fn event(&mut self, kind: SyscallKind, payload: &[u8], cut: usize) {
+        self.event_as(kind, payload, cut, false)
+    }
+
+    /// `token`: the write goes as the kernel's payload-free token record of `payload`.
+    fn event_as(&mut self, kind: SyscallKind, payload: &[u8], cut: usize, token: bool) {
         self.ts += 10;
         let shown = &payload[..payload.len().saturating_sub(cut)];
         if kind == SyscallKind::Write {
@@ -52,10 +57,10 @@ impl Feed {
             sock: 0,
             conn_seq: Some(self.seq),
             lost_heads: self.lost_heads,
-            payload: shown,
+            payload: if token { b"" } else { shown },
             more: false,
             chunk_offset: None,
-            token: false,
+            token,
         };
         self.seq = self.seq.wrapping_add(1);
         let peer = Peer::default();
@@ -94,7 +99,9 @@ fuzz_target!(|data: &[u8]| {
         match op & 7 {
             0 => f.event(SyscallKind::Read, REQUEST, param % 4 * 7),
             1 => f.event(SyscallKind::Write, HEAD, 0),
-            2 => f.event(SyscallKind::Write, TOKEN, param % 3 * 5),
+            // A token event: cut by back-pressure, or summarised by the kernel (a token record,
+            // in step with the stream or not).
+            2 => f.event_as(SyscallKind::Write, TOKEN, param % 3 * 5, param % 4 == 3),
             3 => f.event(SyscallKind::Write, END, 0),
             4 => {
                 // Records lost in the ring buffer; some were response heads.

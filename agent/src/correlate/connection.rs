@@ -511,6 +511,12 @@ impl Connection {
         // Bytes of the response were not captured (capture limit, or the kernel's adaptive
         // capture behind a filling ring buffer): fields after them may be missing.
         target.truncated |= ev.lost_bytes() > 0;
+        if ev.token && !self.responses.at_token_boundary() {
+            // The kernel saw one whole event where this side of the stream cannot start one
+            // (records were lost): the write's bytes count as lost.
+            work.stats.bump(Counter::TokenEventsOutOfStep);
+            target.truncated = true;
+        }
         if target.first_byte_ns.is_none() {
             target.first_byte_ns = Some(ev.ts_enter_ns);
             work.response_started = Some((target.reader_tid, target.seq));
@@ -534,6 +540,23 @@ impl Connection {
             self.responses.feed(chunk, &mut events);
             if let Some(learned) = self.responses.take_template() {
                 self.install_template(learned, ev, work);
+            } else if self.template.is_none()
+                && ev.conn_gen != 0
+                && let Some(seed) = work.process_template
+                && events.iter().any(|e| {
+                    matches!(
+                        e,
+                        ResponseEvent::Head {
+                            event_stream: true,
+                            chunked: true,
+                            ..
+                        }
+                    )
+                })
+            {
+                // A stream begins on a connection that has not learned one: start it with the
+                // process's template.
+                self.install_template(seed.clone(), ev, work);
             }
         }
         for event in events.drain(..) {

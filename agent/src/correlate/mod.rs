@@ -82,6 +82,10 @@ pub struct Tracker {
     to_ignore: Vec<(u32, i32, u64)>,
     /// Token event templates for capture to install.
     templates: Vec<TemplateUpdate>,
+    /// Each process's latest template: a new connection of it starts with it (clients that
+    /// open a connection per request never see a second event on one connection to learn
+    /// from). One per traced process.
+    process_templates: FxHashMap<u32, crate::decode::http::TokenTemplate>,
     /// Decoder output buffers, shared by all connections (one connection is fed at a time).
     request_events: Vec<RequestEvent>,
     response_events: Vec<ResponseEvent>,
@@ -98,6 +102,8 @@ pub(crate) struct Work<'a> {
     pub out: &'a mut Vec<RequestRecord>,
     pub to_ignore: &'a mut Vec<(u32, i32, u64)>,
     pub templates: &'a mut Vec<TemplateUpdate>,
+    /// The process's latest token event template, for a connection that has none yet.
+    pub process_template: Option<&'a crate::decode::http::TokenTemplate>,
     pub request_events: &'a mut Vec<RequestEvent>,
     pub response_events: &'a mut Vec<ResponseEvent>,
     /// Requests that finished arriving, in order: (reading thread, sequence number). Several
@@ -124,6 +130,7 @@ impl Tracker {
             last_loss_ns: 0,
             to_ignore: Vec::new(),
             templates: Vec::new(),
+            process_templates: FxHashMap::default(),
             request_events: Vec::new(),
             response_events: Vec::new(),
             read_complete: Vec::new(),
@@ -170,6 +177,7 @@ impl Tracker {
             );
         }
         self.engines.remove(&tgid);
+        self.process_templates.remove(&tgid);
         self.joins.forget_process(tgid);
     }
 
@@ -280,17 +288,26 @@ impl Tracker {
             out,
             to_ignore: &mut self.to_ignore,
             templates: &mut self.templates,
+            process_template: self.process_templates.get(&ev.tgid),
             request_events: &mut self.request_events,
             response_events: &mut self.response_events,
             read_complete: &mut self.read_complete,
             response_started: None,
         };
+        let templates_before = work.templates.len();
         if read {
             conn.on_read(ev, &mut self.arrivals, ctx, &mut work);
         } else {
             conn.on_write(ev, ctx, &mut work);
         }
-        if let Some((tid, seq)) = work.response_started {
+        let response_started = work.response_started;
+        if self.templates.len() > templates_before
+            && let Some(update) = self.templates.last()
+        {
+            self.process_templates
+                .insert(ev.tgid, update.template.clone());
+        }
+        if let Some((tid, seq)) = response_started {
             self.joins
                 .response_started(ev.tgid, tid, ev.conn_key(), seq);
         }
@@ -601,6 +618,9 @@ impl PerProcess for Tracker {
         self.ended = ended;
     }
 }
+
+#[cfg(test)]
+mod token_tests;
 
 #[cfg(test)]
 mod tests {

@@ -71,6 +71,7 @@ counters! {
     KernelTokenTemplateMisses => "kernel_token_template_misses": Total,
     TokenTemplatesInstalled => "token_templates_installed": Total,
     TokenTemplatesRefused => "token_templates_refused": Total,
+    TokenEventsOutOfStep => "token_events_out_of_step": Loss,
     KernelTracepointsUnattached => "kernel_tracepoints_unattached": Loss,
     // Capture: the CUPTI shim's socket (`gpu` and `run --shim-socket`).
     ShimConnections => "shim_connections": Total,

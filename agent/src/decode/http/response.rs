@@ -209,8 +209,8 @@ impl ResponseDecoder {
     }
 
     /// Between two events of a chunked event stream, at a chunk boundary: where a write that
-    /// is one whole chunk holding one event begins.
-    fn at_token_boundary(&self) -> bool {
+    /// is one whole chunk holding one event begins, so a token record decodes as one.
+    pub fn at_token_boundary(&self) -> bool {
         matches!(&self.state, State::Body(inflight)
             if inflight.event_stream
                 && matches!(&inflight.framing, Framing::Chunked(dec) if dec.at_chunk_start()))
