@@ -125,6 +125,8 @@ pub struct SocketProbes {
     keep_whole: HashMap<MapData, u64, u64>,
     /// (tgid, fd) → the connection's token event template (an LRU map).
     stream_templates: HashMap<MapData, u64, StreamTemplate>,
+    /// Stamped on each installed template, so the kernel can tell a value rewritten under it.
+    template_version: u32,
     /// (tgid, fd) → connection, written by the kernel at accept; user space adds only the
     /// connections that predate the agent.
     conns: HashMap<MapData, u64, ConnEntry>,
@@ -341,6 +343,7 @@ impl SocketProbes {
             fd_verdicts,
             keep_whole,
             stream_templates,
+            template_version: 0,
             conns,
             lost_closes,
             unknown_fds,
@@ -474,6 +477,11 @@ impl SocketProbes {
     /// Installs the token event template of connection `conn_gen` on `fd`: its writes that are
     /// one whole token event of it then go out as payload-free token records.
     pub fn set_stream_template(&mut self, tgid: u32, fd: i32, template: &StreamTemplate) {
+        self.template_version = self.template_version.wrapping_add(1);
+        let template = StreamTemplate {
+            version: self.template_version,
+            ..*template
+        };
         if let Err(e) = self.stream_templates.insert(fd_key(tgid, fd), template, 0) {
             debug!("pid {tgid}: cannot install a token template for fd {fd}: {e}");
         }

@@ -26,7 +26,9 @@ pub fn kernel_template(
         // The kernel arms it at the connection's next body write: a response already under
         // way has its id decoded by then.
         armed: 0,
-        _pad: [0; 3],
+        // Set per install by `SocketProbes::set_stream_template`.
+        version: 0,
+        _pad: [0; 7],
         prefix: prefix_words,
         prefix_mask,
         suffix: suffix_words,

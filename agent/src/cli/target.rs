@@ -45,6 +45,11 @@ pub struct TargetArgs {
     /// they are paused for 30 s (0: never paused).
     #[arg(long, default_value_t = inferscope::pipeline::DEFAULT_LAUNCH_BUDGET_PCT)]
     pub gpu_launch_budget: f64,
+    /// Capture every response write in full, instead of letting the kernel send recognised
+    /// token events as 40-byte records (about 7x the ring bytes per streamed token; for
+    /// comparisons and debugging).
+    #[arg(long)]
+    pub no_token_events: bool,
 }
 
 impl TargetArgs {
@@ -71,6 +76,7 @@ impl TargetArgs {
             token_hooks: self.token_hooks,
             gpu_launches: !self.no_gpu_launches,
             gpu_launch_budget_pct: self.gpu_launch_budget,
+            token_events: !self.no_token_events,
         }
     }
 }

@@ -513,7 +513,7 @@ impl Connection {
         target.truncated |= ev.lost_bytes() > 0;
         if ev.token && !self.responses.at_token_boundary() {
             // The kernel saw one whole event where this side of the stream cannot start one
-            // (records were lost): the write's bytes count as lost.
+            // (records were lost): the write's bytes count as lost, or its event as cut.
             work.stats.bump(Counter::TokenEventsOutOfStep);
             target.truncated = true;
         }
@@ -583,6 +583,8 @@ impl Connection {
                 Merge::Replaced
             }
         };
+        // Same: the kernel has it (a write it captured whole by design, the first after a head
+        // or a miss, or one that came before the install).
         if merge != Merge::Same
             && let Some(template) = self.template.as_deref()
         {

@@ -303,6 +303,7 @@ counters! {
     RecordsNotServerConnection => "records_not_server_connection": Total,
     RecordsUntracedProcess => "records_untraced_process": Loss,
     RingbufRecords => "ringbuf_records": Total,
+    RingbufBytes => "ringbuf_bytes": Total,
     FdLookups => "fd_lookups": Total,
     MetricsScrapeRequestsHidden => "metrics_scrape_requests_hidden": Total,
     OpenConnections => "open_connections": Gauge,

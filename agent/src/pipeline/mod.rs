@@ -49,6 +49,9 @@ pub struct PipelineConfig {
     /// Share (percent) of a process's time its launch probes may cost before they are paused
     /// (see `LaunchBudget`; 0: never paused).
     pub gpu_launch_budget_pct: f64,
+    /// Let the kernel summarise recognised token events (see `docs/src/token-events.md`);
+    /// off, every response write is captured in full.
+    pub token_events: bool,
 }
 
 /// The launch budget unless the user sets another.
@@ -64,6 +67,7 @@ impl PipelineConfig {
             token_hooks: false,
             gpu_launches: true,
             gpu_launch_budget_pct: DEFAULT_LAUNCH_BUDGET_PCT,
+            token_events: true,
         }
     }
 }
@@ -105,6 +109,9 @@ pub struct Pipeline {
     ringbuf_drops: u64,
     /// Ring-buffer records read (a plain field: it counts every record).
     records_read: u64,
+    /// Ring-buffer bytes those records took, the ring's 8-byte record header and padding
+    /// included: what sizing the ring is about.
+    ring_bytes_read: u64,
     /// Engine metrics scraping and the arrival join (with `PipelineConfig::metrics`).
     scraper: Option<MetricsScraper>,
     engine_metrics: EngineMetrics,
@@ -199,6 +206,7 @@ impl Pipeline {
             steps: Vec::new(),
             ringbuf_drops: 0,
             records_read: 0,
+            ring_bytes_read: 0,
             user_probes: None,
             late: LateAttach::default(),
             identities: Identities::default(),
@@ -645,6 +653,7 @@ impl Pipeline {
             steps,
             ringbuf_drops,
             records_read,
+            ring_bytes_read,
             engine_metrics,
             stitcher,
             ipc,
@@ -656,8 +665,10 @@ impl Pipeline {
             launches,
             stub_names,
             budget,
+            config,
             ..
         } = self;
+        let token_events = config.token_events;
         let mut adopted = false;
         let mut over_limit: Vec<u32> = Vec::new();
         let mut ignore: Vec<(u32, i32, u64)> = Vec::new();
@@ -702,6 +713,7 @@ impl Pipeline {
                 break;
             };
             *records_read += 1;
+            *ring_bytes_read += (item.len() as u64 + 8).next_multiple_of(8);
             match records::parse(&item) {
                 Err(e) => stats.bump(e.counter()),
                 Ok(CapturedEvent::Adopted { tgid, port }) => {
@@ -766,7 +778,8 @@ impl Pipeline {
         for (tgid, fd, conn_gen) in classifier.new_ipc.drain(..) {
             probes.keep_whole(tgid, fd, conn_gen);
         }
-        for update in tracker.take_templates() {
+        let templates = tracker.take_templates();
+        for update in templates.into_iter().filter(|_| token_events) {
             let template = &update.template;
             let side = |bytes, mask| TemplateSide { bytes, mask };
             match kernel_template(
@@ -812,6 +825,7 @@ impl Pipeline {
             all.extend(user.stats().iter());
         }
         all.push((Counter::RingbufRecords, self.records_read));
+        all.push((Counter::RingbufBytes, self.ring_bytes_read));
         if let Some(scraper) = &self.scraper {
             all.extend(scraper.counters());
             all.push((

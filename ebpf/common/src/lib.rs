@@ -186,7 +186,7 @@ pub struct CompactWriteRecord {
 }
 
 /// Bytes of one side (prefix or suffix) of a [`StreamTemplate`], in 8-byte words.
-pub const TEMPLATE_WORDS: usize = 24;
+pub const TEMPLATE_WORDS: usize = 32;
 /// Bytes of one side of a [`StreamTemplate`].
 pub const TEMPLATE_BYTES: usize = TEMPLATE_WORDS * 8;
 /// Longest token text (the bytes between a template's prefix and suffix) the kernel checks.
@@ -203,12 +203,16 @@ pub const TOKEN_WRITE_MAX: usize = 2 * TEMPLATE_BYTES + TOKEN_TEXT_MAX + 16;
 #[derive(Clone, Copy, Debug)]
 pub struct StreamTemplate {
     pub conn_gen: u64,
+    /// Changes with every install: a reader that sees it change knows the value under it was
+    /// rewritten while it compared.
+    pub version: u32,
     pub prefix_len: u16,
     pub suffix_len: u16,
-    /// Kernel-owned: 0 after a response head, 1 once the response's first body write went out
-    /// in full (it carries the response's id, which user space reads once per response).
+    /// Kernel-owned: 0 after a response head or a write the template did not match, 1 once
+    /// the next write went out whole (the first body write carries the response's id, which
+    /// user space reads once per response).
     pub armed: u8,
-    pub _pad: [u8; 3],
+    pub _pad: [u8; 7],
     pub prefix: [u64; TEMPLATE_WORDS],
     pub prefix_mask: [u64; TEMPLATE_WORDS],
     pub suffix: [u64; TEMPLATE_WORDS],

@@ -218,29 +218,49 @@ impl ResponseDecoder {
     }
 
     /// A write of `len` bytes that capture recognised as one whole token event of this
-    /// connection's template (one chunk, one content event) and did not copy. If this side of
-    /// the stream is not between events, the two views disagree: the bytes count as lost.
+    /// connection's template (one chunk, one content event) and did not copy. Where this side
+    /// of the stream is at a chunk boundary but inside an event (a previous chunk left a line
+    /// of it), the event is reported cut; elsewhere the two views disagree (records were
+    /// lost) and the bytes count as lost. It decodes as a content event exactly where
+    /// [`Self::at_token_boundary`] held.
     pub fn feed_token(&mut self, ts_ns: u64, len: u64, out: &mut Vec<ResponseEvent>) {
-        if self.at_token_boundary()
-            && let State::Body(inflight) = &mut self.state
-        {
+        let at_chunk = matches!(&self.state, State::Body(inflight)
+            if inflight.event_stream
+                && matches!(&inflight.framing, Framing::Chunked(dec) if dec.at_chunk_start()));
+        if !at_chunk {
+            self.feed(
+                Chunk {
+                    bytes: &[],
+                    lost: len,
+                    ts_ns,
+                },
+                out,
+            );
+            return;
+        }
+        let idle = self.sse.is_idle();
+        if let State::Body(inflight) = &mut self.state {
             inflight.wire_bytes = inflight.wire_bytes.saturating_add(len);
             inflight.payload_bytes = inflight.payload_bytes.saturating_add(chunk_data_len(len));
-            out.push(ResponseEvent::Sse(SseEvent {
+        }
+        let event = if idle {
+            SseEvent {
                 ts_ns,
                 content: true,
                 ..SseEvent::default()
-            }));
-            return;
-        }
-        self.feed(
-            Chunk {
-                bytes: &[],
-                lost: len,
+            }
+        } else {
+            // The chunk ends the event a previous chunk began: what that part held is unknown
+            // here, so the event is cut, as for bytes lost at a chunk boundary.
+            self.sse.clear();
+            SseEvent {
                 ts_ns,
-            },
-            out,
-        );
+                json_error: true,
+                lost: true,
+                ..SseEvent::default()
+            }
+        };
+        out.push(ResponseEvent::Sse(event));
     }
 
     /// Says whether the next response answers a HEAD request (the response alone cannot tell,
@@ -1114,6 +1134,32 @@ mod tests {
             out.iter()
                 .all(|e| !matches!(e, ResponseEvent::Sse(s) if s.content))
         );
+    }
+
+    #[test]
+    fn a_token_write_ending_an_event_a_previous_chunk_began_is_a_cut_event() {
+        let writes = llama_writes();
+        let mut d = ResponseDecoder::new(Limits::default());
+        let mut out = Vec::new();
+        d.feed(chunk(&writes[0], 0), &mut out);
+        // A chunk with only an `event:` line: the framer is inside an event.
+        d.feed(chunk(&http_chunk("event: message\n"), 0), &mut out);
+        assert!(!d.at_token_boundary());
+        out.clear();
+        d.feed_token(7, writes[2].len() as u64, &mut out);
+        assert_eq!(
+            out,
+            vec![ResponseEvent::Sse(SseEvent {
+                ts_ns: 7,
+                json_error: true,
+                lost: true,
+                ..SseEvent::default()
+            })]
+        );
+        // Framing holds: the next events decode.
+        out.clear();
+        d.feed(chunk(&writes[2], 8), &mut out);
+        assert!(matches!(&out[..], [ResponseEvent::Sse(s)] if s.content));
     }
 
     #[test]

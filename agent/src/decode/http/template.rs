@@ -8,7 +8,7 @@
 use super::sse::{RawEvent, SseFramer};
 
 /// Longest prefix or suffix a template may have (the kernel's `TEMPLATE_BYTES`).
-pub const TEMPLATE_SIDE_MAX: usize = 192;
+pub const TEMPLATE_SIDE_MAX: usize = 256;
 /// Longest token text the kernel checks (the kernel's `TOKEN_TEXT_MAX`).
 pub const TOKEN_TEXT_MAX: usize = 64;
 
@@ -80,11 +80,14 @@ impl TokenTemplate {
     }
 
     /// Folds `other` (learned from a later event) in: positions where both hold different
-    /// letters or digits become free; any other difference replaces the template.
+    /// letters or digits inside a JSON string value or number (ids, timestamps, indexes)
+    /// become free; any other difference (a key, a literal such as `null`, structure, a
+    /// length) replaces the template.
     pub fn merge(&mut self, other: &Self) -> Merge {
         let widened = match (
-            merged_side(&self.prefix, &self.prefix_mask, &other.prefix),
-            merged_side(&self.suffix, &self.suffix_mask, &other.suffix),
+            merged_side(&self.prefix, &self.prefix_mask, &other.prefix, 0),
+            // The suffix begins with the text's closing quote.
+            merged_side(&self.suffix, &self.suffix_mask, &other.suffix, 1),
         ) {
             (Some(prefix_mask), Some(suffix_mask)) => {
                 let changed = prefix_mask != self.prefix_mask || suffix_mask != self.suffix_mask;
@@ -147,24 +150,72 @@ impl TokenTemplate {
 }
 
 /// The mask of one side after meeting `other`, or `None` when the two cannot share a template.
-fn merged_side(bytes: &[u8], mask: &[u8], other: &[u8]) -> Option<Vec<u8>> {
-    if bytes.len() != other.len() {
+fn merged_side(bytes: &[u8], mask: &[u8], other: &[u8], skip: usize) -> Option<Vec<u8>> {
+    if bytes.len() != other.len() || bytes.len() < skip {
         return None;
     }
+    let values = |side: &[u8]| {
+        let mut values = vec![false; skip];
+        values.extend(value_positions(&side[skip..]));
+        values
+    };
+    let (values, other_values) = (values(bytes), values(other));
     bytes
         .iter()
         .zip(other)
         .zip(mask)
-        .map(|((&a, &b), &m)| {
+        .enumerate()
+        .map(|(i, ((&a, &b), &m))| {
             if a == b || m == 0 {
                 Some(m)
-            } else if a.is_ascii_alphanumeric() && b.is_ascii_alphanumeric() {
+            } else if a.is_ascii_alphanumeric()
+                && b.is_ascii_alphanumeric()
+                && values[i]
+                && other_values[i]
+            {
                 Some(0)
             } else {
                 None
             }
         })
         .collect()
+}
+
+/// Which bytes of a template side lie inside a JSON string value (not a key) or are digits
+/// outside strings (numbers): the only bytes a merge may free. `side` starts outside a string
+/// (the prefix at `data:`, the suffix past the text's closing quote).
+fn value_positions(side: &[u8]) -> Vec<bool> {
+    let mut values = vec![false; side.len()];
+    let mut i = 0;
+    while let Some(&b) = side.get(i) {
+        match b {
+            b'"' => {
+                let start = i + 1;
+                let mut end = start;
+                while let Some(&c) = side.get(end) {
+                    if c == b'"' {
+                        break;
+                    }
+                    end += if c == b'\\' { 2 } else { 1 };
+                }
+                let end = end.min(side.len());
+                let is_key = side
+                    .get(end + 1..)
+                    .and_then(|rest| rest.iter().find(|c| !c.is_ascii_whitespace()))
+                    == Some(&b':');
+                if !is_key {
+                    values[start..end].fill(true);
+                }
+                i = end + 1;
+            }
+            b'0'..=b'9' => {
+                values[i] = true;
+                i += 1;
+            }
+            _ => i += 1,
+        }
+    }
+    values
 }
 
 #[cfg(test)]
@@ -219,6 +270,27 @@ mod tests {
         let shifted = TokenTemplate::learn(shifted.as_bytes()).unwrap();
         assert_eq!(t.merge(&shifted), Merge::Replaced);
         assert_eq!(t, shifted);
+    }
+
+    #[test]
+    fn keys_and_literals_are_never_freed() {
+        let event = String::from_utf8(vllm_event("a1", 100, "Hi")).unwrap();
+        let mut t = TokenTemplate::learn(event.as_bytes()).unwrap();
+        // `null` against `true`: letters, but a literal, not a value string.
+        let literal = event.replace("\"logprobs\":null", "\"logprobs\":true");
+        let literal = TokenTemplate::learn(literal.as_bytes()).unwrap();
+        assert_eq!(t.clone().merge(&literal), Merge::Replaced);
+        // A key's letters.
+        let key = event.replace("\"logprobs\"", "\"logprobz\"");
+        let key = TokenTemplate::learn(key.as_bytes()).unwrap();
+        assert_eq!(t.merge(&key), Merge::Replaced);
+        assert_eq!(value_positions(b"{\"ab\":\"cd\",\"n\":12}"), {
+            let mut v = vec![false; 18];
+            for i in [7, 8, 15, 16] {
+                v[i] = true;
+            }
+            v
+        });
     }
 
     #[test]

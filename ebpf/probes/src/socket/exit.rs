@@ -10,7 +10,7 @@ use inferscope_common::{
     FLAG_COPY_FAILED, FLAG_TOKEN, FLAG_TRUNCATED, RecordType, SyscallKind, SyscallRecord, fd_key,
 };
 
-use super::{copy::copy_payload, enter::close_fd};
+use super::{copy::copy_payload, enter::close_fd, token::Verdict};
 use crate::{
     counters::bump,
     ctx::field,
@@ -153,15 +153,18 @@ fn emit_syscall(tgid: u32, tid: u32, fd: i32, ret: i64, inflight: &Inflight) -> 
         let p = &scratch.payload;
         p[0] == b'H' && p[1] == b'T' && p[2] == b'T' && p[3] == b'P' && p[4] == b'/'
     };
+    let mut arm = false;
     if kind == SyscallKind::Write as u8 && inflight.conn_id != 0 && ret > 0 {
         let key = fd_key(tgid, fd);
         if head {
             super::token::on_head(key, inflight.conn_id);
-        } else if flags == 0
-            && captured as i64 == ret
-            && super::token::is_token(key, inflight.conn_id, &scratch.payload, captured)
-        {
-            return emit_token(tgid, fd, ret as u32, inflight, scratch);
+        } else {
+            let whole = flags == 0 && captured as i64 == ret;
+            match super::token::classify(key, inflight.conn_id, &scratch.payload, captured, whole) {
+                Verdict::Token => return emit_token(tgid, fd, ret as u32, inflight, scratch),
+                Verdict::Arm => arm = whole,
+                Verdict::NoTemplate | Verdict::Miss => {}
+            }
         }
     }
     // Adaptive capture: behind a filling ring, response writes other than heads keep only a
@@ -169,6 +172,7 @@ fn emit_syscall(tgid: u32, tid: u32, fd: i32, ret: i64, inflight: &Inflight) -> 
     // text, not requests.
     if kind == SyscallKind::Write as u8
         && !head
+        && !arm
         && ret > 0
         && ret <= u32::MAX as i64
         && crate::ringbuf::may_cut(tgid, fd, inflight)
@@ -206,6 +210,8 @@ fn emit_syscall(tgid: u32, tid: u32, fd: i32, ret: i64, inflight: &Inflight) -> 
     };
     if !super::copy::emit_chunks(scratch, captured, inflight) {
         crate::conn_seq::lost(key, head);
+    } else if arm {
+        super::token::arm(key, inflight.conn_id);
     }
     Ok(())
 }

@@ -2,8 +2,14 @@
 //! full and seen what its token events look like, it installs a [`StreamTemplate`]; a response
 //! write that is exactly one chunk holding one such event then goes out as a payload-free
 //! compact record ([`FLAG_TOKEN`]): its time and size are all user space needs. Every check is
-//! exact (bytes at fixed offsets, the chunk's framing, no `"` in the token text, so the chunk
-//! cannot hold a second event); a write that fails any is captured in full, as before.
+//! exact (bytes at fixed offsets, the chunk's framing, no `"`, control byte or trailing `\` in
+//! the token text, so the chunk cannot hold a second event); a write that fails any is captured
+//! in full, as before.
+//!
+//! Arming: a connection's first body write after a response head (it carries the response's
+//! id) and the first write after any miss (it may have begun another response, e.g. a
+//! terminator and the next head in one write) are captured whole, never cut, and only once
+//! such a write went out whole is the connection armed for token records.
 use aya_ebpf::{macros::map, maps::LruHashMap};
 use inferscope_common::{
     Counter, MAX_CAPTURE_BYTES, StreamTemplate, TEMPLATE_BYTES, TEMPLATE_WORDS, TOKEN_TEXT_MAX,
@@ -25,15 +31,29 @@ const OFFSET_MASK: usize = MAX_CAPTURE_BYTES - 1;
 
 const _: () = assert!(MAX_CAPTURE_BYTES.is_power_of_two() && TOKEN_WRITE_MAX < MAX_CAPTURE_BYTES);
 
-/// A response head went out on this connection: its first body write is captured in full.
+/// A response head went out on this connection: its next write is captured in full.
 #[inline(always)]
 pub fn on_head(key: u64, conn_id: u64) {
+    set_armed(key, conn_id, 0);
+}
+
+/// The write [`classify`] answered [`Verdict::Arm`] for went out whole: the connection's next
+/// token events may go as token records.
+#[inline(always)]
+pub fn arm(key: u64, conn_id: u64) {
+    set_armed(key, conn_id, 1);
+}
+
+#[inline(always)]
+fn set_armed(key: u64, conn_id: u64, armed: u8) {
     if let Some(template) = STREAM_TEMPLATES.get_ptr_mut(key) {
-        // SAFETY: map value pointer from the lookup; a racing user-space update leaves either
-        // value, and `armed` at 0 only costs one more full capture.
+        // SAFETY: map value pointer from the lookup. An element recycled by a racing
+        // user-space update is caught by the connection check in all but a window of a few
+        // instructions; a wrong `armed` then costs one response its id (counted in user space
+        // as a response without one), never a wrong event.
         unsafe {
-            if (*template).conn_gen == conn_id {
-                (*template).armed = 0;
+            if (*template).conn_gen == conn_id && (*template).armed != armed {
+                (*template).armed = armed;
             }
         }
     }
@@ -105,13 +125,16 @@ fn masked_diff(
     diff
 }
 
-/// Whether any of the `len` (≤ [`TOKEN_TEXT_MAX`]) bytes from `start` is a `"`: a word at a
-/// time (the zero-byte test on the bytes XOR `"`; bytes past `len` are forced to a non-quote).
+/// Whether any of the `len` (≤ [`TOKEN_TEXT_MAX`]) bytes from `start` is a `"` or a control
+/// byte (below 0x20: a raw newline could end the event): a word at a time (the zero-byte test
+/// on the bytes XOR `"`, the less-than test against 0x20; bytes past `len` are forced to `A`).
 #[inline(always)]
-fn has_quote(payload: &[u8; 2 * MAX_CAPTURE_BYTES], start: usize, len: usize) -> bool {
+fn has_quote_or_control(payload: &[u8; 2 * MAX_CAPTURE_BYTES], start: usize, len: usize) -> bool {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGHS: u64 = 0x8080_8080_8080_8080;
     const QUOTES: u64 = 0x2222_2222_2222_2222;
+    const SPACES: u64 = 0x2020_2020_2020_2020;
+    const FILLER: u64 = 0x4141_4141_4141_4141;
     let cursor = Words::from(start);
     let mut found = 0u64;
     for i in 0..TOKEN_TEXT_MAX / 8 {
@@ -122,9 +145,10 @@ fn has_quote(payload: &[u8; 2 * MAX_CAPTURE_BYTES], start: usize, len: usize) ->
         } else {
             (1u64 << (taken * 8)) - 1
         };
-        let x = (cursor.word(payload, i) & keep) | (!keep & ONES);
+        let x = (cursor.word(payload, i) & keep) | (!keep & FILLER);
         let t = x ^ QUOTES;
         found |= t.wrapping_sub(ONES) & !t & HIGHS;
+        found |= x.wrapping_sub(SPACES) & !x & HIGHS;
     }
     found != 0
 }
@@ -145,7 +169,8 @@ fn chunk_line(payload: &[u8; 2 * MAX_CAPTURE_BYTES]) -> Option<(usize, usize)> {
         size = size * 16 + v as usize;
         digits = i + 1;
     }
-    if digits == 0 || digits == 4 {
+    // No token chunk is empty, and a leading zero would make two size lines of one size.
+    if digits == 0 || digits == 4 || payload[0] == b'0' {
         return None;
     }
     if byte_at(payload, digits) != b'\r' || byte_at(payload, digits + 1) != b'\n' {
@@ -154,37 +179,57 @@ fn chunk_line(payload: &[u8; 2 * MAX_CAPTURE_BYTES]) -> Option<(usize, usize)> {
     Some((digits + 2, size))
 }
 
-/// Whether the write of `len` bytes in `payload` (captured whole) is one token event of the
-/// connection's template. Counts a miss where a template applied but the write was not one.
-#[inline(always)]
-pub fn is_token(key: u64, conn_id: u64, payload: &[u8; 2 * MAX_CAPTURE_BYTES], len: usize) -> bool {
-    if len > TOKEN_WRITE_MAX {
-        return false;
-    }
-    let Some(template) = STREAM_TEMPLATES.get_ptr_mut(key) else {
-        return false;
-    };
-    // SAFETY: map value pointer from the lookup; it is read field by field, and a racing
-    // user-space update can only give a mix of two templates user space found valid for this
-    // connection, each byte checked against one of them.
-    let template = unsafe { &mut *template };
-    if template.conn_gen != conn_id {
-        return false;
-    }
-    if template.armed == 0 {
-        // The response's first body write carries its id: in full.
-        template.armed = 1;
-        return false;
-    }
-    let matched = matches(template, payload, len);
-    if !matched {
-        bump(Counter::TokenTemplateMisses);
-    }
-    matched
+/// What a response write on a connection is, for the token path.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// No template applies: the write goes as before.
+    NoTemplate,
+    /// The connection is not armed: capture this write whole (never cut), then [`arm`] it.
+    Arm,
+    /// One whole token event of the template: a token record.
+    Token,
+    /// Not a token event (counted; the connection is disarmed): the write goes as before.
+    Miss,
 }
 
-// Not inlined: a BPF subprogram has its own stack frame, and the exit program's is nearly full.
-#[inline(never)]
+/// Classifies a response write of `len` bytes (`whole`: captured whole, not cut or failed).
+#[inline(always)]
+pub fn classify(
+    key: u64,
+    conn_id: u64,
+    payload: &[u8; 2 * MAX_CAPTURE_BYTES],
+    len: usize,
+    whole: bool,
+) -> Verdict {
+    let Some(template) = STREAM_TEMPLATES.get_ptr_mut(key) else {
+        return Verdict::NoTemplate;
+    };
+    // SAFETY: map value pointer from the lookup; see `set_armed` and the re-check below for
+    // racing user-space updates.
+    let template = unsafe { &mut *template };
+    if template.conn_gen != conn_id {
+        return Verdict::NoTemplate;
+    }
+    if template.armed == 0 {
+        return Verdict::Arm;
+    }
+    let version = template.version;
+    let token = whole && len <= TOKEN_WRITE_MAX && matches(template, payload, len);
+    // SAFETY: reads of the same map value; a user-space update that recycled this element
+    // while it was compared rewrote `conn_gen` and `version` first.
+    let unchanged = unsafe {
+        core::ptr::read_volatile(&template.conn_gen) == conn_id
+            && core::ptr::read_volatile(&template.version) == version
+    };
+    if token && unchanged {
+        return Verdict::Token;
+    }
+    bump(Counter::TokenTemplateMisses);
+    template.armed = 0;
+    Verdict::Miss
+}
+
+#[inline(always)]
 fn matches(template: &StreamTemplate, payload: &[u8; 2 * MAX_CAPTURE_BYTES], len: usize) -> bool {
     let Some((line, size)) = chunk_line(payload) else {
         return false;
@@ -212,5 +257,8 @@ fn matches(template: &StreamTemplate, payload: &[u8; 2 * MAX_CAPTURE_BYTES], len
             &template.suffix,
             &template.suffix_mask,
         );
-    diff == 0 && !has_quote(payload, line + prefix, text)
+    // A trailing backslash would escape the closing quote.
+    diff == 0
+        && byte_at(payload, line + prefix + text - 1) != b'\\'
+        && !has_quote_or_control(payload, line + prefix, text)
 }
