@@ -386,6 +386,7 @@ impl Observer for DaemonObserver {
                 c.exported.load(Ordering::Relaxed),
             ),
             (Counter::OtlpSpansFailed, c.failed.load(Ordering::Relaxed)),
+            (Counter::OtlpExportCalls, c.calls.load(Ordering::Relaxed)),
             (Counter::OtlpSpansPendingOrDropped, c.unaccounted()),
             (Counter::OtlpRequestsSampledOut, self.sampled_out),
         ]);

@@ -324,6 +324,7 @@ counters! {
     OtlpSpansSubmitted => "otlp_spans_submitted": Total,
     OtlpSpansExported => "otlp_spans_exported": Total,
     OtlpSpansFailed => "otlp_spans_failed": Loss,
+    OtlpExportCalls => "otlp_export_calls": Total,
     OtlpSpansPendingOrDropped => "otlp_spans_pending_or_dropped": Gauge,
     OtlpRequestsSampledOut => "otlp_requests_sampled_out": Total,
     RecordsWriteFailed => "records_write_failed": Loss,

@@ -17,6 +17,8 @@ pub struct ExportCounters {
     pub exported: AtomicU64,
     /// Spans in batches the backend refused or that timed out.
     pub failed: AtomicU64,
+    /// Export requests sent (one per batch): spans per call says whether the exporter batches.
+    pub calls: AtomicU64,
 }
 
 impl ExportCounters {
@@ -44,6 +46,7 @@ impl<E> CountingExporter<E> {
 impl<E: SpanExporter> SpanExporter for CountingExporter<E> {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
         let n = batch.len() as u64;
+        self.counters.calls.fetch_add(1, Ordering::Relaxed);
         let result = self.inner.export(batch).await;
         let counter = if result.is_ok() {
             &self.counters.exported

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Token events summarised in the kernel (issue 26), side by side in one run, as root:
+#   1. ring records and bytes per request for a 24-token and a 1,000-token stream (8 keep-alive
+#      connections), inferscope with token events and with --no-token-events;
+#   2. the loopback SSE server at its highest rate (8 keep-alive connections, no pacing, 24
+#      tokens): requests/s with no tracer, with inferscope (token events on / off), with the
+#      agent BEFORE token events (env BEFORE=path, optional) and with the bpftrace baseline;
+#      tracer CPU per 1,000 requests and peak RSS. Variants rotate every round; medians.
+# Usage: scripts/bench/token_events.sh [ROUNDS] [REQUESTS_PER_CONNECTION]
+# Needs: cargo build --release -p inferscope -p inferscope-integration-tests --bin sse_load
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+rounds=${1:-5}; reqs=${2:-1000}; conns=8
+B=target/release
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
+
+start_tracer() {  # variant server-pid → sets $tracer ("" for none)
+  tracer=""
+  case $1 in
+    none) return ;;
+    bpftrace)
+      bpftrace scripts/bench/baseline.bt "$2" > "$work/bt.txt" 2>"$work/t.log" & tracer=$!
+      until grep -q Attaching "$work/bt.txt" "$work/t.log" 2>/dev/null; do sleep 0.1; done
+      sleep 1 ;;
+    *)
+      local bin=$B/inferscope args=()
+      [ "$1" = before ] && bin=$BEFORE
+      [ "$1" = full ] && args=(--no-token-events)
+      "$bin" record --pid "$2" --out "$work/r.jsonl" "${args[@]}" 2>"$work/t.log" & tracer=$!
+      until grep -q "attached pid=" "$work/t.log"; do sleep 0.1; done ;;
+  esac
+}
+stop_tracer() {
+  [ -n "$tracer" ] || return 0
+  kill -INT "$tracer"; wait "$tracer" || true
+}
+
+echo "== 1. ring records and bytes per request"
+for tokens in 24 1000; do
+  n=$([ "$tokens" = 24 ] && echo 500 || echo 20)
+  for variant in tokens full; do
+    port=$(free_port)
+    $B/sse_load serve --port "$port" --tokens "$tokens" & server=$!
+    sleep 0.3
+    start_tracer "$variant" "$server"
+    # Two requests per connection teach the templates (they are counted with the rest).
+    $B/sse_load load --port "$port" --connections $conns --requests 2 >/dev/null
+    sleep 1
+    $B/sse_load load --port "$port" --connections $conns --requests "$n" >/dev/null
+    sleep 1
+    stop_tracer
+    kill "$server"; wait "$server" 2>/dev/null || true
+    python3 - "$tokens" "$variant" "$((conns * n))" "$work/t.log" "$work/r.jsonl" <<'PY'
+import json, re, sys
+tokens, variant, n, log, recs = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+last = {}
+for m in re.finditer(r'counter="([a-z_]+)" value=(\d+)', open(log).read()):
+    last[m.group(1)] = int(m.group(2))
+records = [json.loads(l) for l in open(recs)]
+total = len(records)
+chunks = sum(r["output_chunks"] or 0 for r in records)
+print(f"  {tokens:>5} tokens, {variant:6}: {total} requests recorded, "
+      f"{last.get('ringbuf_records', 0) / total:.1f} records and "
+      f"{last.get('ringbuf_bytes', 0) / total / 1024:.2f} KiB of ring per request; "
+      f"token events {last.get('kernel_token_events', 0)}, misses {last.get('kernel_token_template_misses', 0)}, "
+      f"chunks per request {chunks / total:.1f}, truncated {sum(r['capture_truncated'] for r in records)}, "
+      f"incomplete {sum(1 for r in records if r['incomplete'])}")
+PY
+  done
+done
+
+echo "== 2. loopback server at its highest rate: $rounds rounds of $((conns * reqs)) requests"
+variants=(none tokens full bpftrace)
+[ -n "${BEFORE:-}" ] && variants+=(before)
+port=$(free_port)
+$B/sse_load serve --port "$port" --tokens 24 & server=$!
+sleep 0.3
+$B/sse_load load --port "$port" --connections 4 --requests 200 >/dev/null   # warm-up
+: > "$work/samples"
+for round in $(seq 1 "$rounds"); do
+  # Rotate the order every round, so drift on a shared machine hits every variant alike.
+  for i in "${!variants[@]}"; do
+    v=${variants[$(( (i + round) % ${#variants[@]} ))]}
+    start_tracer "$v" "$server"
+    c0=0; [ -n "$tracer" ] && c0=$(cpu_ticks "$tracer")
+    out=$($B/sse_load load --port "$port" --connections $conns --requests "$reqs")
+    c1=0; hwm=0
+    if [ -n "$tracer" ]; then
+      sleep 0.5
+      c1=$(cpu_ticks "$tracer"); hwm=$(awk '/VmHWM/ {print $2}' "/proc/$tracer/status")
+    fi
+    stop_tracer
+    rate=$(echo "$out" | sed -E 's/.*: ([0-9.]+) requests\/s.*/\1/')
+    echo "$v $rate $(( (c1 - c0) * 10 )) $hwm" >> "$work/samples"
+    echo "  round $round $v: $rate requests/s, tracer CPU $(( (c1 - c0) * 10 )) ms, VmHWM ${hwm} kB"
+  done
+done
+python3 - "$work/samples" "$((conns * reqs))" <<'PY'
+import statistics, sys, collections
+n = int(sys.argv[2])
+by = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    v, rate, cpu, hwm = line.split()
+    by[v].append((float(rate), int(cpu), int(hwm)))
+base = statistics.median(r for r, _, _ in by["none"])
+print(f"  {'variant':10} {'req/s (median)':>15} {'÷ no tracer':>12} {'CPU ms / 1,000 req':>19} {'peak RSS MB':>12}")
+for v, s in by.items():
+    rate = statistics.median(r for r, _, _ in s)
+    cpu = statistics.median(c for _, c, _ in s) / n * 1000
+    rss = max(h for _, _, h in s) / 1024
+    print(f"  {v:10} {rate:15.0f} {rate / base:12.3f} {cpu:19.0f} {rss:12.1f}")
+PY
