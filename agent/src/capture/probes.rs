@@ -123,8 +123,8 @@ pub struct SocketProbes {
     fd_verdicts: HashMap<MapData, u64, u64>,
     /// (tgid, fd) → connection id carrying engine IPC, never cut under back-pressure.
     keep_whole: HashMap<MapData, u64, u64>,
-    /// (tgid, fd) → the connection's token event template (an LRU map).
-    stream_templates: HashMap<MapData, u64, StreamTemplate>,
+    /// tgid → the process's token event template (connections copy it at their heads).
+    process_templates: HashMap<MapData, u32, StreamTemplate>,
     /// Stamped on each installed template, so the kernel can tell a value rewritten under it.
     template_version: u32,
     /// (tgid, fd) → connection, written by the kernel at accept; user space adds only the
@@ -317,8 +317,8 @@ impl SocketProbes {
             HashMap::try_from(take_map(&mut ebpf, "FD_VERDICT")?).map_err(map_err("FD_VERDICT"))?;
         let keep_whole =
             HashMap::try_from(take_map(&mut ebpf, "KEEP_WHOLE")?).map_err(map_err("KEEP_WHOLE"))?;
-        let stream_templates = HashMap::try_from(take_map(&mut ebpf, "STREAM_TEMPLATES")?)
-            .map_err(map_err("STREAM_TEMPLATES"))?;
+        let process_templates = HashMap::try_from(take_map(&mut ebpf, "PROCESS_TEMPLATES")?)
+            .map_err(map_err("PROCESS_TEMPLATES"))?;
         let large_capture = HashMap::try_from(take_map(&mut ebpf, "LARGE_CAPTURE")?)
             .map_err(map_err("LARGE_CAPTURE"))?;
         let counters =
@@ -342,7 +342,7 @@ impl SocketProbes {
             ports,
             fd_verdicts,
             keep_whole,
-            stream_templates,
+            process_templates,
             template_version: 0,
             conns,
             lost_closes,
@@ -399,6 +399,7 @@ impl SocketProbes {
         let _ = set_bit(&mut self.targets, tgid, false);
         let _ = set_bit(&mut self.unknown_fds, tgid, false);
         let _ = set_bit(&mut self.verdict_pids, tgid, false);
+        let _ = self.process_templates.remove(&tgid);
     }
 
     /// Whether fds of `tgid` the kernel does not know as connections are captured too (for
@@ -474,16 +475,17 @@ impl SocketProbes {
         }
     }
 
-    /// Installs the token event template of connection `conn_gen` on `fd`: its writes that are
-    /// one whole token event of it then go out as payload-free token records.
-    pub fn set_stream_template(&mut self, tgid: u32, fd: i32, template: &StreamTemplate) {
+    /// Installs process `tgid`'s token event template: each of its connections takes it at
+    /// its next response head, and then sends writes that are one whole token event of it as
+    /// payload-free token records.
+    pub fn set_process_template(&mut self, tgid: u32, template: &StreamTemplate) {
         self.template_version = self.template_version.wrapping_add(1);
         let template = StreamTemplate {
             version: self.template_version,
             ..*template
         };
-        if let Err(e) = self.stream_templates.insert(fd_key(tgid, fd), template, 0) {
-            debug!("pid {tgid}: cannot install a token template for fd {fd}: {e}");
+        if let Err(e) = self.process_templates.insert(tgid, template, 0) {
+            debug!("pid {tgid}: cannot install its token template: {e}");
         }
     }
 

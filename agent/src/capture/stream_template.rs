@@ -10,8 +10,9 @@ pub struct TemplateSide<'a> {
     pub mask: &'a [u8],
 }
 
-/// The kernel's template for connection `conn_gen`, or `None` when a side does not fit (or
-/// its mask does not cover it).
+/// The kernel's template for connection `conn_gen` (0 for a process's template, which the
+/// kernel copies per connection), or `None` when a side does not fit (or its mask does not
+/// cover it).
 pub fn kernel_template(
     conn_gen: u64,
     prefix: TemplateSide<'_>,
@@ -26,7 +27,7 @@ pub fn kernel_template(
         // The kernel arms it at the connection's next body write: a response already under
         // way has its id decoded by then.
         armed: 0,
-        // Set per install by `SocketProbes::set_stream_template`.
+        // Set per install by `SocketProbes::set_process_template`.
         version: 0,
         _pad: [0; 7],
         prefix: prefix_words,

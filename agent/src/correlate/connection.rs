@@ -11,8 +11,7 @@ use std::collections::VecDeque;
 use crate::{
     capture::SyscallEvent,
     decode::http::{
-        Chunk, Limits, Merge, ParseError, RequestDecoder, RequestEvent, ResponseDecoder,
-        ResponseEvent, TokenTemplate,
+        Chunk, Limits, ParseError, RequestDecoder, RequestEvent, ResponseDecoder, ResponseEvent,
     },
     model::EndedBy,
 };
@@ -99,8 +98,6 @@ pub struct Connection {
     pub last_event_ns: u64,
     /// The client began with the HTTP/2 preface: every syscall goes to HTTP/2 decoding.
     h2: Option<Box<H2Connection>>,
-    /// The token event template installed in the kernel for this connection.
-    template: Option<Box<TokenTemplate>>,
 }
 
 impl Connection {
@@ -140,7 +137,6 @@ impl Connection {
             dropped_tail: 0,
             last_event_ns: 0,
             h2: None,
-            template: None,
         }
     }
 
@@ -533,30 +529,17 @@ impl Connection {
             self.responses
                 .feed_token(ev.ts_enter_ns, ev.ret as u64, &mut events);
         } else {
-            if ev.conn_gen != 0 && self.template.is_none() {
+            if ev.conn_gen != 0 {
                 // Capture can summarise this connection's token events once it knows them.
                 self.responses.set_learn_templates(true);
             }
             self.responses.feed(chunk, &mut events);
             if let Some(learned) = self.responses.take_template() {
-                self.install_template(learned, ev, work);
-            } else if self.template.is_none()
-                && ev.conn_gen != 0
-                && let Some(seed) = work.process_template
-                && events.iter().any(|e| {
-                    matches!(
-                        e,
-                        ResponseEvent::Head {
-                            event_stream: true,
-                            chunked: true,
-                            ..
-                        }
-                    )
-                })
-            {
-                // A stream begins on a connection that has not learned one: start it with the
-                // process's template.
-                self.install_template(seed.clone(), ev, work);
+                // The process's template is the tracker's to merge and install.
+                work.templates.push(TemplateUpdate {
+                    tgid: ev.tgid,
+                    template: learned,
+                });
             }
         }
         for event in events.drain(..) {
@@ -566,36 +549,6 @@ impl Connection {
         }
         events.clear();
         *work.response_events = events;
-    }
-
-    /// Folds a template learned from this connection's writes into the installed one; what
-    /// changed goes to the kernel.
-    fn install_template(
-        &mut self,
-        learned: TokenTemplate,
-        ev: &SyscallEvent<'_>,
-        work: &mut Work<'_>,
-    ) {
-        let merge = match self.template.as_mut() {
-            Some(template) => template.merge(&learned),
-            None => {
-                self.template = Some(Box::new(learned));
-                Merge::Replaced
-            }
-        };
-        // Same: the kernel has it (a write it captured whole by design, the first after a head
-        // or a miss, or one that came before the install).
-        if merge != Merge::Same
-            && let Some(template) = self.template.as_deref()
-        {
-            work.stats.bump(Counter::TokenTemplatesInstalled);
-            work.templates.push(TemplateUpdate {
-                tgid: ev.tgid,
-                fd: ev.fd,
-                conn_gen: ev.conn_gen,
-                template: template.clone(),
-            });
-        }
     }
 
     /// Applies one response event; false when framing was lost and the rest of the batch must

@@ -54,15 +54,42 @@ pub struct Peer {
     pub preexisting: bool,
 }
 
-/// A connection's token event template, for capture: it summarises writes of that connection
-/// that match it (see `docs/src/token-events.md`).
+/// A process's token event template: learned from one of its writes (from a connection), or
+/// merged and due for capture, which summarises writes that match it (see
+/// `docs/src/token-events.md`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TemplateUpdate {
     pub tgid: u32,
-    pub fd: i32,
-    /// The connection the template belongs to; a reused fd never inherits it.
-    pub conn_gen: u64,
     pub template: crate::decode::http::TokenTemplate,
+}
+
+/// Folds a template learned from one write into its process's; a change is due for capture.
+/// `Same` (the common case: a write captured whole by design, the first after a head or a
+/// miss, or one from before the install) costs nothing.
+fn merge_process_template(
+    templates: &mut FxHashMap<u32, crate::decode::http::TokenTemplate>,
+    due: &mut Vec<TemplateUpdate>,
+    stats: &mut Stats,
+    learned: TemplateUpdate,
+) {
+    use crate::decode::http::Merge;
+    let merge = match templates.get_mut(&learned.tgid) {
+        Some(template) => template.merge(&learned.template),
+        None => {
+            templates.insert(learned.tgid, learned.template.clone());
+            Merge::Replaced
+        }
+    };
+    if merge != Merge::Same
+        && let Some(template) = templates.get(&learned.tgid)
+    {
+        stats.bump(Counter::TokenTemplatesInstalled);
+        due.retain(|u| u.tgid != learned.tgid);
+        due.push(TemplateUpdate {
+            tgid: learned.tgid,
+            template: template.clone(),
+        });
+    }
 }
 
 /// A connection in user space: (tgid, [`SyscallEvent::conn_key`]).
@@ -80,12 +107,13 @@ pub struct Tracker {
     last_loss_ns: u64,
     /// Connections that turned out not to be HTTP: capture should stop copying their bytes.
     to_ignore: Vec<(u32, i32, u64)>,
-    /// Token event templates for capture to install.
+    /// Templates learned from writes since the last merge.
     templates: Vec<TemplateUpdate>,
-    /// Each process's latest template: a new connection of it starts with it (clients that
-    /// open a connection per request never see a second event on one connection to learn
-    /// from). One per traced process.
+    /// Each process's template, merged from what its connections learned. One per traced
+    /// process.
     process_templates: FxHashMap<u32, crate::decode::http::TokenTemplate>,
+    /// Process templates that changed, for capture to install.
+    templates_due: Vec<TemplateUpdate>,
     /// Decoder output buffers, shared by all connections (one connection is fed at a time).
     request_events: Vec<RequestEvent>,
     response_events: Vec<ResponseEvent>,
@@ -102,8 +130,6 @@ pub(crate) struct Work<'a> {
     pub out: &'a mut Vec<RequestRecord>,
     pub to_ignore: &'a mut Vec<(u32, i32, u64)>,
     pub templates: &'a mut Vec<TemplateUpdate>,
-    /// The process's latest token event template, for a connection that has none yet.
-    pub process_template: Option<&'a crate::decode::http::TokenTemplate>,
     pub request_events: &'a mut Vec<RequestEvent>,
     pub response_events: &'a mut Vec<ResponseEvent>,
     /// Requests that finished arriving, in order: (reading thread, sequence number). Several
@@ -131,6 +157,7 @@ impl Tracker {
             to_ignore: Vec::new(),
             templates: Vec::new(),
             process_templates: FxHashMap::default(),
+            templates_due: Vec::new(),
             request_events: Vec::new(),
             response_events: Vec::new(),
             read_complete: Vec::new(),
@@ -288,24 +315,24 @@ impl Tracker {
             out,
             to_ignore: &mut self.to_ignore,
             templates: &mut self.templates,
-            process_template: self.process_templates.get(&ev.tgid),
             request_events: &mut self.request_events,
             response_events: &mut self.response_events,
             read_complete: &mut self.read_complete,
             response_started: None,
         };
-        let templates_before = work.templates.len();
         if read {
             conn.on_read(ev, &mut self.arrivals, ctx, &mut work);
         } else {
             conn.on_write(ev, ctx, &mut work);
         }
         let response_started = work.response_started;
-        if self.templates.len() > templates_before
-            && let Some(update) = self.templates.last()
-        {
-            self.process_templates
-                .insert(ev.tgid, update.template.clone());
+        for learned in self.templates.drain(..) {
+            merge_process_template(
+                &mut self.process_templates,
+                &mut self.templates_due,
+                &mut self.stats,
+                learned,
+            );
         }
         if let Some((tid, seq)) = response_started {
             self.joins
@@ -455,10 +482,10 @@ impl Tracker {
         })
     }
 
-    /// Token event templates learned since the last call, for capture to install per
-    /// connection (the latest per connection wins).
+    /// Process templates that changed since the last call, for capture to install (the
+    /// latest per process wins).
     pub fn take_templates(&mut self) -> Vec<TemplateUpdate> {
-        std::mem::take(&mut self.templates)
+        std::mem::take(&mut self.templates_due)
     }
 
     /// fds whose capture should stop (not HTTP, or framing lost for good).

@@ -783,11 +783,11 @@ impl Pipeline {
             let template = &update.template;
             let side = |bytes, mask| TemplateSide { bytes, mask };
             match kernel_template(
-                update.conn_gen,
+                0,
                 side(&template.prefix, &template.prefix_mask),
                 side(&template.suffix, &template.suffix_mask),
             ) {
-                Some(kernel) => probes.set_stream_template(update.tgid, update.fd, &kernel),
+                Some(kernel) => probes.set_process_template(update.tgid, &kernel),
                 None => stats.bump(Counter::TokenTemplatesRefused),
             }
         }

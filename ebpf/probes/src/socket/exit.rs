@@ -157,7 +157,7 @@ fn emit_syscall(tgid: u32, tid: u32, fd: i32, ret: i64, inflight: &Inflight) -> 
     if kind == SyscallKind::Write as u8 && inflight.conn_id != 0 && ret > 0 {
         let key = fd_key(tgid, fd);
         if head {
-            super::token::on_head(key, inflight.conn_id);
+            super::token::on_head(tgid, key, inflight.conn_id);
         } else {
             let whole = flags == 0 && captured as i64 == ret;
             match super::token::classify(key, inflight.conn_id, &scratch.payload, captured, whole) {

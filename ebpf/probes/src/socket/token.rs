@@ -1,5 +1,7 @@
-//! Token events summarised in the kernel. Once user space has decoded a connection's stream in
-//! full and seen what its token events look like, it installs a [`StreamTemplate`]; a response
+//! Token events summarised in the kernel. Once user space has decoded a process's stream in
+//! full and seen what its token events look like, it installs the process's
+//! [`StreamTemplate`]; each connection of the process takes a copy at its next response head
+//! (so a new connection needs nothing from user space, however far behind it is); a response
 //! write that is exactly one chunk holding one such event then goes out as a payload-free
 //! compact record ([`FLAG_TOKEN`]): its time and size are all user space needs. Every check is
 //! exact (bytes at fixed offsets, the chunk's framing, no `"`, control byte or trailing `\` in
@@ -10,7 +12,10 @@
 //! id) and the first write after any miss (it may have begun another response, e.g. a
 //! terminator and the next head in one write) are captured whole, never cut, and only once
 //! such a write went out whole is the connection armed for token records.
-use aya_ebpf::{macros::map, maps::LruHashMap};
+use aya_ebpf::{
+    macros::map,
+    maps::{HashMap, LruHashMap, PerCpuArray},
+};
 use inferscope_common::{
     Counter, MAX_CAPTURE_BYTES, StreamTemplate, TEMPLATE_BYTES, TEMPLATE_WORDS, TOKEN_TEXT_MAX,
     TOKEN_WRITE_MAX,
@@ -25,16 +30,47 @@ use crate::counters::bump;
 pub static STREAM_TEMPLATES: LruHashMap<u64, StreamTemplate> =
     LruHashMap::with_max_entries(4096, 0);
 
+/// Per tgid: the process's template, from user space; `conn_gen` unused, `version` names it.
+#[map]
+pub static PROCESS_TEMPLATES: HashMap<u32, StreamTemplate> = HashMap::with_max_entries(1024, 0);
+
+/// Where a connection's copy of its process's template is made (too large for the stack).
+#[map]
+static TEMPLATE_SCRATCH: PerCpuArray<StreamTemplate> = PerCpuArray::with_max_entries(1, 0);
+
 /// Offsets into the scratch payload stay below this (the buffer holds two capture windows, so
 /// an 8-byte read at any masked offset stays inside).
 const OFFSET_MASK: usize = MAX_CAPTURE_BYTES - 1;
 
 const _: () = assert!(MAX_CAPTURE_BYTES.is_power_of_two() && TOKEN_WRITE_MAX < MAX_CAPTURE_BYTES);
 
-/// A response head went out on this connection: its next write is captured in full.
+/// A response head went out on this connection: its next write is captured in full, and the
+/// connection takes its process's current template if it has not got it yet.
 #[inline(always)]
-pub fn on_head(key: u64, conn_id: u64) {
-    set_armed(key, conn_id, 0);
+pub fn on_head(tgid: u32, key: u64, conn_id: u64) {
+    // SAFETY: map value pointer from the lookup, read-only here.
+    let Some(process) = (unsafe { PROCESS_TEMPLATES.get(&tgid) }) else {
+        return;
+    };
+    if let Some(template) = STREAM_TEMPLATES.get_ptr_mut(key) {
+        // SAFETY: map value pointer from the lookup (see `set_armed`).
+        unsafe {
+            if (*template).conn_gen == conn_id && (*template).version == process.version {
+                (*template).armed = 0;
+                return;
+            }
+        }
+    }
+    let Some(copy) = TEMPLATE_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: a per-CPU map value, only used here and not across a helper that could nest.
+    unsafe {
+        core::ptr::copy_nonoverlapping(process as *const StreamTemplate, copy, 1);
+        (*copy).conn_gen = conn_id;
+        (*copy).armed = 0;
+        let _ = STREAM_TEMPLATES.insert(&key, &*copy, 0);
+    }
 }
 
 /// The write [`classify`] answered [`Verdict::Arm`] for went out whole: the connection's next
