@@ -49,7 +49,7 @@ const _: () = assert!(MAX_CAPTURE_BYTES.is_power_of_two() && TOKEN_WRITE_MAX < M
 #[inline(always)]
 pub fn on_head(tgid: u32, key: u64, conn_id: u64) {
     // SAFETY: map value pointer from the lookup, read-only here.
-    let Some(process) = (unsafe { PROCESS_TEMPLATES.get(&tgid) }) else {
+    let Some(process) = (unsafe { PROCESS_TEMPLATES.get(tgid) }) else {
         return;
     };
     if let Some(template) = STREAM_TEMPLATES.get_ptr_mut(key) {
