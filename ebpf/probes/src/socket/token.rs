@@ -69,7 +69,7 @@ pub fn on_head(tgid: u32, key: u64, conn_id: u64) {
         core::ptr::copy_nonoverlapping(process as *const StreamTemplate, copy, 1);
         (*copy).conn_gen = conn_id;
         (*copy).armed = 0;
-        let _ = STREAM_TEMPLATES.insert(&key, &*copy, 0);
+        let _ = STREAM_TEMPLATES.insert(key, &*copy, 0);
     }
 }
 
