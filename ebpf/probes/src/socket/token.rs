@@ -69,6 +69,8 @@ pub fn on_head(tgid: u32, key: u64, conn_id: u64) {
         core::ptr::copy_nonoverlapping(process as *const StreamTemplate, copy, 1);
         (*copy).conn_gen = conn_id;
         (*copy).armed = 0;
+        // By reference: by value, the 1 KiB template would be copied onto the 512-byte stack.
+        #[allow(clippy::needless_borrows_for_generic_args)]
         let _ = STREAM_TEMPLATES.insert(key, &*copy, 0);
     }
 }
