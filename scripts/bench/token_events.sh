@@ -2,10 +2,12 @@
 # Token events summarised in the kernel (issue 26), side by side in one run, as root:
 #   1. ring records and bytes per request for a 24-token and a 1,000-token stream (8 keep-alive
 #      connections), inferscope with token events and with --no-token-events;
-#   2. the loopback SSE server at its highest rate (8 keep-alive connections, no pacing, 24
-#      tokens): requests/s with no tracer, with inferscope (token events on / off), with the
+#   2. the loopback SSE server (8 keep-alive connections, 24 tokens) at its highest rate (no
+#      pacing): requests/s with no tracer, with inferscope (token events on / off), with the
 #      agent BEFORE token events (env BEFORE=path, optional) and with the bpftrace baseline;
-#      tracer CPU per 1,000 requests and peak RSS. Variants rotate every round; medians.
+#      then the same tracers at a paced PACED requests/s (default 3,000, which every tracer
+#      keeps up with): tracer CPU per 1,000 requests and peak RSS. Variants rotate every
+#      round; medians.
 # Usage: scripts/bench/token_events.sh [ROUNDS] [REQUESTS_PER_CONNECTION]
 # Needs: cargo build --release -p inferscope -p inferscope-integration-tests --bin sse_load
 set -euo pipefail
@@ -49,7 +51,9 @@ for tokens in 24 1000; do
     # Two requests per connection teach the templates (they are counted with the rest).
     $B/sse_load load --port "$port" --connections $conns --requests 2 >/dev/null
     sleep 1
-    $B/sse_load load --port "$port" --connections $conns --requests "$n" >/dev/null
+    # Paced, so the agent keeps up and no write is cut behind a filling ring.
+    $B/sse_load load --port "$port" --connections $conns --requests "$n" \
+      --rate "$([ "$tokens" = 24 ] && echo 2000 || echo 40)" >/dev/null
     sleep 1
     stop_tracer
     kill "$server"; wait "$server" 2>/dev/null || true
@@ -72,7 +76,8 @@ PY
   done
 done
 
-echo "== 2. loopback server at its highest rate: $rounds rounds of $((conns * reqs)) requests"
+paced=${PACED:-3000}
+echo "== 2. loopback server: $rounds rounds of $((conns * reqs)) requests, unpaced then at $paced/s"
 variants=(none tokens full bpftrace)
 [ -n "${BEFORE:-}" ] && variants+=(before)
 port=$(free_port)
@@ -85,8 +90,9 @@ for round in $(seq 1 "$rounds"); do
   for i in "${!variants[@]}"; do
     v=${variants[$(( (i + round) % ${#variants[@]} ))]}
     start_tracer "$v" "$server"
-    c0=0; [ -n "$tracer" ] && c0=$(cpu_ticks "$tracer")
     out=$($B/sse_load load --port "$port" --connections $conns --requests "$reqs")
+    c0=0; [ -n "$tracer" ] && c0=$(cpu_ticks "$tracer")
+    $B/sse_load load --port "$port" --connections $conns --requests "$reqs" --rate "$paced" >/dev/null
     c1=0; hwm=0
     if [ -n "$tracer" ]; then
       sleep 0.5
@@ -95,21 +101,21 @@ for round in $(seq 1 "$rounds"); do
     stop_tracer
     rate=$(echo "$out" | sed -E 's/.*: ([0-9.]+) requests\/s.*/\1/')
     echo "$v $rate $(( (c1 - c0) * 10 )) $hwm" >> "$work/samples"
-    echo "  round $round $v: $rate requests/s, tracer CPU $(( (c1 - c0) * 10 )) ms, VmHWM ${hwm} kB"
   done
 done
-python3 - "$work/samples" "$((conns * reqs))" <<'PY'
+python3 - "$work/samples" "$((conns * reqs))" "$paced" <<'PY'
 import statistics, sys, collections
-n = int(sys.argv[2])
+n, paced = int(sys.argv[2]), sys.argv[3]
 by = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     v, rate, cpu, hwm = line.split()
     by[v].append((float(rate), int(cpu), int(hwm)))
 base = statistics.median(r for r, _, _ in by["none"])
-print(f"  {'variant':10} {'req/s (median)':>15} {'÷ no tracer':>12} {'CPU ms / 1,000 req':>19} {'peak RSS MB':>12}")
+print(f"  {'variant':10} {'unpaced req/s':>14} {'÷ no tracer':>12} {'CPU ms/1,000 req at ' + paced + '/s':>27} {'peak RSS MB':>12}")
 for v, s in by.items():
     rate = statistics.median(r for r, _, _ in s)
     cpu = statistics.median(c for _, c, _ in s) / n * 1000
     rss = max(h for _, _, h in s) / 1024
-    print(f"  {v:10} {rate:15.0f} {rate / base:12.3f} {cpu:19.0f} {rss:12.1f}")
+    rates = ", ".join(f"{r:.0f}" for r, _, _ in s)
+    print(f"  {v:10} {rate:14.0f} {rate / base:12.3f} {cpu:27.0f} {rss:12.1f}   ({rates})")
 PY

@@ -529,7 +529,7 @@ impl Connection {
             self.responses
                 .feed_token(ev.ts_enter_ns, ev.ret as u64, &mut events);
         } else {
-            if ev.conn_gen != 0 {
+            if ev.conn_gen != 0 && work.learn_templates {
                 // Capture can summarise this connection's token events once it knows them.
                 self.responses.set_learn_templates(true);
             }

@@ -114,6 +114,8 @@ pub struct Tracker {
     process_templates: FxHashMap<u32, crate::decode::http::TokenTemplate>,
     /// Process templates that changed, for capture to install.
     templates_due: Vec<TemplateUpdate>,
+    /// Learn templates at all (off when capture does not summarise token events).
+    learn_templates: bool,
     /// Decoder output buffers, shared by all connections (one connection is fed at a time).
     request_events: Vec<RequestEvent>,
     response_events: Vec<ResponseEvent>,
@@ -130,6 +132,8 @@ pub(crate) struct Work<'a> {
     pub out: &'a mut Vec<RequestRecord>,
     pub to_ignore: &'a mut Vec<(u32, i32, u64)>,
     pub templates: &'a mut Vec<TemplateUpdate>,
+    /// Learn token event templates from this connection's writes.
+    pub learn_templates: bool,
     pub request_events: &'a mut Vec<RequestEvent>,
     pub response_events: &'a mut Vec<ResponseEvent>,
     /// Requests that finished arriving, in order: (reading thread, sequence number). Several
@@ -158,6 +162,7 @@ impl Tracker {
             templates: Vec::new(),
             process_templates: FxHashMap::default(),
             templates_due: Vec::new(),
+            learn_templates: true,
             request_events: Vec::new(),
             response_events: Vec::new(),
             read_complete: Vec::new(),
@@ -315,6 +320,7 @@ impl Tracker {
             out,
             to_ignore: &mut self.to_ignore,
             templates: &mut self.templates,
+            learn_templates: self.learn_templates,
             request_events: &mut self.request_events,
             response_events: &mut self.response_events,
             read_complete: &mut self.read_complete,
@@ -480,6 +486,11 @@ impl Tracker {
             requests: members,
             ..StepRecord::default()
         })
+    }
+
+    /// Whether token event templates are learned (capture summarises token events with them).
+    pub fn set_learn_templates(&mut self, learn: bool) {
+        self.learn_templates = learn;
     }
 
     /// Process templates that changed since the last call, for capture to install (the

@@ -190,12 +190,14 @@ impl Pipeline {
         let probes = SocketProbes::load(config.capture)?;
         let classifier = FdClassifier::new(probes.sock_hook());
         let budget = LaunchBudget::new(config.gpu_launch_budget_pct);
+        let mut tracker = Tracker::new(config.limits);
+        tracker.set_learn_templates(config.token_events);
         Ok(Self {
             scraper: None,
             engine_metrics: EngineMetrics::new(prometheus::Limits::default(), 0),
             stitcher: Stitcher::default(),
             discovery: Discovery::new(config.selector.clone(), engines::identify),
-            tracker: Tracker::new(config.limits),
+            tracker,
             config,
             probes,
             classifier,

@@ -84,6 +84,10 @@ impl TokenTemplate {
     /// become free; any other difference (a key, a literal such as `null`, structure, a
     /// length) replaces the template.
     pub fn merge(&mut self, other: &Self) -> Merge {
+        // The common case, an event the template already fits, without the JSON walk.
+        if self.fits(other) {
+            return Merge::Same;
+        }
         let widened = match (
             merged_side(&self.prefix, &self.prefix_mask, &other.prefix, 0),
             // The suffix begins with the text's closing quote.
@@ -101,6 +105,20 @@ impl TokenTemplate {
             }
         };
         if widened { Merge::Widened } else { Merge::Same }
+    }
+
+    /// Whether `other`'s bytes match this template wherever its mask holds.
+    fn fits(&self, other: &Self) -> bool {
+        let side = |bytes: &[u8], mask: &[u8], other: &[u8]| {
+            bytes.len() == other.len()
+                && bytes
+                    .iter()
+                    .zip(mask)
+                    .zip(other)
+                    .all(|((a, m), b)| (a ^ b) & m == 0)
+        };
+        side(&self.prefix, &self.prefix_mask, &other.prefix)
+            && side(&self.suffix, &self.suffix_mask, &other.suffix)
     }
 
     /// Whether the event with `text` in place decodes as one content event and nothing else.
