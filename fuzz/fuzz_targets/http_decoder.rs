@@ -1,7 +1,9 @@
 //! Feeds arbitrary bytes, split at arbitrary points with arbitrary capture
 //! losses, to both HTTP decoders. Beyond "never panics" it checks that the
 //! decoders keep their documented contracts (bounded fields, silence after
-//! an error until reset).
+//! an error until reset), and that the token event templates the response
+//! decoder learns stay within the kernel's layout and merge without panics.
+//! Some syscalls are fed as the kernel's payload-free token records.
 //!
 //! Input layout: byte 0 picks limits and the number of control bytes; the
 //! control bytes then drive the syscall sizes, losses and resets; the rest is
@@ -9,7 +11,8 @@
 #![no_main]
 
 use inferscope::decode::http::{
-    Chunk, Limits, RequestDecoder, RequestEvent, ResponseDecoder, ResponseEvent,
+    Chunk, Limits, RequestDecoder, RequestEvent, ResponseDecoder, ResponseEvent, TEMPLATE_SIDE_MAX,
+    TokenTemplate,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -33,6 +36,8 @@ fuzz_target!(|data: &[u8]| {
 
     let mut req = RequestDecoder::new(limits);
     let mut resp = ResponseDecoder::new(limits);
+    resp.set_learn_templates(true);
+    let mut template: Option<TokenTemplate> = None;
     let mut req_out = Vec::new();
     let mut resp_out = Vec::new();
     let (mut req_failed, mut resp_failed) = (false, false);
@@ -69,7 +74,28 @@ fuzz_target!(|data: &[u8]| {
         };
 
         req.feed(chunk, &mut req_out);
-        resp.feed(chunk, &mut resp_out);
+        if flag_byte & 0x3f == 0x15 {
+            // The kernel summarised this write as a token event.
+            resp.feed_token(ts, now.len() as u64, &mut resp_out);
+        } else {
+            resp.feed(chunk, &mut resp_out);
+        }
+        if let Some(learned) = resp.take_template() {
+            for (bytes, mask) in [
+                (&learned.prefix, &learned.prefix_mask),
+                (&learned.suffix, &learned.suffix_mask),
+            ] {
+                assert!(bytes.len() <= TEMPLATE_SIDE_MAX && mask.len() == bytes.len());
+            }
+            match template.as_mut() {
+                Some(t) => {
+                    t.merge(&learned);
+                    assert_eq!(t.prefix_mask.len(), t.prefix.len());
+                    assert_eq!(t.suffix_mask.len(), t.suffix.len());
+                }
+                None => template = Some(learned),
+            }
+        }
         if req_failed {
             assert!(req_out.is_empty(), "request decoder spoke after an error");
         }
