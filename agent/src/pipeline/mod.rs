@@ -667,10 +667,8 @@ impl Pipeline {
             launches,
             stub_names,
             budget,
-            config,
             ..
         } = self;
-        let token_events = config.token_events;
         let mut adopted = false;
         let mut over_limit: Vec<u32> = Vec::new();
         let mut ignore: Vec<(u32, i32, u64)> = Vec::new();
@@ -780,8 +778,8 @@ impl Pipeline {
         for (tgid, fd, conn_gen) in classifier.new_ipc.drain(..) {
             probes.keep_whole(tgid, fd, conn_gen);
         }
-        let templates = tracker.take_templates();
-        for update in templates.into_iter().filter(|_| token_events) {
+        // Empty with --no-token-events: the tracker learns nothing then.
+        for update in tracker.take_templates() {
             let template = &update.template;
             let side = |bytes, mask| TemplateSide { bytes, mask };
             match kernel_template(

@@ -248,6 +248,56 @@ fn emit_compact(
     } else {
         captured
     };
+    emit_compact_record(
+        tgid,
+        fd,
+        ret,
+        keep,
+        flags,
+        Counter::CompactWrites,
+        inflight,
+        scratch,
+    )
+}
+
+/// A write the connection's template recognised as one token event: a [`CompactWriteRecord`]
+/// without payload, flagged [`FLAG_TOKEN`].
+#[inline(always)]
+fn emit_token(
+    tgid: u32,
+    fd: i32,
+    ret: u32,
+    inflight: &Inflight,
+    scratch: &mut Scratch,
+) -> Result<(), i32> {
+    emit_compact_record(
+        tgid,
+        fd,
+        ret,
+        0,
+        FLAG_TOKEN,
+        Counter::TokenEvents,
+        inflight,
+        scratch,
+    )
+}
+
+/// Sends a [`CompactWriteRecord`] with the first `keep` bytes of the scratch payload, counting
+/// `counter` once it is in the ring. The header is written into the scratch just before the
+/// payload (the exit program's stack has little room left), so header and payload go out as
+/// one contiguous record.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn emit_compact_record(
+    tgid: u32,
+    fd: i32,
+    ret: u32,
+    keep: usize,
+    flags: u16,
+    counter: Counter,
+    inflight: &Inflight,
+    scratch: &mut Scratch,
+) -> Result<(), i32> {
     let key = fd_key(tgid, fd);
     let (conn_seq, lost_heads) = crate::conn_seq::take(key, false);
     let header = CompactWriteRecord {
@@ -265,54 +315,15 @@ fn emit_compact(
     };
     let offset = size_of::<SyscallRecord>() - size_of::<CompactWriteRecord>();
     // SAFETY: the compact header overwrites the tail of the scratch's full header, which it
-    // fits (asserted above), and ends where the payload begins.
+    // fits (asserted above), and ends where the payload begins; `keep` is at most
+    // PRESSURE_WHOLE, inside the payload.
     let bytes = unsafe {
         let base = (scratch as *mut Scratch).cast::<u8>().add(offset);
         core::ptr::write_unaligned(base.cast::<CompactWriteRecord>(), header);
         core::slice::from_raw_parts(base, size_of::<CompactWriteRecord>() + keep)
     };
     if output::<[u8]>(bytes, Counter::RecordsEmitted) {
-        bump(Counter::CompactWrites);
-    }
-    Ok(())
-}
-
-/// A write the connection's template recognised as one token event: a [`CompactWriteRecord`]
-/// without payload, flagged [`FLAG_TOKEN`].
-#[inline(always)]
-fn emit_token(
-    tgid: u32,
-    fd: i32,
-    ret: u32,
-    inflight: &Inflight,
-    scratch: &mut Scratch,
-) -> Result<(), i32> {
-    let key = fd_key(tgid, fd);
-    let (conn_seq, lost_heads) = crate::conn_seq::take(key, false);
-    let header = CompactWriteRecord {
-        record_type: RecordType::CompactWrite as u8,
-        flags: FLAG_TOKEN as u8,
-        captured: 0,
-        conn_flags: inflight.conn_flags as u8,
-        tgid,
-        fd,
-        ret,
-        ts_enter_ns: inflight.ts_enter_ns,
-        conn_gen: inflight.conn_id,
-        conn_seq,
-        lost_heads,
-    };
-    // The header goes through the scratch (a per-CPU map value) rather than the stack, which
-    // the exit program's frame has little room left for.
-    let offset = size_of::<SyscallRecord>() - size_of::<CompactWriteRecord>();
-    // SAFETY: as in `emit_compact`: the compact header fits the tail of the full header.
-    let bytes = unsafe {
-        let base = (scratch as *mut Scratch).cast::<u8>().add(offset);
-        core::ptr::write_unaligned(base.cast::<CompactWriteRecord>(), header);
-        core::slice::from_raw_parts(base, size_of::<CompactWriteRecord>())
-    };
-    if output::<[u8]>(bytes, Counter::RecordsEmitted) {
-        bump(Counter::TokenEvents);
+        bump(counter);
     }
     Ok(())
 }
