@@ -760,7 +760,7 @@ mod tests {
         assert_eq!(core::mem::size_of::<ConnEntry>(), 24);
         assert_eq!(
             core::mem::size_of::<StreamTemplate>(),
-            16 + 4 * TEMPLATE_BYTES
+            24 + 4 * TEMPLATE_BYTES
         );
         assert_eq!(core::mem::size_of::<SchedRecord>(), 32);
         assert_eq!(core::mem::size_of::<UserProbeRecord>(), 32);
