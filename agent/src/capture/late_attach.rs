@@ -22,11 +22,17 @@ pub struct Missing {
     pub user_probes: Vec<usize>,
     /// Indices into the GPU launch hooks (`gpu::launches::HOOKS`).
     pub gpu_hooks: Vec<usize>,
+    /// Indices into the TLS library hooks (`TlsApi::ALL`): all of them until a mapped object
+    /// defines OpenSSL's functions.
+    pub tls_hooks: Vec<usize>,
 }
 
 impl Missing {
     pub fn is_empty(&self) -> bool {
-        self.engine_hooks.is_empty() && self.user_probes.is_empty() && self.gpu_hooks.is_empty()
+        self.engine_hooks.is_empty()
+            && self.user_probes.is_empty()
+            && self.gpu_hooks.is_empty()
+            && self.tls_hooks.is_empty()
     }
 }
 
@@ -136,6 +142,7 @@ mod tests {
             engine_hooks: vec![],
             user_probes: vec![0],
             gpu_hooks: vec![],
+            tls_hooks: vec![],
         };
         late.watch(std::process::id(), missing, |_| true);
         assert_eq!(late.watched(), 1);

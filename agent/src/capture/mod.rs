@@ -19,6 +19,7 @@ pub mod sockets;
 pub mod sockpath;
 pub mod stream_template;
 pub mod symbols;
+pub mod tls;
 pub mod tracefs;
 pub mod user_probes;
 

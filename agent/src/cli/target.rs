@@ -50,6 +50,10 @@ pub struct TargetArgs {
     /// comparisons and debugging).
     #[arg(long)]
     pub no_token_events: bool,
+    /// Do not attach the TLS library probes (uprobes on OpenSSL's SSL_read/SSL_write in
+    /// engine processes); HTTPS connections are then counted as tls_connections_undecoded.
+    #[arg(long)]
+    pub no_tls: bool,
 }
 
 impl TargetArgs {
@@ -77,6 +81,7 @@ impl TargetArgs {
             gpu_launches: !self.no_gpu_launches,
             gpu_launch_budget_pct: self.gpu_launch_budget,
             token_events: !self.no_token_events,
+            tls: !self.no_tls,
         }
     }
 }

@@ -60,6 +60,28 @@ fn take_first(times: &mut VecDeque<u64>, after_ns: u64, upto_ns: u64) -> Option<
     found
 }
 
+/// The last time in `(after_ns, upto_ns]`; times up to `upto_ns` are consumed.
+fn take_last(times: &mut VecDeque<u64>, after_ns: u64, upto_ns: u64) -> Option<u64> {
+    let found = times
+        .iter()
+        .copied()
+        .filter(|&t| t > after_ns && t <= upto_ns)
+        .last();
+    while times.front().is_some_and(|&t| t <= upto_ns) {
+        times.pop_front();
+    }
+    found
+}
+
+/// Which segment of a window is the request's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pick {
+    First,
+    /// The last one: a window that ends where the request's bytes may already have been
+    /// consumed with the segment before them (a TLS handshake's end).
+    Last,
+}
+
 impl ArrivalIndex {
     pub fn on_segment(&mut self, segment: &Segment) {
         if segment.sock != 0 {
@@ -79,8 +101,23 @@ impl ArrivalIndex {
     /// The first segment received by socket `sock` in `(after_ns, upto_ns]`; segments up to
     /// `upto_ns` are consumed.
     pub fn first_arrival_on(&mut self, sock: u64, after_ns: u64, upto_ns: u64) -> Option<u64> {
+        self.arrival_on(sock, after_ns, upto_ns, Pick::First)
+    }
+
+    /// The first (or last) segment received by socket `sock` in `(after_ns, upto_ns]`;
+    /// segments up to `upto_ns` are consumed.
+    pub fn arrival_on(
+        &mut self,
+        sock: u64,
+        after_ns: u64,
+        upto_ns: u64,
+        pick: Pick,
+    ) -> Option<u64> {
         let times = self.by_sock.get_mut(&sock)?;
-        let found = take_first(times, after_ns, upto_ns);
+        let found = match pick {
+            Pick::First => take_first(times, after_ns, upto_ns),
+            Pick::Last => take_last(times, after_ns, upto_ns),
+        };
         if times.is_empty() {
             self.by_sock.remove(&sock);
         }
@@ -101,9 +138,25 @@ impl ArrivalIndex {
         after_ns: u64,
         upto_ns: u64,
     ) -> Option<u64> {
+        self.arrival(local_port, remote, after_ns, upto_ns, Pick::First)
+    }
+
+    /// The first (or last) segment from `remote` to `local_port` in `(after_ns, upto_ns]`;
+    /// segments up to `upto_ns` are consumed.
+    pub fn arrival(
+        &mut self,
+        local_port: u16,
+        remote: SocketAddr,
+        after_ns: u64,
+        upto_ns: u64,
+        pick: Pick,
+    ) -> Option<u64> {
         let key = (local_port, remote.ip(), remote.port());
         let times = self.by_peer.get_mut(&key)?;
-        let found = take_first(times, after_ns, upto_ns);
+        let found = match pick {
+            Pick::First => take_first(times, after_ns, upto_ns),
+            Pick::Last => take_last(times, after_ns, upto_ns),
+        };
         if times.is_empty() {
             self.by_peer.remove(&key);
         }

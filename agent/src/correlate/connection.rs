@@ -18,7 +18,7 @@ use crate::{
 
 use super::{
     Peer, RequestRecord, Stats, TemplateUpdate, Work,
-    arrivals::ArrivalIndex,
+    arrivals::{ArrivalIndex, Pick},
     h2_connection::H2Connection,
     loss::{self, Reason},
     peer_close::PeerEnd,
@@ -63,6 +63,9 @@ pub struct Connection {
     next_seq: u32,
     /// When the previous response ended: the next request's bytes arrived after it.
     last_response_end_ns: u64,
+    /// When the server's TLS handshake completed, until the first request is read: the
+    /// segments before it are the handshake's, save perhaps the last (see `wire_arrival`).
+    tls_handshake_ns: Option<u64>,
     /// Not HTTP: nothing more is decoded on this connection.
     failed: bool,
     /// A request did not parse: no more requests are decoded here, but the answer to it is
@@ -122,6 +125,7 @@ impl Connection {
             waiting: VecDeque::new(),
             next_seq: 0,
             last_response_end_ns: 0,
+            tls_handshake_ns: None,
             failed: false,
             requests_failed: false,
             expected_record: None,
@@ -211,6 +215,41 @@ impl Connection {
             unix_offset_ns,
             last_loss_ns,
             preexisting: self.peer.preexisting,
+            tls: self.peer.tls,
+        }
+    }
+
+    /// The server's TLS handshake on this connection completed at `ts_ns`.
+    pub fn tls_handshake_done(&mut self, ts_ns: u64) {
+        self.tls_handshake_ns = Some(ts_ns);
+    }
+
+    /// When the bytes of the request the server began reading at `read_ns` reached the socket.
+    /// The kernel names the socket: its segments are this connection's, however late the
+    /// accept. Connections that predate the agent join by address.
+    ///
+    /// A TLS connection's first request follows its handshake, whose segments are not the
+    /// request's. With TLS 1.2 the client sends the request after the server's last handshake
+    /// write, so after the handshake's end. With TLS 1.3 the server's handshake ends when it
+    /// reads the client's Finished, and the request may have come just behind it (or in the
+    /// same segment): then the request is the last segment up to the handshake's end.
+    fn wire_arrival(&mut self, arrivals: &mut ArrivalIndex, read_ns: u64) -> Option<u64> {
+        let after = self.last_response_end_ns;
+        let mut lookup = |after: u64, upto: u64, pick: Pick| match (
+            self.peer.sock,
+            self.peer.local_port,
+            self.peer.remote,
+        ) {
+            (sock, ..) if sock != 0 => arrivals.arrival_on(sock, after, upto, pick),
+            (_, Some(port), Some(remote)) => arrivals.arrival(port, remote, after, upto, pick),
+            _ => None,
+        };
+        match self.tls_handshake_ns.take() {
+            Some(handshake) if handshake > after && handshake <= read_ns => {
+                let before = lookup(after, handshake, Pick::Last);
+                lookup(handshake, read_ns, Pick::First).or(before)
+            }
+            _ => lookup(after, read_ns, Pick::First),
         }
     }
 
@@ -226,6 +265,7 @@ impl Connection {
             self.peer.sock = peer.sock;
         }
         self.peer.preexisting |= peer.preexisting;
+        self.peer.tls |= peer.tls;
         if self.peer.remote.is_none() {
             self.peer.remote = peer.remote;
         }
@@ -366,17 +406,7 @@ impl Connection {
         for event in events.drain(..) {
             match event {
                 RequestEvent::Started { ts_ns } => {
-                    // The kernel names the socket: its segments are this connection's, however
-                    // late the accept. Connections that predate the agent join by address.
-                    let wire_ns = match (self.peer.sock, self.peer.local_port, self.peer.remote) {
-                        (sock, ..) if sock != 0 => {
-                            arrivals.first_arrival_on(sock, self.last_response_end_ns, ts_ns)
-                        }
-                        (_, Some(port), Some(remote)) => {
-                            arrivals.first_arrival(port, remote, self.last_response_end_ns, ts_ns)
-                        }
-                        _ => None,
-                    };
+                    let wire_ns = self.wire_arrival(arrivals, ts_ns);
                     if wire_ns.is_none() {
                         work.stats.bump(Counter::ArrivalWireUnknown);
                     }

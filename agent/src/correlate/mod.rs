@@ -52,6 +52,8 @@ pub struct Peer {
     pub sock: u64,
     /// The connection predates the agent.
     pub preexisting: bool,
+    /// The connection is TLS: its bytes are the plaintext the TLS library handed over.
+    pub tls: bool,
 }
 
 /// A process's token event template: learned from one of its writes (from a connection), or
@@ -272,6 +274,13 @@ impl Tracker {
     pub fn on_shutdown(&mut self, ev: &SyscallEvent<'_>) {
         if let Some(conn) = self.connections.map.get_mut(&(ev.tgid, ev.conn_key())) {
             conn.on_server_shutdown(ev.ts_enter_ns);
+        }
+    }
+
+    /// The server's TLS handshake on the connection completed (`SyscallKind::Tls`, ret 1).
+    pub fn on_tls_handshake(&mut self, ev: &SyscallEvent<'_>) {
+        if let Some(conn) = self.connections.map.get_mut(&(ev.tgid, ev.conn_key())) {
+            conn.tls_handshake_done(ev.ts_enter_ns);
         }
     }
 

@@ -236,6 +236,7 @@ impl RequestProgress {
             aborted: ended_by == EndedBy::Client,
             ended_by,
             connection_preexisting: base.preexisting,
+            tls: base.tls,
             request_unparsed: self.unparsed,
             incomplete: self.incomplete.map(|r| r.as_str().to_owned()),
             capture_truncated: self.truncated
@@ -274,6 +275,8 @@ pub struct RecordContext<'a> {
     pub last_loss_ns: u64,
     /// The connection predates the agent.
     pub preexisting: bool,
+    /// The connection is TLS (plaintext from the TLS library probes).
+    pub tls: bool,
 }
 
 #[cfg(test)]
@@ -294,6 +297,7 @@ mod tests {
             unix_offset_ns: 1_000,
             last_loss_ns: 0,
             preexisting: false,
+            tls: false,
         };
         let r = p.into_record(ctx, 21_000_000, EndedBy::Complete);
         assert_eq!(r.arrival_mono_ns, 900_000);
@@ -323,6 +327,7 @@ mod tests {
             unix_offset_ns: 0,
             last_loss_ns: 0,
             preexisting: false,
+            tls: false,
         };
         let r = p.into_record(ctx, 9_000_000, EndedBy::Complete);
         assert_eq!((r.queue_wait_ms, r.prefill_ms), (Some(2.0), Some(4.5)));
@@ -338,6 +343,7 @@ mod tests {
             unix_offset_ns: 0,
             last_loss_ns,
             preexisting: false,
+            tls: false,
         };
         let p = || RequestProgress::new(0, 11, 1_000, None);
         assert!(

@@ -53,7 +53,22 @@ pub fn request_attributes(timeline: &RequestTimeline) -> Vec<KeyValue> {
         KeyValue::new("inferscope.aborted", r.aborted),
         KeyValue::new("inferscope.ended_by", r.ended_by.as_str()),
         KeyValue::new("inferscope.capture_truncated", r.capture_truncated),
+        KeyValue::new("url.scheme", if r.tls { "https" } else { "http" }),
+        KeyValue::new(
+            "network.protocol.version",
+            if r.http2.is_some() { "2" } else { "1.1" },
+        ),
     ];
+    if let Some(h2) = &r.http2 {
+        a.push(KeyValue::new("inferscope.http2.stream_id", i64::from(h2.stream_id)));
+        a.push(KeyValue::new("inferscope.http2.stream_end", h2.stream_end));
+        if let Some(status) = h2.grpc_status {
+            a.push(KeyValue::new("rpc.grpc.status_code", i64::from(status)));
+        }
+        if let Some(content_type) = &h2.content_type {
+            a.push(KeyValue::new("inferscope.http2.content_type", content_type.clone()));
+        }
+    }
     if let Some(reason) = &r.incomplete {
         a.push(KeyValue::new("inferscope.incomplete", reason.clone()));
     }

@@ -72,6 +72,12 @@ counters! {
     TokenTemplatesInstalled => "token_templates_installed": Total,
     TokenTemplatesRefused => "token_templates_refused": Total,
     TokenEventsOutOfStep => "token_events_out_of_step": Loss,
+    KernelTlsConnections => "kernel_tls_connections": Total,
+    KernelTlsRecords => "kernel_tls_records": Total,
+    KernelTlsTies => "kernel_tls_ties": Total,
+    KernelTlsUntied => "kernel_tls_untied": Total,
+    TlsProbesAttached => "tls_probes_attached": Total,
+    TlsConnectionsUndecoded => "tls_connections_undecoded": Loss,
     KernelTracepointsUnattached => "kernel_tracepoints_unattached": Loss,
     // Capture: the CUPTI shim's socket (`gpu` and `run --shim-socket`).
     ShimConnections => "shim_connections": Total,
@@ -357,6 +363,10 @@ pub const fn kernel(c: inferscope_common::Counter) -> Counter {
         K::GpuNameReadFailed => Counter::KernelGpuNameReadFailed,
         K::TokenEvents => Counter::KernelTokenEvents,
         K::TokenTemplateMisses => Counter::KernelTokenTemplateMisses,
+        K::TlsConnections => Counter::KernelTlsConnections,
+        K::TlsRecords => Counter::KernelTlsRecords,
+        K::TlsTies => Counter::KernelTlsTies,
+        K::TlsUntied => Counter::KernelTlsUntied,
     }
 }
 

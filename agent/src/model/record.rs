@@ -100,6 +100,9 @@ pub struct RequestRecord {
     /// The connection was open before the agent attached (found in /proc, not seen accepted):
     /// its first request may have started earlier, and its arrivals join by address.
     pub connection_preexisting: bool,
+    /// The connection was TLS (HTTPS): its bytes were read where the TLS library hands over
+    /// plaintext, not on the socket.
+    pub tls: bool,
     /// The server answered bytes that did not parse as an HTTP request (method, path and body
     /// fields are empty; status and sizes are the answer's).
     pub request_unparsed: bool,

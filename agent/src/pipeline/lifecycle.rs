@@ -34,6 +34,8 @@ pub(super) struct Processes<'a> {
     /// The launch budget's per-process counts and pauses.
     pub budget: &'a mut dyn PerProcess,
     pub late: &'a mut LateAttach,
+    /// Which processes have TLS library probes.
+    pub tls: &'a mut dyn PerProcess,
     pub ipc: &'a mut IpcRouter,
     pub classifier: &'a mut FdClassifier,
     pub ports: &'a mut Ports,
@@ -50,8 +52,9 @@ impl Processes<'_> {
     /// requests of the process end (cut by the server) and are handed to `observer`; the state
     /// those last records are joined with after that; the observer's own state last.
     pub fn forget(&mut self, tgid: u32, observer: &mut dyn Observer) {
-        let first: [&mut dyn PerProcess; 11] = [
+        let first: [&mut dyn PerProcess; 12] = [
             &mut *self.probes,
+            &mut *self.tls,
             &mut *self.launches,
             &mut *self.budget,
             &mut *self.late,
@@ -135,6 +138,7 @@ mod tests {
         launches: Gone,
         budget: Gone,
         late: LateAttach,
+        tls: Gone,
         ipc: IpcRouter,
         classifier: FdClassifier,
         ports: Ports,
@@ -155,6 +159,7 @@ mod tests {
                 launches: Gone::default(),
                 budget: Gone::default(),
                 late: LateAttach::default(),
+                tls: Gone::default(),
                 ipc: IpcRouter::default(),
                 classifier: FdClassifier::new(true),
                 ports: Ports::default(),
@@ -175,6 +180,7 @@ mod tests {
                 launches: &mut self.launches,
                 budget: &mut self.budget,
                 late: &mut self.late,
+                tls: &mut self.tls,
                 ipc: &mut self.ipc,
                 classifier: &mut self.classifier,
                 ports: &mut self.ports,
@@ -201,6 +207,7 @@ mod tests {
                 engine_hooks: vec![0],
                 user_probes: Vec::new(),
                 gpu_hooks: Vec::new(),
+                tls_hooks: Vec::new(),
             };
             self.late.watch(tgid, missing, |_| true);
             let Some(endpoint) = engines::by_name(engine).and_then(|e| e.metrics()) else {
@@ -252,6 +259,7 @@ mod tests {
                 ("scraper", !self.scraper.0.contains(&tgid)),
                 ("user_probes", !self.user_probes.0.contains(&tgid)),
                 ("late", self.late.watches(tgid)),
+                ("tls", !self.tls.0.contains(&tgid)),
                 ("ipc", self.ipc.wants(tgid)),
                 ("classifier", self.classifier.knows_process(tgid)),
                 ("ports", self.ports.contains_key(&tgid)),

@@ -26,6 +26,7 @@ use crate::{
         privileges::Privileges,
         records, sched_hooks,
         stream_template::{TemplateSide, kernel_template},
+        tls as tls_probes,
         user_probes::{ProbeSpec, UserProbes},
     },
     correlate::{EngineMetrics, EngineMetricsRecord, Tracker, launches::Launches},
@@ -52,6 +53,9 @@ pub struct PipelineConfig {
     /// Let the kernel summarise recognised token events (see `docs/src/token-events.md`);
     /// off, every response write is captured in full.
     pub token_events: bool,
+    /// Attach the TLS library probes (OpenSSL's SSL_read/SSL_write) to traced processes, so
+    /// HTTPS is recorded from its plaintext; off, TLS connections are counted as undecoded.
+    pub tls: bool,
 }
 
 /// The launch budget unless the user sets another.
@@ -68,6 +72,7 @@ impl PipelineConfig {
             gpu_launches: true,
             gpu_launch_budget_pct: DEFAULT_LAUNCH_BUDGET_PCT,
             token_events: true,
+            tls: true,
         }
     }
 }
@@ -121,6 +126,8 @@ pub struct Pipeline {
     user_probes: Option<UserProbes>,
     /// Processes with hooks whose function was not mapped yet.
     late: LateAttach,
+    /// Processes with TLS library probes, and what their undecodable TLS costs.
+    tls: route::TlsProcesses,
     /// Container and pod of each engine process, stamped on its records.
     identities: Identities,
     /// Large sends/receives of engine IPC, captured in chunks, joined again.
@@ -211,6 +218,7 @@ impl Pipeline {
             ring_bytes_read: 0,
             user_probes: None,
             late: LateAttach::default(),
+            tls: route::TlsProcesses::default(),
             identities: Identities::default(),
             chunks: Chunks::default(),
             adoption: Adoption::default(),
@@ -436,16 +444,23 @@ impl Pipeline {
                 new.ports,
                 hooks_progress(new.engine, &hooks, self.config.token_hooks)
             );
+            let tls_hooks = if self.config.tls {
+                self.attach_tls(new.tgid, false)
+            } else {
+                Vec::new()
+            };
             let missing = Missing {
                 engine: new.engine,
                 engine_hooks: hooks.not_found,
                 user_probes: user.map(|u| u.not_found).unwrap_or_default(),
                 gpu_hooks: gpu,
+                tls_hooks,
             };
             let user_probes = self.user_probes.as_ref();
             let gpu = self.config.gpu_launches;
+            let tls = self.config.tls;
             self.late.watch(new.tgid, missing, |path| {
-                could_hold_hooks(new.engine, user_probes, gpu, path)
+                could_hold_hooks(new.engine, user_probes, gpu, tls, path)
             });
         }
         if !change.added.is_empty()
@@ -465,6 +480,20 @@ impl Pipeline {
         );
     }
 
+    /// Attaches the TLS library probes to `tgid`; the hooks still missing (all of them while
+    /// no mapped object defines OpenSSL's functions).
+    fn attach_tls(&mut self, tgid: u32, late: bool) -> Vec<usize> {
+        let outcome = tls_probes::attach(&mut self.probes, tgid);
+        if outcome.live > 0 {
+            self.tls.probed(tgid);
+            self.stats.bump(Counter::TlsProbesAttached);
+            if late {
+                self.stats.bump(Counter::HooksAttachedLate);
+            }
+        }
+        outcome.not_found
+    }
+
     /// Every component with state per process, for the one path that forgets a process.
     fn processes(&mut self) -> lifecycle::Processes<'_> {
         lifecycle::Processes {
@@ -474,6 +503,7 @@ impl Pipeline {
             launches: &mut self.launches,
             budget: &mut self.budget,
             late: &mut self.late,
+            tls: &mut self.tls,
             ipc: &mut self.ipc,
             classifier: &mut self.classifier,
             ports: &mut self.ports,
@@ -586,9 +616,10 @@ impl Pipeline {
     fn attach_late_hooks(&mut self) {
         let user_probes = self.user_probes.as_ref();
         let gpu = self.config.gpu_launches;
+        let tls = self.config.tls;
         let due = self
             .late
-            .changed(|engine, path| could_hold_hooks(engine, user_probes, gpu, path));
+            .changed(|engine, path| could_hold_hooks(engine, user_probes, gpu, tls, path));
         for (tgid, missing) in due {
             let hooks = if missing.engine_hooks.is_empty() {
                 sched_hooks::HookOutcome::default()
@@ -616,15 +647,21 @@ impl Pipeline {
                 .add(Counter::HooksAttachedLate, (hooks.live + user.live) as u64);
             self.stats
                 .add(Counter::GpuLaunchHooksAttached, gpu_hooks.live as u64);
+            let tls_hooks = if missing.tls_hooks.is_empty() {
+                Vec::new()
+            } else {
+                self.attach_tls(tgid, true)
+            };
             let still = Missing {
                 engine: missing.engine,
                 engine_hooks: hooks.not_found,
                 user_probes: user.not_found,
                 gpu_hooks: gpu_hooks.not_found,
+                tls_hooks,
             };
             let user_probes = self.user_probes.as_ref();
             self.late.watch(tgid, still, |path| {
-                could_hold_hooks(missing.engine, user_probes, gpu, path)
+                could_hold_hooks(missing.engine, user_probes, gpu, tls, path)
             });
         }
         self.stats.add(
@@ -667,6 +704,7 @@ impl Pipeline {
             launches,
             stub_names,
             budget,
+            tls,
             ..
         } = self;
         let mut adopted = false;
@@ -687,6 +725,7 @@ impl Pipeline {
                     steps,
                     ignore: &mut ignore,
                     adoption,
+                    tls,
                 }
             };
         }
@@ -915,11 +954,18 @@ fn wait_readable(fd: i32, timeout: Duration) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Whether a mapped file could hold one of `engine`'s hooks, a user probe, or (with `gpu`) a
-/// GPU launch probe.
-fn could_hold_hooks(engine: &str, user_probes: Option<&UserProbes>, gpu: bool, path: &str) -> bool {
+/// Whether a mapped file could hold one of `engine`'s hooks, a user probe, (with `gpu`) a GPU
+/// launch probe, or (with `tls`) the TLS library's functions.
+fn could_hold_hooks(
+    engine: &str,
+    user_probes: Option<&UserProbes>,
+    gpu: bool,
+    tls: bool,
+    path: &str,
+) -> bool {
     let name = path.rsplit('/').next().unwrap_or(path);
     engines::by_name(engine).is_some_and(|e| e.hook_objects().iter().any(|h| name.contains(h)))
         || user_probes.is_some_and(|u| u.wants_object(path))
         || (gpu && gpu_launches::could_hold(path))
+        || (tls && tls_probes::could_hold(path))
 }

@@ -2,8 +2,9 @@
 //! IPC bytes to its decoder, anything else back to the kernel as "stop copying". The policy for
 //! fds whose class changes (a ZeroMQ tcp:// connection on a listening port) lives here too, so
 //! the drain loop in `mod.rs` only reads records and hands them on.
-use inferscope_common::{CONN_PREEXISTING, SyscallKind};
-use rustc_hash::FxHashMap;
+use inferscope_common::{CONN_PREEXISTING, CONN_TLS, SyscallKind};
+use rustc_hash::{FxHashMap, FxHashSet};
+use tracing::warn;
 
 use crate::{
     capture::{FdClass, FdClassifier, SyscallEvent, adopt::Adoption},
@@ -24,6 +25,46 @@ pub(super) struct Sockets<'p> {
     pub steps: &'p mut Vec<StepRecord>,
     pub ignore: &'p mut Vec<(u32, i32, u64)>,
     pub adoption: &'p Adoption,
+    pub tls: &'p mut TlsProcesses,
+}
+
+/// `ret` of a [`SyscallKind::Tls`] record that tells a finished handshake (0: TLS seen).
+const TLS_HANDSHAKE_DONE: i64 = 1;
+
+/// Processes whose TLS the agent decodes (the library probes are attached), and those already
+/// warned about TLS it cannot decode.
+#[derive(Default)]
+pub struct TlsProcesses {
+    probed: FxHashSet<u32>,
+    warned: FxHashSet<u32>,
+}
+
+impl TlsProcesses {
+    pub fn probed(&mut self, tgid: u32) {
+        self.probed.insert(tgid);
+    }
+
+    /// A connection of `tgid` turned out to be TLS: whether its plaintext will come (else it
+    /// is counted, and the process warned about once).
+    fn decodes(&mut self, tgid: u32) -> bool {
+        if self.probed.contains(&tgid) {
+            return true;
+        }
+        if self.warned.insert(tgid) {
+            warn!(
+                pid = tgid,
+                "this process serves TLS that inferscope cannot decrypt: no OpenSSL with its symbols is mapped (statically linked TLS such as BoringSSL, Go or rustls), or TLS probes are off (--no-tls); its HTTPS requests are not recorded and are counted in tls_connections_undecoded"
+            );
+        }
+        false
+    }
+}
+
+impl crate::model::PerProcess for TlsProcesses {
+    fn process_gone(&mut self, tgid: u32) {
+        self.probed.remove(&tgid);
+        self.warned.remove(&tgid);
+    }
 }
 
 impl Sockets<'_> {
@@ -49,6 +90,15 @@ impl Sockets<'_> {
                 self.classifier.on_close(ev.tgid, ev.conn_key());
             }
             SyscallKind::Shutdown => self.tracker.on_shutdown(ev),
+            // The TLS library finished the server's handshake (see `wire_arrival`).
+            SyscallKind::Tls if ev.ret == TLS_HANDSHAKE_DONE => self.tracker.on_tls_handshake(ev),
+            SyscallKind::Tls => {
+                if !self.tls.decodes(ev.tgid) {
+                    self.stats.bump(Counter::TlsConnectionsUndecoded);
+                    // Nothing of it can be decoded: its EOF and errors need not come either.
+                    self.ignore.push((ev.tgid, ev.fd, ev.conn_gen));
+                }
+            }
             // Kept in the kernel between entry and exit; never emitted.
             SyscallKind::Dup => self.stats.bump(Counter::RecordUnexpectedKind),
             SyscallKind::Read | SyscallKind::Write => {
@@ -86,6 +136,7 @@ impl Sockets<'_> {
                             remote,
                             sock: ev.sock,
                             preexisting: ev.conn_flags & CONN_PREEXISTING != 0,
+                            tls: ev.conn_flags & CONN_TLS != 0,
                         };
                         if ev.kind == SyscallKind::Read {
                             self.tracker.on_read(ev, peer, records);

@@ -59,6 +59,13 @@ pub enum SyscallKind {
     /// server reads after it is the client's last bytes, drained before the close, never
     /// answered.
     Shutdown = 6,
+    /// The connection's bytes are TLS records (the kernel saw a record header where HTTP would
+    /// begin): from here on its socket reads and writes are not captured (ciphertext), only
+    /// their ends (EOF, errors); its plaintext comes from uprobes on the process's TLS library
+    /// as Read and Write records of the same connection. Carries no payload. `ret` 1 instead
+    /// tells that the server's TLS handshake on the connection completed (the request that
+    /// follows arrived after the handshake's segments).
+    Tls = 7,
 }
 
 impl SyscallKind {
@@ -69,6 +76,7 @@ impl SyscallKind {
             3 => Some(Self::Write),
             4 => Some(Self::Close),
             6 => Some(Self::Shutdown),
+            7 => Some(Self::Tls),
             _ => None,
         }
     }
@@ -103,6 +111,76 @@ pub const CONN_INET: u32 = 2;
 pub const CONN_PREEXISTING: u32 = 4;
 /// The fd was duplicated (dup/dup2/dup3): several fds name this connection.
 pub const CONN_SHARED: u32 = 8;
+/// The connection speaks TLS (see [`SyscallKind::Tls`]): its Read and Write records hold the
+/// plaintext the TLS library handed over, not the socket's bytes.
+pub const CONN_TLS: u32 = 16;
+
+/// The TLS library function a probe sits on (its attach cookie).
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsApi {
+    /// `int SSL_read(SSL *ssl, void *buf, int num)`: bytes read, or <= 0.
+    Read = 0,
+    /// `int SSL_read_ex(SSL *ssl, void *buf, size_t num, size_t *readbytes)`: 1 and
+    /// `*readbytes`, or 0.
+    ReadEx = 1,
+    /// `int SSL_write(SSL *ssl, const void *buf, int num)`.
+    Write = 2,
+    /// `int SSL_write_ex(SSL *ssl, const void *buf, size_t num, size_t *written)`.
+    WriteEx = 3,
+    /// `int SSL_do_handshake(SSL *ssl)` (SSL_accept and SSL_connect call it): ties a new
+    /// `SSL*` to its connection before any data moves.
+    Handshake = 4,
+}
+
+impl TlsApi {
+    pub const ALL: [TlsApi; 5] = [
+        TlsApi::Read,
+        TlsApi::ReadEx,
+        TlsApi::Write,
+        TlsApi::WriteEx,
+        TlsApi::Handshake,
+    ];
+
+    pub fn symbol(self) -> &'static str {
+        match self {
+            TlsApi::Read => "SSL_read",
+            TlsApi::ReadEx => "SSL_read_ex",
+            TlsApi::Write => "SSL_write",
+            TlsApi::WriteEx => "SSL_write_ex",
+            TlsApi::Handshake => "SSL_do_handshake",
+        }
+    }
+
+    pub fn from_u8(v: u8) -> Option<Self> {
+        Self::ALL.get(v as usize).copied()
+    }
+
+    pub fn reads(self) -> bool {
+        matches!(self, TlsApi::Read | TlsApi::ReadEx)
+    }
+
+    pub fn writes(self) -> bool {
+        matches!(self, TlsApi::Write | TlsApi::WriteEx)
+    }
+}
+
+/// Per (tgid, `SSL*`): the connection a TLS library object was tied to (see `TLS_TIES`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TlsKey {
+    pub ssl: u64,
+    pub tgid: u32,
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TlsTie {
+    pub conn_id: u64,
+    pub fd: i32,
+    pub _pad: u32,
+}
 
 /// What the kernel knows about the connection an fd holds, per (tgid, fd).
 #[repr(C)]
@@ -657,12 +735,22 @@ pub enum Counter {
     /// Response writes on a connection with a [`StreamTemplate`] that did not match it (a
     /// different event, or not one whole chunk): captured in full.
     TokenTemplateMisses = 20,
+    /// Connections whose socket bytes turned out to be TLS ([`SyscallKind::Tls`]).
+    TlsConnections = 21,
+    /// Plaintext reads and writes emitted from the TLS library probes.
+    TlsRecords = 22,
+    /// TLS library objects (`SSL*`) tied to the connection they encrypt.
+    TlsTies = 23,
+    /// TLS reads and writes with plaintext that no traced connection could be tied to (the
+    /// process's own client connections, or a connection caught mid-stream whose first write
+    /// came before its first read): not captured.
+    TlsUntied = 24,
 }
 
-pub const COUNTER_SLOTS: u32 = 21;
+pub const COUNTER_SLOTS: u32 = 25;
 
 impl Counter {
-    pub const ALL: [Counter; 21] = [
+    pub const ALL: [Counter; 25] = [
         Counter::RecordsEmitted,
         Counter::RingbufFull,
         Counter::PayloadTruncated,
@@ -684,6 +772,10 @@ impl Counter {
         Counter::GpuNameReadFailed,
         Counter::TokenEvents,
         Counter::TokenTemplateMisses,
+        Counter::TlsConnections,
+        Counter::TlsRecords,
+        Counter::TlsTies,
+        Counter::TlsUntied,
     ];
 
     pub fn name(self) -> &'static str {
@@ -709,6 +801,10 @@ impl Counter {
             Counter::GpuNameReadFailed => "gpu_name_read_failed",
             Counter::TokenEvents => "token_events",
             Counter::TokenTemplateMisses => "token_template_misses",
+            Counter::TlsConnections => "tls_connections",
+            Counter::TlsRecords => "tls_records",
+            Counter::TlsTies => "tls_ties",
+            Counter::TlsUntied => "tls_untied",
         }
     }
 }
@@ -745,6 +841,10 @@ mod pod {
     unsafe impl aya::Pod for super::GpuNameRecord {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::StreamTemplate {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::TlsKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::TlsTie {}
 }
 
 #[cfg(test)]

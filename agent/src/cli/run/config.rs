@@ -127,6 +127,10 @@ pub struct RunArgs {
     /// functions in engine processes that map libcuda, and their workers).
     #[arg(long)]
     pub no_gpu_launches: bool,
+    /// Do not attach the TLS library probes (uprobes on OpenSSL's SSL_read/SSL_write in
+    /// engine processes); HTTPS connections are then counted as tls_connections_undecoded.
+    #[arg(long)]
+    pub no_tls: bool,
     /// GPU launches per second one process may emit (per CPU) before the launch probes keep
     /// one in 16 and count the rest (0: no cap; default 20000).
     #[arg(long, env = "INFERSCOPE_GPU_LAUNCH_CAP")]
@@ -171,6 +175,7 @@ pub struct FileConfig {
     pub token_hooks: Option<bool>,
     pub drain_timeout: Option<String>,
     pub gpu_launches: Option<bool>,
+    pub tls: Option<bool>,
     pub gpu_launch_cap: Option<u32>,
     pub gpu_launch_budget: Option<f64>,
 }
@@ -232,6 +237,8 @@ pub struct RunConfig {
     pub drain_timeout: Duration,
     /// The GPU launch probes (on unless the flag or the file turns them off).
     pub gpu_launches: bool,
+    /// The TLS library probes (on unless the flag or the file turns them off).
+    pub tls: bool,
     pub gpu_launch_cap: u32,
     pub gpu_launch_budget_pct: f64,
 }
@@ -385,6 +392,7 @@ impl RunConfig {
             token_hooks: args.token_hooks || file.token_hooks.unwrap_or(false),
             drain_timeout,
             gpu_launches: !args.no_gpu_launches && file.gpu_launches.unwrap_or(true),
+            tls: !args.no_tls && file.tls.unwrap_or(true),
             gpu_launch_cap: args
                 .gpu_launch_cap
                 .or(file.gpu_launch_cap)
@@ -544,5 +552,25 @@ mod tests {
         .unwrap();
         assert!(!flag.gpu_launches);
         assert_eq!(flag.gpu_launch_cap, 0);
+    }
+
+    #[test]
+    fn tls_probes_are_on_unless_the_flag_or_the_file_turns_them_off() {
+        assert!(RunConfig::resolve(RunArgs::default()).unwrap().tls);
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("inferscope.toml");
+        std::fs::write(&config, "tls = false\n").unwrap();
+        let off = RunConfig::resolve(RunArgs {
+            config: Some(config),
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(!off.tls);
+        let flag = RunConfig::resolve(RunArgs {
+            no_tls: true,
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(!flag.tls);
     }
 }

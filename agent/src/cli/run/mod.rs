@@ -73,6 +73,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         gpu_launches: config.gpu_launches,
         gpu_launch_budget_pct: config.gpu_launch_budget_pct,
         token_events: true,
+        tls: config.tls,
     });
     // A setting out of range is the configuration's fault, not a missing privilege.
     let mut pipeline = match pipeline {

@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use inferscope_common::{
-    AdoptRecord, CONN_INET, CONN_SHARED, ConnEntry, Counter, RecordType, SyscallKind,
+    AdoptRecord, CONN_INET, CONN_SHARED, CONN_TLS, ConnEntry, Counter, RecordType, SyscallKind,
     SyscallRecord, fd_key,
 };
 
@@ -54,6 +54,11 @@ fn save(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), 
                     return Ok(());
                 }
                 conn = *known;
+                if conn.flags & CONN_TLS != 0 {
+                    // Its bytes are ciphertext (not captured past the exit's EOF and error
+                    // check); the SSL call or event loop moving them may tie its `SSL*`.
+                    super::tls::on_socket_io(pid_tgid, fd, &conn, kind == SyscallKind::Write);
+                }
             }
             None => {
                 if !captures_unknown_fds(tgid) {
@@ -401,7 +406,7 @@ pub fn close_fd(tgid: u32, tid: u32, fd: i32) -> Result<(), i32> {
 /// back when the ring buffer had no room for it.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn emit_control(
+pub(super) fn emit_control(
     kind: SyscallKind,
     tgid: u32,
     tid: u32,

@@ -6,7 +6,7 @@ use aya_ebpf::{
 use core::mem::size_of;
 
 use inferscope_common::{
-    CONN_ID_BIT, CONN_INET, CONN_KNOWN, CONN_SHARED, CompactWriteRecord, ConnEntry, Counter,
+    CONN_ID_BIT, CONN_INET, CONN_KNOWN, CONN_SHARED, CONN_TLS, CompactWriteRecord, ConnEntry, Counter,
     FLAG_COPY_FAILED, FLAG_TOKEN, FLAG_TRUNCATED, RecordType, SyscallKind, SyscallRecord, fd_key,
 };
 
@@ -71,6 +71,11 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
     {
         learn_sock(tgid, &mut inflight);
     }
+    if inflight.conn_flags & CONN_TLS != 0 && ret > 0 {
+        // Ciphertext: the TLS library probes emit this connection's plaintext. Its EOF and
+        // errors still go out (the client's end shows there).
+        return Ok(());
+    }
 
     emit_syscall(tgid, pid_tgid as u32, fd, ret, &inflight)
 }
@@ -125,9 +130,10 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
     emit_syscall(tgid, pid_tgid as u32, fd, ret, &inflight)
 }
 
-/// Writes the syscall's record, with up to the capture limit of the bytes it moved.
+/// Writes the syscall's record, with up to the capture limit of the bytes it moved. Shared
+/// with the TLS library probes, whose plaintext goes out exactly like a socket's bytes.
 #[inline(always)]
-fn emit_syscall(tgid: u32, tid: u32, fd: i32, ret: i64, inflight: &Inflight) -> Result<(), i32> {
+pub(super) fn emit_syscall(tgid: u32, tid: u32, fd: i32, ret: i64, inflight: &Inflight) -> Result<(), i32> {
     let kind = inflight.kind;
     let scratch = SCRATCH.get_ptr_mut(0).ok_or(0)?;
     // SAFETY: a per-CPU map value, valid for the map's life; programs do not migrate or nest
@@ -146,6 +152,19 @@ fn emit_syscall(tgid: u32, tid: u32, fd: i32, ret: i64, inflight: &Inflight) -> 
             flags |= FLAG_COPY_FAILED;
             bump(Counter::CopyFailed);
         }
+    }
+    if (kind == SyscallKind::Read as u8 || kind == SyscallKind::Write as u8)
+        && inflight.conn_id != 0
+        && inflight.conn_flags & CONN_TLS == 0
+        && super::tls::looks_like_tls(&scratch.payload, captured)
+    {
+        let pid_tgid = (u64::from(tgid) << 32) | u64::from(tid);
+        let write = kind == SyscallKind::Write as u8;
+        if let Some(conn) = super::tls::detected(pid_tgid, fd, inflight.conn_id, write) {
+            // Not a data record: the fd's record numbers do not move.
+            let _ = super::enter::emit_control(SyscallKind::Tls, tgid, tid, fd, 0, conn, 0, 0);
+        }
+        return Ok(());
     }
     // A write that opens a response head (`HTTP/`): read once, before emitting may reuse the
     // scratch payload for later chunks.

@@ -3,4 +3,5 @@
 mod copy;
 mod enter;
 mod exit;
+mod tls;
 mod token;

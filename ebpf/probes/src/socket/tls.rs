@@ -1,0 +1,349 @@
+//! TLS: plaintext at the library boundary. Uprobes on OpenSSL's `SSL_read[_ex]`,
+//! `SSL_write[_ex]` and `SSL_do_handshake` of traced processes hand the plaintext to the same
+//! emitter as a socket read or write, as a record of the connection the `SSL*` encrypts; the
+//! socket's own ciphertext is not captured once the kernel has seen it is TLS.
+//!
+//! Tying an `SSL*` to its connection, per thread and without reading OpenSSL's structures
+//! (their layout changes between versions):
+//! - **Socket BIO** (the library reads and writes the fd itself: blocking servers, C++
+//!   servers): the socket syscall happens inside the SSL call, so the call in flight on the
+//!   thread names the connection.
+//! - **Memory BIO** (Python's `ssl.SSLObject`, which asyncio and uvloop use, so uvicorn, vLLM
+//!   and SGLang): ciphertext is moved between the socket and the library by the event loop.
+//!   A read ties by order: the loop reads a connection's ciphertext and feeds it to that
+//!   connection's `SSL*` before it reads any other socket, so an `SSL*` that reads (or
+//!   handshakes) takes the connection of the thread's last TLS socket read. A write ties the
+//!   other way: the ciphertext an `SSL_write` produced is the next TLS socket write of the
+//!   thread, and only a connection that has no `SSL*` yet can take it.
+//!
+//! A tie names (fd, connection id) and is checked against the fd's connection at each use, so a
+//! freed `SSL*` whose address comes back for a new connection is tied again, never misrouted.
+use aya_ebpf::{
+    EbpfContext,
+    helpers::{
+        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
+    },
+    macros::{map, uprobe, uretprobe},
+    maps::LruHashMap,
+    programs::{ProbeContext, RetProbeContext},
+};
+use inferscope_common::{
+    CONN_TLS, ConnEntry, Counter, SyscallKind, TlsApi, TlsKey, TlsTie, fd_key,
+};
+
+use super::{enter::emit_control, exit::emit_syscall};
+use crate::{
+    counters::bump,
+    maps::{CONNS, Inflight, Shape, ignored, traced},
+};
+
+/// How long after a thread's TLS socket read an untied `SSL*` that reads may take its
+/// connection, and after an untied `SSL_write` the thread's next TLS socket write may tie it.
+/// The event loop does both within one callback; the bound only keeps a stale memory from
+/// tying anything much later.
+const TIE_WINDOW_NS: u64 = 20_000_000;
+
+/// One thread's TLS state: the SSL call in flight, and the memories that tie memory-BIO
+/// objects (see the module doc).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct TlsThread {
+    ssl: u64,
+    buf: u64,
+    /// `size_t *readbytes` / `*written` of the `_ex` forms.
+    out: u64,
+    ts_enter_ns: u64,
+    api: u8,
+    /// 1 from the call's entry to its return.
+    live: u8,
+    _pad: [u8; 6],
+    /// An `SSL_write` (or handshake) of an untied `SSL*` returned: the thread's next TLS socket
+    /// write carries its ciphertext.
+    pending_ssl: u64,
+    pending_ns: u64,
+    /// The thread's last read of a TLS connection's socket.
+    read_conn: u64,
+    read_ns: u64,
+    read_fd: i32,
+    _pad1: u32,
+}
+
+/// Per thread (pid_tgid). LRU: a thread that exits leaves an entry the next ones push out, and
+/// every memory in it is bounded in time.
+#[map]
+static TLS_THREADS: LruHashMap<u64, TlsThread> = LruHashMap::with_max_entries(16384, 0);
+
+/// Per (tgid, `SSL*`): the connection it encrypts.
+#[map]
+static TLS_TIES: LruHashMap<TlsKey, TlsTie> = LruHashMap::with_max_entries(65536, 0);
+
+/// Per connection id: the `SSL*` tied to it, so a write's ciphertext never ties a second one.
+#[map]
+static TLS_CONN_SSL: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
+
+const EMPTY: TlsThread = TlsThread {
+    ssl: 0,
+    buf: 0,
+    out: 0,
+    ts_enter_ns: 0,
+    api: 0,
+    live: 0,
+    _pad: [0; 6],
+    pending_ssl: 0,
+    pending_ns: 0,
+    read_conn: 0,
+    read_ns: 0,
+    read_fd: -1,
+    _pad1: 0,
+};
+
+#[inline(always)]
+fn thread_state(pid_tgid: u64) -> Option<*mut TlsThread> {
+    if let Some(ptr) = TLS_THREADS.get_ptr_mut(pid_tgid) {
+        return Some(ptr);
+    }
+    TLS_THREADS.insert(pid_tgid, EMPTY, 0).ok()?;
+    TLS_THREADS.get_ptr_mut(pid_tgid)
+}
+
+#[inline(always)]
+fn now() -> u64 {
+    // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+#[inline(always)]
+fn api(ctx: &impl EbpfContext) -> u8 {
+    // SAFETY: reads the attach cookie of the running program; no memory is touched.
+    unsafe { bpf_get_attach_cookie(ctx.as_ptr()) as u8 }
+}
+
+/// Entry of every hooked SSL function: saves its arguments for the return.
+#[uprobe]
+pub fn tls_call(ctx: ProbeContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if !traced((pid_tgid >> 32) as u32) {
+        return 0;
+    }
+    let api = api(&ctx);
+    let Some(state) = thread_state(pid_tgid) else {
+        return 0;
+    };
+    // SAFETY: a map value pointer of this thread's own entry; only this thread's programs
+    // write it (a racing LRU eviction can only lose the state, which then ties nothing).
+    let state = unsafe { &mut *state };
+    if state.live == 1 && api == TlsApi::Handshake as u8 {
+        // A handshake the library runs inside a read or write: the outer call keeps the slot.
+        return 0;
+    }
+    state.ssl = ctx.arg::<u64>(0).unwrap_or(0);
+    state.buf = ctx.arg::<u64>(1).unwrap_or(0);
+    state.out = if api == TlsApi::ReadEx as u8 || api == TlsApi::WriteEx as u8 {
+        ctx.arg::<u64>(3).unwrap_or(0)
+    } else {
+        0
+    };
+    state.api = api;
+    state.live = 1;
+    state.ts_enter_ns = now();
+    0
+}
+
+/// Return of every hooked SSL function: ties the `SSL*` if it is not yet, and emits the
+/// plaintext it moved as a read or write of its connection.
+#[uretprobe]
+pub fn tls_return(ctx: RetProbeContext) -> u32 {
+    let _ = try_return(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_return(ctx: &RetProbeContext) -> Result<(), i32> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if !traced(tgid) {
+        return Ok(());
+    }
+    let api = api(ctx);
+    let state = TLS_THREADS.get_ptr_mut(pid_tgid).ok_or(0)?;
+    // SAFETY: this thread's own entry (see `tls_call`).
+    let state = unsafe { &mut *state };
+    if state.live == 0 || state.api != api {
+        // The return of a handshake nested in a read or write, or of a call that began before
+        // the probes were attached.
+        return Ok(());
+    }
+    state.live = 0;
+    let rc: i32 = ctx.ret::<i32>();
+    let bytes: u64 = if api == TlsApi::Read as u8 || api == TlsApi::Write as u8 {
+        if rc > 0 { rc as u64 } else { 0 }
+    } else if (api == TlsApi::ReadEx as u8 || api == TlsApi::WriteEx as u8) && rc == 1 {
+        // SAFETY: the helper checks the user address and fails instead of faulting.
+        unsafe { bpf_probe_read_user(state.out as *const u64) }.unwrap_or(0)
+    } else {
+        0
+    };
+    let ssl = state.ssl;
+    let ts = now();
+    let mut conn = tied(tgid, ssl);
+    if conn.is_none() {
+        let reads = api == TlsApi::Read as u8 || api == TlsApi::ReadEx as u8;
+        let handshake = api == TlsApi::Handshake as u8;
+        if (reads || handshake)
+            && state.read_conn != 0
+            && ts.saturating_sub(state.read_ns) <= TIE_WINDOW_NS
+        {
+            conn = tie(tgid, ssl, state.read_fd, state.read_conn);
+        }
+        if conn.is_none() && !reads {
+            state.pending_ssl = ssl;
+            state.pending_ns = ts;
+        }
+    }
+    if api == TlsApi::Handshake as u8 && rc == 1 {
+        if let Some((fd, conn)) = conn {
+            // Not a data record: the fd's record numbers do not move.
+            let _ = emit_control(SyscallKind::Tls, tgid, pid_tgid as u32, fd, 1, conn, 0, 0);
+        }
+        return Ok(());
+    }
+    if bytes == 0 {
+        return Ok(());
+    }
+    let Some((fd, conn)) = conn else {
+        bump(Counter::TlsUntied);
+        return Ok(());
+    };
+    if ignored(tgid, fd_key(tgid, fd), conn.id) {
+        return Ok(());
+    }
+    let writes = api == TlsApi::Write as u8 || api == TlsApi::WriteEx as u8;
+    let inflight = Inflight {
+        ts_enter_ns: state.ts_enter_ns,
+        ptr: state.buf,
+        iovcnt: 0,
+        fd,
+        kind: if writes {
+            SyscallKind::Write as u8
+        } else {
+            SyscallKind::Read as u8
+        },
+        shape: Shape::Buffer,
+        live: 0,
+        wants_sock: 0,
+        conn_id: conn.id,
+        sock: conn.sock,
+        conn_flags: conn.flags,
+        _pad1: 0,
+    };
+    bump(Counter::TlsRecords);
+    emit_syscall(tgid, pid_tgid as u32, fd, bytes as i64, &inflight)
+}
+
+/// The connection `ssl` is tied to, if the fd still holds it.
+#[inline(always)]
+fn tied(tgid: u32, ssl: u64) -> Option<(i32, ConnEntry)> {
+    let key = TlsKey { ssl, tgid, _pad: 0 };
+    // SAFETY: the tie is copied out at once; a racing rewrite gives the old or the new tie,
+    // and either is checked against the fd's connection below.
+    let tie = unsafe { TLS_TIES.get(&key) }.copied()?;
+    live_conn(tgid, tie.fd, tie.conn_id).map(|conn| (tie.fd, conn))
+}
+
+/// The connection fd `fd` of `tgid` holds, if it is still `conn_id`.
+#[inline(always)]
+fn live_conn(tgid: u32, fd: i32, conn_id: u64) -> Option<ConnEntry> {
+    // SAFETY: the entry is copied out at once (see `save` in enter.rs).
+    let conn = unsafe { CONNS.get(fd_key(tgid, fd)) }.copied()?;
+    (conn.id == conn_id).then_some(conn)
+}
+
+/// Ties `ssl` to the connection `conn_id` on `fd`, unless that connection already has another
+/// live `SSL*`.
+#[inline(always)]
+fn tie(tgid: u32, ssl: u64, fd: i32, conn_id: u64) -> Option<(i32, ConnEntry)> {
+    let conn = live_conn(tgid, fd, conn_id)?;
+    if conn.flags & CONN_TLS == 0 {
+        return None;
+    }
+    // SAFETY: copied out at once; a racing tie of the same connection gives either pointer.
+    if let Some(other) = unsafe { TLS_CONN_SSL.get(conn_id) }.copied()
+        && other != ssl
+        && tied(tgid, other).is_some_and(|(_, c)| c.id == conn_id)
+    {
+        return None;
+    }
+    let key = TlsKey { ssl, tgid, _pad: 0 };
+    let value = TlsTie {
+        conn_id,
+        fd,
+        _pad: 0,
+    };
+    TLS_TIES.insert(&key, &value, 0).ok()?;
+    let _ = TLS_CONN_SSL.insert(conn_id, ssl, 0);
+    bump(Counter::TlsTies);
+    Some((fd, conn))
+}
+
+/// A socket read or write of a TLS connection (`conn`, on `fd`) entered on this thread: the SSL
+/// call in flight is doing it (socket BIO), an untied `SSL_write`'s ciphertext is going out
+/// (memory BIO), or, for a read, the thread remembers it for the `SSL*` that reads next.
+#[inline(always)]
+pub fn on_socket_io(pid_tgid: u64, fd: i32, conn: &ConnEntry, write: bool) {
+    let tgid = (pid_tgid >> 32) as u32;
+    let Some(state) = (if write {
+        TLS_THREADS.get_ptr_mut(pid_tgid)
+    } else {
+        thread_state(pid_tgid)
+    }) else {
+        return;
+    };
+    // SAFETY: this thread's own entry (see `tls_call`).
+    let state = unsafe { &mut *state };
+    if state.live == 1 && state.ssl != 0 {
+        if !tied(tgid, state.ssl).is_some_and(|(_, c)| c.id == conn.id) {
+            let _ = tie(tgid, state.ssl, fd, conn.id);
+        }
+    } else if write && state.pending_ssl != 0 {
+        if now().saturating_sub(state.pending_ns) <= TIE_WINDOW_NS
+            && tied(tgid, state.pending_ssl).is_none()
+        {
+            let _ = tie(tgid, state.pending_ssl, fd, conn.id);
+        }
+        state.pending_ssl = 0;
+    }
+    if !write {
+        state.read_fd = fd;
+        state.read_conn = conn.id;
+        state.read_ns = now();
+    }
+}
+
+/// Whether captured socket bytes begin with a TLS record header: a content type (change cipher
+/// spec, alert, handshake, application data), then version 3.x. No HTTP request or response,
+/// HTTP/2 preface or ZMTP greeting begins so.
+#[inline(always)]
+pub fn looks_like_tls(payload: &[u8], captured: usize) -> bool {
+    captured >= 5 && (20..=23).contains(&payload[0]) && payload[1] == 3 && payload[2] <= 4
+}
+
+/// A known connection's socket bytes turned out to be TLS: the connection is flagged (its
+/// ciphertext is no longer captured) and tied if an SSL call is doing this very syscall.
+/// Whether this call flagged it (and the caller tells user space).
+#[inline(always)]
+pub fn detected(pid_tgid: u64, fd: i32, conn_id: u64, write: bool) -> Option<ConnEntry> {
+    let tgid = (pid_tgid >> 32) as u32;
+    let entry = CONNS.get_ptr_mut(fd_key(tgid, fd))?;
+    // SAFETY: a map value pointer from the lookup; the id check keeps a racing close's new
+    // connection unflagged.
+    let conn = unsafe {
+        if (*entry).id != conn_id || (*entry).flags & CONN_TLS != 0 {
+            return None;
+        }
+        (*entry).flags |= CONN_TLS;
+        *entry
+    };
+    bump(Counter::TlsConnections);
+    on_socket_io(pid_tgid, fd, &conn, write);
+    Some(conn)
+}
