@@ -503,6 +503,11 @@ impl Connection {
             self.fail(ev, work.to_ignore);
             return;
         }
+        if self.reading.is_none() && self.waiting.is_empty() {
+            // An answer to no request this side holds (one whose bytes were never captured):
+            // the segments before it were that request's, not the next one's.
+            self.last_response_end_ns = self.last_response_end_ns.max(ev.ts_enter_ns);
+        }
         if self.hunt_response {
             if !head {
                 work.stats
