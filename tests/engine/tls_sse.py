@@ -9,11 +9,12 @@ just before each token event was handed to the TLS library, the server's own tru
   Both print "ready" once the port accepts connections; LOG gets one JSON line per request:
   {"id", "token_ns": [...], "events"}.
 
-  tls_sse.py load PORT CONNS REQS [PAUSE]
+  tls_sse.py load PORT CONNS REQS [PAUSE [MODEL]]
       CONNS keep-alive HTTPS connections, REQS requests each (POST /v1/chat/completions, stream,
-      max_tokens 8..31). One JSON line per request: {"id", "events", "start_ns", "first_ns",
-      "end_ns", "phase"}, then "done". With PAUSE, after PAUSE requests per connection prints
-      "paused" and waits for a line on stdin (to attach the agent to live TLS connections).
+      max_tokens 8..31, to MODEL, default "tls-test"). One JSON line per request: {"id",
+      "events" (those with generated text), "start_ns", "first_ns", "end_ns", "phase"}, then
+      "done". With PAUSE > 0, after PAUSE requests per connection prints "paused" and waits for
+      a line on stdin (to attach the agent to live TLS connections).
 """
 import json
 import socket
@@ -170,7 +171,15 @@ def serve_threaded(port, cert, key, log_path):
     httpd.serve_forever()
 
 
-def load(port, conns, reqs, pause):
+def has_text(event):
+    choices = event.get("choices") or []
+    if not choices:
+        return False
+    choice = choices[0]
+    return bool((choice.get("delta") or {}).get("content") or choice.get("text"))
+
+
+def load(port, conns, reqs, pause, model):
     import http.client
 
     context = ssl.create_default_context()
@@ -183,7 +192,14 @@ def load(port, conns, reqs, pause):
 
     def one(connection, n, phase):
         body = json.dumps(
-            {"model": "tls-test", "stream": True, "max_tokens": n, "messages": [{"role": "user", "content": "hi"}]}
+            {
+                "model": model,
+                "stream": True,
+                "max_tokens": n,
+                "ignore_eos": True,
+                # Words of the vLLM test model's vocabulary: one token each.
+                "messages": [{"role": "user", "content": " ".join(f"w{300 + k}" for k in range(12))}],
+            }
         )
         if connection.sock is None:
             # The handshake first: `start_ns` is when the request's own bytes were sent.
@@ -202,10 +218,13 @@ def load(port, conns, reqs, pause):
                 continue
             if line.startswith(b"data: [DONE]"):
                 continue
+            parsed = json.loads(line[6:])
+            rid = rid or parsed.get("id")
+            if not has_text(parsed):
+                continue
             if first is None:
                 first = time.monotonic_ns()
             events += 1
-            rid = rid or json.loads(line[6:])["id"]
         end = time.monotonic_ns()
         with lock:
             print(
@@ -254,6 +273,12 @@ if __name__ == "__main__":
     elif mode == "threaded":
         serve_threaded(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5])
     elif mode == "load":
-        load(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]) if len(sys.argv) > 5 else 0)
+        load(
+            int(sys.argv[2]),
+            int(sys.argv[3]),
+            int(sys.argv[4]),
+            int(sys.argv[5]) if len(sys.argv) > 5 else 0,
+            sys.argv[6] if len(sys.argv) > 6 else "tls-test",
+        )
     else:
         sys.exit(f"unknown mode {mode}")

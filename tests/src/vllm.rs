@@ -42,6 +42,9 @@ pub struct VllmOptions {
     pub extra: Vec<String>,
     /// More environment for `vllm serve` and its EngineCore (e.g. the mock CUDA stack).
     pub env: Vec<(String, String)>,
+    /// Served over HTTPS (`extra` names the certificate): readiness is then uvicorn's start-up
+    /// line and an open port, not a plain-HTTP /health.
+    pub https: bool,
 }
 
 impl Default for VllmOptions {
@@ -56,6 +59,7 @@ impl Default for VllmOptions {
             token_us: 20.0,
             extra: Vec::new(),
             env: Vec::new(),
+            https: false,
         }
     }
 }
@@ -112,7 +116,7 @@ impl VllmServer {
             truth,
             log,
         };
-        server.wait_ready();
+        server.wait_ready(o.https);
         server
     }
 
@@ -121,7 +125,7 @@ impl VllmServer {
         self.child.id()
     }
 
-    fn wait_ready(&mut self) {
+    fn wait_ready(&mut self, https: bool) {
         let deadline = Instant::now() + Duration::from_secs(240);
         while Instant::now() < deadline {
             if let Some(status) = self.child.try_wait().expect("waiting on vLLM") {
@@ -130,7 +134,13 @@ impl VllmServer {
                     std::fs::read_to_string(&self.log).unwrap_or_default()
                 );
             }
-            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
+            if https {
+                let started = std::fs::read_to_string(&self.log)
+                    .is_ok_and(|log| log.contains("Application startup complete"));
+                if started && TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                    return;
+                }
+            } else if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
                 let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
                 let _ =
                     s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");

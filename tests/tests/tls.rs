@@ -21,7 +21,7 @@ use std::{
 use inferscope_integration_tests::{
     agent::{Counters, Recorder},
     engine, free_port, test_dir,
-    vllm::vllm_python,
+    vllm::{VllmOptions, VllmServer, vllm_python},
 };
 use serde_json::Value;
 
@@ -123,14 +123,26 @@ fn start(kind: Server, dir: &Path) -> Running {
 /// The client: `conns` keep-alive connections, `reqs` requests each; with `pause`, it stops
 /// after that many requests per connection until [`Paused::resume`].
 fn load(run: &Running, conns: usize, reqs: usize, pause: usize) -> (Child, Option<ChildStdin>) {
-    let mut child = Command::new(&run.python)
+    load_model(&run.python, run.port, conns, reqs, pause, "tls-test")
+}
+
+fn load_model(
+    python: &Path,
+    port: u16,
+    conns: usize,
+    reqs: usize,
+    pause: usize,
+    model: &str,
+) -> (Child, Option<ChildStdin>) {
+    let mut child = Command::new(python)
         .arg(script())
         .args([
             "load",
-            &run.port.to_string(),
+            &port.to_string(),
             &conns.to_string(),
             &reqs.to_string(),
             &pause.to_string(),
+            model,
         ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -371,4 +383,64 @@ fn without_the_tls_probes_https_is_counted_as_undecoded() {
             .contains("serves TLS that inferscope cannot decrypt"),
         "no warning in the agent's log"
     );
+}
+
+/// vLLM's own OpenAI server (uvicorn on uvloop) over HTTPS, on its real scheduler: every
+/// request is joined to its admission, steps and prompt tokens exactly as over plain HTTP.
+#[test]
+fn vllm_over_https_is_joined_to_its_scheduler() {
+    let dir = test_dir("tls-vllm");
+    let (cert, key) = certificate(&dir);
+    let port = free_port();
+    let path = |p: &Path| p.to_string_lossy().into_owned();
+    let opts = VllmOptions {
+        max_num_seqs: 16,
+        https: true,
+        extra: vec![
+            "--ssl-keyfile".into(),
+            path(&key),
+            "--ssl-certfile".into(),
+            path(&cert),
+        ],
+        ..Default::default()
+    };
+    let server = VllmServer::start(&dir.join("vllm"), port, &opts);
+    let mut recorder = Recorder::start(&dir, &["--port", &port.to_string()]);
+    recorder.wait_attached(server.pid(), Duration::from_secs(60));
+
+    let (client, _stdin) = load_model(&vllm_python(), port, 16, 2, 0, "tiny");
+    let calls = finish_load(client);
+    assert_eq!(calls.len(), 32);
+    recorder.wait_records(Duration::from_secs(60), "every request's record", |r| {
+        r.iter()
+            .filter(|r| r["path"] == "/v1/chat/completions")
+            .count()
+            >= calls.len()
+    });
+    let log = recorder.log.clone();
+    let records = recorder.stop();
+    for call in &calls {
+        let r = records
+            .iter()
+            .find(|r| r["response_id"] == call["id"])
+            .unwrap_or_else(|| panic!("no record for {call}"));
+        assert_eq!(r["tls"], true, "{r}");
+        assert_eq!(r["engine"], "vllm", "{r}");
+        assert_eq!(r["ended_by"], "complete", "{r}");
+        assert_eq!(r["capture_truncated"], false, "{r}");
+        assert_eq!(r["output_chunks"], call["events"], "{r} {call}");
+        for joined in ["admitted_mono_ns", "queue_wait_ms", "prefill_ms", "prompt_tokens"] {
+            assert!(!r[joined].is_null(), "{joined} not joined: {r}");
+        }
+        assert!(r["prefill_steps"].as_u64().unwrap() >= 1, "{r}");
+        let wire = r["arrival_wire_mono_ns"].as_u64().unwrap();
+        let first = r["first_token_mono_ns"].as_u64().unwrap();
+        assert!(wire >= call["start_ns"].as_u64().unwrap(), "{r} {call}");
+        assert!(first > wire && first <= call["first_ns"].as_u64().unwrap(), "{r} {call}");
+    }
+    let counters = Counters::beside(&log);
+    assert_eq!(counters.get("kernel_tls_connections"), 16);
+    for zero in ["tls_connections_undecoded", "requests_lost", "arrival_wire_unknown"] {
+        assert_eq!(counters.get(zero), 0, "{zero}");
+    }
 }
