@@ -62,6 +62,7 @@ impl Launcher for Vllm {
             token_us: self.token_us,
             extra: Vec::new(),
             env: Vec::new(),
+            https: false,
         };
         let dir = work_dir(port);
         let _ = std::fs::remove_dir_all(&dir);

@@ -74,7 +74,9 @@ fn script() -> PathBuf {
 fn certificate(dir: &Path) -> (PathBuf, PathBuf) {
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
     let status = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"])
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
         .args(["-subj", "/CN=127.0.0.1", "-keyout"])
         .arg(&key)
         .arg("-out")
@@ -214,17 +216,17 @@ fn check(records: &[Value], calls: &[Value], server: &HashMap<String, Vec<u64>>)
         assert!(first <= call["first_ns"].as_u64().unwrap(), "{r} {call}");
         let last = r["last_token_mono_ns"].as_u64().unwrap();
         let server_last = *tokens.last().unwrap();
-        assert!(
-            last >= server_last && last - server_last < 1_000_000,
-            "{r}"
-        );
+        assert!(last >= server_last && last - server_last < 1_000_000, "{r}");
         // The request's own segment: after the client sent it (its handshake was done before
         // `start_ns`), before the server read it.
         let wire = r["arrival_wire_mono_ns"]
             .as_u64()
             .unwrap_or_else(|| panic!("no wire arrival: {r}"));
         let sent = call["start_ns"].as_u64().unwrap();
-        assert!(wire >= sent, "wire {wire} before the client sent {sent}: {r}");
+        assert!(
+            wire >= sent,
+            "wire {wire} before the client sent {sent}: {r}"
+        );
         assert!(wire <= r["arrival_read_mono_ns"].as_u64().unwrap(), "{r}");
         let truth_ms = (tokens[0] - sent) as f64 / 1e6;
         errors.push((r["ttft_ms"].as_f64().unwrap() - truth_ms).abs());
@@ -329,15 +331,17 @@ fn live_tls_connections_are_joined(kind: Server, name: &str) -> (Vec<Value>, Cou
     let server = server_log(&run.log);
     let recorded: Vec<Value> = after
         .iter()
-        .filter(|c| {
-            records
-                .iter()
-                .any(|r| r["response_id"] == c["id"])
-        })
+        .filter(|c| records.iter().any(|r| r["response_id"] == c["id"]))
         .cloned()
         .collect();
     check(&records, &recorded, &server);
-    (after.into_iter().filter(|c| !recorded.contains(c)).collect(), counters)
+    (
+        after
+            .into_iter()
+            .filter(|c| !recorded.contains(c))
+            .collect(),
+        counters,
+    )
 }
 
 #[test]
@@ -429,18 +433,30 @@ fn vllm_over_https_is_joined_to_its_scheduler() {
         assert_eq!(r["ended_by"], "complete", "{r}");
         assert_eq!(r["capture_truncated"], false, "{r}");
         assert_eq!(r["output_chunks"], call["events"], "{r} {call}");
-        for joined in ["admitted_mono_ns", "queue_wait_ms", "prefill_ms", "prompt_tokens"] {
+        for joined in [
+            "admitted_mono_ns",
+            "queue_wait_ms",
+            "prefill_ms",
+            "prompt_tokens",
+        ] {
             assert!(!r[joined].is_null(), "{joined} not joined: {r}");
         }
         assert!(r["prefill_steps"].as_u64().unwrap() >= 1, "{r}");
         let wire = r["arrival_wire_mono_ns"].as_u64().unwrap();
         let first = r["first_token_mono_ns"].as_u64().unwrap();
         assert!(wire >= call["start_ns"].as_u64().unwrap(), "{r} {call}");
-        assert!(first > wire && first <= call["first_ns"].as_u64().unwrap(), "{r} {call}");
+        assert!(
+            first > wire && first <= call["first_ns"].as_u64().unwrap(),
+            "{r} {call}"
+        );
     }
     let counters = Counters::beside(&log);
     assert_eq!(counters.get("kernel_tls_connections"), 16);
-    for zero in ["tls_connections_undecoded", "requests_lost", "arrival_wire_unknown"] {
+    for zero in [
+        "tls_connections_undecoded",
+        "requests_lost",
+        "arrival_wire_unknown",
+    ] {
         assert_eq!(counters.get(zero), 0, "{zero}");
     }
 }

@@ -65,8 +65,7 @@ fn take_last(times: &mut VecDeque<u64>, after_ns: u64, upto_ns: u64) -> Option<u
     let found = times
         .iter()
         .copied()
-        .filter(|&t| t > after_ns && t <= upto_ns)
-        .last();
+        .rfind(|&t| t > after_ns && t <= upto_ns);
     while times.front().is_some_and(|&t| t <= upto_ns) {
         times.pop_front();
     }
@@ -252,5 +251,24 @@ mod tests {
         assert_eq!(index.first_arrival_on(0xb0, 0, 20_000_150), None);
         index.forget_sock(0xa0);
         assert!(index.is_empty());
+    }
+
+    #[test]
+    fn the_last_segment_of_a_window_can_be_picked() {
+        let mut index = ArrivalIndex::default();
+        for ts_ns in [10, 20, 30, 40] {
+            index.on_segment(&Segment {
+                ts_ns,
+                local_port: 8443,
+                remote: "127.0.0.1".parse().unwrap(),
+                remote_port: 40000,
+                data_len: 100,
+                sock: 7,
+            });
+        }
+        assert_eq!(index.arrival_on(7, 10, 30, Pick::Last), Some(30));
+        // Consumed up to the window's end.
+        assert_eq!(index.arrival_on(7, 0, 40, Pick::First), Some(40));
+        assert_eq!(index.arrival_on(7, 0, 40, Pick::Last), None);
     }
 }

@@ -1143,6 +1143,63 @@ mod tests {
         assert_eq!(out[0].arrival_wire_mono_ns, Some(15 * second - 20_000_000));
     }
 
+    /// A TLS connection's first request: the segments before the handshake's end are the
+    /// handshake's (ClientHello, the client's key exchange), except with TLS 1.3 the last one
+    /// when the request came right behind the client's Finished.
+    #[test]
+    fn a_tls_requests_wire_arrival_is_its_segment_not_the_handshakes() {
+        let run = |segments: &[u64], handshake_ns: u64| {
+            let mut t = Tracker::new(Limits::default());
+            let mut out = Vec::new();
+            let sock = 0xffff_8880_1234_5600;
+            let flags = inferscope_common::CONN_KNOWN
+                | inferscope_common::CONN_INET
+                | inferscope_common::CONN_TLS;
+            let on = |e: SyscallEvent<'static>| SyscallEvent {
+                conn_gen: inferscope_common::CONN_ID_BIT | 300,
+                conn_flags: flags,
+                sock,
+                ..e
+            };
+            for &ts_ns in segments {
+                t.on_segment(&Segment {
+                    ts_ns,
+                    local_port: 8443,
+                    remote: "127.0.0.1".parse().unwrap(),
+                    remote_port: 40000,
+                    data_len: 300,
+                    sock,
+                });
+            }
+            let peer = Peer {
+                sock,
+                tls: true,
+                ..Peer::default()
+            };
+            let mut accept = on(ev(SyscallKind::Accept, 1_000, b""));
+            accept.ret = 10;
+            t.on_accept(&accept, peer, &mut out);
+            let mut done = on(ev(SyscallKind::Tls, handshake_ns, b""));
+            done.ret = 1;
+            t.on_tls_handshake(&done);
+            let get = b"GET /a HTTP/1.1\r\nHost: a\r\n\r\n";
+            t.on_read(&on(ev(SyscallKind::Read, 50_000, get)), peer, &mut out);
+            let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
+            t.on_write(&on(ev(SyscallKind::Write, 60_000, ok)), peer, &mut out);
+            assert_eq!(out.len(), 1, "{out:#?}");
+            assert!(out[0].tls);
+            out[0].arrival_wire_mono_ns
+        };
+        // TLS 1.2: ClientHello, key exchange; the server's Finished ends its handshake; then
+        // the request.
+        assert_eq!(run(&[2_000, 10_000, 30_000], 20_000), Some(30_000));
+        // TLS 1.3: ClientHello; the client's Finished and the request, both read before the
+        // server's handshake ended.
+        assert_eq!(run(&[2_000, 18_000, 18_500], 20_000), Some(18_500));
+        // TLS 1.3, the request behind the handshake's end.
+        assert_eq!(run(&[2_000, 18_000, 25_000], 20_000), Some(25_000));
+    }
+
     #[test]
     fn the_kernels_connection_id_keeps_a_reused_fd_number_apart() {
         let mut t = Tracker::new(Limits::default());

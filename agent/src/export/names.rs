@@ -60,13 +60,19 @@ pub fn request_attributes(timeline: &RequestTimeline) -> Vec<KeyValue> {
         ),
     ];
     if let Some(h2) = &r.http2 {
-        a.push(KeyValue::new("inferscope.http2.stream_id", i64::from(h2.stream_id)));
+        a.push(KeyValue::new(
+            "inferscope.http2.stream_id",
+            i64::from(h2.stream_id),
+        ));
         a.push(KeyValue::new("inferscope.http2.stream_end", h2.stream_end));
         if let Some(status) = h2.grpc_status {
             a.push(KeyValue::new("rpc.grpc.status_code", i64::from(status)));
         }
         if let Some(content_type) = &h2.content_type {
-            a.push(KeyValue::new("inferscope.http2.content_type", content_type.clone()));
+            a.push(KeyValue::new(
+                "inferscope.http2.content_type",
+                content_type.clone(),
+            ));
         }
     }
     if let Some(reason) = &r.incomplete {

@@ -199,3 +199,23 @@ fn ipc_bytes<'a>(ev: &SyscallEvent<'a>) -> IpcBytes<'a> {
         lost,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::PerProcess;
+
+    #[test]
+    fn tls_is_decoded_only_where_the_probes_are_attached() {
+        let mut tls = TlsProcesses::default();
+        tls.probed(10);
+        assert!(tls.decodes(10));
+        assert!(!tls.decodes(11));
+        assert!(!tls.decodes(11));
+        assert_eq!(tls.warned.len(), 1, "one warning per process");
+        tls.process_gone(10);
+        tls.process_gone(11);
+        assert!(!tls.decodes(10));
+        assert!(tls.probed.is_empty());
+    }
+}

@@ -6,8 +6,9 @@ use aya_ebpf::{
 use core::mem::size_of;
 
 use inferscope_common::{
-    CONN_ID_BIT, CONN_INET, CONN_KNOWN, CONN_SHARED, CONN_TLS, CompactWriteRecord, ConnEntry, Counter,
-    FLAG_COPY_FAILED, FLAG_TOKEN, FLAG_TRUNCATED, RecordType, SyscallKind, SyscallRecord, fd_key,
+    CONN_ID_BIT, CONN_INET, CONN_KNOWN, CONN_SHARED, CONN_TLS, CompactWriteRecord, ConnEntry,
+    Counter, FLAG_COPY_FAILED, FLAG_TOKEN, FLAG_TRUNCATED, RecordType, SyscallKind, SyscallRecord,
+    fd_key,
 };
 
 use super::{copy::copy_payload, enter::close_fd, token::Verdict};
@@ -133,7 +134,13 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
 /// Writes the syscall's record, with up to the capture limit of the bytes it moved. Shared
 /// with the TLS library probes, whose plaintext goes out exactly like a socket's bytes.
 #[inline(always)]
-pub(super) fn emit_syscall(tgid: u32, tid: u32, fd: i32, ret: i64, inflight: &Inflight) -> Result<(), i32> {
+pub(super) fn emit_syscall(
+    tgid: u32,
+    tid: u32,
+    fd: i32,
+    ret: i64,
+    inflight: &Inflight,
+) -> Result<(), i32> {
     let kind = inflight.kind;
     let scratch = SCRATCH.get_ptr_mut(0).ok_or(0)?;
     // SAFETY: a per-CPU map value, valid for the map's life; programs do not migrate or nest

@@ -246,7 +246,7 @@ fn tied(tgid: u32, ssl: u64) -> Option<(i32, ConnEntry)> {
     let key = TlsKey { ssl, tgid, _pad: 0 };
     // SAFETY: the tie is copied out at once; a racing rewrite gives the old or the new tie,
     // and either is checked against the fd's connection below.
-    let tie = unsafe { TLS_TIES.get(&key) }.copied()?;
+    let tie = unsafe { TLS_TIES.get(key) }.copied()?;
     live_conn(tgid, tie.fd, tie.conn_id).map(|conn| (tie.fd, conn))
 }
 
@@ -279,7 +279,7 @@ fn tie(tgid: u32, ssl: u64, fd: i32, conn_id: u64) -> Option<(i32, ConnEntry)> {
         fd,
         _pad: 0,
     };
-    TLS_TIES.insert(&key, &value, 0).ok()?;
+    TLS_TIES.insert(key, value, 0).ok()?;
     let _ = TLS_CONN_SSL.insert(conn_id, ssl, 0);
     bump(Counter::TlsTies);
     Some((fd, conn))
@@ -301,7 +301,7 @@ pub fn on_socket_io(pid_tgid: u64, fd: i32, conn: &ConnEntry, write: bool) {
     // SAFETY: this thread's own entry (see `tls_call`).
     let state = unsafe { &mut *state };
     if state.live == 1 && state.ssl != 0 {
-        if !tied(tgid, state.ssl).is_some_and(|(_, c)| c.id == conn.id) {
+        if tied(tgid, state.ssl).is_none_or(|(_, c)| c.id != conn.id) {
             let _ = tie(tgid, state.ssl, fd, conn.id);
         }
     } else if write && state.pending_ssl != 0 {
