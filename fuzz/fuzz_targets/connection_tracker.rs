@@ -69,6 +69,8 @@ impl Feed {
             SyscallKind::Write => self.t.on_write(&ev, peer, &mut self.out),
             SyscallKind::Close => self.t.on_close(&ev, &mut self.out),
             SyscallKind::Shutdown => self.t.on_shutdown(&ev),
+            // A TLS handshake's end: moves where the next request's wire arrival is looked for.
+            SyscallKind::Tls => self.t.on_tls_handshake(&SyscallEvent { ret: 1, ..ev }),
             SyscallKind::Accept => {
                 let ev = SyscallEvent { ret: 3, ..ev };
                 self.t.on_accept(&ev, peer, &mut self.out)
@@ -117,9 +119,10 @@ fuzz_target!(|data: &[u8]| {
                 f.event(kind, bytes, 0);
             }
             _ => {
-                match param % 3 {
+                match param % 4 {
                     0 => f.event(SyscallKind::Close, b"", 0),
                     1 => f.event(SyscallKind::Accept, b"", 0),
+                    2 => f.event(SyscallKind::Tls, b"", 0),
                     _ => f.event(SyscallKind::Shutdown, b"", 0),
                 }
             }

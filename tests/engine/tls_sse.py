@@ -17,6 +17,7 @@ just before each token event was handed to the TLS library, the server's own tru
       a line on stdin (to attach the agent to live TLS connections).
 """
 import json
+import os
 import socket
 import ssl
 import sys
@@ -24,6 +25,8 @@ import threading
 import time
 
 DONE = b"data: [DONE]\n\n"
+# Pause between token events (ms): a generating engine's pace; 0 for throughput benchmarks.
+TOKEN_DELAY_S = float(os.environ.get("TLS_SSE_TOKEN_DELAY_MS", "2")) / 1000
 
 
 def event(rid, i):
@@ -106,7 +109,7 @@ def serve_uvicorn(port, cert, key, log_path):
         )
         token_ns = []
         for i in range(n):
-            await asyncio.sleep(0.002)
+            await asyncio.sleep(TOKEN_DELAY_S)
             data = event(rid, i)
             token_ns.append(time.monotonic_ns())
             await send({"type": "http.response.body", "body": data, "more_body": True})
@@ -149,7 +152,7 @@ def serve_threaded(port, cert, key, log_path):
             self.wfile.flush()
             token_ns = []
             for i in range(n):
-                time.sleep(0.002)
+                time.sleep(TOKEN_DELAY_S)
                 data = event(rid, i)
                 token_ns.append(time.monotonic_ns())
                 # One chunk, one write: one SSL_write per token event.
