@@ -229,6 +229,12 @@ impl Header {
 }
 
 /// Whether `bytes` start with a plausible frame header, and so do the next few frames they hold.
+/// Bytes lost that can be counted: `u64::MAX` stands for an unknown number (dropped records),
+/// which adds nothing to the count of bytes skipped.
+fn known(lost: u64) -> u64 {
+    if lost == u64::MAX { 0 } else { lost }
+}
+
 fn plausible_start(bytes: &[u8]) -> bool {
     let mut rest = bytes;
     for _ in 0..=HUNT_CHAIN {
@@ -382,7 +388,7 @@ impl FrameDecoder {
                 self.state = State::Hunting {
                     skipped: skipped
                         .saturating_add(bytes.len() as u64)
-                        .saturating_add(lost),
+                        .saturating_add(known(lost)),
                 };
                 return;
             }
@@ -661,6 +667,8 @@ impl FrameDecoder {
     }
 
     /// `n` bytes the capture lost after what was fed.
+    /// `n` bytes that followed were not captured (`u64::MAX`: an unknown number, records were
+    /// dropped).
     fn lose(&mut self, n: u64, on: &mut dyn FnMut(Frame<'_>)) {
         let within = matches!(self.state, State::Payload) && n <= self.left as u64;
         if !within {
@@ -669,7 +677,7 @@ impl FrameDecoder {
             }
             if !matches!(self.state, State::Failed | State::Hunting { .. }) {
                 self.head_len = 0;
-                self.state = State::Hunting { skipped: n };
+                self.state = State::Hunting { skipped: known(n) };
                 on(Frame::FramingLost);
             }
             return;
