@@ -52,6 +52,7 @@ fn event(kind: SyscallKind, fd: i32, ts: u64, payload: &[u8]) -> SyscallEvent<'_
         conn_flags: 0,
         sock: 0,
         conn_seq: None,
+        read_seq: None,
         lost_heads: 0,
         payload,
         more: false,

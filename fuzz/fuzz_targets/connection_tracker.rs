@@ -24,7 +24,8 @@ const REQUEST: &[u8] = b"POST /v1/chat/completions HTTP/1.1\r\nContent-Type: app
 struct Feed {
     t: Tracker,
     out: Vec<inferscope::model::RequestRecord>,
-    seq: u32,
+    /// The kernel's next read and write numbers (reads and writes are numbered apart).
+    seq: [u32; 2],
     lost_heads: u32,
     ts: u64,
     heads_shown: u64,
@@ -55,14 +56,24 @@ impl Feed {
             conn_gen: 0,
             conn_flags: 0,
             sock: 0,
-            conn_seq: Some(self.seq),
+            conn_seq: Some(if kind == SyscallKind::Read {
+                self.seq[0]
+            } else {
+                self.seq[1]
+            }),
+            read_seq: (kind == SyscallKind::Close).then_some(self.seq[0]),
             lost_heads: self.lost_heads,
             payload: if token { b"" } else { shown },
             more: false,
             chunk_offset: None,
             token,
         };
-        self.seq = self.seq.wrapping_add(1);
+        match kind {
+            SyscallKind::Read => self.seq[0] = self.seq[0].wrapping_add(1),
+            SyscallKind::Write => self.seq[1] = self.seq[1].wrapping_add(1),
+            SyscallKind::Accept => self.seq = [0, 0],
+            _ => {}
+        }
         let peer = Peer::default();
         match kind {
             SyscallKind::Read => self.t.on_read(&ev, peer, &mut self.out),
@@ -89,7 +100,7 @@ fuzz_target!(|data: &[u8]| {
             max_sse_event_bytes: 128,
         }),
         out: Vec::new(),
-        seq: 0,
+        seq: [0, 0],
         lost_heads: 0,
         ts: 0,
         heads_shown: 0,
@@ -108,8 +119,12 @@ fuzz_target!(|data: &[u8]| {
             4 => {
                 // Records lost in the ring buffer; some were response heads.
                 let records = (param % 8) as u32 + 1;
-                f.seq = f.seq.wrapping_add(records);
-                f.lost_heads = f.lost_heads.wrapping_add((param / 8) as u32 % (records + 1));
+                // Reads or writes (by the parameter's parity); heads only among writes.
+                let dir = param % 2;
+                f.seq[dir] = f.seq[dir].wrapping_add(records);
+                if dir == 1 {
+                    f.lost_heads = f.lost_heads.wrapping_add((param / 8) as u32 % (records + 1));
+                }
             }
             5 | 6 => {
                 let len = param.min(data.len() - i);

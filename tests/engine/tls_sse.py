@@ -13,7 +13,7 @@ just before each token event was handed to the TLS library, the server's own tru
       CONNS keep-alive HTTPS connections, REQS requests each (POST /v1/chat/completions, stream,
       max_tokens 8..31, to MODEL, default "tls-test"). One JSON line per request: {"id",
       "events" (those with generated text), "start_ns", "first_ns", "end_ns", "phase"}, then
-      "done". With PAUSE > 0, after PAUSE requests per connection prints "paused" and waits for
+      "done" ("conn": which of the CONNS connections carried it). With PAUSE > 0, after PAUSE requests per connection prints "paused" and waits for
       a line on stdin (to attach the agent to live TLS connections).
 """
 import json
@@ -193,7 +193,7 @@ def load(port, conns, reqs, pause, model):
     go = threading.Event()
     failures = []
 
-    def one(connection, n, phase):
+    def one(connection, n, phase, k):
         body = json.dumps(
             {
                 "model": model,
@@ -232,7 +232,15 @@ def load(port, conns, reqs, pause, model):
         with lock:
             print(
                 json.dumps(
-                    {"id": rid, "events": events, "start_ns": start, "first_ns": first, "end_ns": end, "phase": phase}
+                    {
+                        "id": rid,
+                        "events": events,
+                        "start_ns": start,
+                        "first_ns": first,
+                        "end_ns": end,
+                        "phase": phase,
+                        "conn": k,
+                    }
                 ),
                 flush=True,
             )
@@ -245,7 +253,7 @@ def load(port, conns, reqs, pause, model):
                     paused.wait()
                     go.wait()
                 n = 8 + (k * 7 + j * 3) % 24
-                one(connection, n, "after" if pause and j >= pause else "before")
+                one(connection, n, "after" if pause and j >= pause else "before", k)
             connection.close()
         except Exception as e:  # noqa: BLE001 - reported, and the run fails
             with lock:

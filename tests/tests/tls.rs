@@ -192,6 +192,7 @@ fn check(records: &[Value], calls: &[Value], server: &HashMap<String, Vec<u64>>)
         .filter_map(|r| Some((r["response_id"].as_str()?, r)))
         .collect();
     let mut errors = Vec::new();
+    let mut handoffs = Vec::new();
     for call in calls {
         let id = call["id"].as_str().unwrap();
         let r = by_id
@@ -207,16 +208,22 @@ fn check(records: &[Value], calls: &[Value], server: &HashMap<String, Vec<u64>>)
         assert_eq!(r["output_chunks"], call["events"], "{r} {call}");
         assert_eq!(tokens.len() as u64, call["events"].as_u64().unwrap());
         // The first token is the server's own hand-off to TLS, before the client decrypted it.
+        // The server's stamp precedes its SSL_write by its own work, and on the threaded server
+        // by a GIL hand-over at worst (5 ms switch interval): bounded here, the median below.
         let first = r["first_token_mono_ns"].as_u64().unwrap();
         assert!(
-            first >= tokens[0] && first - tokens[0] < 1_000_000,
+            first >= tokens[0] && first - tokens[0] < 10_000_000,
             "first token {first} vs the server's {}: {r}",
             tokens[0]
         );
+        handoffs.push((first - tokens[0]) as f64 / 1e6);
         assert!(first <= call["first_ns"].as_u64().unwrap(), "{r} {call}");
         let last = r["last_token_mono_ns"].as_u64().unwrap();
         let server_last = *tokens.last().unwrap();
-        assert!(last >= server_last && last - server_last < 1_000_000, "{r}");
+        assert!(
+            last >= server_last && last - server_last < 10_000_000,
+            "{r}"
+        );
         // The request's own segment: after the client sent it (its handshake was done before
         // `start_ns`), before the server read it.
         let wire = r["arrival_wire_mono_ns"]
@@ -231,8 +238,43 @@ fn check(records: &[Value], calls: &[Value], server: &HashMap<String, Vec<u64>>)
         let truth_ms = (tokens[0] - sent) as f64 / 1e6;
         errors.push((r["ttft_ms"].as_f64().unwrap() - truth_ms).abs());
     }
+    same_connections(records, calls);
+    handoffs.sort_by(f64::total_cmp);
+    if let Some(median) = handoffs.get(handoffs.len() / 2) {
+        assert!(
+            *median < 0.5,
+            "first token vs the server's hand-off, median {median} ms: {handoffs:?}"
+        );
+    }
     errors.sort_by(f64::total_cmp);
     errors
+}
+
+/// Every request one client connection sent is recorded on one agent connection, and no two
+/// client connections share one: plaintext never crosses connections.
+fn same_connections(records: &[Value], calls: &[Value]) {
+    let mut by_client: HashMap<u64, std::collections::HashSet<u64>> = HashMap::new();
+    for call in calls {
+        let Some(r) = records.iter().find(|r| r["response_id"] == call["id"]) else {
+            continue;
+        };
+        by_client
+            .entry(call["conn"].as_u64().unwrap())
+            .or_default()
+            .insert(r["connection_id"].as_u64().unwrap());
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (client, agent) in &by_client {
+        assert_eq!(
+            agent.len(),
+            1,
+            "client connection {client} became {agent:?}"
+        );
+        assert!(
+            seen.insert(*agent.iter().next().unwrap()),
+            "two client connections on one agent connection: {by_client:?}"
+        );
+    }
 }
 
 fn assert_close(errors: &[f64]) {
@@ -456,6 +498,107 @@ fn vllm_over_https_is_joined_to_its_scheduler() {
         "tls_connections_undecoded",
         "requests_lost",
         "arrival_wire_unknown",
+    ] {
+        assert_eq!(counters.get(zero), 0, "{zero}");
+    }
+}
+
+/// HTTP/2 over TLS (ALPN h2): a gRPC-style server on Python's ssl (`tests/engine/h2_tls.py`),
+/// answering each stream from its own thread while its reader thread reads the next frames,
+/// and curl multiplexing 24 calls on one connection, three times. One record per stream, with
+/// the path curl sent (HPACK, Huffman-coded), the server's message count, and no gap: reads
+/// and writes of one connection by two threads are numbered apart in the kernel.
+#[test]
+fn grpc_over_http2_and_tls_has_one_record_per_stream() {
+    let dir = test_dir("tls-h2");
+    let (cert, key) = certificate(&dir);
+    let port = free_port();
+    let log = dir.join("server.jsonl");
+    let python = engine::python();
+    let mut child = Command::new(&python)
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("engine/h2_tls.py"))
+        .arg(port.to_string())
+        .args([&cert, &key, &log])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting the HTTP/2 server");
+    let mut ready = String::new();
+    BufReader::new(child.stdout.take().expect("server stdout"))
+        .read_line(&mut ready)
+        .expect("server ready line");
+    assert_eq!(ready.trim(), "ready");
+    let server = KillOnDrop(child);
+    let pid = server.0.id();
+    let mut recorder = Recorder::start(&dir, &["--pid", &pid.to_string()]);
+    recorder.wait_attached(pid, Duration::from_secs(30));
+
+    // One gRPC message asking for nothing in particular: the server picks the count.
+    let body = dir.join("request.bin");
+    std::fs::write(&body, [0, 0, 0, 0, 1, 5]).unwrap();
+    const CALLS: usize = 24;
+    const ROUNDS: usize = 3;
+    let url = format!("https://127.0.0.1:{port}/inferscope.test.Gen/Stream");
+    for round in 0..ROUNDS {
+        let mut curl = Command::new("curl");
+        curl.args(["-sSk", "--http2", "--parallel", "--parallel-max", "24"])
+            .args(["-H", "content-type: application/grpc", "-H", "te: trailers"])
+            .arg("--data-binary")
+            .arg(format!("@{}", body.display()));
+        for call in 0..CALLS {
+            curl.arg("-o")
+                .arg(dir.join(format!("out-{round}-{call}")))
+                .arg(&url);
+        }
+        let status = curl.status().expect("running curl");
+        assert!(status.success(), "curl failed: {status}");
+    }
+    recorder.wait_records(Duration::from_secs(30), "every stream's record", |r| {
+        r.len() >= CALLS * ROUNDS
+    });
+    let agent_log = recorder.log.clone();
+    let records = recorder.stop();
+    assert_eq!(records.len(), CALLS * ROUNDS, "{records:#?}");
+    let served: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(served.len(), CALLS * ROUNDS);
+    for r in &records {
+        let h2 = &r["http2"];
+        assert_eq!(r["tls"], true, "{r}");
+        assert_eq!(r["method"], "POST", "{r}");
+        assert_eq!(r["path"], "/inferscope.test.Gen/Stream", "{r}");
+        assert_eq!(h2["content_type"], "application/grpc", "{r}");
+        assert_eq!(h2["grpc_status"], 0, "{r}");
+        assert_eq!(h2["stream_end"], "end_stream", "{r}");
+        assert_eq!(r["capture_truncated"], false, "{r}");
+        assert!(r["incomplete"].is_null(), "{r}");
+        let stream = h2["stream_id"].as_u64().unwrap();
+        assert_eq!(h2["response_messages"], 4 + (stream / 2) % 20, "{r}");
+        assert_eq!(r["output_chunks"], h2["response_messages"], "{r}");
+        // The first message is the server's hand-off of one of this stream id's answers (its
+        // stamp precedes the write by a GIL hand-over at worst among 24 answering threads).
+        let first = r["first_token_mono_ns"].as_u64().unwrap();
+        assert!(
+            served.iter().any(|s| s["stream_id"] == stream
+                && s["message_ns"][0]
+                    .as_u64()
+                    .is_some_and(|t| first >= t && first - t < 10_000_000)),
+            "{r}"
+        );
+    }
+    let counters = Counters::beside(&agent_log);
+    assert_eq!(counters.get("http2_connections"), ROUNDS as u64);
+    assert_eq!(counters.get("kernel_tls_connections"), ROUNDS as u64);
+    for zero in [
+        "connection_gaps",
+        "h2_framing_lost",
+        "h2_hpack_errors",
+        "h2_hpack_unknown_fields",
+        "grpc_message_framing_lost",
+        "requests_lost",
     ] {
         assert_eq!(counters.get(zero), 0, "{zero}");
     }

@@ -138,6 +138,7 @@ mod tests {
             conn_flags: 0,
             sock: 0,
             conn_seq: None,
+            read_seq: None,
             lost_heads: 0,
             payload,
             more,

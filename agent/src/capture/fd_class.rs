@@ -200,6 +200,7 @@ mod tests {
             conn_flags,
             sock: 0,
             conn_seq: None,
+            read_seq: None,
             lost_heads: 0,
             payload: b"GET / HTTP/1.1\r\n",
             more: false,

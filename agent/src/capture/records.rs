@@ -64,9 +64,12 @@ pub struct SyscallEvent<'a> {
     pub conn_flags: u32,
     /// The connection's `struct sock` address (0: unknown).
     pub sock: u64,
-    /// The record's number among its fd's records, lost ones included (`None` where no kernel
-    /// numbered it: tests, replays).
+    /// The record's number among its fd's records of its direction (reads and writes are
+    /// numbered apart), lost ones included (`None` where no kernel numbered it: tests,
+    /// replays). A close carries the next write number here.
     pub conn_seq: Option<u32>,
+    /// A close's next read number (`None` for every other record).
+    pub read_seq: Option<u32>,
     /// Records lost on this fd so far that began a response head.
     pub lost_heads: u32,
     pub payload: &'a [u8],
@@ -217,6 +220,7 @@ pub fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
             conn_flags: header.conn_flags,
             sock: header.sock,
             conn_seq: Some(header.conn_seq),
+            read_seq: (kind == SyscallKind::Close).then_some(header.read_seq),
             lost_heads: header.lost_heads,
             payload,
             more: header.flags & FLAG_MORE != 0,
@@ -313,6 +317,7 @@ fn compact_write(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
         conn_flags: u32::from(header.conn_flags),
         sock: 0,
         conn_seq: Some(header.conn_seq),
+        read_seq: None,
         lost_heads: header.lost_heads,
         payload,
         more: false,
@@ -367,7 +372,7 @@ mod tests {
             sock: 0,
             conn_seq: 4,
             lost_heads: 1,
-            _pad: 0,
+            read_seq: 0,
         };
         let mut bytes = vec![0u8; std::mem::size_of::<SyscallRecord>()];
         // SAFETY: `bytes` holds exactly one record, written unaligned.

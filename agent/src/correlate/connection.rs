@@ -6,6 +6,7 @@
 //! their response head itself was dropped) and decoding resumes at the next boundary it can
 //! prove: a read that starts with a request line, a write that starts with a response head.
 use crate::model::Counter;
+use inferscope_common::SyscallKind;
 use std::collections::VecDeque;
 
 use crate::{
@@ -71,8 +72,9 @@ pub struct Connection {
     /// A request did not parse: no more requests are decoded here, but the answer to it is
     /// (servers answer malformed requests with a 4xx, users want to see those).
     requests_failed: bool,
-    /// The kernel's number for the next record of this fd, once one was seen.
-    expected_record: Option<u32>,
+    /// The kernel's numbers for the next read and write records of this fd, once one was seen.
+    expected_read: Option<u32>,
+    expected_write: Option<u32>,
     /// The kernel's count of lost response heads on this fd, as of the last record.
     lost_heads_seen: u32,
     /// After a loss (or when first seen mid-stream): reads are skipped until one starts a
@@ -128,7 +130,8 @@ impl Connection {
             tls_handshake_ns: None,
             failed: false,
             requests_failed: false,
-            expected_record: None,
+            expected_read: None,
+            expected_write: None,
             lost_heads_seen: 0,
             hunt_request: !fresh,
             hunt_response: !fresh,
@@ -274,8 +277,10 @@ impl Connection {
         }
     }
 
-    /// Checks the kernel's record number of `ev` against the last one: a jump means records of
-    /// this connection were dropped, and the open requests are settled before `ev` is decoded.
+    /// Checks the kernel's record number of `ev` against the last one of its direction (reads
+    /// and writes are numbered apart; a close carries both next numbers): a jump means records
+    /// of this connection were dropped, and the open requests are settled before `ev` is
+    /// decoded.
     pub fn observe(
         &mut self,
         ev: &SyscallEvent<'_>,
@@ -287,22 +292,56 @@ impl Connection {
         let Some(seq) = ev.conn_seq else {
             return;
         };
-        let missing = match self.expected_record {
-            Some(expected) => seq.wrapping_sub(expected),
-            // First sight: records before this one on the fd were lost.
-            None => seq,
+        let missing = match ev.kind {
+            SyscallKind::Accept => {
+                // Both directions number from 0 after an accept.
+                self.expected_read = Some(0);
+                self.expected_write = Some(0);
+                self.lost_heads_seen = ev.lost_heads;
+                return;
+            }
+            SyscallKind::Read => match step(&mut self.expected_read, seq, true) {
+                Some(missing) => missing,
+                None => {
+                    stats.bump(Counter::ConnectionRecordsOutOfOrder);
+                    return;
+                }
+            },
+            SyscallKind::Write => match step(&mut self.expected_write, seq, true) {
+                Some(missing) => missing,
+                None => {
+                    stats.bump(Counter::ConnectionRecordsOutOfOrder);
+                    return;
+                }
+            },
+            SyscallKind::Close => {
+                let writes = step(&mut self.expected_write, seq, false).unwrap_or(0);
+                let reads = ev
+                    .read_seq
+                    .and_then(|next| step(&mut self.expected_read, next, false))
+                    .unwrap_or(0);
+                writes.saturating_add(reads)
+            }
+            _ => return,
         };
-        if missing >= 1 << 31 {
-            // Behind what was expected: two threads raced on one fd; out of order, not lost.
-            stats.bump(Counter::ConnectionRecordsOutOfOrder);
+        // Lost heads are writes: a read's view of the count waits for the writes' gap.
+        if ev.kind == SyscallKind::Read {
+            if missing > 0 {
+                stats.add(Counter::ConnectionRecordsLost, u64::from(missing));
+                self.gap_in(Lost::Reads, Reason::EventsLost, 0, ctx, stats, out);
+            }
             return;
         }
         let lost_heads = ev.lost_heads.wrapping_sub(self.lost_heads_seen);
-        self.expected_record = Some(seq.wrapping_add(1));
         self.lost_heads_seen = ev.lost_heads;
         if missing > 0 {
             stats.add(Counter::ConnectionRecordsLost, u64::from(missing));
-            self.gap(Reason::EventsLost, lost_heads, ctx, stats, out);
+            let lost = if ev.kind == SyscallKind::Write {
+                Lost::Writes
+            } else {
+                Lost::Both
+            };
+            self.gap_in(lost, Reason::EventsLost, lost_heads, ctx, stats, out);
         }
     }
 
@@ -310,6 +349,22 @@ impl Connection {
     /// the next provable request and response boundaries.
     fn gap(
         &mut self,
+        reason: Reason,
+        lost_heads: u32,
+        ctx: RecordContext<'_>,
+        stats: &mut Stats,
+        out: &mut Vec<RequestRecord>,
+    ) {
+        self.gap_in(Lost::Both, reason, lost_heads, ctx, stats, out);
+    }
+
+    /// [`Connection::gap`] where only `lost` bytes are gone. Writes alone: the requests read
+    /// whole keep their fields and wait for their answers, the request side keeps decoding.
+    /// Reads alone: the response side keeps decoding; the requests waiting may be misaligned
+    /// with their answers (a whole request may be among the lost) and are marked.
+    fn gap_in(
+        &mut self,
+        lost: Lost,
         reason: Reason,
         lost_heads: u32,
         ctx: RecordContext<'_>,
@@ -325,8 +380,22 @@ impl Connection {
             stats.add(loss::LOST_EVENTS, u64::from(lost_heads));
             stats.add(loss::LOST_TOTAL, u64::from(lost_heads));
         }
+        if lost == Lost::Reads {
+            if let Some(mut progress) = self.reading.take() {
+                progress.incomplete.get_or_insert(reason);
+                self.enqueue(progress, stats);
+            }
+            for progress in &mut self.waiting {
+                progress.incomplete.get_or_insert(reason);
+            }
+            self.requests.reset();
+            self.hunt_request = true;
+            return;
+        }
         // A request read in part: its answer still comes, after those of the older ones.
-        if let Some(mut progress) = self.reading.take() {
+        if lost == Lost::Both
+            && let Some(mut progress) = self.reading.take()
+        {
             progress.incomplete.get_or_insert(reason);
             self.enqueue(progress, stats);
         }
@@ -345,14 +414,18 @@ impl Connection {
                 break;
             }
         }
+        self.responses.reset();
+        self.hunt_response = true;
+        if lost == Lost::Writes {
+            // The requests were read whole: their answers are the next response heads.
+            return;
+        }
         // Requests still waiting lived through the loss: their fields may lack what was lost.
         for progress in &mut self.waiting {
             progress.incomplete.get_or_insert(reason);
         }
         self.requests.reset();
-        self.responses.reset();
         self.hunt_request = true;
-        self.hunt_response = true;
     }
 
     pub fn on_read(
@@ -503,9 +576,11 @@ impl Connection {
             self.fail(ev, work.to_ignore);
             return;
         }
-        if self.reading.is_none() && self.waiting.is_empty() {
+        if head && self.reading.is_none() && self.waiting.is_empty() {
             // An answer to no request this side holds (one whose bytes were never captured):
-            // the segments before it were that request's, not the next one's.
+            // the segments before it were that request's, not the next one's. (Bytes after a
+            // response's end, such as a chunked terminator, may follow the next request's
+            // arrival: a client may send it once it has the last event.)
             self.last_response_end_ns = self.last_response_end_ns.max(ev.ts_enter_ns);
         }
         if self.hunt_response {
@@ -833,4 +908,29 @@ fn emit(
         stats.bump(reason.counter());
     }
     out.push(progress.into_record(ctx, end_ns, ended_by));
+}
+
+/// Which direction of a connection lost records.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Lost {
+    Reads,
+    Writes,
+    Both,
+}
+
+/// Moves a direction's expected record number past `seq` (`record`: `seq` is a record of it;
+/// else `seq` is the number its next record would have had, from a close). How many records
+/// were skipped, or None for a record behind the expected one (two threads raced on one
+/// direction of the fd: out of order, not lost).
+fn step(expected: &mut Option<u32>, seq: u32, record: bool) -> Option<u32> {
+    let missing = match *expected {
+        Some(expected) => seq.wrapping_sub(expected),
+        // First sight: records before this one on the fd were lost.
+        None => seq,
+    };
+    if missing >= 1 << 31 {
+        return None;
+    }
+    *expected = Some(if record { seq.wrapping_add(1) } else { seq });
+    Some(missing)
 }

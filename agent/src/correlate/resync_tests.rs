@@ -8,7 +8,7 @@ use super::*;
 struct Conn {
     t: Tracker,
     out: Vec<RequestRecord>,
-    seq: u32,
+    seq: [u32; 2],
     lost_heads: u32,
     ts: u64,
 }
@@ -45,7 +45,7 @@ impl Conn {
                 ..Limits::default()
             }),
             out: Vec::new(),
-            seq: 0,
+            seq: [0, 0],
             lost_heads: 0,
             ts: 0,
         };
@@ -69,14 +69,25 @@ impl Conn {
             conn_gen: 0,
             conn_flags: 0,
             sock: 0,
-            conn_seq: Some(self.seq),
+            conn_seq: Some(match kind {
+                SyscallKind::Read => self.seq[0],
+                // A close carries the next write number (and the next read number).
+                _ => self.seq[1],
+            }),
+            read_seq: (kind == SyscallKind::Close).then_some(self.seq[0]),
             lost_heads: self.lost_heads,
             payload,
             more: false,
             chunk_offset: None,
             token: false,
         };
-        self.seq += 1;
+        match kind {
+            SyscallKind::Read => self.seq[0] += 1,
+            SyscallKind::Write => self.seq[1] += 1,
+            // The kernel numbers both directions from 0 after an accept.
+            SyscallKind::Accept => self.seq = [0, 0],
+            _ => {}
+        }
         ev
     }
 
@@ -90,9 +101,11 @@ impl Conn {
         self.t.on_write(&ev, Peer::default(), &mut self.out);
     }
 
-    /// The kernel dropped `records` records of this fd, `heads` of them response heads.
-    fn lose(&mut self, records: u32, heads: u32) {
-        self.seq += records;
+    /// The kernel dropped `reads` read and `writes` write records of this fd, `heads` of the
+    /// writes response heads.
+    fn lose(&mut self, reads: u32, writes: u32, heads: u32) {
+        self.seq[0] += reads;
+        self.seq[1] += writes;
         self.lost_heads += heads;
     }
 
@@ -118,7 +131,7 @@ fn dropped_records_mid_stream_resynchronise_at_the_next_request() {
     c.write(SSE_HEAD);
     c.write(&token("x"));
     // Lost: the rest of /b, all of /c (read, head, tokens, end).
-    c.lose(9, 1);
+    c.lose(1, 8, 1);
     c.write(&token("tail of /b"));
     c.write(b"0\r\n\r\n");
     c.exchange("/d", 2);
@@ -142,7 +155,7 @@ fn a_lost_head_of_a_waiting_request_is_counted_not_misattributed() {
     let mut c = Conn::new();
     c.read(&request("/a"));
     // Lost: /a's whole response.
-    c.lose(5, 1);
+    c.lose(0, 5, 1);
     c.exchange("/b", 1);
     assert_eq!(c.out.len(), 1, "{:#?}", c.out);
     assert_eq!(c.out[0].path, "/b");
@@ -154,7 +167,7 @@ fn a_lost_head_of_a_waiting_request_is_counted_not_misattributed() {
 fn a_lost_request_read_leaves_its_answer_counted() {
     let mut c = Conn::new();
     c.exchange("/a", 1);
-    c.lose(1, 0); // the read of /b
+    c.lose(1, 0, 0); // the read of /b
     c.write(SSE_HEAD);
     c.write(&token("x"));
     c.write(b"0\r\n\r\n");
@@ -274,7 +287,7 @@ fn random_losses_always_reconcile() {
             parts.push(b"0\r\n\r\n".to_vec());
             for (n, part) in parts.iter().enumerate() {
                 if round > 0 && rng.below(12) == 0 {
-                    c.lose(1, u32::from(n == 1));
+                    c.lose(u32::from(n == 0), u32::from(n != 0), u32::from(n == 1));
                 } else if n == 0 {
                     c.read(part);
                 } else {
@@ -369,7 +382,7 @@ fn a_lost_head_of_a_request_dropped_at_the_waiting_limit_is_counted_once() {
     }
     c.write(&answer(500)); // /64's answer, skipped
     // /65's answer (head and body, one write) is dropped by the kernel.
-    c.lose(1, 1);
+    c.lose(0, 1, 1);
     c.exchange("/after", 1);
     assert_eq!(c.out.len(), 65, "{:#?}", c.out.last());
     assert_eq!(c.out.last().map(|r| r.path.as_str()), Some("/after"));
@@ -386,7 +399,11 @@ fn answers_on_connections_over_the_table_limit_are_lost_requests() {
     // A second connection (fd 6) finds the table full: its requests are not tracked.
     let other = |c: &mut Conn, kind: SyscallKind, payload: &[u8]| {
         let mut ev = c.event(kind, payload, payload.len() as i64);
-        c.seq -= 1; // fd 5's record numbers stay contiguous
+        // fd 5's record numbers stay contiguous.
+        match kind {
+            SyscallKind::Read => c.seq[0] -= 1,
+            _ => c.seq[1] -= 1,
+        }
         ev.fd = 6;
         ev.conn_seq = None;
         if kind == SyscallKind::Read {

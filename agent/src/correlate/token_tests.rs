@@ -22,6 +22,7 @@ fn event(fd: i32, conn_gen: u64, kind: SyscallKind, ts: u64, payload: &[u8]) -> 
         conn_flags: CONN_KNOWN,
         sock: 0,
         conn_seq: None,
+        read_seq: None,
         lost_heads: 0,
         payload,
         more: false,

@@ -179,7 +179,9 @@ pub struct TlsKey {
 pub struct TlsTie {
     pub conn_id: u64,
     pub fd: i32,
-    pub _pad: u32,
+    /// How sure the tie is (the kernel's `TIE_*` levels): a weaker tie never replaces a
+    /// stronger one of the same connection.
+    pub level: u32,
 }
 
 /// What the kernel knows about the connection an fd holds, per (tgid, fd).
@@ -222,14 +224,17 @@ pub struct SyscallRecord {
     pub conn_gen: u64,
     /// The connection's `struct sock` address, 0 when unknown. For a close, `ret` is 0.
     pub sock: u64,
-    /// Number of this record among the fd's records (0 at accept), lost ones included: a jump
-    /// tells user space this connection lost records.
+    /// Number of this record among the fd's records of its direction (reads and writes are
+    /// numbered apart, from 0 at accept), lost ones included: a jump tells user space this
+    /// connection lost records. Apart, because a reading and a writing thread of one connection
+    /// (HTTP/2, TLS) each number in their own order. A close carries the next write number.
     pub conn_seq: u32,
     /// Lost records on this fd so far whose payload began a response head (`HTTP/`).
     pub lost_heads: u32,
     /// For a [`FLAG_CHUNK`] record: where its payload starts in the syscall's bytes.
     pub chunk_offset: u32,
-    pub _pad: u32,
+    /// For a close: the next read number (`conn_seq` holds the next write number). 0 elsewhere.
+    pub read_seq: u32,
 }
 
 /// A response write on a known connection, captured while the ring buffer is filling (the agent

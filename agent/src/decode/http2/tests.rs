@@ -377,11 +377,19 @@ fn mid_connection_attach_hunts_for_a_frame_start() {
 fn an_unknown_loss_adds_no_skipped_bytes() {
     let mut run = Run::new(Start::Fresh);
     let mut c = PREFACE.to_vec();
-    c.extend(frame(kind::HEADERS, END_HEADERS, 1, &request_block("/u.U/U")));
+    c.extend(frame(
+        kind::HEADERS,
+        END_HEADERS,
+        1,
+        &request_block("/u.U/U"),
+    ));
     run.feed(Side::Client, &c);
     run.feed_lost(Side::Client, &[], u64::MAX);
     run.feed_lost(Side::Client, &grpc_message(9)[..6], u64::MAX);
-    run.feed(Side::Client, &frame(kind::DATA, END_STREAM, 1, &grpc_message(3)));
+    run.feed(
+        Side::Client,
+        &frame(kind::DATA, END_STREAM, 1, &grpc_message(3)),
+    );
     assert_eq!(run.stats.get(Counter::H2Resyncs), 1);
     assert_eq!(run.stats.get(Counter::H2ResyncBytesSkipped), 6);
 }

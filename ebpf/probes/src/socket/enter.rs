@@ -324,7 +324,7 @@ pub fn enter_shutdown(ctx: TracePointContext) -> u32 {
         fd,
         how,
         conn,
-        0,
+        (0, 0),
         0,
     );
     0
@@ -359,7 +359,7 @@ pub fn close_fd(tgid: u32, tid: u32, fd: i32) -> Result<(), i32> {
     };
     let was_ignored = ignored(tgid, key, conn.id);
     // The fd's record numbers end with it, whether or not its connection lives on in a dup.
-    let (conn_seq, lost_heads) = crate::conn_seq::take(key, false);
+    let (write_seq, read_seq, lost_heads) = crate::conn_seq::next(key);
     crate::conn_seq::forget(key);
     if conn.id != 0 {
         let _ = CONNS.remove(key);
@@ -379,6 +379,9 @@ pub fn close_fd(tgid: u32, tid: u32, fd: i32) -> Result<(), i32> {
         }
     }
     let _ = FD_VERDICT.remove(key);
+    if conn.flags & CONN_TLS != 0 {
+        super::tls::forget_conn(tgid, conn.id);
+    }
     // A known connection's end is always told (user space holds state for it, ignored or not).
     if was_ignored && conn.id == 0 {
         return Ok(());
@@ -390,7 +393,7 @@ pub fn close_fd(tgid: u32, tid: u32, fd: i32) -> Result<(), i32> {
         fd,
         0,
         conn,
-        conn_seq,
+        (write_seq, read_seq),
         lost_heads,
     );
     if let Some(record) = unsent
@@ -413,7 +416,7 @@ pub(super) fn emit_control(
     fd: i32,
     ret: i64,
     conn: ConnEntry,
-    conn_seq: u32,
+    (conn_seq, read_seq): (u32, u32),
     lost_heads: u32,
 ) -> Option<SyscallRecord> {
     // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
@@ -435,7 +438,7 @@ pub(super) fn emit_control(
         conn_seq,
         lost_heads,
         chunk_offset: 0,
-        _pad: 0,
+        read_seq,
     };
     (!output::<SyscallRecord>(&record, Counter::RecordsEmitted)).then_some(record)
 }

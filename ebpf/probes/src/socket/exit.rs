@@ -164,12 +164,19 @@ pub(super) fn emit_syscall(
         && inflight.conn_id != 0
         && inflight.conn_flags & CONN_TLS == 0
         && super::tls::looks_like_tls(&scratch.payload, captured)
+        && super::tls::may_begin_tls(
+            fd_key(tgid, fd),
+            kind == SyscallKind::Write as u8,
+            inflight.conn_flags,
+            &scratch.payload,
+            captured,
+        )
     {
         let pid_tgid = (u64::from(tgid) << 32) | u64::from(tid);
         let write = kind == SyscallKind::Write as u8;
         if let Some(conn) = super::tls::detected(pid_tgid, fd, inflight.conn_id, write) {
             // Not a data record: the fd's record numbers do not move.
-            let _ = super::enter::emit_control(SyscallKind::Tls, tgid, tid, fd, 0, conn, 0, 0);
+            let _ = super::enter::emit_control(SyscallKind::Tls, tgid, tid, fd, 0, conn, (0, 0), 0);
         }
         return Ok(());
     }
@@ -214,7 +221,12 @@ pub(super) fn emit_syscall(
         unsafe { bpf_ktime_get_ns() }
     };
     let key = fd_key(tgid, fd);
-    let (conn_seq, lost_heads) = crate::conn_seq::take(key, kind == SyscallKind::Accept as u8);
+    let (conn_seq, lost_heads) = if kind == SyscallKind::Accept as u8 {
+        crate::conn_seq::reset(key);
+        (0, 0)
+    } else {
+        crate::conn_seq::take(key, kind == SyscallKind::Write as u8)
+    };
     scratch.header = SyscallRecord {
         record_type: RecordType::Syscall as u8,
         kind,
@@ -232,7 +244,7 @@ pub(super) fn emit_syscall(
         conn_seq,
         lost_heads,
         chunk_offset: 0,
-        _pad: 0,
+        read_seq: 0,
     };
     if !super::copy::emit_chunks(scratch, captured, inflight) {
         crate::conn_seq::lost(key, head);
@@ -325,7 +337,7 @@ fn emit_compact_record(
     scratch: &mut Scratch,
 ) -> Result<(), i32> {
     let key = fd_key(tgid, fd);
-    let (conn_seq, lost_heads) = crate::conn_seq::take(key, false);
+    let (conn_seq, lost_heads) = crate::conn_seq::take(key, true);
     let header = CompactWriteRecord {
         record_type: RecordType::CompactWrite as u8,
         flags: flags as u8,

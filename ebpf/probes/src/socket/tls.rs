@@ -28,7 +28,7 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use inferscope_common::{
-    CONN_TLS, ConnEntry, Counter, SyscallKind, TlsApi, TlsKey, TlsTie, fd_key,
+    CONN_PREEXISTING, CONN_TLS, ConnEntry, Counter, SyscallKind, TlsApi, TlsKey, TlsTie, fd_key,
 };
 
 use super::{enter::emit_control, exit::emit_syscall};
@@ -77,9 +77,27 @@ static TLS_THREADS: LruHashMap<u64, TlsThread> = LruHashMap::with_max_entries(16
 #[map]
 static TLS_TIES: LruHashMap<TlsKey, TlsTie> = LruHashMap::with_max_entries(65536, 0);
 
-/// Per connection id: the `SSL*` tied to it, so a write's ciphertext never ties a second one.
+/// Per connection id: the `SSL*` tied to it and how surely, so weaker evidence never ties a
+/// second one, and a tie that stronger evidence replaced is no longer used. Removed with the
+/// connection's close.
 #[map]
-static TLS_CONN_SSL: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
+static TLS_CONN_SSL: LruHashMap<u64, ConnSsl> = LruHashMap::with_max_entries(65536, 0);
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ConnSsl {
+    ssl: u64,
+    level: u32,
+    _pad: u32,
+}
+
+/// Tie levels, weakest first. By write order: the thread's next TLS socket write after an
+/// untied `SSL_write` (the event loop may flush another connection's buffered ciphertext
+/// first). By read order: the thread's last TLS socket read before an `SSL_read` or handshake.
+/// In the call: the socket syscall ran inside the SSL call (certain).
+const TIE_BY_WRITE_ORDER: u32 = 1;
+const TIE_BY_READ_ORDER: u32 = 2;
+const TIE_IN_CALL: u32 = 3;
 
 const EMPTY: TlsThread = TlsThread {
     ssl: 0,
@@ -132,11 +150,13 @@ pub fn tls_call(ctx: ProbeContext) -> u32 {
     // SAFETY: a map value pointer of this thread's own entry; only this thread's programs
     // write it (a racing LRU eviction can only lose the state, which then ties nothing).
     let state = unsafe { &mut *state };
-    if state.live == 1 && api == TlsApi::Handshake as u8 {
-        // A handshake the library runs inside a read or write: the outer call keeps the slot.
+    let ssl = ctx.arg::<u64>(0).unwrap_or(0);
+    if state.live == 1 && api == TlsApi::Handshake as u8 && state.ssl == ssl {
+        // A handshake the library runs inside a read or write of the same `SSL*`: the outer
+        // call keeps the slot.
         return 0;
     }
-    state.ssl = ctx.arg::<u64>(0).unwrap_or(0);
+    state.ssl = ssl;
     state.buf = ctx.arg::<u64>(1).unwrap_or(0);
     state.out = if api == TlsApi::ReadEx as u8 || api == TlsApi::WriteEx as u8 {
         ctx.arg::<u64>(3).unwrap_or(0)
@@ -193,17 +213,36 @@ fn try_return(ctx: &RetProbeContext) -> Result<(), i32> {
             && state.read_conn != 0
             && ts.saturating_sub(state.read_ns) <= TIE_WINDOW_NS
         {
-            conn = tie(tgid, ssl, state.read_fd, state.read_conn);
+            conn = tie(tgid, ssl, state.read_fd, state.read_conn, TIE_BY_READ_ORDER);
         }
         if conn.is_none() && !reads {
             state.pending_ssl = ssl;
             state.pending_ns = ts;
         }
     }
+    if let Some((_, c)) = conn {
+        // The read this `SSL*` consumed, and any ciphertext pending before a tied write, are
+        // no evidence for another one.
+        if c.id == state.read_conn {
+            state.read_conn = 0;
+        }
+        if api == TlsApi::Write as u8 || api == TlsApi::WriteEx as u8 {
+            state.pending_ssl = 0;
+        }
+    }
     if api == TlsApi::Handshake as u8 && rc == 1 {
         if let Some((fd, conn)) = conn {
             // Not a data record: the fd's record numbers do not move.
-            let _ = emit_control(SyscallKind::Tls, tgid, pid_tgid as u32, fd, 1, conn, 0, 0);
+            let _ = emit_control(
+                SyscallKind::Tls,
+                tgid,
+                pid_tgid as u32,
+                fd,
+                1,
+                conn,
+                (0, 0),
+                0,
+            );
         }
         return Ok(());
     }
@@ -240,14 +279,21 @@ fn try_return(ctx: &RetProbeContext) -> Result<(), i32> {
     emit_syscall(tgid, pid_tgid as u32, fd, bytes as i64, &inflight)
 }
 
-/// The connection `ssl` is tied to, if the fd still holds it.
+/// The connection `ssl` is tied to, if the fd still holds it and no other `SSL*` replaced it.
 #[inline(always)]
 fn tied(tgid: u32, ssl: u64) -> Option<(i32, ConnEntry)> {
     let key = TlsKey { ssl, tgid, _pad: 0 };
     // SAFETY: the tie is copied out at once; a racing rewrite gives the old or the new tie,
     // and either is checked against the fd's connection below.
     let tie = unsafe { TLS_TIES.get(key) }.copied()?;
-    live_conn(tgid, tie.fd, tie.conn_id).map(|conn| (tie.fd, conn))
+    let conn = live_conn(tgid, tie.fd, tie.conn_id)?;
+    // SAFETY: copied out at once, as above.
+    if let Some(owner) = unsafe { TLS_CONN_SSL.get(tie.conn_id) }.copied()
+        && owner.ssl != ssl
+    {
+        return None;
+    }
+    Some((tie.fd, conn))
 }
 
 /// The connection fd `fd` of `tgid` holds, if it is still `conn_id`.
@@ -258,31 +304,68 @@ fn live_conn(tgid: u32, fd: i32, conn_id: u64) -> Option<ConnEntry> {
     (conn.id == conn_id).then_some(conn)
 }
 
-/// Ties `ssl` to the connection `conn_id` on `fd`, unless that connection already has another
-/// live `SSL*`.
+/// Ties `ssl` to the TLS connection `conn_id` on `fd` with evidence of `level`, unless that
+/// connection has another live `SSL*` tied as surely or more. A weaker tie it replaces is
+/// dropped.
 #[inline(always)]
-fn tie(tgid: u32, ssl: u64, fd: i32, conn_id: u64) -> Option<(i32, ConnEntry)> {
+fn tie(tgid: u32, ssl: u64, fd: i32, conn_id: u64, level: u32) -> Option<(i32, ConnEntry)> {
     let conn = live_conn(tgid, fd, conn_id)?;
     if conn.flags & CONN_TLS == 0 {
         return None;
     }
-    // SAFETY: copied out at once; a racing tie of the same connection gives either pointer.
-    if let Some(other) = unsafe { TLS_CONN_SSL.get(conn_id) }.copied()
-        && other != ssl
-        && tied(tgid, other).is_some_and(|(_, c)| c.id == conn_id)
+    // SAFETY: copied out at once; a racing tie of the same connection gives either owner.
+    if let Some(owner) = unsafe { TLS_CONN_SSL.get(conn_id) }.copied()
+        && owner.ssl != ssl
     {
-        return None;
+        if owner.level >= level && tied(tgid, owner.ssl).is_some_and(|(_, c)| c.id == conn_id) {
+            return None;
+        }
+        let _ = TLS_TIES.remove(TlsKey {
+            ssl: owner.ssl,
+            tgid,
+            _pad: 0,
+        });
     }
     let key = TlsKey { ssl, tgid, _pad: 0 };
-    let value = TlsTie {
-        conn_id,
-        fd,
+    // SAFETY: copied out at once.
+    if let Some(previous) = unsafe { TLS_TIES.get(key) }.copied()
+        && previous.conn_id != conn_id
+    {
+        // This `SSL*` named another connection (a weaker tie, or an address reused): that
+        // connection no longer has it.
+        // SAFETY: copied out at once.
+        if unsafe { TLS_CONN_SSL.get(previous.conn_id) }.is_some_and(|o| o.ssl == ssl) {
+            let _ = TLS_CONN_SSL.remove(previous.conn_id);
+        }
+    }
+    let value = TlsTie { conn_id, fd, level };
+    TLS_TIES.insert(key, value, 0).ok()?;
+    let owner = ConnSsl {
+        ssl,
+        level,
         _pad: 0,
     };
-    TLS_TIES.insert(key, value, 0).ok()?;
-    let _ = TLS_CONN_SSL.insert(conn_id, ssl, 0);
+    let _ = TLS_CONN_SSL.insert(conn_id, owner, 0);
     bump(Counter::TlsTies);
     Some((fd, conn))
+}
+
+/// A TLS connection of `tgid` closed: its `SSL*` is tied to nothing any more.
+#[inline(always)]
+pub fn forget_conn(tgid: u32, conn_id: u64) {
+    // SAFETY: copied out at once.
+    if let Some(owner) = unsafe { TLS_CONN_SSL.get(conn_id) }.copied() {
+        let key = TlsKey {
+            ssl: owner.ssl,
+            tgid,
+            _pad: 0,
+        };
+        // SAFETY: copied out at once.
+        if unsafe { TLS_TIES.get(key) }.is_some_and(|t| t.conn_id == conn_id) {
+            let _ = TLS_TIES.remove(key);
+        }
+        let _ = TLS_CONN_SSL.remove(conn_id);
+    }
 }
 
 /// A socket read or write of a TLS connection (`conn`, on `fd`) entered on this thread: the SSL
@@ -302,13 +385,13 @@ pub fn on_socket_io(pid_tgid: u64, fd: i32, conn: &ConnEntry, write: bool) {
     let state = unsafe { &mut *state };
     if state.live == 1 && state.ssl != 0 {
         if tied(tgid, state.ssl).is_none_or(|(_, c)| c.id != conn.id) {
-            let _ = tie(tgid, state.ssl, fd, conn.id);
+            let _ = tie(tgid, state.ssl, fd, conn.id, TIE_IN_CALL);
         }
     } else if write && state.pending_ssl != 0 {
         if now().saturating_sub(state.pending_ns) <= TIE_WINDOW_NS
             && tied(tgid, state.pending_ssl).is_none()
         {
-            let _ = tie(tgid, state.pending_ssl, fd, conn.id);
+            let _ = tie(tgid, state.pending_ssl, fd, conn.id, TIE_BY_WRITE_ORDER);
         }
         state.pending_ssl = 0;
     }
@@ -325,6 +408,31 @@ pub fn on_socket_io(pid_tgid: u64, fd: i32, conn: &ConnEntry, write: bool) {
 #[inline(always)]
 pub fn looks_like_tls(payload: &[u8], captured: usize) -> bool {
     captured >= 5 && (20..=23).contains(&payload[0]) && payload[1] == 3 && payload[2] <= 4
+}
+
+/// Whether these bytes can be where TLS begins on the connection: its first record of their
+/// direction, and on a connection seen accepted, the client's ClientHello (a handshake
+/// record, holding handshake type 1 where its body was read with its header). A connection joined mid-stream (registered at attach)
+/// may show any TLS record first. Later bytes that happen to look like a record header (a
+/// binary body, engine IPC) never flag a connection.
+#[inline(always)]
+pub fn may_begin_tls(
+    key: u64,
+    write: bool,
+    conn_flags: u32,
+    payload: &[u8],
+    captured: usize,
+) -> bool {
+    let (next_write, next_read, _) = crate::conn_seq::next(key);
+    if (write && next_write != 0) || (!write && next_read != 0) {
+        return false;
+    }
+    if conn_flags & CONN_PREEXISTING != 0 {
+        return true;
+    }
+    // OpenSSL on the socket reads a record's 5-byte header alone first: then the handshake
+    // type is not in these bytes yet.
+    !write && payload[0] == 22 && (captured < 6 || payload[5] == 1)
 }
 
 /// A known connection's socket bytes turned out to be TLS: the connection is flagged (its
