@@ -106,6 +106,7 @@ fn every_grpc_call_on_h2c_has_one_record_with_the_clients_counts() {
     // unknown (HPACK entries inserted in cut bytes).
     let mut ttft_gaps_ms = Vec::new();
     let mut exact = 0;
+    let mut wire_unknown = 0;
     for call in &calls {
         // Request sizes are unique per call: they pair each call with its record.
         let size = call["request_bytes"].as_u64().unwrap();
@@ -142,11 +143,16 @@ fn every_grpc_call_on_h2c_has_one_record_with_the_clients_counts() {
         }
         exact += 1;
         // The segment that carried the call, seen by the kernel before the server read it.
-        let wire = r["arrival_wire_mono_ns"].as_u64().unwrap();
-        assert!(
-            wire <= arrival && wire >= call["start_ns"].as_u64().unwrap(),
-            "{r}"
-        );
+        // Unknown (counted in `arrival_wire_unknown`) where the read that carried it found no
+        // segment of its own (grpcio read the call's bytes with an earlier read's segment);
+        // never a segment from before the call.
+        match r["arrival_wire_mono_ns"].as_u64() {
+            Some(wire) => assert!(
+                wire <= arrival && wire >= call["start_ns"].as_u64().unwrap(),
+                "{r} {call}"
+            ),
+            None => wire_unknown += 1,
+        }
         assert_eq!(h2["response_messages"], call["messages"], "{r}");
         assert_eq!(h2["response_message_bytes"], call["bytes"], "{r}");
         assert_eq!(r["output_chunks"], call["messages"], "{r}");
@@ -169,6 +175,10 @@ fn every_grpc_call_on_h2c_has_one_record_with_the_clients_counts() {
         }
     }
     assert!(exact >= CALLS / 2, "only {exact} of {CALLS} records uncut");
+    assert!(
+        wire_unknown * 4 <= exact,
+        "{wire_unknown} of {exact} records without a wire arrival"
+    );
     ttft_gaps_ms.sort_by(f64::total_cmp);
     let median = ttft_gaps_ms[ttft_gaps_ms.len() / 2];
     assert!(

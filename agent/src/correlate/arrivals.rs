@@ -20,10 +20,17 @@ const MAX_AGE_NS: u64 = 60_000_000_000;
 
 type PeerKey = (u16, IpAddr, u16);
 
+/// One segment: when it arrived, and its payload bytes.
+#[derive(Clone, Copy)]
+struct Arrival {
+    ts_ns: u64,
+    len: u32,
+}
+
 #[derive(Default)]
 pub struct ArrivalIndex {
-    by_peer: HashMap<PeerKey, VecDeque<u64>>,
-    by_sock: HashMap<u64, VecDeque<u64>>,
+    by_peer: HashMap<PeerKey, VecDeque<Arrival>>,
+    by_sock: HashMap<u64, VecDeque<Arrival>>,
     /// Also index segments by address: some connections join that way (they predate the
     /// agent, or the kernel cannot name sockets here).
     pub by_address: bool,
@@ -31,9 +38,9 @@ pub struct ArrivalIndex {
 }
 
 fn push<K: std::hash::Hash + Eq>(
-    map: &mut HashMap<K, VecDeque<u64>>,
+    map: &mut HashMap<K, VecDeque<Arrival>>,
     key: K,
-    ts_ns: u64,
+    arrival: Arrival,
     dropped: &mut u64,
 ) {
     if !map.contains_key(&key) && map.len() >= MAX_PEERS {
@@ -45,28 +52,49 @@ fn push<K: std::hash::Hash + Eq>(
         times.pop_front();
         *dropped += 1;
     }
-    times.push_back(ts_ns);
+    times.push_back(arrival);
 }
 
-/// The first time in `(after_ns, upto_ns]`; times up to `upto_ns` are consumed.
-fn take_first(times: &mut VecDeque<u64>, after_ns: u64, upto_ns: u64) -> Option<u64> {
-    let found = times
+/// The segment of `(after_ns, upto_ns]` that `pick` names; segments up to `upto_ns` are
+/// consumed.
+fn take(times: &mut VecDeque<Arrival>, after_ns: u64, upto_ns: u64, pick: Pick) -> Option<u64> {
+    let mut window = times
         .iter()
-        .copied()
-        .find(|&t| t > after_ns && t <= upto_ns);
-    while times.front().is_some_and(|&t| t <= upto_ns) {
+        .filter(|a| a.ts_ns > after_ns && a.ts_ns <= upto_ns);
+    let found = match pick {
+        Pick::First => window.next(),
+        Pick::Last => window.next_back(),
+    }
+    .map(|a| a.ts_ns);
+    while times.front().is_some_and(|a| a.ts_ns <= upto_ns) {
         times.pop_front();
     }
     found
 }
 
-/// The last time in `(after_ns, upto_ns]`; times up to `upto_ns` are consumed.
-fn take_last(times: &mut VecDeque<u64>, after_ns: u64, upto_ns: u64) -> Option<u64> {
-    let found = times
-        .iter()
-        .copied()
-        .rfind(|&t| t > after_ns && t <= upto_ns);
-    while times.front().is_some_and(|&t| t <= upto_ns) {
+/// Every segment of `(after_ns, upto_ns]` with more than `larger` bytes (all of them if none
+/// has), at most `max`, oldest first; segments up to `upto_ns` are consumed.
+fn take_all(
+    times: &mut VecDeque<Arrival>,
+    after_ns: u64,
+    upto_ns: u64,
+    larger: u32,
+    max: usize,
+) -> Vec<u64> {
+    let window = || {
+        times
+            .iter()
+            .filter(|a| a.ts_ns > after_ns && a.ts_ns <= upto_ns)
+    };
+    let mut found: Vec<u64> = window()
+        .filter(|a| a.len > larger)
+        .take(max)
+        .map(|a| a.ts_ns)
+        .collect();
+    if found.is_empty() {
+        found = window().take(max).map(|a| a.ts_ns).collect();
+    }
+    while times.front().is_some_and(|a| a.ts_ns <= upto_ns) {
         times.pop_front();
     }
     found
@@ -83,17 +111,16 @@ pub enum Pick {
 
 impl ArrivalIndex {
     pub fn on_segment(&mut self, segment: &Segment) {
+        let arrival = Arrival {
+            ts_ns: segment.ts_ns,
+            len: segment.data_len,
+        };
         if segment.sock != 0 {
-            push(
-                &mut self.by_sock,
-                segment.sock,
-                segment.ts_ns,
-                &mut self.dropped,
-            );
+            push(&mut self.by_sock, segment.sock, arrival, &mut self.dropped);
         }
         if segment.sock == 0 || self.by_address {
             let key = (segment.local_port, segment.remote, segment.remote_port);
-            push(&mut self.by_peer, key, segment.ts_ns, &mut self.dropped);
+            push(&mut self.by_peer, key, arrival, &mut self.dropped);
         }
     }
 
@@ -113,12 +140,50 @@ impl ArrivalIndex {
         pick: Pick,
     ) -> Option<u64> {
         let times = self.by_sock.get_mut(&sock)?;
-        let found = match pick {
-            Pick::First => take_first(times, after_ns, upto_ns),
-            Pick::Last => take_last(times, after_ns, upto_ns),
-        };
+        let found = take(times, after_ns, upto_ns, pick);
         if times.is_empty() {
             self.by_sock.remove(&sock);
+        }
+        found
+    }
+
+    /// Every segment (at most `max`) received by socket `sock` in `(after_ns, upto_ns]` with
+    /// more than `larger` bytes, or all of them if none has, oldest first; segments up to
+    /// `upto_ns` are consumed. For a read that may carry several requests (HTTP/2 streams).
+    pub fn all_on(
+        &mut self,
+        sock: u64,
+        after_ns: u64,
+        upto_ns: u64,
+        larger: u32,
+        max: usize,
+    ) -> Vec<u64> {
+        let Some(times) = self.by_sock.get_mut(&sock) else {
+            return Vec::new();
+        };
+        let found = take_all(times, after_ns, upto_ns, larger, max);
+        if times.is_empty() {
+            self.by_sock.remove(&sock);
+        }
+        found
+    }
+
+    /// [`ArrivalIndex::all_on`] by peer address.
+    pub fn all_from(
+        &mut self,
+        local_port: u16,
+        remote: SocketAddr,
+        (after_ns, upto_ns): (u64, u64),
+        larger: u32,
+        max: usize,
+    ) -> Vec<u64> {
+        let key = (local_port, remote.ip(), remote.port());
+        let Some(times) = self.by_peer.get_mut(&key) else {
+            return Vec::new();
+        };
+        let found = take_all(times, after_ns, upto_ns, larger, max);
+        if times.is_empty() {
+            self.by_peer.remove(&key);
         }
         found
     }
@@ -152,10 +217,7 @@ impl ArrivalIndex {
     ) -> Option<u64> {
         let key = (local_port, remote.ip(), remote.port());
         let times = self.by_peer.get_mut(&key)?;
-        let found = match pick {
-            Pick::First => take_first(times, after_ns, upto_ns),
-            Pick::Last => take_last(times, after_ns, upto_ns),
-        };
+        let found = take(times, after_ns, upto_ns, pick);
         if times.is_empty() {
             self.by_peer.remove(&key);
         }
@@ -169,8 +231,8 @@ impl ArrivalIndex {
 
     pub fn sweep(&mut self, now_ns: u64) {
         let cutoff = now_ns.saturating_sub(MAX_AGE_NS);
-        let keep = |times: &mut VecDeque<u64>| {
-            while times.front().is_some_and(|&t| t < cutoff) {
+        let keep = |times: &mut VecDeque<Arrival>| {
+            while times.front().is_some_and(|a| a.ts_ns < cutoff) {
                 times.pop_front();
             }
             !times.is_empty()
@@ -270,5 +332,23 @@ mod tests {
         // Consumed up to the window's end.
         assert_eq!(index.arrival_on(7, 0, 40, Pick::First), Some(40));
         assert_eq!(index.arrival_on(7, 0, 40, Pick::Last), None);
+    }
+
+    #[test]
+    fn a_control_frame_alone_is_not_picked_when_a_larger_segment_follows() {
+        let mut index = ArrivalIndex::default();
+        for (ts_ns, data_len) in [(10, 13), (20, 180), (30, 9)] {
+            index.on_segment(&Segment {
+                ts_ns,
+                local_port: 50051,
+                remote: "127.0.0.1".parse().unwrap(),
+                remote_port: 40000,
+                data_len,
+                sock: 7,
+            });
+        }
+        assert_eq!(index.all_on(7, 0, 25, 34, 16), vec![20]);
+        // Only small ones: all of them.
+        assert_eq!(index.all_on(7, 25, 40, 34, 16), vec![30]);
     }
 }

@@ -27,9 +27,9 @@ pub struct H2Connection {
     ended: Vec<StreamSummary>,
     /// The previous read: the wire arrival of a read is the first segment after it.
     last_read_ns: u64,
-    /// (read time, wire arrival of its first byte) of recent reads, oldest first: a stream's
-    /// arrival is that of the read that carried its HEADERS.
-    read_arrivals: VecDeque<(u64, u64)>,
+    /// Recent reads, oldest first: a stream's arrival is that of the read that carried its
+    /// HEADERS (the n-th segment of the read for the n-th stream it opened).
+    read_arrivals: VecDeque<ReadArrival>,
     /// Taken for HTTP/2 on the server's word alone (its first write): the client's first read
     /// must agree, or the connection is not HTTP/2 (`rejected`).
     unconfirmed: bool,
@@ -114,20 +114,33 @@ impl H2Connection {
             }
             self.unconfirmed = false;
         }
-        // Taken for every read, so the socket's segments are consumed as HTTP/1's are.
-        let wire = match (peer.sock, peer.local_port, peer.remote) {
-            (sock, ..) if sock != 0 => arrivals.first_arrival_on(sock, self.last_read_ns, ts),
+        // Taken for every read, so the socket's segments are consumed as HTTP/1's are. A
+        // client's lone control frames (acks, window updates) start no call; a read that
+        // carries several new streams gives them its segments in order.
+        let window = (self.last_read_ns, ts);
+        let wires = match (peer.sock, peer.local_port, peer.remote) {
+            (sock, ..) if sock != 0 => arrivals.all_on(
+                sock,
+                window.0,
+                window.1,
+                CONTROL_FRAME_MAX,
+                MAX_READ_SEGMENTS,
+            ),
             (_, Some(port), Some(remote)) => {
-                arrivals.first_arrival(port, remote, self.last_read_ns, ts)
+                arrivals.all_from(port, remote, window, CONTROL_FRAME_MAX, MAX_READ_SEGMENTS)
             }
-            _ => None,
+            _ => Vec::new(),
         };
         self.last_read_ns = ts;
-        if let Some(wire) = wire {
+        if !wires.is_empty() {
             if self.read_arrivals.len() >= MAX_READ_ARRIVALS {
                 self.read_arrivals.pop_front();
             }
-            self.read_arrivals.push_back((ts, wire));
+            self.read_arrivals.push_back(ReadArrival {
+                ts_ns: ts,
+                first_open: self.decoder.opened(),
+                wires,
+            });
         }
         self.feed(Side::Client, ev, ts, ctx, work.stats, work.out);
     }
@@ -163,7 +176,7 @@ impl H2Connection {
         };
         self.decoder.feed(side, chunk, stats, &mut self.ended);
         for s in self.ended.drain(..) {
-            let wire = wire_of(&self.read_arrivals, s.request_ts_ns);
+            let wire = wire_of(&self.read_arrivals, &s);
             emit(s, wire, ctx, None, stats, out);
         }
     }
@@ -177,7 +190,7 @@ impl H2Connection {
     ) {
         self.decoder.close(ts_ns, stats, &mut self.ended);
         for s in self.ended.drain(..) {
-            let wire = wire_of(&self.read_arrivals, s.request_ts_ns);
+            let wire = wire_of(&self.read_arrivals, &s);
             emit(
                 s,
                 wire,
@@ -212,19 +225,35 @@ impl H2Connection {
     ) {
         self.decoder.close(ts_ns, stats, &mut self.ended);
         for s in self.ended.drain(..) {
-            let wire = wire_of(&self.read_arrivals, s.request_ts_ns);
+            let wire = wire_of(&self.read_arrivals, &s);
             emit(s, wire, ctx, Some(ending), stats, out);
         }
     }
 }
 
 /// The wire arrival of the read at `read_ns`, if it is remembered.
-fn wire_of(reads: &VecDeque<(u64, u64)>, read_ns: u64) -> Option<u64> {
-    let i = reads.partition_point(|&(ts, _)| ts < read_ns);
-    reads
-        .get(i)
-        .filter(|&&(ts, _)| ts == read_ns)
-        .map(|&(_, w)| w)
+/// The largest segment a client's control frame alone makes on h2c: SETTINGS ack (9 bytes),
+/// WINDOW_UPDATE and RST_STREAM (13), PING (17), with room for two of them.
+const CONTROL_FRAME_MAX: u32 = 34;
+
+/// Segments kept per read.
+const MAX_READ_SEGMENTS: usize = 16;
+
+/// One read of the client's bytes: when, how many streams the connection had opened before it,
+/// and the segments it consumed (oldest first, control frames alone left out).
+struct ReadArrival {
+    ts_ns: u64,
+    first_open: u32,
+    wires: Vec<u64>,
+}
+
+/// The wire arrival of stream `s`: the segment of the read that carried its HEADERS, in the
+/// order the read opened streams (the last segment for streams beyond its segments).
+fn wire_of(reads: &VecDeque<ReadArrival>, s: &StreamSummary) -> Option<u64> {
+    let i = reads.partition_point(|r| r.ts_ns < s.request_ts_ns);
+    let read = reads.get(i).filter(|r| r.ts_ns == s.request_ts_ns)?;
+    let rank = s.open_seq.wrapping_sub(read.first_open) as usize;
+    read.wires.get(rank).or(read.wires.last()).copied()
 }
 
 /// A stream's record. `closing`: how the connection ended, for streams it cut.

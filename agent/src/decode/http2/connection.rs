@@ -21,6 +21,8 @@ pub struct Http2Connection {
     streams: FxHashMap<u32, Stream>,
     /// The highest stream id the client opened: ids only grow.
     max_client_stream: u32,
+    /// Streams opened so far (followed ones).
+    opened: u32,
     /// The last GOAWAY seen, for streams the close cuts afterwards.
     goaway: Option<EndedBy>,
 }
@@ -33,6 +35,7 @@ struct Handler<'a> {
     hpack: &'a mut [hpack::Decoder; 2],
     streams: &'a mut FxHashMap<u32, Stream>,
     max_client_stream: &'a mut u32,
+    opened: &'a mut u32,
     goaway: &'a mut Option<EndedBy>,
     stats: &'a mut Stats,
     out: &'a mut Vec<StreamSummary>,
@@ -55,6 +58,7 @@ impl Http2Connection {
             hpack: [table(0), table(1)],
             streams: FxHashMap::default(),
             max_client_stream: 0,
+            opened: 0,
             goaway: None,
         }
     }
@@ -62,6 +66,11 @@ impl Http2Connection {
     /// Whether the client did not begin with the HTTP/2 preface: nothing is decoded.
     pub fn not_http2(&self) -> bool {
         self.client.failed()
+    }
+
+    /// Streams opened so far (see `StreamSummary::open_seq`).
+    pub fn opened(&self) -> u32 {
+        self.opened
     }
 
     pub fn open_streams(&self) -> usize {
@@ -84,6 +93,7 @@ impl Http2Connection {
             hpack: &mut self.hpack,
             streams: &mut self.streams,
             max_client_stream: &mut self.max_client_stream,
+            opened: &mut self.opened,
             goaway: &mut self.goaway,
             stats,
             out,
@@ -305,6 +315,8 @@ impl Handler<'_> {
         }
         let mut s = Stream::open(stream_id, fields, end_stream, ts);
         s.summary.headers_lost = lost;
+        s.summary.open_seq = *self.opened;
+        *self.opened = self.opened.wrapping_add(1);
         self.streams.insert(stream_id, s);
     }
 

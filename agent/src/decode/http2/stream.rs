@@ -96,6 +96,9 @@ pub struct StreamSummary {
     pub end_ts_ns: u64,
     /// A header block of the stream could not be decoded (its fields read unknown).
     pub headers_lost: bool,
+    /// How many streams the connection had opened before this one: streams opened by one
+    /// syscall take its segments in this order.
+    pub open_seq: u32,
 }
 
 /// Header fields an inference record uses, as one block gave them.
@@ -220,6 +223,7 @@ impl Stream {
             ended_by: EndedBy::ConnectionClosed,
             end_ts_ns: ts_ns,
             headers_lost: false,
+            open_seq: 0,
         };
         Self {
             summary,
