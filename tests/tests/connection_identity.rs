@@ -49,8 +49,10 @@ fn tcpdump(pcap_path: &Path, port: u16) -> KillOnDrop {
             // Packets go to the file as they come, not when a kernel block fills or times out
             // (1 s): otherwise the last requests can still be in the kernel at the stop.
             "--immediate-mode",
+            // 64 MiB: the kernel drops packets it cannot queue for a tcpdump that the
+            // engine, the clients and the agent keep off two cores.
             "-B",
-            "16384",
+            "65536",
             "--time-stamp-precision=nano",
             "-w",
         ])
