@@ -21,10 +21,10 @@ const MAX_AGE_NS: u64 = 60_000_000_000;
 type PeerKey = (u16, IpAddr, u16);
 
 /// One segment: when it arrived, and its payload bytes.
-#[derive(Clone, Copy)]
-struct Arrival {
-    ts_ns: u64,
-    len: u32,
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Arrival {
+    pub ts_ns: u64,
+    pub len: u32,
 }
 
 #[derive(Default)]
@@ -72,28 +72,14 @@ fn take(times: &mut VecDeque<Arrival>, after_ns: u64, upto_ns: u64, pick: Pick) 
     found
 }
 
-/// Every segment of `(after_ns, upto_ns]` with more than `larger` bytes (all of them if none
-/// has), at most `max`, oldest first; segments up to `upto_ns` are consumed.
-fn take_all(
-    times: &mut VecDeque<Arrival>,
-    after_ns: u64,
-    upto_ns: u64,
-    larger: u32,
-    max: usize,
-) -> Vec<u64> {
-    let window = || {
-        times
-            .iter()
-            .filter(|a| a.ts_ns > after_ns && a.ts_ns <= upto_ns)
-    };
-    let mut found: Vec<u64> = window()
-        .filter(|a| a.len > larger)
-        .take(max)
-        .map(|a| a.ts_ns)
+/// Every segment of `(after_ns, upto_ns]`, oldest first; segments up to `upto_ns` are
+/// consumed.
+fn take_all(times: &mut VecDeque<Arrival>, after_ns: u64, upto_ns: u64) -> Vec<Arrival> {
+    let found = times
+        .iter()
+        .filter(|a| a.ts_ns > after_ns && a.ts_ns <= upto_ns)
+        .copied()
         .collect();
-    if found.is_empty() {
-        found = window().take(max).map(|a| a.ts_ns).collect();
-    }
     while times.front().is_some_and(|a| a.ts_ns <= upto_ns) {
         times.pop_front();
     }
@@ -147,21 +133,14 @@ impl ArrivalIndex {
         found
     }
 
-    /// Every segment (at most `max`) received by socket `sock` in `(after_ns, upto_ns]` with
-    /// more than `larger` bytes, or all of them if none has, oldest first; segments up to
-    /// `upto_ns` are consumed. For a read that may carry several requests (HTTP/2 streams).
-    pub fn all_on(
-        &mut self,
-        sock: u64,
-        after_ns: u64,
-        upto_ns: u64,
-        larger: u32,
-        max: usize,
-    ) -> Vec<u64> {
+    /// Every segment received by socket `sock` in `(after_ns, upto_ns]` (at most
+    /// [`MAX_PER_PEER`]), oldest first, with its size; segments up to `upto_ns` are consumed.
+    /// For a read that may carry several requests (HTTP/2 streams).
+    pub fn all_on(&mut self, sock: u64, after_ns: u64, upto_ns: u64) -> Vec<Arrival> {
         let Some(times) = self.by_sock.get_mut(&sock) else {
             return Vec::new();
         };
-        let found = take_all(times, after_ns, upto_ns, larger, max);
+        let found = take_all(times, after_ns, upto_ns);
         if times.is_empty() {
             self.by_sock.remove(&sock);
         }
@@ -174,14 +153,12 @@ impl ArrivalIndex {
         local_port: u16,
         remote: SocketAddr,
         (after_ns, upto_ns): (u64, u64),
-        larger: u32,
-        max: usize,
-    ) -> Vec<u64> {
+    ) -> Vec<Arrival> {
         let key = (local_port, remote.ip(), remote.port());
         let Some(times) = self.by_peer.get_mut(&key) else {
             return Vec::new();
         };
-        let found = take_all(times, after_ns, upto_ns, larger, max);
+        let found = take_all(times, after_ns, upto_ns);
         if times.is_empty() {
             self.by_peer.remove(&key);
         }
@@ -335,7 +312,7 @@ mod tests {
     }
 
     #[test]
-    fn a_control_frame_alone_is_not_picked_when_a_larger_segment_follows() {
+    fn a_read_takes_every_segment_of_its_window_with_its_size() {
         let mut index = ArrivalIndex::default();
         for (ts_ns, data_len) in [(10, 13), (20, 180), (30, 9)] {
             index.on_segment(&Segment {
@@ -347,8 +324,9 @@ mod tests {
                 sock: 7,
             });
         }
-        assert_eq!(index.all_on(7, 0, 25, 34, 16), vec![20]);
-        // Only small ones: all of them.
-        assert_eq!(index.all_on(7, 25, 40, 34, 16), vec![30]);
+        let seg = |ts_ns, len| Arrival { ts_ns, len };
+        assert_eq!(index.all_on(7, 0, 25), vec![seg(10, 13), seg(20, 180)]);
+        assert_eq!(index.all_on(7, 25, 40), vec![seg(30, 9)]);
+        assert_eq!(index.all_on(7, 0, 40), vec![], "consumed");
     }
 }

@@ -11,14 +11,16 @@ use crate::decode::http::Chunk;
 use crate::decode::http2::{
     self, EndedBy as StreamEnd, Http2Connection, Side, Start, StreamSummary, Value,
 };
+use crate::engines::{self, RpcRequestId};
 use crate::model::{Counter, EndedBy, Http2Info, RequestRecord};
 
 use std::collections::VecDeque;
 
-use super::arrivals::ArrivalIndex;
+use super::arrivals::{Arrival, ArrivalIndex};
 use super::connection::Ending;
 use super::loss::{self, Reason};
 use super::request::{RecordContext, RequestProgress};
+use super::segment_positions::SegmentPositions;
 use super::{Peer, Stats, Work};
 
 pub struct H2Connection {
@@ -30,6 +32,9 @@ pub struct H2Connection {
     /// Recent reads, oldest first: a stream's arrival is that of the read that carried its
     /// HEADERS (the n-th segment of the read for the n-th stream it opened).
     read_arrivals: VecDeque<ReadArrival>,
+    /// The client's TCP segments placed in its byte stream: a stream's arrival is the segment
+    /// that carried the first byte of its HEADERS (clear text only).
+    positions: SegmentPositions,
     /// Taken for HTTP/2 on the server's word alone (its first write): the client's first read
     /// must agree, or the connection is not HTTP/2 (`rejected`).
     unconfirmed: bool,
@@ -82,6 +87,7 @@ impl H2Connection {
             ended: Vec::new(),
             last_read_ns: 0,
             read_arrivals: VecDeque::new(),
+            positions: SegmentPositions::default(),
             unconfirmed: false,
             rejected: false,
         }
@@ -118,20 +124,19 @@ impl H2Connection {
         // client's lone control frames (acks, window updates) start no call; a read that
         // carries several new streams gives them its segments in order.
         let window = (self.last_read_ns, ts);
-        let wires = match (peer.sock, peer.local_port, peer.remote) {
-            (sock, ..) if sock != 0 => arrivals.all_on(
-                sock,
-                window.0,
-                window.1,
-                CONTROL_FRAME_MAX,
-                MAX_READ_SEGMENTS,
-            ),
-            (_, Some(port), Some(remote)) => {
-                arrivals.all_from(port, remote, window, CONTROL_FRAME_MAX, MAX_READ_SEGMENTS)
-            }
+        let arrived = match (peer.sock, peer.local_port, peer.remote) {
+            (sock, ..) if sock != 0 => arrivals.all_on(sock, window.0, window.1),
+            (_, Some(port), Some(remote)) => arrivals.all_from(port, remote, window),
             _ => Vec::new(),
         };
         self.last_read_ns = ts;
+        if !ctx.tls {
+            match self.decoder.client_position() {
+                Some(start) => self.positions.on_read(start, ev.ret as u64, &arrived),
+                None => self.positions.reset(),
+            }
+        }
+        let wires = in_read_order(&arrived);
         if !wires.is_empty() {
             if self.read_arrivals.len() >= MAX_READ_ARRIVALS {
                 self.read_arrivals.pop_front();
@@ -176,7 +181,7 @@ impl H2Connection {
         };
         self.decoder.feed(side, chunk, stats, &mut self.ended);
         for s in self.ended.drain(..) {
-            let wire = wire_of(&self.read_arrivals, &s);
+            let wire = wire_of(&self.read_arrivals, &self.positions, ctx.tls, &s);
             emit(s, wire, ctx, None, stats, out);
         }
     }
@@ -190,7 +195,7 @@ impl H2Connection {
     ) {
         self.decoder.close(ts_ns, stats, &mut self.ended);
         for s in self.ended.drain(..) {
-            let wire = wire_of(&self.read_arrivals, &s);
+            let wire = wire_of(&self.read_arrivals, &self.positions, ctx.tls, &s);
             emit(
                 s,
                 wire,
@@ -225,7 +230,7 @@ impl H2Connection {
     ) {
         self.decoder.close(ts_ns, stats, &mut self.ended);
         for s in self.ended.drain(..) {
-            let wire = wire_of(&self.read_arrivals, &s);
+            let wire = wire_of(&self.read_arrivals, &self.positions, ctx.tls, &s);
             emit(s, wire, ctx, Some(ending), stats, out);
         }
     }
@@ -247,9 +252,34 @@ struct ReadArrival {
     wires: Vec<u64>,
 }
 
-/// The wire arrival of stream `s`: the segment of the read that carried its HEADERS, in the
-/// order the read opened streams (the last segment for streams beyond its segments).
-fn wire_of(reads: &VecDeque<ReadArrival>, s: &StreamSummary) -> Option<u64> {
+/// A read's segments that may open streams, oldest first: those larger than a control frame
+/// (all of them if none is), at most [`MAX_READ_SEGMENTS`].
+fn in_read_order(arrived: &[Arrival]) -> Vec<u64> {
+    let mut wires: Vec<u64> = arrived
+        .iter()
+        .filter(|a| a.len > CONTROL_FRAME_MAX)
+        .take(MAX_READ_SEGMENTS)
+        .map(|a| a.ts_ns)
+        .collect();
+    if wires.is_empty() {
+        wires = arrived.iter().take(MAX_READ_SEGMENTS).map(|a| a.ts_ns).collect();
+    }
+    wires
+}
+
+/// The wire arrival of stream `s`: in clear text, the segment that carried the first byte of
+/// its HEADERS; over TLS (whose plaintext has other sizes than its segments) or where the
+/// byte positions are unknown, the segment of the read that carried its HEADERS in the order
+/// the read opened streams (the last segment for streams beyond its segments).
+fn wire_of(
+    reads: &VecDeque<ReadArrival>,
+    positions: &SegmentPositions,
+    tls: bool,
+    s: &StreamSummary,
+) -> Option<u64> {
+    if !tls && let Some(at) = s.request_at {
+        return positions.arrival_of(at);
+    }
     let i = reads.partition_point(|r| r.ts_ns < s.request_ts_ns);
     let read = reads.get(i).filter(|r| r.ts_ns == s.request_ts_ns)?;
     let rank = s.open_seq.wrapping_sub(read.first_open) as usize;
@@ -313,7 +343,18 @@ fn emit(
         stats.bump(loss::INCOMPLETE_TOTAL);
         stats.bump(reason.counter());
     }
+    let engine = ctx.engine;
     let mut record = p.into_record(ctx, end_ns, ended_by);
+    if let Value::Known(path) = &s.path {
+        match engines::rpc_request_id(engine, path, &s.request_head) {
+            RpcRequestId::NotDeclared => {}
+            RpcRequestId::Id(id) => {
+                stats.bump(Counter::RpcRequestIdsRead);
+                record.rpc_request_id = Some(id);
+            }
+            RpcRequestId::Unread => stats.bump(Counter::RpcRequestIdsUnread),
+        }
+    }
     record.http2 = Some(Box::new(Http2Info {
         stream_id: s.stream_id,
         content_type: match &s.content_type {
@@ -396,23 +437,6 @@ mod tests {
             ..Peer::default()
         };
         let mut out = Vec::new();
-        // The segments that carried the two requests' HEADERS, before the reads.
-        for ts in [9_500_000, 12_800_000] {
-            t.on_segment(&Segment {
-                ts_ns: ts,
-                local_port: 8080,
-                remote: "127.0.0.1".parse().unwrap(),
-                remote_port: 40000,
-                data_len: 60,
-                sock: 0x77,
-            });
-        }
-        // The server speaks first: its SETTINGS on accept, before it reads the client's preface.
-        t.on_write(
-            &ev(SyscallKind::Write, 9 * MS, &settings(None)),
-            peer,
-            &mut out,
-        );
         let mut read = PREFACE.to_vec();
         read.extend(settings(None));
         read.extend(frame(
@@ -422,16 +446,33 @@ mod tests {
             &request_block("/vllm.Engine/Generate"),
         ));
         read.extend(frame(kind::DATA, END_STREAM, 1, &grpc_message(30)));
-        t.on_read(&ev(SyscallKind::Read, 10 * MS, &read), peer, &mut out);
-        let mut write = frame(kind::SETTINGS, 1, 0, &[]);
-        write.extend(frame(kind::HEADERS, END_HEADERS, 1, &response_block()));
-        t.on_write(&ev(SyscallKind::Write, 12 * MS, &write), peer, &mut out);
         let second = frame(
             kind::HEADERS,
             END_HEADERS | END_STREAM,
             3,
             &request_block("/vllm.Engine/Abort"),
         );
+        // The segments that carried the two requests, before the reads.
+        for (ts, bytes) in [(9_500_000, &read), (12_800_000, &second)] {
+            t.on_segment(&Segment {
+                ts_ns: ts,
+                local_port: 8080,
+                remote: "127.0.0.1".parse().unwrap(),
+                remote_port: 40000,
+                data_len: bytes.len() as u32,
+                sock: 0x77,
+            });
+        }
+        // The server speaks first: its SETTINGS on accept, before it reads the client's preface.
+        t.on_write(
+            &ev(SyscallKind::Write, 9 * MS, &settings(None)),
+            peer,
+            &mut out,
+        );
+        t.on_read(&ev(SyscallKind::Read, 10 * MS, &read), peer, &mut out);
+        let mut write = frame(kind::SETTINGS, 1, 0, &[]);
+        write.extend(frame(kind::HEADERS, END_HEADERS, 1, &response_block()));
+        t.on_write(&ev(SyscallKind::Write, 12 * MS, &write), peer, &mut out);
         t.on_read(&ev(SyscallKind::Read, 13 * MS, &second), peer, &mut out);
         for ts in [30, 40, 60] {
             let data = frame(kind::DATA, 0, 1, &grpc_message(7));
@@ -495,6 +536,51 @@ mod tests {
         assert_eq!(t.stats.get(Counter::H2Streams), 2);
         assert_eq!(t.stats.get(Counter::ArrivalWireUnknown), 0);
         assert!(t.arrivals.is_empty(), "every segment consumed");
+    }
+
+    /// `vllm serve --grpc`: a Generate call's record names the request id its message carried
+    /// (the key of the engine join); a compressed message's id is counted unread; a method
+    /// vLLM's plugin does not declare reads nothing.
+    #[test]
+    fn an_engine_grpc_call_carries_the_request_id_of_its_message() {
+        let mut t = Tracker::new(Limits::default());
+        t.set_engine(1, "vllm");
+        let peer = Peer::default();
+        let mut out = Vec::new();
+        let generate = "/vllm.grpc.engine.VllmEngine/Generate";
+        // GenerateRequest { request_id: "grpc-7", tokenized: { input_ids: [9] }, stream: true }
+        let message: &[u8] = b"\x0a\x06grpc-7\x12\x03\x12\x01\x09\x28\x01";
+        let mut prefixed = vec![0];
+        prefixed.extend((message.len() as u32).to_be_bytes());
+        prefixed.extend(message);
+        let mut compressed = prefixed.clone();
+        compressed[0] = 1;
+        let mut read = PREFACE.to_vec();
+        for (stream, path, body) in [
+            (1, generate, &prefixed),
+            (3, generate, &compressed),
+            (5, "/vllm.grpc.engine.VllmEngine/HealthCheck", &prefixed),
+        ] {
+            read.extend(frame(kind::HEADERS, END_HEADERS, stream, &request_block(path)));
+            read.extend(frame(kind::DATA, END_STREAM, stream, body));
+        }
+        t.on_read(&ev(SyscallKind::Read, 10 * MS, &read), peer, &mut out);
+        for stream in [1, 3, 5] {
+            let mut write = frame(kind::HEADERS, END_HEADERS, stream, &response_block());
+            write.extend(frame(kind::DATA, 0, stream, &grpc_message(4)));
+            write.extend(frame(
+                kind::HEADERS,
+                END_HEADERS | END_STREAM,
+                stream,
+                &trailers_block("0"),
+            ));
+            t.on_write(&ev(SyscallKind::Write, 20 * MS, &write), peer, &mut out);
+        }
+        assert_eq!(out.len(), 3);
+        let ids: Vec<_> = out.iter().map(|r| r.rpc_request_id.as_deref()).collect();
+        assert_eq!(ids, [Some("grpc-7"), None, None]);
+        assert_eq!(t.stats.get(Counter::RpcRequestIdsRead), 1);
+        assert_eq!(t.stats.get(Counter::RpcRequestIdsUnread), 1);
     }
 
     /// A stream open when the connection closes ends with it; one whose message boundaries were

@@ -16,6 +16,7 @@ pub mod percentile;
 mod request;
 #[cfg(test)]
 mod resync_tests;
+mod segment_positions;
 mod sched;
 pub mod timeline;
 

@@ -166,6 +166,7 @@ impl RequestProgress {
             request_id: self.request_id(base),
             response_id: self.response_id,
             x_request_id: summary.x_request_id,
+            rpc_request_id: None,
             traceparent: summary.traceparent,
             pid: base.pid,
             engine: base.engine.to_string(),

@@ -5,4 +5,5 @@ pub mod http2;
 pub mod msgpack;
 pub mod pickle;
 pub mod prometheus;
+pub mod protobuf;
 pub mod zmtp;

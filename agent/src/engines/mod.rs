@@ -133,6 +133,48 @@ pub trait Engine: Sync {
     fn package(&self) -> Option<&'static str> {
         None
     }
+
+    /// The gRPC methods of the engine's own gRPC server whose request message names the
+    /// request as the engine's records do (the join key X-Request-Id is over HTTP).
+    fn rpc_id_fields(&self) -> &'static [RpcIdField] {
+        &[]
+    }
+}
+
+/// A gRPC method whose request message carries the engine's request id in a top-level string
+/// field.
+#[derive(Debug, Clone, Copy)]
+pub struct RpcIdField {
+    /// The method's `:path` (`/package.Service/Method`).
+    pub path: &'static str,
+    /// The field number of the id in the method's request message.
+    pub field: u32,
+}
+
+/// What a gRPC call's first request message says about its engine request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RpcRequestId {
+    /// Not a method of `engine` that names its request.
+    NotDeclared,
+    Id(String),
+    /// A method that names its request, but the id could not be read: the message was
+    /// compressed, its first bytes were lost, or the field is absent or cut.
+    Unread,
+}
+
+/// The engine request id that call `path` of `engine`'s server carried in `first_message`
+/// (the head of its first request message).
+pub fn rpc_request_id(engine: &str, path: &str, first_message: &[u8]) -> RpcRequestId {
+    let Some(field) = by_name(engine)
+        .and_then(|e| e.rpc_id_fields().iter().find(|f| f.path == path))
+        .map(|f| f.field)
+    else {
+        return RpcRequestId::NotDeclared;
+    };
+    match crate::decode::protobuf::string_field(first_message, field) {
+        Some(id) if !id.is_empty() => RpcRequestId::Id(id.to_owned()),
+        _ => RpcRequestId::Unread,
+    }
 }
 
 /// The version of `engine` that process `tgid` runs, where its package metadata says it.

@@ -112,7 +112,8 @@ impl Hub {
             .collect()
     }
 
-    /// By the agent's request id, the response id (`chatcmpl-…`) or the caller's x-request-id.
+    /// By the agent's request id, the response id (`chatcmpl-…`), the caller's x-request-id or
+    /// the request id of a gRPC call's message.
     pub fn find(&self, id: &str) -> Option<Arc<RequestTimeline>> {
         let recent = self.recent.lock().ok()?;
         recent
@@ -123,6 +124,7 @@ impl Hub {
                 r.request_id == id
                     || r.response_id.as_deref() == Some(id)
                     || r.x_request_id.as_deref() == Some(id)
+                    || r.rpc_request_id.as_deref() == Some(id)
             })
             .cloned()
     }

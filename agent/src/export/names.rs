@@ -95,6 +95,7 @@ pub fn request_attributes(timeline: &RequestTimeline) -> Vec<KeyValue> {
     opt_str("gen_ai.request.model", &r.model);
     opt_str("gen_ai.response.id", &r.response_id);
     opt_str("inferscope.x_request_id", &r.x_request_id);
+    opt_str("inferscope.rpc.request_id", &r.rpc_request_id);
     let mut opt_i = |key: &'static str, v: Option<u64>| {
         if let Some(v) = v {
             a.push(KeyValue::new(key, v as i64));

@@ -107,6 +107,7 @@ pub fn request(t: &RequestTimeline) -> pb::Request {
         ended_by: r.ended_by.as_str().to_owned(),
         connection_preexisting: r.connection_preexisting,
         tls: r.tls,
+        rpc_request_id: r.rpc_request_id.clone(),
         http2: r.http2.as_deref().map(|h| pb::Http2Stream {
             stream_id: h.stream_id,
             content_type: h.content_type.clone(),

@@ -154,6 +154,9 @@ counters! {
     H2StreamsOverLimit => "h2_streams_over_limit": Loss,
     H2StreamIdsReused => "h2_stream_ids_reused": Loss,
     GrpcMessageFramingLost => "grpc_message_framing_lost": Loss,
+    // gRPC calls of an engine's own server whose request message names the engine request.
+    RpcRequestIdsRead => "rpc_request_ids_read": Total,
+    RpcRequestIdsUnread => "rpc_request_ids_unread": Loss,
     // Engines: what each engine plugin's IPC decoder and scheduler join saw or lost.
     SglangVersionFromPackage => "sglang_version_from_package": Total,
     SglangVersionUnsupported => "sglang_version_unsupported": Loss,

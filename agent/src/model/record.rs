@@ -9,6 +9,9 @@ pub struct RequestRecord {
     /// The stream's own id (`chatcmpl-…`), from the response.
     pub response_id: Option<String>,
     pub x_request_id: Option<String>,
+    /// The request id a gRPC call's request message named, where its engine's server reads
+    /// one there (vLLM's `GenerateRequest.request_id`).
+    pub rpc_request_id: Option<String>,
     pub traceparent: Option<String>,
     pub pid: u32,
     pub engine: String,

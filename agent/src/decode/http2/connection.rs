@@ -39,6 +39,8 @@ struct Handler<'a> {
     goaway: &'a mut Option<EndedBy>,
     stats: &'a mut Stats,
     out: &'a mut Vec<StreamSummary>,
+    /// Where the header block being handled began in its direction's bytes.
+    block_at: Option<u64>,
 }
 
 impl Http2Connection {
@@ -66,6 +68,12 @@ impl Http2Connection {
     /// Whether the client did not begin with the HTTP/2 preface: nothing is decoded.
     pub fn not_http2(&self) -> bool {
         self.client.failed()
+    }
+
+    /// Bytes the client sent so far (see [`FrameDecoder::position`]): where the next read's
+    /// bytes begin.
+    pub fn client_position(&self) -> Option<u64> {
+        self.client.position()
     }
 
     /// Streams opened so far (see `StreamSummary::open_seq`).
@@ -97,6 +105,7 @@ impl Http2Connection {
             goaway: &mut self.goaway,
             stats,
             out,
+            block_at: None,
         };
         let frames = match side {
             Side::Client => &mut self.client,
@@ -154,7 +163,9 @@ impl Handler<'_> {
                 block,
                 end_stream,
                 push,
+                at,
             } => {
+                self.block_at = at;
                 let fields = self.decode(block);
                 if !push {
                     self.headers(stream_id, fields, end_stream, false);
@@ -165,7 +176,9 @@ impl Handler<'_> {
                 end_stream,
                 push,
                 why,
+                at,
             } => {
+                self.block_at = at;
                 self.stats.bump(match why {
                     BlockLoss::TooLarge => Counter::H2HeaderBlocksTooLarge,
                     BlockLoss::Broken => Counter::H2HeaderBlocksLost,
@@ -316,6 +329,7 @@ impl Handler<'_> {
         let mut s = Stream::open(stream_id, fields, end_stream, ts);
         s.summary.headers_lost = lost;
         s.summary.open_seq = *self.opened;
+        s.summary.request_at = self.block_at;
         *self.opened = self.opened.wrapping_add(1);
         self.streams.insert(stream_id, s);
     }

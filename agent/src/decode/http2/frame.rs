@@ -94,6 +94,9 @@ pub enum Frame<'a> {
         block: &'a [u8],
         end_stream: bool,
         push: bool,
+        /// Where the block's first frame began in the direction's bytes (see
+        /// [`FrameDecoder::position`]).
+        at: Option<u64>,
     },
     /// A header block that could not be decoded.
     HeaderBlockLost {
@@ -101,6 +104,7 @@ pub enum Frame<'a> {
         end_stream: bool,
         push: bool,
         why: BlockLoss,
+        at: Option<u64>,
     },
     RstStream {
         stream_id: u32,
@@ -281,6 +285,7 @@ struct OpenBlock {
     end_stream: bool,
     push: bool,
     loss: Option<BlockLoss>,
+    at: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -330,6 +335,12 @@ pub struct FrameDecoder {
     table_size: Option<u32>,
     block: Vec<u8>,
     open: Option<OpenBlock>,
+    /// Bytes of the direction fed so far, captured or lost (None after a loss of unknown
+    /// size): where each frame lies in the byte stream, for matching frames to the TCP
+    /// segments that carried them.
+    pos: Option<u64>,
+    /// Where the frame being read began.
+    frame_at: Option<u64>,
 }
 
 impl FrameDecoder {
@@ -365,7 +376,22 @@ impl FrameDecoder {
             table_size: None,
             block: Vec::new(),
             open: None,
+            pos: Some(0),
+            frame_at: None,
         }
+    }
+
+    /// Bytes of this direction fed so far (captured and lost), from the first fed; None once
+    /// a loss of unknown size made it unknown.
+    pub fn position(&self) -> Option<u64> {
+        self.pos
+    }
+
+    fn move_position(&mut self, n: u64) {
+        self.pos = match n {
+            u64::MAX => None,
+            n => self.pos.map(|p| p.saturating_add(n)),
+        };
     }
 
     /// Whether the direction turned out not to be HTTP/2.
@@ -381,6 +407,7 @@ impl FrameDecoder {
                 self.state = State::Header;
                 on(Frame::Preface);
                 bytes = rest;
+                self.move_position(PREFACE.len() as u64);
             } else if plausible_start(bytes) {
                 self.state = State::Header;
                 on(Frame::Resynced { skipped });
@@ -390,6 +417,8 @@ impl FrameDecoder {
                         .saturating_add(bytes.len() as u64)
                         .saturating_add(known(lost)),
                 };
+                self.move_position(bytes.len() as u64);
+                self.move_position(lost);
                 return;
             }
         }
@@ -398,12 +427,18 @@ impl FrameDecoder {
                 State::Preface(matched) => self.preface(matched, bytes, on),
                 State::Header => self.header(bytes, on),
                 State::Payload => self.payload(bytes, on),
-                State::Hunting { .. } | State::Failed => return,
+                State::Hunting { .. } | State::Failed => {
+                    self.move_position(bytes.len() as u64);
+                    self.move_position(lost);
+                    return;
+                }
             };
+            self.move_position(used as u64);
             bytes = bytes.get(used..).unwrap_or_default();
         }
         if lost > 0 {
             self.lose(lost, on);
+            self.move_position(lost);
         }
     }
 
@@ -424,6 +459,9 @@ impl FrameDecoder {
     }
 
     fn header(&mut self, bytes: &[u8], on: &mut dyn FnMut(Frame<'_>)) -> usize {
+        if self.head_len == 0 {
+            self.frame_at = self.pos;
+        }
         let n = (HEADER_LEN - self.head_len).min(bytes.len());
         if let (Some(dst), Some(src)) = (
             self.head.get_mut(self.head_len..self.head_len + n),
@@ -464,6 +502,7 @@ impl FrameDecoder {
                 end_stream: h.frame_type == kind::HEADERS && h.has(flag::END_STREAM),
                 push: h.frame_type == kind::PUSH_PROMISE,
                 loss: None,
+                at: self.frame_at,
             });
             wipe(&mut self.block);
         }
@@ -649,6 +688,7 @@ impl FrameDecoder {
                     block: &self.block,
                     end_stream: open.end_stream,
                     push: open.push,
+                    at: open.at,
                 });
                 wipe(&mut self.block);
             }
@@ -663,6 +703,7 @@ impl FrameDecoder {
             end_stream: open.end_stream,
             push: open.push,
             why,
+            at: open.at,
         });
     }
 

@@ -99,7 +99,21 @@ pub struct StreamSummary {
     /// How many streams the connection had opened before this one: streams opened by one
     /// syscall take its segments in this order.
     pub open_seq: u32,
+    /// Where the request's HEADERS frame began in the client's bytes (see
+    /// [`super::Http2Connection::client_position`]); None once a loss of unknown size hid it.
+    pub request_at: Option<u64>,
+    /// The first bytes of the request's first gRPC message (uncompressed, its prefix removed),
+    /// at most [`MESSAGE_HEAD_BYTES`]: where engines carry their request id. Empty when the
+    /// message was compressed or its first bytes were lost. Never leaves the agent.
+    pub request_head: Vec<u8>,
 }
+
+/// How much of a request's first gRPC message is kept for the engine's id: ids come first in
+/// every engine's request message, and a field cut by this bound reads as absent.
+pub const MESSAGE_HEAD_BYTES: usize = 256;
+
+/// The 5-byte gRPC message prefix, then the message's head.
+const HEAD_HELD: usize = 5 + MESSAGE_HEAD_BYTES;
 
 /// Header fields an inference record uses, as one block gave them.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -197,6 +211,11 @@ pub struct Stream {
     /// Whether DATA is split into gRPC messages: not when the request says another
     /// content-type (a plain HTTP/2 request's body has no message framing).
     grpc: bool,
+    /// The request's first DATA bytes, prefix included, while they are contiguous and fewer
+    /// than [`HEAD_HELD`].
+    head: Vec<u8>,
+    /// Request bytes were lost before the head was complete: what follows is not its next.
+    head_cut: bool,
 }
 
 impl Stream {
@@ -224,6 +243,8 @@ impl Stream {
             end_ts_ns: ts_ns,
             headers_lost: false,
             open_seq: 0,
+            request_at: None,
+            request_head: Vec::new(),
         };
         Self {
             summary,
@@ -232,6 +253,8 @@ impl Stream {
             request_ended: end_stream,
             response_ended: false,
             grpc,
+            head: Vec::new(),
+            head_cut: false,
         }
     }
 
@@ -262,6 +285,10 @@ impl Stream {
 
     pub fn data(&mut self, side: Side, bytes: &[u8], ts_ns: u64) {
         let grpc = self.grpc;
+        if grpc && side == Side::Client && !self.head_cut && self.head.len() < HEAD_HELD {
+            let n = (HEAD_HELD - self.head.len()).min(bytes.len());
+            self.head.extend_from_slice(bytes.get(..n).unwrap_or_default());
+        }
         let (reader, msgs) = self.side(side);
         msgs.data_bytes = msgs.data_bytes.saturating_add(bytes.len() as u64);
         if grpc {
@@ -271,6 +298,9 @@ impl Stream {
 
     pub fn data_lost(&mut self, side: Side, len: u64, ts_ns: u64) {
         let grpc = self.grpc;
+        if side == Side::Client && self.head.len() < HEAD_HELD {
+            self.head_cut = true;
+        }
         let (reader, msgs) = self.side(side);
         msgs.data_lost = true;
         msgs.data_bytes = msgs.data_bytes.saturating_add(len);
@@ -317,6 +347,7 @@ impl Stream {
     pub fn finish(mut self, ended_by: EndedBy, ts_ns: u64) -> StreamSummary {
         self.summary.ended_by = ended_by;
         self.summary.end_ts_ns = ts_ns;
+        self.summary.request_head = message_head(&self.head);
         self.summary
     }
 
@@ -325,5 +356,17 @@ impl Stream {
             Side::Client => (&mut self.request_reader, &mut self.summary.request),
             Side::Server => (&mut self.response_reader, &mut self.summary.response),
         }
+    }
+}
+
+/// The first message's bytes out of the request's first DATA bytes: none when the message
+/// is compressed (its bytes say nothing without the codec) or the prefix is not whole.
+fn message_head(held: &[u8]) -> Vec<u8> {
+    match held.split_first_chunk::<5>() {
+        Some(([0, a, b, c, d], body)) => {
+            let len = u32::from_be_bytes([*a, *b, *c, *d]) as usize;
+            body.get(..len.min(body.len())).unwrap_or_default().to_vec()
+        }
+        _ => Vec::new(),
     }
 }

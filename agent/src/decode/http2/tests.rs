@@ -120,6 +120,7 @@ fn check_exchange(s: &StreamSummary) {
     assert_eq!(s.x_request_id, Value::Absent);
     assert_eq!((s.request.count, s.request.bytes), (1, 40));
     assert_eq!(s.request.data_bytes, 45);
+    assert_eq!(s.request_head, vec![b'p'; 40], "the message, padding and prefix left out");
     assert_eq!(
         (s.response.count, s.response.bytes, s.response.max_bytes),
         (6, 3 + 700 + 5 + 6 + 20, 700)
@@ -592,6 +593,46 @@ fn goaway_cuts_the_streams_above_its_last_id_and_close_the_rest() {
     run.close();
     assert_eq!(run.out[2].stream_id, 1);
     assert_eq!(run.out[2].ended_by, by);
+}
+
+/// The head of a request's first message (where engines put their request id): bounded,
+/// contiguous, and only for a message whose bytes mean something without a codec.
+#[test]
+fn the_first_request_message_head_is_kept_bounded() {
+    let call = |stream: u32, message: &[u8], lost: u64| {
+        let mut run = Run::new(Start::Fresh);
+        let mut c = PREFACE.to_vec();
+        c.extend(frame(kind::HEADERS, END_HEADERS, stream, &request_block("/e.E/Generate")));
+        run.feed(Side::Client, &c);
+        let data = frame(kind::DATA, END_STREAM, stream, message);
+        if lost == 0 {
+            run.feed(Side::Client, &data);
+        } else {
+            let kept = data.len() - lost as usize;
+            run.feed_lost(Side::Client, &data[..kept], lost);
+        }
+        let mut s = frame(kind::HEADERS, END_HEADERS, stream, &response_block());
+        s.extend(frame(kind::HEADERS, END_HEADERS | END_STREAM, stream, &trailers_block("0")));
+        run.feed(Side::Server, &s);
+        assert_eq!(run.out.len(), 1);
+        run.out.remove(0).request_head
+    };
+    let mut long = grpc_message(1000);
+    long[5..9].copy_from_slice(b"\x0a\x02id");
+    let head = call(1, &long, 0);
+    assert_eq!(head.len(), stream::MESSAGE_HEAD_BYTES);
+    assert_eq!(&head[..4], b"\x0a\x02id");
+    // Two messages: only the first one's bytes.
+    let mut two = grpc_message(3);
+    two.extend(grpc_message(9));
+    assert_eq!(call(1, &two, 0), b"ppp");
+    // Compressed: its bytes say nothing.
+    let mut compressed = grpc_message(20);
+    compressed[0] = 1;
+    assert_eq!(call(1, &compressed, 0), b"");
+    // Cut by the capture (24 of the frame's 114 bytes: its header, the prefix and 10 bytes):
+    // the bytes held are a prefix, and nothing after the loss is appended to them.
+    assert_eq!(call(1, &grpc_message(100), 90), vec![b'p'; 10]);
 }
 
 #[test]

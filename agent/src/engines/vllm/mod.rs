@@ -6,7 +6,9 @@ mod layout;
 mod messages;
 mod state;
 
-use super::{Engine, EngineIpc, MetricSource, MetricsEndpoint, ProcessInfo, Signal};
+use super::{
+    Engine, EngineIpc, MetricSource, MetricsEndpoint, ProcessInfo, RpcIdField, Signal,
+};
 
 pub use ipc::VllmIpc;
 
@@ -50,6 +52,23 @@ impl Engine for Vllm {
         // The scheduler stats' `kv_connector_stats` (NIXL's `transfer_duration`), read from
         // the engine's IPC.
         Some("vllm_kv_connector_stats")
+    }
+
+    fn rpc_id_fields(&self) -> &'static [RpcIdField] {
+        // `vllm serve --grpc` (smg-grpc-servicer's VllmEngine, smg-grpc-proto's
+        // vllm_engine.proto): `GenerateRequest.request_id`, the external id AsyncLLM's engine
+        // requests carry (with their `-<8 chars>` suffix), as the OpenAI server's
+        // `chatcmpl-<id>` is.
+        &[
+            RpcIdField {
+                path: "/vllm.grpc.engine.VllmEngine/Generate",
+                field: 1,
+            },
+            RpcIdField {
+                path: "/vllm.grpc.engine.VllmEngine/Embed",
+                field: 1,
+            },
+        ]
     }
 }
 

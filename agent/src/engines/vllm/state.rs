@@ -109,11 +109,15 @@ fn externals_of<'a>(
     by_external.get(key).into_iter().chain(prompts)
 }
 
-/// The external ids `record`'s engine requests may carry: the stream's own id, and
-/// `chatcmpl-`/`cmpl-` + its X-Request-Id.
+/// The external ids `record`'s engine requests may carry: the stream's own id,
+/// `chatcmpl-`/`cmpl-` + its X-Request-Id, and the id a gRPC call's request message named
+/// (`vllm serve --grpc` hands it to the engine as is).
 fn join_keys(record: &RequestRecord) -> Vec<String> {
     let mut keys: Vec<String> = Vec::with_capacity(3);
     if let Some(id) = &record.response_id {
+        keys.push(id.clone());
+    }
+    if let Some(id) = &record.rpc_request_id {
         keys.push(id.clone());
     }
     if let Some(x) = &record.x_request_id {
@@ -662,7 +666,8 @@ impl IpcState {
     pub fn enrich(&mut self, record: &mut RequestRecord) {
         let served = record.first_token_mono_ns.is_some();
         let Some(members) = self.members(record) else {
-            if served && record.path.contains("completions") {
+            if served && (record.path.contains("completions") || record.rpc_request_id.is_some())
+            {
                 // The engine generated for it, yet no IPC message named it.
                 self.stats.bump(Counter::VllmRequestsUnjoined);
                 record.engine_unknown = vec!["admitted_mono_ns", "prompt_tokens", "preemptions"];
@@ -1420,5 +1425,41 @@ mod tests {
             steps_of(&mut state, "chatcmpl-c"),
             vec![(t(1.009), "prefill")]
         );
+    }
+
+    /// `vllm serve --grpc`: the engine request is the call's own `request_id`, suffixed; an
+    /// id that is only the prefix of another's never joins it.
+    #[test]
+    fn a_grpc_call_joins_by_the_id_its_message_named() {
+        let mut state = IpcState::default();
+        let mut steps = Vec::new();
+        for (id, external) in [("g-1-abcdefgh", "g-1"), ("g-10-12345678", "g-10")] {
+            state.apply(add(id, external, 40), (1, 1, 1), &mut steps);
+            state.apply(output(id, EventKind::Queued, 2.0), (1, 1, 1), &mut steps);
+            state.apply(output(id, EventKind::Scheduled, 2.5), (1, 1, 1), &mut steps);
+        }
+        let mut record = RequestRecord {
+            path: "/vllm.grpc.engine.VllmEngine/Generate".into(),
+            rpc_request_id: Some("g-1".into()),
+            arrival_mono_ns: 1_000_000_000,
+            first_token_mono_ns: Some(3_000_000_000),
+            end_mono_ns: 4_000_000_000,
+            ..Default::default()
+        };
+        state.enrich(&mut record);
+        assert_eq!(record.prompt_tokens, Some(40));
+        assert_eq!(record.admitted_mono_ns, Some(2_500_000_000));
+        assert!(state.request("g-1-abcdefgh").is_none(), "joined and forgotten");
+        assert!(state.request("g-10-12345678").is_some(), "another call's");
+
+        // A call whose engine request the IPC never named is counted, not guessed.
+        let mut unnamed = RequestRecord {
+            rpc_request_id: Some("g-2".into()),
+            ..record.clone()
+        };
+        unnamed.prompt_tokens = None;
+        state.enrich(&mut unnamed);
+        assert_eq!(unnamed.prompt_tokens, None);
+        assert_eq!(state.stats.get(Counter::VllmRequestsUnjoined), 1);
     }
 }
