@@ -5,7 +5,8 @@
 # user-defined probe spec parser), pod_identity (cgroup paths, Kubernetes watch lines and pods),
 # connection_tracker (the per-connection tracker under dropped records, truncated captures and
 # stray bytes), pickle_reader (the inert pickle reader and SGLang's IPC decoder), http2_decoder
-# (HTTP/2 framing, HPACK and gRPC messages per stream, fresh and mid-connection).
+# (HTTP/2 framing, HPACK and gRPC messages per stream, fresh and mid-connection; the protobuf
+# reader of engines' gRPC request ids).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-30}"

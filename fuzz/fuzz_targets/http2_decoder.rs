@@ -1,8 +1,10 @@
 //! Feeds arbitrary bytes to the HTTP/2 connection decoder (framing, HPACK, gRPC messages) as
 //! syscalls of either side, split and cut by capture losses anywhere, or header blocks straight
 //! to an HPACK decoder. Beyond "never panics": streams followed stay under their limit, kept
-//! header values stay short, the kept dynamic table stays under its cap, and closing the
-//! connection ends every stream.
+//! header values stay short, the kept dynamic table stays under its cap, closing the
+//! connection ends every stream, and the kept head of a request's first message stays under
+//! its bound and reads as an engine's request id without a panic. In HPACK mode each block is
+//! also read as a protobuf message (the request id reader).
 //!
 //! Input layout: byte 0 picks the mode (bit 0: HPACK blocks only; bit 1: attach mid-connection;
 //! bit 2: small limits) and the number of control bytes (bits 3..8); the control bytes then cut
@@ -12,7 +14,11 @@
 #![no_main]
 
 use inferscope::decode::http::Chunk;
-use inferscope::decode::http2::{Http2Connection, Limits, Side, Start, hpack};
+use inferscope::decode::http2::{
+    Http2Connection, Limits, MESSAGE_HEAD_BYTES, Side, Start, hpack,
+};
+use inferscope::decode::protobuf;
+use inferscope::engines::{self, RpcRequestId};
 use inferscope::model::Stats;
 use libfuzzer_sys::fuzz_target;
 
@@ -40,6 +46,16 @@ fuzz_target!(|data: &[u8]| {
         };
         while let Some((_, block)) = next_record(&mut records) {
             let _ = d.decode(block, &mut |_| {});
+            let mut fields = 0usize;
+            for (_, value) in protobuf::fields(block) {
+                if let protobuf::WireValue::Bytes(b) = value {
+                    assert!(b.len() <= block.len());
+                }
+                fields += 1;
+            }
+            // Every field takes at least two bytes (a key and a value byte).
+            assert!(fields * 2 <= block.len());
+            let _ = protobuf::string_field(block, 1);
         }
         return;
     }
@@ -100,6 +116,11 @@ fuzz_target!(|data: &[u8]| {
         // Every message counted took at least its 5-byte prefix from the DATA counted.
         for m in [&s.request, &s.response] {
             assert!(u64::from(m.count) * 5 <= m.data_bytes);
+        }
+        assert!(s.request_head.len() <= MESSAGE_HEAD_BYTES);
+        let path = "/vllm.grpc.engine.VllmEngine/Generate";
+        if let RpcRequestId::Id(id) = engines::rpc_request_id("vllm", path, &s.request_head) {
+            assert!(!id.is_empty() && id.len() < MESSAGE_HEAD_BYTES);
         }
     }
 });

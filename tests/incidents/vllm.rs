@@ -63,6 +63,7 @@ impl Launcher for Vllm {
             extra: Vec::new(),
             env: Vec::new(),
             https: false,
+            grpc: false,
         };
         let dir = work_dir(port);
         let _ = std::fs::remove_dir_all(&dir);

@@ -45,6 +45,9 @@ pub struct VllmOptions {
     /// Served over HTTPS (`extra` names the certificate): readiness is then uvicorn's start-up
     /// line and an open port, not a plain-HTTP /health.
     pub https: bool,
+    /// `vllm serve --grpc`: readiness is then an open port (the gRPC server binds once the
+    /// engine is up).
+    pub grpc: bool,
 }
 
 impl Default for VllmOptions {
@@ -60,6 +63,7 @@ impl Default for VllmOptions {
             extra: Vec::new(),
             env: Vec::new(),
             https: false,
+            grpc: false,
         }
     }
 }
@@ -103,8 +107,11 @@ impl VllmServer {
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("vLLM log"))
             .process_group(0);
-        if !o.extra.is_empty() {
+        if !o.extra.is_empty() || o.grpc {
             cmd.arg("--").args(&o.extra);
+        }
+        if o.grpc {
+            cmd.arg("--grpc");
         }
         let child = cmd
             .spawn()
@@ -116,7 +123,7 @@ impl VllmServer {
             truth,
             log,
         };
-        server.wait_ready(o.https);
+        server.wait_ready(o.https, o.grpc);
         server
     }
 
@@ -125,7 +132,7 @@ impl VllmServer {
         self.child.id()
     }
 
-    fn wait_ready(&mut self, https: bool) {
+    fn wait_ready(&mut self, https: bool, grpc: bool) {
         let deadline = Instant::now() + Duration::from_secs(240);
         while Instant::now() < deadline {
             if let Some(status) = self.child.try_wait().expect("waiting on vLLM") {
@@ -134,7 +141,11 @@ impl VllmServer {
                     std::fs::read_to_string(&self.log).unwrap_or_default()
                 );
             }
-            if https {
+            if grpc {
+                if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                    return;
+                }
+            } else if https {
                 let started = std::fs::read_to_string(&self.log)
                     .is_ok_and(|log| log.contains("Application startup complete"));
                 if started && TcpStream::connect(("127.0.0.1", self.port)).is_ok() {

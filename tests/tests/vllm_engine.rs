@@ -756,3 +756,130 @@ fn vllm_kernels_per_request_through_the_shim() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `vllm serve --grpc` (smg-grpc-servicer's VllmEngine on vLLM's AsyncLLM): streaming
+/// `Generate` calls multiplexed over HTTP/2 connections as a router sends them, some cancelled
+/// mid-stream. Each call is one record that names the request id its message carried, joined
+/// to the engine request vLLM's scheduler logged under that id (admission at its own stamp,
+/// prompt tokens), with its response messages counted exactly and its times inside the
+/// client's own: the wire arrival after the client handed the call to grpcio, the first
+/// message before the client received it.
+#[test]
+fn vllm_grpc_calls_are_joined_to_the_scheduler() {
+    let _machine = inferscope_integration_tests::exclusive();
+    let dir = work_dir("vllm-grpc");
+    let port = free_port();
+    let opts = VllmOptions {
+        grpc: true,
+        ..Default::default()
+    };
+    let server = VllmServer::start(&dir.join("vllm"), port, &opts);
+    let mut recorder = Recorder::start(&dir, &["--port", &port.to_string()]);
+    recorder.wait_attached(server.pid(), Duration::from_secs(60));
+
+    let output = std::process::Command::new(inferscope_integration_tests::vllm::vllm_python())
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("engine/vllm/grpc_client.py"))
+        .args([&port.to_string(), "96", "16", "--channels", "3"])
+        .args(["--tag", "grpc", "--cancel-every", "12"])
+        .output()
+        .expect("running the gRPC client");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.lines().last() == Some("done"),
+        "gRPC client failed: {}\n{stdout}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let calls: Vec<Value> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert_eq!(calls.len(), 96);
+    for call in &calls {
+        assert!(call.get("error").is_none(), "{call}");
+    }
+    let generate = "/vllm.grpc.engine.VllmEngine/Generate";
+    recorder.wait_records(Duration::from_secs(30), "every call's record", |r| {
+        r.iter().filter(|r| r["path"] == generate).count() >= calls.len()
+    });
+    let log_path = recorder.log.clone();
+    let records = recorder.stop();
+    let counters = agent::Counters::beside(&log_path);
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let truth = server.read_truth();
+    drop(server);
+
+    let mut cancelled = 0;
+    let mut wire_minus_send = Vec::new();
+    for call in &calls {
+        let id = call["id"].as_str().unwrap();
+        let mine: Vec<&Value> = records
+            .iter()
+            .filter(|r| r["rpc_request_id"] == id)
+            .collect();
+        assert_eq!(mine.len(), 1, "one record for {call}");
+        let r = mine[0];
+        assert_eq!(r["path"], generate, "{r}");
+        assert_eq!(r["engine"], "vllm", "{r}");
+        assert_eq!(r["capture_truncated"], false, "{r}");
+        assert_eq!(r["incomplete"], Value::Null, "{r}");
+        let info = &r["http2"];
+        if call["cancelled"] == true {
+            cancelled += 1;
+            // Unless the server ended the stream before the client's RST_STREAM reached it.
+            if r["ended_by"] == "client" {
+                assert_eq!(info["stream_end"], "rst_stream", "{r}");
+            } else {
+                assert_eq!(r["ended_by"], "complete", "{r}");
+            }
+            assert!(r["output_chunks"].as_u64().unwrap() >= 2, "{r} {call}");
+        } else {
+            assert_eq!(r["ended_by"], "complete", "{r}");
+            assert_eq!(r["output_chunks"], call["messages"], "{r} {call}");
+            assert_eq!(info["grpc_status"], 0, "{r}");
+        }
+        // The engine request vLLM's scheduler logged for this call (`<id>-<8 chars>`).
+        let engine: Vec<_> = truth
+            .requests
+            .iter()
+            .filter(|(k, _)| k.rsplit_once('-').is_some_and(|(head, _)| head == id))
+            .collect();
+        assert_eq!(engine.len(), 1, "{id}: {engine:?}");
+        let (_, t) = engine[0];
+        assert_eq!(r["prompt_tokens"], t.prompt_tokens, "{r}");
+        assert_eq!(r["prompt_tokens"], call["prompt_tokens"], "{r} {call}");
+        assert_eq!(
+            r["admitted_mono_ns"].as_u64(),
+            t.scheduled.first().copied(),
+            "admission at vLLM's own stamp: {r}"
+        );
+        let wire = r["arrival_wire_mono_ns"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no wire arrival: {r}"));
+        let first = r["first_token_mono_ns"].as_u64().unwrap();
+        let send = call["send_ns"].as_u64().unwrap();
+        assert!(wire >= send, "wire before the client sent: {r} {call}");
+        assert!(
+            first > wire && first <= call["first_ns"].as_u64().unwrap(),
+            "{r} {call}"
+        );
+        wire_minus_send.push(wire - send);
+    }
+    assert!(cancelled >= 4, "{cancelled} calls cancelled");
+    wire_minus_send.sort_unstable();
+    eprintln!(
+        "vLLM gRPC: {} calls, {cancelled} cancelled; wire − client send: median {:.3} ms, max {:.3} ms",
+        calls.len(),
+        wire_minus_send[wire_minus_send.len() / 2] as f64 / 1e6,
+        wire_minus_send[wire_minus_send.len() - 1] as f64 / 1e6,
+    );
+    assert_eq!(counters.get("rpc_request_ids_read") as usize, calls.len());
+    for zero in [
+        "rpc_request_ids_unread",
+        "vllm_requests_unjoined",
+        "arrival_wire_unknown",
+        "requests_lost",
+    ] {
+        assert_eq!(counters.get(zero), 0, "{zero} in\n{log}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -210,7 +210,24 @@ impl SocketProbes {
         // The kernel counts the cap per window (LAUNCH_WINDOW_NS); 0 stays "no cap".
         let windows_per_s = (1_000_000_000 / inferscope_common::LAUNCH_WINDOW_NS) as u32;
         let launch_cap = config.gpu_launch_cap.div_ceil(windows_per_s);
+        // Iovecs past the first eight need bpf_loop (5.17+): a write of more of them (gRPC's C
+        // core, a frame header and its payload per iovec) is otherwise cut after the eighth.
+        let loop_iovecs = u32::from(
+            aya::sys::is_helper_supported(
+                aya::programs::ProgramType::TracePoint,
+                aya::sys::BpfHelper::BPF_FUNC_loop,
+            )
+            .unwrap_or(false),
+        );
+        if loop_iovecs == 0 {
+            warn!(
+                "this kernel has no bpf_loop (5.17+): a sendmsg/writev of more than {} iovecs is captured up to the {}th (counted in kernel_payload_truncated)",
+                inferscope_common::MAX_IOV,
+                inferscope_common::MAX_IOV
+            );
+        }
         let mut ebpf = EbpfLoader::new()
+            .override_global("BPF_LOOP_IOVECS", &loop_iovecs, true)
             .override_global("SOCK_STATE_SKADDR", &s_skaddr, true)
             .override_global("SOCK_STATE_OLDSTATE", &s_old, true)
             .override_global("SOCK_STATE_NEWSTATE", &s_new, true)

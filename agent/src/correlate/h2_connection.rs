@@ -262,7 +262,11 @@ fn in_read_order(arrived: &[Arrival]) -> Vec<u64> {
         .map(|a| a.ts_ns)
         .collect();
     if wires.is_empty() {
-        wires = arrived.iter().take(MAX_READ_SEGMENTS).map(|a| a.ts_ns).collect();
+        wires = arrived
+            .iter()
+            .take(MAX_READ_SEGMENTS)
+            .map(|a| a.ts_ns)
+            .collect();
     }
     wires
 }
@@ -561,7 +565,12 @@ mod tests {
             (3, generate, &compressed),
             (5, "/vllm.grpc.engine.VllmEngine/HealthCheck", &prefixed),
         ] {
-            read.extend(frame(kind::HEADERS, END_HEADERS, stream, &request_block(path)));
+            read.extend(frame(
+                kind::HEADERS,
+                END_HEADERS,
+                stream,
+                &request_block(path),
+            ));
             read.extend(frame(kind::DATA, END_STREAM, stream, body));
         }
         t.on_read(&ev(SyscallKind::Read, 10 * MS, &read), peer, &mut out);

@@ -16,8 +16,8 @@ pub mod percentile;
 mod request;
 #[cfg(test)]
 mod resync_tests;
-mod segment_positions;
 mod sched;
+mod segment_positions;
 pub mod timeline;
 
 use std::{

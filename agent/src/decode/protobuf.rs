@@ -119,11 +119,13 @@ mod tests {
     #[test]
     fn malformed_input_ends_the_reading() {
         for bad in [
-            &[0x0a, 0x80][..],                   // length varint cut
+            &[0x0a, 0x80][..],                     // length varint cut
             &[0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f], // length far past the end
-            &[0x0b, 0x0a, 1, b'x'],               // a group start
-            &[0x02, 1, b'x'],                     // field number 0
-            &[0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01], // 11-byte key
+            &[0x0b, 0x0a, 1, b'x'],                // a group start
+            &[0x02, 1, b'x'],                      // field number 0
+            &[
+                0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01,
+            ], // 11-byte key
         ] {
             assert_eq!(string_field(bad, 1), None, "{bad:?}");
         }

@@ -31,7 +31,7 @@ pub(crate) mod testwire;
 
 pub use connection::Http2Connection;
 pub use frame::{PREFACE, whole_frames};
-pub use stream::{EndedBy, Messages, StreamSummary};
+pub use stream::{EndedBy, MESSAGE_HEAD_BYTES, Messages, StreamSummary};
 
 /// Which end wrote the bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

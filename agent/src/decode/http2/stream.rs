@@ -287,7 +287,8 @@ impl Stream {
         let grpc = self.grpc;
         if grpc && side == Side::Client && !self.head_cut && self.head.len() < HEAD_HELD {
             let n = (HEAD_HELD - self.head.len()).min(bytes.len());
-            self.head.extend_from_slice(bytes.get(..n).unwrap_or_default());
+            self.head
+                .extend_from_slice(bytes.get(..n).unwrap_or_default());
         }
         let (reader, msgs) = self.side(side);
         msgs.data_bytes = msgs.data_bytes.saturating_add(bytes.len() as u64);

@@ -120,7 +120,11 @@ fn check_exchange(s: &StreamSummary) {
     assert_eq!(s.x_request_id, Value::Absent);
     assert_eq!((s.request.count, s.request.bytes), (1, 40));
     assert_eq!(s.request.data_bytes, 45);
-    assert_eq!(s.request_head, vec![b'p'; 40], "the message, padding and prefix left out");
+    assert_eq!(
+        s.request_head,
+        vec![b'p'; 40],
+        "the message, padding and prefix left out"
+    );
     assert_eq!(
         (s.response.count, s.response.bytes, s.response.max_bytes),
         (6, 3 + 700 + 5 + 6 + 20, 700)
@@ -602,7 +606,12 @@ fn the_first_request_message_head_is_kept_bounded() {
     let call = |stream: u32, message: &[u8], lost: u64| {
         let mut run = Run::new(Start::Fresh);
         let mut c = PREFACE.to_vec();
-        c.extend(frame(kind::HEADERS, END_HEADERS, stream, &request_block("/e.E/Generate")));
+        c.extend(frame(
+            kind::HEADERS,
+            END_HEADERS,
+            stream,
+            &request_block("/e.E/Generate"),
+        ));
         run.feed(Side::Client, &c);
         let data = frame(kind::DATA, END_STREAM, stream, message);
         if lost == 0 {
@@ -612,7 +621,12 @@ fn the_first_request_message_head_is_kept_bounded() {
             run.feed_lost(Side::Client, &data[..kept], lost);
         }
         let mut s = frame(kind::HEADERS, END_HEADERS, stream, &response_block());
-        s.extend(frame(kind::HEADERS, END_HEADERS | END_STREAM, stream, &trailers_block("0")));
+        s.extend(frame(
+            kind::HEADERS,
+            END_HEADERS | END_STREAM,
+            stream,
+            &trailers_block("0"),
+        ));
         run.feed(Side::Server, &s);
         assert_eq!(run.out.len(), 1);
         run.out.remove(0).request_head
@@ -620,7 +634,7 @@ fn the_first_request_message_head_is_kept_bounded() {
     let mut long = grpc_message(1000);
     long[5..9].copy_from_slice(b"\x0a\x02id");
     let head = call(1, &long, 0);
-    assert_eq!(head.len(), stream::MESSAGE_HEAD_BYTES);
+    assert_eq!(head.len(), MESSAGE_HEAD_BYTES);
     assert_eq!(&head[..4], b"\x0a\x02id");
     // Two messages: only the first one's bytes.
     let mut two = grpc_message(3);

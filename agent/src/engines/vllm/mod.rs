@@ -6,9 +6,7 @@ mod layout;
 mod messages;
 mod state;
 
-use super::{
-    Engine, EngineIpc, MetricSource, MetricsEndpoint, ProcessInfo, RpcIdField, Signal,
-};
+use super::{Engine, EngineIpc, MetricSource, MetricsEndpoint, ProcessInfo, RpcIdField, Signal};
 
 pub use ipc::VllmIpc;
 

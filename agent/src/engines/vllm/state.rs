@@ -666,8 +666,7 @@ impl IpcState {
     pub fn enrich(&mut self, record: &mut RequestRecord) {
         let served = record.first_token_mono_ns.is_some();
         let Some(members) = self.members(record) else {
-            if served && (record.path.contains("completions") || record.rpc_request_id.is_some())
-            {
+            if served && (record.path.contains("completions") || record.rpc_request_id.is_some()) {
                 // The engine generated for it, yet no IPC message named it.
                 self.stats.bump(Counter::VllmRequestsUnjoined);
                 record.engine_unknown = vec!["admitted_mono_ns", "prompt_tokens", "preemptions"];
@@ -1449,7 +1448,10 @@ mod tests {
         state.enrich(&mut record);
         assert_eq!(record.prompt_tokens, Some(40));
         assert_eq!(record.admitted_mono_ns, Some(2_500_000_000));
-        assert!(state.request("g-1-abcdefgh").is_none(), "joined and forgotten");
+        assert!(
+            state.request("g-1-abcdefgh").is_none(),
+            "joined and forgotten"
+        );
         assert!(state.request("g-10-12345678").is_some(), "another call's");
 
         // A call whose engine request the IPC never named is counted, not guessed.

@@ -1,5 +1,9 @@
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, generated::bpf_probe_read_user},
+    cty::c_void,
+    helpers::{
+        bpf_get_current_pid_tgid,
+        generated::{bpf_loop, bpf_probe_read_user},
+    },
     macros::map,
     maps::HashMap,
 };
@@ -9,9 +13,19 @@ use inferscope_common::{
 };
 
 use crate::{
-    maps::{Inflight, Scratch, Shape, capture_limit},
+    maps::{Inflight, SCRATCH, Scratch, Shape, capture_limit},
     ringbuf::output,
 };
+
+/// Set by user space where the kernel has `bpf_loop` (5.17+): iovecs past the first
+/// [`MAX_IOV`] are then copied too (gRPC's C core writes a frame header and its payload as two
+/// iovecs, so one write of a few frames has more than eight). A constant at load time: on older
+/// kernels the verifier never walks the branch that calls it.
+#[unsafe(no_mangle)]
+static BPF_LOOP_IOVECS: u32 = 0;
+
+/// Iovecs copied at most through `bpf_loop`, after the first [`MAX_IOV`] (Linux's UIO_MAXIOV).
+const MAX_LOOP_IOV: u64 = 1024 - MAX_IOV as u64;
 
 /// Processes whose engine IPC the agent decodes (vLLM's ZeroMQ sockets), tgid → the most bytes
 /// of one send/recv to capture. libzmq batches queued messages into one send of 8 KiB or more
@@ -168,9 +182,98 @@ pub fn copy_payload(
             iov.len
         };
     }
+    // SAFETY: a valid, aligned static; the volatile load keeps the value user space set at
+    // load time from being folded to the compiled-in default.
+    let looping = unsafe { core::ptr::read_volatile(&BPF_LOOP_IOVECS) } != 0;
+    if looping && iovcnt > MAX_IOV as u64 && remaining > 0 && offset < limit && !out.failed {
+        let mut state = IovLoop {
+            iov_addr,
+            iovcnt,
+            remaining,
+            offset: offset as u64,
+            limit: limit as u64,
+            failed: 0,
+        };
+        let count = if iovcnt - MAX_IOV as u64 > MAX_LOOP_IOV {
+            MAX_LOOP_IOV
+        } else {
+            iovcnt - MAX_IOV as u64
+        };
+        // SAFETY: the callback is a static function of the program; its context is `state`,
+        // on this stack frame for the whole call.
+        unsafe {
+            bpf_loop(
+                count as u32,
+                copy_iov_step as *mut c_void,
+                (&mut state as *mut IovLoop).cast(),
+                0,
+            );
+        }
+        offset = state.offset as usize;
+        out.failed = state.failed != 0;
+    }
     out.captured = offset;
     out.truncated = (offset as u64) < moved;
     out
+}
+
+/// The copy of iovecs [`MAX_IOV`].. through `bpf_loop`: the verifier checks the callback once,
+/// not once per iovec as an unrolled loop.
+#[repr(C)]
+struct IovLoop {
+    iov_addr: u64,
+    iovcnt: u64,
+    remaining: u64,
+    offset: u64,
+    limit: u64,
+    failed: u64,
+}
+
+/// One iovec (the `i`-th after the first [`MAX_IOV`]) into the per-CPU scratch payload, after
+/// the bytes already copied; 1 stops the loop.
+#[inline(never)]
+extern "C" fn copy_iov_step(i: u32, ctx: *mut c_void) -> i64 {
+    // SAFETY: `bpf_loop` passes back the context `copy_payload` gave it: an `IovLoop` on its
+    // stack, alive and not otherwise borrowed during the call.
+    let state = unsafe { &mut *ctx.cast::<IovLoop>() };
+    let index = MAX_IOV as u64 + u64::from(i);
+    if index >= state.iovcnt || state.remaining == 0 || state.offset >= state.limit {
+        return 1;
+    }
+    let Some(iov) = read_user::<Iovec>(state.iov_addr + index * 16) else {
+        state.failed = 1;
+        return 1;
+    };
+    let mut len = if iov.len > state.remaining {
+        state.remaining
+    } else {
+        iov.len
+    };
+    let room = state.limit - state.offset;
+    if len > room {
+        len = room;
+    }
+    if len > 0 {
+        // The same per-CPU scratch the caller fills (this program's, not preempted: it runs
+        // with preemption off until the record is out).
+        let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
+            state.failed = 1;
+            return 1;
+        };
+        // SAFETY: the map value is valid for the program's run; only this call touches it now.
+        let payload = unsafe { &mut (*scratch).payload };
+        if !copy_at(payload, state.offset as usize, iov.base, len as usize) {
+            state.failed = 1;
+            return 1;
+        }
+        state.offset += len;
+    }
+    state.remaining -= if iov.len > state.remaining {
+        state.remaining
+    } else {
+        iov.len
+    };
+    0
 }
 
 /// Writes header plus `captured` payload bytes as one ring-buffer record; false when the ring
