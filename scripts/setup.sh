@@ -141,6 +141,13 @@ if ((want_vllm)) && ! .venv-vllm/bin/python3 -c 'import importlib.metadata as m;
   .venv-vllm/bin/pip install -q --disable-pip-version-check --no-deps \
     -r tests/engine/vllm/requirements.txt
 fi
+# `vllm serve --grpc` (issue 25): vllm[grpc]'s extras, in requirements.txt too; added to a venv
+# made before they were.
+if ((want_vllm)) && ! .venv-vllm/bin/python3 -c 'import importlib.metadata as m; assert m.version("smg-grpc-servicer") == "0.14.1"' 2>/dev/null; then
+  log "adding vLLM's gRPC server (smg-grpc-servicer) to .venv-vllm"
+  grep -E '^(smg-grpc-|grpcio-health-checking|grpcio-reflection)' tests/engine/vllm/requirements.txt \
+    | .venv-vllm/bin/pip install -q --disable-pip-version-check --no-deps -r /dev/stdin
+fi
 # --- SGLang test engines (issue 18): SGLang 0.5.23's real server on CPU, and its IPC classes --
 # tests/tests/sglang_engine.rs runs `python -m sglang.launch_server --device cpu` (torch,
 # transformers, ...); tests/engine/sglang/ipc_engine.py imports its io_struct. The full
