@@ -135,19 +135,10 @@ fn ns(repr: &Value) -> u64 {
     (s * 1e9 + 0.5).floor() as u64
 }
 
-/// The SSE stream's `id` (SGLang's rid).
-fn stream_id(raw: &[u8]) -> Option<String> {
-    let text = String::from_utf8_lossy(raw);
-    let at = text.find("data: {")?;
-    let line = text[at + 6..].lines().next()?;
-    let v: Value = serde_json::from_str(line).ok()?;
-    v["id"].as_str().map(str::to_owned)
-}
-
-#[test]
-fn sglang_real_scheduler_admission_retractions_and_prompt_tokens() {
-    let dir = inferscope_integration_tests::test_dir("sglang-real");
-    // A tiny Llama config and a WordLevel tokenizer (one token per word `w<n>`), no weights.
+/// Starts SGLang's real server on the test model (a tiny Llama config and a WordLevel
+/// tokenizer, one token per word `w<n>`, no weights) with its scheduler writing the ground
+/// truth to `dir/truth.jsonl`; `extra` adds server arguments.
+fn launch(dir: &std::path::Path, port: u16, extra: &[&str]) -> (Server, PathBuf) {
     let model = dir.join("model");
     let status = Command::new(sglang_python())
         .args(["-m", "inferscope_vllm.model"])
@@ -158,7 +149,6 @@ fn sglang_real_scheduler_admission_retractions_and_prompt_tokens() {
         .expect("writing the test model");
     assert!(status.success());
     let truth_path = dir.join("truth.jsonl");
-    let port = free_port();
     let child = Command::new(sglang_python())
         .args(["-m", "sglang.launch_server", "--model-path"])
         .arg(&model)
@@ -177,7 +167,8 @@ fn sglang_real_scheduler_admission_retractions_and_prompt_tokens() {
         .args(["--max-total-tokens", "320", "--context-length", "300"])
         .args(["--schedule-conservativeness", "0.01"])
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-        .current_dir(&dir)
+        .args(extra)
+        .current_dir(dir)
         .env("PYTHONPATH", repo_root().join("tests/engine/sglang/truth"))
         .env("INFERSCOPE_SGLANG_TRUTH", &truth_path)
         // SGLang's own knob: admission reserves at most 8 future tokens per new request, so it
@@ -188,7 +179,23 @@ fn sglang_real_scheduler_admission_retractions_and_prompt_tokens() {
         .stderr(std::fs::File::create(dir.join("sglang.log")).expect("log"))
         .spawn()
         .expect("starting SGLang (run scripts/setup.sh for .venv-sglang)");
-    let mut server = Server { child };
+    (Server { child }, truth_path)
+}
+
+/// The SSE stream's `id` (SGLang's rid).
+fn stream_id(raw: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(raw);
+    let at = text.find("data: {")?;
+    let line = text[at + 6..].lines().next()?;
+    let v: Value = serde_json::from_str(line).ok()?;
+    v["id"].as_str().map(str::to_owned)
+}
+
+#[test]
+fn sglang_real_scheduler_admission_retractions_and_prompt_tokens() {
+    let dir = inferscope_integration_tests::test_dir("sglang-real");
+    let port = free_port();
+    let (mut server, truth_path) = launch(&dir, port, &[]);
     wait_healthy(port, &mut server.child);
 
     let steps_path = dir.join("agent-steps.jsonl");
@@ -372,5 +379,119 @@ fn sglang_real_scheduler_admission_retractions_and_prompt_tokens() {
     );
     assert!(waited > 0, "no request waited: {records:#?}");
     assert!(retracted > 0, "SGLang retracted nothing: {truth:#?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SGLang's `--smg-grpc-mode` (smg-grpc-servicer's SglangScheduler in the server process, the same
+/// scheduler and pickled IPC behind it): streaming `Generate` calls multiplexed over HTTP/2
+/// connections, some cancelled mid-stream. Each call is one record that names the request id
+/// its message carried, which is the scheduler's rid: joined to SGLang's own admission stamp
+/// (within 1 ms) and prompt length, its response messages counted exactly, its times inside
+/// the client's own.
+#[test]
+fn sglang_grpc_calls_are_joined_to_the_scheduler() {
+    let _machine = inferscope_integration_tests::exclusive();
+    let dir = inferscope_integration_tests::test_dir("sglang-grpc");
+    // `--port` is the gRPC server's (its HTTP sidecar takes the next one).
+    let port = free_port();
+    // A pool that holds every call at once: this test is about the join, not retractions.
+    let grpc = ["--smg-grpc-mode", "--max-total-tokens", "4096"];
+    let (mut server, truth_path) = launch(&dir, port, &grpc);
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Ok(Some(status)) = server.child.try_wait() {
+            panic!(
+                "SGLang exited ({status}): see {}",
+                dir.join("sglang.log").display()
+            );
+        }
+        assert!(Instant::now() < deadline, "SGLang's gRPC port never opened");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let mut recorder = Recorder::start(&dir, &["--port", &port.to_string()]);
+    recorder.wait_attached(server.child.id(), Duration::from_secs(60));
+
+    let output = Command::new(sglang_python())
+        .arg(repo_root().join("tests/engine/grpc_engine_client.py"))
+        .args([&port.to_string(), "24", "8", "--engine", "sglang"])
+        .args(["--channels", "2", "--tag", "sg", "--cancel-every", "8"])
+        .args(["--prompt-lens", "8,24,60", "--max-tokens", "4,16"])
+        .output()
+        .expect("running the gRPC client");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.lines().last() == Some("done"),
+        "gRPC client failed: {}\n{stdout}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let calls: Vec<Value> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert_eq!(calls.len(), 24);
+    let generate = "/sglang.grpc.scheduler.SglangScheduler/Generate";
+    recorder.wait_records(Duration::from_secs(60), "every call's record", |r| {
+        r.iter().filter(|r| r["path"] == generate).count() >= calls.len()
+    });
+    let log_path = recorder.log.clone();
+    let records = recorder.stop();
+    let counters = agent::Counters::beside(&log_path);
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    drop(server);
+    let truth = read_records(&truth_path);
+
+    let mut cancelled = 0;
+    for call in &calls {
+        assert!(call.get("error").is_none(), "{call}");
+        let id = call["id"].as_str().unwrap();
+        let mine: Vec<&Value> = records
+            .iter()
+            .filter(|r| r["rpc_request_id"] == id)
+            .collect();
+        assert_eq!(mine.len(), 1, "one record for {call}");
+        let r = mine[0];
+        assert_eq!(r["path"], generate, "{r}");
+        assert_eq!(r["engine"], "sglang", "{r}");
+        assert_eq!(r["capture_truncated"], false, "{r}");
+        assert_eq!(r["incomplete"], Value::Null, "{r}");
+        if call["cancelled"] == true {
+            cancelled += 1;
+            assert!(r["output_chunks"].as_u64().unwrap() >= 2, "{r} {call}");
+        } else {
+            assert_eq!(r["ended_by"], "complete", "{r}");
+            assert_eq!(r["output_chunks"], call["messages"], "{r} {call}");
+            assert_eq!(r["http2"]["grpc_status"], 0, "{r}");
+        }
+        let admit = truth
+            .iter()
+            .find(|t| t["event"] == "admit" && t["rid"] == id)
+            .unwrap_or_else(|| panic!("SGLang never admitted {id}"));
+        assert_eq!(r["prompt_tokens"], admit["input_len"], "{r}");
+        assert_eq!(r["prompt_tokens"], call["prompt_len"], "{r} {call}");
+        let got = r["admitted_mono_ns"].as_u64().unwrap();
+        let want = ns(&admit["forward_entry_time"]);
+        assert!(
+            got.abs_diff(want) <= 1_000_000,
+            "{id}: admitted {got} vs SGLang {want}"
+        );
+        let wire = r["arrival_wire_mono_ns"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no wire arrival: {r}"));
+        let first = r["first_token_mono_ns"].as_u64().unwrap();
+        assert!(wire >= call["send_ns"].as_u64().unwrap(), "{r} {call}");
+        assert!(wire <= got && got <= first, "{r}");
+        assert!(first <= call["first_ns"].as_u64().unwrap(), "{r} {call}");
+    }
+    assert!(cancelled >= 2, "{cancelled} calls cancelled");
+    assert_eq!(counters.get("rpc_request_ids_read") as usize, calls.len());
+    for zero in [
+        "rpc_request_ids_unread",
+        "sglang_requests_unjoined",
+        "sglang_ipc_not_pickle",
+        "arrival_wire_unknown",
+        "requests_lost",
+    ] {
+        assert_eq!(counters.get(zero), 0, "{zero} in\n{log}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -778,7 +778,7 @@ fn vllm_grpc_calls_are_joined_to_the_scheduler() {
     recorder.wait_attached(server.pid(), Duration::from_secs(60));
 
     let output = std::process::Command::new(inferscope_integration_tests::vllm::vllm_python())
-        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("engine/vllm/grpc_client.py"))
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("engine/grpc_engine_client.py"))
         .args([&port.to_string(), "96", "16", "--channels", "3"])
         .args(["--tag", "grpc", "--cancel-every", "12"])
         .output()

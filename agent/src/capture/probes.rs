@@ -536,6 +536,34 @@ impl SocketProbes {
         Ok(())
     }
 
+    /// Attaches a return program and its entry program at one function, the return first: an
+    /// entry whose return never runs would leave call state behind on every call. Neither
+    /// stays attached if the other fails.
+    pub fn attach_uprobe_pair(
+        &mut self,
+        (entry, ret): (&str, &str),
+        object: &std::path::Path,
+        file_offset: u64,
+        tgid: u32,
+        cookie: u64,
+    ) -> Result<(), String> {
+        let ret_link = self.link_uprobe(ret, object, file_offset, tgid, cookie)?;
+        match self.link_uprobe(entry, object, file_offset, tgid, cookie) {
+            Ok(entry_link) => {
+                let links = self.uprobe_links.entry(tgid).or_default();
+                links.push((ret.to_owned(), ret_link));
+                links.push((entry.to_owned(), entry_link));
+                Ok(())
+            }
+            Err(e) => {
+                if let Some(Ok(uprobe)) = self.ebpf.program_mut(ret).map(<&mut UProbe>::try_from) {
+                    let _ = uprobe.detach(ret_link);
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// Attaches `program` at `file_offset` of `object` for process `tgid` only, with `cookie`.
     fn link_uprobe(
         &mut self,

@@ -17,7 +17,7 @@ use tracing::{info, warn};
 use crate::capture::{SocketProbes, procfs, sched_hooks::HookOutcome, symbols::ElfSymbols};
 
 /// The entry and return programs; the attach cookie names the function ([`TlsApi`]).
-pub const PROGRAMS: [&str; 2] = ["tls_call", "tls_return"];
+const PROGRAMS: (&str, &str) = ("tls_call", "tls_return");
 
 /// Parts of a mapped file's name that mark it as a possible home of OpenSSL: the library
 /// itself, Python's `_ssl` extension and libpython (builds that link OpenSSL in), and
@@ -72,19 +72,17 @@ pub fn attach(probes: &mut SocketProbes, tgid: u32) -> HookOutcome {
     for (path, readable, offsets) in &objects {
         let mut attached = Vec::new();
         for &(api, offset) in offsets {
-            let both = PROGRAMS.iter().all(|program| {
-                probes
-                    .attach_uprobe(program, readable, offset, tgid, api as u64)
-                    .map_err(|e| {
-                        warn!(
-                            pid = tgid,
-                            object = %path,
-                            function = api.symbol(),
-                            "attaching the TLS probe failed: {e}; this process's HTTPS traffic is counted as undecoded"
-                        )
-                    })
-                    .is_ok()
-            });
+            let both = probes
+                .attach_uprobe_pair(PROGRAMS, readable, offset, tgid, api as u64)
+                .map_err(|e| {
+                    warn!(
+                        pid = tgid,
+                        object = %path,
+                        function = api.symbol(),
+                        "attaching the TLS probe failed: {e}; this process's HTTPS traffic is counted as undecoded"
+                    )
+                })
+                .is_ok();
             if both {
                 outcome.live += 1;
                 attached.push(api.symbol());

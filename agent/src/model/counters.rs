@@ -76,6 +76,7 @@ counters! {
     KernelTlsRecords => "kernel_tls_records": Total,
     KernelTlsTies => "kernel_tls_ties": Total,
     KernelTlsUntied => "kernel_tls_untied": Total,
+    KernelTlsNested => "kernel_tls_nested": Loss,
     TlsProbesAttached => "tls_probes_attached": Total,
     TlsConnectionsUndecoded => "tls_connections_undecoded": Loss,
     KernelTracepointsUnattached => "kernel_tracepoints_unattached": Loss,
@@ -370,6 +371,7 @@ pub const fn kernel(c: inferscope_common::Counter) -> Counter {
         K::TlsRecords => Counter::KernelTlsRecords,
         K::TlsTies => Counter::KernelTlsTies,
         K::TlsUntied => Counter::KernelTlsUntied,
+        K::TlsNested => Counter::KernelTlsNested,
     }
 }
 

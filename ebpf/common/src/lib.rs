@@ -750,12 +750,15 @@ pub enum Counter {
     /// process's own client connections, or a connection caught mid-stream whose first write
     /// came before its first read): not captured.
     TlsUntied = 24,
+    /// TLS library calls whose plaintext was dropped because another TLS probe run was using
+    /// this CPU's scratch buffer (uprobe programs may be preempted on PREEMPT kernels).
+    TlsNested = 25,
 }
 
-pub const COUNTER_SLOTS: u32 = 25;
+pub const COUNTER_SLOTS: u32 = 26;
 
 impl Counter {
-    pub const ALL: [Counter; 25] = [
+    pub const ALL: [Counter; 26] = [
         Counter::RecordsEmitted,
         Counter::RingbufFull,
         Counter::PayloadTruncated,
@@ -781,6 +784,7 @@ impl Counter {
         Counter::TlsRecords,
         Counter::TlsTies,
         Counter::TlsUntied,
+        Counter::TlsNested,
     ];
 
     pub fn name(self) -> &'static str {
@@ -810,6 +814,7 @@ impl Counter {
             Counter::TlsRecords => "tls_records",
             Counter::TlsTies => "tls_ties",
             Counter::TlsUntied => "tls_untied",
+            Counter::TlsNested => "tls_nested",
         }
     }
 }

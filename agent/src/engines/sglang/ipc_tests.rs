@@ -211,6 +211,30 @@ fn joins_the_http_request_by_rid_seen_on_both_ends() {
     assert_eq!(again.engine_steps, Vec::new());
 }
 
+/// SGLang's `--smg-grpc-mode`: the scheduler's rid is the request id the call's message named.
+#[test]
+fn a_grpc_call_joins_by_the_request_id_of_its_message() {
+    let e = expected();
+    let rid = e["output"]["rids"][0].as_str().unwrap().to_owned();
+    let mut ipc = SglangIpc::default();
+    ipc.set_version(10, "0.5.23");
+    ipc.set_scheduler(10, 10);
+    let stream = zmtp(&[fixture("output.pickle")]);
+    feed(&mut ipc, 10, 5, IpcDirection::Write, &stream, 64);
+    let mut record = RequestRecord {
+        path: "/sglang.grpc.scheduler.SglangScheduler/Generate".into(),
+        rpc_request_id: Some(rid.clone()),
+        arrival_mono_ns: 100_000_000_000,
+        first_token_mono_ns: Some(100_500_000_000),
+        end_mono_ns: 101_000_000_000,
+        ..Default::default()
+    };
+    ipc.enrich(&mut record);
+    assert_eq!(record.admitted_mono_ns, Some(100_375_000_000));
+    assert_eq!(record.prompt_tokens, Some(37));
+    assert!(ipc.state().request(&rid).unwrap().joined);
+}
+
 fn kernel(pid: u32, launch: u64) -> KernelRecord {
     KernelRecord {
         pid,

@@ -7,7 +7,7 @@ mod messages;
 mod scheduler;
 mod state;
 
-use super::{Engine, EngineIpc, MetricSource, MetricsEndpoint, ProcessInfo, Signal};
+use super::{Engine, EngineIpc, MetricSource, MetricsEndpoint, ProcessInfo, RpcIdField, Signal};
 
 pub use ipc::SglangIpc;
 
@@ -34,6 +34,21 @@ impl Engine for Sglang {
 
     fn metrics(&self) -> Option<&'static MetricsEndpoint> {
         Some(&METRICS)
+    }
+
+    fn rpc_id_fields(&self) -> &'static [RpcIdField] {
+        // `--smg-grpc-mode` (smg-grpc-servicer's SglangScheduler, smg-grpc-proto's
+        // sglang_scheduler.proto): `GenerateRequest.request_id` is the scheduler's rid.
+        &[
+            RpcIdField {
+                path: "/sglang.grpc.scheduler.SglangScheduler/Generate",
+                field: 1,
+            },
+            RpcIdField {
+                path: "/sglang.grpc.scheduler.SglangScheduler/Embed",
+                field: 1,
+            },
+        ]
     }
 }
 

@@ -354,8 +354,9 @@ impl IpcState {
     }
 
     /// Fills `record` (an HTTP request that just finished) from the SGLang request that served
-    /// it: SGLang's response id is the rid (from the body's `rid`, else a uuid it made), and the
-    /// request must have been admitted inside the HTTP request's lifetime.
+    /// it: SGLang's response id is the rid (from the body's `rid`, else a uuid it made; a gRPC
+    /// call's rid is the request id its message named), and the request must have been
+    /// admitted inside the HTTP request's lifetime.
     pub fn enrich(&mut self, record: &mut RequestRecord) {
         let served = record.first_token_mono_ns.is_some();
         let inside = |r: &RequestState| {
@@ -365,6 +366,7 @@ impl IpcState {
         let rid = [
             record.response_id.as_deref(),
             record.x_request_id.as_deref(),
+            record.rpc_request_id.as_deref(),
         ]
         .into_iter()
         .flatten()
@@ -378,8 +380,11 @@ impl IpcState {
             r.joined = true;
             r.clone()
         });
+        // A gRPC call of a method that names no engine request (a health check, model
+        // info) is not an inference the scheduler could have joined.
+        let names_a_request = record.http2.is_none() || record.rpc_request_id.is_some();
         let Some(state) = joined else {
-            if served {
+            if served && names_a_request {
                 self.stats.bump(Counter::SglangRequestsUnjoined);
                 record.engine_unknown = vec!["admitted_mono_ns", "prompt_tokens", "preemptions"];
             }

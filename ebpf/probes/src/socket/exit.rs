@@ -78,7 +78,12 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
         return Ok(());
     }
 
-    emit_syscall(tgid, pid_tgid as u32, fd, ret, &inflight)
+    let scratch = SCRATCH.get_ptr_mut(0).ok_or(0)?;
+    // SAFETY: a per-CPU map value, valid for the map's life; syscall programs run with
+    // preemption off and do not nest on a CPU, so this reference is the only one to it.
+    emit_syscall(tgid, pid_tgid as u32, fd, ret, &inflight, unsafe {
+        &mut *scratch
+    })
 }
 
 /// accept/accept4 returned: a new connection. Its own exit program, because it must work even
@@ -128,11 +133,17 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
     }
     let fd = ret as i32;
     accepted(tgid, pid_tgid as u32, fd, &mut inflight);
-    emit_syscall(tgid, pid_tgid as u32, fd, ret, &inflight)
+    let scratch = SCRATCH.get_ptr_mut(0).ok_or(0)?;
+    // SAFETY: a per-CPU map value, valid for the map's life; syscall programs run with
+    // preemption off and do not nest on a CPU, so this reference is the only one to it.
+    emit_syscall(tgid, pid_tgid as u32, fd, ret, &inflight, unsafe {
+        &mut *scratch
+    })
 }
 
-/// Writes the syscall's record, with up to the capture limit of the bytes it moved. Shared
-/// with the TLS library probes, whose plaintext goes out exactly like a socket's bytes.
+/// Writes the syscall's record, with up to the capture limit of the bytes it moved, built in
+/// `scratch` (the caller's own per-CPU buffer). Shared with the TLS library probes, whose
+/// plaintext goes out exactly like a socket's bytes.
 #[inline(always)]
 pub(super) fn emit_syscall(
     tgid: u32,
@@ -140,12 +151,9 @@ pub(super) fn emit_syscall(
     fd: i32,
     ret: i64,
     inflight: &Inflight,
+    scratch: &mut Scratch,
 ) -> Result<(), i32> {
     let kind = inflight.kind;
-    let scratch = SCRATCH.get_ptr_mut(0).ok_or(0)?;
-    // SAFETY: a per-CPU map value, valid for the map's life; programs do not migrate or nest
-    // on a CPU while they run, so this reference is the only one to it.
-    let scratch = unsafe { &mut *scratch };
     let mut captured = 0usize;
     let mut flags = 0u16;
     if ret > 0 && kind != SyscallKind::Accept as u8 {

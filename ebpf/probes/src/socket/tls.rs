@@ -24,7 +24,7 @@ use aya_ebpf::{
         bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
     },
     macros::{map, uprobe, uretprobe},
-    maps::LruHashMap,
+    maps::{LruHashMap, PerCpuArray},
     programs::{ProbeContext, RetProbeContext},
 };
 use inferscope_common::{
@@ -34,8 +34,20 @@ use inferscope_common::{
 use super::{enter::emit_control, exit::emit_syscall};
 use crate::{
     counters::bump,
-    maps::{CONNS, Inflight, Shape, ignored, traced},
+    maps::{CONNS, Inflight, Scratch, Shape, ignored, traced},
 };
+
+/// Where the TLS probes build their records: apart from the syscall programs' buffer, because
+/// a uprobe program runs with only migration disabled and may be preempted (PREEMPT kernels)
+/// by a task whose syscall programs then use the CPU's buffer.
+#[map]
+static TLS_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// 1 while a TLS probe run on this CPU builds a record in [`TLS_SCRATCH`]: a second run that
+/// preempted it drops its plaintext (counted in `tls_nested`) rather than overwrite the
+/// buffer under the first.
+#[map]
+static TLS_SCRATCH_BUSY: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
 /// How long after a thread's TLS socket read an untied `SSL*` that reads may take its
 /// connection, and after an untied `SSL_write` the thread's next TLS socket write may tie it.
@@ -276,7 +288,28 @@ fn try_return(ctx: &RetProbeContext) -> Result<(), i32> {
         _pad1: 0,
     };
     bump(Counter::TlsRecords);
-    emit_syscall(tgid, pid_tgid as u32, fd, bytes as i64, &inflight)
+    let busy = TLS_SCRATCH_BUSY.get_ptr_mut(0).ok_or(0)?;
+    let scratch = TLS_SCRATCH.get_ptr_mut(0).ok_or(0)?;
+    // SAFETY: per-CPU map values, valid for the maps' life; the busy flag makes this run the
+    // only user of the scratch buffer until it clears it (runs on one CPU do not interleave
+    // except by preemption, which the flag catches).
+    unsafe {
+        if *busy != 0 {
+            bump(Counter::TlsNested);
+            return Ok(());
+        }
+        *busy = 1;
+        let result = emit_syscall(
+            tgid,
+            pid_tgid as u32,
+            fd,
+            bytes as i64,
+            &inflight,
+            &mut *scratch,
+        );
+        *busy = 0;
+        result
+    }
 }
 
 /// The connection `ssl` is tied to, if the fd still holds it and no other `SSL*` replaced it.

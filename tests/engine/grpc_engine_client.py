@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""A client of vLLM's gRPC server (`vllm serve --grpc`, smg-grpc-servicer's VllmEngine), the
-ground truth for the agent's records of it: streaming `Generate` calls multiplexed over one
-HTTP/2 connection per channel, as a router does, each counting what it received.
+"""A client of an engine's own gRPC server (smg-grpc-servicer: vLLM's `vllm serve --grpc`, the
+VllmEngine service; SGLang's `--grpc-mode`, the SglangScheduler service), the ground truth for
+the agent's records of it: streaming `Generate` calls multiplexed over one HTTP/2 connection
+per channel, as a router does, each counting what it received. Runs in .venv-vllm (or
+.venv-sglang, which sees its packages), where smg-grpc-proto is installed.
 
-    grpc_client.py PORT CALLS CONCURRENCY [--channels N] [--tag T] [--cancel-every K]
+    grpc_engine_client.py PORT CALLS CONCURRENCY [--engine vllm|sglang] [--channels N]
+        [--tag T] [--cancel-every K] [--prompt-lens 8,40,160,600] [--max-tokens 4,40]
 
 Waits until the server answers its health check, then runs CALLS calls, CONCURRENCY at once,
 spread over N channels (connections). Every K-th call (0: none) is cancelled after its second
@@ -24,18 +27,34 @@ import time
 from concurrent import futures
 
 import grpc
-from smg_grpc_proto import vllm_engine_pb2, vllm_engine_pb2_grpc
+from smg_grpc_proto import (
+    sglang_scheduler_pb2,
+    sglang_scheduler_pb2_grpc,
+    vllm_engine_pb2,
+    vllm_engine_pb2_grpc,
+)
 
-# The test model's words are token ids 4..31999 (tests/engine/vllm/inferscope_vllm/model.py).
+# The test model's words are token ids 4..31999, word `w<id>` for id `<id>`
+# (tests/engine/vllm/inferscope_vllm/model.py).
 FIRST_WORD = 4
 LAST_WORD = 31999
 
+# Per engine: its messages, its stub, and the name of its output-length field.
+ENGINES = {
+    "vllm": (vllm_engine_pb2, vllm_engine_pb2_grpc.VllmEngineStub, "max_tokens"),
+    "sglang": (
+        sglang_scheduler_pb2,
+        sglang_scheduler_pb2_grpc.SglangSchedulerStub,
+        "max_new_tokens",
+    ),
+}
 
-def wait_healthy(stub, deadline_s=120.0):
+
+def wait_healthy(pb, stub, deadline_s=240.0):
     deadline = time.monotonic() + deadline_s
     while True:
         try:
-            stub.HealthCheck(vllm_engine_pb2.HealthCheckRequest(), timeout=5)
+            stub.HealthCheck(pb.HealthCheckRequest(), timeout=30)
             return
         except grpc.RpcError as e:
             if time.monotonic() > deadline:
@@ -43,15 +62,19 @@ def wait_healthy(stub, deadline_s=120.0):
             time.sleep(0.5)
 
 
-def one_call(stub, call_id, prompt_len, max_tokens, cancel, rng_seed):
+def one_call(engine, stub, call_id, prompt_len, max_tokens, cancel, rng_seed):
+    pb, _, length_field = ENGINES[engine]
     rng = random.Random(rng_seed)
-    request = vllm_engine_pb2.GenerateRequest(
+    ids = [rng.randint(FIRST_WORD, LAST_WORD) for _ in range(prompt_len)]
+    request = pb.GenerateRequest(
         request_id=call_id,
-        tokenized=vllm_engine_pb2.TokenizedInput(
-            input_ids=[rng.randint(FIRST_WORD, LAST_WORD) for _ in range(prompt_len)]
+        # SGLang's servicer keeps the text beside the ids; vLLM's reads the ids alone.
+        tokenized=pb.TokenizedInput(
+            input_ids=ids,
+            original_text=" ".join(f"w{i}" for i in ids) if engine == "sglang" else "",
         ),
-        sampling_params=vllm_engine_pb2.SamplingParams(
-            temperature=0.0, max_tokens=max_tokens, ignore_eos=True
+        sampling_params=pb.SamplingParams(
+            temperature=0.0, ignore_eos=True, **{length_field: max_tokens}
         ),
         stream=True,
     )
@@ -101,7 +124,10 @@ def main():
     p.add_argument("port", type=int)
     p.add_argument("calls", type=int)
     p.add_argument("concurrency", type=int)
+    p.add_argument("--engine", choices=sorted(ENGINES), default="vllm")
     p.add_argument("--channels", type=int, default=2)
+    p.add_argument("--prompt-lens", default="8,40,160,600")
+    p.add_argument("--max-tokens", default="4,40", help="the range of output tokens")
     p.add_argument("--tag", default="g")
     p.add_argument("--cancel-every", type=int, default=0)
     a = p.parse_args()
@@ -114,20 +140,23 @@ def main():
         )
         for _ in range(max(1, a.channels))
     ]
-    stubs = [vllm_engine_pb2_grpc.VllmEngineStub(c) for c in channels]
+    pb, stub_of, _ = ENGINES[a.engine]
+    stubs = [stub_of(c) for c in channels]
     for stub in stubs:
-        wait_healthy(stub)
+        wait_healthy(pb, stub)
+    prompt_lens = [int(n) for n in a.prompt_lens.split(",")]
+    low, high = (int(n) for n in a.max_tokens.split(","))
     rng = random.Random(7)
     jobs = []
     for i in range(a.calls):
         cancel = a.cancel_every > 0 and i % a.cancel_every == a.cancel_every - 1
-        # Prompts from a few tokens to a few hundred (prefill of one step or several), and
-        # streams from 4 to 40 tokens.
-        jobs.append((f"{a.tag}-{i}", rng.choice([8, 40, 160, 600]), rng.randint(4, 40), cancel))
+        # Prompts from a few tokens to a few hundred (prefill of one step or several) by
+        # default, and streams of `--max-tokens`.
+        jobs.append((f"{a.tag}-{i}", rng.choice(prompt_lens), rng.randint(low, high), cancel))
     lock = threading.Lock()
     with futures.ThreadPoolExecutor(max_workers=a.concurrency) as pool:
         pending = [
-            pool.submit(one_call, stubs[i % len(stubs)], cid, plen, mt, cancel, i)
+            pool.submit(one_call, a.engine, stubs[i % len(stubs)], cid, plen, mt, cancel, i)
             for i, (cid, plen, mt, cancel) in enumerate(jobs)
         ]
         for f in futures.as_completed(pending):
