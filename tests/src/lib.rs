@@ -8,6 +8,7 @@ pub mod agent;
 pub mod client;
 pub mod daemon;
 pub mod engine;
+pub mod grpc_engine;
 pub mod mock_cuda;
 pub mod native_engine;
 pub mod otlp;

@@ -411,23 +411,26 @@ fn sglang_grpc_calls_are_joined_to_the_scheduler() {
     let mut recorder = Recorder::start(&dir, &["--port", &port.to_string()]);
     recorder.wait_attached(server.child.id(), Duration::from_secs(60));
 
-    let output = Command::new(sglang_python())
-        .arg(repo_root().join("tests/engine/grpc_engine_client.py"))
-        .args([&port.to_string(), "24", "8", "--engine", "sglang"])
-        .args(["--channels", "2", "--tag", "sg", "--cancel-every", "8"])
-        .args(["--prompt-lens", "8,24,60", "--max-tokens", "4,16"])
-        .output()
-        .expect("running the gRPC client");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success() && stdout.lines().last() == Some("done"),
-        "gRPC client failed: {}\n{stdout}",
-        String::from_utf8_lossy(&output.stderr)
+    let calls = inferscope_integration_tests::grpc_engine::run_calls(
+        &sglang_python(),
+        port,
+        &[
+            "24",
+            "8",
+            "--engine",
+            "sglang",
+            "--channels",
+            "2",
+            "--tag",
+            "sg",
+            "--cancel-every",
+            "8",
+            "--prompt-lens",
+            "8,24,60",
+            "--max-tokens",
+            "4,16",
+        ],
     );
-    let calls: Vec<Value> = stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
     assert_eq!(calls.len(), 24);
     let generate = "/sglang.grpc.scheduler.SglangScheduler/Generate";
     recorder.wait_records(Duration::from_secs(60), "every call's record", |r| {
@@ -442,7 +445,6 @@ fn sglang_grpc_calls_are_joined_to_the_scheduler() {
 
     let mut cancelled = 0;
     for call in &calls {
-        assert!(call.get("error").is_none(), "{call}");
         let id = call["id"].as_str().unwrap();
         let mine: Vec<&Value> = records
             .iter()

@@ -777,26 +777,21 @@ fn vllm_grpc_calls_are_joined_to_the_scheduler() {
     let mut recorder = Recorder::start(&dir, &["--port", &port.to_string()]);
     recorder.wait_attached(server.pid(), Duration::from_secs(60));
 
-    let output = std::process::Command::new(inferscope_integration_tests::vllm::vllm_python())
-        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("engine/grpc_engine_client.py"))
-        .args([&port.to_string(), "96", "16", "--channels", "3"])
-        .args(["--tag", "grpc", "--cancel-every", "12"])
-        .output()
-        .expect("running the gRPC client");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success() && stdout.lines().last() == Some("done"),
-        "gRPC client failed: {}\n{stdout}",
-        String::from_utf8_lossy(&output.stderr)
+    let calls = inferscope_integration_tests::grpc_engine::run_calls(
+        &inferscope_integration_tests::vllm::vllm_python(),
+        port,
+        &[
+            "96",
+            "16",
+            "--channels",
+            "3",
+            "--tag",
+            "grpc",
+            "--cancel-every",
+            "12",
+        ],
     );
-    let calls: Vec<Value> = stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
     assert_eq!(calls.len(), 96);
-    for call in &calls {
-        assert!(call.get("error").is_none(), "{call}");
-    }
     let generate = "/vllm.grpc.engine.VllmEngine/Generate";
     recorder.wait_records(Duration::from_secs(30), "every call's record", |r| {
         r.iter().filter(|r| r["path"] == generate).count() >= calls.len()
