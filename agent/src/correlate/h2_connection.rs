@@ -130,13 +130,18 @@ impl H2Connection {
             _ => Vec::new(),
         };
         self.last_read_ns = ts;
-        if !ctx.tls {
-            match self.decoder.client_position() {
-                Some(start) => self.positions.on_read(start, ev.ret as u64, &arrived),
-                None => self.positions.reset(),
-            }
+        // Clear text with known positions places the segments; only TLS (or bytes whose
+        // positions a loss made unknown) needs the read-order fallback.
+        let position = self.decoder.client_position().filter(|_| !ctx.tls);
+        match position {
+            Some(start) => self.positions.on_read(start, ev.ret as u64, &arrived),
+            None => self.positions.reset(),
         }
-        let wires = in_read_order(&arrived);
+        let wires = if position.is_none() {
+            in_read_order(&arrived)
+        } else {
+            Vec::new()
+        };
         if !wires.is_empty() {
             if self.read_arrivals.len() >= MAX_READ_ARRIVALS {
                 self.read_arrivals.pop_front();
