@@ -7,6 +7,7 @@ per channel, as a router does, each counting what it received. Runs in .venv-vll
 
     grpc_engine_client.py PORT CALLS CONCURRENCY [--engine vllm|sglang] [--channels N]
         [--tag T] [--cancel-every K] [--prompt-lens 8,40,160,600] [--max-tokens 4,40]
+        [--with-text]
 
 Waits until the server answers its health check, then runs CALLS calls, CONCURRENCY at once,
 spread over N channels (connections). Every K-th call (0: none) is cancelled after its second
@@ -62,16 +63,19 @@ def wait_healthy(pb, stub, deadline_s=240.0):
             time.sleep(0.5)
 
 
-def one_call(engine, stub, call_id, prompt_len, max_tokens, cancel, rng_seed):
+def one_call(engine, stub, call_id, prompt_len, max_tokens, cancel, rng_seed, with_text):
     pb, _, length_field = ENGINES[engine]
     rng = random.Random(rng_seed)
     ids = [rng.randint(FIRST_WORD, LAST_WORD) for _ in range(prompt_len)]
     request = pb.GenerateRequest(
         request_id=call_id,
-        # SGLang's servicer keeps the text beside the ids; vLLM's reads the ids alone.
+        # SGLang's servicer keeps the text beside the ids; vLLM's reads the ids alone, and
+        # gets the text only with --with-text (as routers send it: calls of several KiB).
         tokenized=pb.TokenizedInput(
             input_ids=ids,
-            original_text=" ".join(f"w{i}" for i in ids) if engine == "sglang" else "",
+            original_text=(
+                " ".join(f"w{i}" for i in ids) if engine == "sglang" or with_text else ""
+            ),
         ),
         sampling_params=pb.SamplingParams(
             temperature=0.0, ignore_eos=True, **{length_field: max_tokens}
@@ -130,6 +134,9 @@ def main():
     p.add_argument("--max-tokens", default="4,40", help="the range of output tokens")
     p.add_argument("--tag", default="g")
     p.add_argument("--cancel-every", type=int, default=0)
+    p.add_argument(
+        "--with-text", action="store_true", help="send the prompt's text beside its ids"
+    )
     a = p.parse_args()
 
     # A subchannel pool per channel: otherwise grpcio shares one connection among channels
@@ -156,7 +163,9 @@ def main():
     lock = threading.Lock()
     with futures.ThreadPoolExecutor(max_workers=a.concurrency) as pool:
         pending = [
-            pool.submit(one_call, a.engine, stubs[i % len(stubs)], cid, plen, mt, cancel, i)
+            pool.submit(
+                one_call, a.engine, stubs[i % len(stubs)], cid, plen, mt, cancel, i, a.with_text
+            )
             for i, (cid, plen, mt, cancel) in enumerate(jobs)
         ]
         for f in futures.as_completed(pending):

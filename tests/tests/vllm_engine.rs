@@ -789,6 +789,12 @@ fn vllm_grpc_calls_are_joined_to_the_scheduler() {
             "grpc",
             "--cancel-every",
             "12",
+            // With the prompt's text, as routers send it: calls up to ~12 KiB, so grpcio's
+            // reads (up to 64 KiB) hold several calls and cross the capture limit, and are
+            // captured whole (in chunks) only because the agent marks HTTP/2 servers for it.
+            "--with-text",
+            "--prompt-lens",
+            "8,40,160,600,1200",
         ],
     );
     assert_eq!(calls.len(), 96);
@@ -862,17 +868,27 @@ fn vllm_grpc_calls_are_joined_to_the_scheduler() {
     assert!(cancelled >= 4, "{cancelled} calls cancelled");
     wire_minus_send.sort_unstable();
     eprintln!(
-        "vLLM gRPC: {} calls, {cancelled} cancelled; wire − client send: median {:.3} ms, max {:.3} ms",
+        "vLLM gRPC: {} calls, {cancelled} cancelled; wire − client send: median {:.3} ms, max {:.3} ms; {} syscalls captured in chunks, {} cut",
         calls.len(),
         wire_minus_send[wire_minus_send.len() / 2] as f64 / 1e6,
         wire_minus_send[wire_minus_send.len() - 1] as f64 / 1e6,
+        counters.get("capture_chunked_syscalls"),
+        counters.get("kernel_payload_truncated"),
     );
     assert_eq!(counters.get("rpc_request_ids_read") as usize, calls.len());
+    // Reads past the capture limit were captured whole, so no framing was lost.
+    assert!(counters.get("capture_chunked_syscalls") > 0, "{log}");
     for zero in [
         "rpc_request_ids_unread",
         "vllm_requests_unjoined",
         "arrival_wire_unknown",
         "requests_lost",
+        "h2_framing_lost",
+        "h2_hpack_unknown_fields",
+        "h2_header_blocks_lost",
+        "capture_chunks_lost",
+        "capture_chunks_orphaned",
+        "kernel_chunks_unsent",
     ] {
         assert_eq!(counters.get(zero), 0, "{zero} in\n{log}");
     }

@@ -4,7 +4,7 @@ use std::os::fd::{AsFd, AsRawFd, RawFd};
 
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, MapData, PerCpuArray, ProgramArray, RingBuf},
     programs::{
         FExit, TracePoint, UProbe,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
@@ -104,6 +104,26 @@ const ATTACHMENTS: &[(&str, &str, &str)] = &[
     ("exit_syscall", "syscalls", "sys_exit_dup2"),
     ("exit_syscall", "syscalls", "sys_exit_dup3"),
 ];
+
+/// Loads `exit_chunks` (never attached) into `CHUNK_PROGRAM`, the tail call that sends the
+/// chunks of a large capture after its first record.
+fn install_chunk_program(ebpf: &mut Ebpf) -> Result<(), String> {
+    let prog: &mut TracePoint = ebpf
+        .program_mut("exit_chunks")
+        .ok_or("exit_chunks is missing from the object")?
+        .try_into()
+        .map_err(|e| format!("{e}"))?;
+    prog.load().map_err(|e| format!("{e}"))?;
+    let fd = prog
+        .fd()
+        .and_then(|fd| fd.try_clone().map_err(Into::into))
+        .map_err(|e| format!("{e}"))?;
+    let map = ebpf
+        .map_mut("CHUNK_PROGRAM")
+        .ok_or("CHUNK_PROGRAM is missing from the object")?;
+    let mut slots = ProgramArray::try_from(map).map_err(|e| format!("{e}"))?;
+    slots.set(0, &fd, 0).map_err(|e| format!("{e}"))
+}
 
 static PROGRAM_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/inferscope"));
 
@@ -247,6 +267,14 @@ impl SocketProbes {
             .load(PROGRAM_OBJECT)
             .map_err(|e| CaptureError::Load(Box::new(e)))?;
 
+        // Before exit_syscall is attached, so that no large capture finds the slot empty.
+        if loop_iovecs != 0
+            && let Err(e) = install_chunk_program(&mut ebpf)
+        {
+            warn!(
+                "the chunk program did not load ({e}): sends and receives of engine IPC and HTTP/2 are captured up to one record ({MAX_CAPTURE_BYTES} bytes), counted in kernel_chunks_unsent"
+            );
+        }
         let mut loaded: Vec<&str> = Vec::new();
         for &(program, category, tracepoint) in ATTACHMENTS {
             let prog: &mut TracePoint = ebpf

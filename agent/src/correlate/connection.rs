@@ -181,6 +181,11 @@ impl Connection {
     }
 
     /// What the kernel saw of the client's end of this connection's socket so far.
+    /// The connection is decoded as HTTP/2.
+    pub fn speaks_http2(&self) -> bool {
+        self.h2.is_some()
+    }
+
     pub fn learn_peer_end(&mut self, end: PeerEnd) {
         self.peer_end_seen = end;
     }

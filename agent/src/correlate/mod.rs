@@ -36,7 +36,7 @@ use crate::{
 use connection::{Connection, Ending};
 use inferscope_common::SchedKind;
 use peer_close::PeerCloses;
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 /// Requests listed per step record (a step's batch is bounded by the engine's slots anyway).
 const MAX_STEP_MEMBERS: usize = 1024;
@@ -127,6 +127,10 @@ pub struct Tracker {
     joins: sched::SchedJoins,
     /// Requests of processes gone ([`PerProcess::process_gone`]), until [`Tracker::take_ended`].
     ended: Vec<RequestRecord>,
+    /// Processes seen serving HTTP/2 (bounded by the traced processes), and those of them not
+    /// yet handed to capture ([`Tracker::take_http2_servers`]).
+    http2_servers: FxHashSet<u32>,
+    http2_servers_due: Vec<u32>,
 }
 
 /// What a connection needs while it handles one syscall: where results go, and scratch space.
@@ -171,6 +175,8 @@ impl Tracker {
             read_complete: Vec::new(),
             joins: sched::SchedJoins::default(),
             ended: Vec::new(),
+            http2_servers: FxHashSet::default(),
+            http2_servers_due: Vec::new(),
         }
     }
 
@@ -213,6 +219,7 @@ impl Tracker {
         }
         self.engines.remove(&tgid);
         self.process_templates.remove(&tgid);
+        self.http2_servers.remove(&tgid);
         self.joins.forget_process(tgid);
     }
 
@@ -340,6 +347,9 @@ impl Tracker {
             conn.on_read(ev, &mut self.arrivals, ctx, &mut work);
         } else {
             conn.on_write(ev, ctx, &mut work);
+        }
+        if conn.speaks_http2() && self.http2_servers.insert(ev.tgid) {
+            self.http2_servers_due.push(ev.tgid);
         }
         let response_started = work.response_started;
         for learned in self.templates.drain(..) {
@@ -507,6 +517,12 @@ impl Tracker {
     /// latest per process wins).
     pub fn take_templates(&mut self) -> Vec<TemplateUpdate> {
         std::mem::take(&mut self.templates_due)
+    }
+
+    /// Processes newly seen serving HTTP/2, for capture to take their sends and receives whole
+    /// (a read cut short loses the framing and header state of the rest of its connection).
+    pub fn take_http2_servers(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.http2_servers_due)
     }
 
     /// fds whose capture should stop (not HTTP, or framing lost for good).

@@ -77,6 +77,7 @@ counters! {
     KernelTlsTies => "kernel_tls_ties": Total,
     KernelTlsUntied => "kernel_tls_untied": Total,
     KernelTlsNested => "kernel_tls_nested": Loss,
+    KernelChunksUnsent => "kernel_chunks_unsent": Loss,
     TlsProbesAttached => "tls_probes_attached": Total,
     TlsConnectionsUndecoded => "tls_connections_undecoded": Loss,
     KernelTracepointsUnattached => "kernel_tracepoints_unattached": Loss,
@@ -372,6 +373,7 @@ pub const fn kernel(c: inferscope_common::Counter) -> Counter {
         K::TlsTies => Counter::KernelTlsTies,
         K::TlsUntied => Counter::KernelTlsUntied,
         K::TlsNested => Counter::KernelTlsNested,
+        K::ChunksUnsent => Counter::KernelChunksUnsent,
     }
 }
 

@@ -148,10 +148,11 @@ pub struct Pipeline {
 /// Engine worker processes whose launches are probed at once.
 const MAX_GPU_WORKERS: usize = 1024;
 
-/// Bytes of one send/receive captured for processes whose engine IPC is decoded: vLLM's
-/// largest message is a new request with its prompt's token ids (up to ~3 bytes a token), and
-/// libzmq batches queued messages into one send.
-const IPC_CAPTURE_BYTES: u32 =
+/// Bytes of one send/receive captured for processes whose engine IPC is decoded (vLLM's largest
+/// message is a new request with its prompt's token ids, up to ~3 bytes a token, and libzmq
+/// batches queued messages into one send) and for HTTP/2 servers (grpcio reads up to 64 KiB at
+/// once; a read cut short loses the connection's framing and HPACK state).
+const LARGE_CAPTURE_BYTES: u32 =
     (inferscope_common::MAX_CHUNKS * inferscope_common::MAX_CAPTURE_BYTES) as u32;
 
 /// "N of M scheduler hooks attached" for the progress line of a newly traced engine.
@@ -408,7 +409,7 @@ impl Pipeline {
             if self.ipc.wants(new.tgid) {
                 // Engine IPC is decoded whole: libzmq sends large messages and batches in one
                 // syscall, beyond the per-record capture.
-                self.probes.capture_large(new.tgid, IPC_CAPTURE_BYTES);
+                self.probes.capture_large(new.tgid, LARGE_CAPTURE_BYTES);
             }
             self.probes.trace_process(new.tgid);
             preexisting +=
@@ -809,6 +810,9 @@ impl Pipeline {
         route::reroute_non_http(tracker, ipc, classifier, stats, &mut ignore);
         for (tgid, fd, conn_gen) in ignore {
             probes.ignore_connection(tgid, fd, conn_gen);
+        }
+        for tgid in tracker.take_http2_servers() {
+            probes.capture_large(tgid, LARGE_CAPTURE_BYTES);
         }
         // Left to discovery's next scan.
         for tgid in over_limit {

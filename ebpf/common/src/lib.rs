@@ -753,12 +753,15 @@ pub enum Counter {
     /// TLS library calls whose plaintext was dropped because another TLS probe run was using
     /// this CPU's scratch buffer (uprobe programs may be preempted on PREEMPT kernels).
     TlsNested = 25,
+    /// Large captures whose chunks after the first record were not sent: the tail call to the
+    /// chunk program failed (it could not be loaded).
+    ChunksUnsent = 26,
 }
 
-pub const COUNTER_SLOTS: u32 = 26;
+pub const COUNTER_SLOTS: u32 = 27;
 
 impl Counter {
-    pub const ALL: [Counter; 26] = [
+    pub const ALL: [Counter; 27] = [
         Counter::RecordsEmitted,
         Counter::RingbufFull,
         Counter::PayloadTruncated,
@@ -785,6 +788,7 @@ impl Counter {
         Counter::TlsTies,
         Counter::TlsUntied,
         Counter::TlsNested,
+        Counter::ChunksUnsent,
     ];
 
     pub fn name(self) -> &'static str {
@@ -815,6 +819,7 @@ impl Counter {
             Counter::TlsTies => "tls_ties",
             Counter::TlsUntied => "tls_untied",
             Counter::TlsNested => "tls_nested",
+            Counter::ChunksUnsent => "chunks_unsent",
         }
     }
 }

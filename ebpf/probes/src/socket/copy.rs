@@ -4,8 +4,9 @@ use aya_ebpf::{
         bpf_get_current_pid_tgid,
         generated::{bpf_loop, bpf_probe_read_user},
     },
-    macros::map,
-    maps::HashMap,
+    macros::{map, tracepoint},
+    maps::{HashMap, PerCpuArray, ProgramArray},
+    programs::TracePointContext,
 };
 use inferscope_common::{
     Counter, FLAG_CHUNK, FLAG_COPY_FAILED, FLAG_MORE, FLAG_TRUNCATED, MAX_CAPTURE_BYTES,
@@ -13,21 +14,25 @@ use inferscope_common::{
 };
 
 use crate::{
+    counters::bump,
     maps::{Inflight, SCRATCH, Scratch, Shape, capture_limit},
     ringbuf::output,
 };
 
-/// Set by user space where the kernel has `bpf_loop` (5.17+): iovecs past the first
-/// [`MAX_IOV`] are then copied too (gRPC's C core writes a frame header and its payload as two
-/// iovecs, so one write of a few frames has more than eight). A constant at load time: on older
-/// kernels the verifier never walks the branch that calls it.
+/// Set by user space where the kernel has `bpf_loop` (5.17+): iovec arrays are then walked in
+/// it, so every iovec is copied, not only the first [`MAX_IOV`] (gRPC's C core writes a frame
+/// header and its payload as two iovecs, so one write of a few frames has more than eight), and
+/// a large-capture process's readv/recvmsg is captured in chunks like its plain reads (grpcio
+/// reads up to 64 KiB at once). A constant at load time: the verifier walks only the branch
+/// taken.
 #[unsafe(no_mangle)]
 static BPF_LOOP_IOVECS: u32 = 0;
 
-/// Iovecs copied at most through `bpf_loop`, after the first [`MAX_IOV`] (Linux's UIO_MAXIOV).
-const MAX_LOOP_IOV: u64 = 1024 - MAX_IOV as u64;
+/// Iovecs copied at most through `bpf_loop` (Linux's UIO_MAXIOV).
+const MAX_LOOP_IOV: u64 = 1024;
 
-/// Processes whose engine IPC the agent decodes (vLLM's ZeroMQ sockets), tgid → the most bytes
+/// Processes whose engine IPC the agent decodes (vLLM's ZeroMQ sockets) or that serve HTTP/2
+/// (a cut read loses the framing and HPACK state of the rest of the connection), tgid → the most bytes
 /// of one send/recv to capture. libzmq batches queued messages into one send of 8 KiB or more
 /// and sends a large message whole: for these processes a syscall is captured in
 /// `MAX_CAPTURE_BYTES` records (the first flagged [`FLAG_MORE`], the rest [`FLAG_CHUNK`]) that
@@ -40,6 +45,34 @@ fn large_capture(tgid: u32) -> Option<u32> {
     // SAFETY: the limit is copied out at once; user space rewriting it meanwhile gives the old
     // or the new value, both valid limits.
     unsafe { LARGE_CAPTURE.get(tgid) }.copied()
+}
+
+/// Whether a syscall of this shape can be captured past one record: a plain buffer always,
+/// an iovec array where the kernel has `bpf_loop` (the chunk series walks the array in it).
+#[inline(always)]
+fn chunkable(shape: Shape) -> bool {
+    match shape {
+        Shape::Buffer => true,
+        Shape::Iovec | Shape::Msghdr => looping_iovecs(),
+        Shape::None => false,
+    }
+}
+
+#[inline(always)]
+fn looping_iovecs() -> bool {
+    // SAFETY: a valid, aligned static; the volatile load keeps the value user space set at
+    // load time from being folded to the compiled-in default.
+    unsafe { core::ptr::read_volatile(&BPF_LOOP_IOVECS) != 0 }
+}
+
+/// Which per-CPU scratch buffer a record is built in: the syscall programs' (`SCRATCH`) or the
+/// TLS probes' (`TLS_SCRATCH`). The `bpf_loop` walks fill `SCRATCH` (a callback cannot be
+/// handed a map value, so it looks the buffer up again): TLS plaintext, one buffer, is
+/// captured without them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum ScratchOwner {
+    Syscall = 0,
+    Tls = 1,
 }
 
 pub struct Copied {
@@ -188,8 +221,10 @@ pub fn copy_payload(
     if looping && iovcnt > MAX_IOV as u64 && remaining > 0 && offset < limit && !out.failed {
         let mut state = IovLoop {
             iov_addr,
+            buf: 0,
             iovcnt,
             remaining,
+            skip: 0,
             offset: offset as u64,
             limit: limit as u64,
             failed: 0,
@@ -221,9 +256,16 @@ pub fn copy_payload(
 /// not once per iovec as an unrolled loop.
 #[repr(C)]
 struct IovLoop {
+    /// The iovec array; 0 for a plain buffer (`buf`, the syscall's whole length: chunk walks
+    /// only).
     iov_addr: u64,
+    buf: u64,
     iovcnt: u64,
+    /// Bytes the syscall moved that the walk has not passed yet.
     remaining: u64,
+    /// Bytes to pass over before copying: where a chunk starts (chunk walks only).
+    skip: u64,
+    /// Bytes copied so far, and the most to copy.
     offset: u64,
     limit: u64,
     failed: u64,
@@ -276,6 +318,69 @@ extern "C" fn copy_iov_step(i: u32, ctx: *mut c_void) -> i64 {
     0
 }
 
+/// The `i`-th iovec of a chunk's walk (a plain buffer is one iovec): its part past `skip`, up
+/// to the chunk's limit; 1 stops the loop.
+#[inline(never)]
+extern "C" fn walk_iov_step(i: u32, ctx: *mut c_void) -> i64 {
+    // SAFETY: `bpf_loop` passes back the context `chunk_series_step` gave it: an `IovLoop` on
+    // its stack, alive and not otherwise borrowed during the call.
+    let state = unsafe { &mut *ctx.cast::<IovLoop>() };
+    let index = u64::from(i);
+    if index >= state.iovcnt || state.remaining == 0 || state.offset >= state.limit {
+        return 1;
+    }
+    let iov = if state.iov_addr == 0 {
+        Iovec {
+            base: state.buf,
+            len: state.remaining,
+        }
+    } else {
+        let Some(iov) = read_user::<Iovec>(state.iov_addr + index * 16) else {
+            state.failed = 1;
+            return 1;
+        };
+        iov
+    };
+    let len = if iov.len > state.remaining {
+        state.remaining
+    } else {
+        iov.len
+    };
+    state.remaining -= len;
+    let passed = if len > state.skip { state.skip } else { len };
+    state.skip -= passed;
+    if len > passed && !copy_part(state, iov.base + passed, len - passed) {
+        return 1;
+    }
+    0
+}
+
+/// Copies up to `len` bytes at `base` (as many as the walk's limit leaves room for) into the
+/// syscall programs' scratch payload after the bytes already copied; false (flagged failed)
+/// when the read fails.
+#[inline(always)]
+fn copy_part(state: &mut IovLoop, base: u64, len: u64) -> bool {
+    let room = state.limit - state.offset;
+    let len = if len > room { room } else { len };
+    if len == 0 {
+        return true;
+    }
+    // The same per-CPU scratch the caller fills (the syscall programs' own: they run with
+    // preemption off and do not nest on a CPU).
+    let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
+        state.failed = 1;
+        return false;
+    };
+    // SAFETY: the map value is valid for the program's run; only this call touches it now.
+    let payload = unsafe { &mut (*scratch).payload };
+    if !copy_at(payload, state.offset as usize, base, len as usize) {
+        state.failed = 1;
+        return false;
+    }
+    state.offset += len;
+    true
+}
+
 /// Writes header plus `captured` payload bytes as one ring-buffer record; false when the ring
 /// buffer had no room.
 #[inline(always)]
@@ -298,10 +403,18 @@ pub fn emit(scratch: &Scratch, captured: usize) -> bool {
 /// records. A chunk that cannot be copied ends the series, flagged. False when the first record
 /// found no room in the ring buffer.
 #[inline(always)]
-pub fn emit_chunks(scratch: &mut Scratch, captured: usize, inflight: &Inflight) -> bool {
+pub fn emit_chunks(
+    scratch: &mut Scratch,
+    owner: ScratchOwner,
+    captured: usize,
+    inflight: &Inflight,
+) -> Sent {
     let h = scratch.header;
-    let whole_first = captured == MAX_CAPTURE_BYTES
-        && inflight.shape == Shape::Buffer
+    // A plain buffer's first record holds a record's worth; an iovec walk's, the usual capture
+    // limit (the first walk stays the one every syscall takes: the verifier's budget).
+    let whole_first = (captured == MAX_CAPTURE_BYTES
+        || (captured > 0 && inflight.shape != Shape::Buffer))
+        && chunkable(inflight.shape)
         && h.flags & FLAG_TRUNCATED != 0
         && h.flags & FLAG_COPY_FAILED == 0
         && h.ret > 0;
@@ -311,7 +424,7 @@ pub fn emit_chunks(scratch: &mut Scratch, captured: usize, inflight: &Inflight) 
         None
     };
     let Some(limit) = limit else {
-        return emit(scratch, captured);
+        return Sent::whole(emit(scratch, captured));
     };
     let moved = h.ret as u64;
     let total = if moved < limit as u64 {
@@ -319,11 +432,17 @@ pub fn emit_chunks(scratch: &mut Scratch, captured: usize, inflight: &Inflight) 
     } else {
         limit as u64
     };
-    if total <= MAX_CAPTURE_BYTES as u64 {
-        return emit(scratch, captured);
+    if total <= captured as u64 {
+        return Sent::whole(emit(scratch, captured));
     }
     scratch.header.flags = h.flags | FLAG_MORE;
     let first = emit(scratch, captured);
+    if looping_iovecs() && owner == ScratchOwner::Syscall {
+        return Sent {
+            first,
+            chunks_due: defer_chunks(inflight, captured as u64, total, moved),
+        };
+    }
     let mut offset = MAX_CAPTURE_BYTES as u64;
     for _ in 1..MAX_CHUNKS {
         if offset >= total {
@@ -356,5 +475,185 @@ pub fn emit_chunks(scratch: &mut Scratch, captured: usize, inflight: &Inflight) 
         }
         offset += len as u64;
     }
-    first
+    Sent::whole(first)
+}
+
+/// What [`emit_chunks`] sent.
+pub struct Sent {
+    /// The first (or only) record found room in the ring buffer.
+    pub first: bool,
+    /// The rest of the syscall's bytes wait in [`CHUNKS_DUE`] for [`emit_due_chunks`].
+    pub chunks_due: bool,
+}
+
+impl Sent {
+    #[inline(always)]
+    fn whole(first: bool) -> Self {
+        Self {
+            first,
+            chunks_due: false,
+        }
+    }
+}
+
+/// The chunk series a syscall program still owes, set by [`emit_chunks`] and sent by
+/// [`exit_chunks`], which the program tail-calls at its end.
+#[map]
+static CHUNKS_DUE: PerCpuArray<ChunkSeries> = PerCpuArray::with_max_entries(1, 0);
+
+#[inline(always)]
+fn defer_chunks(inflight: &Inflight, captured: u64, total: u64, moved: u64) -> bool {
+    let (iov_addr, iovcnt) = match inflight.shape {
+        Shape::Buffer => (0, 1),
+        Shape::Iovec => (inflight.ptr, inflight.iovcnt),
+        Shape::Msghdr => match (
+            read_user::<u64>(inflight.ptr + MSG_IOV),
+            read_user::<u64>(inflight.ptr + MSG_IOVLEN),
+        ) {
+            (Some(iov), Some(cnt)) => (iov, cnt),
+            // Nothing to walk: the series ends at once, cut.
+            _ => (1, 0),
+        },
+        Shape::None => return false,
+    };
+    let Some(due) = CHUNKS_DUE.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: a per-CPU map value; syscall programs do not nest on a CPU, so only this run
+    // touches it until `emit_due_chunks` takes it.
+    unsafe {
+        *due = ChunkSeries {
+            iov_addr,
+            buf: inflight.ptr,
+            iovcnt: if iovcnt > MAX_LOOP_IOV {
+                MAX_LOOP_IOV
+            } else {
+                iovcnt
+            },
+            moved,
+            total,
+            offset: captured,
+        };
+    }
+    true
+}
+
+/// The program that sends the chunk series [`emit_chunks`] left due: `exit_syscall` tail-calls
+/// it as its last act. Its own program, because the series' nested walks in `exit_syscall`
+/// took that program past the verifier's budget of one million instructions. Slot 0; empty (the
+/// tail call fails, counted) only if user space could not load it.
+#[map]
+pub static CHUNK_PROGRAM: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// Hands the rest of the syscall's bytes to the chunk program; returns only if the tail call
+/// failed.
+#[inline(always)]
+pub fn emit_due_chunks(ctx: &TracePointContext) {
+    // SAFETY: a tail call to a program of the same type, with this program's own context.
+    unsafe { CHUNK_PROGRAM.tail_call(ctx, 0) };
+    bump(Counter::ChunksUnsent);
+}
+
+/// Sends the chunk series left due (a tail call from `exit_syscall`) into the syscall programs'
+/// scratch, whose header the first record left in place. Loaded, never attached.
+#[tracepoint]
+pub fn exit_chunks(_ctx: TracePointContext) -> u32 {
+    let Some(due) = CHUNKS_DUE.get_ptr_mut(0) else {
+        return 0;
+    };
+    // `bpf_loop` takes its context on the stack only.
+    // SAFETY: as in `defer_chunks`: this run's own per-CPU value (the tail call keeps the CPU).
+    let mut series = unsafe { *due };
+    // SAFETY: the callback is a static function of the program; its context is `series`, on
+    // this stack frame for the whole call.
+    unsafe {
+        bpf_loop(
+            MAX_CHUNKS as u32,
+            chunk_series_step as *mut c_void,
+            (&mut series as *mut ChunkSeries).cast(),
+            0,
+        );
+    }
+    0
+}
+
+/// A chunk series walked in `bpf_loop`, one chunk per step: each chunk is one walk of the
+/// iovec array (a plain buffer is one iovec, `iov_addr` 0) that passes over the bytes already
+/// sent and copies the next record's worth into the syscall programs' scratch.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ChunkSeries {
+    iov_addr: u64,
+    buf: u64,
+    iovcnt: u64,
+    moved: u64,
+    total: u64,
+    /// Where the next chunk starts in the syscall's bytes.
+    offset: u64,
+}
+
+/// One chunk: a walk of the iovecs (in a nested `bpf_loop`) that copies the next record's
+/// worth into the syscall programs' scratch, then the record; 1 ends the series.
+#[inline(never)]
+extern "C" fn chunk_series_step(_: u32, ctx: *mut c_void) -> i64 {
+    // SAFETY: `bpf_loop` passes back the context `emit_due_chunks` gave it: a `ChunkSeries` on
+    // its stack, alive and not otherwise borrowed during the call.
+    let series = unsafe { &mut *ctx.cast::<ChunkSeries>() };
+    if series.offset >= series.total {
+        return 1;
+    }
+    let rest = series.total - series.offset;
+    let mut state = IovLoop {
+        iov_addr: series.iov_addr,
+        buf: series.buf,
+        iovcnt: series.iovcnt,
+        remaining: series.moved,
+        skip: series.offset,
+        offset: 0,
+        limit: if rest > MAX_CAPTURE_BYTES as u64 {
+            MAX_CAPTURE_BYTES as u64
+        } else {
+            rest
+        },
+        failed: 0,
+    };
+    // SAFETY: as in `copy_payload`: a static callback, its context on this stack frame.
+    unsafe {
+        bpf_loop(
+            series.iovcnt as u32,
+            walk_iov_step as *mut c_void,
+            (&mut state as *mut IovLoop).cast(),
+            0,
+        );
+    }
+    let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
+        return 1;
+    };
+    // SAFETY: the map value is valid for the program's run; the caller does not touch it while
+    // the loop runs.
+    let scratch = unsafe { &mut *scratch };
+    // A failed read, or iovecs that held fewer bytes than the syscall moved, end the series
+    // with what was copied, flagged.
+    let cut = state.failed != 0 || state.offset < state.limit;
+    let end = series.offset + state.offset;
+    let mut flags = FLAG_CHUNK;
+    if !cut && end < series.total {
+        flags |= FLAG_MORE;
+    } else if end < series.moved {
+        flags |= FLAG_TRUNCATED;
+    }
+    if state.failed != 0 {
+        flags |= FLAG_COPY_FAILED;
+    }
+    let len = if state.offset > MAX_CAPTURE_BYTES as u64 {
+        MAX_CAPTURE_BYTES
+    } else {
+        state.offset as usize
+    };
+    scratch.header.flags = flags;
+    scratch.header.chunk_offset = series.offset as u32;
+    scratch.header.captured = len as u32;
+    emit(scratch, len);
+    series.offset = end;
+    if cut { 1 } else { 0 }
 }

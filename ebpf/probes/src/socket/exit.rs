@@ -11,7 +11,11 @@ use inferscope_common::{
     fd_key,
 };
 
-use super::{copy::copy_payload, enter::close_fd, token::Verdict};
+use super::{
+    copy::{ScratchOwner, copy_payload},
+    enter::close_fd,
+    token::Verdict,
+};
 use crate::{
     counters::bump,
     ctx::field,
@@ -81,9 +85,14 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
     let scratch = SCRATCH.get_ptr_mut(0).ok_or(0)?;
     // SAFETY: a per-CPU map value, valid for the map's life; syscall programs run with
     // preemption off and do not nest on a CPU, so this reference is the only one to it.
-    emit_syscall(tgid, pid_tgid as u32, fd, ret, &inflight, unsafe {
-        &mut *scratch
-    })
+    let chunks_due =
+        emit_syscall(tgid, pid_tgid as u32, fd, ret, &inflight, ScratchOwner::Syscall, unsafe {
+            &mut *scratch
+        })?;
+    if chunks_due {
+        super::copy::emit_due_chunks(ctx);
+    }
+    Ok(())
 }
 
 /// accept/accept4 returned: a new connection. Its own exit program, because it must work even
@@ -136,14 +145,17 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
     let scratch = SCRATCH.get_ptr_mut(0).ok_or(0)?;
     // SAFETY: a per-CPU map value, valid for the map's life; syscall programs run with
     // preemption off and do not nest on a CPU, so this reference is the only one to it.
-    emit_syscall(tgid, pid_tgid as u32, fd, ret, &inflight, unsafe {
+    emit_syscall(tgid, pid_tgid as u32, fd, ret, &inflight, ScratchOwner::Syscall, unsafe {
         &mut *scratch
     })
+    .map(|_| ())
 }
 
 /// Writes the syscall's record, with up to the capture limit of the bytes it moved, built in
-/// `scratch` (the caller's own per-CPU buffer). Shared with the TLS library probes, whose
-/// plaintext goes out exactly like a socket's bytes.
+/// `scratch` (the caller's own per-CPU buffer, which `owner` names). Shared with the TLS
+/// library probes, whose plaintext goes out exactly like a socket's bytes. True when the rest of
+/// a large capture is due ([`super::copy::emit_due_chunks`], at the end of the program).
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn emit_syscall(
     tgid: u32,
@@ -151,8 +163,9 @@ pub(super) fn emit_syscall(
     fd: i32,
     ret: i64,
     inflight: &Inflight,
+    owner: ScratchOwner,
     scratch: &mut Scratch,
-) -> Result<(), i32> {
+) -> Result<bool, i32> {
     let kind = inflight.kind;
     let mut captured = 0usize;
     let mut flags = 0u16;
@@ -186,7 +199,7 @@ pub(super) fn emit_syscall(
             // Not a data record: the fd's record numbers do not move.
             let _ = super::enter::emit_control(SyscallKind::Tls, tgid, tid, fd, 0, conn, (0, 0), 0);
         }
-        return Ok(());
+        return Ok(false);
     }
     // A write that opens a response head (`HTTP/`): read once, before emitting may reuse the
     // scratch payload for later chunks.
@@ -202,7 +215,9 @@ pub(super) fn emit_syscall(
         } else {
             let whole = flags == 0 && captured as i64 == ret;
             match super::token::classify(key, inflight.conn_id, &scratch.payload, captured, whole) {
-                Verdict::Token => return emit_token(tgid, fd, ret as u32, inflight, scratch),
+                Verdict::Token => {
+                    return emit_token(tgid, fd, ret as u32, inflight, scratch).map(|_| false);
+                }
                 Verdict::Arm => arm = whole,
                 Verdict::NoTemplate | Verdict::Miss => {}
             }
@@ -219,7 +234,7 @@ pub(super) fn emit_syscall(
         && crate::ringbuf::may_cut(tgid, fd, inflight)
         && crate::ringbuf::under_pressure()
     {
-        return emit_compact(tgid, fd, ret as u32, captured, flags, inflight, scratch);
+        return emit_compact(tgid, fd, ret as u32, captured, flags, inflight, scratch).map(|_| false);
     }
     // A write's time is its entry (user space reads no other): one clock read fewer.
     let ts_exit = if kind == SyscallKind::Write as u8 {
@@ -254,12 +269,13 @@ pub(super) fn emit_syscall(
         chunk_offset: 0,
         read_seq: 0,
     };
-    if !super::copy::emit_chunks(scratch, captured, inflight) {
+    let sent = super::copy::emit_chunks(scratch, owner, captured, inflight);
+    if !sent.first {
         crate::conn_seq::lost(key, head);
     } else if arm {
         super::token::arm(key, inflight.conn_id);
     }
-    Ok(())
+    Ok(sent.chunks_due)
 }
 
 // The compact header fits in front of the payload, and its byte-wide fields hold what they carry.

@@ -31,7 +31,7 @@ use inferscope_common::{
     CONN_PREEXISTING, CONN_TLS, ConnEntry, Counter, SyscallKind, TlsApi, TlsKey, TlsTie, fd_key,
 };
 
-use super::{enter::emit_control, exit::emit_syscall};
+use super::{copy::ScratchOwner, enter::emit_control, exit::emit_syscall};
 use crate::{
     counters::bump,
     maps::{CONNS, Inflight, Scratch, Shape, ignored, traced},
@@ -305,10 +305,12 @@ fn try_return(ctx: &RetProbeContext) -> Result<(), i32> {
             fd,
             bytes as i64,
             &inflight,
+            ScratchOwner::Tls,
             &mut *scratch,
         );
         *busy = 0;
-        result
+        // TLS plaintext is sent whole by `emit_syscall` (its chunks never wait).
+        result.map(|_| ())
     }
 }
 

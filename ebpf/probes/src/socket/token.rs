@@ -14,7 +14,7 @@
 //! such a write went out whole is the connection armed for token records.
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, LruHashMap, PerCpuArray},
+    maps::{HashMap, LruHashMap},
 };
 use inferscope_common::{
     Counter, MAX_CAPTURE_BYTES, StreamTemplate, TEMPLATE_BYTES, TEMPLATE_WORDS, TOKEN_TEXT_MAX,
@@ -33,10 +33,6 @@ pub static STREAM_TEMPLATES: LruHashMap<u64, StreamTemplate> =
 /// Per tgid: the process's template, from user space; `conn_gen` unused, `version` names it.
 #[map]
 pub static PROCESS_TEMPLATES: HashMap<u32, StreamTemplate> = HashMap::with_max_entries(1024, 0);
-
-/// Where a connection's copy of its process's template is made (too large for the stack).
-#[map]
-static TEMPLATE_SCRATCH: PerCpuArray<StreamTemplate> = PerCpuArray::with_max_entries(1, 0);
 
 /// Offsets into the scratch payload stay below this (the buffer holds two capture windows, so
 /// an 8-byte read at any masked offset stays inside).
@@ -61,17 +57,22 @@ pub fn on_head(tgid: u32, key: u64, conn_id: u64) {
             }
         }
     }
-    let Some(copy) = TEMPLATE_SCRATCH.get_ptr_mut(0) else {
+    // The process's template goes in as it is (the map update copies it in the kernel: a copy
+    // made here is a 1 KiB byte loop the verifier walks once per path), then becomes this
+    // connection's. Until `conn_gen` is written the entry names no connection (user space's
+    // is 0, never a connection id), so a write that reads it meanwhile is captured as before.
+    // By reference: by value, the 1 KiB template would be copied onto the 512-byte stack.
+    #[allow(clippy::needless_borrows_for_generic_args)]
+    if STREAM_TEMPLATES.insert(key, &*process, 0).is_err() {
         return;
-    };
-    // SAFETY: a per-CPU map value, only used here and not across a helper that could nest.
-    unsafe {
-        core::ptr::copy_nonoverlapping(process as *const StreamTemplate, copy, 1);
-        (*copy).conn_gen = conn_id;
-        (*copy).armed = 0;
-        // By reference: by value, the 1 KiB template would be copied onto the 512-byte stack.
-        #[allow(clippy::needless_borrows_for_generic_args)]
-        let _ = STREAM_TEMPLATES.insert(key, &*copy, 0);
+    }
+    if let Some(template) = STREAM_TEMPLATES.get_ptr_mut(key) {
+        // SAFETY: map value pointer from the lookup; `armed` is cleared before `conn_gen`
+        // names the connection (see `classify`'s re-check).
+        unsafe {
+            core::ptr::write_volatile(&mut (*template).armed, 0);
+            core::ptr::write_volatile(&mut (*template).conn_gen, conn_id);
+        }
     }
 }
 
