@@ -724,6 +724,31 @@ mod tests {
     }
 
     #[test]
+    fn a_process_serving_http2_is_handed_to_capture_once() {
+        let mut t = Tracker::new(Limits::default());
+        let mut out = Vec::new();
+        let peer = Peer::default();
+        t.on_read(
+            &ev(SyscallKind::Read, 5, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"),
+            peer,
+            &mut out,
+        );
+        assert!(t.take_http2_servers().is_empty(), "HTTP/1.1 is not HTTP/2");
+        let h2 = |fd, ts| SyscallEvent {
+            fd,
+            ..ev(SyscallKind::Read, ts, crate::decode::http2::PREFACE)
+        };
+        t.on_read(&h2(6, 10), peer, &mut out);
+        t.on_read(&h2(7, 20), peer, &mut out);
+        assert_eq!(t.take_http2_servers(), vec![1]);
+        assert!(t.take_http2_servers().is_empty());
+        // Gone and back (a pid reused): handed over again.
+        t.forget_process(1, 30, &mut out);
+        t.on_read(&h2(8, 40), peer, &mut out);
+        assert_eq!(t.take_http2_servers(), vec![1]);
+    }
+
+    #[test]
     fn head_then_get_on_one_connection() {
         let mut t = Tracker::new(Limits::default());
         let mut out = Vec::new();

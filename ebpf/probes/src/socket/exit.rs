@@ -85,10 +85,15 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
     let scratch = SCRATCH.get_ptr_mut(0).ok_or(0)?;
     // SAFETY: a per-CPU map value, valid for the map's life; syscall programs run with
     // preemption off and do not nest on a CPU, so this reference is the only one to it.
-    let chunks_due =
-        emit_syscall(tgid, pid_tgid as u32, fd, ret, &inflight, ScratchOwner::Syscall, unsafe {
-            &mut *scratch
-        })?;
+    let chunks_due = emit_syscall(
+        tgid,
+        pid_tgid as u32,
+        fd,
+        ret,
+        &inflight,
+        ScratchOwner::Syscall,
+        unsafe { &mut *scratch },
+    )?;
     if chunks_due {
         super::copy::emit_due_chunks(ctx);
     }
@@ -145,9 +150,15 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
     let scratch = SCRATCH.get_ptr_mut(0).ok_or(0)?;
     // SAFETY: a per-CPU map value, valid for the map's life; syscall programs run with
     // preemption off and do not nest on a CPU, so this reference is the only one to it.
-    emit_syscall(tgid, pid_tgid as u32, fd, ret, &inflight, ScratchOwner::Syscall, unsafe {
-        &mut *scratch
-    })
+    emit_syscall(
+        tgid,
+        pid_tgid as u32,
+        fd,
+        ret,
+        &inflight,
+        ScratchOwner::Syscall,
+        unsafe { &mut *scratch },
+    )
     .map(|_| ())
 }
 
@@ -234,7 +245,8 @@ pub(super) fn emit_syscall(
         && crate::ringbuf::may_cut(tgid, fd, inflight)
         && crate::ringbuf::under_pressure()
     {
-        return emit_compact(tgid, fd, ret as u32, captured, flags, inflight, scratch).map(|_| false);
+        return emit_compact(tgid, fd, ret as u32, captured, flags, inflight, scratch)
+            .map(|_| false);
     }
     // A write's time is its entry (user space reads no other): one clock read fewer.
     let ts_exit = if kind == SyscallKind::Write as u8 {

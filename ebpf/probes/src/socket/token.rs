@@ -62,8 +62,7 @@ pub fn on_head(tgid: u32, key: u64, conn_id: u64) {
     // connection's. Until `conn_gen` is written the entry names no connection (user space's
     // is 0, never a connection id), so a write that reads it meanwhile is captured as before.
     // By reference: by value, the 1 KiB template would be copied onto the 512-byte stack.
-    #[allow(clippy::needless_borrows_for_generic_args)]
-    if STREAM_TEMPLATES.insert(key, &*process, 0).is_err() {
+    if STREAM_TEMPLATES.insert(key, process, 0).is_err() {
         return;
     }
     if let Some(template) = STREAM_TEMPLATES.get_ptr_mut(key) {
