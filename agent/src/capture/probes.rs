@@ -105,6 +105,41 @@ const ATTACHMENTS: &[(&str, &str, &str)] = &[
     ("exit_syscall", "syscalls", "sys_exit_dup3"),
 ];
 
+/// The kernel's verifier walks at most this many instructions of one program.
+const VERIFIER_BUDGET: u32 = 1_000_000;
+
+/// Logs how much of the verifier's budget each loaded program took. `exit_syscall` has come
+/// within a few percent of it (any growth of the record path must be load-tested), and the
+/// count differs between kernels: this says how close a user's kernel came.
+fn log_verifier_headroom(ebpf: &Ebpf) {
+    let mut largest: Option<(&str, u32)> = None;
+    for (name, program) in ebpf.programs() {
+        let Some(verified) = program
+            .info()
+            .ok()
+            .and_then(|info| info.verified_instruction_count())
+        else {
+            continue;
+        };
+        debug!(program = name, verified, "instructions the verifier walked");
+        if largest.is_none_or(|(_, most)| verified > most) {
+            largest = Some((name, verified));
+        }
+    }
+    if let Some((name, verified)) = largest {
+        let share = f64::from(verified) / f64::from(VERIFIER_BUDGET) * 100.0;
+        if share >= 90.0 {
+            warn!(
+                "{name}: the verifier walked {verified} instructions, {share:.0}% of its budget of {VERIFIER_BUDGET}: a kernel whose verifier prunes less may refuse it"
+            );
+        } else {
+            info!(
+                "largest eBPF program {name}: {verified} instructions verified ({share:.0}% of the verifier's budget)"
+            );
+        }
+    }
+}
+
 /// Loads `exit_chunks` (never attached) into `CHUNK_PROGRAM`, the tail call that sends the
 /// chunks of a large capture after its first record.
 fn install_chunk_program(ebpf: &mut Ebpf) -> Result<(), String> {
@@ -338,6 +373,7 @@ impl SocketProbes {
                 debug!(program = name, "uprobe program loaded");
             }
         }
+        log_verifier_headroom(&ebpf);
         // Must come after loading (it looks up the programs' log map).
         let logger = match EbpfLogger::init(&mut ebpf) {
             Ok(logger) => Some(logger),
