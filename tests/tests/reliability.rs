@@ -1127,3 +1127,43 @@ fn an_engine_restarted_under_load_is_reattached_and_nothing_is_lost_silently() {
         "only requests in flight died with the engine ({failed_at_kill} failed at the kill): {cut:?}"
     );
 }
+
+/// The record path runs in one program, `exit_syscall`, which sits close to the verifier's
+/// budget of one million instructions: a change that grows it past the budget fails to load
+/// everywhere (every test would fail), but one that takes most of the remaining room would
+/// load here and fail on a kernel whose verifier prunes less. The agent logs the largest
+/// program's share at load; this keeps room on the CI kernel, and checks that the chunk
+/// program (the tail call that sends large captures) loaded.
+#[test]
+fn the_kernel_programs_load_with_room_under_the_verifier_budget() {
+    let dir = inferscope_integration_tests::test_dir("verifier-budget");
+    let recorder = Recorder::start(&dir, &["--port", &free_port().to_string()]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let line = loop {
+        let log = std::fs::read_to_string(&recorder.log).unwrap_or_default();
+        if let Some(line) = log.lines().find(|l| l.contains("eBPF program")) {
+            break line.to_string();
+        }
+        assert!(Instant::now() < deadline, "no verifier figure in\n{log}");
+        thread::sleep(Duration::from_millis(200));
+    };
+    let log = std::fs::read_to_string(&recorder.log).unwrap_or_default();
+    let _ = recorder.stop();
+    assert!(
+        !log.contains("the chunk program did not load"),
+        "exit_chunks did not load:\n{log}"
+    );
+    // "largest eBPF program NAME: N instructions verified (P% of the verifier's budget)".
+    let verified: u64 = line
+        .split_once("eBPF program ")
+        .and_then(|(_, rest)| rest.split_once(": "))
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no instruction count in {line:?}"));
+    eprintln!("{line}");
+    assert!(
+        verified <= 920_000,
+        "the largest program took {verified} of the verifier's 1,000,000 instructions: move work out of it (a tail call, as exit_chunks) before it grows further ({line})"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

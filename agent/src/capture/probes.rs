@@ -130,7 +130,7 @@ fn log_verifier_headroom(ebpf: &Ebpf) {
         let share = f64::from(verified) / f64::from(VERIFIER_BUDGET) * 100.0;
         if share >= 90.0 {
             warn!(
-                "{name}: the verifier walked {verified} instructions, {share:.0}% of its budget of {VERIFIER_BUDGET}: a kernel whose verifier prunes less may refuse it"
+                "largest eBPF program {name}: {verified} instructions verified ({share:.0}% of the verifier's budget of {VERIFIER_BUDGET}): a kernel whose verifier prunes less may refuse it"
             );
         } else {
             info!(
