@@ -1136,6 +1136,8 @@ fn an_engine_restarted_under_load_is_reattached_and_nothing_is_lost_silently() {
 /// program (the tail call that sends large captures) loaded.
 #[test]
 fn the_kernel_programs_load_with_room_under_the_verifier_budget() {
+    // A second agent's programs would load the machine under another test's timing.
+    let _machine = inferscope_integration_tests::exclusive();
     let dir = inferscope_integration_tests::test_dir("verifier-budget");
     let recorder = Recorder::start(&dir, &["--port", &free_port().to_string()]);
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -180,12 +180,12 @@ impl Connection {
         std::mem::take(&mut self.waiting)
     }
 
-    /// What the kernel saw of the client's end of this connection's socket so far.
     /// The connection is decoded as HTTP/2.
     pub fn speaks_http2(&self) -> bool {
         self.h2.is_some()
     }
 
+    /// What the kernel saw of the client's end of this connection's socket so far.
     pub fn learn_peer_end(&mut self, end: PeerEnd) {
         self.peer_end_seen = end;
     }
