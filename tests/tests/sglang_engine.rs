@@ -511,6 +511,7 @@ fn sglang_grpc_calls_are_joined_to_the_scheduler() {
     }
     assert!(cancelled >= 2, "{cancelled} calls cancelled");
     assert_eq!(counters.get("rpc_request_ids_read") as usize, calls.len());
+    assert!(counters.get("metrics_scrapes") > 0, "{log}");
     for zero in [
         "rpc_request_ids_unread",
         "sglang_requests_unjoined",
