@@ -813,30 +813,10 @@ fn vllm_grpc_calls_are_joined_to_the_scheduler() {
     let mut wire_minus_send = Vec::new();
     for call in &calls {
         let id = call["id"].as_str().unwrap();
-        let mine: Vec<&Value> = records
-            .iter()
-            .filter(|r| r["rpc_request_id"] == id)
-            .collect();
-        assert_eq!(mine.len(), 1, "one record for {call}");
-        let r = mine[0];
-        assert_eq!(r["path"], generate, "{r}");
-        assert_eq!(r["engine"], "vllm", "{r}");
-        assert_eq!(r["capture_truncated"], false, "{r}");
-        assert_eq!(r["incomplete"], Value::Null, "{r}");
-        let info = &r["http2"];
+        let r =
+            inferscope_integration_tests::grpc_engine::record_of(&records, call, generate, "vllm");
         if call["cancelled"] == true {
             cancelled += 1;
-            // Unless the server ended the stream before the client's RST_STREAM reached it.
-            if r["ended_by"] == "client" {
-                assert_eq!(info["stream_end"], "rst_stream", "{r}");
-            } else {
-                assert_eq!(r["ended_by"], "complete", "{r}");
-            }
-            assert!(r["output_chunks"].as_u64().unwrap() >= 2, "{r} {call}");
-        } else {
-            assert_eq!(r["ended_by"], "complete", "{r}");
-            assert_eq!(r["output_chunks"], call["messages"], "{r} {call}");
-            assert_eq!(info["grpc_status"], 0, "{r}");
         }
         // The engine request vLLM's scheduler logged for this call (`<id>-<8 chars>`).
         let engine: Vec<_> = truth
