@@ -3,8 +3,11 @@
 //! to an HPACK decoder. Beyond "never panics": streams followed stay under their limit, kept
 //! header values stay short, the kept dynamic table stays under its cap, closing the
 //! connection ends every stream, and the kept head of a request's first message stays under
-//! its bound and reads as an engine's request id without a panic. In HPACK mode each block is
-//! also read as a protobuf message (the request id reader).
+//! its bound and reads as an engine's request id without a panic. Streams whose path has an
+//! even length are followed as call streams: each message handed over keeps a bounded head,
+//! at most a bounded number wait at once, and every head reads as KServe's request and stream
+//! response without a panic. In HPACK mode each block is also read as a protobuf message (the
+//! request id reader, an embedded message's prefix).
 //!
 //! Input layout: byte 0 picks the mode (bit 0: HPACK blocks only; bit 1: attach mid-connection;
 //! bit 2: small limits) and the number of control bytes (bits 3..8); the control bytes then cut
@@ -15,7 +18,8 @@
 
 use inferscope::decode::http::Chunk;
 use inferscope::decode::http2::{
-    Http2Connection, Limits, MESSAGE_HEAD_BYTES, Side, Start, hpack,
+    Http2Connection, Limits, MAX_PAIRED_MESSAGES, MESSAGE_HEAD_BYTES, PAIRED_HEAD_BYTES, Side,
+    Start, hpack,
 };
 use inferscope::decode::protobuf;
 use inferscope::engines::{self, RpcRequestId};
@@ -56,6 +60,10 @@ fuzz_target!(|data: &[u8]| {
             // Every field takes at least two bytes (a key and a value byte).
             assert!(fields * 2 <= block.len());
             let _ = protobuf::string_field(block, 1);
+            if let Some((b, _)) = protobuf::embedded_prefix(block, 2) {
+                // Its key and length came before it.
+                assert!(b.len() + 2 <= block.len());
+            }
         }
         return;
     }
@@ -66,6 +74,9 @@ fuzz_target!(|data: &[u8]| {
         Start::MidConnection
     };
     let mut conn = Http2Connection::new(limits, start);
+    conn.pair_messages_of(|path| path.len() % 2 == 0);
+    let calls = engines::call_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        .expect("Triton declares its call stream");
     let mut stats = Stats::default();
     let mut out = Vec::new();
     let mut ts = 0u64;
@@ -99,6 +110,15 @@ fuzz_target!(|data: &[u8]| {
                 &mut out,
             );
             assert!(conn.open_streams() <= limits.max_streams);
+            let mut handed = 0;
+            for m in conn.take_paired() {
+                handed += 1;
+                assert!(m.message.head.len() <= PAIRED_HEAD_BYTES);
+                assert!(m.message.head.len() <= m.message.len as usize);
+                let _ = (calls.request_id)(&m.message.head);
+                let _ = (calls.response)(&m.message.head);
+            }
+            assert!(handed <= MAX_PAIRED_MESSAGES);
         }
     }
     conn.close(ts + 1, &mut stats, &mut out);

@@ -9,6 +9,7 @@ pub mod client;
 pub mod daemon;
 pub mod engine;
 pub mod grpc_engine;
+pub mod kserve;
 pub mod mock_cuda;
 pub mod native_engine;
 pub mod otlp;

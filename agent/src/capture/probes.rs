@@ -481,6 +481,8 @@ impl SocketProbes {
         let _ = set_bit(&mut self.unknown_fds, tgid, false);
         let _ = set_bit(&mut self.verdict_pids, tgid, false);
         let _ = self.process_templates.remove(&tgid);
+        // Set by user space or by the kernel itself (a read that opened with HTTP/2's preface).
+        let _ = self.large_capture.remove(&tgid);
     }
 
     /// Whether fds of `tgid` the kernel does not know as connections are captured too (for

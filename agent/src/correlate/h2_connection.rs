@@ -9,7 +9,7 @@
 use crate::capture::SyscallEvent;
 use crate::decode::http::Chunk;
 use crate::decode::http2::{
-    self, EndedBy as StreamEnd, Http2Connection, Side, Start, StreamSummary, Value,
+    self, EndedBy as WireEnd, Http2Connection, Side, Start, StreamMessage, StreamSummary, Value,
 };
 use crate::engines::{self, RpcRequestId};
 use crate::model::{Counter, EndedBy, Http2Info, RequestRecord};
@@ -18,6 +18,7 @@ use std::collections::VecDeque;
 
 use super::arrivals::{Arrival, ArrivalIndex};
 use super::connection::Ending;
+use super::h2_calls::{CallStreams, StreamEnd};
 use super::loss::{self, Reason};
 use super::request::{RecordContext, RequestProgress};
 use super::segment_positions::SegmentPositions;
@@ -39,6 +40,8 @@ pub struct H2Connection {
     /// must agree, or the connection is not HTTP/2 (`rejected`).
     unconfirmed: bool,
     rejected: bool,
+    /// Streams that carry one call per request message, and their open calls.
+    calls: CallStreams,
 }
 
 /// Reads whose wire arrival is remembered: enough for the streams a connection can have open.
@@ -82,14 +85,17 @@ impl H2Connection {
     /// `Start::Fresh` when the client's preface (or the server's first SETTINGS) was seen;
     /// `Start::MidConnection` for a connection joined later.
     pub fn new(start: Start) -> Self {
+        let mut decoder = Http2Connection::new(http2::Limits::default(), start);
+        decoder.pair_messages_of(engines::is_call_stream);
         Self {
-            decoder: Http2Connection::new(http2::Limits::default(), start),
+            decoder,
             ended: Vec::new(),
             last_read_ns: 0,
             read_arrivals: VecDeque::new(),
             positions: SegmentPositions::default(),
             unconfirmed: false,
             rejected: false,
+            calls: CallStreams::default(),
         }
     }
 
@@ -185,9 +191,34 @@ impl H2Connection {
             ts_ns,
         };
         self.decoder.feed(side, chunk, stats, &mut self.ended);
+        self.drain(ctx, None, stats, out);
+    }
+
+    /// Records of the calls and streams the decoder ended: each call stream's messages first
+    /// (they precede its end), then the streams; `closing`: how the connection ended, for the
+    /// streams it cut.
+    fn drain(
+        &mut self,
+        ctx: RecordContext<'_>,
+        closing: Option<Ending>,
+        stats: &mut Stats,
+        out: &mut Vec<RequestRecord>,
+    ) {
+        for m in self.decoder.take_paired() {
+            let wire = match m.side {
+                Side::Client => message_wire(&self.read_arrivals, &self.positions, ctx.tls, &m),
+                Side::Server => None,
+            };
+            self.calls.on_message(m, wire, ctx, stats, out);
+        }
         for s in self.ended.drain(..) {
+            if s.paired {
+                let end = stream_ending(&s, closing);
+                self.calls.stream_ended(&s, &end, ctx, stats, out);
+                continue;
+            }
             let wire = wire_of(&self.read_arrivals, &self.positions, ctx.tls, &s);
-            emit(s, wire, ctx, None, stats, out);
+            emit(s, wire, ctx, closing, stats, out);
         }
     }
 
@@ -199,17 +230,7 @@ impl H2Connection {
         out: &mut Vec<RequestRecord>,
     ) {
         self.decoder.close(ts_ns, stats, &mut self.ended);
-        for s in self.ended.drain(..) {
-            let wire = wire_of(&self.read_arrivals, &self.positions, ctx.tls, &s);
-            emit(
-                s,
-                wire,
-                ctx,
-                Some(Ending::Closed(EndedBy::Client)),
-                stats,
-                out,
-            );
-        }
+        self.drain(ctx, Some(Ending::Closed(EndedBy::Client)), stats, out);
     }
 
     /// The kernel dropped records of this connection: an unknown number of bytes each way are
@@ -234,10 +255,7 @@ impl H2Connection {
         out: &mut Vec<RequestRecord>,
     ) {
         self.decoder.close(ts_ns, stats, &mut self.ended);
-        for s in self.ended.drain(..) {
-            let wire = wire_of(&self.read_arrivals, &self.positions, ctx.tls, &s);
-            emit(s, wire, ctx, Some(ending), stats, out);
-        }
+        self.drain(ctx, Some(ending), stats, out);
     }
 }
 
@@ -295,25 +313,17 @@ fn wire_of(
     read.wires.get(rank).or(read.wires.last()).copied()
 }
 
-/// A stream's record. `closing`: how the connection ended, for streams it cut.
-fn emit(
-    s: StreamSummary,
-    wire_ns: Option<u64>,
-    ctx: RecordContext<'_>,
-    closing: Option<Ending>,
-    stats: &mut Stats,
-    out: &mut Vec<RequestRecord>,
-) {
+/// How stream `s` ended, for its record (or the records of the calls it carried). `closing`:
+/// how the connection ended, for streams it cut.
+fn stream_ending(s: &StreamSummary, closing: Option<Ending>) -> StreamEnd {
     let (ended_by, stream_end, error_code, mut incomplete) = match s.ended_by {
-        StreamEnd::EndStream => (EndedBy::Complete, "end_stream", None, None),
-        StreamEnd::Reset { by, error_code } => {
-            (side_ended(by), "rst_stream", Some(error_code), None)
-        }
-        StreamEnd::GoAway { by, error_code, .. } => {
+        WireEnd::EndStream => (EndedBy::Complete, "end_stream", None, None),
+        WireEnd::Reset { by, error_code } => (side_ended(by), "rst_stream", Some(error_code), None),
+        WireEnd::GoAway { by, error_code, .. } => {
             (side_ended(by), "goaway", Some(error_code), None)
         }
-        StreamEnd::IdReused => (EndedBy::Unknown, "id_reused", None, None),
-        StreamEnd::ConnectionClosed | StreamEnd::FramingLost => match closing {
+        WireEnd::IdReused => (EndedBy::Unknown, "id_reused", None, None),
+        WireEnd::ConnectionClosed | WireEnd::FramingLost => match closing {
             Some(Ending::Closed(by)) => (by, "closed", None, None),
             Some(Ending::Incomplete(reason)) => (EndedBy::Unknown, "closed", None, Some(reason)),
             None => (EndedBy::Unknown, "closed", None, None),
@@ -323,7 +333,49 @@ fn emit(
     if framing_lost && incomplete.is_none() {
         incomplete = Some(Reason::Http2Framing);
     }
+    StreamEnd {
+        ended_by,
+        stream_end,
+        error_code,
+        incomplete,
+    }
+}
 
+/// The wire arrival of a call stream's request message `m`: in clear text, the segment that
+/// carried its first byte; otherwise the first segment of the read that did.
+fn message_wire(
+    reads: &VecDeque<ReadArrival>,
+    positions: &SegmentPositions,
+    tls: bool,
+    m: &StreamMessage,
+) -> Option<u64> {
+    if !tls && let Some(at) = m.message.at {
+        return positions.arrival_of(at);
+    }
+    let ts = m.message.first_ts_ns;
+    let i = reads.partition_point(|r| r.ts_ns < ts);
+    reads
+        .get(i)
+        .filter(|r| r.ts_ns == ts)
+        .and_then(|r| r.wires.first())
+        .copied()
+}
+
+/// A stream's record. `closing`: how the connection ended, for streams it cut.
+fn emit(
+    s: StreamSummary,
+    wire_ns: Option<u64>,
+    ctx: RecordContext<'_>,
+    closing: Option<Ending>,
+    stats: &mut Stats,
+    out: &mut Vec<RequestRecord>,
+) {
+    let StreamEnd {
+        ended_by,
+        stream_end,
+        error_code,
+        incomplete,
+    } = stream_ending(&s, closing);
     if wire_ns.is_none() {
         stats.bump(Counter::ArrivalWireUnknown);
     }
@@ -366,11 +418,7 @@ fn emit(
     }
     record.http2 = Some(Box::new(Http2Info {
         stream_id: s.stream_id,
-        content_type: match &s.content_type {
-            Value::Known(v) => Some(v.clone()),
-            Value::Unknown => Some("unknown".to_owned()),
-            Value::Absent => None,
-        },
+        content_type: content_type(&s.content_type),
         grpc_status: s.grpc_status.known().copied(),
         request_messages: s.request.count,
         request_message_bytes: s.request.bytes,
@@ -389,8 +437,17 @@ fn side_ended(side: Side) -> EndedBy {
     }
 }
 
+/// The content-type for the record: `unknown` when it came from an HPACK entry never seen.
+pub(super) fn content_type(v: &Value<String>) -> Option<String> {
+    match v {
+        Value::Known(v) => Some(v.clone()),
+        Value::Unknown => Some("unknown".to_owned()),
+        Value::Absent => None,
+    }
+}
+
 /// A header for the record: `unknown` when it came from an HPACK entry never seen.
-fn text(v: &Value<String>) -> String {
+pub(super) fn text(v: &Value<String>) -> String {
     match v {
         Value::Known(s) => s.clone(),
         Value::Unknown => "unknown".to_owned(),
@@ -595,6 +652,138 @@ mod tests {
         assert_eq!(ids, [Some("grpc-7"), None, None]);
         assert_eq!(t.stats.get(Counter::RpcRequestIdsRead), 1);
         assert_eq!(t.stats.get(Counter::RpcRequestIdsUnread), 1);
+    }
+
+    /// A protobuf length-delimited field (under 128 bytes).
+    fn pb(number: u8, bytes: &[u8]) -> Vec<u8> {
+        let mut v = vec![number << 3 | 2, bytes.len() as u8];
+        v.extend(bytes);
+        v
+    }
+
+    fn grpc(message: &[u8]) -> Vec<u8> {
+        let mut v = vec![0];
+        v.extend((message.len() as u32).to_be_bytes());
+        v.extend(message);
+        v
+    }
+
+    /// `ModelInferRequest { model_name, id, inputs }`.
+    fn infer_request(id: &str) -> Vec<u8> {
+        let input = [pb(1, b"text_input"), pb(2, b"BYTES")].concat();
+        grpc(&[pb(1, b"ensemble"), pb(3, id.as_bytes()), pb(5, &input)].concat())
+    }
+
+    /// `ModelStreamInferResponse { error_message, infer_response { model_name, id,
+    /// parameters { "triton_final_response": { bool_param } }, outputs } }`.
+    fn stream_response(id: &str, last: bool, error: &str) -> Vec<u8> {
+        let flag = [
+            pb(1, b"triton_final_response"),
+            pb(2, &[0x08, u8::from(last)]),
+        ]
+        .concat();
+        let inner = [
+            pb(1, b"ensemble"),
+            pb(3, id.as_bytes()),
+            pb(4, &flag),
+            pb(5, &pb(1, b"text_output")),
+        ]
+        .concat();
+        let mut message = Vec::new();
+        if !error.is_empty() {
+            message.extend(pb(1, error.as_bytes()));
+        }
+        message.extend(pb(2, &inner));
+        grpc(&message)
+    }
+
+    /// Triton's `ModelStreamInfer`: one stream, many calls. Each request message is a record of
+    /// its own, matched to its responses by id whatever their order, ended by its final flag, an
+    /// error, or the stream's end; the stream itself is no record.
+    #[test]
+    fn a_stream_of_calls_gives_one_record_per_call() {
+        let mut t = Tracker::new(Limits::default());
+        let peer = Peer::default();
+        let mut out = Vec::new();
+        let path = "/inference.GRPCInferenceService/ModelStreamInfer";
+        let mut read = PREFACE.to_vec();
+        read.extend(frame(kind::HEADERS, END_HEADERS, 1, &request_block(path)));
+        read.extend(frame(kind::DATA, 0, 1, &infer_request("a")));
+        t.on_read(&ev(SyscallKind::Read, 10 * MS, &read), peer, &mut out);
+        // b's message split across two reads: its call starts at the first.
+        let b = frame(kind::DATA, 0, 1, &infer_request("b"));
+        t.on_read(&ev(SyscallKind::Read, 11 * MS, &b[..12]), peer, &mut out);
+        t.on_read(
+            &ev(SyscallKind::Read, 11 * MS + 500, &b[12..]),
+            peer,
+            &mut out,
+        );
+        let mut write = frame(kind::HEADERS, END_HEADERS, 1, &response_block());
+        write.extend(frame(kind::DATA, 0, 1, &stream_response("a", false, "")));
+        t.on_write(&ev(SyscallKind::Write, 12 * MS, &write), peer, &mut out);
+        for (ts, id, last, error) in [
+            (13, "b", false, ""),
+            (14, "a", false, ""),
+            (15, "a", true, ""),
+        ] {
+            let w = frame(kind::DATA, 0, 1, &stream_response(id, last, error));
+            t.on_write(&ev(SyscallKind::Write, ts * MS, &w), peer, &mut out);
+        }
+        assert_eq!(out.len(), 1, "a ended by its final response");
+        let c = frame(kind::DATA, 0, 1, &infer_request("c"));
+        t.on_read(&ev(SyscallKind::Read, 16 * MS, &c), peer, &mut out);
+        for (ts, id, last, error) in [(17, "c", true, "model failed"), (18, "zz", true, "")] {
+            let w = frame(kind::DATA, 0, 1, &stream_response(id, last, error));
+            t.on_write(&ev(SyscallKind::Write, ts * MS, &w), peer, &mut out);
+        }
+        assert_eq!(out.len(), 2, "c ended by its error");
+        t.on_read(
+            &ev(
+                SyscallKind::Read,
+                19 * MS,
+                &frame(kind::DATA, END_STREAM, 1, b""),
+            ),
+            peer,
+            &mut out,
+        );
+        let trailers = frame(
+            kind::HEADERS,
+            END_HEADERS | END_STREAM,
+            1,
+            &trailers_block("0"),
+        );
+        t.on_write(&ev(SyscallKind::Write, 20 * MS, &trailers), peer, &mut out);
+        assert_eq!(out.len(), 3, "b ended with the stream");
+
+        let call = |id: &str| {
+            out.iter()
+                .find(|r| r.rpc_request_id.as_deref() == Some(id))
+                .unwrap()
+        };
+        let (a, b, c) = (call("a"), call("b"), call("c"));
+        for r in [a, b, c] {
+            assert_eq!(r.path, path);
+            assert_eq!(r.method, "POST");
+            let h2 = r.http2.as_ref().unwrap();
+            assert_eq!((h2.stream_id, h2.request_messages), (1, 1));
+        }
+        assert_eq!(a.arrival_read_mono_ns, 10 * MS);
+        assert_eq!(a.first_token_mono_ns, Some(12 * MS));
+        assert_eq!(a.last_token_mono_ns, Some(15 * MS));
+        assert_eq!(a.output_chunks, 3);
+        assert_eq!(a.ended_by, EndedBy::Complete);
+        assert_eq!(a.http2.as_ref().unwrap().stream_end, "final_response");
+        assert_eq!(b.arrival_read_mono_ns, 11 * MS);
+        assert_eq!(b.first_token_mono_ns, Some(13 * MS));
+        assert_eq!(b.output_chunks, 1);
+        assert_eq!(b.http2.as_ref().unwrap().stream_end, "end_stream");
+        assert_eq!(b.http2.as_ref().unwrap().grpc_status, Some(0));
+        assert_eq!(c.http2.as_ref().unwrap().stream_end, "error_response");
+        assert_eq!(c.first_token_mono_ns, Some(17 * MS));
+        assert_eq!(t.stats.get(Counter::GrpcStreamCalls), 3);
+        assert_eq!(t.stats.get(Counter::GrpcStreamResponsesUnmatched), 1);
+        assert_eq!(t.stats.get(Counter::GrpcStreamCallsUnended), 1);
+        assert_eq!(t.stats.get(Counter::RpcRequestIdsRead), 3);
     }
 
     /// A stream open when the connection closes ends with it; one whose message boundaries were

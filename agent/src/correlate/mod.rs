@@ -5,6 +5,7 @@ mod arrivals;
 mod connection;
 pub mod disagg;
 pub mod engine_metrics;
+mod h2_calls;
 mod h2_connection;
 pub mod launch_merge;
 #[cfg(test)]

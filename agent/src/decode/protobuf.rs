@@ -74,9 +74,47 @@ pub fn string_field(message: &[u8], number: u32) -> Option<&str> {
     })
 }
 
+/// The bytes of the first length-delimited field `number`, and whether they are whole: an
+/// embedded message whose end lies past the end of `message` (a head cut short) still yields the
+/// bytes it holds, whose whole fields can be read. None when absent or malformed before it.
+pub fn embedded_prefix(message: &[u8], number: u32) -> Option<(&[u8], bool)> {
+    let mut read = fields(message);
+    for (n, v) in read.by_ref() {
+        if n == number
+            && let WireValue::Bytes(b) = v
+        {
+            return Some((b, true));
+        }
+    }
+    // The reading stopped at a field cut by the end of the bytes: it may be this one.
+    let mut rest = read.rest;
+    let key = varint(&mut rest)?;
+    if key >> 3 != u64::from(number) || key & 7 != 2 {
+        return None;
+    }
+    let len = usize::try_from(varint(&mut rest)?).ok()?;
+    (len > rest.len()).then_some((rest, false))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_embedded_message_cut_short_yields_its_whole_fields() {
+        // field 1 "ab", then field 2 { field 3 "xyz", field 4 "0123456789" }
+        let inner = [&[0x1a, 3][..], b"xyz", &[0x22, 10], b"0123456789"].concat();
+        let outer = [&[0x0a, 2][..], b"ab", &[0x12, inner.len() as u8], &inner].concat();
+        assert_eq!(embedded_prefix(&outer, 2), Some((&inner[..], true)));
+        let cut = &outer[..outer.len() - 4];
+        let (got, whole) = embedded_prefix(cut, 2).unwrap();
+        assert!(!whole);
+        assert_eq!(string_field(got, 3), Some("xyz"));
+        assert_eq!(string_field(got, 4), None);
+        assert_eq!(embedded_prefix(&outer, 5), None);
+        assert_eq!(embedded_prefix(&outer[..3], 2), None);
+        assert_eq!(embedded_prefix(&[], 2), None);
+    }
 
     /// `GenerateRequest { request_id: "req-7", tokenized { input_ids: [5, 300] }, stream: true }`
     /// as protoc's encoder writes it.

@@ -3,6 +3,7 @@
 //! outside these modules.
 pub mod config;
 mod ipc_router;
+mod kserve;
 mod llamacpp;
 mod package;
 mod pd_proxy;
@@ -139,6 +140,58 @@ pub trait Engine: Sync {
     fn rpc_id_fields(&self) -> &'static [RpcIdField] {
         &[]
     }
+
+    /// The bidirectional gRPC methods of the engine's server whose one stream carries many
+    /// calls, one per request message (KServe's `ModelStreamInfer`): each becomes a record of its
+    /// own.
+    fn call_streams(&self) -> &'static [CallStream] {
+        &[]
+    }
+}
+
+/// A bidirectional gRPC method that carries one call per request message, and how its messages
+/// name their call.
+#[derive(Debug, Clone, Copy)]
+pub struct CallStream {
+    /// The method's `:path`.
+    pub path: &'static str,
+    /// The call id a request message's head carries, if it can be read.
+    pub request_id: fn(&[u8]) -> Option<String>,
+    /// What a response message's head says of its call.
+    pub response: fn(&[u8]) -> StreamReply,
+}
+
+/// One response message of a call stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamReply {
+    /// The id of the call it answers, where it carries one.
+    pub id: Option<String>,
+    pub last: LastReply,
+    /// The engine answered with an error instead of a result.
+    pub error: bool,
+}
+
+/// Whether a response ends its call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LastReply {
+    Yes,
+    No,
+    /// Its head could not be read that far (compressed, cut, or lost).
+    Unread,
+}
+
+/// The call stream whose `:path` is `path`, whichever engine serves it: the path names its
+/// protocol, so a server not identified as that engine is decoded too.
+pub fn call_stream(path: &str) -> Option<&'static CallStream> {
+    ENGINES
+        .iter()
+        .flat_map(|e| e.call_streams())
+        .find(|c| c.path == path)
+}
+
+/// Whether `path` is a call stream's (see [`call_stream`]).
+pub fn is_call_stream(path: &str) -> bool {
+    call_stream(path).is_some()
 }
 
 /// A gRPC method whose request message carries the engine's request id in a top-level string

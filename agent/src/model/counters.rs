@@ -156,6 +156,12 @@ counters! {
     H2StreamsOverLimit => "h2_streams_over_limit": Loss,
     H2StreamIdsReused => "h2_stream_ids_reused": Loss,
     GrpcMessageFramingLost => "grpc_message_framing_lost": Loss,
+    GrpcPairedMessagesDropped => "grpc_paired_messages_dropped": Loss,
+    // Calls of a stream that carries one call per request message (KServe's ModelStreamInfer).
+    GrpcStreamCalls => "grpc_stream_calls": Total,
+    GrpcStreamResponsesUnmatched => "grpc_stream_responses_unmatched": Loss,
+    GrpcStreamCallsEvicted => "grpc_stream_calls_evicted": Loss,
+    GrpcStreamCallsUnended => "grpc_stream_calls_final_unseen": Total,
     // gRPC calls of an engine's own server whose request message names the engine request.
     RpcRequestIdsRead => "rpc_request_ids_read": Total,
     RpcRequestIdsUnread => "rpc_request_ids_unread": Loss,

@@ -172,7 +172,9 @@ pub struct Http2Info {
     pub response_messages: u32,
     pub response_message_bytes: u64,
     /// How the stream ended on the wire: `end_stream`, `rst_stream`, `goaway`, `closed` (the
-    /// connection closed with it open), `id_reused`.
+    /// connection closed with it open), `id_reused`. For one call of a stream that carries many
+    /// (Triton's `ModelStreamInfer`): `final_response` or `error_response` (the call's own end),
+    /// `evicted` (too many calls open), else the stream's end that cut it.
     pub stream_end: &'static str,
     /// The error code of the RST_STREAM or GOAWAY that ended it.
     #[serde(skip_serializing_if = "Option::is_none")]

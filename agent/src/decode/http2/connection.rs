@@ -5,7 +5,7 @@ use rustc_hash::FxHashMap;
 
 use super::frame::{BlockLoss, Frame, FrameDecoder};
 use super::hpack::{self, Field};
-use super::stream::{EndedBy, Fields, Stream, StreamSummary};
+use super::stream::{EndedBy, Fields, Stream, StreamMessage, StreamSummary};
 use super::{Limits, Side, Start};
 use crate::decode::http::Chunk;
 use crate::model::{Counter, Stats};
@@ -25,7 +25,15 @@ pub struct Http2Connection {
     opened: u32,
     /// The last GOAWAY seen, for streams the close cuts afterwards.
     goaway: Option<EndedBy>,
+    /// Which `:path`s carry one call per request message (see [`Stream::pair_messages`]).
+    pairs: Option<fn(&str) -> bool>,
+    /// Messages of paired streams that ended, until taken.
+    paired: Vec<StreamMessage>,
 }
+
+/// Paired messages held between two [`Http2Connection::take_paired`] calls; more are counted
+/// and dropped (one syscall of tiny messages could otherwise queue thousands).
+pub const MAX_PAIRED_MESSAGES: usize = 4096;
 
 /// What one frame's handling needs, borrowed apart from the framer producing it.
 struct Handler<'a> {
@@ -37,6 +45,8 @@ struct Handler<'a> {
     max_client_stream: &'a mut u32,
     opened: &'a mut u32,
     goaway: &'a mut Option<EndedBy>,
+    pairs: Option<fn(&str) -> bool>,
+    paired: &'a mut Vec<StreamMessage>,
     stats: &'a mut Stats,
     out: &'a mut Vec<StreamSummary>,
     /// Where the header block being handled began in its direction's bytes.
@@ -62,7 +72,20 @@ impl Http2Connection {
             max_client_stream: 0,
             opened: 0,
             goaway: None,
+            pairs: None,
+            paired: Vec::new(),
         }
+    }
+
+    /// Streams whose `:path` `pairs` accepts carry one call per request message: their
+    /// messages are handed over one by one ([`Self::take_paired`]).
+    pub fn pair_messages_of(&mut self, pairs: fn(&str) -> bool) {
+        self.pairs = Some(pairs);
+    }
+
+    /// The messages of paired streams that ended since the last call, in order.
+    pub fn take_paired(&mut self) -> std::vec::Drain<'_, StreamMessage> {
+        self.paired.drain(..)
     }
 
     /// Whether the client did not begin with the HTTP/2 preface: nothing is decoded.
@@ -103,6 +126,8 @@ impl Http2Connection {
             max_client_stream: &mut self.max_client_stream,
             opened: &mut self.opened,
             goaway: &mut self.goaway,
+            pairs: self.pairs,
+            paired: &mut self.paired,
             stats,
             out,
             block_at: None,
@@ -136,15 +161,21 @@ impl Handler<'_> {
         let side = self.side;
         let ts = self.ts_ns;
         match frame {
-            Frame::Data { stream_id, bytes } => {
+            Frame::Data {
+                stream_id,
+                bytes,
+                at,
+            } => {
                 if let Some(s) = self.streams.get_mut(&stream_id) {
-                    s.data(side, bytes, ts);
+                    s.data(side, bytes, ts, at, self.paired);
+                    self.bound_paired();
                 }
             }
             Frame::DataLost { stream_id, len } => {
                 self.stats.add(Counter::H2DataBytesLost, len);
                 if let Some(s) = self.streams.get_mut(&stream_id) {
-                    s.data_lost(side, len, ts);
+                    s.data_lost(side, len, ts, self.paired);
+                    self.bound_paired();
                 }
             }
             Frame::DataEnd {
@@ -241,6 +272,15 @@ impl Handler<'_> {
         }
     }
 
+    fn bound_paired(&mut self) {
+        if self.paired.len() > MAX_PAIRED_MESSAGES {
+            let over = self.paired.len() - MAX_PAIRED_MESSAGES;
+            self.paired.truncate(MAX_PAIRED_MESSAGES);
+            self.stats
+                .add(Counter::GrpcPairedMessagesDropped, over as u64);
+        }
+    }
+
     fn hpack_of(&mut self, side: Side) -> &mut hpack::Decoder {
         let [client, server] = &mut *self.hpack;
         match side {
@@ -326,7 +366,14 @@ impl Handler<'_> {
             self.stats.bump(Counter::H2StreamsOverLimit);
             return;
         }
+        let pairs = self
+            .pairs
+            .zip(fields.path.known())
+            .is_some_and(|(pairs, path)| pairs(path));
         let mut s = Stream::open(stream_id, fields, end_stream, ts);
+        if pairs {
+            s.pair_messages();
+        }
         s.summary.headers_lost = lost;
         s.summary.open_seq = *self.opened;
         s.summary.request_at = self.block_at;

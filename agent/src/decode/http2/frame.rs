@@ -77,6 +77,8 @@ pub enum Frame<'a> {
     Data {
         stream_id: u32,
         bytes: &'a [u8],
+        /// Where `bytes` begin in the direction's bytes (see [`FrameDecoder::position`]).
+        at: Option<u64>,
     },
     /// DATA payload bytes the capture lost.
     DataLost {
@@ -596,6 +598,7 @@ impl FrameDecoder {
             kind::DATA => on(Frame::Data {
                 stream_id: h.stream_id,
                 bytes: piece,
+                at: self.pos,
             }),
             kind::HEADERS | kind::PUSH_PROMISE | kind::CONTINUATION => {
                 if let Some(open) = self.open.as_mut()

@@ -1,15 +1,22 @@
 //! gRPC's message framing inside one direction of one HTTP/2 stream: each message is a 1-byte
 //! compressed flag and a 4-byte big-endian length, then that many bytes, split across DATA
-//! frames anyhow. Only the 5-byte prefix is ever held; message bytes are counted and dropped.
+//! frames anyhow. Only the 5-byte prefix is held, and, where the reader is asked to, the head
+//! of each message; the rest of the bytes are counted and dropped.
 
 /// One complete message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
     pub len: u32,
     pub compressed: bool,
     /// The syscall that carried the message's first byte, and the one that carried its last.
     pub first_ts_ns: u64,
     pub last_ts_ns: u64,
+    /// Where the message's first byte (its prefix's) was in the direction's bytes, where the
+    /// caller told positions.
+    pub at: Option<u64>,
+    /// The message's first bytes (its prefix removed), up to the reader's head limit; empty
+    /// when none is kept, the message is compressed, or a loss cut its first bytes.
+    pub head: Vec<u8>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,19 +36,34 @@ pub struct MessageReader {
     state: State,
     prefix: [u8; 5],
     first_ts_ns: u64,
+    first_at: Option<u64>,
+    /// How many of each message's first bytes to hand over (0: none).
+    head_limit: usize,
+    head: Vec<u8>,
+    /// Bytes of the open message were lost before its head was whole.
+    head_cut: bool,
 }
 
 impl Default for MessageReader {
     fn default() -> Self {
-        Self {
-            state: State::Prefix(0),
-            prefix: [0; 5],
-            first_ts_ns: 0,
-        }
+        Self::with_heads(0)
     }
 }
 
 impl MessageReader {
+    /// A reader that hands over the first `head_limit` bytes of each message.
+    pub fn with_heads(head_limit: usize) -> Self {
+        Self {
+            state: State::Prefix(0),
+            prefix: [0; 5],
+            first_ts_ns: 0,
+            first_at: None,
+            head_limit,
+            head: Vec::new(),
+            head_cut: false,
+        }
+    }
+
     /// Whether message boundaries are still known.
     pub fn in_step(&self) -> bool {
         self.state != State::Lost
@@ -52,13 +74,22 @@ impl MessageReader {
         !matches!(self.state, State::Prefix(0) | State::Lost)
     }
 
-    pub fn data(&mut self, mut bytes: &[u8], ts_ns: u64, on: &mut dyn FnMut(Message)) {
+    /// Bytes of the stream's data from the syscall at `ts_ns`; `at`: where they begin in the
+    /// direction's bytes, if known.
+    pub fn data(
+        &mut self,
+        mut bytes: &[u8],
+        ts_ns: u64,
+        mut at: Option<u64>,
+        on: &mut dyn FnMut(Message),
+    ) {
         while !bytes.is_empty() {
-            match self.state {
+            let used = match self.state {
                 State::Lost => return,
                 State::Prefix(held) => {
                     if held == 0 {
                         self.first_ts_ns = ts_ns;
+                        self.first_at = at;
                     }
                     let n = (5 - held).min(bytes.len());
                     if let (Some(dst), Some(src)) =
@@ -66,38 +97,56 @@ impl MessageReader {
                     {
                         dst.copy_from_slice(src);
                     }
-                    bytes = bytes.get(n..).unwrap_or_default();
                     if held + n < 5 {
                         self.state = State::Prefix(held + n);
-                        continue;
+                    } else {
+                        let [_, a, b, c, d] = self.prefix;
+                        let left = u64::from(u32::from_be_bytes([a, b, c, d]));
+                        self.state = State::Body { left };
+                        if left == 0 {
+                            self.finish(ts_ns, on);
+                        }
                     }
-                    let [_, a, b, c, d] = self.prefix;
-                    let left = u64::from(u32::from_be_bytes([a, b, c, d]));
-                    self.state = State::Body { left };
-                    if left == 0 {
-                        self.finish(ts_ns, on);
-                    }
+                    n
                 }
                 State::Body { left } => {
                     let n = (bytes.len() as u64).min(left);
-                    bytes = bytes.get(n as usize..).unwrap_or_default();
+                    let body = bytes.get(..n as usize).unwrap_or_default();
+                    if !self.head_cut && self.head.len() < self.head_limit {
+                        let keep = (self.head_limit - self.head.len()).min(body.len());
+                        self.head
+                            .extend_from_slice(body.get(..keep).unwrap_or_default());
+                    }
                     self.state = State::Body { left: left - n };
                     if left == n {
                         self.finish(ts_ns, on);
                     }
+                    n as usize
                 }
-            }
+            };
+            bytes = bytes.get(used..).unwrap_or_default();
+            at = at.map(|p| p.saturating_add(used as u64));
         }
     }
 
     fn finish(&mut self, ts_ns: u64, on: &mut dyn FnMut(Message)) {
         let [flag, a, b, c, d] = self.prefix;
+        let compressed = flag & 1 != 0;
+        let head = std::mem::take(&mut self.head);
         on(Message {
             len: u32::from_be_bytes([a, b, c, d]),
-            compressed: flag & 1 != 0,
+            compressed,
             first_ts_ns: self.first_ts_ns,
             last_ts_ns: ts_ns,
+            at: self.first_at,
+            // A compressed message's bytes say nothing without its codec.
+            head: if compressed || self.head_cut {
+                Vec::new()
+            } else {
+                head
+            },
         });
+        self.head_cut = false;
         self.state = State::Prefix(0);
     }
 
@@ -105,6 +154,9 @@ impl MessageReader {
     /// body only that message's bytes are gone (it is still counted when its end passes); a
     /// loss that reaches past a body's end loses the boundaries.
     pub fn lost(&mut self, n: u64, ts_ns: u64, on: &mut dyn FnMut(Message)) {
+        if self.head.len() < self.head_limit {
+            self.head_cut = true;
+        }
         match self.state {
             State::Body { left } if n < left => self.state = State::Body { left: left - n },
             State::Body { left } if n == left => self.finish(ts_ns, on),
@@ -126,7 +178,7 @@ mod tests {
         let mut r = MessageReader::default();
         let mut out = Vec::new();
         for (i, p) in pieces.iter().enumerate() {
-            r.data(p, i as u64 + 1, &mut |m| out.push(m));
+            r.data(p, i as u64 + 1, None, &mut |m| out.push(m));
         }
         out
     }
@@ -167,23 +219,55 @@ mod tests {
     }
 
     #[test]
+    fn heads_and_positions_of_messages_split_anywhere() {
+        let mut wire = msg(false, b"0123456789");
+        wire.extend(msg(true, b"zz"));
+        wire.extend(msg(false, b"abc"));
+        for cut in 0..=wire.len() {
+            let mut r = MessageReader::with_heads(4);
+            let mut out = Vec::new();
+            let (a, b) = wire.split_at(cut);
+            r.data(a, 1, Some(100), &mut |m| out.push(m));
+            r.data(b, 2, Some(100 + cut as u64), &mut |m| out.push(m));
+            let got: Vec<_> = out.iter().map(|m| (m.at, m.head.as_slice())).collect();
+            assert_eq!(
+                got,
+                [
+                    (Some(100), &b"0123"[..]),
+                    (Some(115), &b""[..]),
+                    (Some(122), &b"abc"[..])
+                ],
+                "cut {cut}"
+            );
+        }
+        // A loss inside a head: that message's head is empty, the next one's whole.
+        let mut r = MessageReader::with_heads(4);
+        let mut out = Vec::new();
+        r.data(&wire[..7], 1, None, &mut |m| out.push(m));
+        r.lost(8, 1, &mut |m| out.push(m));
+        r.data(&wire[15..], 2, None, &mut |m| out.push(m));
+        let heads: Vec<_> = out.iter().map(|m| m.head.as_slice()).collect();
+        assert_eq!(heads, [&b""[..], b"", b"abc"]);
+    }
+
+    #[test]
     fn losses_inside_a_body_keep_the_boundaries_and_others_do_not() {
         let mut r = MessageReader::default();
         let mut out = Vec::new();
-        r.data(&msg(false, b"abcdef")[..7], 1, &mut |m| out.push(m));
+        r.data(&msg(false, b"abcdef")[..7], 1, None, &mut |m| out.push(m));
         r.lost(3, 1, &mut |m| out.push(m));
-        r.data(b"f", 2, &mut |m| out.push(m));
+        r.data(b"f", 2, None, &mut |m| out.push(m));
         assert_eq!(out.len(), 1);
         assert!(r.in_step());
         // A loss that ends exactly at the body's end completes the message.
-        r.data(&msg(false, b"abc")[..6], 3, &mut |m| out.push(m));
+        r.data(&msg(false, b"abc")[..6], 3, None, &mut |m| out.push(m));
         r.lost(2, 4, &mut |m| out.push(m));
         assert_eq!(out.len(), 2);
         assert_eq!((out[1].len, out[1].last_ts_ns), (3, 4));
-        r.data(&[0, 0], 3, &mut |m| out.push(m));
+        r.data(&[0, 0], 3, None, &mut |m| out.push(m));
         r.lost(1, 5, &mut |m| out.push(m));
         assert!(!r.in_step());
-        r.data(&msg(false, b"x"), 4, &mut |m| out.push(m));
+        r.data(&msg(false, b"x"), 4, None, &mut |m| out.push(m));
         assert_eq!(out.len(), 2);
     }
 }

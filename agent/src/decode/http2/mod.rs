@@ -29,9 +29,12 @@ mod tests;
 #[cfg(test)]
 pub(crate) mod testwire;
 
-pub use connection::Http2Connection;
+pub use connection::{Http2Connection, MAX_PAIRED_MESSAGES};
 pub use frame::{PREFACE, whole_frames};
-pub use stream::{EndedBy, MESSAGE_HEAD_BYTES, Messages, StreamSummary};
+pub use stream::{
+    EndedBy, MESSAGE_HEAD_BYTES, Messages, PAIRED_HEAD_BYTES, StreamHead, StreamMessage,
+    StreamSummary,
+};
 
 /// Which end wrote the bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

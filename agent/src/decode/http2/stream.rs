@@ -34,7 +34,7 @@ pub struct Messages {
 pub const MAX_GAPS: usize = 16 * 1024;
 
 impl Messages {
-    fn add(&mut self, m: Message) {
+    fn add(&mut self, m: &Message) {
         self.count = self.count.saturating_add(1);
         self.bytes = self.bytes.saturating_add(u64::from(m.len));
         self.max_bytes = self.max_bytes.max(m.len);
@@ -106,7 +106,36 @@ pub struct StreamSummary {
     /// at most [`MESSAGE_HEAD_BYTES`]: where engines carry their request id. Empty when the
     /// message was compressed or its first bytes were lost. Never leaves the agent.
     pub request_head: Vec<u8>,
+    /// The stream carries many calls, one per request message (see [`StreamMessage`]): its
+    /// messages were handed over one by one as they ended.
+    pub paired: bool,
 }
+
+/// One message of a stream whose messages pair into calls (a bidirectional stream that carries
+/// one request per request message, as KServe's `ModelStreamInfer` does), handed over as it
+/// ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamMessage {
+    pub stream_id: u32,
+    pub side: Side,
+    pub message: Message,
+    /// The stream's request head, on its first message only.
+    pub head: Option<Box<StreamHead>>,
+    /// The response's `:status`, once its head was seen.
+    pub status: Option<u16>,
+}
+
+/// The header fields of a paired stream its calls share.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamHead {
+    pub method: Value<String>,
+    pub path: Value<String>,
+    pub content_type: Value<String>,
+}
+
+/// How much of each message of a paired stream is kept: the call's id and flags come before
+/// its tensors, after at most an error text and the model's name.
+pub const PAIRED_HEAD_BYTES: usize = 1024;
 
 /// How much of a request's first gRPC message is kept for the engine's id: ids come first in
 /// every engine's request message, and a field cut by this bound reads as absent.
@@ -216,6 +245,8 @@ pub struct Stream {
     head: Vec<u8>,
     /// Request bytes were lost before the head was complete: what follows is not its next.
     head_cut: bool,
+    /// The stream's `:path` still to be handed over with its first paired message.
+    path_untold: bool,
 }
 
 impl Stream {
@@ -245,6 +276,7 @@ impl Stream {
             open_seq: 0,
             request_at: None,
             request_head: Vec::new(),
+            paired: false,
         };
         Self {
             summary,
@@ -255,7 +287,20 @@ impl Stream {
             grpc,
             head: Vec::new(),
             head_cut: false,
+            path_untold: false,
         }
+    }
+
+    /// From now on, each message (both ways) is handed over as it ends, with its head: the
+    /// stream carries one call per request message.
+    pub fn pair_messages(&mut self) {
+        if !self.grpc {
+            return;
+        }
+        self.summary.paired = true;
+        self.path_untold = true;
+        self.request_reader = MessageReader::with_heads(PAIRED_HEAD_BYTES);
+        self.response_reader = MessageReader::with_heads(PAIRED_HEAD_BYTES);
     }
 
     /// A server header block: the response head, an informational head, or trailers.
@@ -283,31 +328,77 @@ impl Stream {
         }
     }
 
-    pub fn data(&mut self, side: Side, bytes: &[u8], ts_ns: u64) {
+    /// DATA bytes from `side`; `at`: where they begin in that direction's bytes. Messages of a
+    /// paired stream go to `paired` as they end.
+    pub fn data(
+        &mut self,
+        side: Side,
+        bytes: &[u8],
+        ts_ns: u64,
+        at: Option<u64>,
+        paired: &mut Vec<StreamMessage>,
+    ) {
         let grpc = self.grpc;
         if grpc && side == Side::Client && !self.head_cut && self.head.len() < HEAD_HELD {
             let n = (HEAD_HELD - self.head.len()).min(bytes.len());
             self.head
                 .extend_from_slice(bytes.get(..n).unwrap_or_default());
         }
+        let pair = self.summary.paired;
+        let mut ended = Vec::new();
         let (reader, msgs) = self.side(side);
         msgs.data_bytes = msgs.data_bytes.saturating_add(bytes.len() as u64);
         if grpc {
-            reader.data(bytes, ts_ns, &mut |m| msgs.add(m));
+            reader.data(bytes, ts_ns, at, &mut |m| {
+                msgs.add(&m);
+                if pair {
+                    ended.push(m);
+                }
+            });
         }
+        self.hand_over(side, ended, paired);
     }
 
-    pub fn data_lost(&mut self, side: Side, len: u64, ts_ns: u64) {
+    pub fn data_lost(&mut self, side: Side, len: u64, ts_ns: u64, paired: &mut Vec<StreamMessage>) {
         let grpc = self.grpc;
         if side == Side::Client && self.head.len() < HEAD_HELD {
             self.head_cut = true;
         }
+        let pair = self.summary.paired;
+        let mut ended = Vec::new();
         let (reader, msgs) = self.side(side);
         msgs.data_lost = true;
         msgs.data_bytes = msgs.data_bytes.saturating_add(len);
         if grpc {
-            reader.lost(len, ts_ns, &mut |m| msgs.add(m));
+            reader.lost(len, ts_ns, &mut |m| {
+                msgs.add(&m);
+                if pair {
+                    ended.push(m);
+                }
+            });
             msgs.framing_lost |= !reader.in_step();
+        }
+        self.hand_over(side, ended, paired);
+    }
+
+    /// A paired stream's ended messages, handed over with what its calls need of the stream.
+    fn hand_over(&mut self, side: Side, ended: Vec<Message>, paired: &mut Vec<StreamMessage>) {
+        for message in ended {
+            let head = (self.path_untold && side == Side::Client).then(|| {
+                self.path_untold = false;
+                Box::new(StreamHead {
+                    method: self.summary.method.clone(),
+                    path: self.summary.path.clone(),
+                    content_type: self.summary.content_type.clone(),
+                })
+            });
+            paired.push(StreamMessage {
+                stream_id: self.summary.stream_id,
+                side,
+                message,
+                head,
+                status: self.summary.status.known().copied(),
+            });
         }
     }
 

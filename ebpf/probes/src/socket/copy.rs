@@ -47,6 +47,17 @@ fn large_capture(tgid: u32) -> Option<u32> {
     unsafe { LARGE_CAPTURE.get(tgid) }.copied()
 }
 
+/// From now on `tgid`'s sends and receives are captured whole (up to the chunk series' most),
+/// unless user space already set its limit: a read opened with HTTP/2's client preface, whose
+/// client's next frames arrive before user space could say so itself.
+#[inline(always)]
+pub fn capture_large_from_now(tgid: u32) {
+    const BPF_NOEXIST: u64 = 1;
+    let limit = (MAX_CHUNKS * MAX_CAPTURE_BYTES) as u32;
+    // A full map (user space's limits for 1,024 processes) leaves the process as it was.
+    let _ = LARGE_CAPTURE.insert(tgid, limit, BPF_NOEXIST);
+}
+
 /// Whether a syscall of this shape can be captured past one record: a plain buffer always,
 /// an iovec array where the kernel has `bpf_loop` (the chunk series walks the array in it).
 #[inline(always)]

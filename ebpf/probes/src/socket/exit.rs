@@ -212,6 +212,15 @@ pub(super) fn emit_syscall(
         }
         return Ok(false);
     }
+    // A read that opens with HTTP/2's client preface (`PRI `): the process serves HTTP/2. A
+    // client sends its first calls right behind the preface, before user space has seen it; a
+    // cut read of them would lose the connection's framing and HPACK state.
+    if kind == SyscallKind::Read as u8 && captured >= 4 && {
+        let p = &scratch.payload;
+        p[0] == b'P' && p[1] == b'R' && p[2] == b'I' && p[3] == b' '
+    } {
+        super::copy::capture_large_from_now(tgid);
+    }
     // A write that opens a response head (`HTTP/`): read once, before emitting may reuse the
     // scratch payload for later chunks.
     let head = kind == SyscallKind::Write as u8 && captured >= 5 && {
