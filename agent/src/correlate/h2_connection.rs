@@ -86,7 +86,7 @@ impl H2Connection {
     /// `Start::MidConnection` for a connection joined later.
     pub fn new(start: Start) -> Self {
         let mut decoder = Http2Connection::new(http2::Limits::default(), start);
-        decoder.pair_messages_of(engines::is_call_stream);
+        decoder.pair_messages_of(engines::is_call_stream, engines::names_a_call);
         Self {
             decoder,
             ended: Vec::new(),
@@ -784,6 +784,39 @@ mod tests {
         assert_eq!(t.stats.get(Counter::GrpcStreamResponsesUnmatched), 1);
         assert_eq!(t.stats.get(Counter::GrpcStreamCallsUnended), 1);
         assert_eq!(t.stats.get(Counter::RpcRequestIdsRead), 3);
+    }
+
+    /// A cut read loses a call stream's framing: the stream takes up again at the next DATA
+    /// frame that begins a call's message, instead of staying dark for the rest of its life.
+    #[test]
+    fn a_stream_of_calls_takes_up_again_after_a_loss() {
+        let mut t = Tracker::new(Limits::default());
+        let peer = Peer::default();
+        let mut out = Vec::new();
+        let path = "/inference.GRPCInferenceService/ModelStreamInfer";
+        let mut read = PREFACE.to_vec();
+        read.extend(frame(kind::HEADERS, END_HEADERS, 1, &request_block(path)));
+        read.extend(frame(kind::DATA, 0, 1, &infer_request("a")));
+        t.on_read(&ev(SyscallKind::Read, 10 * MS, &read), peer, &mut out);
+        // b and c in one read the capture cut inside b: c's frame header is lost with it.
+        let mut cut = frame(kind::DATA, 0, 1, &infer_request("b"));
+        cut.extend(frame(kind::DATA, 0, 1, &infer_request("c")));
+        let mut r = ev(SyscallKind::Read, 11 * MS, &cut[..12]);
+        r.ret = cut.len() as i64;
+        r.truncated = true;
+        t.on_read(&r, peer, &mut out);
+        let d = frame(kind::DATA, 0, 1, &infer_request("d"));
+        t.on_read(&ev(SyscallKind::Read, 12 * MS, &d), peer, &mut out);
+        let mut write = frame(kind::HEADERS, END_HEADERS, 1, &response_block());
+        for id in ["a", "d"] {
+            write.extend(frame(kind::DATA, 0, 1, &stream_response(id, true, "")));
+        }
+        t.on_write(&ev(SyscallKind::Write, 13 * MS, &write), peer, &mut out);
+        let ids: Vec<_> = out.iter().map(|r| r.rpc_request_id.as_deref()).collect();
+        assert_eq!(ids, [Some("a"), Some("d")]);
+        assert_eq!(out[1].arrival_read_mono_ns, 12 * MS);
+        assert_eq!(t.stats.get(Counter::H2FramingLost), 1);
+        assert_eq!(t.stats.get(Counter::GrpcStreamResyncs), 1);
     }
 
     /// A stream open when the connection closes ends with it; one whose message boundaries were

@@ -194,6 +194,17 @@ pub fn is_call_stream(path: &str) -> bool {
     call_stream(path).is_some()
 }
 
+/// Whether a message head from `side` of call stream `path` names its call: a request with an
+/// id, a response that echoes one. What a call stream whose message boundaries were lost takes
+/// up again at.
+pub fn names_a_call(path: &str, side: crate::decode::http2::Side, head: &[u8]) -> bool {
+    use crate::decode::http2::Side;
+    call_stream(path).is_some_and(|rpc| match side {
+        Side::Client => (rpc.request_id)(head).is_some(),
+        Side::Server => (rpc.response)(head).id.is_some(),
+    })
+}
+
 /// A gRPC method whose request message carries the engine's request id in a top-level string
 /// field.
 #[derive(Debug, Clone, Copy)]

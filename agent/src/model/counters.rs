@@ -162,6 +162,7 @@ counters! {
     GrpcStreamResponsesUnmatched => "grpc_stream_responses_unmatched": Loss,
     GrpcStreamCallsEvicted => "grpc_stream_calls_evicted": Loss,
     GrpcStreamCallsUnended => "grpc_stream_calls_final_unseen": Total,
+    GrpcStreamResyncs => "grpc_stream_resyncs": Total,
     // gRPC calls of an engine's own server whose request message names the engine request.
     RpcRequestIdsRead => "rpc_request_ids_read": Total,
     RpcRequestIdsUnread => "rpc_request_ids_unread": Loss,

@@ -5,7 +5,7 @@ use rustc_hash::FxHashMap;
 
 use super::frame::{BlockLoss, Frame, FrameDecoder};
 use super::hpack::{self, Field};
-use super::stream::{EndedBy, Fields, Stream, StreamMessage, StreamSummary};
+use super::stream::{EndedBy, Fields, NamesACall, Piece, Stream, StreamMessage, StreamSummary};
 use super::{Limits, Side, Start};
 use crate::decode::http::Chunk;
 use crate::model::{Counter, Stats};
@@ -25,10 +25,17 @@ pub struct Http2Connection {
     opened: u32,
     /// The last GOAWAY seen, for streams the close cuts afterwards.
     goaway: Option<EndedBy>,
-    /// Which `:path`s carry one call per request message (see [`Stream::pair_messages`]).
-    pairs: Option<fn(&str) -> bool>,
+    pairing: Option<Pairing>,
     /// Messages of paired streams that ended, until taken.
     paired: Vec<StreamMessage>,
+}
+
+/// Which `:path`s carry one call per request message (see [`Stream::pair_messages`]), and how
+/// their messages are known after a loss.
+#[derive(Debug, Clone, Copy)]
+struct Pairing {
+    pairs: fn(&str) -> bool,
+    names_a_call: NamesACall,
 }
 
 /// Paired messages held between two [`Http2Connection::take_paired`] calls; more are counted
@@ -45,7 +52,7 @@ struct Handler<'a> {
     max_client_stream: &'a mut u32,
     opened: &'a mut u32,
     goaway: &'a mut Option<EndedBy>,
-    pairs: Option<fn(&str) -> bool>,
+    pairing: Option<Pairing>,
     paired: &'a mut Vec<StreamMessage>,
     stats: &'a mut Stats,
     out: &'a mut Vec<StreamSummary>,
@@ -72,15 +79,19 @@ impl Http2Connection {
             max_client_stream: 0,
             opened: 0,
             goaway: None,
-            pairs: None,
+            pairing: None,
             paired: Vec::new(),
         }
     }
 
     /// Streams whose `:path` `pairs` accepts carry one call per request message: their
-    /// messages are handed over one by one ([`Self::take_paired`]).
-    pub fn pair_messages_of(&mut self, pairs: fn(&str) -> bool) {
-        self.pairs = Some(pairs);
+    /// messages are handed over one by one ([`Self::take_paired`]). After a loss of their
+    /// message boundaries, they take up again at a DATA frame whose message `names_a_call`.
+    pub fn pair_messages_of(&mut self, pairs: fn(&str) -> bool, names_a_call: NamesACall) {
+        self.pairing = Some(Pairing {
+            pairs,
+            names_a_call,
+        });
     }
 
     /// The messages of paired streams that ended since the last call, in order.
@@ -126,7 +137,7 @@ impl Http2Connection {
             max_client_stream: &mut self.max_client_stream,
             opened: &mut self.opened,
             goaway: &mut self.goaway,
-            pairs: self.pairs,
+            pairing: self.pairing,
             paired: &mut self.paired,
             stats,
             out,
@@ -165,9 +176,23 @@ impl Handler<'_> {
                 stream_id,
                 bytes,
                 at,
+                starts_frame,
             } => {
                 if let Some(s) = self.streams.get_mut(&stream_id) {
-                    s.data(side, bytes, ts, at, self.paired);
+                    let piece = Piece {
+                        bytes,
+                        ts_ns: ts,
+                        at,
+                        starts_frame,
+                    };
+                    if s.data(
+                        side,
+                        piece,
+                        self.paired,
+                        self.pairing.map(|p| p.names_a_call),
+                    ) {
+                        self.stats.bump(Counter::GrpcStreamResyncs);
+                    }
                     self.bound_paired();
                 }
             }
@@ -367,9 +392,9 @@ impl Handler<'_> {
             return;
         }
         let pairs = self
-            .pairs
+            .pairing
             .zip(fields.path.known())
-            .is_some_and(|(pairs, path)| pairs(path));
+            .is_some_and(|(pairing, path)| (pairing.pairs)(path));
         let mut s = Stream::open(stream_id, fields, end_stream, ts);
         if pairs {
             s.pair_messages();

@@ -79,6 +79,8 @@ pub enum Frame<'a> {
         bytes: &'a [u8],
         /// Where `bytes` begin in the direction's bytes (see [`FrameDecoder::position`]).
         at: Option<u64>,
+        /// `bytes` begin the frame's payload (padding length aside).
+        starts_frame: bool,
     },
     /// DATA payload bytes the capture lost.
     DataLost {
@@ -328,6 +330,8 @@ pub struct FrameDecoder {
     left: usize,
     /// Body bytes (after the prefix, before the padding) not consumed yet.
     body_left: usize,
+    /// The body's length: a piece taken while `body_left` still equals it begins the body.
+    body_len: usize,
     /// The prefix fields, or a control frame's fixed fields (at most 8 bytes are needed).
     fixed: [u8; 8],
     fixed_len: usize,
@@ -371,6 +375,7 @@ impl FrameDecoder {
             phase: Phase::Skip,
             left: 0,
             body_left: 0,
+            body_len: 0,
             fixed: [0; 8],
             fixed_len: 0,
             setting: [0; 6],
@@ -533,6 +538,7 @@ impl FrameDecoder {
             match self.left.checked_sub(pad) {
                 Some(body) => {
                     self.body_left = body;
+                    self.body_len = body;
                     self.phase = Phase::Body;
                     self.fixed_len = 0;
                 }
@@ -599,6 +605,7 @@ impl FrameDecoder {
                 stream_id: h.stream_id,
                 bytes: piece,
                 at: self.pos,
+                starts_frame: self.body_left == self.body_len,
             }),
             kind::HEADERS | kind::PUSH_PROMISE | kind::CONTINUATION => {
                 if let Some(open) = self.open.as_mut()

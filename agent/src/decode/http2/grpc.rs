@@ -19,6 +19,9 @@ pub struct Message {
     pub head: Vec<u8>,
 }
 
+/// The largest message a resynchronisation believes in: gRPC's default receive limit is 4 MiB.
+const MAX_RESYNC_MESSAGE: usize = 64 * 1024 * 1024;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     /// `usize` prefix bytes held.
@@ -164,6 +167,32 @@ impl MessageReader {
         }
     }
 
+    /// A reader whose boundaries were lost takes `bytes`, the beginning of a DATA frame's
+    /// payload, for the beginning of a message if they open with an uncompressed message's prefix
+    /// and `names_a_call` accepts the head that follows (an id where the protocol puts one):
+    /// after a loss, a stream that carries many calls is followed again from its next call
+    /// instead of never. Whether it took them.
+    pub fn resync(&mut self, bytes: &[u8], names_a_call: impl Fn(&[u8]) -> bool) -> bool {
+        if self.state != State::Lost {
+            return false;
+        }
+        let Some(([0, a, b, c, d], body)) = bytes.split_first_chunk::<5>() else {
+            return false;
+        };
+        let len = u32::from_be_bytes([*a, *b, *c, *d]) as usize;
+        if len == 0 || len > MAX_RESYNC_MESSAGE {
+            return false;
+        }
+        let head = body.get(..len.min(body.len())).unwrap_or_default();
+        if !names_a_call(head) {
+            return false;
+        }
+        self.state = State::Prefix(0);
+        self.head.clear();
+        self.head_cut = false;
+        true
+    }
+
     /// The stream's data stopped being followed (the connection's framing was lost).
     pub fn abandon(&mut self) {
         self.state = State::Lost;
@@ -248,6 +277,30 @@ mod tests {
         r.data(&wire[15..], 2, None, &mut |m| out.push(m));
         let heads: Vec<_> = out.iter().map(|m| m.head.as_slice()).collect();
         assert_eq!(heads, [&b""[..], b"", b"abc"]);
+    }
+
+    #[test]
+    fn a_lost_reader_takes_up_only_at_a_message_that_names_a_call() {
+        let mut r = MessageReader::with_heads(8);
+        let mut out = Vec::new();
+        let call = msg(false, b"id=7");
+        // In step: nothing to take up.
+        assert!(!r.resync(&call, |_| true));
+        r.abandon();
+        for (bytes, names) in [
+            (msg(true, b"id=7"), true),
+            (msg(false, b""), true),
+            (msg(false, b"tensor"), false),
+            (call[..4].to_vec(), true),
+        ] {
+            assert!(!r.resync(&bytes, |head| names && head.starts_with(b"id=")));
+        }
+        r.data(&call, 1, None, &mut |m| out.push(m));
+        assert!(out.is_empty(), "still lost");
+        assert!(r.resync(&call, |head| head.starts_with(b"id=")));
+        r.data(&call, 2, None, &mut |m| out.push(m));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].head, b"id=7");
     }
 
     #[test]

@@ -133,6 +133,21 @@ pub struct StreamHead {
     pub content_type: Value<String>,
 }
 
+/// Whether a message head, from `side` of a paired stream with this `:path`, names a call (see
+/// [`MessageReader::resync`]).
+pub type NamesACall = fn(&str, Side, &[u8]) -> bool;
+
+/// Bytes of one DATA frame's payload from one syscall.
+#[derive(Debug, Clone, Copy)]
+pub struct Piece<'a> {
+    pub bytes: &'a [u8],
+    pub ts_ns: u64,
+    /// Where they begin in their direction's bytes, if known.
+    pub at: Option<u64>,
+    /// They begin the frame's payload.
+    pub starts_frame: bool,
+}
+
 /// How much of each message of a paired stream is kept: the call's id and flags come before
 /// its tensors, after at most an error text and the model's name.
 pub const PAIRED_HEAD_BYTES: usize = 1024;
@@ -328,17 +343,34 @@ impl Stream {
         }
     }
 
-    /// DATA bytes from `side`; `at`: where they begin in that direction's bytes. Messages of a
-    /// paired stream go to `paired` as they end.
+    /// DATA bytes from `side` (see [`Piece`]). Messages of a paired stream go to `paired` as
+    /// they end; `names_a_call` lets such a stream whose message boundaries were lost take up
+    /// again at a DATA frame that begins a call's message. Whether it did.
     pub fn data(
         &mut self,
         side: Side,
-        bytes: &[u8],
-        ts_ns: u64,
-        at: Option<u64>,
+        piece: Piece<'_>,
         paired: &mut Vec<StreamMessage>,
-    ) {
+        names_a_call: Option<NamesACall>,
+    ) -> bool {
+        let Piece {
+            bytes,
+            ts_ns,
+            at,
+            starts_frame,
+        } = piece;
         let grpc = self.grpc;
+        let mut resynced = false;
+        if starts_frame
+            && self.summary.paired
+            && let (Some(check), Value::Known(path)) = (names_a_call, &self.summary.path)
+        {
+            let reader = match side {
+                Side::Client => &mut self.request_reader,
+                Side::Server => &mut self.response_reader,
+            };
+            resynced = reader.resync(bytes, |head| check(path, side, head));
+        }
         if grpc && side == Side::Client && !self.head_cut && self.head.len() < HEAD_HELD {
             let n = (HEAD_HELD - self.head.len()).min(bytes.len());
             self.head
@@ -357,6 +389,7 @@ impl Stream {
             });
         }
         self.hand_over(side, ended, paired);
+        resynced
     }
 
     pub fn data_lost(&mut self, side: Side, len: u64, ts_ns: u64, paired: &mut Vec<StreamMessage>) {
