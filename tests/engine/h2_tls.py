@@ -5,7 +5,14 @@ h2 over TLS. Each stream is answered as a server-streaming call whatever its pat
 one write. The server does not decode HPACK: the client's headers are the agent's to read.
 
   h2_tls.py PORT CERT KEY LOG   prints "ready" once listening; LOG gets one JSON line per
-                                stream: {"stream_id", "messages", "message_ns": [...]}.
+                                stream: {"stream_id", "messages", "message_ns": [...],
+                                "headers_ns"} (headers_ns: when its HEADERS frame was read whole)
+  h2_tls.py client PORT CALLS GAP_MS
+                                one connection (ALPN h2), CALLS calls GAP_MS apart, each sent
+                                in one write; prints one JSON line per call {"stream_id",
+                                "send_ns", "first_ns"} (before the write; the first message
+                                read), then "done"
+Clocks: CLOCK_MONOTONIC, the agent's.
 """
 import json
 import socket
@@ -40,6 +47,7 @@ class Connection:
         self.log = log
         self.lock = threading.Lock()
         self.bodies = {}
+        self.headers_ns = {}
 
     def send(self, data, times=None):
         with self.lock:
@@ -66,7 +74,7 @@ class Connection:
             body = bytes([i % 256]) * (20 + 7 * i)
             self.send(frame(DATA, 0, stream, b"\x00" + struct.pack(">I", len(body)) + body), times)
         self.send(frame(HEADERS, END_HEADERS | END_STREAM, stream, TRAILERS))
-        self.log.write(stream, times)
+        self.log.write(stream, times, self.headers_ns.get(stream))
 
     def serve(self):
         try:
@@ -79,6 +87,8 @@ class Connection:
                 kind, flags = head[3], head[4]
                 stream = struct.unpack(">I", head[5:9])[0] & 0x7FFFFFFF
                 payload = self.read_exact(length) if length else b""
+                if kind == HEADERS:
+                    self.headers_ns[stream] = time.monotonic_ns()
                 if kind == SETTINGS and not flags & ACK:
                     self.send(frame(SETTINGS, ACK, 0))
                 elif kind == PING and not flags & ACK:
@@ -101,9 +111,10 @@ class Log:
         self.file = open(path, "a", buffering=1)
         self.lock = threading.Lock()
 
-    def write(self, stream, times):
+    def write(self, stream, times, headers_ns):
         with self.lock:
-            self.file.write(json.dumps({"stream_id": stream, "messages": len(times), "message_ns": times}) + "\n")
+            self.file.write(json.dumps({"stream_id": stream, "messages": len(times), "message_ns": times,
+                                        "headers_ns": headers_ns}) + "\n")
 
 
 def main(port, cert, key, log_path):
@@ -123,5 +134,74 @@ def main(port, cert, key, log_path):
         threading.Thread(target=Connection(sock, log).serve, daemon=True).start()
 
 
+def client(port, calls, gap_ms):
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    sock = context.wrap_socket(socket.create_connection(("127.0.0.1", port)))
+    assert sock.selected_alpn_protocol() == "h2"
+    lock = threading.Lock()
+    first = {}
+    ended = threading.Event()
+
+    def send(data):
+        with lock:
+            sock.sendall(data)
+
+    def read_exact(n):
+        out = b""
+        while len(out) < n:
+            chunk = sock.recv(n - len(out))
+            if not chunk:
+                raise EOFError
+            out += chunk
+        return out
+
+    def reader():
+        done = 0
+        try:
+            while done < calls:
+                head = read_exact(9)
+                length = struct.unpack(">I", b"\x00" + head[:3])[0]
+                kind, flags = head[3], head[4]
+                stream = struct.unpack(">I", head[5:9])[0] & 0x7FFFFFFF
+                payload = read_exact(length) if length else b""
+                if kind == SETTINGS and not flags & ACK:
+                    send(frame(SETTINGS, ACK, 0))
+                elif kind == DATA and payload:
+                    first.setdefault(stream, time.monotonic_ns())
+                    send(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", len(payload))))
+                elif kind == HEADERS and flags & END_STREAM:
+                    done += 1
+        finally:
+            ended.set()
+
+    send(PREFACE + frame(SETTINGS, 0, 0))
+    threading.Thread(target=reader, daemon=True).start()
+    sent = {}
+    block = b"".join(literal(n, v) for n, v in [
+        (":method", "POST"), (":scheme", "https"), (":path", "/inferscope.test.Gen/Stream"),
+        (":authority", "127.0.0.1"), ("content-type", "application/grpc"), ("te", "trailers")])
+    for i in range(calls):
+        time.sleep(gap_ms / 1000)
+        stream = 1 + 2 * i
+        message = b"\x00" + struct.pack(">I", 1) + b"\x05"
+        data = frame(HEADERS, END_HEADERS, stream, block) + frame(DATA, END_STREAM, stream, message)
+        with lock:
+            # Stamped once the connection is this thread's: the write is next.
+            sent[stream] = time.monotonic_ns()
+            sock.sendall(data)
+    ended.wait(timeout=60)
+    send(frame(GOAWAY, 0, 0, struct.pack(">II", 0, 0)))
+    sock.close()
+    for stream, send_ns in sent.items():
+        print(json.dumps({"stream_id": stream, "send_ns": send_ns, "first_ns": first.get(stream)}), flush=True)
+    print("done", flush=True)
+
+
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4])
+    if sys.argv[1] == "client":
+        client(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]))
+    else:
+        main(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4])

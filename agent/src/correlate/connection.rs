@@ -445,7 +445,8 @@ impl Connection {
             self.h2 = H2Connection::from_read(ev.payload, self.hunt_request, work.stats);
         }
         if let Some(h2) = self.h2.as_mut() {
-            h2.on_read(ev, &self.peer, arrivals, ctx, work);
+            let handshake = self.tls_handshake_ns.take();
+            h2.on_read(ev, &self.peer, handshake, arrivals, ctx, work);
             if !h2.not_http2() {
                 return;
             }

@@ -42,6 +42,10 @@ pub struct H2Connection {
     rejected: bool,
     /// Streams that carry one call per request message, and their open calls.
     calls: CallStreams,
+    /// TLS: which segments a call may have come in (see [`TlsArrivals`]).
+    tls: TlsArrivals,
+    /// The read being fed handed over a call stream's request message.
+    calls_begun: bool,
 }
 
 /// Reads whose wire arrival is remembered: enough for the streams a connection can have open.
@@ -96,6 +100,8 @@ impl H2Connection {
             unconfirmed: false,
             rejected: false,
             calls: CallStreams::default(),
+            tls: TlsArrivals::default(),
+            calls_begun: false,
         }
     }
 
@@ -104,10 +110,13 @@ impl H2Connection {
         self.rejected || self.decoder.not_http2()
     }
 
+    /// One read of the client's bytes; `handshake_ns`: the end of the connection's TLS
+    /// handshake, on its first read after it.
     pub fn on_read(
         &mut self,
         ev: &SyscallEvent<'_>,
         peer: &Peer,
+        handshake_ns: Option<u64>,
         arrivals: &mut ArrivalIndex,
         ctx: RecordContext<'_>,
         work: &mut Work<'_>,
@@ -130,12 +139,15 @@ impl H2Connection {
         // client's lone control frames (acks, window updates) start no call; a read that
         // carries several new streams gives them its segments in order.
         let window = (self.last_read_ns, ts);
-        let arrived = match (peer.sock, peer.local_port, peer.remote) {
+        let mut arrived = match (peer.sock, peer.local_port, peer.remote) {
             (sock, ..) if sock != 0 => arrivals.all_on(sock, window.0, window.1),
             (_, Some(port), Some(remote)) => arrivals.all_from(port, remote, window),
             _ => Vec::new(),
         };
         self.last_read_ns = ts;
+        if let Some(end) = handshake_ns {
+            after_handshake(&mut arrived, end);
+        }
         // Clear text with known positions places the segments; only TLS (or bytes whose
         // positions a loss made unknown) needs the read-order fallback.
         let position = self.decoder.client_position().filter(|_| !ctx.tls);
@@ -143,22 +155,48 @@ impl H2Connection {
             Some(start) => self.positions.on_read(start, ev.ret as u64, &arrived),
             None => self.positions.reset(),
         }
-        let wires = if position.is_none() {
-            in_read_order(&arrived)
+        let opened_before = self.decoder.opened();
+        let (blocks_before, _) = self.decoder.client_blocks();
+        let wires = if ctx.tls {
+            self.tls.add(&arrived);
+            self.tls.candidates()
+        } else if position.is_none() {
+            in_read_order(&arrived, CONTROL_FRAME_MAX)
         } else {
             Vec::new()
         };
-        if !wires.is_empty() {
+        let pushed = !wires.is_empty();
+        if pushed {
             if self.read_arrivals.len() >= MAX_READ_ARRIVALS {
                 self.read_arrivals.pop_front();
             }
             self.read_arrivals.push_back(ReadArrival {
                 ts_ns: ts,
-                first_open: self.decoder.opened(),
+                first_open: opened_before,
                 wires,
             });
         }
+        self.calls_begun = false;
         self.feed(Side::Client, ev, ts, ctx, work.stats, work.out);
+        if !ctx.tls {
+            return;
+        }
+        let (blocks, block_open) = self.decoder.client_blocks();
+        let began = if self.decoder.opened() != opened_before || self.calls_begun {
+            Began::Call { more: block_open }
+        } else if blocks != blocks_before && block_open {
+            Began::Block
+        } else {
+            Began::Nothing
+        };
+        if !matches!(began, Began::Call { .. })
+            && pushed
+            && self.read_arrivals.back().is_some_and(|r| r.ts_ns == ts)
+        {
+            // No call began here: its segments wait for the read that begins one.
+            self.read_arrivals.pop_back();
+        }
+        self.tls.after_read(began);
     }
 
     pub fn on_write(
@@ -206,7 +244,10 @@ impl H2Connection {
     ) {
         for m in self.decoder.take_paired() {
             let wire = match m.side {
-                Side::Client => message_wire(&self.read_arrivals, &self.positions, ctx.tls, &m),
+                Side::Client => {
+                    self.calls_begun = true;
+                    message_wire(&self.read_arrivals, &self.positions, ctx.tls, &m)
+                }
                 Side::Server => None,
             };
             self.calls.on_message(m, wire, ctx, stats, out);
@@ -264,8 +305,24 @@ impl H2Connection {
 /// WINDOW_UPDATE and RST_STREAM (13), PING (17), with room for two of them.
 const CONTROL_FRAME_MAX: u32 = 34;
 
+/// The largest segment a client's control frames alone make over TLS: [`CONTROL_FRAME_MAX`]
+/// plus a TLS 1.3 record's 22 bytes (header, content type, AEAD tag).
+const TLS_CONTROL_RECORD_MAX: u32 = CONTROL_FRAME_MAX + 22;
+
 /// Segments kept per read.
 const MAX_READ_SEGMENTS: usize = 16;
+
+/// The segments of a TLS connection's first read after its handshake that are not the
+/// handshake's: those after its end, else the last before it (with TLS 1.3 the client's Finished
+/// and its first data may share a segment).
+fn after_handshake(arrived: &mut Vec<Arrival>, end_ns: u64) {
+    let first_after = arrived.partition_point(|a| a.ts_ns <= end_ns);
+    if first_after < arrived.len() {
+        arrived.drain(..first_after);
+    } else if let Some(last) = arrived.pop() {
+        *arrived = vec![last];
+    }
+}
 
 /// One read of the client's bytes: when, how many streams the connection had opened before it,
 /// and the segments it consumed (oldest first, control frames alone left out).
@@ -275,12 +332,97 @@ struct ReadArrival {
     wires: Vec<u64>,
 }
 
-/// A read's segments that may open streams, oldest first: those larger than a control frame
-/// (all of them if none is), at most [`MAX_READ_SEGMENTS`].
-fn in_read_order(arrived: &[Arrival]) -> Vec<u64> {
+/// What a TLS read began, as its decoded frames say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Began {
+    /// A call: a stream opened, or a call stream's request message was handed over; `more`: a
+    /// further request's header block is still being gathered.
+    Call { more: bool },
+    /// A request's header block, not yet whole.
+    Block,
+    /// Only frames of calls already begun and control frames: bytes of earlier segments.
+    Nothing,
+}
+
+/// Which segments a TLS connection's next call may have come in.
+///
+/// TLS hides where a segment's bytes are in the plaintext, and a server may read one segment's
+/// plaintext in several reads (a frame header, then its payload) while its client coalesces
+/// control frames (window updates, as it receives) into segments as large as a request's. What
+/// holds is the order: the server reads the plaintext in the order its segments came. So the
+/// segments since the last call wait for the read that begins the next one, and a read that
+/// consumed only earlier frames marks those before it as spent: the call's segment is the first
+/// to arrive after that read (what it read came before it), else the latest before the call.
+#[derive(Debug, Default)]
+struct TlsArrivals {
+    /// Request-sized segments since the last read that began a call, oldest first.
+    carried: Vec<u64>,
+    /// `carried[spent..]` arrived after the last read that began nothing.
+    spent: usize,
+    /// The latest smaller segment: a call too small to tell from a control frame.
+    small: Option<u64>,
+    /// A header block began before its stream opened: the candidates as they were then.
+    pending: Option<(usize, usize)>,
+}
+
+impl TlsArrivals {
+    fn add(&mut self, arrived: &[Arrival]) {
+        for a in arrived {
+            if a.len <= TLS_CONTROL_RECORD_MAX {
+                self.small = Some(a.ts_ns);
+            } else if self.carried.len() < MAX_READ_SEGMENTS {
+                self.carried.push(a.ts_ns);
+            } else {
+                // Full: the oldest goes (it is the least likely).
+                self.carried.remove(0);
+                self.spent = self.spent.saturating_sub(1);
+                if let Some((len, spent)) = self.pending.as_mut() {
+                    *len = len.saturating_sub(1);
+                    *spent = spent.saturating_sub(1);
+                }
+                self.carried.push(a.ts_ns);
+            }
+        }
+    }
+
+    /// The segments for the calls a read begins, in order: the first for the first call.
+    fn candidates(&self) -> Vec<u64> {
+        let (len, spent) = self.pending.unwrap_or((self.carried.len(), self.spent));
+        let Some(upto) = self.carried.get(..len).filter(|c| !c.is_empty()) else {
+            return self.small.into_iter().collect();
+        };
+        let start = spent.min(upto.len() - 1);
+        upto.get(start..).unwrap_or_default().to_vec()
+    }
+
+    fn after_read(&mut self, began: Began) {
+        match began {
+            Began::Call { more } => {
+                let last = self.carried.last().copied();
+                *self = TlsArrivals::default();
+                if more {
+                    // The next request began in this read: in its last segment at the earliest.
+                    self.carried.extend(last);
+                    self.pending = Some((self.carried.len(), 0));
+                }
+            }
+            Began::Block => {
+                if self.pending.is_none() {
+                    self.pending = Some((self.carried.len(), self.spent));
+                }
+            }
+            Began::Nothing if self.pending.is_none() => self.spent = self.carried.len(),
+            Began::Nothing => {}
+        }
+    }
+}
+
+/// A read's segments that may open streams, oldest first: those larger than `control_max`, the
+/// most a control frame alone makes (all of them if none is), at most [`MAX_READ_SEGMENTS`].
+fn in_read_order(arrived: &[Arrival], control_max: u32) -> Vec<u64> {
     let mut wires: Vec<u64> = arrived
         .iter()
-        .filter(|a| a.len > CONTROL_FRAME_MAX)
+        .filter(|a| a.len > control_max)
         .take(MAX_READ_SEGMENTS)
         .map(|a| a.ts_ns)
         .collect();
@@ -310,7 +452,14 @@ fn wire_of(
     let i = reads.partition_point(|r| r.ts_ns < s.request_ts_ns);
     let read = reads.get(i).filter(|r| r.ts_ns == s.request_ts_ns)?;
     let rank = s.open_seq.wrapping_sub(read.first_open) as usize;
-    read.wires.get(rank).or(read.wires.last()).copied()
+    read.wire(rank)
+}
+
+impl ReadArrival {
+    /// The segment of the `rank`-th stream the read opened.
+    fn wire(&self, rank: usize) -> Option<u64> {
+        self.wires.get(rank).or(self.wires.last()).copied()
+    }
 }
 
 /// How stream `s` ended, for its record (or the records of the calls it carried). `closing`:
@@ -342,7 +491,7 @@ fn stream_ending(s: &StreamSummary, closing: Option<Ending>) -> StreamEnd {
 }
 
 /// The wire arrival of a call stream's request message `m`: in clear text, the segment that
-/// carried its first byte; otherwise the first segment of the read that did.
+/// carried its first byte; otherwise that of the first stream of the read that did.
 fn message_wire(
     reads: &VecDeque<ReadArrival>,
     positions: &SegmentPositions,
@@ -357,8 +506,7 @@ fn message_wire(
     reads
         .get(i)
         .filter(|r| r.ts_ns == ts)
-        .and_then(|r| r.wires.first())
-        .copied()
+        .and_then(|r| r.wire(0))
 }
 
 /// A stream's record. `closing`: how the connection ended, for streams it cut.
@@ -460,6 +608,7 @@ mod tests {
     use inferscope_common::SyscallKind;
 
     use crate::capture::{Segment, SyscallEvent};
+    use crate::correlate::arrivals::Arrival;
     use crate::correlate::{Peer, Tracker};
     use crate::decode::http::Limits;
     use crate::decode::http2::PREFACE;
@@ -817,6 +966,43 @@ mod tests {
         assert_eq!(out[1].arrival_read_mono_ns, 12 * MS);
         assert_eq!(t.stats.get(Counter::H2FramingLost), 1);
         assert_eq!(t.stats.get(Counter::GrpcStreamResyncs), 1);
+    }
+
+    fn seg(ts_ns: u64, len: u32) -> Arrival {
+        Arrival { ts_ns, len }
+    }
+
+    /// TLS: the call's segment is the first after the last read of earlier frames, else the
+    /// latest before the call; window updates coalesced as large as a request never stand for
+    /// a call they came before.
+    #[test]
+    fn a_tls_call_takes_the_segment_its_bytes_can_be_in() {
+        use super::{Began, TlsArrivals};
+        // Window updates (105 bytes) read alone, then the call's segment.
+        let mut t = TlsArrivals::default();
+        t.add(&[seg(1, 105)]);
+        t.after_read(Began::Nothing);
+        t.add(&[seg(2, 176)]);
+        assert_eq!(t.candidates(), [2]);
+        // The call's segment, then window updates, before the server read either.
+        let mut t = TlsArrivals::default();
+        t.add(&[seg(1, 176), seg(2, 105)]);
+        assert_eq!(t.candidates()[0], 1);
+        // Both before a read of the window updates: the latest.
+        let mut t = TlsArrivals::default();
+        t.add(&[seg(1, 105), seg(2, 176)]);
+        t.after_read(Began::Nothing);
+        assert_eq!(t.candidates(), [2]);
+        // A header block read over two reads keeps the candidates of its first.
+        let mut t = TlsArrivals::default();
+        t.add(&[seg(1, 176)]);
+        t.after_read(Began::Block);
+        t.add(&[seg(2, 105)]);
+        assert_eq!(t.candidates(), [1]);
+        t.after_read(Began::Call { more: false });
+        // Control-sized segments alone: the latest of them.
+        t.add(&[seg(3, 35), seg(4, 40)]);
+        assert_eq!(t.candidates(), [4]);
     }
 
     /// A stream open when the connection closes ends with it; one whose message boundaries were

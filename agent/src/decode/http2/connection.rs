@@ -110,6 +110,12 @@ impl Http2Connection {
         self.client.position()
     }
 
+    /// The client's HEADERS frames begun so far, and whether one's header block is still being
+    /// gathered: which read began a request (see [`FrameDecoder::blocks_begun`]).
+    pub fn client_blocks(&self) -> (u32, bool) {
+        (self.client.blocks_begun(), self.client.block_open())
+    }
+
     /// Streams opened so far (see `StreamSummary::open_seq`).
     pub fn opened(&self) -> u32 {
         self.opened

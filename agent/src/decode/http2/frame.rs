@@ -332,6 +332,8 @@ pub struct FrameDecoder {
     body_left: usize,
     /// The body's length: a piece taken while `body_left` still equals it begins the body.
     body_len: usize,
+    /// HEADERS frames begun so far.
+    blocks_begun: u32,
     /// The prefix fields, or a control frame's fixed fields (at most 8 bytes are needed).
     fixed: [u8; 8],
     fixed_len: usize,
@@ -376,6 +378,7 @@ impl FrameDecoder {
             left: 0,
             body_left: 0,
             body_len: 0,
+            blocks_begun: 0,
             fixed: [0; 8],
             fixed_len: 0,
             setting: [0; 6],
@@ -399,6 +402,17 @@ impl FrameDecoder {
             u64::MAX => None,
             n => self.pos.map(|p| p.saturating_add(n)),
         };
+    }
+
+    /// HEADERS frames whose frame header was read so far (a request's or trailers' first frame).
+    pub fn blocks_begun(&self) -> u32 {
+        self.blocks_begun
+    }
+
+    /// Whether a header block is being gathered: its HEADERS frame began, its last frame did not
+    /// end yet.
+    pub fn block_open(&self) -> bool {
+        self.open.is_some()
     }
 
     /// Whether the direction turned out not to be HTTP/2.
@@ -501,6 +515,9 @@ impl FrameDecoder {
                 stream_id: open.stream_id,
                 error: FrameError::BrokenContinuation,
             });
+        }
+        if h.frame_type == kind::HEADERS {
+            self.blocks_begun = self.blocks_begun.wrapping_add(1);
         }
         if matches!(h.frame_type, kind::HEADERS | kind::PUSH_PROMISE) {
             // Opened even when malformed: HPACK must learn that a block went by.
