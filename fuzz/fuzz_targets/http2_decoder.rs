@@ -2,13 +2,13 @@
 //! syscalls of either side, split and cut by capture losses anywhere, or header blocks straight
 //! to an HPACK decoder. Beyond "never panics": streams followed stay under their limit, kept
 //! header values stay short, the kept dynamic table stays under its cap, closing the
-//! connection ends every stream, and the kept head of a request's first message stays under
-//! its bound and reads as an engine's request id without a panic. Streams whose path has an
+//! connection ends every stream, and the id read out of a request's first message (streams
+//! whose path length is a multiple of 3 ask for field 7) is non-empty and bounded. Streams whose path has an
 //! even length are followed as call streams (taken up again after a loss at a message whose
 //! head opens with field 3's key): each message handed over keeps a bounded head,
 //! at most a bounded number wait at once, and every head reads as KServe's request and stream
 //! response without a panic. In HPACK mode each block is also read as a protobuf message (the
-//! request id reader, an embedded message's prefix).
+//! request id reader, the streaming id scanner, an embedded message's prefix).
 //!
 //! Input layout: byte 0 picks the mode (bit 0: HPACK blocks only; bit 1: attach mid-connection;
 //! bit 2: small limits) and the number of control bytes (bits 3..8); the control bytes then cut
@@ -19,11 +19,11 @@
 
 use inferscope::decode::http::Chunk;
 use inferscope::decode::http2::{
-    Http2Connection, Limits, MAX_PAIRED_MESSAGES, MESSAGE_HEAD_BYTES, PAIRED_HEAD_BYTES, Side,
+    Http2Connection, Limits, MAX_PAIRED_MESSAGES, MAX_ID_BYTES, MessageId, PAIRED_HEAD_BYTES, Side,
     Start, hpack,
 };
 use inferscope::decode::protobuf;
-use inferscope::engines::{self, RpcRequestId};
+use inferscope::engines;
 use inferscope::model::Stats;
 use libfuzzer_sys::fuzz_target;
 
@@ -61,6 +61,20 @@ fuzz_target!(|data: &[u8]| {
             // Every field takes at least two bytes (a key and a value byte).
             assert!(fields * 2 <= block.len());
             let _ = protobuf::string_field(block, 1);
+            // The id scanner, fed the block in two pieces, agrees with the whole-buffer reader
+            // on a field it finds.
+            let mut scanner = protobuf::FieldScanner::new(1, 64);
+            let (a, b) = block.split_at(block.len() / 2);
+            scanner.feed(a);
+            scanner.feed(b);
+            if let Some(v) = scanner.value() {
+                assert!(v.len() <= 64);
+                let first = protobuf::fields(block).find_map(|(n, v)| match v {
+                    protobuf::WireValue::Bytes(b) if n == 1 => Some(b),
+                    _ => None,
+                });
+                assert_eq!(first, Some(v));
+            }
             if let Some((b, _)) = protobuf::embedded_prefix(block, 2) {
                 // Its key and length came before it.
                 assert!(b.len() + 2 <= block.len());
@@ -75,6 +89,7 @@ fuzz_target!(|data: &[u8]| {
         Start::MidConnection
     };
     let mut conn = Http2Connection::new(limits, start);
+    conn.scan_ids_of(|path| (path.len() % 3 == 0).then_some(7));
     conn.pair_messages_of(|path| path.len() % 2 == 0, |_, _, head| head.first() == Some(&0x1a));
     let calls = engines::call_stream("/inference.GRPCInferenceService/ModelStreamInfer")
         .expect("Triton declares its call stream");
@@ -138,10 +153,9 @@ fuzz_target!(|data: &[u8]| {
         for m in [&s.request, &s.response] {
             assert!(u64::from(m.count) * 5 <= m.data_bytes);
         }
-        assert!(s.request_head.len() <= MESSAGE_HEAD_BYTES);
-        let path = "/vllm.grpc.engine.VllmEngine/Generate";
-        if let RpcRequestId::Id(id) = engines::rpc_request_id("vllm", path, &s.request_head) {
-            assert!(!id.is_empty() && id.len() < MESSAGE_HEAD_BYTES);
+        if let MessageId::Found(id) = &s.request_id {
+            assert!(!id.is_empty() && id.len() <= MAX_ID_BYTES);
+            assert!(s.path.known().is_some_and(|p| p.len() % 3 == 0));
         }
     }
 });

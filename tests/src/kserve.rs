@@ -13,9 +13,14 @@ pub fn dir() -> PathBuf {
 /// Writes the FileDescriptorSet of `grpc_service.proto` and its imports into `out_dir`; returns
 /// its path.
 pub fn descriptor_set(out_dir: &Path) -> PathBuf {
-    let set = protox::compile(["grpc_service.proto"], [dir()])
-        .expect("compiling Triton's grpc_service.proto");
-    let path = out_dir.join("kserve.desc");
-    std::fs::write(&path, set.encode_to_vec()).expect("writing the descriptor set");
-    path
+    compile(&dir(), "grpc_service.proto", &out_dir.join("kserve.desc"))
+}
+
+/// Compiles `file` (in `proto_dir`, with its imports) into a FileDescriptorSet at `out`, which
+/// protobuf's Python runtime builds message classes from (no protoc, no generated code).
+pub fn compile(proto_dir: &Path, file: &str, out: &Path) -> PathBuf {
+    let set =
+        protox::compile([file], [proto_dir]).unwrap_or_else(|e| panic!("compiling {file}: {e}"));
+    std::fs::write(out, set.encode_to_vec()).expect("writing the descriptor set");
+    out.to_path_buf()
 }

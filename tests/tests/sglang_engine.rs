@@ -485,3 +485,118 @@ fn sglang_grpc_calls_are_joined_to_the_scheduler() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// SGLang's native gRPC server (`--grpc-port`: Rust, in the server process, in front of the same
+/// tokenizer manager and scheduler), with a client built from its proto: streaming `Generate`
+/// (token ids) and `TextGenerate` (text) calls, 8 at once. Their `rid` comes after the prompt,
+/// hundreds of bytes into the message: each call is still one record named by it, joined to
+/// SGLang's own admission stamp (within 1 ms) and prompt length, its response messages counted
+/// exactly, its times inside the client's.
+#[test]
+fn sglang_native_grpc_calls_are_joined_to_the_scheduler() {
+    let _machine = inferscope_integration_tests::exclusive();
+    let dir = inferscope_integration_tests::test_dir("sglang-native-grpc");
+    let port = free_port();
+    let grpc_port = free_port();
+    let grpc = [
+        "--grpc-port",
+        &grpc_port.to_string(),
+        "--max-total-tokens",
+        "4096",
+    ];
+    let (mut server, truth_path) = launch(&dir, port, &grpc);
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while TcpStream::connect(("127.0.0.1", grpc_port)).is_err() {
+        if let Ok(Some(status)) = server.child.try_wait() {
+            panic!(
+                "SGLang exited ({status}): see {}",
+                dir.join("sglang.log").display()
+            );
+        }
+        assert!(Instant::now() < deadline, "SGLang's gRPC port never opened");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let mut recorder = Recorder::start(&dir, &["--port", &grpc_port.to_string()]);
+    recorder.wait_attached(server.child.id(), Duration::from_secs(60));
+
+    let native = repo_root().join("tests/engine/sglang/native");
+    let descriptors = inferscope_integration_tests::kserve::compile(
+        &native,
+        "sglang.proto",
+        &dir.join("sglang.desc"),
+    );
+    let out = Command::new(sglang_python())
+        .arg(native.join("native_grpc.py"))
+        .arg(grpc_port.to_string())
+        .arg(&descriptors)
+        .args(["24", "8"])
+        .output()
+        .expect("running the native gRPC client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.lines().last() == Some("done"),
+        "client failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let calls: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert_eq!(calls.len(), 24);
+    for call in &calls {
+        assert!(call.get("error").is_none(), "{call}");
+        assert_eq!(call["finished"], true, "{call}");
+    }
+    recorder.wait_records(Duration::from_secs(60), "every call's record", |r| {
+        r.iter()
+            .filter(|r| {
+                r["path"]
+                    .as_str()
+                    .is_some_and(|p| p.starts_with("/sglang.runtime.v1."))
+            })
+            .count()
+            >= calls.len()
+    });
+    let log_path = recorder.log.clone();
+    let records = recorder.stop();
+    let counters = agent::Counters::beside(&log_path);
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    drop(server);
+    let truth = read_records(&truth_path);
+
+    for call in &calls {
+        let id = call["id"].as_str().unwrap();
+        let path = call["path"].as_str().unwrap();
+        let r =
+            inferscope_integration_tests::grpc_engine::record_of(&records, call, path, "sglang");
+        let admit = truth
+            .iter()
+            .find(|t| t["event"] == "admit" && t["rid"] == id)
+            .unwrap_or_else(|| panic!("SGLang never admitted {id}"));
+        assert_eq!(r["prompt_tokens"], admit["input_len"], "{r}");
+        let got = r["admitted_mono_ns"].as_u64().unwrap();
+        let want = ns(&admit["forward_entry_time"]);
+        assert!(
+            got.abs_diff(want) <= 1_000_000,
+            "{id}: admitted {got} vs SGLang {want}"
+        );
+        let wire = r["arrival_wire_mono_ns"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no wire arrival: {r}"));
+        let first = r["first_token_mono_ns"].as_u64().unwrap();
+        assert!(wire >= call["send_ns"].as_u64().unwrap(), "{r} {call}");
+        assert!(wire <= got && got <= first, "{r}");
+        assert!(first <= call["first_ns"].as_u64().unwrap(), "{r} {call}");
+    }
+    assert_eq!(counters.get("rpc_request_ids_read") as usize, calls.len());
+    for zero in [
+        "rpc_request_ids_unread",
+        "sglang_requests_unjoined",
+        "sglang_ipc_not_pickle",
+        "arrival_wire_unknown",
+        "requests_lost",
+    ] {
+        assert_eq!(counters.get(zero), 0, "{zero} in\n{log}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -9,9 +9,10 @@
 use crate::capture::SyscallEvent;
 use crate::decode::http::Chunk;
 use crate::decode::http2::{
-    self, EndedBy as WireEnd, Http2Connection, Side, Start, StreamMessage, StreamSummary, Value,
+    self, EndedBy as WireEnd, Http2Connection, MessageId, Side, Start, StreamMessage,
+    StreamSummary, Value,
 };
-use crate::engines::{self, RpcRequestId};
+use crate::engines;
 use crate::model::{Counter, EndedBy, Http2Info, RequestRecord};
 
 use std::collections::VecDeque;
@@ -91,6 +92,7 @@ impl H2Connection {
     pub fn new(start: Start) -> Self {
         let mut decoder = Http2Connection::new(http2::Limits::default(), start);
         decoder.pair_messages_of(engines::is_call_stream, engines::names_a_call);
+        decoder.scan_ids_of(engines::rpc_id_field);
         Self {
             decoder,
             ended: Vec::new(),
@@ -552,17 +554,14 @@ fn emit(
         stats.bump(loss::INCOMPLETE_TOTAL);
         stats.bump(reason.counter());
     }
-    let engine = ctx.engine;
     let mut record = p.into_record(ctx, end_ns, ended_by);
-    if let Value::Known(path) = &s.path {
-        match engines::rpc_request_id(engine, path, &s.request_head) {
-            RpcRequestId::NotDeclared => {}
-            RpcRequestId::Id(id) => {
-                stats.bump(Counter::RpcRequestIdsRead);
-                record.rpc_request_id = Some(id);
-            }
-            RpcRequestId::Unread => stats.bump(Counter::RpcRequestIdsUnread),
+    match s.request_id {
+        MessageId::NotAsked => {}
+        MessageId::Found(id) => {
+            stats.bump(Counter::RpcRequestIdsRead);
+            record.rpc_request_id = Some(id);
         }
+        MessageId::Unread => stats.bump(Counter::RpcRequestIdsUnread),
     }
     record.http2 = Some(Box::new(Http2Info {
         stream_id: s.stream_id,

@@ -96,9 +96,205 @@ pub fn embedded_prefix(message: &[u8], number: u32) -> Option<(&[u8], bool)> {
     (len > rest.len()).then_some((rest, false))
 }
 
+/// Reads one top-level length-delimited field of a message fed in pieces of any size, holding
+/// only that field's bytes: the fields before it are skipped by their lengths, however long (a
+/// prompt's token ids or text ahead of the request id). Untrusted bytes: a malformed key, a
+/// varint past 10 bytes, a group, or a value longer than `max` end the reading unread.
+#[derive(Debug, Clone)]
+pub struct FieldScanner {
+    number: u32,
+    max: usize,
+    state: Scan,
+    /// A varint being read (a key, a length, or a value skipped), and its bytes so far.
+    varint: u64,
+    varint_len: u32,
+    value: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scan {
+    Key,
+    /// A varint value, skipped.
+    Varint,
+    /// The length of field `.0` (the wanted one or not).
+    Len(bool),
+    Skip(u64),
+    Take(usize),
+    Found,
+    Failed,
+}
+
+impl FieldScanner {
+    pub fn new(number: u32, max: usize) -> Self {
+        Self {
+            number,
+            max,
+            state: Scan::Key,
+            varint: 0,
+            varint_len: 0,
+            value: Vec::new(),
+        }
+    }
+
+    /// Whether the field was read whole, or the reading ended: later bytes change nothing.
+    pub fn settled(&self) -> bool {
+        matches!(self.state, Scan::Found | Scan::Failed)
+    }
+
+    /// Bytes of the message were lost here: unless the field was read, it is unread.
+    pub fn lost(&mut self) {
+        if self.state != Scan::Found {
+            self.fail();
+        }
+    }
+
+    /// The field's bytes, if it was read whole.
+    pub fn value(&self) -> Option<&[u8]> {
+        (self.state == Scan::Found).then_some(self.value.as_slice())
+    }
+
+    fn fail(&mut self) {
+        self.state = Scan::Failed;
+        self.value = Vec::new();
+    }
+
+    /// One byte of a varint: its value once its last byte came.
+    fn varint_byte(&mut self, b: u8) -> Option<Option<u64>> {
+        if self.varint_len >= 10 {
+            return None;
+        }
+        self.varint |= u64::from(b & 0x7f) << (7 * self.varint_len);
+        self.varint_len += 1;
+        if b & 0x80 != 0 {
+            return Some(None);
+        }
+        let v = self.varint;
+        self.varint = 0;
+        self.varint_len = 0;
+        Some(Some(v))
+    }
+
+    pub fn feed(&mut self, mut bytes: &[u8]) {
+        while let Some((&b, rest)) = bytes.split_first() {
+            match self.state {
+                Scan::Found | Scan::Failed => return,
+                Scan::Skip(n) => {
+                    let k = (n as usize).min(bytes.len());
+                    bytes = bytes.get(k..).unwrap_or_default();
+                    self.state = if n as usize == k {
+                        Scan::Key
+                    } else {
+                        Scan::Skip(n - k as u64)
+                    };
+                    continue;
+                }
+                Scan::Take(left) => {
+                    let k = left.min(bytes.len());
+                    self.value
+                        .extend_from_slice(bytes.get(..k).unwrap_or_default());
+                    bytes = bytes.get(k..).unwrap_or_default();
+                    self.state = if left == k {
+                        Scan::Found
+                    } else {
+                        Scan::Take(left - k)
+                    };
+                    continue;
+                }
+                Scan::Key | Scan::Varint | Scan::Len(_) => {}
+            }
+            bytes = rest;
+            let Some(done) = self.varint_byte(b) else {
+                self.fail();
+                return;
+            };
+            let Some(v) = done else { continue };
+            self.state = match self.state {
+                Scan::Key => {
+                    let number = v >> 3;
+                    if number == 0 || number > u64::from(u32::MAX) {
+                        Scan::Failed
+                    } else {
+                        match v & 7 {
+                            0 => Scan::Varint,
+                            1 => Scan::Skip(8),
+                            2 => Scan::Len(number == u64::from(self.number)),
+                            5 => Scan::Skip(4),
+                            _ => Scan::Failed,
+                        }
+                    }
+                }
+                Scan::Varint => Scan::Key,
+                Scan::Len(wanted) if wanted => match usize::try_from(v) {
+                    Ok(0) => Scan::Found,
+                    Ok(n) if n <= self.max => {
+                        self.value.reserve(n);
+                        Scan::Take(n)
+                    }
+                    _ => Scan::Failed,
+                },
+                Scan::Len(_) if v == 0 => Scan::Key,
+                Scan::Len(_) => Scan::Skip(v),
+                other => other,
+            };
+            if self.state == Scan::Failed {
+                self.value = Vec::new();
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn scan(pieces: &[&[u8]], number: u32, max: usize) -> Option<Vec<u8>> {
+        let mut s = FieldScanner::new(number, max);
+        for p in pieces {
+            s.feed(p);
+        }
+        s.value().map(<[u8]>::to_vec)
+    }
+
+    #[test]
+    fn a_field_after_long_ones_is_read_from_pieces_split_anywhere() {
+        // input_ids (packed, 3,000 bytes), a varint, a fixed64, then field 7 "rid-9".
+        let ids = vec![0x85u8; 3000];
+        let mut m = vec![0x0a, 0xb8, 0x17];
+        m.extend(&ids);
+        m.extend([0x18, 0x01, 0x21, 1, 2, 3, 4, 5, 6, 7, 8, 0x3a, 5]);
+        m.extend(b"rid-9");
+        m.extend([0x42, 2, b'x', b'y']);
+        assert_eq!(scan(&[&m], 7, 256).as_deref(), Some(&b"rid-9"[..]));
+        for cut in [1, 2, 3, 1000, 3003, 3005, 3014, 3015, m.len() - 3] {
+            let (a, b) = m.split_at(cut);
+            assert_eq!(
+                scan(&[a, b], 7, 256).as_deref(),
+                Some(&b"rid-9"[..]),
+                "cut {cut}"
+            );
+        }
+        let bytewise: Vec<&[u8]> = m.chunks(1).collect();
+        assert_eq!(scan(&bytewise, 7, 256).as_deref(), Some(&b"rid-9"[..]));
+        // Absent, too long, cut short: never a value.
+        assert_eq!(scan(&[&m], 9, 256), None);
+        assert_eq!(scan(&[&m], 7, 4), None);
+        assert_eq!(scan(&[&m[..m.len() - 6]], 7, 256), None);
+        // A group, an over-long varint, a zero or too large field number: the reading ends.
+        assert_eq!(scan(&[&[0x0b, 0x3a, 1, b'a']], 7, 256), None);
+        let huge = [0x80, 0x80, 0x80, 0x80, 0x80, 0x01, 0x3a, 1, b'a'];
+        assert_eq!(scan(&[&huge], 7, 256), None);
+        assert_eq!(scan(&[&[0xff; 12]], 7, 256), None);
+        assert_eq!(scan(&[&[0x02, 1, b'a', 0x3a, 1, b'a']], 7, 256), None);
+        // A loss before the field: unread; after it: still read.
+        let mut s = FieldScanner::new(7, 256);
+        s.feed(&m[..3010]);
+        s.lost();
+        assert_eq!(s.value(), None);
+        let mut s = FieldScanner::new(7, 256);
+        s.feed(&m[..3021]);
+        s.lost();
+        assert_eq!(s.value(), Some(&b"rid-9"[..]));
+    }
 
     #[test]
     fn an_embedded_message_cut_short_yields_its_whole_fields() {

@@ -215,30 +215,15 @@ pub struct RpcIdField {
     pub field: u32,
 }
 
-/// What a gRPC call's first request message says about its engine request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RpcRequestId {
-    /// Not a method of `engine` that names its request.
-    NotDeclared,
-    Id(String),
-    /// A method that names its request, but the id could not be read: the message was
-    /// compressed, its first bytes were lost, or the field is absent or cut.
-    Unread,
-}
-
-/// The engine request id that call `path` of `engine`'s server carried in `first_message`
-/// (the head of its first request message).
-pub fn rpc_request_id(engine: &str, path: &str, first_message: &[u8]) -> RpcRequestId {
-    let Some(field) = by_name(engine)
-        .and_then(|e| e.rpc_id_fields().iter().find(|f| f.path == path))
+/// The field of `path`'s request message that names the engine's request, whichever engine
+/// declares it: a gRPC path names its protocol (its package), so a server not identified as that
+/// engine is read too.
+pub fn rpc_id_field(path: &str) -> Option<u32> {
+    ENGINES
+        .iter()
+        .flat_map(|e| e.rpc_id_fields())
+        .find(|f| f.path == path)
         .map(|f| f.field)
-    else {
-        return RpcRequestId::NotDeclared;
-    };
-    match crate::decode::protobuf::string_field(first_message, field) {
-        Some(id) if !id.is_empty() => RpcRequestId::Id(id.to_owned()),
-        _ => RpcRequestId::Unread,
-    }
 }
 
 /// The version of `engine` that process `tgid` runs, where its package metadata says it.

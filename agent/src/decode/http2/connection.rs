@@ -26,6 +26,8 @@ pub struct Http2Connection {
     /// The last GOAWAY seen, for streams the close cuts afterwards.
     goaway: Option<EndedBy>,
     pairing: Option<Pairing>,
+    /// The request id field of a `:path`'s first request message, if its protocol has one.
+    id_field_of: Option<fn(&str) -> Option<u32>>,
     /// Messages of paired streams that ended, until taken.
     paired: Vec<StreamMessage>,
 }
@@ -53,6 +55,7 @@ struct Handler<'a> {
     opened: &'a mut u32,
     goaway: &'a mut Option<EndedBy>,
     pairing: Option<Pairing>,
+    id_field_of: Option<fn(&str) -> Option<u32>>,
     paired: &'a mut Vec<StreamMessage>,
     stats: &'a mut Stats,
     out: &'a mut Vec<StreamSummary>,
@@ -80,6 +83,7 @@ impl Http2Connection {
             opened: 0,
             goaway: None,
             pairing: None,
+            id_field_of: None,
             paired: Vec::new(),
         }
     }
@@ -92,6 +96,12 @@ impl Http2Connection {
             pairs,
             names_a_call,
         });
+    }
+
+    /// A stream whose `:path` `id_field_of` names a field has that field of its first request
+    /// message read ([`StreamSummary::request_id`]).
+    pub fn scan_ids_of(&mut self, id_field_of: fn(&str) -> Option<u32>) {
+        self.id_field_of = Some(id_field_of);
     }
 
     /// The messages of paired streams that ended since the last call, in order.
@@ -144,6 +154,7 @@ impl Http2Connection {
             opened: &mut self.opened,
             goaway: &mut self.goaway,
             pairing: self.pairing,
+            id_field_of: self.id_field_of,
             paired: &mut self.paired,
             stats,
             out,
@@ -401,9 +412,16 @@ impl Handler<'_> {
             .pairing
             .zip(fields.path.known())
             .is_some_and(|(pairing, path)| (pairing.pairs)(path));
+        let id_field = self
+            .id_field_of
+            .zip(fields.path.known())
+            .and_then(|(id_field_of, path)| id_field_of(path));
         let mut s = Stream::open(stream_id, fields, end_stream, ts);
         if pairs {
             s.pair_messages();
+        }
+        if let Some(number) = id_field {
+            s.scan_request_id(number);
         }
         s.summary.headers_lost = lost;
         s.summary.open_seq = *self.opened;

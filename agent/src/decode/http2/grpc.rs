@@ -3,6 +3,8 @@
 //! frames anyhow. Only the 5-byte prefix is held, and, where the reader is asked to, the head
 //! of each message; the rest of the bytes are counted and dropped.
 
+use crate::decode::protobuf::FieldScanner;
+
 /// One complete message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
@@ -45,6 +47,10 @@ pub struct MessageReader {
     head: Vec<u8>,
     /// Bytes of the open message were lost before its head was whole.
     head_cut: bool,
+    /// The first message's id field, read as it passes (see [`Self::scan_first`]).
+    scan: Option<FieldScanner>,
+    /// The first message ended (compressed or not).
+    first: Option<bool>,
 }
 
 impl Default for MessageReader {
@@ -64,7 +70,25 @@ impl MessageReader {
             head_limit,
             head: Vec::new(),
             head_cut: false,
+            scan: None,
+            first: None,
         }
+    }
+
+    /// Reads top-level field `number` of the first message as it passes (an engine's request
+    /// id, however far into the message): see [`Self::first_field`].
+    pub fn scan_first(&mut self, number: u32, max: usize) {
+        self.scan = Some(FieldScanner::new(number, max));
+    }
+
+    /// The first message's scanned field: None when none was asked for; `Some(None)` when it
+    /// could not be read (compressed, cut by a loss, absent, or not yet whole).
+    pub fn first_field(&self) -> Option<Option<&[u8]>> {
+        let scan = self.scan.as_ref()?;
+        Some(match self.first {
+            Some(false) => scan.value(),
+            _ => None,
+        })
     }
 
     /// Whether message boundaries are still known.
@@ -115,6 +139,11 @@ impl MessageReader {
                 State::Body { left } => {
                     let n = (bytes.len() as u64).min(left);
                     let body = bytes.get(..n as usize).unwrap_or_default();
+                    if self.first.is_none()
+                        && let Some(scan) = self.scan.as_mut()
+                    {
+                        scan.feed(body);
+                    }
                     if !self.head_cut && self.head.len() < self.head_limit {
                         let keep = (self.head_limit - self.head.len()).min(body.len());
                         self.head
@@ -135,6 +164,7 @@ impl MessageReader {
     fn finish(&mut self, ts_ns: u64, on: &mut dyn FnMut(Message)) {
         let [flag, a, b, c, d] = self.prefix;
         let compressed = flag & 1 != 0;
+        self.first.get_or_insert(compressed);
         let head = std::mem::take(&mut self.head);
         on(Message {
             len: u32::from_be_bytes([a, b, c, d]),
@@ -159,6 +189,11 @@ impl MessageReader {
     pub fn lost(&mut self, n: u64, ts_ns: u64, on: &mut dyn FnMut(Message)) {
         if self.head.len() < self.head_limit {
             self.head_cut = true;
+        }
+        if self.first.is_none()
+            && let Some(scan) = self.scan.as_mut()
+        {
+            scan.lost();
         }
         match self.state {
             State::Body { left } if n < left => self.state = State::Body { left: left - n },

@@ -32,7 +32,7 @@ pub(crate) mod testwire;
 pub use connection::{Http2Connection, MAX_PAIRED_MESSAGES};
 pub use frame::{PREFACE, whole_frames};
 pub use stream::{
-    EndedBy, MESSAGE_HEAD_BYTES, Messages, PAIRED_HEAD_BYTES, StreamHead, StreamMessage,
+    EndedBy, MAX_ID_BYTES, MessageId, Messages, PAIRED_HEAD_BYTES, StreamHead, StreamMessage,
     StreamSummary,
 };
 

@@ -102,10 +102,9 @@ pub struct StreamSummary {
     /// Where the request's HEADERS frame began in the client's bytes (see
     /// [`super::Http2Connection::client_position`]); None once a loss of unknown size hid it.
     pub request_at: Option<u64>,
-    /// The first bytes of the request's first gRPC message (uncompressed, its prefix removed),
-    /// at most [`MESSAGE_HEAD_BYTES`]: where engines carry their request id. Empty when the
-    /// message was compressed or its first bytes were lost. Never leaves the agent.
-    pub request_head: Vec<u8>,
+    /// The request id field of the request's first gRPC message, where the stream's path names
+    /// one (see [`Stream::scan_request_id`]).
+    pub request_id: MessageId,
     /// The stream carries many calls, one per request message (see [`StreamMessage`]): its
     /// messages were handed over one by one as they ended.
     pub paired: bool,
@@ -152,12 +151,20 @@ pub struct Piece<'a> {
 /// its tensors, after at most an error text and the model's name.
 pub const PAIRED_HEAD_BYTES: usize = 1024;
 
-/// How much of a request's first gRPC message is kept for the engine's id: ids come first in
-/// every engine's request message, and a field cut by this bound reads as absent.
-pub const MESSAGE_HEAD_BYTES: usize = 256;
+/// The longest request id read out of a message; a longer one reads as unread.
+pub const MAX_ID_BYTES: usize = 256;
 
-/// The 5-byte gRPC message prefix, then the message's head.
-const HEAD_HELD: usize = 5 + MESSAGE_HEAD_BYTES;
+/// A request message's id field, as far as it could be read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum MessageId {
+    /// The stream's path names no id field.
+    #[default]
+    NotAsked,
+    Found(String),
+    /// Asked for, not read: the message was compressed, a loss cut it, the field was absent,
+    /// empty, longer than [`MAX_ID_BYTES`] or not UTF-8.
+    Unread,
+}
 
 /// Header fields an inference record uses, as one block gave them.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -255,11 +262,6 @@ pub struct Stream {
     /// Whether DATA is split into gRPC messages: not when the request says another
     /// content-type (a plain HTTP/2 request's body has no message framing).
     grpc: bool,
-    /// The request's first DATA bytes, prefix included, while they are contiguous and fewer
-    /// than [`HEAD_HELD`].
-    head: Vec<u8>,
-    /// Request bytes were lost before the head was complete: what follows is not its next.
-    head_cut: bool,
     /// The stream's `:path` still to be handed over with its first paired message.
     path_untold: bool,
 }
@@ -290,7 +292,7 @@ impl Stream {
             headers_lost: false,
             open_seq: 0,
             request_at: None,
-            request_head: Vec::new(),
+            request_id: MessageId::NotAsked,
             paired: false,
         };
         Self {
@@ -300,9 +302,16 @@ impl Stream {
             request_ended: end_stream,
             response_ended: false,
             grpc,
-            head: Vec::new(),
-            head_cut: false,
             path_untold: false,
+        }
+    }
+
+    /// Reads top-level field `number` of the request's first message as it passes: the request
+    /// id an engine's gRPC method carries (however far into the message: token ids or text may
+    /// come first).
+    pub fn scan_request_id(&mut self, number: u32) {
+        if self.grpc {
+            self.request_reader.scan_first(number, MAX_ID_BYTES);
         }
     }
 
@@ -371,11 +380,6 @@ impl Stream {
             };
             resynced = reader.resync(bytes, |head| check(path, side, head));
         }
-        if grpc && side == Side::Client && !self.head_cut && self.head.len() < HEAD_HELD {
-            let n = (HEAD_HELD - self.head.len()).min(bytes.len());
-            self.head
-                .extend_from_slice(bytes.get(..n).unwrap_or_default());
-        }
         let pair = self.summary.paired;
         let mut ended = Vec::new();
         let (reader, msgs) = self.side(side);
@@ -394,9 +398,6 @@ impl Stream {
 
     pub fn data_lost(&mut self, side: Side, len: u64, ts_ns: u64, paired: &mut Vec<StreamMessage>) {
         let grpc = self.grpc;
-        if side == Side::Client && self.head.len() < HEAD_HELD {
-            self.head_cut = true;
-        }
         let pair = self.summary.paired;
         let mut ended = Vec::new();
         let (reader, msgs) = self.side(side);
@@ -472,7 +473,14 @@ impl Stream {
     pub fn finish(mut self, ended_by: EndedBy, ts_ns: u64) -> StreamSummary {
         self.summary.ended_by = ended_by;
         self.summary.end_ts_ns = ts_ns;
-        self.summary.request_head = message_head(&self.head);
+        self.summary.request_id = match self.request_reader.first_field() {
+            None => MessageId::NotAsked,
+            Some(Some(id)) => match std::str::from_utf8(id) {
+                Ok(id) if !id.is_empty() => MessageId::Found(id.to_owned()),
+                _ => MessageId::Unread,
+            },
+            Some(None) => MessageId::Unread,
+        };
         self.summary
     }
 
@@ -481,17 +489,5 @@ impl Stream {
             Side::Client => (&mut self.request_reader, &mut self.summary.request),
             Side::Server => (&mut self.response_reader, &mut self.summary.response),
         }
-    }
-}
-
-/// The first message's bytes out of the request's first DATA bytes: none when the message
-/// is compressed (its bytes say nothing without the codec) or the prefix is not whole.
-fn message_head(held: &[u8]) -> Vec<u8> {
-    match held.split_first_chunk::<5>() {
-        Some(([0, a, b, c, d], body)) => {
-            let len = u32::from_be_bytes([*a, *b, *c, *d]) as usize;
-            body.get(..len.min(body.len())).unwrap_or_default().to_vec()
-        }
-        _ => Vec::new(),
     }
 }

@@ -120,11 +120,7 @@ fn check_exchange(s: &StreamSummary) {
     assert_eq!(s.x_request_id, Value::Absent);
     assert_eq!((s.request.count, s.request.bytes), (1, 40));
     assert_eq!(s.request.data_bytes, 45);
-    assert_eq!(
-        s.request_head,
-        vec![b'p'; 40],
-        "the message, padding and prefix left out"
-    );
+    assert_eq!(s.request_id, MessageId::NotAsked, "no id field named");
     assert_eq!(
         (s.response.count, s.response.bytes, s.response.max_bytes),
         (6, 3 + 700 + 5 + 6 + 20, 700)
@@ -599,54 +595,65 @@ fn goaway_cuts_the_streams_above_its_last_id_and_close_the_rest() {
     assert_eq!(run.out[2].ended_by, by);
 }
 
-/// The head of a request's first message (where engines put their request id): bounded,
-/// contiguous, and only for a message whose bytes mean something without a codec.
+/// The id field of a request's first message (where engines name their request): read however
+/// far into the message it comes, from the first message only, and only where its bytes mean
+/// something without a codec and were captured.
 #[test]
-fn the_first_request_message_head_is_kept_bounded() {
-    let call = |stream: u32, message: &[u8], lost: u64| {
+fn the_first_request_messages_id_is_read_wherever_it_is() {
+    let call = |message: &[u8], lost: u64| {
         let mut run = Run::new(Start::Fresh);
+        run.conn
+            .scan_ids_of(|path| (path == "/e.E/Generate").then_some(7));
         let mut c = PREFACE.to_vec();
         c.extend(frame(
             kind::HEADERS,
             END_HEADERS,
-            stream,
+            1,
             &request_block("/e.E/Generate"),
         ));
         run.feed(Side::Client, &c);
-        let data = frame(kind::DATA, END_STREAM, stream, message);
+        let data = frame(kind::DATA, END_STREAM, 1, message);
         if lost == 0 {
             run.feed(Side::Client, &data);
         } else {
             let kept = data.len() - lost as usize;
             run.feed_lost(Side::Client, &data[..kept], lost);
         }
-        let mut s = frame(kind::HEADERS, END_HEADERS, stream, &response_block());
+        let mut s = frame(kind::HEADERS, END_HEADERS, 1, &response_block());
         s.extend(frame(
             kind::HEADERS,
             END_HEADERS | END_STREAM,
-            stream,
+            1,
             &trailers_block("0"),
         ));
         run.feed(Side::Server, &s);
         assert_eq!(run.out.len(), 1);
-        run.out.remove(0).request_head
+        run.out.remove(0).request_id
     };
-    let mut long = grpc_message(1000);
-    long[5..9].copy_from_slice(b"\x0a\x02id");
-    let head = call(1, &long, 0);
-    assert_eq!(head.len(), MESSAGE_HEAD_BYTES);
-    assert_eq!(&head[..4], b"\x0a\x02id");
-    // Two messages: only the first one's bytes.
-    let mut two = grpc_message(3);
-    two.extend(grpc_message(9));
-    assert_eq!(call(1, &two, 0), b"ppp");
-    // Compressed: its bytes say nothing.
-    let mut compressed = grpc_message(20);
-    compressed[0] = 1;
-    assert_eq!(call(1, &compressed, 0), b"");
-    // Cut by the capture (24 of the frame's 114 bytes: its header, the prefix and 10 bytes):
-    // the bytes held are a prefix, and nothing after the loss is appended to them.
-    assert_eq!(call(1, &grpc_message(100), 90), vec![b'p'; 10]);
+    let prefixed = |body: &[u8], compressed: bool| {
+        let mut m = vec![u8::from(compressed)];
+        m.extend((body.len() as u32).to_be_bytes());
+        m.extend(body);
+        m
+    };
+    // 2,000 bytes of token ids (field 1, packed), then the id (field 7).
+    let mut body = vec![0x0a, 0xd0, 0x0f];
+    body.extend([0x05; 2000]);
+    body.extend(b"\x3a\x05rid-1");
+    let found = MessageId::Found("rid-1".to_owned());
+    assert_eq!(call(&prefixed(&body, false), 0), found);
+    // Two messages: the first one's id.
+    let mut two = prefixed(&body, false);
+    two.extend(prefixed(b"\x3a\x05rid-2", false));
+    assert_eq!(call(&two, 0), found);
+    assert_eq!(call(&prefixed(&body, true), 0), MessageId::Unread);
+    assert_eq!(call(&prefixed(&body[..100], false), 0), MessageId::Unread);
+    // Cut by the capture before the id: unread; after it: read.
+    assert_eq!(call(&prefixed(&body, false), 20), MessageId::Unread);
+    let mut after = body.clone();
+    after.extend([0x42, 40]);
+    after.extend([b'x'; 40]);
+    assert_eq!(call(&prefixed(&after, false), 30), found);
 }
 
 #[test]

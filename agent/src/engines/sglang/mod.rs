@@ -38,8 +38,30 @@ impl Engine for Sglang {
 
     fn rpc_id_fields(&self) -> &'static [RpcIdField] {
         // `--smg-grpc-mode` (smg-grpc-servicer's SglangScheduler, smg-grpc-proto's
-        // sglang_scheduler.proto): `GenerateRequest.request_id` is the scheduler's rid.
+        // sglang_scheduler.proto): `GenerateRequest.request_id` is the scheduler's rid. The
+        // native server of `--grpc-port` (Rust, proto/sglang/runtime/v1/sglang.proto): `rid`,
+        // after the prompt's token ids or text.
         &[
+            RpcIdField {
+                path: "/sglang.runtime.v1.SglangService/Generate",
+                field: 7,
+            },
+            RpcIdField {
+                path: "/sglang.runtime.v1.SglangService/TextGenerate",
+                field: 8,
+            },
+            RpcIdField {
+                path: "/sglang.runtime.v1.SglangService/Embed",
+                field: 2,
+            },
+            RpcIdField {
+                path: "/sglang.runtime.v1.SglangService/TextEmbed",
+                field: 2,
+            },
+            RpcIdField {
+                path: "/sglang.runtime.v1.SglangService/Classify",
+                field: 3,
+            },
             RpcIdField {
                 path: "/sglang.grpc.scheduler.SglangScheduler/Generate",
                 field: 1,
