@@ -408,7 +408,16 @@ fn sglang_grpc_calls_are_joined_to_the_scheduler() {
         assert!(Instant::now() < deadline, "SGLang's gRPC port never opened");
         std::thread::sleep(Duration::from_millis(500));
     }
-    let mut recorder = Recorder::start(&dir, &["--port", &port.to_string()]);
+    let metrics_path = dir.join("metrics.jsonl");
+    let mut recorder = Recorder::start(
+        &dir,
+        &[
+            "--port",
+            &port.to_string(),
+            "--metrics",
+            metrics_path.to_str().unwrap(),
+        ],
+    );
     recorder.wait_attached(server.child.id(), Duration::from_secs(60));
 
     let calls = inferscope_integration_tests::grpc_engine::run_calls(
@@ -436,6 +445,22 @@ fn sglang_grpc_calls_are_joined_to_the_scheduler() {
     recorder.wait_records(Duration::from_secs(60), "every call's record", |r| {
         r.iter().filter(|r| r["path"] == generate).count() >= calls.len()
     });
+    // In gRPC mode SGLang's /metrics is on its HTTP sidecar (the next port, same process), which
+    // opens after the gRPC port: the scraper finds it among the process's listening ports.
+    let sidecar = format!("port={} path=\"/metrics\"", port + 1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&recorder.log)
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.contains("scraping engine metrics") && l.contains(&sidecar))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "SGLang's metrics sidecar (port {}) never scraped",
+            port + 1
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
     let log_path = recorder.log.clone();
     let records = recorder.stop();
     let counters = agent::Counters::beside(&log_path);
@@ -474,6 +499,7 @@ fn sglang_grpc_calls_are_joined_to_the_scheduler() {
     }
     assert!(cancelled >= 2, "{cancelled} calls cancelled");
     assert_eq!(counters.get("rpc_request_ids_read") as usize, calls.len());
+    assert!(counters.get("metrics_scrapes") > 0, "{log}");
     for zero in [
         "rpc_request_ids_unread",
         "sglang_requests_unjoined",

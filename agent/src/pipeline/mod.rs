@@ -396,7 +396,6 @@ impl Pipeline {
             }
             self.ports.insert(new.tgid, new.ports.clone());
             self.tracker.set_engine(new.tgid, new.engine);
-            self.watch_metrics(new.tgid, new.engine, &new.ports);
             self.ipc.add_process(new.tgid, new.engine);
             // IPC sockets are not accepted HTTP connections: engines whose IPC is decoded keep
             // the fds the kernel does not know captured.
@@ -414,6 +413,9 @@ impl Pipeline {
             self.probes.trace_process(new.tgid);
             preexisting +=
                 preexisting::register(&mut self.probes, &mut self.classifier, new.tgid, &new.ports);
+            // Scraped only once traced: a scrape's request read before would leave its answer
+            // looking like one to a request the capture lost.
+            self.watch_metrics(new.tgid, new.engine, &new.ports);
             self.stats
                 .add(Counter::ConnectionsPreexisting, preexisting as u64);
             if preexisting > 0 {
