@@ -180,3 +180,21 @@ impl Client {
 pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
+
+/// Runs a test client that prints one JSON object per line and `done` last; its objects. A
+/// client that fails, or stops before `done`, fails the test with what it printed.
+pub fn json_lines(command: &mut std::process::Command) -> Vec<serde_json::Value> {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("running {command:?}: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.lines().last() == Some("done"),
+        "{command:?} failed: {}\n{stdout}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}

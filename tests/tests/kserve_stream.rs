@@ -78,20 +78,16 @@ fn every_call_of_a_model_stream_infer_stream_has_its_own_record() {
     let mut recorder = Recorder::start(&dir, &["--pid", &pid.to_string()]);
     recorder.wait_attached(pid, Duration::from_secs(30));
 
-    let out = Command::new(&python)
-        .arg(&script)
-        .args(["call", &port.to_string()])
-        .arg(&descriptors)
-        .args([STREAMS.to_string(), CALLS_PER_STREAM.to_string()])
-        .output()
-        .expect("running the KServe client");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.lines().last() == Some("done"),
-        "client failed: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let calls = lines_of(&stdout);
+    let calls: HashMap<String, Value> = inferscope_integration_tests::client::json_lines(
+        Command::new(&python)
+            .arg(&script)
+            .args(["call", &port.to_string()])
+            .arg(&descriptors)
+            .args([STREAMS.to_string(), CALLS_PER_STREAM.to_string()]),
+    )
+    .into_iter()
+    .map(|v| (v["id"].as_str().unwrap().to_owned(), v))
+    .collect();
     assert_eq!(calls.len(), STREAMS * CALLS_PER_STREAM);
 
     recorder.wait_records(Duration::from_secs(30), "every call's record", |r| {

@@ -193,6 +193,8 @@ fn stream_id(raw: &[u8]) -> Option<String> {
 
 #[test]
 fn sglang_real_scheduler_admission_retractions_and_prompt_tokens() {
+    // Two SGLang servers at once starve two cores: one at a time.
+    let _machine = inferscope_integration_tests::exclusive();
     let dir = inferscope_integration_tests::test_dir("sglang-real");
     let port = free_port();
     let (mut server, truth_path) = launch(&dir, port, &[]);
@@ -382,6 +384,45 @@ fn sglang_real_scheduler_admission_retractions_and_prompt_tokens() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Waits for SGLang's gRPC server to listen on `port`.
+fn wait_for_grpc_port(server: &mut Server, port: u16, dir: &std::path::Path) {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Ok(Some(status)) = server.child.try_wait() {
+            panic!(
+                "SGLang exited ({status}): see {}",
+                dir.join("sglang.log").display()
+            );
+        }
+        assert!(Instant::now() < deadline, "SGLang's gRPC port never opened");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// A gRPC call's record `r` joined to SGLang's own admission of the rid the call named (within
+/// 1 ms, prompt length exact), its times inside the client's and in order.
+fn assert_joined_to_sglang(r: &Value, call: &Value, truth: &[Value]) {
+    let id = call["id"].as_str().unwrap();
+    let admit = truth
+        .iter()
+        .find(|t| t["event"] == "admit" && t["rid"] == id)
+        .unwrap_or_else(|| panic!("SGLang never admitted {id}"));
+    assert_eq!(r["prompt_tokens"], admit["input_len"], "{r}");
+    let got = r["admitted_mono_ns"].as_u64().unwrap();
+    let want = ns(&admit["forward_entry_time"]);
+    assert!(
+        got.abs_diff(want) <= 1_000_000,
+        "{id}: admitted {got} vs SGLang {want}"
+    );
+    let wire = r["arrival_wire_mono_ns"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no wire arrival: {r}"));
+    let first = r["first_token_mono_ns"].as_u64().unwrap();
+    assert!(wire >= call["send_ns"].as_u64().unwrap(), "{r} {call}");
+    assert!(wire <= got && got <= first, "{r}");
+    assert!(first <= call["first_ns"].as_u64().unwrap(), "{r} {call}");
+}
+
 /// SGLang's `--smg-grpc-mode` (smg-grpc-servicer's SglangScheduler in the server process, the same
 /// scheduler and pickled IPC behind it): streaming `Generate` calls multiplexed over HTTP/2
 /// connections, some cancelled mid-stream. Each call is one record that names the request id
@@ -397,17 +438,7 @@ fn sglang_grpc_calls_are_joined_to_the_scheduler() {
     // A pool that holds every call at once: this test is about the join, not retractions.
     let grpc = ["--smg-grpc-mode", "--max-total-tokens", "4096"];
     let (mut server, truth_path) = launch(&dir, port, &grpc);
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if let Ok(Some(status)) = server.child.try_wait() {
-            panic!(
-                "SGLang exited ({status}): see {}",
-                dir.join("sglang.log").display()
-            );
-        }
-        assert!(Instant::now() < deadline, "SGLang's gRPC port never opened");
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    wait_for_grpc_port(&mut server, port, &dir);
     let metrics_path = dir.join("metrics.jsonl");
     let mut recorder = Recorder::start(
         &dir,
@@ -470,32 +501,14 @@ fn sglang_grpc_calls_are_joined_to_the_scheduler() {
 
     let mut cancelled = 0;
     for call in &calls {
-        let id = call["id"].as_str().unwrap();
         let r = inferscope_integration_tests::grpc_engine::record_of(
             &records, call, generate, "sglang",
         );
         if call["cancelled"] == true {
             cancelled += 1;
         }
-        let admit = truth
-            .iter()
-            .find(|t| t["event"] == "admit" && t["rid"] == id)
-            .unwrap_or_else(|| panic!("SGLang never admitted {id}"));
-        assert_eq!(r["prompt_tokens"], admit["input_len"], "{r}");
+        assert_joined_to_sglang(r, call, &truth);
         assert_eq!(r["prompt_tokens"], call["prompt_len"], "{r} {call}");
-        let got = r["admitted_mono_ns"].as_u64().unwrap();
-        let want = ns(&admit["forward_entry_time"]);
-        assert!(
-            got.abs_diff(want) <= 1_000_000,
-            "{id}: admitted {got} vs SGLang {want}"
-        );
-        let wire = r["arrival_wire_mono_ns"]
-            .as_u64()
-            .unwrap_or_else(|| panic!("no wire arrival: {r}"));
-        let first = r["first_token_mono_ns"].as_u64().unwrap();
-        assert!(wire >= call["send_ns"].as_u64().unwrap(), "{r} {call}");
-        assert!(wire <= got && got <= first, "{r}");
-        assert!(first <= call["first_ns"].as_u64().unwrap(), "{r} {call}");
     }
     assert!(cancelled >= 2, "{cancelled} calls cancelled");
     assert_eq!(counters.get("rpc_request_ids_read") as usize, calls.len());
@@ -531,17 +544,7 @@ fn sglang_native_grpc_calls_are_joined_to_the_scheduler() {
         "4096",
     ];
     let (mut server, truth_path) = launch(&dir, port, &grpc);
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while TcpStream::connect(("127.0.0.1", grpc_port)).is_err() {
-        if let Ok(Some(status)) = server.child.try_wait() {
-            panic!(
-                "SGLang exited ({status}): see {}",
-                dir.join("sglang.log").display()
-            );
-        }
-        assert!(Instant::now() < deadline, "SGLang's gRPC port never opened");
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    wait_for_grpc_port(&mut server, grpc_port, &dir);
     let mut recorder = Recorder::start(&dir, &["--port", &grpc_port.to_string()]);
     recorder.wait_attached(server.child.id(), Duration::from_secs(60));
 
@@ -551,23 +554,13 @@ fn sglang_native_grpc_calls_are_joined_to_the_scheduler() {
         "sglang.proto",
         &dir.join("sglang.desc"),
     );
-    let out = Command::new(sglang_python())
-        .arg(native.join("native_grpc.py"))
-        .arg(grpc_port.to_string())
-        .arg(&descriptors)
-        .args(["24", "8"])
-        .output()
-        .expect("running the native gRPC client");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.lines().last() == Some("done"),
-        "client failed: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
+    let calls = inferscope_integration_tests::client::json_lines(
+        Command::new(sglang_python())
+            .arg(native.join("native_grpc.py"))
+            .arg(grpc_port.to_string())
+            .arg(&descriptors)
+            .args(["24", "8"]),
     );
-    let calls: Vec<serde_json::Value> = stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
     assert_eq!(calls.len(), 24);
     for call in &calls {
         assert!(call.get("error").is_none(), "{call}");
@@ -591,28 +584,10 @@ fn sglang_native_grpc_calls_are_joined_to_the_scheduler() {
     let truth = read_records(&truth_path);
 
     for call in &calls {
-        let id = call["id"].as_str().unwrap();
         let path = call["path"].as_str().unwrap();
         let r =
             inferscope_integration_tests::grpc_engine::record_of(&records, call, path, "sglang");
-        let admit = truth
-            .iter()
-            .find(|t| t["event"] == "admit" && t["rid"] == id)
-            .unwrap_or_else(|| panic!("SGLang never admitted {id}"));
-        assert_eq!(r["prompt_tokens"], admit["input_len"], "{r}");
-        let got = r["admitted_mono_ns"].as_u64().unwrap();
-        let want = ns(&admit["forward_entry_time"]);
-        assert!(
-            got.abs_diff(want) <= 1_000_000,
-            "{id}: admitted {got} vs SGLang {want}"
-        );
-        let wire = r["arrival_wire_mono_ns"]
-            .as_u64()
-            .unwrap_or_else(|| panic!("no wire arrival: {r}"));
-        let first = r["first_token_mono_ns"].as_u64().unwrap();
-        assert!(wire >= call["send_ns"].as_u64().unwrap(), "{r} {call}");
-        assert!(wire <= got && got <= first, "{r}");
-        assert!(first <= call["first_ns"].as_u64().unwrap(), "{r} {call}");
+        assert_joined_to_sglang(r, call, &truth);
     }
     assert_eq!(counters.get("rpc_request_ids_read") as usize, calls.len());
     for zero in [

@@ -626,21 +626,14 @@ fn h2_over_tls_streams_arrive_at_their_own_segments() {
     let pid = server.0.id();
     let mut recorder = Recorder::start(&dir, &["--pid", &pid.to_string()]);
     recorder.wait_attached(pid, Duration::from_secs(30));
-    let out = Command::new(engine::python())
-        .arg(h2_tls_script())
-        .args(["client", &port.to_string(), &CALLS.to_string(), "5"])
-        .output()
-        .expect("running the HTTP/2 client");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.lines().last() == Some("done"),
-        "client failed: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
+    let calls = inferscope_integration_tests::client::json_lines(
+        Command::new(engine::python()).arg(h2_tls_script()).args([
+            "client",
+            &port.to_string(),
+            &CALLS.to_string(),
+            "5",
+        ]),
     );
-    let calls: Vec<Value> = stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
     assert_eq!(calls.len(), CALLS);
     recorder.wait_records(Duration::from_secs(30), "every stream's record", |r| {
         r.len() >= CALLS
@@ -683,4 +676,89 @@ fn h2_over_tls_streams_arrive_at_their_own_segments() {
         "{ttft_errors_ms:?}"
     );
     assert_eq!(Counters::beside(&agent_log).get("arrival_wire_unknown"), 0);
+}
+
+/// A second copy of OpenSSL loaded after the agent attached (`tests/engine/tls_second_copy.py`:
+/// the system's libssl mapped at start, then a copy at a path of its own, as a wheel bundles
+/// one, serving HTTPS through ctypes): the agent sees the new copy among the process's mapped
+/// files and probes it, so the requests it serves are recorded, not counted undecoded.
+#[test]
+fn a_copy_of_openssl_loaded_after_attach_is_probed_too() {
+    const REQUESTS: u64 = 6;
+    let dir = test_dir("tls-second-copy");
+    let (cert, key) = certificate(&dir);
+    let port = free_port();
+    let log = dir.join("server.jsonl");
+    let copy = dir.join("libssl-bundled.so.3");
+    let mut child = Command::new(engine::python())
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("engine/tls_second_copy.py"))
+        .arg(port.to_string())
+        .args([&cert, &key, &log, &copy])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting the HTTPS server");
+    let mut stdin = child.stdin.take().expect("server stdin");
+    let mut out = BufReader::new(child.stdout.take().expect("server stdout"));
+    let server = KillOnDrop(child);
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let pid = server.0.id();
+    let mut recorder = Recorder::start(&dir, &["--pid", &pid.to_string()]);
+    recorder.wait_attached(pid, Duration::from_secs(30));
+    writeln!(stdin, "go").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "serving");
+    // Mapped files are looked at again every 2 s.
+    inferscope_integration_tests::agent::wait_log(
+        &recorder.log,
+        "libssl-bundled.so.3",
+        Duration::from_secs(30),
+    );
+    for k in 0..REQUESTS {
+        let status = Command::new("curl")
+            .args([
+                "-sSk",
+                "-N",
+                "-o",
+                "/dev/null",
+                "-H",
+                "content-type: application/json",
+            ])
+            .arg("-d")
+            .arg(format!("{{\"max_tokens\": {}, \"stream\": true}}", 3 + k))
+            .arg(format!("https://127.0.0.1:{port}/v1/chat/completions"))
+            .status()
+            .expect("running curl");
+        assert!(status.success());
+    }
+    recorder.wait_records(Duration::from_secs(30), "every request's record", |r| {
+        r.len() as u64 >= REQUESTS
+    });
+    let agent_log = recorder.log.clone();
+    let mut records = recorder.stop();
+    records.sort_by_key(|r| r["arrival_mono_ns"].as_u64());
+    let served: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len() as u64, REQUESTS, "{records:#?}");
+    assert_eq!(served.len() as u64, REQUESTS);
+    for (k, (r, s)) in records.iter().zip(&served).enumerate() {
+        assert_eq!(r["tls"], true, "{r}");
+        assert_eq!(r["ended_by"], "complete", "{r}");
+        assert_eq!(r["output_chunks"], 3 + k as u64, "{r}");
+        assert_eq!(s["events"], 3 + k as u64);
+        let first = r["first_token_mono_ns"].as_u64().unwrap();
+        let stamp = s["token_ns"][0].as_u64().unwrap();
+        assert!(first >= stamp && first - stamp < 10_000_000, "{r} {s}");
+    }
+    let counters = Counters::beside(&agent_log);
+    assert_eq!(counters.get("tls_connections_undecoded"), 0);
+    assert_eq!(counters.get("tls_probes_attached"), 1, "one process");
+    assert!(counters.get("hooks_attached_late") >= 1);
 }

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use inferscope_common::TlsApi;
 use tracing::{info, warn};
 
-use crate::capture::{SocketProbes, procfs, sched_hooks::HookOutcome, symbols::ElfSymbols};
+use crate::capture::{SocketProbes, procfs, symbols::ElfSymbols};
 
 /// The entry and return programs; the attach cookie names the function ([`TlsApi`]).
 const PROGRAMS: (&str, &str) = ("tls_call", "tls_return");
@@ -30,17 +30,28 @@ pub fn could_hold(path: &str) -> bool {
     OBJECT_HINTS.iter().any(|hint| name.contains(hint))
 }
 
+/// What [`attach`] probed.
+#[derive(Debug, Default)]
+pub struct Attached {
+    /// Probes attached (entry and return pairs).
+    pub live: usize,
+    /// The objects that got them (paths in the process's mount namespace).
+    pub objects: Vec<String>,
+}
+
 /// Attaches the entry and return probes of every hooked function in every object `tgid` maps
-/// that defines them. `not_found` is empty once one object had them (the process's TLS
-/// library is loaded), else lists every hook, to try again when it maps more files.
-pub fn attach(probes: &mut SocketProbes, tgid: u32) -> HookOutcome {
-    let mut outcome = HookOutcome::default();
+/// that defines them, save the objects in `probed` (a copy already probed): a process may map
+/// another copy of OpenSSL later (a wheel that bundles its own, imported after start-up), and is
+/// looked at again when its mapped files change.
+pub fn attach(probes: &mut SocketProbes, tgid: u32, probed: &[String]) -> Attached {
+    let mut outcome = Attached::default();
     let exe = std::fs::read_link(format!("/proc/{tgid}/exe"))
         .ok()
         .map(|p| p.to_string_lossy().into_owned());
     let candidates: Vec<String> = procfs::mapped_files(tgid)
         .into_iter()
         .filter(|p| could_hold(p) || exe.as_deref() == Some(p.as_str()))
+        .filter(|p| !probed.contains(p))
         .collect();
     let mut objects = Vec::new();
     for path in &candidates {
@@ -90,10 +101,8 @@ pub fn attach(probes: &mut SocketProbes, tgid: u32) -> HookOutcome {
         }
         if !attached.is_empty() {
             info!(pid = tgid, object = %path, functions = ?attached, "TLS probes attached");
+            outcome.objects.push(path.clone());
         }
-    }
-    if outcome.live == 0 {
-        outcome.not_found = (0..TlsApi::ALL.len()).collect();
     }
     outcome
 }

@@ -483,18 +483,25 @@ impl Pipeline {
         );
     }
 
-    /// Attaches the TLS library probes to `tgid`; the hooks still missing (all of them while
-    /// no mapped object defines OpenSSL's functions).
+    /// Attaches the TLS library probes to every copy of OpenSSL `tgid` maps that has none yet;
+    /// the hooks to look for again when its mapped files change: all of them, whether a copy
+    /// was found or not, since another may be mapped later (a wheel that bundles its own,
+    /// imported after start-up).
     fn attach_tls(&mut self, tgid: u32, late: bool) -> Vec<usize> {
-        let outcome = tls_probes::attach(&mut self.probes, tgid);
+        let outcome = tls_probes::attach(&mut self.probes, tgid, self.tls.objects(tgid));
         if outcome.live > 0 {
-            self.tls.probed(tgid);
-            self.stats.bump(Counter::TlsProbesAttached);
+            if self.tls.probed(tgid, outcome.objects) {
+                self.stats.bump(Counter::TlsProbesAttached);
+            }
             if late {
                 self.stats.bump(Counter::HooksAttachedLate);
             }
         }
-        outcome.not_found
+        if self.tls.room(tgid) {
+            (0..inferscope_common::TlsApi::ALL.len()).collect()
+        } else {
+            Vec::new()
+        }
     }
 
     /// Every component with state per process, for the one path that forgets a process.

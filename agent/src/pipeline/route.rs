@@ -35,19 +35,41 @@ const TLS_HANDSHAKE_DONE: i64 = 1;
 /// warned about TLS it cannot decode.
 #[derive(Default)]
 pub struct TlsProcesses {
-    probed: FxHashSet<u32>,
+    /// Per process, the objects (copies of OpenSSL) whose functions are probed.
+    probed: FxHashMap<u32, Vec<String>>,
     warned: FxHashSet<u32>,
 }
 
+/// Copies of OpenSSL probed per process, at most: more are not looked for.
+pub const MAX_TLS_OBJECTS: usize = 16;
+
 impl TlsProcesses {
-    pub fn probed(&mut self, tgid: u32) {
-        self.probed.insert(tgid);
+    /// `objects` of `tgid` got the TLS probes; whether they are its first.
+    pub fn probed(&mut self, tgid: u32, objects: Vec<String>) -> bool {
+        let known = self.probed.entry(tgid).or_default();
+        let first = known.is_empty();
+        for object in objects {
+            if known.len() < MAX_TLS_OBJECTS && !known.contains(&object) {
+                known.push(object);
+            }
+        }
+        first
+    }
+
+    /// The objects of `tgid` already probed.
+    pub fn objects(&self, tgid: u32) -> &[String] {
+        self.probed.get(&tgid).map_or(&[], Vec::as_slice)
+    }
+
+    /// Whether `tgid` may map another copy to probe.
+    pub fn room(&self, tgid: u32) -> bool {
+        self.objects(tgid).len() < MAX_TLS_OBJECTS
     }
 
     /// A connection of `tgid` turned out to be TLS: whether its plaintext will come (else it
     /// is counted, and the process warned about once).
     fn decodes(&mut self, tgid: u32) -> bool {
-        if self.probed.contains(&tgid) {
+        if self.probed.contains_key(&tgid) {
             return true;
         }
         if self.warned.insert(tgid) {
@@ -208,7 +230,7 @@ mod tests {
     #[test]
     fn tls_is_decoded_only_where_the_probes_are_attached() {
         let mut tls = TlsProcesses::default();
-        tls.probed(10);
+        assert!(tls.probed(10, vec!["/usr/lib/libssl.so.3".into()]));
         assert!(tls.decodes(10));
         assert!(!tls.decodes(11));
         assert!(!tls.decodes(11));
@@ -217,5 +239,26 @@ mod tests {
         tls.process_gone(11);
         assert!(!tls.decodes(10));
         assert!(tls.probed.is_empty());
+    }
+
+    /// A copy loaded later is added to the process's probed objects, each once, up to the
+    /// bound past which no more are looked for.
+    #[test]
+    fn each_copy_of_openssl_is_probed_once_up_to_the_bound() {
+        let mut tls = TlsProcesses::default();
+        assert!(tls.probed(7, vec!["/usr/lib/libssl.so.3".into()]));
+        assert!(!tls.probed(
+            7,
+            vec!["/w/libssl-ab12.so.3".into(), "/usr/lib/libssl.so.3".into()]
+        ));
+        assert_eq!(
+            tls.objects(7),
+            ["/usr/lib/libssl.so.3", "/w/libssl-ab12.so.3"]
+        );
+        assert!(tls.room(7));
+        tls.probed(7, (0..40).map(|i| format!("/w/{i}/libssl.so")).collect());
+        assert_eq!(tls.objects(7).len(), MAX_TLS_OBJECTS);
+        assert!(!tls.room(7));
+        assert!(tls.objects(8).is_empty() && tls.room(8));
     }
 }
