@@ -384,6 +384,19 @@ fn sglang_real_scheduler_admission_retractions_and_prompt_tokens() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Every gRPC call named its rid, joined SGLang's, with a wire arrival; none lost.
+fn assert_no_grpc_call_lost(counters: &agent::Counters, log: &str) {
+    for zero in [
+        "rpc_request_ids_unread",
+        "sglang_requests_unjoined",
+        "sglang_ipc_not_pickle",
+        "arrival_wire_unknown",
+        "requests_lost",
+    ] {
+        assert_eq!(counters.get(zero), 0, "{zero} in\n{log}");
+    }
+}
+
 /// Waits for SGLang's gRPC server to listen on `port`.
 fn wait_for_grpc_port(server: &mut Server, port: u16, dir: &std::path::Path) {
     let deadline = Instant::now() + Duration::from_secs(300);
@@ -513,15 +526,7 @@ fn sglang_grpc_calls_are_joined_to_the_scheduler() {
     assert!(cancelled >= 2, "{cancelled} calls cancelled");
     assert_eq!(counters.get("rpc_request_ids_read") as usize, calls.len());
     assert!(counters.get("metrics_scrapes") > 0, "{log}");
-    for zero in [
-        "rpc_request_ids_unread",
-        "sglang_requests_unjoined",
-        "sglang_ipc_not_pickle",
-        "arrival_wire_unknown",
-        "requests_lost",
-    ] {
-        assert_eq!(counters.get(zero), 0, "{zero} in\n{log}");
-    }
+    assert_no_grpc_call_lost(&counters, &log);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -590,14 +595,6 @@ fn sglang_native_grpc_calls_are_joined_to_the_scheduler() {
         assert_joined_to_sglang(r, call, &truth);
     }
     assert_eq!(counters.get("rpc_request_ids_read") as usize, calls.len());
-    for zero in [
-        "rpc_request_ids_unread",
-        "sglang_requests_unjoined",
-        "sglang_ipc_not_pickle",
-        "arrival_wire_unknown",
-        "requests_lost",
-    ] {
-        assert_eq!(counters.get(zero), 0, "{zero} in\n{log}");
-    }
+    assert_no_grpc_call_lost(&counters, &log);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -845,19 +845,32 @@ mod tests {
         grpc(&message)
     }
 
+    const STREAM_INFER: &str = "/inference.GRPCInferenceService/ModelStreamInfer";
+
+    /// A tracker whose connection opened a `ModelStreamInfer` stream at 10 ms and sent call "a"
+    /// on it.
+    fn call_stream_opened_with_a() -> (Tracker, Peer, Vec<crate::model::RequestRecord>) {
+        let mut t = Tracker::new(Limits::default());
+        let peer = Peer::default();
+        let mut out = Vec::new();
+        let mut read = PREFACE.to_vec();
+        read.extend(frame(
+            kind::HEADERS,
+            END_HEADERS,
+            1,
+            &request_block(STREAM_INFER),
+        ));
+        read.extend(frame(kind::DATA, 0, 1, &infer_request("a")));
+        t.on_read(&ev(SyscallKind::Read, 10 * MS, &read), peer, &mut out);
+        (t, peer, out)
+    }
+
     /// Triton's `ModelStreamInfer`: one stream, many calls. Each request message is a record of
     /// its own, matched to its responses by id whatever their order, ended by its final flag, an
     /// error, or the stream's end; the stream itself is no record.
     #[test]
     fn a_stream_of_calls_gives_one_record_per_call() {
-        let mut t = Tracker::new(Limits::default());
-        let peer = Peer::default();
-        let mut out = Vec::new();
-        let path = "/inference.GRPCInferenceService/ModelStreamInfer";
-        let mut read = PREFACE.to_vec();
-        read.extend(frame(kind::HEADERS, END_HEADERS, 1, &request_block(path)));
-        read.extend(frame(kind::DATA, 0, 1, &infer_request("a")));
-        t.on_read(&ev(SyscallKind::Read, 10 * MS, &read), peer, &mut out);
+        let (mut t, peer, mut out) = call_stream_opened_with_a();
         // b's message split across two reads: its call starts at the first.
         let b = frame(kind::DATA, 0, 1, &infer_request("b"));
         t.on_read(&ev(SyscallKind::Read, 11 * MS, &b[..12]), peer, &mut out);
@@ -910,7 +923,7 @@ mod tests {
         };
         let (a, b, c) = (call("a"), call("b"), call("c"));
         for r in [a, b, c] {
-            assert_eq!(r.path, path);
+            assert_eq!(r.path, STREAM_INFER);
             assert_eq!(r.method, "POST");
             let h2 = r.http2.as_ref().unwrap();
             assert_eq!((h2.stream_id, h2.request_messages), (1, 1));
@@ -938,14 +951,7 @@ mod tests {
     /// frame that begins a call's message, instead of staying dark for the rest of its life.
     #[test]
     fn a_stream_of_calls_takes_up_again_after_a_loss() {
-        let mut t = Tracker::new(Limits::default());
-        let peer = Peer::default();
-        let mut out = Vec::new();
-        let path = "/inference.GRPCInferenceService/ModelStreamInfer";
-        let mut read = PREFACE.to_vec();
-        read.extend(frame(kind::HEADERS, END_HEADERS, 1, &request_block(path)));
-        read.extend(frame(kind::DATA, 0, 1, &infer_request("a")));
-        t.on_read(&ev(SyscallKind::Read, 10 * MS, &read), peer, &mut out);
+        let (mut t, peer, mut out) = call_stream_opened_with_a();
         // b and c in one read the capture cut inside b: c's frame header is lost with it.
         let mut cut = frame(kind::DATA, 0, 1, &infer_request("b"));
         cut.extend(frame(kind::DATA, 0, 1, &infer_request("c")));
