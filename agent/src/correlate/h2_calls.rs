@@ -14,13 +14,13 @@ use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
-use crate::decode::http2::{Side, StreamHead, StreamMessage, StreamSummary};
+use crate::decode::http2::{Messages, Side, StreamHead, StreamMessage, StreamSummary};
 use crate::engines::{self, CallStream, LastReply};
 use crate::model::{Counter, EndedBy, Http2Info, RequestRecord};
 
 use super::Stats;
 use super::loss::{self, Reason};
-use super::request::{MAX_GAPS, RecordContext, RequestProgress};
+use super::request::{RecordContext, RequestProgress};
 
 /// Calls open at once on one stream; the oldest is ended, counted, past it (a client that never
 /// gets final responses would otherwise grow the stream without bound).
@@ -46,12 +46,8 @@ struct Call {
     wire_ns: Option<u64>,
     request_bytes: u64,
     status: Option<u16>,
-    first_response_ns: Option<u64>,
-    last_response_ns: Option<u64>,
-    responses: u32,
-    response_bytes: u64,
-    gaps_ns: Vec<u64>,
-    gaps_dropped: u64,
+    /// Its response messages, as a stream's are counted.
+    response: Messages,
     error: bool,
 }
 
@@ -120,12 +116,7 @@ impl CallStreams {
             wire_ns,
             request_bytes: u64::from(m.message.len),
             status: m.status,
-            first_response_ns: None,
-            last_response_ns: None,
-            responses: 0,
-            response_bytes: 0,
-            gaps_ns: Vec::new(),
-            gaps_dropped: 0,
+            response: Messages::default(),
             error: false,
         });
         if stream.calls.len() > MAX_OPEN_CALLS
@@ -177,17 +168,7 @@ impl CallStreams {
             return;
         };
         let msg = &m.message;
-        call.responses = call.responses.saturating_add(1);
-        call.response_bytes = call.response_bytes.saturating_add(u64::from(msg.len));
-        call.first_response_ns.get_or_insert(msg.first_ts_ns);
-        if let Some(previous) = call.last_response_ns {
-            if call.gaps_ns.len() < MAX_GAPS {
-                call.gaps_ns.push(msg.last_ts_ns.saturating_sub(previous));
-            } else {
-                call.gaps_dropped += 1;
-            }
-        }
-        call.last_response_ns = Some(msg.last_ts_ns);
+        call.response.add(msg);
         call.error |= reply.error;
         if call.status.is_none() {
             call.status = m.status;
@@ -263,15 +244,11 @@ fn record(
     stats.bump(Counter::GrpcStreamCalls);
     let mut p = RequestProgress::new(stream_id, 0, call.read_ns, call.wire_ns);
     p.status = call.status;
-    p.first_byte_ns = call.first_response_ns;
+    p.first_byte_ns = call.response.first_ts_ns;
     p.request_bytes = call.request_bytes;
-    p.response_bytes = call.response_bytes;
+    p.response_bytes = call.response.bytes;
     p.incomplete = end.incomplete;
-    p.first_token_ns = call.first_response_ns;
-    p.last_token_ns = call.last_response_ns;
-    p.output_chunks = u64::from(call.responses);
-    p.gaps_ns = call.gaps_ns;
-    p.gaps_dropped = call.gaps_dropped;
+    super::h2_connection::tokens_from(&mut p, &call.response);
     p.summary = Some(crate::decode::http::RequestSummary {
         method: super::h2_connection::text(&stream.head.method),
         path: super::h2_connection::text(&stream.head.path),
@@ -290,8 +267,8 @@ fn record(
         grpc_status,
         request_messages: 1,
         request_message_bytes: call.request_bytes,
-        response_messages: call.responses,
-        response_message_bytes: call.response_bytes,
+        response_messages: call.response.count,
+        response_message_bytes: call.response.bytes,
         stream_end: end.stream_end,
         error_code: end.error_code,
     }));

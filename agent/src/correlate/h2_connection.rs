@@ -9,7 +9,7 @@
 use crate::capture::SyscallEvent;
 use crate::decode::http::Chunk;
 use crate::decode::http2::{
-    self, EndedBy as WireEnd, Http2Connection, MessageId, Side, Start, StreamMessage,
+    self, EndedBy as WireEnd, Http2Connection, MessageId, Messages, Side, Start, StreamMessage,
     StreamSummary, Value,
 };
 use crate::engines;
@@ -492,6 +492,16 @@ fn stream_ending(s: &StreamSummary, closing: Option<Ending>) -> StreamEnd {
     }
 }
 
+/// A record's tokens from the gRPC response messages of its stream or call: first and last
+/// message, their count and the gaps between them.
+pub(super) fn tokens_from(p: &mut RequestProgress, response: &Messages) {
+    p.first_token_ns = response.first_ts_ns;
+    p.last_token_ns = response.last_ts_ns;
+    p.output_chunks = u64::from(response.count);
+    p.gaps_ns = response.gaps_ns.iter().map(|&g| u64::from(g)).collect();
+    p.gaps_dropped = response.gaps_dropped;
+}
+
 /// The wire arrival of a call stream's request message `m`: in clear text, the segment that
 /// carried its first byte; otherwise that of the first stream of the read that did.
 fn message_wire(
@@ -536,11 +546,7 @@ fn emit(
     p.response_bytes = s.response.data_bytes;
     p.truncated = s.request.data_lost || s.response.data_lost;
     p.incomplete = incomplete;
-    p.first_token_ns = s.response.first_ts_ns;
-    p.last_token_ns = s.response.last_ts_ns;
-    p.output_chunks = u64::from(s.response.count);
-    p.gaps_ns = s.response.gaps_ns.iter().map(|&g| u64::from(g)).collect();
-    p.gaps_dropped = s.response.gaps_dropped;
+    tokens_from(&mut p, &s.response);
     let summary = crate::decode::http::RequestSummary {
         method: text(&s.method),
         path: text(&s.path),

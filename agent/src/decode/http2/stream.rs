@@ -34,7 +34,8 @@ pub struct Messages {
 pub const MAX_GAPS: usize = 16 * 1024;
 
 impl Messages {
-    fn add(&mut self, m: &Message) {
+    /// One more message that ended.
+    pub fn add(&mut self, m: &Message) {
         self.count = self.count.saturating_add(1);
         self.bytes = self.bytes.saturating_add(u64::from(m.len));
         self.max_bytes = self.max_bytes.max(m.len);
