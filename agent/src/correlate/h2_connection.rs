@@ -9,8 +9,8 @@
 use crate::capture::SyscallEvent;
 use crate::decode::http::Chunk;
 use crate::decode::http2::{
-    self, EndedBy as WireEnd, Http2Connection, MessageId, Messages, Side, Start, StreamMessage,
-    StreamSummary, Value,
+    self, EndedBy as WireEnd, Http2Connection, MessageId, Messages, Side, Start, StreamSummary,
+    Value,
 };
 use crate::engines;
 use crate::model::{Counter, EndedBy, Http2Info, RequestRecord};
@@ -248,7 +248,15 @@ impl H2Connection {
             let wire = match m.side {
                 Side::Client => {
                     self.calls_begun = true;
-                    message_wire(&self.read_arrivals, &self.positions, ctx.tls, &m)
+                    let (at, read_ns) = (m.message.at, m.message.first_ts_ns);
+                    wire_of(
+                        &self.read_arrivals,
+                        &self.positions,
+                        ctx.tls,
+                        at,
+                        read_ns,
+                        |_| 0,
+                    )
                 }
                 Side::Server => None,
             };
@@ -260,7 +268,14 @@ impl H2Connection {
                 self.calls.stream_ended(&s, &end, ctx, stats, out);
                 continue;
             }
-            let wire = wire_of(&self.read_arrivals, &self.positions, ctx.tls, &s);
+            let wire = wire_of(
+                &self.read_arrivals,
+                &self.positions,
+                ctx.tls,
+                s.request_at,
+                s.request_ts_ns,
+                |read| s.open_seq.wrapping_sub(read.first_open) as usize,
+            );
             emit(s, wire, ctx, closing, stats, out);
         }
     }
@@ -438,23 +453,24 @@ fn in_read_order(arrived: &[Arrival], control_max: u32) -> Vec<u64> {
     wires
 }
 
-/// The wire arrival of stream `s`: in clear text, the segment that carried the first byte of
-/// its HEADERS; over TLS (whose plaintext has other sizes than its segments) or where the
-/// byte positions are unknown, the segment of the read that carried its HEADERS in the order
-/// the read opened streams (the last segment for streams beyond its segments).
+/// The wire arrival of bytes the client sent: in clear text, the segment that carried the byte
+/// at `at` (a stream's HEADERS, a call's message); over TLS (whose plaintext has other sizes than
+/// its segments) or where the byte positions are unknown, the segment of the read at `read_ns`
+/// for the `rank`-th stream it opened (the last segment for streams beyond its segments).
 fn wire_of(
     reads: &VecDeque<ReadArrival>,
     positions: &SegmentPositions,
     tls: bool,
-    s: &StreamSummary,
+    at: Option<u64>,
+    read_ns: u64,
+    rank: impl FnOnce(&ReadArrival) -> usize,
 ) -> Option<u64> {
-    if !tls && let Some(at) = s.request_at {
+    if !tls && let Some(at) = at {
         return positions.arrival_of(at);
     }
-    let i = reads.partition_point(|r| r.ts_ns < s.request_ts_ns);
-    let read = reads.get(i).filter(|r| r.ts_ns == s.request_ts_ns)?;
-    let rank = s.open_seq.wrapping_sub(read.first_open) as usize;
-    read.wire(rank)
+    let i = reads.partition_point(|r| r.ts_ns < read_ns);
+    let read = reads.get(i).filter(|r| r.ts_ns == read_ns)?;
+    read.wire(rank(read))
 }
 
 impl ReadArrival {
@@ -500,25 +516,6 @@ pub(super) fn tokens_from(p: &mut RequestProgress, response: &Messages) {
     p.output_chunks = u64::from(response.count);
     p.gaps_ns = response.gaps_ns.iter().map(|&g| u64::from(g)).collect();
     p.gaps_dropped = response.gaps_dropped;
-}
-
-/// The wire arrival of a call stream's request message `m`: in clear text, the segment that
-/// carried its first byte; otherwise that of the first stream of the read that did.
-fn message_wire(
-    reads: &VecDeque<ReadArrival>,
-    positions: &SegmentPositions,
-    tls: bool,
-    m: &StreamMessage,
-) -> Option<u64> {
-    if !tls && let Some(at) = m.message.at {
-        return positions.arrival_of(at);
-    }
-    let ts = m.message.first_ts_ns;
-    let i = reads.partition_point(|r| r.ts_ns < ts);
-    reads
-        .get(i)
-        .filter(|r| r.ts_ns == ts)
-        .and_then(|r| r.wire(0))
 }
 
 /// A stream's record. `closing`: how the connection ended, for streams it cut.
