@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every cargo-fuzz target for N seconds (default 30). Needs a nightly toolchain (rustup).
-# Targets (fuzz/fuzz_targets/): http_decoder (HTTP/1.1, chunked, SSE, JSON fields), vllm_ipc
+# Targets (fuzz/fuzz_targets/): http_decoder (HTTP/1.1, chunked, SSE, JSON fields), prometheus_text
+# (the exposition-format parser), shim_frames (the CUPTI shim's length-delimited frames), vllm_ipc
 # (ZMTP 3.x framing, msgpack, vLLM V1 IPC messages and request state), probe_spec (the
 # user-defined probe spec parser), pod_identity (cgroup paths, Kubernetes watch lines and pods),
 # connection_tracker (the per-connection tracker under dropped records, truncated captures and
@@ -16,12 +17,21 @@ if ! rustup run nightly rustc --version >/dev/null 2>&1; then
   exit 1
 fi
 command -v cargo-fuzz >/dev/null || cargo install -q --locked cargo-fuzz || cargo install -q cargo-fuzz
+# Targets that drive a later stage than the decoders name `required-features = ["stages"]` in
+# fuzz/Cargo.toml; the rest build against inferscope-model and inferscope-decode alone.
+needs_stages() {
+  python3 -c 'import sys, tomllib
+bins = tomllib.load(open("fuzz/Cargo.toml", "rb"))["bin"]
+sys.exit(0 if any(b["name"] == sys.argv[1] and "stages" in b.get("required-features", []) for b in bins) else 1)' "$1"
+}
 for target in $(cargo +nightly fuzz list); do
-  echo "fuzzing $target for ${seconds}s"
+  features=()
+  needs_stages "$target" && features=(--features stages)
+  echo "fuzzing $target for ${seconds}s ${features[*]}"
   # Committed seeds (fuzz/seeds/TARGET) start each run from valid inputs; new finds go to the
   # gitignored fuzz/corpus/TARGET.
   mkdir -p "fuzz/corpus/$target"
   seeds=()
   [ -d "fuzz/seeds/$target" ] && seeds=("fuzz/seeds/$target")
-  cargo +nightly fuzz run "$target" "fuzz/corpus/$target" "${seeds[@]}" -- -max_total_time="$seconds" -rss_limit_mb=2048
+  cargo +nightly fuzz run "${features[@]}" "$target" "fuzz/corpus/$target" "${seeds[@]}" -- -max_total_time="$seconds" -rss_limit_mb=2048
 done

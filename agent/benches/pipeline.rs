@@ -12,9 +12,9 @@ use std::time::Instant;
 use inferscope::{
     capture::SyscallEvent,
     correlate::{Peer, Tracker},
-    decode::http::Limits,
 };
 use inferscope_common::SyscallKind;
+use inferscope_decode::http::Limits;
 
 const BODY: &str = r#"{"model":"smollm2","messages":[{"role":"user","content":"Write three short sentences about honeybees."}],"stream":true,"max_tokens":32}"#;
 

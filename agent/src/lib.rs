@@ -11,10 +11,8 @@
 pub mod capture;
 pub mod correlate;
 pub mod daemon;
-pub mod decode;
 pub mod diagnose;
 pub mod engines;
 pub mod export;
 pub mod identity;
-pub mod model;
 pub mod pipeline;

@@ -14,12 +14,11 @@ use std::{
 };
 
 /// The library's top-level modules, in the order data flows through them. Engines are plugins
-/// that feed correlate: they may use capture, decode and identity; correlate, diagnose and export
-/// may use them.
+/// that feed correlate: they may use capture and identity; correlate, diagnose and export may use
+/// them. The model and the decoders come first of all; they are crates of their own
+/// (`inferscope-model`, `inferscope-decode`), so Cargo already keeps them from naming the agent.
 const STAGES: &[&str] = &[
-    "model",
     "capture",
-    "decode",
     "identity",
     "engines",
     "correlate",
@@ -591,8 +590,8 @@ fn the_checker_rejects_stage_items_brought_into_the_root() {
         ["export"]
     );
     assert_eq!(
-        root("pub(crate) use crate::{daemon::D, model};"),
-        ["daemon", "model"]
+        root("pub(crate) use crate::{daemon::D, identity};"),
+        ["daemon", "identity"]
     );
     assert_eq!(root("use self::pipeline::*;"), ["pipeline"]);
     assert!(root("pub mod export;\npub use std::io;\n#[cfg(test)]\nuse export::X;").is_empty());
@@ -611,9 +610,9 @@ fn the_checker_finds_files_through_mod_declarations_only() {
     };
     write(
         "lib.rs",
-        "pub mod model;\npub mod capture;\npub mod export;\n",
+        "pub mod identity;\npub mod capture;\npub mod export;\n",
     );
-    write("model.rs", "");
+    write("identity.rs", "");
     write("export/mod.rs", "use crate::capture::X;\nmod otlp;\n");
     write("export/otlp.rs", "");
     // capture/gpu/shim.rs reaches the root with three `super`s and names a later stage.

@@ -7,11 +7,8 @@
 //! Input layout: one op per byte (low 3 bits: what; high bits: a parameter); `raw` ops take
 //! their bytes from the input that follows.
 #![no_main]
-use inferscope::{
-    capture::records::{Kind as SyscallKind, SyscallEvent},
-    correlate::{Peer, Tracker, loss},
-    decode::http::Limits,
-};
+use inferscope_decode::http::Limits;
+use inferscope::{capture::records::{Kind as SyscallKind, SyscallEvent}, correlate::{Peer, Tracker, loss}};
 use libfuzzer_sys::fuzz_target;
 
 const HEAD: &[u8] =
@@ -23,7 +20,7 @@ const REQUEST: &[u8] = b"POST /v1/chat/completions HTTP/1.1\r\nContent-Type: app
 
 struct Feed {
     t: Tracker,
-    out: Vec<inferscope::model::RequestRecord>,
+    out: Vec<inferscope_model::RequestRecord>,
     /// The kernel's next read and write numbers (reads and writes are numbered apart).
     seq: [u32; 2],
     lost_heads: u32,

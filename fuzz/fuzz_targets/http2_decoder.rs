@@ -17,14 +17,14 @@
 //! whose low 15 bits are the length, then that many bytes (fewer at the end of the input).
 #![no_main]
 
-use inferscope::decode::http::Chunk;
-use inferscope::decode::http2::{
+use inferscope_decode::http::Chunk;
+use inferscope_decode::http2::{
     Http2Connection, Limits, MAX_PAIRED_MESSAGES, MAX_ID_BYTES, MessageId, PAIRED_HEAD_BYTES, Side,
     Start, hpack,
 };
-use inferscope::decode::protobuf;
+use inferscope_decode::protobuf;
 use inferscope::engines;
-use inferscope::model::Stats;
+use inferscope_model::Stats;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

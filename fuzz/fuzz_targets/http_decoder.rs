@@ -10,7 +10,7 @@
 //! the byte stream both decoders see.
 #![no_main]
 
-use inferscope::decode::http::{
+use inferscope_decode::http::{
     Chunk, Limits, RequestDecoder, RequestEvent, ResponseDecoder, ResponseEvent, TEMPLATE_SIDE_MAX,
     TokenTemplate,
 };
@@ -147,8 +147,8 @@ fuzz_target!(|data: &[u8]| {
 });
 
 /// A digested `kv_transfer_params`: bounded keys, entries and strings; arrays never kept.
-fn assert_handoff_bounded(p: &inferscope::model::HandoffParams) {
-    use inferscope::model::{HandoffValue, disagg};
+fn assert_handoff_bounded(p: &inferscope_model::HandoffParams) {
+    use inferscope_model::{HandoffValue, disagg};
     assert!(p.entries.len() <= disagg::MAX_HANDOFF_ENTRIES);
     for (k, v) in &p.entries {
         assert!(k.len() <= disagg::MAX_HANDOFF_KEY);

@@ -6,10 +6,8 @@
 //! Input layout: byte 0 picks the limits and the syscall size; the rest is one pickle.
 #![no_main]
 
-use inferscope::{
-    decode::pickle::{self, MAX_KEPT_STR, PickleLimits, Value},
-    engines::{self, IpcBytes, IpcDirection},
-};
+use inferscope_decode::pickle::{self, MAX_KEPT_STR, PickleLimits, Value};
+use inferscope::{engines::{self, IpcBytes, IpcDirection}};
 use libfuzzer_sys::fuzz_target;
 
 fn check(v: &Value, limits: &PickleLimits, depth: u16) {
@@ -90,7 +88,7 @@ fuzz_target!(|data: &[u8]| {
             &mut steps,
         );
     }
-    let mut record = inferscope::model::RequestRecord {
+    let mut record = inferscope_model::RequestRecord {
         response_id: Some("a".repeat(32)),
         end_mono_ns: u64::MAX,
         ..Default::default()

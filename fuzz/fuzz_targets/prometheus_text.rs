@@ -3,7 +3,7 @@
 //! that are valid metric names, and no more labels than the limit.
 #![no_main]
 
-use inferscope::decode::prometheus::{Limits, parse};
+use inferscope_decode::prometheus::{Limits, parse};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,7 +1,7 @@
 //! The agent's decoder for what CUPTI shims send over the Unix socket: arbitrary bytes, split at
 //! arbitrary points, must never panic or buffer without bound.
 #![no_main]
-use inferscope::capture::gpu::{FrameDecoder, FrameError, MAX_MESSAGE_BYTES};
+use inferscope_decode::shim::{FrameDecoder, FrameError, MAX_MESSAGE_BYTES};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

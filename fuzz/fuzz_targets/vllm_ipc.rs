@@ -9,13 +9,8 @@
 //! drive the syscall sizes and losses; the rest is the byte stream.
 #![no_main]
 
-use inferscope::{
-    decode::{
-        msgpack::Reader,
-        zmtp::{ZmtpLimits, ZmtpStream},
-    },
-    engines::{self, IpcBytes, IpcDirection},
-};
+use inferscope_decode::{ msgpack::Reader, zmtp::{ZmtpLimits, ZmtpStream}, };
+use inferscope::{engines::{self, IpcBytes, IpcDirection}};
 use libfuzzer_sys::fuzz_target;
 
 /// A ZMTP 3.0 NULL greeting followed by READY(Socket-Type=PUSH).
@@ -100,7 +95,7 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     assert!(reader.position() <= body.len());
-    let mut record = inferscope::model::RequestRecord {
+    let mut record = inferscope_model::RequestRecord {
         response_id: Some("chatcmpl-x".into()),
         ..Default::default()
     };

@@ -222,7 +222,7 @@ fn stalled_agent_leaves_no_connection_dark(daemon: bool) {
     thread::sleep(Duration::from_secs(1));
     signal(agent_pid, "-STOP");
     thread::sleep(Duration::from_secs(2));
-    let resumed_ns = inferscope::model::clock::monotonic_now_ns();
+    let resumed_ns = inferscope_model::clock::monotonic_now_ns();
     signal(agent_pid, "-CONT");
     let done = completed(load);
     // Let the agent drain what queued up. Requests are lost here by design, so there is no

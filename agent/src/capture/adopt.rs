@@ -97,7 +97,7 @@ impl Adoption {
 }
 
 /// A process adopted and then forgotten (given up, or gone) no longer waits to be attached.
-impl crate::model::PerProcess for Adoption {
+impl inferscope_model::PerProcess for Adoption {
     fn process_gone(&mut self, tgid: u32) {
         self.pending.retain(|(p, _)| *p != tgid);
     }

@@ -4,11 +4,11 @@
 //! and chunk records, all from the same thread, in order. Records of other threads may come in
 //! between; a chunk lost to a full ring buffer leaves a gap, and what was joined so far goes on
 //! as a truncated event (counted), never as bytes in the wrong place.
-use crate::model::Counter;
+use inferscope_model::Counter;
 use rustc_hash::FxHashMap;
 
 use super::records::SyscallEvent;
-use crate::model::Stats;
+use inferscope_model::Stats;
 
 /// Syscalls being joined at once (one per thread); beyond this the oldest goes on as is.
 const MAX_PENDING: usize = 256;

@@ -173,7 +173,7 @@ impl FdClassifier {
     }
 }
 
-impl crate::model::PerProcess for FdClassifier {
+impl inferscope_model::PerProcess for FdClassifier {
     fn process_gone(&mut self, tgid: u32) {
         self.forget_process(tgid);
     }

@@ -102,7 +102,7 @@ fn fingerprint(mapped: &[String], relevant: &dyn Fn(&str) -> bool) -> u64 {
     hasher.finish()
 }
 
-impl crate::model::PerProcess for LateAttach {
+impl inferscope_model::PerProcess for LateAttach {
     fn process_gone(&mut self, tgid: u32) {
         self.forget(tgid);
     }

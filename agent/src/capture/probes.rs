@@ -573,12 +573,12 @@ impl SocketProbes {
     }
 
     /// Kernel-side counters summed over CPUs, and the programs this kernel could not take.
-    pub fn counters(&self) -> Vec<(crate::model::Counter, u64)> {
+    pub fn counters(&self) -> Vec<(inferscope_model::Counter, u64)> {
         Counter::ALL
             .iter()
-            .map(|&c| (crate::model::counters::kernel(c), self.counter(c)))
+            .map(|&c| (inferscope_model::counters::kernel(c), self.counter(c)))
             .chain([(
-                crate::model::Counter::KernelTracepointsUnattached,
+                inferscope_model::Counter::KernelTracepointsUnattached,
                 self.unattached,
             )])
             .collect()
@@ -836,7 +836,7 @@ fn raise_memlock_limit() {
     }
 }
 
-impl crate::model::PerProcess for SocketProbes {
+impl inferscope_model::PerProcess for SocketProbes {
     fn process_gone(&mut self, tgid: u32) {
         self.untrace_process(tgid);
         self.capture_large(tgid, 0);

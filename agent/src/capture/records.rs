@@ -34,8 +34,8 @@ impl RecordError {
     }
 
     /// The agent counter this failure is counted in.
-    pub fn counter(&self) -> crate::model::Counter {
-        use crate::model::Counter;
+    pub fn counter(&self) -> inferscope_model::Counter {
+        use inferscope_model::Counter;
 
         match self {
             RecordError::Short => Counter::RecordShort,

@@ -794,7 +794,7 @@ mod tests {
     #[test]
     fn draws_vllm_steps_joined_by_engine_id() {
         use inferscope::correlate::timeline::{KernelRecord, TimelineBuilder, TimelineLimits};
-        use inferscope::model::{RequestRecord, StepMember as Member, StepRecord, StepRef};
+        use inferscope_model::{RequestRecord, StepMember as Member, StepRecord, StepRef};
         let step = |start: u64, end: u64, ids: &[&str]| StepRecord {
             pid: 9,
             engine: "vllm".into(),
@@ -907,7 +907,7 @@ mod tests {
     #[test]
     fn draws_the_sglang_prefill_step_with_the_scheduler_kernels() {
         use inferscope::correlate::timeline::{KernelRecord, TimelineBuilder, TimelineLimits};
-        use inferscope::model::{RequestRecord, StepMember as Member, StepRecord, StepRef};
+        use inferscope_model::{RequestRecord, StepMember as Member, StepRecord, StepRef};
         let mut b = TimelineBuilder::new(TimelineLimits::default());
         b.on_step(StepRecord {
             pid: 20,

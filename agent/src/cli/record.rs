@@ -12,9 +12,9 @@ use inferscope::{
     correlate::EngineMetricsRecord,
     diagnose::EngineConfigSample,
     export::{counters_file, jsonl::JsonlWriter, live},
-    model::{LaunchRecord, RequestRecord, StepRecord, clock::monotonic_now_ns},
     pipeline::{Observer, Pipeline},
 };
+use inferscope_model::{LaunchRecord, RequestRecord, StepRecord, clock::monotonic_now_ns};
 use tracing::{error, info};
 
 use super::{signals, target::TargetArgs};
@@ -228,7 +228,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
         let mut counters = pipeline.counters();
         // As `run` exports it: JSONL lines dropped whole because their write failed.
         counters.push((
-            inferscope::model::Counter::RecordsWriteFailed,
+            inferscope_model::Counter::RecordsWriteFailed,
             observer.writer.failed,
         ));
         counters_file::write(path, &counters)

@@ -4,9 +4,9 @@ use std::time::Duration;
 use clap::Args;
 use inferscope::{
     capture::{CaptureConfig, TargetSelector},
-    decode::http::Limits,
     pipeline::PipelineConfig,
 };
+use inferscope_decode::http::Limits;
 
 #[derive(Args, Debug, Clone)]
 pub struct TargetArgs {

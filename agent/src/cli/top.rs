@@ -182,7 +182,7 @@ pub fn run(args: TopArgs) -> anyhow::Result<()> {
         let mut view = View::default();
         // Requests that finished within the window before we subscribed: the first snapshot
         // shows what the agent holds, not only what finishes from now on.
-        let now_mono = inferscope::model::clock::monotonic_now_ns();
+        let now_mono = inferscope_model::clock::monotonic_now_ns();
         let window_ns = u64::try_from(args.window.as_nanos()).unwrap_or(u64::MAX);
         let mut recent = client
             .list_requests(ListRequestsRequest {

@@ -5,17 +5,15 @@
 //! a decoder loses framing, the open requests are settled (`incomplete`, or counted as lost when
 //! their response head itself was dropped) and decoding resumes at the next boundary it can
 //! prove: a read that starts with a request line, a write that starts with a response head.
-use crate::model::Counter;
 use inferscope_common::SyscallKind;
+use inferscope_model::Counter;
 use std::collections::VecDeque;
 
-use crate::{
-    capture::SyscallEvent,
-    decode::http::{
-        Chunk, Limits, ParseError, RequestDecoder, RequestEvent, ResponseDecoder, ResponseEvent,
-    },
-    model::EndedBy,
+use crate::capture::SyscallEvent;
+use inferscope_decode::http::{
+    Chunk, Limits, ParseError, RequestDecoder, RequestEvent, ResponseDecoder, ResponseEvent,
 };
+use inferscope_model::EndedBy;
 
 use super::{
     Peer, RequestRecord, Stats, TemplateUpdate, Work,

@@ -7,9 +7,9 @@ use serde::Serialize;
 
 use crate::{
     capture::metrics::Scrape,
-    decode::prometheus::{self, Limits, ParseStats},
     engines::{MetricsEndpoint, Signal},
 };
+use inferscope_decode::prometheus::{self, Limits, ParseStats};
 
 use super::RequestRecord;
 
@@ -151,7 +151,7 @@ impl EngineMetrics {
     pub fn new(limits: Limits, max_join_gap_ns: u64) -> Self {
         Self {
             limits,
-            unix_offset_ns: crate::model::clock::unix_offset_ns(),
+            unix_offset_ns: inferscope_model::clock::unix_offset_ns(),
             max_join_gap_ns,
             engines: HashMap::new(),
             scrape_requests_hidden: 0,
@@ -270,7 +270,7 @@ impl EngineMetrics {
     }
 }
 
-impl crate::model::PerProcess for EngineMetrics {
+impl inferscope_model::PerProcess for EngineMetrics {
     fn process_gone(&mut self, tgid: u32) {
         self.forget(tgid);
     }

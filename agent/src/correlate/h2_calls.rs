@@ -14,9 +14,9 @@ use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
-use crate::decode::http2::{Messages, Side, StreamHead, StreamMessage, StreamSummary};
 use crate::engines::{self, CallStream, LastReply};
-use crate::model::{Counter, EndedBy, Http2Info, RequestRecord};
+use inferscope_decode::http2::{Messages, Side, StreamHead, StreamMessage, StreamSummary};
+use inferscope_model::{Counter, EndedBy, Http2Info, RequestRecord};
 
 use super::Stats;
 use super::loss::{self, Reason};
@@ -249,7 +249,7 @@ fn record(
     p.response_bytes = call.response.bytes;
     p.incomplete = end.incomplete;
     super::h2_connection::tokens_from(&mut p, &call.response);
-    p.summary = Some(crate::decode::http::RequestSummary {
+    p.summary = Some(inferscope_decode::http::RequestSummary {
         method: super::h2_connection::text(&stream.head.method),
         path: super::h2_connection::text(&stream.head.path),
         ts_ns: call.request_end_ns,

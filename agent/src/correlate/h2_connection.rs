@@ -1,19 +1,19 @@
 //! An h2c connection (HTTP/2 with prior knowledge) of a traced server: one record per stream.
 //!
 //! The connection tracker hands a connection here when the client's first bytes are the HTTP/2
-//! preface; [`crate::decode::http2`] follows both directions' frames and streams, and each
+//! preface; [`inferscope_decode::http2`] follows both directions' frames and streams, and each
 //! stream that ends becomes a record: its path, status, gRPC status and message counts, with
 //! TTFT at the first response message (the first token of a server-streaming completion) and
 //! the token gaps between response messages.
 
 use crate::capture::SyscallEvent;
-use crate::decode::http::Chunk;
-use crate::decode::http2::{
+use crate::engines;
+use inferscope_decode::http::Chunk;
+use inferscope_decode::http2::{
     self, EndedBy as WireEnd, Http2Connection, MessageId, Messages, Side, Start, StreamSummary,
     Value,
 };
-use crate::engines;
-use crate::model::{Counter, EndedBy, Http2Info, RequestRecord};
+use inferscope_model::{Counter, EndedBy, Http2Info, RequestRecord};
 
 use std::collections::VecDeque;
 
@@ -544,7 +544,7 @@ fn emit(
     p.truncated = s.request.data_lost || s.response.data_lost;
     p.incomplete = incomplete;
     tokens_from(&mut p, &s.response);
-    let summary = crate::decode::http::RequestSummary {
+    let summary = inferscope_decode::http::RequestSummary {
         method: text(&s.method),
         path: text(&s.path),
         x_request_id: s.x_request_id.known().cloned(),
@@ -612,11 +612,11 @@ mod tests {
     use crate::capture::{Segment, SyscallEvent};
     use crate::correlate::arrivals::Arrival;
     use crate::correlate::{Peer, Tracker};
-    use crate::decode::http::Limits;
-    use crate::decode::http2::PREFACE;
-    use crate::decode::http2::frame::kind;
-    use crate::decode::http2::testwire::*;
-    use crate::model::{Counter, EndedBy};
+    use inferscope_decode::http::Limits;
+    use inferscope_decode::http2::PREFACE;
+    use inferscope_decode::http2::frame::kind;
+    use inferscope_decode::http2::testwire::*;
+    use inferscope_model::{Counter, EndedBy};
 
     const MS: u64 = 1_000_000;
 
@@ -852,7 +852,7 @@ mod tests {
 
     /// A tracker whose connection opened a `ModelStreamInfer` stream at 10 ms and sent call "a"
     /// on it.
-    fn call_stream_opened_with_a() -> (Tracker, Peer, Vec<crate::model::RequestRecord>) {
+    fn call_stream_opened_with_a() -> (Tracker, Peer, Vec<inferscope_model::RequestRecord>) {
         let mut t = Tracker::new(Limits::default());
         let peer = Peer::default();
         let mut out = Vec::new();

@@ -15,12 +15,10 @@
 use rustc_hash::FxHashMap;
 
 use super::launches::{Item, count, summarise};
-use crate::{
-    capture::gpu::KernelRecord,
-    model::{
-        GraphKernels, LaunchRecord, LaunchSources, NamedCount, StepLaunches, StepRecord,
-        launch::STEP_KERNELS_KEPT,
-    },
+use crate::capture::gpu::KernelRecord;
+use inferscope_model::{
+    GraphKernels, LaunchRecord, LaunchSources, NamedCount, StepLaunches, StepRecord,
+    launch::STEP_KERNELS_KEPT,
 };
 
 /// Longest time from a launch function's entry (the uprobe) to the shim's API callback for the

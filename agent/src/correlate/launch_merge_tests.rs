@@ -1,9 +1,7 @@
 //! The merge of the launch uprobes' launches with the shim's kernel records (launch_merge).
 use super::launch_merge::{PAIR_WITHIN_NS, merge_step};
-use crate::{
-    capture::gpu::KernelRecord,
-    model::{LaunchRecord, LaunchSources, StepRecord},
-};
+use crate::capture::gpu::KernelRecord;
+use inferscope_model::{LaunchRecord, LaunchSources, StepRecord};
 
 fn launch(tid: u32, ts: u64, name: &str, graph: bool) -> LaunchRecord {
     LaunchRecord {

@@ -9,12 +9,9 @@ use rustc_hash::FxHashMap;
 
 use inferscope_common::GpuApi;
 
-use crate::{
-    capture::gpu::launches::{LaunchEvent, NameEvent},
-    model::{
-        Counter, LaunchRecord, NamedCount, Stats, StepLaunches, StepRecord,
-        launch::STEP_KERNELS_KEPT,
-    },
+use crate::capture::gpu::launches::{LaunchEvent, NameEvent};
+use inferscope_model::{
+    Counter, LaunchRecord, NamedCount, Stats, StepLaunches, StepRecord, launch::STEP_KERNELS_KEPT,
 };
 
 #[derive(Debug, Clone, Copy)]
@@ -384,7 +381,7 @@ pub(crate) fn count(list: &mut Vec<NamedCount>, name: &str, n: u64) {
     }
 }
 
-impl crate::model::PerProcess for Launches {
+impl inferscope_model::PerProcess for Launches {
     fn process_gone(&mut self, tgid: u32) {
         self.forget(tgid);
     }

@@ -1,6 +1,6 @@
 //! Correlate stage: per-connection state machines turn decoded HTTP events into one
 //! [`RequestRecord`] per request, joined with TCP arrival times.
-use crate::model::{Counter, PerProcess};
+use inferscope_model::{Counter, PerProcess};
 mod arrivals;
 mod connection;
 pub mod disagg;
@@ -26,16 +26,14 @@ use std::{
     net::SocketAddr,
 };
 
-pub use crate::model::{EndedBy, RequestRecord, Stats, StepMember, StepRecord, StepRef};
 pub use arrivals::ArrivalIndex;
 pub use engine_metrics::{EngineMetrics, EngineMetricsRecord};
+pub use inferscope_model::{EndedBy, RequestRecord, Stats, StepMember, StepRecord, StepRef};
 
-use crate::{
-    capture::{SchedEvent, Segment, SockState, SyscallEvent},
-    decode::http::{Limits, RequestEvent, ResponseEvent},
-};
+use crate::capture::{SchedEvent, Segment, SockState, SyscallEvent};
 use connection::{Connection, Ending};
 use inferscope_common::SchedKind;
+use inferscope_decode::http::{Limits, RequestEvent, ResponseEvent};
 use peer_close::PeerCloses;
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -64,19 +62,19 @@ pub struct Peer {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TemplateUpdate {
     pub tgid: u32,
-    pub template: crate::decode::http::TokenTemplate,
+    pub template: inferscope_decode::http::TokenTemplate,
 }
 
 /// Folds a template learned from one write into its process's; a change is due for capture.
 /// `Same` (the common case: a write captured whole by design, the first after a head or a
 /// miss, or one from before the install) costs nothing.
 fn merge_process_template(
-    templates: &mut FxHashMap<u32, crate::decode::http::TokenTemplate>,
+    templates: &mut FxHashMap<u32, inferscope_decode::http::TokenTemplate>,
     due: &mut Vec<TemplateUpdate>,
     stats: &mut Stats,
     learned: TemplateUpdate,
 ) {
-    use crate::decode::http::Merge;
+    use inferscope_decode::http::Merge;
     let merge = match templates.get_mut(&learned.tgid) {
         Some(template) => template.merge(&learned.template),
         None => {
@@ -115,7 +113,7 @@ pub struct Tracker {
     templates: Vec<TemplateUpdate>,
     /// Each process's template, merged from what its connections learned. One per traced
     /// process.
-    process_templates: FxHashMap<u32, crate::decode::http::TokenTemplate>,
+    process_templates: FxHashMap<u32, inferscope_decode::http::TokenTemplate>,
     /// Process templates that changed, for capture to install.
     templates_due: Vec<TemplateUpdate>,
     /// Learn templates at all (off when capture does not summarise token events).
@@ -164,7 +162,7 @@ impl Tracker {
             peer_closes: PeerCloses::default(),
             engines: HashMap::new(),
             stats: Stats::default(),
-            unix_offset_ns: crate::model::clock::unix_offset_ns(),
+            unix_offset_ns: inferscope_model::clock::unix_offset_ns(),
             last_loss_ns: 0,
             to_ignore: Vec::new(),
             templates: Vec::new(),
@@ -549,7 +547,7 @@ impl Tracker {
             Counter::ArrivalSegmentsDropped,
             std::mem::take(&mut self.arrivals.dropped),
         );
-        self.unix_offset_ns = crate::model::clock::unix_offset_ns();
+        self.unix_offset_ns = inferscope_model::clock::unix_offset_ns();
     }
 
     /// TCP segment arrivals waiting for their request to be read.
@@ -679,7 +677,11 @@ impl ConnectionTable {
 impl PerProcess for Tracker {
     fn process_gone(&mut self, tgid: u32) {
         let mut ended = std::mem::take(&mut self.ended);
-        self.forget_process(tgid, crate::model::clock::monotonic_now_ns(), &mut ended);
+        self.forget_process(
+            tgid,
+            inferscope_model::clock::monotonic_now_ns(),
+            &mut ended,
+        );
         self.ended = ended;
     }
 }
@@ -737,7 +739,7 @@ mod tests {
         assert!(t.take_http2_servers().is_empty(), "HTTP/1.1 is not HTTP/2");
         let h2 = |fd, ts| SyscallEvent {
             fd,
-            ..ev(SyscallKind::Read, ts, crate::decode::http2::PREFACE)
+            ..ev(SyscallKind::Read, ts, inferscope_decode::http2::PREFACE)
         };
         t.on_read(&h2(6, 10), peer, &mut out);
         t.on_read(&h2(7, 20), peer, &mut out);

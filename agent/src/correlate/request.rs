@@ -1,9 +1,9 @@
 //! One request's progress from its first byte read to the end of its response.
-use crate::decode::http::{BodySummary, RequestSummary, SseEvent, Timings, Usage};
-use crate::model::Counter;
+use inferscope_decode::http::{BodySummary, RequestSummary, SseEvent, Timings, Usage};
+use inferscope_model::Counter;
 
 use super::{Stats, percentile::percentile};
-use crate::model::{EndedBy, RequestRecord};
+use inferscope_model::{EndedBy, RequestRecord};
 
 /// Inter-token gaps kept per request; a longer stream keeps its first gaps and counts the rest.
 pub const MAX_GAPS: usize = 65536;
@@ -30,7 +30,7 @@ pub struct RequestProgress {
     pub usage: Option<Usage>,
     pub timings: Option<Timings>,
     /// The response body's `kv_transfer_params` (a prefill server's hand-off).
-    pub response_handoff: Option<crate::model::HandoffParams>,
+    pub response_handoff: Option<inferscope_model::HandoffParams>,
     pub response_bytes: u64,
     pub truncated: bool,
     /// The engine's task id, from its scheduler hook on the thread that read the request.
@@ -148,7 +148,7 @@ impl RequestProgress {
         let arrival = self.arrival_ns();
         let ms = |from: u64, to: u64| to.saturating_sub(from) as f64 / 1e6;
         let mut summary = self.summary.take().unwrap_or_default();
-        let hints = crate::model::DisaggHints {
+        let hints = inferscope_model::DisaggHints {
             request: summary.kv_transfer_params.take().map(|p| *p),
             response: self.response_handoff.take(),
         };

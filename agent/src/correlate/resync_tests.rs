@@ -1,7 +1,7 @@
 //! Losses never blind a connection: after dropped records or lost framing, the tracker
 //! settles what was open and decodes the next request it can prove.
-use crate::model::Counter;
 use inferscope_common::SyscallKind;
+use inferscope_model::Counter;
 
 use super::*;
 
@@ -273,7 +273,7 @@ fn a_connection_that_never_spoke_http_is_still_ignored() {
 /// and every answered request is a record or a counted loss.
 #[test]
 fn random_losses_always_reconcile() {
-    let mut rng = crate::decode::http::testutil::XorShift(0x5eed_1234_abcd);
+    let mut rng = inferscope_decode::http::testutil::XorShift(0x5eed_1234_abcd);
     for round in 0..200 {
         let mut c = Conn::new();
         let answered = 40;

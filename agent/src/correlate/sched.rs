@@ -2,7 +2,7 @@
 //! request (llama.cpp's handler runs there), so (process, thread) → the request it just read →
 //! the task id; deferral and admission then name the task id, and admission names the slot the
 //! task got, which first-token, finish and release events name in turn.
-use crate::model::Counter;
+use inferscope_model::Counter;
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;

@@ -6,7 +6,7 @@
 //! over when they fill or on a flush), so a finished request waits a short settle time before its
 //! timeline is closed. Where a layer is missing the timeline says so in `unknown` rather than
 //! attributing kernels by time alone, which would guess wrong under batching.
-use crate::model::{Counter, StepLaunches};
+use inferscope_model::{Counter, StepLaunches};
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
@@ -546,7 +546,7 @@ mod tests {
 
     #[test]
     fn a_step_s_launches_merge_with_its_shim_kernels_once_they_settle() {
-        use crate::model::LaunchRecord;
+        use inferscope_model::LaunchRecord;
         let mut b = TimelineBuilder::new(TimelineLimits::default());
         let uprobe = |ts: u64, name: &str| LaunchRecord {
             pid: 7,

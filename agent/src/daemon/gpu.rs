@@ -93,7 +93,7 @@ impl GpuInputs {
         (!samples.is_empty()).then_some(samples)
     }
 
-    pub fn counters(&self) -> Vec<(crate::model::Counter, u64)> {
+    pub fn counters(&self) -> Vec<(inferscope_model::Counter, u64)> {
         self.shim.as_ref().map(|s| s.counters()).unwrap_or_default()
     }
 }

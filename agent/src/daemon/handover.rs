@@ -26,7 +26,7 @@ use std::{
     time::Duration,
 };
 
-use crate::model::{Counter, RequestRecord, StepRecord, clock::monotonic_now_ns};
+use inferscope_model::{Counter, RequestRecord, StepRecord, clock::monotonic_now_ns};
 
 /// How far ahead of its SIGTERM the old agent puts the cut: more than the time it takes to
 /// write the file, so "no cut written yet" always means "the cut, when written, is later".
@@ -242,13 +242,13 @@ impl Gate {
             self.losses_at_cut = Some(
                 counters
                     .iter()
-                    .filter(|(c, _)| c.kind() == crate::model::counters::Kind::Loss)
+                    .filter(|(c, _)| c.kind() == inferscope_model::counters::Kind::Loss)
                     .copied()
                     .collect(),
             );
         }
         for (counter, value) in counters.iter_mut() {
-            if counter.kind() != crate::model::counters::Kind::Loss {
+            if counter.kind() != inferscope_model::counters::Kind::Loss {
                 continue;
             }
             *value = match &self.losses_at_cut {

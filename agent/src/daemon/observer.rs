@@ -18,9 +18,9 @@ use crate::{
         metrics::Metrics,
         otlp::{DiagnosisEvents, ExportCounters, TraceExporter},
     },
-    model::{Counter, PerProcess, RequestRecord, StepRecord, clock::monotonic_now_ns},
     pipeline::Observer,
 };
+use inferscope_model::{Counter, PerProcess, RequestRecord, StepRecord, clock::monotonic_now_ns};
 use tracing::{error, info, warn};
 
 use super::{gpu::GpuInputs, handover::Gate, sampler::Sampler};

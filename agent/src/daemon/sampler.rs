@@ -1,7 +1,7 @@
 //! Which finished requests become traces.
 use std::hash::{Hash, Hasher};
 
-use crate::model::RequestRecord;
+use inferscope_model::RequestRecord;
 
 /// Which requests become traces: a share of all, plus every slow one, plus every one whose
 /// caller's trace is sampled (a parent-based decision, as OpenTelemetry SDKs make it).

@@ -17,8 +17,10 @@ use crate::{
         metrics::Metrics,
         otlp::ExportCounters,
     },
-    model::{Counter, RequestRecord, StepMember, StepRecord, StepRef, clock::monotonic_now_ns},
     pipeline::Observer,
+};
+use inferscope_model::{
+    Counter, RequestRecord, StepMember, StepRecord, StepRef, clock::monotonic_now_ns,
 };
 
 fn step(pid: u32, end_mono_ns: u64, request_id: &str) -> StepRecord {

@@ -6,7 +6,7 @@ use std::io::BufRead;
 
 use serde::Deserialize;
 
-use crate::model::{RequestRecord, StepRecord};
+use inferscope_model::{RequestRecord, StepRecord};
 
 /// One finished request (the fields of a [`RequestRecord`] the diagnosis uses).
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]

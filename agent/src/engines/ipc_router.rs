@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use rustc_hash::FxHashMap;
 
 use super::{EngineIpc, IpcBytes, IpcVerdict, by_name};
-use crate::model::{Counter, RequestRecord, Stats, StepRecord};
+use inferscope_model::{Counter, RequestRecord, Stats, StepRecord};
 
 /// Records held at once for a late engine join; beyond this a record is joined at once (counted).
 const MAX_HELD: usize = 4096;
@@ -142,7 +142,7 @@ impl IpcRouter {
     }
 }
 
-impl crate::model::PerProcess for IpcRouter {
+impl inferscope_model::PerProcess for IpcRouter {
     fn process_gone(&mut self, tgid: u32) {
         self.forget_process(tgid);
     }

@@ -6,7 +6,7 @@
 //! looked at.
 
 use super::{LastReply, StreamReply};
-use crate::decode::protobuf::{self, WireValue};
+use inferscope_decode::protobuf::{self, WireValue};
 
 pub const MODEL_INFER: &str = "/inference.GRPCInferenceService/ModelInfer";
 pub const MODEL_STREAM_INFER: &str = "/inference.GRPCInferenceService/ModelStreamInfer";

@@ -12,7 +12,7 @@ mod tensorrt_llm;
 mod triton;
 mod vllm;
 
-use crate::model::{Counter, RequestRecord, StepRecord};
+use inferscope_model::{Counter, RequestRecord, StepRecord};
 
 pub use ipc_router::IpcRouter;
 
@@ -21,7 +21,7 @@ pub use crate::capture::{
     sched_hooks::{HookLayout, HookSet, SchedulerHook, StructMember},
 };
 
-pub use crate::model::signals::{MetricSource, MetricsEndpoint, Signal};
+pub use inferscope_model::signals::{MetricSource, MetricsEndpoint, Signal};
 
 /// Which way bytes moved on a traced process's socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,8 +114,8 @@ pub trait Engine: Sync {
     }
     /// Which leg of a disaggregated (prefill/decode) request a record served, read from what
     /// its bodies said about the KV hand-off, for engines that serve disaggregated.
-    fn disagg_leg(&self, _hints: &crate::model::DisaggHints) -> crate::model::LegParse {
-        crate::model::LegParse::None
+    fn disagg_leg(&self, _hints: &inferscope_model::DisaggHints) -> inferscope_model::LegParse {
+        inferscope_model::LegParse::None
     }
 
     /// Whether this kind is a proxy (router) in front of disaggregated prefill/decode servers,
@@ -197,8 +197,8 @@ pub fn is_call_stream(path: &str) -> bool {
 /// Whether a message head from `side` of call stream `path` names its call: a request with an
 /// id, a response that echoes one. What a call stream whose message boundaries were lost takes
 /// up again at.
-pub fn names_a_call(path: &str, side: crate::decode::http2::Side, head: &[u8]) -> bool {
-    use crate::decode::http2::Side;
+pub fn names_a_call(path: &str, side: inferscope_decode::http2::Side, head: &[u8]) -> bool {
+    use inferscope_decode::http2::Side;
     call_stream(path).is_some_and(|rpc| match side {
         Side::Client => (rpc.request_id)(head).is_some(),
         Side::Server => (rpc.response)(head).id.is_some(),
@@ -277,7 +277,8 @@ pub fn identify(process: &ProcessInfo, user_patterns: &[String]) -> Option<&'sta
 /// Test support: an engine's committed exposition fixture read through its metric table.
 #[cfg(test)]
 pub(crate) fn fixture_signals(engine: &str, fixture: &[u8]) -> Vec<(Signal, Option<f64>)> {
-    use crate::{correlate::engine_metrics::snapshot, decode::prometheus::Limits};
+    use crate::correlate::engine_metrics::snapshot;
+    use inferscope_decode::prometheus::Limits;
     let endpoint = by_name(engine)
         .and_then(|e| e.metrics())
         .expect("engine has a metrics table");

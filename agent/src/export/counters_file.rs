@@ -8,7 +8,7 @@ use std::{
     path::Path,
 };
 
-use crate::model::Counter;
+use inferscope_model::Counter;
 
 /// Writes `counters` by exported name, and every [`Counter`] they lack as 0: a reader can tell
 /// a counter that stayed at zero from a name that does not exist.

@@ -17,8 +17,8 @@ use super::{
 use crate::{
     correlate::timeline::RequestTimeline,
     diagnose::{self, Timeline, history::History, parse_window},
-    model::clock::monotonic_now_ns,
 };
+use inferscope_model::clock::monotonic_now_ns;
 
 /// Events queued per subscriber stream on the server side (the broadcast buffer is in front).
 const STREAM_BUFFER: usize = 256;

@@ -7,7 +7,7 @@ use std::{
     time::Duration,
 };
 
-use crate::model::clock::monotonic_now_ns;
+use inferscope_model::clock::monotonic_now_ns;
 
 /// A capture loop that has not passed for this long is wedged (it passes at least every 50 ms
 /// when healthy; attaching to a large engine can hold it for seconds).

@@ -14,7 +14,7 @@ use inferscope_proto::v1::agent::{Diagnosis, GpuSample};
 use tokio::sync::broadcast;
 
 use crate::correlate::timeline::{KernelRecord, RequestTimeline};
-use crate::model::StepRecord;
+use inferscope_model::StepRecord;
 
 #[derive(Debug, Clone)]
 pub enum HubEvent {
@@ -133,7 +133,7 @@ impl Hub {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::RequestRecord;
+    use inferscope_model::RequestRecord;
 
     fn timeline(id: &str) -> RequestTimeline {
         RequestTimeline::bare(RequestRecord {

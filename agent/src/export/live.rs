@@ -1,5 +1,5 @@
 //! The one-line-per-request view printed while recording to a terminal.
-use crate::model::RequestRecord;
+use inferscope_model::RequestRecord;
 
 fn ms(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{v:.1}"))

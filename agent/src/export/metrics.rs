@@ -19,8 +19,8 @@ use prometheus_client::{
 use crate::{
     capture::gpu::GpuSample,
     correlate::{engine_metrics::EngineMetricsRecord, timeline::RequestTimeline},
-    model::{Counter as AgentCounter, CounterKind, EndedBy, StepRecord},
 };
+use inferscope_model::{Counter as AgentCounter, CounterKind, EndedBy, StepRecord};
 
 const TTFT_BUCKETS: [f64; 16] = [
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -66,7 +66,7 @@ struct PodLabels {
 }
 
 impl PodLabels {
-    fn of(identity: Option<&crate::model::ProcessIdentity>) -> Self {
+    fn of(identity: Option<&inferscope_model::ProcessIdentity>) -> Self {
         identity.map_or_else(PodLabels::default, |i| PodLabels {
             namespace: i.k8s_namespace_name.clone(),
             pod: i.k8s_pod_name.clone(),
@@ -848,7 +848,7 @@ fn otel_instruments(meter: &Meter, agent: Arc<Mutex<Vec<(AgentCounter, u64)>>>) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::RequestRecord;
+    use inferscope_model::RequestRecord;
 
     fn timeline(model: &str) -> RequestTimeline {
         RequestTimeline::bare(RequestRecord {
@@ -960,7 +960,7 @@ mod tests {
         let m = Metrics::new(None);
         m.record_request(&timeline("smol"));
         let mut in_pod = timeline("smol");
-        in_pod.request.identity = Some(crate::model::ProcessIdentity {
+        in_pod.request.identity = Some(inferscope_model::ProcessIdentity {
             container_id: Some("ab".repeat(32)),
             k8s_namespace_name: Some("inference".into()),
             k8s_pod_name: Some("vllm-7d9f8c6b5-x2k4p".into()),
@@ -970,7 +970,7 @@ mod tests {
         m.record_request(&in_pod);
         // A container without a pod (podman on a bare host): no pod labels.
         let mut in_container = timeline("smol");
-        in_container.request.identity = Some(crate::model::ProcessIdentity {
+        in_container.request.identity = Some(inferscope_model::ProcessIdentity {
             container_id: Some("cd".repeat(32)),
             ..Default::default()
         });

@@ -4,7 +4,7 @@
 use opentelemetry::KeyValue;
 
 use crate::correlate::timeline::RequestTimeline;
-use crate::model::RequestRecord;
+use inferscope_model::RequestRecord;
 
 /// `gen_ai.operation.name` from the endpoint, where it is one of the OpenAI-compatible ones.
 pub fn operation_name(path: &str) -> Option<&'static str> {

@@ -11,8 +11,8 @@ use axum::{
 use tokio::net::TcpListener;
 
 use super::{health::Health, metrics::Metrics};
-use crate::model::clock::monotonic_now_ns;
 use axum::http::StatusCode;
+use inferscope_model::clock::monotonic_now_ns;
 
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await

@@ -3,7 +3,7 @@ use inferscope_proto::v1::{agent as pb, shim};
 
 use crate::capture::gpu::GpuSample;
 use crate::correlate::timeline::{GpuPhase, KernelRecord, RequestTimeline, union_ns};
-use crate::model::StepRecord;
+use inferscope_model::StepRecord;
 
 pub fn kernel(k: &KernelRecord) -> shim::Kernel {
     shim::Kernel {
@@ -53,7 +53,7 @@ pub fn gpu(g: &GpuSample) -> pb::GpuSample {
 
 pub fn request(t: &RequestTimeline) -> pb::Request {
     let r = &t.request;
-    let identity = |field: fn(&crate::model::ProcessIdentity) -> &Option<String>| {
+    let identity = |field: fn(&inferscope_model::ProcessIdentity) -> &Option<String>| {
         r.identity.as_ref().and_then(|i| field(i).clone())
     };
     pb::Request {
@@ -158,8 +158,8 @@ pub fn step(s: &StepRecord) -> pb::Step {
     }
 }
 
-fn step_launches(l: &crate::model::StepLaunches) -> pb::StepLaunches {
-    let counts = |list: &[crate::model::NamedCount]| {
+fn step_launches(l: &inferscope_model::StepLaunches) -> pb::StepLaunches {
+    let counts = |list: &[inferscope_model::NamedCount]| {
         list.iter()
             .map(|c| pb::NamedCount {
                 name: c.name.clone(),

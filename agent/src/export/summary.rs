@@ -2,7 +2,7 @@
 use std::fmt::Write as _;
 
 use crate::correlate::percentile::percentile;
-use crate::model::RequestRecord;
+use inferscope_model::RequestRecord;
 
 pub struct Distribution {
     pub name: &'static str,

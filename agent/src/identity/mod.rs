@@ -15,13 +15,13 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 
 use crate::capture::container::{self, ContainerId};
-use crate::model::Counter;
+use inferscope_model::Counter;
 use pods::PodStore;
 
 /// Processes whose identity is kept at once (engines on one node: a few dozen).
 const MAX_PROCESSES: usize = 4096;
 
-pub use crate::model::ProcessIdentity;
+pub use inferscope_model::ProcessIdentity;
 
 struct Entry {
     container: Option<ContainerId>,
@@ -150,7 +150,7 @@ impl Identities {
     }
 }
 
-impl crate::model::PerProcess for Identities {
+impl inferscope_model::PerProcess for Identities {
     fn process_gone(&mut self, tgid: u32) {
         self.forget(tgid);
     }

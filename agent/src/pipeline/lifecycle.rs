@@ -9,17 +9,11 @@ use crate::{
     correlate::{EngineMetrics, Tracker},
     engines::IpcRouter,
     identity::Identities,
-    model::{PerProcess, RequestRecord},
 };
+use inferscope_model::{PerProcess, RequestRecord};
 
 /// Listening ports per traced process.
 pub(super) type Ports = FxHashMap<u32, Vec<u16>>;
-
-impl PerProcess for Ports {
-    fn process_gone(&mut self, tgid: u32) {
-        self.remove(&tgid);
-    }
-}
 
 /// Every per-process component of the pipeline, borrowed for [`Processes::forget`].
 pub(super) struct Processes<'a> {
@@ -99,9 +93,9 @@ mod tests {
     use crate::{
         capture::{SyscallEvent, adopt::ATTACH_WAIT, late_attach::Missing, metrics::Scrape},
         correlate::Peer,
-        decode::{http::Limits, prometheus},
         engines,
     };
+    use inferscope_decode::{http::Limits, prometheus};
 
     const HEAD: &[u8] = b"GET /v1/models HTTP/1.1\r\nHost: a\r\n\r\n";
 

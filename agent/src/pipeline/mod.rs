@@ -3,7 +3,7 @@
 mod lifecycle;
 mod route;
 use crate::correlate::disagg::Stitcher;
-use crate::model::Counter;
+use inferscope_model::Counter;
 use std::{
     sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
@@ -30,11 +30,11 @@ use crate::{
         user_probes::{ProbeSpec, UserProbes},
     },
     correlate::{EngineMetrics, EngineMetricsRecord, Tracker, launches::Launches},
-    decode::{http::Limits, prometheus},
     engines::{self, IpcRouter},
     identity::Identities,
-    model::{LaunchRecord, RequestRecord, Stats, StepRecord, clock::monotonic_now_ns},
 };
+use inferscope_decode::{http::Limits, prometheus};
+use inferscope_model::{LaunchRecord, RequestRecord, Stats, StepRecord, clock::monotonic_now_ns};
 
 #[derive(Debug, Clone)]
 pub struct PipelineConfig {

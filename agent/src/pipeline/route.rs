@@ -9,10 +9,10 @@ use tracing::warn;
 use crate::{
     capture::{FdClass, FdClassifier, SyscallEvent, adopt::Adoption},
     correlate::{Peer, Tracker},
-    decode::zmtp,
     engines::{IpcBytes, IpcDirection, IpcRouter, IpcVerdict},
-    model::{Counter, RequestRecord, Stats, StepRecord},
 };
+use inferscope_decode::zmtp;
+use inferscope_model::{Counter, RequestRecord, Stats, StepRecord};
 
 /// What one syscall record is handed to: the drain's state, borrowed.
 pub(super) struct Sockets<'p> {
@@ -82,7 +82,7 @@ impl TlsProcesses {
     }
 }
 
-impl crate::model::PerProcess for TlsProcesses {
+impl inferscope_model::PerProcess for TlsProcesses {
     fn process_gone(&mut self, tgid: u32) {
         self.probed.remove(&tgid);
         self.warned.remove(&tgid);
@@ -225,7 +225,7 @@ fn ipc_bytes<'a>(ev: &SyscallEvent<'a>) -> IpcBytes<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::PerProcess;
+    use inferscope_model::PerProcess;
 
     #[test]
     fn tls_is_decoded_only_where_the_probes_are_attached() {

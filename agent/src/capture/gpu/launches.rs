@@ -135,7 +135,7 @@ impl LaunchBudget {
     }
 }
 
-impl crate::model::PerProcess for LaunchBudget {
+impl inferscope_model::PerProcess for LaunchBudget {
     fn process_gone(&mut self, tgid: u32) {
         self.forget(tgid);
     }

@@ -18,12 +18,11 @@ use std::{
     time::Duration,
 };
 
-use crate::model::Counter;
+use inferscope_model::Counter;
 
-use super::{
-    frame::{FrameDecoder, FrameError},
-    record::{KernelRecord, MemcpyRecord},
-};
+use inferscope_decode::shim::{FrameDecoder, FrameError};
+
+use super::record::{KernelRecord, MemcpyRecord};
 
 #[derive(Debug, Clone)]
 pub struct ListenerConfig {

@@ -7,14 +7,12 @@
 //!   restart): host-side launches and the kernel names the driver hands out.
 //! - [`NvmlSampler`]: samples every GPU on an interval (utilisation, memory, clocks, power,
 //!   throttle reasons, GPM tensor/DRAM/occupancy on Hopper+) and flags outlier cards.
-mod frame;
 pub mod launches;
 mod listener;
 mod nvml;
 mod outliers;
 mod record;
 
-pub use frame::{FrameDecoder, FrameError, MAX_MESSAGE_BYTES};
 pub use listener::{ListenerConfig, ListenerError, ShimInfo, ShimListener};
 pub use nvml::{GpuSample, NvmlSampler, NvmlUnavailable};
 pub use outliers::{OUTLIER_FLOOR, OUTLIER_K, flag_outliers};

@@ -28,8 +28,8 @@ pub enum GetError {
 impl GetError {
     /// Counter name for this kind of failure.
     /// The agent counter this failure is counted in.
-    pub fn counter(&self) -> crate::model::Counter {
-        use crate::model::Counter;
+    pub fn counter(&self) -> inferscope_model::Counter {
+        use inferscope_model::Counter;
         match self {
             GetError::Connect(_) => Counter::MetricsScrapeErrorsConnect,
             GetError::Timeout => Counter::MetricsScrapeErrorsTimeout,

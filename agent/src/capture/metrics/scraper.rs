@@ -15,7 +15,7 @@ use bytes::Bytes;
 use tracing::{info, warn};
 
 use super::http::{self, GetError};
-use crate::model::{Counter, clock::monotonic_now_ns, signals::MetricsEndpoint};
+use inferscope_model::{Counter, clock::monotonic_now_ns, signals::MetricsEndpoint};
 
 #[derive(Debug, Clone, Copy)]
 pub struct ScrapeConfig {
@@ -68,7 +68,7 @@ enum Command {
     Forget(u32),
 }
 
-/// The scraping thread's counters (it counts from its own thread, so atomics, not a [`crate::model::Stats`]).
+/// The scraping thread's counters (it counts from its own thread, so atomics, not a [`inferscope_model::Stats`]).
 const COUNTERS: [Counter; 10] = [
     Counter::MetricsScrapes,
     Counter::MetricsScrapeErrorsConnect,
@@ -379,7 +379,7 @@ fn serves_engine_metrics(body: &[u8], endpoint: &MetricsEndpoint) -> bool {
         .any(|s| memchr::memmem::find(body, s.metric.as_bytes()).is_some())
 }
 
-impl crate::model::PerProcess for MetricsScraper {
+impl inferscope_model::PerProcess for MetricsScraper {
     fn process_gone(&mut self, tgid: u32) {
         self.forget(tgid);
     }

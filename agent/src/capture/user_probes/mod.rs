@@ -4,7 +4,7 @@
 //! attached, or whose reads keep failing (a wrong offset), is disabled with a warning while the
 //! rest keep working. Reads go through bpf_probe_read_user, so a wrong offset costs the engine
 //! nothing; all probes go when the agent exits (closing the eBPF object detaches them).
-use crate::model::Counter;
+use inferscope_model::Counter;
 pub mod spec;
 
 use std::path::PathBuf;
@@ -20,7 +20,7 @@ use super::{
     sched_hooks::HookOutcome,
     symbols::ElfSymbols,
 };
-use crate::model::Stats;
+use inferscope_model::Stats;
 use spec::{At, Join};
 
 /// Processes whose probe health is tracked at once (bounded like every map).
@@ -224,7 +224,7 @@ fn object_matches(object: &str, mapped: &str) -> bool {
     name.contains(object)
 }
 
-impl crate::model::PerProcess for UserProbes {
+impl inferscope_model::PerProcess for UserProbes {
     fn process_gone(&mut self, tgid: u32) {
         self.forget_process(tgid);
     }

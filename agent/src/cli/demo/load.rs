@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use inferscope::decode::http::{Chunk, Limits, ResponseDecoder, ResponseEvent};
+use inferscope_decode::http::{Chunk, Limits, ResponseDecoder, ResponseEvent};
 
 const TOPICS: &[&str] = &[
     "lighthouses",

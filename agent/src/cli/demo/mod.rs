@@ -17,9 +17,9 @@ use clap::Args;
 use inferscope::{
     capture::{DiscoveryChange, TargetSelector},
     export::{jsonl::JsonlWriter, live, summary},
-    model::{Counter, RequestRecord},
     pipeline::{Observer, Pipeline, PipelineConfig},
 };
+use inferscope_model::{Counter, RequestRecord};
 
 use super::signals;
 

@@ -13,7 +13,6 @@ use anyhow::Context as _;
 use inferscope::{
     capture::{CaptureConfig, CaptureError, TargetSelector, metrics::ScrapeConfig},
     correlate::timeline::{TimelineBuilder, TimelineLimits},
-    decode::http::Limits,
     diagnose::{
         history::{History, HistoryLimits},
         watch::Watch,
@@ -27,6 +26,7 @@ use inferscope::{
     },
     pipeline::{Observer as _, Pipeline, PipelineConfig},
 };
+use inferscope_decode::http::Limits;
 use opentelemetry::{KeyValue, metrics::MeterProvider as _};
 use tracing::{info, warn};
 
@@ -290,7 +290,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             .diagnose
             .zip(history)
             .map(|(watch, history)| Diagnosis {
-                watch: Watch::new(watch, inferscope::model::clock::monotonic_now_ns()),
+                watch: Watch::new(watch, inferscope_model::clock::monotonic_now_ns()),
                 history,
                 events: diagnosis_events,
                 reported_cause: None,

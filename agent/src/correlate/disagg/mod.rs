@@ -10,8 +10,10 @@ use std::time::Instant;
 
 use rustc_hash::FxHashMap;
 
-use crate::model::disagg::fnv1a;
-use crate::model::{Counter, DisaggInfo, DisaggLeg, DisaggRole, LegParse, RequestRecord, Stats};
+use inferscope_model::disagg::fnv1a;
+use inferscope_model::{
+    Counter, DisaggInfo, DisaggLeg, DisaggRole, LegParse, RequestRecord, Stats,
+};
 
 /// Prefill legs remembered; the oldest is forgotten (counted) beyond this.
 const MAX_PREFILL_LEGS: usize = 16_384;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use rustc_hash::FxHashMap;
 
 use super::ms;
-use crate::model::{Counter, DisaggInfo, DisaggRole, RequestRecord, Stats};
+use inferscope_model::{Counter, DisaggInfo, DisaggRole, RequestRecord, Stats};
 
 /// Decode legs remembered for their proxy's record; the oldest is forgotten beyond this.
 pub(super) const MAX_DECODE_LEGS: usize = 16_384;

@@ -1,5 +1,5 @@
 use super::*;
-use crate::model::{DisaggHints, HandoffParams, HandoffValue};
+use inferscope_model::{DisaggHints, HandoffParams, HandoffValue};
 use std::time::Instant;
 
 const MS: u64 = 1_000_000;

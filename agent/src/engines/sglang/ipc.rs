@@ -3,7 +3,7 @@
 //! each process's installed package (read at discovery) and picks the pinned layout; an
 //! unsupported version is refused (logged once, counted per message) and decoded no further.
 //! When the version is unknown the newest layout is used, every class and field checked.
-use crate::model::Counter;
+use inferscope_model::Counter;
 use rustc_hash::{FxHashMap, FxHashSet};
 use tracing::warn;
 
@@ -13,11 +13,9 @@ use super::{
     scheduler::Schedulers,
     state::{IpcState, Sighting},
 };
-use crate::{
-    decode::zmtp::{Message, ZmtpError, ZmtpLimits, ZmtpStream},
-    engines::{EngineIpc, IpcBytes, IpcDirection, IpcVerdict, package},
-    model::{RequestRecord, Stats, StepRecord},
-};
+use crate::engines::{EngineIpc, IpcBytes, IpcDirection, IpcVerdict, package};
+use inferscope_decode::zmtp::{Message, ZmtpError, ZmtpLimits, ZmtpStream};
+use inferscope_model::{RequestRecord, Stats, StepRecord};
 
 /// Sockets followed at once; beyond this the table is cleared (counted).
 const MAX_SOCKETS: usize = 4096;

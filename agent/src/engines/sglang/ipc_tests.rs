@@ -6,13 +6,13 @@ use super::{
     messages::{self, DecodeError, IpcMessage, Output},
     state::{IpcState, Sighting},
 };
-use crate::model::Counter;
 use crate::{
     capture::gpu::KernelRecord,
     correlate::timeline::{TimelineBuilder, TimelineLimits},
     engines::{EngineIpc, IpcBytes, IpcDirection},
-    model::{RequestRecord, StepRef},
 };
+use inferscope_model::Counter;
+use inferscope_model::{RequestRecord, StepRef};
 
 const DIR: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),

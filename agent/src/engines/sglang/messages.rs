@@ -2,7 +2,7 @@
 //! pickle reader. Only ids, counts, finish reasons and times are read: prompt token ids are
 //! counted from their byte length, prompt text is never kept.
 use super::layout::Layout;
-use crate::decode::pickle::{self, PickleError, PickleLimits, Value};
+use inferscope_decode::pickle::{self, PickleError, PickleLimits, Value};
 
 /// Longest rid accepted (SGLang's are 32 hex chars; users may pass their own).
 const MAX_RID: usize = 256;
@@ -62,8 +62,8 @@ pub enum DecodeError {
 
 impl DecodeError {
     /// The agent counter this failure is counted in.
-    pub fn counter(self) -> crate::model::Counter {
-        use crate::model::Counter;
+    pub fn counter(self) -> inferscope_model::Counter {
+        use inferscope_model::Counter;
 
         match self {
             Self::Pickle(e) => e.counter(),

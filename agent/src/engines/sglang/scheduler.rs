@@ -2,12 +2,13 @@
 //! (`launch_server`, which runs the TokenizerManager) titled `sglang::scheduler…`. Outputs are
 //! seen in the server, the detokenizer or the scheduler itself; the steps they time ran their
 //! kernels in the scheduler, so the timeline joins its kernels to them.
-use crate::model::Counter;
+use inferscope_model::Counter;
 use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 
-use crate::{capture::procfs, model::Stats};
+use crate::capture::procfs;
+use inferscope_model::Stats;
 
 /// Processes whose lookups are remembered; beyond this the table starts over.
 const MAX_PROCESSES: usize = 1024;
@@ -172,11 +173,14 @@ mod tests {
 
     #[test]
     fn this_process_has_no_scheduler() {
-        let mut stats = crate::model::Stats::default();
+        let mut stats = inferscope_model::Stats::default();
         assert_eq!(
             super::Schedulers::default().of(std::process::id(), &mut stats),
             None
         );
-        assert_eq!(stats.get(crate::model::Counter::SglangSchedulerNotFound), 1);
+        assert_eq!(
+            stats.get(inferscope_model::Counter::SglangSchedulerNotFound),
+            1
+        );
     }
 }

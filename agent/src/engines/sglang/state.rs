@@ -2,13 +2,13 @@
 //! HTTP records by rid. One message is usually seen twice (written by one traced process, read
 //! by another) and SGLang's counts are cumulative, so every update is idempotent: counts keep
 //! their maximum, times their first value.
-use crate::model::Counter;
+use inferscope_model::Counter;
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
 use super::messages::{AddRequest, IpcMessage, Output};
-use crate::model::{RequestRecord, Stats, StepMember, StepRecord, StepRef};
+use inferscope_model::{RequestRecord, Stats, StepMember, StepRecord, StepRef};
 
 /// Requests remembered at once; the oldest is forgotten (counted) beyond this.
 const MAX_REQUESTS: usize = 16_384;

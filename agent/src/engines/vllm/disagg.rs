@@ -10,8 +10,8 @@
 //!   `WAITING_FOR_REMOTE_KVS` until its connector reports the blocks received.
 //!
 //! So the P leg's key is in its response, the D leg's in its request, and they are equal.
-use crate::model::disagg::fnv1a;
-use crate::model::{DisaggHints, DisaggLeg, DisaggRole, HandoffParams, HandoffValue, LegParse};
+use inferscope_model::disagg::fnv1a;
+use inferscope_model::{DisaggHints, DisaggLeg, DisaggRole, HandoffParams, HandoffValue, LegParse};
 
 pub const SCHEME: &str = "vllm_kv_transfer";
 

@@ -8,7 +8,7 @@
 //! Several vLLM servers (and data-parallel engine cores) may run on one node: each server is
 //! named by its API server's pid (an EngineCore process by its parent's), so steps are chained
 //! per (server, engine index).
-use crate::model::Counter;
+use inferscope_model::Counter;
 use rustc_hash::FxHashMap;
 use tracing::warn;
 
@@ -18,11 +18,11 @@ use super::{
     state::IpcState,
 };
 use crate::{
-    decode::zmtp::{Message, ZmtpError, ZmtpLimits, ZmtpStream},
     engines::package,
     engines::{EngineIpc, IpcBytes, IpcDirection, IpcVerdict},
-    model::{RequestRecord, Stats, StepRecord},
 };
+use inferscope_decode::zmtp::{Message, ZmtpError, ZmtpLimits, ZmtpStream};
+use inferscope_model::{RequestRecord, Stats, StepRecord};
 
 /// Sockets followed at once; beyond this the table is cleared (counted) and streams restart
 /// mid-stream.

@@ -1,7 +1,7 @@
 //! vLLM V1 IPC messages (msgpack frames of one ZMTP message) → typed values. Only ids, counts,
 //! reasons and timestamps are read: prompt token ids are counted, never kept.
 use super::layout::{self, Layout};
-use crate::decode::msgpack::{Head, MsgpackError, Reader};
+use inferscope_decode::msgpack::{Head, MsgpackError, Reader};
 
 /// Longest request id accepted (vLLM's are ~50 bytes); longer is not vLLM's layout.
 const MAX_ID: usize = 512;
@@ -115,8 +115,8 @@ pub enum DecodeError {
 
 impl DecodeError {
     /// The agent counter this failure is counted in.
-    pub fn counter(&self) -> crate::model::Counter {
-        use crate::model::Counter;
+    pub fn counter(&self) -> inferscope_model::Counter {
+        use inferscope_model::Counter;
 
         match self {
             DecodeError::Msgpack(MsgpackError::Truncated) => Counter::VllmIpcTruncated,

@@ -42,7 +42,7 @@ impl Engine for Vllm {
         FLAGS
     }
 
-    fn disagg_leg(&self, hints: &crate::model::DisaggHints) -> crate::model::LegParse {
+    fn disagg_leg(&self, hints: &inferscope_model::DisaggHints) -> inferscope_model::LegParse {
         disagg::leg(hints)
     }
 

@@ -2,13 +2,13 @@
 //! messages and joined to HTTP records by id. The same message can be seen twice (written by
 //! one traced process, read by another): events are kept once per (kind, timestamp), outputs
 //! once per message timestamp.
-use crate::model::Counter;
+use inferscope_model::Counter;
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
 use super::messages::{AddRequest, EventKind, IpcMessage, KvTransfers, Outputs};
-use crate::model::{RequestRecord, Stats, StepMember, StepRecord, StepRef};
+use inferscope_model::{RequestRecord, Stats, StepMember, StepRecord, StepRef};
 
 /// Requests remembered at once; the oldest is forgotten (counted) beyond this.
 const MAX_REQUESTS: usize = 16_384;

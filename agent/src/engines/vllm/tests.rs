@@ -1,13 +1,11 @@
 //! The vLLM 0.33.0 fixtures (tests/fixtures/vllm: real ZMTP streams of messages encoded with the
 //! wheel's own classes) replayed through the decoder, compared with the values they encode.
-use crate::model::Counter;
+use inferscope_model::Counter;
 use serde_json::Value;
 
 use super::{VllmIpc, state::mono_ns};
-use crate::{
-    engines::{EngineIpc, IpcBytes, IpcDirection, IpcVerdict},
-    model::{RequestRecord, StepRecord},
-};
+use crate::engines::{EngineIpc, IpcBytes, IpcDirection, IpcVerdict};
+use inferscope_model::{RequestRecord, StepRecord};
 
 fn fixture(name: &str) -> Vec<u8> {
     let path = format!(
@@ -583,7 +581,7 @@ fn input_message(kind: u8, body: &[u8]) -> Vec<u8> {
 /// bytes each, as vLLM's msgpack writes ids from 256 on).
 fn long_prompt_add(id: &str, n: u32) -> Vec<u8> {
     let body = first_add_body();
-    let mut r = crate::decode::msgpack::Reader::new(&body);
+    let mut r = inferscope_decode::msgpack::Reader::new(&body);
     r.array_len().unwrap();
     let id_at = r.position();
     r.skip().unwrap();

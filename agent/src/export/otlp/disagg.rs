@@ -15,8 +15,8 @@ use opentelemetry::{
 };
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SdkTracer};
 
-use crate::model::disagg::fnv1a;
-use crate::model::{DisaggInfo, DisaggRole, RequestRecord};
+use inferscope_model::disagg::fnv1a;
+use inferscope_model::{DisaggInfo, DisaggRole, RequestRecord};
 
 thread_local! {
     /// Ids the next span built on this thread takes (the SDK 0.33 takes a span's ids only

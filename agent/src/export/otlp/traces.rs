@@ -22,10 +22,8 @@ use rustc_hash::FxHashMap;
 use tracing::{info, warn};
 
 use super::{OtlpConfig, OtlpError, counting::CountingExporter, counting::ExportCounters};
-use crate::{
-    correlate::timeline::RequestTimeline, export::names, identity::ProcessIdentity,
-    model::StepRecord,
-};
+use crate::{correlate::timeline::RequestTimeline, export::names, identity::ProcessIdentity};
+use inferscope_model::StepRecord;
 
 /// Engine processes with a tracer at once (each has its own resource and batch queue).
 const MAX_PROCESSES: usize = 64;

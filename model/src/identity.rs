@@ -1,5 +1,5 @@
 //! Which container and Kubernetes pod an engine process belongs to, as record fields; filled by
-//! [`crate::identity`].
+//! the agent's `identity` stage.
 use serde::Serialize;
 
 /// The identity of an engine process, as record fields (`container_id`, `k8s_*`).

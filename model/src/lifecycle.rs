@@ -15,3 +15,10 @@ impl<T: PerProcess> PerProcess for Option<T> {
         }
     }
 }
+
+/// A map keyed by process id (e.g. listening ports per process) forgets the process's entry.
+impl<V, S: std::hash::BuildHasher> PerProcess for std::collections::HashMap<u32, V, S> {
+    fn process_gone(&mut self, tgid: u32) {
+        self.remove(&tgid);
+    }
+}

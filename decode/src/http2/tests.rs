@@ -4,8 +4,8 @@
 use super::frame::kind;
 use super::testwire::*;
 use super::*;
-use crate::decode::http::Chunk;
-use crate::model::{Counter, Stats};
+use crate::http::Chunk;
+use inferscope_model::{Counter, Stats};
 
 struct Exchange {
     client: Vec<u8>,
@@ -100,7 +100,7 @@ impl Run {
     fn losses(&self) -> Vec<(Counter, u64)> {
         self.stats
             .iter()
-            .filter(|(c, n)| c.kind() == crate::model::counters::Kind::Loss && *n > 0)
+            .filter(|(c, n)| c.kind() == inferscope_model::counters::Kind::Loss && *n > 0)
             .collect()
     }
 }
@@ -803,7 +803,7 @@ fn settings_header_table_size_bounds_the_peer_encoder() {
 /// and keep every bound.
 #[test]
 fn random_and_mutated_input_never_panics() {
-    let mut rng = crate::decode::http::testutil::XorShift(0x42);
+    let mut rng = crate::http::testutil::XorShift(0x42);
     let ex = exchange();
     for round in 0..3000 {
         let start = if round % 2 == 0 {
@@ -852,10 +852,10 @@ fn random_and_mutated_input_never_panics() {
 /// connection was seen from its start).
 #[test]
 fn a_real_grpcio_connection_decodes_to_the_clients_counts() {
-    let client = include_bytes!("../../../../tests/fixtures/grpc_h2c/client.bin");
-    let server = include_bytes!("../../../../tests/fixtures/grpc_h2c/server.bin");
+    let client = include_bytes!("../../../tests/fixtures/grpc_h2c/client.bin");
+    let server = include_bytes!("../../../tests/fixtures/grpc_h2c/server.bin");
     let calls: Vec<serde_json::Value> =
-        include_str!("../../../../tests/fixtures/grpc_h2c/calls.jsonl")
+        include_str!("../../../tests/fixtures/grpc_h2c/calls.jsonl")
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();

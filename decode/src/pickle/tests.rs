@@ -1,7 +1,7 @@
 use super::*;
 
-const REQUEST: &[u8] = include_bytes!("../../../../tests/fixtures/sglang/0.5.23/request.pickle");
-const OUTPUT: &[u8] = include_bytes!("../../../../tests/fixtures/sglang/0.5.23/output.pickle");
+const REQUEST: &[u8] = include_bytes!("../../../tests/fixtures/sglang/0.5.23/request.pickle");
+const OUTPUT: &[u8] = include_bytes!("../../../tests/fixtures/sglang/0.5.23/output.pickle");
 
 fn limits() -> PickleLimits {
     PickleLimits::default()

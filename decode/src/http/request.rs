@@ -64,7 +64,7 @@ pub struct RequestSummary {
     pub include_usage: Option<bool>,
     /// `kv_transfer_params` (disaggregated prefill/decode serving), digested: scalars, and
     /// arrays only as a length and digest.
-    pub kv_transfer_params: Option<Box<crate::model::HandoffParams>>,
+    pub kv_transfer_params: Option<Box<inferscope_model::HandoffParams>>,
 }
 
 /// Head fields needed to frame and describe the request.

@@ -198,7 +198,7 @@ impl Fields {
 
     /// One decoded field; `None` for a name never seen.
     pub fn add(&mut self, name: Option<&[u8]>, value: Option<&[u8]>) {
-        use crate::decode::http::{MAX_FIELD_BYTES, truncated_string};
+        use crate::http::{MAX_FIELD_BYTES, truncated_string};
         let Some(name) = name else {
             self.unknown += 1;
             return;

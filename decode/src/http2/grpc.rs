@@ -3,7 +3,7 @@
 //! frames anyhow. Only the 5-byte prefix is held, and, where the reader is asked to, the head
 //! of each message; the rest of the bytes are counted and dropped.
 
-use crate::decode::protobuf::FieldScanner;
+use crate::protobuf::FieldScanner;
 
 /// One complete message.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,7 +12,7 @@
 /// The client connection preface (RFC 9113 §3.4).
 pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-use crate::decode::http::wipe;
+use crate::http::wipe;
 
 const HEADER_LEN: usize = 9;
 /// The largest frame length a hunt accepts as plausible: peers rarely raise

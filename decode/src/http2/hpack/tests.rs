@@ -435,7 +435,7 @@ fn malformed_blocks_are_errors_not_panics() {
 /// Pseudo-random blocks never panic, and a decoder stays usable after each error.
 #[test]
 fn random_blocks_never_panic() {
-    let mut rng = crate::decode::http::testutil::XorShift(0x5eed);
+    let mut rng = crate::http::testutil::XorShift(0x5eed);
     let mut d = Decoder::mid_connection(4096);
     for _ in 0..20_000 {
         let len = (rng.next() % 40) as usize;

@@ -143,8 +143,8 @@ impl TokenTemplate {
     }
 
     /// Whether `data` (one chunk's data) is an event of this template: what the kernel checks.
-    #[cfg(test)]
-    pub(crate) fn matches(&self, data: &[u8]) -> bool {
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn matches(&self, data: &[u8]) -> bool {
         let fixed = self.prefix.len() + self.suffix.len();
         let Some(text_len) = data.len().checked_sub(fixed) else {
             return false;

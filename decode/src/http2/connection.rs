@@ -7,8 +7,8 @@ use super::frame::{BlockLoss, Frame, FrameDecoder};
 use super::hpack::{self, Field};
 use super::stream::{EndedBy, Fields, NamesACall, Piece, Stream, StreamMessage, StreamSummary};
 use super::{Limits, Side, Start};
-use crate::decode::http::Chunk;
-use crate::model::{Counter, Stats};
+use crate::http::Chunk;
+use inferscope_model::{Counter, Stats};
 
 /// One HTTP/2 connection seen from the server's socket.
 #[derive(Debug)]

@@ -474,7 +474,7 @@ mod tests {
     /// "Losses, counted in requests" (docs/src/losses.md), with what it counts and what to do.
     #[test]
     fn the_losses_page_names_every_loss_counter() {
-        let page = include_str!("../../../docs/src/losses.md");
+        let page = include_str!("../../docs/src/losses.md");
         assert!(
             page.starts_with("# Losses, counted in requests\n"),
             "docs/src/losses.md is the losses page"

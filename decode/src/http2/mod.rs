@@ -26,8 +26,9 @@ pub mod hpack;
 mod stream;
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-pub(crate) mod testwire;
+/// HTTP/2 frames built by hand, for tests here and in the agent (feature `test-support`).
+#[cfg(any(test, feature = "test-support"))]
+pub mod testwire;
 
 pub use connection::{Http2Connection, MAX_PAIRED_MESSAGES};
 pub use frame::{PREFACE, whole_frames};

@@ -440,7 +440,7 @@ pub(crate) struct RequestFields {
     pub prompt_bytes: Option<u64>,
     pub include_usage: Option<bool>,
     /// `kv_transfer_params` (disaggregated serving), digested.
-    pub kv_transfer_params: Option<crate::model::HandoffParams>,
+    pub kv_transfer_params: Option<inferscope_model::HandoffParams>,
 }
 
 /// Parses an OpenAI/llama.cpp request body; `None` if it is not such JSON.
@@ -573,7 +573,7 @@ pub(crate) struct CompletionFields<'a> {
     pub finish: bool,
     pub usage: Option<Usage>,
     pub timings: Option<Timings>,
-    pub kv_transfer_params: Option<crate::model::HandoffParams>,
+    pub kv_transfer_params: Option<inferscope_model::HandoffParams>,
 }
 
 /// Parses a chat/completions chunk or response; `None` if it is not JSON of
@@ -743,7 +743,7 @@ mod tests {
         assert_eq!(p.str("remote_request_id"), Some("cmpl-1-0-abcdefgh"));
         assert!(matches!(
             p.get("prompt_token_ids"),
-            Some(crate::model::HandoffValue::Digest { len: 3, .. })
+            Some(inferscope_model::HandoffValue::Digest { len: 3, .. })
         ));
         // Not an object: no hand-off, the rest of the request still reads.
         let f = parse_request(br#"{"prompt":"x","kv_transfer_params":null}"#).unwrap();

@@ -103,8 +103,8 @@ impl ParseError {
     }
 
     /// The agent counter this failure is counted in.
-    pub fn counter(&self) -> crate::model::Counter {
-        use crate::model::Counter;
+    pub fn counter(&self) -> inferscope_model::Counter {
+        use inferscope_model::Counter;
 
         match self {
             ParseError::NotHttp => Counter::NotHttp,
@@ -188,8 +188,9 @@ pub(crate) fn collect_body(buf: &mut Vec<u8>, truncated: &mut bool, payload: &[u
     }
 }
 
-#[cfg(test)]
-pub(crate) mod testutil {
+/// Helpers for tests here and in the agent (feature `test-support`).
+#[cfg(any(test, feature = "test-support"))]
+pub mod testutil {
     use super::Chunk;
 
     /// Tiny deterministic PRNG so tests need no extra crates.

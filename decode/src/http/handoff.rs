@@ -6,8 +6,8 @@ use std::fmt;
 use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 
-use crate::model::disagg::{MAX_HANDOFF_ENTRIES, MAX_HANDOFF_KEY, MAX_HANDOFF_STR, fnv1a};
-use crate::model::{HandoffParams, HandoffValue};
+use inferscope_model::disagg::{MAX_HANDOFF_ENTRIES, MAX_HANDOFF_KEY, MAX_HANDOFF_STR, fnv1a};
+use inferscope_model::{HandoffParams, HandoffValue};
 
 /// The digested object; null or any other JSON type is `None` (not a hand-off).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

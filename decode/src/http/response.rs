@@ -87,7 +87,7 @@ pub struct BodySummary {
     /// llama.cpp's server-side timings, when present.
     pub timings: Option<Timings>,
     /// `kv_transfer_params` (a vLLM prefill server's hand-off), digested.
-    pub kv_transfer_params: Option<crate::model::HandoffParams>,
+    pub kv_transfer_params: Option<inferscope_model::HandoffParams>,
     /// The body was expected to be JSON but did not parse.
     pub json_error: bool,
     /// Body bytes were lost or exceeded `max_body_bytes`, so the fields
@@ -863,7 +863,7 @@ mod tests {
         assert_eq!(p.int("remote_port"), Some(5600));
         assert!(matches!(
             p.get("remote_block_ids"),
-            Some(crate::model::HandoffValue::Digest { len: 3, .. })
+            Some(inferscope_model::HandoffValue::Digest { len: 3, .. })
         ));
     }
 
