@@ -8,7 +8,7 @@
 //! their bytes from the input that follows.
 #![no_main]
 use inferscope_decode::http::Limits;
-use inferscope::{capture::records::{Kind as SyscallKind, SyscallEvent}, correlate::{Peer, Tracker, loss}};
+use inferscope::{capture::kernel::records::{Kind as SyscallKind, SyscallEvent}, correlate::{Peer, Tracker, loss}};
 use libfuzzer_sys::fuzz_target;
 
 const HEAD: &[u8] =

@@ -5,8 +5,8 @@
 #![no_main]
 
 use inferscope::{
-    capture::container,
     identity::{
+        container,
         kube::apply_watch_line,
         pods::{MAX_PODS, PodStore},
     },

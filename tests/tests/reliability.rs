@@ -986,7 +986,7 @@ fn restart_client(port: u16, id: usize, load: &RestartLoad) {
 /// completed: nothing is lost silently before, across or after the restart. The clients go on
 /// as soon as the new engine answers, without waiting for the agent: the requests it serves
 /// before the /proc rescan would have found it are followed from their accept (the kernel
-/// traces a process accepting on a watched port, capture::adopt).
+/// traces a process accepting on a watched port, capture::process::adopt).
 #[test]
 fn an_engine_restarted_under_load_is_reattached_and_nothing_is_lost_silently() {
     // Full-rate load on 2 cores: a second test's load beside it would decide what the stall loses.

@@ -1,29 +1,27 @@
 //! Capture stage: loads the eBPF programs, finds the processes to trace, and hands raw records to
-//! the decoders. Nothing here interprets payload bytes.
-pub mod adopt;
-pub mod chunks;
-pub mod container;
-pub mod discovery;
-pub mod dwarf;
-pub mod fd_class;
+//! the decoders. Nothing here interprets payload bytes. Its rooms, by what they touch:
+//!
+//! - [`kernel`]: the eBPF programs, their maps and ring buffer, the records they write, tracefs
+//!   layouts, and what the kernel lets the agent do.
+//! - [`process`]: /proc, sockets and fds of traced processes; which processes to trace, the
+//!   connections they already held, engines restarted on their port, hooks attached late.
+//! - [`elf`]: symbols and DWARF of engine binaries and libraries, and the uprobes placed with them
+//!   (scheduler hooks, user-defined probes, TLS libraries).
+//! - [`gpu`]: the CUPTI shim's socket, CUDA launch uprobes and NVML.
+//! - [`metrics`]: the engines' own metrics endpoints, scraped.
+//!
+//! The stages and what each may import: `docs/src/architecture.md`.
+pub mod elf;
 pub mod gpu;
-pub mod late_attach;
+pub mod kernel;
 pub mod metrics;
-pub mod preexisting;
-pub mod privileges;
-pub mod probes;
-pub mod procfs;
-pub mod records;
-pub mod sched_hooks;
-pub mod sockets;
-pub mod sockpath;
-pub mod stream_template;
-pub mod symbols;
-pub mod tls;
-pub mod tracefs;
-pub mod user_probes;
+pub mod process;
 
-pub use discovery::{Discovery, DiscoveryChange, TargetSelector, TracedProcess};
-pub use fd_class::{FdClass, FdClassifier};
-pub use probes::{CaptureConfig, CaptureError, SocketProbes};
-pub use records::{CapturedEvent, RecordError, SchedEvent, Segment, SockState, SyscallEvent};
+pub use kernel::{
+    probes::{CaptureConfig, CaptureError, SocketProbes},
+    records::{CapturedEvent, RecordError, SchedEvent, Segment, SockState, SyscallEvent},
+};
+pub use process::{
+    discovery::{Discovery, DiscoveryChange, TargetSelector, TracedProcess},
+    fd_class::{FdClass, FdClassifier},
+};

@@ -8,7 +8,7 @@ use std::{
 use anyhow::Context as _;
 use clap::Args;
 use inferscope::{
-    capture::{DiscoveryChange, metrics::ScrapeConfig, user_probes::ProbeSpec},
+    capture::{DiscoveryChange, metrics::ScrapeConfig, elf::user_probes::ProbeSpec},
     correlate::EngineMetricsRecord,
     diagnose::EngineConfigSample,
     export::{counters_file, jsonl::JsonlWriter, live},

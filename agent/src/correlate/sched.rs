@@ -10,7 +10,7 @@ use rustc_hash::FxHashMap;
 use inferscope_common::SchedKind;
 
 use super::Stats;
-use crate::capture::{SchedEvent, records::UserJoin};
+use crate::capture::{SchedEvent, kernel::records::UserJoin};
 
 /// Entries per map; beyond it new joins are refused (counted).
 const MAX_ENTRIES: usize = 65536;

@@ -5,10 +5,7 @@ use std::path::Path;
 
 use tracing::{info, warn};
 
-use crate::capture::{
-    gpu::{GpuSample, KernelRecord, ListenerConfig, ListenerError, NvmlSampler, ShimListener},
-    sockpath::ClaimError,
-};
+use crate::capture::{gpu::{GpuSample, KernelRecord, ListenerConfig, ListenerError, NvmlSampler, ShimListener}, process::sockpath::ClaimError};
 
 /// The one way starting the GPU inputs fails.
 #[derive(Debug, thiserror::Error)]

@@ -16,10 +16,7 @@ use inferscope_model::{Counter, RequestRecord, StepRecord};
 
 pub use ipc_router::IpcRouter;
 
-pub use crate::capture::{
-    discovery::ProcessInfo,
-    sched_hooks::{HookLayout, HookSet, SchedulerHook, StructMember},
-};
+pub use crate::capture::{process::discovery::ProcessInfo, elf::sched_hooks::{HookLayout, HookSet, SchedulerHook, StructMember}};
 
 pub use inferscope_model::signals::{MetricSource, MetricsEndpoint, Signal};
 
@@ -309,7 +306,7 @@ pub fn hook_set(engine: &str) -> Option<HookSet> {
 
 /// The scheduler settings on a traced process's command line, as its engine plugin reads them.
 pub fn scheduler_config_of(tgid: u32, engine: &str) -> std::collections::BTreeMap<String, String> {
-    let args = crate::capture::procfs::cmdline_args(tgid).unwrap_or_default();
+    let args = crate::capture::process::procfs::cmdline_args(tgid).unwrap_or_default();
     scheduler_config(engine, &args)
 }
 

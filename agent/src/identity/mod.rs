@@ -1,5 +1,5 @@
 //! Which container and Kubernetes pod each traced engine process belongs to: the container id
-//! from the process's cgroup ([`crate::capture::container`]), then the pod's name, namespace,
+//! from the process's cgroup ([`crate::identity::container`]), then the pod's name, namespace,
 //! uid, container name, node and workload from the Kubernetes API ([`kube`] watches this
 //! node's pods into a [`pods::PodStore`]). The pipeline stamps it on every request record;
 //! the exporters turn it into OTel resource attributes and Prometheus labels.
@@ -7,6 +7,7 @@
 //! Lookups never wait for the API: a process whose pod the API has not described (yet, or
 //! because it is down) gets its container id only, and the record is counted
 //! (`kube_pod_unknown`). Without Kubernetes the agent names processes by container id and pid.
+pub mod container;
 pub mod kube;
 pub mod pods;
 
@@ -14,7 +15,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
-use crate::capture::container::{self, ContainerId};
+use container::ContainerId;
 use inferscope_model::Counter;
 use pods::PodStore;
 

@@ -5,7 +5,7 @@ use rustc_hash::FxHashMap;
 
 use super::{Observer, emit};
 use crate::{
-    capture::{FdClassifier, adopt::Adoption, late_attach::LateAttach},
+    capture::{FdClassifier, process::adopt::Adoption, process::late_attach::LateAttach},
     correlate::{EngineMetrics, Tracker},
     engines::IpcRouter,
     identity::Identities,
@@ -91,7 +91,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        capture::{SyscallEvent, adopt::ATTACH_WAIT, late_attach::Missing, metrics::Scrape},
+        capture::{SyscallEvent, process::adopt::ATTACH_WAIT, process::late_attach::Missing, metrics::Scrape},
         correlate::Peer,
         engines,
     };

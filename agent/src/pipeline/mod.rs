@@ -15,20 +15,7 @@ use tracing::{info, warn};
 
 use crate::{
     capture::gpu::launches::{self as gpu_launches, LaunchBudget, StubNames},
-    capture::{
-        CaptureConfig, CaptureError, CapturedEvent, Discovery, DiscoveryChange, FdClassifier,
-        SocketProbes, TargetSelector,
-        adopt::Adoption,
-        chunks::{Chunks, Joined},
-        late_attach::{LateAttach, Missing},
-        metrics::{MetricsScraper, ScrapeConfig},
-        preexisting,
-        privileges::Privileges,
-        records, sched_hooks,
-        stream_template::{TemplateSide, kernel_template},
-        tls as tls_probes,
-        user_probes::{ProbeSpec, UserProbes},
-    },
+    capture::{CaptureConfig, CaptureError, CapturedEvent, Discovery, DiscoveryChange, FdClassifier, SocketProbes, TargetSelector, process::adopt::Adoption, kernel::chunks::{Chunks, Joined}, process::late_attach::{LateAttach, Missing}, metrics::{MetricsScraper, ScrapeConfig}, process::preexisting, kernel::privileges::Privileges, kernel::records, elf::sched_hooks, kernel::stream_template::{TemplateSide, kernel_template}, elf::tls as tls_probes, elf::user_probes::{ProbeSpec, UserProbes}},
     correlate::{EngineMetrics, EngineMetricsRecord, Tracker, launches::Launches},
     engines::{self, IpcRouter},
     identity::Identities,
@@ -370,7 +357,7 @@ impl Pipeline {
                 "engine process gone; detaching"
             );
             self.processes().forget(gone.tgid, observer);
-            // Kept watched for a successor on the same port (capture::adopt).
+            // Kept watched for a successor on the same port (capture::process::adopt).
             for port in &gone.ports {
                 if let Some(evicted) = self.adoption.keep(*port, gone.engine, Instant::now()) {
                     self.unwatch_unserved(evicted);
@@ -561,7 +548,7 @@ impl Pipeline {
             return;
         }
         let roots: Vec<u32> = self.discovery.traced().map(|p| p.tgid).collect();
-        let live = crate::capture::procfs::descendants(&roots);
+        let live = crate::capture::process::procfs::descendants(&roots);
         let gone: Vec<u32> = self
             .gpu_workers
             .keys()

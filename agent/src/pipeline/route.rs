@@ -7,7 +7,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use tracing::warn;
 
 use crate::{
-    capture::{FdClass, FdClassifier, SyscallEvent, adopt::Adoption},
+    capture::{FdClass, FdClassifier, SyscallEvent, process::adopt::Adoption},
     correlate::{Peer, Tracker},
     engines::{IpcBytes, IpcDirection, IpcRouter, IpcVerdict},
 };

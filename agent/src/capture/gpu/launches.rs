@@ -10,7 +10,7 @@ use inferscope_common::{
 };
 use tracing::{debug, info, warn};
 
-use crate::capture::{SocketProbes, procfs, sched_hooks::HookOutcome, symbols::ElfSymbols};
+use crate::capture::{SocketProbes, process::procfs, elf::sched_hooks::HookOutcome, elf::symbols::ElfSymbols};
 
 /// Mapped files that may hold the hooked functions (by file-name substring).
 pub const OBJECTS: &[&str] = &["libcuda.so", "libcudart.so"];

@@ -87,7 +87,7 @@ struct Shared {
     /// Bytes of partial messages held by all readers.
     buffered: AtomicU64,
     /// The socket file this listener bound (removed at drop only if still that file).
-    bound: Option<crate::capture::sockpath::Bound>,
+    bound: Option<crate::capture::process::sockpath::Bound>,
     kernels: Mutex<VecDeque<KernelRecord>>,
     memcpys: Mutex<VecDeque<MemcpyRecord>>,
     shims: Mutex<Vec<ShimInfo>>,
@@ -105,7 +105,7 @@ pub enum ListenerError {
     #[error("creating the socket directory {0}: {1} (run as root or pick another --socket)")]
     Dir(PathBuf, std::io::Error),
     #[error("the shim socket: {0}")]
-    Claim(#[from] crate::capture::sockpath::ClaimError),
+    Claim(#[from] crate::capture::process::sockpath::ClaimError),
     #[error("binding the shim socket {0}: {1}")]
     Bind(PathBuf, std::io::Error),
     #[error("setting permissions on {0}: {1}")]
@@ -123,7 +123,7 @@ impl ShimListener {
             std::fs::create_dir_all(dir).map_err(|e| ListenerError::Dir(dir.into(), e))?;
         }
         // A stale socket of ours is replaced; a live one (another agent) or anything else is not.
-        crate::capture::sockpath::claim(&path)?;
+        crate::capture::process::sockpath::claim(&path)?;
         let listener =
             UnixListener::bind(&path).map_err(|e| ListenerError::Bind(path.clone(), e))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(config.mode))
@@ -135,7 +135,7 @@ impl ShimListener {
             stop: AtomicBool::new(false),
             active: AtomicU64::new(0),
             buffered: AtomicU64::new(0),
-            bound: crate::capture::sockpath::Bound::new(&path),
+            bound: crate::capture::process::sockpath::Bound::new(&path),
             kernels: Mutex::new(VecDeque::new()),
             memcpys: Mutex::new(VecDeque::new()),
             shims: Mutex::new(Vec::new()),

@@ -1,15 +1,10 @@
 //! What `inferscope check` looks at, each through the code the agent itself runs: privileges
-//! (capture::privileges), the kernel programs (SocketProbes), discovery and the engine plugins'
-//! hooks (capture::discovery, capture::sched_hooks, engines).
+//! (capture::kernel::privileges), the kernel programs (SocketProbes), discovery and the engine plugins'
+//! hooks (capture::process::discovery, capture::elf::sched_hooks, engines).
 use std::path::{Path, PathBuf};
 
 use inferscope::{
-    capture::{
-        CaptureConfig, Discovery, SocketProbes, TargetSelector, TracedProcess,
-        privileges::{Capability, Privileges},
-        procfs, sched_hooks,
-        sockets::{FdKind, ProcessHandle},
-    },
+    capture::{CaptureConfig, Discovery, SocketProbes, TargetSelector, TracedProcess, kernel::privileges::{Capability, Privileges}, process::procfs, elf::sched_hooks, process::sockets::{FdKind, ProcessHandle}},
     engines,
 };
 

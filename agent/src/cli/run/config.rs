@@ -232,7 +232,7 @@ pub struct RunConfig {
     pub counters: Option<PathBuf>,
     pub duration: Option<Duration>,
     /// User-defined probes, checked at start-up.
-    pub probes: Option<inferscope::capture::user_probes::ProbeSpec>,
+    pub probes: Option<inferscope::capture::elf::user_probes::ProbeSpec>,
     pub token_hooks: bool,
     pub drain_timeout: Duration,
     /// The GPU launch probes (on unless the flag or the file turns them off).
@@ -384,7 +384,7 @@ impl RunConfig {
             duration: args.duration,
             probes: match args.probes.or(file.probes) {
                 Some(path) => Some(
-                    inferscope::capture::user_probes::ProbeSpec::load(&path)
+                    inferscope::capture::elf::user_probes::ProbeSpec::load(&path)
                         .context("the probe spec is not usable")?,
                 ),
                 None => None,

@@ -33,7 +33,7 @@ use tracing::{info, warn};
 pub use config::RunArgs;
 use config::{GrpcAddr, RunConfig};
 use inferscope::{
-    capture::sockpath::Bound,
+    capture::process::sockpath::Bound,
     daemon::{
         DaemonObserver, Diagnosis, GpuInputs, Outputs, Sampler, Standby,
         handover::{Drain, DrainStep, Gate, HandoverDir},
@@ -83,7 +83,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         other => other.with_context(|| {
             format!(
                 "starting the socket probes failed (inferscope needs root, or {})",
-                inferscope::capture::privileges::capabilities_needed()
+                inferscope::capture::kernel::privileges::capabilities_needed()
             )
         })?,
     };

@@ -6,7 +6,7 @@ use std::{
 
 use anyhow::Context as _;
 use inferscope::{
-    capture::sockpath::{self, Bound},
+    capture::process::sockpath::{self, Bound},
     diagnose::history::History,
     export::{grpc::ApiService, health::Health, hub::Hub, metrics::Metrics, prometheus_http},
 };

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 
-use crate::capture::procfs;
+use crate::capture::process::procfs;
 use inferscope_model::Stats;
 
 /// Processes whose lookups are remembered; beyond this the table starts over.

@@ -154,12 +154,12 @@ impl VllmIpc {
             self.state.engine_pids.clear();
         }
         self.engine_lookups.insert(server, now);
-        for pid in crate::capture::procfs::all_pids() {
-            if crate::capture::procfs::parent_pid(pid) != Some(server) {
+        for pid in crate::capture::process::procfs::all_pids() {
+            if crate::capture::process::procfs::parent_pid(pid) != Some(server) {
                 continue;
             }
             if let Some(rank) =
-                crate::capture::procfs::cmdline(pid).and_then(|c| engine_core_rank(&c))
+                crate::capture::process::procfs::cmdline(pid).and_then(|c| engine_core_rank(&c))
             {
                 self.state.engine_pids.insert((server, rank), pid);
                 self.stats.bump(Counter::VllmEngineCoreFound);
@@ -208,7 +208,7 @@ impl VllmIpc {
 
 impl EngineIpc for VllmIpc {
     fn add_process(&mut self, tgid: u32) {
-        if let Some(parent) = crate::capture::procfs::parent_pid(tgid)
+        if let Some(parent) = crate::capture::process::procfs::parent_pid(tgid)
             && self.known.contains(&parent)
         {
             self.parents.insert(tgid, parent);

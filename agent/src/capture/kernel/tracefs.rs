@@ -174,9 +174,9 @@ mod tests {
     use super::*;
 
     /// This machine's (Linux 6.18) format files, copied from tracefs.
-    const TCP_PROBE: &str = include_str!("../../../tests/fixtures/tracefs/tcp_probe.format");
+    const TCP_PROBE: &str = include_str!("../../../../tests/fixtures/tracefs/tcp_probe.format");
     const SOCK_STATE: &str =
-        include_str!("../../../tests/fixtures/tracefs/inet_sock_set_state.format");
+        include_str!("../../../../tests/fixtures/tracefs/inet_sock_set_state.format");
 
     #[test]
     fn reads_tcp_probe_offsets_from_a_real_format_file() {

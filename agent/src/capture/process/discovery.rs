@@ -1,7 +1,7 @@
 //! Finds the engine processes to trace and notices when they start, restart or exit.
 use std::collections::{HashMap, HashSet};
 
-use super::{procfs, sockets};
+use crate::capture::{process::procfs, process::sockets};
 
 /// What discovery knows about a process when it asks the engines to claim it.
 #[derive(Debug, Clone, Default)]

@@ -10,7 +10,7 @@ use std::{
     os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
 };
 
-use super::{procfs, records::canonical_ip};
+use crate::capture::{process::procfs, kernel::records::canonical_ip};
 
 /// What one fd of a process is, as far as the HTTP layer cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,7 +7,7 @@
 use inferscope_model::Counter;
 use rustc_hash::FxHashMap;
 
-use super::records::SyscallEvent;
+use crate::capture::kernel::records::SyscallEvent;
 use inferscope_model::Stats;
 
 /// Syscalls being joined at once (one per thread); beyond this the oldest goes on as is.

@@ -1,5 +1,5 @@
 //! /proc lookups: processes, their command lines and mappings, which fds are sockets. The TCP
-//! tables here are the slow fallback for [`super::sockets`].
+//! tables here are the slow fallback for [`crate::capture::process::sockets`].
 //! Everything read here can vanish between calls (processes exit), so every function returns
 //! `Option`/empty rather than an error.
 use std::{
@@ -9,7 +9,7 @@ use std::{
     path::Path,
 };
 
-use super::records::canonical_ip;
+use crate::capture::kernel::records::canonical_ip;
 
 /// The inode of the socket behind `fd`, or None when the fd is not a socket (or is gone).
 pub fn socket_inode(tgid: u32, fd: i32) -> Option<u64> {

@@ -215,7 +215,7 @@ mod tests {
             capabilities_needed(),
             "CAP_BPF + CAP_PERFMON + CAP_SYS_ADMIN + CAP_SYS_PTRACE + CAP_DAC_READ_SEARCH"
         );
-        let daemonset = include_str!("../../../deploy/base/daemonset.yaml");
+        let daemonset = include_str!("../../../../deploy/base/daemonset.yaml");
         for cap in capabilities_needed().split(" + ") {
             let name = cap.trim_start_matches("CAP_");
             assert!(daemonset.contains(name), "{name} is not in the DaemonSet");

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use rustc_hash::FxHashMap;
 use tracing::{debug, info, warn};
 
-use super::{SocketProbes, dwarf, procfs, symbols::ElfSymbols};
+use crate::capture::{SocketProbes, elf::dwarf, process::procfs, elf::symbols::ElfSymbols};
 
 /// What one attach pass did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -24,7 +24,7 @@ pub struct HookOutcome {
 pub struct SchedulerHook {
     /// eBPF program name (ebpf/probes/src/engines/).
     pub program: &'static str,
-    /// Demangled name or full signature (see `capture::symbols`).
+    /// Demangled name or full signature (see `capture::elf::symbols`).
     pub symbol: &'static str,
     /// What is lost without it, for the warning when it cannot be attached.
     pub gives: &'static str,

@@ -14,12 +14,7 @@ use tracing::{info, warn};
 
 pub use spec::{ProbeSpec, SpecError};
 
-use super::{
-    SocketProbes, procfs,
-    records::{SchedEvent, UserJoin, UserProbeHit},
-    sched_hooks::HookOutcome,
-    symbols::ElfSymbols,
-};
+use crate::capture::{SocketProbes, process::procfs, kernel::records::{SchedEvent, UserJoin, UserProbeHit}, elf::sched_hooks::HookOutcome, elf::symbols::ElfSymbols};
 use inferscope_model::Stats;
 use spec::{At, Join};
 

@@ -7,7 +7,7 @@ use std::hash::{Hash, Hasher};
 
 use rustc_hash::{FxHashMap, FxHasher};
 
-use super::procfs;
+use crate::capture::process::procfs;
 
 /// Processes with missing hooks watched at once (bounded like every map; one more is counted).
 pub const MAX_WATCHED: usize = 1024;

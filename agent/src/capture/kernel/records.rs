@@ -73,7 +73,7 @@ pub struct SyscallEvent<'a> {
     /// Records lost on this fd so far that began a response head.
     pub lost_heads: u32,
     pub payload: &'a [u8],
-    /// Chunk records of the same syscall follow (see `capture::chunks`).
+    /// Chunk records of the same syscall follow (see `capture::kernel::chunks`).
     pub more: bool,
     /// This record continues its thread's previous syscall record at this byte offset.
     pub chunk_offset: Option<u32>,
@@ -146,7 +146,7 @@ pub struct SchedEvent {
     pub user: Option<UserJoin>,
 }
 
-/// How a user-defined probe's event finds its HTTP request (see `capture::user_probes`).
+/// How a user-defined probe's event finds its HTTP request (see `capture::elf::user_probes`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UserJoin {
     /// The event ran on the thread that read the request; `task_id` (if any) is linked to it.
@@ -175,8 +175,8 @@ pub enum CapturedEvent<'a> {
     SockState(SockState),
     Sched(SchedEvent),
     UserProbe(UserProbeHit),
-    GpuLaunch(super::gpu::launches::LaunchEvent),
-    GpuName(super::gpu::launches::NameEvent<'a>),
+    GpuLaunch(crate::capture::gpu::launches::LaunchEvent),
+    GpuName(crate::capture::gpu::launches::NameEvent<'a>),
     /// The kernel began tracing `tgid` at an accept on watched port `port` (an engine
     /// restarted on its port before discovery saw it).
     Adopted {
@@ -230,14 +230,14 @@ pub fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
     } else if record_type == RecordType::GpuLaunch as u8 {
         let record: inferscope_common::GpuLaunchRecord =
             read_struct(bytes).ok_or(RecordError::Short)?;
-        super::gpu::launches::LaunchEvent::from_record(&record)
+        crate::capture::gpu::launches::LaunchEvent::from_record(&record)
             .map(CapturedEvent::GpuLaunch)
             .ok_or(RecordError::UnknownKind)
     } else if record_type == RecordType::GpuName as u8 {
         if bytes.len() < std::mem::size_of::<inferscope_common::GpuNameRecord>() {
             return Err(RecordError::Short);
         }
-        super::gpu::launches::NameEvent::parse(bytes)
+        crate::capture::gpu::launches::NameEvent::parse(bytes)
             .map(CapturedEvent::GpuName)
             .ok_or(RecordError::UnknownKind)
     } else if record_type == RecordType::CompactWrite as u8 {

@@ -17,7 +17,7 @@ use inferscope_common::{
 };
 use tracing::{debug, info, warn};
 
-use super::tracefs::{self, Format, TcpProbeOffsets};
+use crate::capture::kernel::tracefs::{self, Format, TcpProbeOffsets};
 
 /// Sizes of the kernel-side buffers.
 #[derive(Debug, Clone, Copy)]
@@ -45,7 +45,7 @@ impl Default for CaptureConfig {
 pub enum CaptureError {
     #[error(
         "loading the eBPF programs failed: {0}. inferscope needs root (or {caps}) and a kernel with BTF",
-        caps = super::privileges::capabilities_needed()
+        caps = crate::capture::kernel::privileges::capabilities_needed()
     )]
     Load(#[source] Box<aya::EbpfError>),
     #[error("eBPF program {name} is missing from the embedded object (a build problem)")]
@@ -736,7 +736,7 @@ impl SocketProbes {
     /// process only, and detached at once. Err says why not.
     pub fn uprobe_self_test(&mut self) -> Result<(), String> {
         let own = std::process::id();
-        let libc_path = super::procfs::mapped_files(own)
+        let libc_path = crate::capture::process::procfs::mapped_files(own)
             .into_iter()
             .find(|p| {
                 p.rsplit('/')
@@ -744,7 +744,7 @@ impl SocketProbes {
                     .is_some_and(|n| n.starts_with("libc.so"))
             })
             .ok_or("libc is not mapped in this process")?;
-        let symbols = super::symbols::ElfSymbols::load(std::path::Path::new(&libc_path))
+        let symbols = crate::capture::elf::symbols::ElfSymbols::load(std::path::Path::new(&libc_path))
             .map_err(|e| e.to_string())?;
         let offset = symbols
             .resolve("getpid")

@@ -6,10 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use inferscope_common::{CONN_ID_BIT, CONN_KNOWN, CONN_PREEXISTING, ConnEntry};
 
-use super::{
-    FdClassifier, SocketProbes, procfs,
-    sockets::{self, FdNow},
-};
+use crate::capture::{FdClassifier, SocketProbes, process::procfs, process::sockets::{self, FdNow}};
 
 /// User-assigned ids have bit 62 set too: kernel ids are CLOCK_MONOTONIC ns, below 2^62 for
 /// 146 years of uptime, so the two never meet.

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use inferscope_common::TlsApi;
 use tracing::{info, warn};
 
-use crate::capture::{SocketProbes, procfs, symbols::ElfSymbols};
+use crate::capture::{SocketProbes, process::procfs, elf::symbols::ElfSymbols};
 
 /// The entry and return programs; the attach cookie names the function ([`TlsApi`]).
 const PROGRAMS: (&str, &str) = ("tls_call", "tls_return");

@@ -1,0 +1,14 @@
+//! Traced processes as the host sees them: /proc lookups ([`procfs`]) and a process's sockets
+//! asked directly ([`sockets`]); which engine processes to trace and when they start, restart or
+//! exit ([`discovery`]); which of their connections are worth decoding ([`fd_class`]); connections
+//! held before the agent attached ([`preexisting`]); engines restarted on their port
+//! ([`adopt`]); hooks whose function was mapped only later ([`late_attach`]); and the agent's own
+//! Unix socket paths, claimed without hijacking another agent's ([`sockpath`]).
+pub mod adopt;
+pub mod discovery;
+pub mod fd_class;
+pub mod late_attach;
+pub mod preexisting;
+pub mod procfs;
+pub mod sockets;
+pub mod sockpath;
