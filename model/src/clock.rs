@@ -26,3 +26,14 @@ pub fn monotonic_now_ns() -> u64 {
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// Nanoseconds as milliseconds: records keep ns, people read ms.
+pub fn ns_to_ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}
+
+/// A duration in ms for a table or report: `decimals` places, or `unknown` where it was not
+/// measured.
+pub fn ms_text(v: Option<f64>, decimals: usize, unknown: &str) -> String {
+    v.map_or_else(|| unknown.to_owned(), |v| format!("{v:.decimals$}"))
+}

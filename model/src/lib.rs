@@ -7,8 +7,10 @@ pub mod disagg;
 pub mod identity;
 pub mod launch;
 pub mod lifecycle;
+pub mod quantile;
 pub mod record;
-pub mod signals;
+pub mod metric_names;
+pub mod thresholds;
 
 pub use counters::{Counter, Kind as CounterKind, Stats};
 pub use disagg::{

@@ -151,7 +151,7 @@ fn run(args: DiagnoseArgs) -> anyhow::Result<u8> {
 }
 
 fn exit_status(fewest_requests: usize, regression: bool, unexplained: bool) -> u8 {
-    if fewest_requests < diagnose::thresholds::MIN_REQUESTS_PER_WINDOW {
+    if fewest_requests < inferscope_model::thresholds::MIN_REQUESTS_PER_WINDOW {
         EXIT_NOT_ENOUGH_DATA
     } else if !regression {
         EXIT_NO_REGRESSION

@@ -12,7 +12,7 @@ use anyhow::Context;
 use clap::Args;
 use serde_json::json;
 
-use super::signals;
+use super::shutdown;
 use inferscope::capture::gpu::{DEFAULT_SHIM_SOCKET, ListenerConfig, NvmlSampler, ShimListener};
 
 #[derive(Args)]
@@ -38,7 +38,7 @@ pub struct GpuArgs {
 }
 
 pub fn run(args: GpuArgs) -> anyhow::Result<()> {
-    signals::install();
+    shutdown::install();
     let mut cfg = ListenerConfig::new(&args.socket);
     cfg.mode = if args.group_access { 0o660 } else { 0o600 };
     let listener = ShimListener::bind(cfg).context("starting the shim listener")?;
@@ -72,7 +72,7 @@ pub fn run(args: GpuArgs) -> anyhow::Result<()> {
     let mut last_nvml = Instant::now();
     loop {
         let stopping =
-            signals::STOP.load(Ordering::Relaxed) || deadline.is_some_and(|d| Instant::now() >= d);
+            shutdown::STOP.load(Ordering::Relaxed) || deadline.is_some_and(|d| Instant::now() >= d);
         if stopping {
             // Give readers a moment to hand over what is already on the socket.
             std::thread::sleep(Duration::from_millis(100));

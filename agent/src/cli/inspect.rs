@@ -1,5 +1,6 @@
 //! `inferscope inspect ID`: one request's timeline drawn in the terminal — arrival, queue,
 //! prefill steps with their kernels, decode.
+use inferscope_model::clock::ns_to_ms;
 use std::{collections::BTreeMap, fmt::Write as _};
 
 use anyhow::Context as _;
@@ -47,9 +48,6 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn ms(ns: u64) -> f64 {
-    ns as f64 / 1e6
-}
 
 fn opt(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.1} ms"))
@@ -186,12 +184,12 @@ pub fn render(t: &RequestTimeline, width: usize, max_steps: usize) -> String {
     );
     if let Some(deferred) = r.deferred_mono_ns {
         let requeued = r.requeued_mono_ns.map_or("-".into(), |t| {
-            format!("{:.1} ms", ms(t.saturating_sub(r.arrival_mono_ns)))
+            format!("{:.1} ms", ns_to_ms(t.saturating_sub(r.arrival_mono_ns)))
         });
         let _ = writeln!(
             out,
             "slot      none free: parked at {:.1} ms, taken back at {requeued}{}",
-            ms(deferred.saturating_sub(r.arrival_mono_ns)),
+            ns_to_ms(deferred.saturating_sub(r.arrival_mono_ns)),
             r.engine_slot
                 .map_or(String::new(), |s| format!(" by slot {s}"))
         );
@@ -211,7 +209,7 @@ pub fn render(t: &RequestTimeline, width: usize, max_steps: usize) -> String {
         out,
         "\n{:<10}{:<width$}  {:>10} {:>10}",
         "",
-        format!("0 ms{:>w$}", format!("{:.0} ms", ms(span)), w = width - 4),
+        format!("0 ms{:>w$}", format!("{:.0} ms", ns_to_ms(span)), w = width - 4),
         "start",
         "length"
     );
@@ -221,8 +219,8 @@ pub fn render(t: &RequestTimeline, width: usize, max_steps: usize) -> String {
             "{:<10}{}  {:>8.1}ms {:>8.1}ms",
             name,
             bar(origin, span, from, to, width, fill),
-            ms(from.saturating_sub(origin)),
-            ms(to.saturating_sub(from))
+            ns_to_ms(from.saturating_sub(origin)),
+            ns_to_ms(to.saturating_sub(from))
         );
     };
     let admitted = (r.admitted_mono_ns != 0).then_some(r.admitted_mono_ns);
@@ -263,8 +261,8 @@ pub fn render(t: &RequestTimeline, width: usize, max_steps: usize) -> String {
                 "{:<10}{}  {:>8.1}ms {:>8.1}ms  batch {} {}",
                 phase,
                 bar(origin, span, s.start_mono_ns, s.end_mono_ns, width, '▇'),
-                ms(s.start_mono_ns.saturating_sub(origin)),
-                ms(s.end_mono_ns.saturating_sub(s.start_mono_ns)),
+                ns_to_ms(s.start_mono_ns.saturating_sub(origin)),
+                ns_to_ms(s.end_mono_ns.saturating_sub(s.start_mono_ns)),
                 // The engine's own count: the timeline's copy of an IPC step also names this
                 // request by the agent's id, beside its engine id.
                 if s.sequences > 0 {
@@ -326,7 +324,7 @@ GPU launches (host enqueue; {}): {kernels} kernels ({named} named) and {graphs} 
         let _ = writeln!(out, "\ntop kernels by GPU time:");
         for (name, (count, ns)) in top.into_iter().take(8) {
             let short: String = name.chars().take(70).collect();
-            let _ = writeln!(out, "  {:>9.3} ms  {:>5}×  {}", ms(ns), count, short);
+            let _ = writeln!(out, "  {:>9.3} ms  {:>5}×  {}", ns_to_ms(ns), count, short);
         }
     }
     out
@@ -405,8 +403,8 @@ fn disagg_section(record_json: &str, width: usize) -> String {
             "{:<10}{}  {:>8.1}ms {:>8.1}ms",
             name,
             bar(p_arrival, span, from, to, width, fill),
-            ms(from.saturating_sub(p_arrival)),
-            ms(to.saturating_sub(from))
+            ns_to_ms(from.saturating_sub(p_arrival)),
+            ns_to_ms(to.saturating_sub(from))
         );
     };
     let p_end = num(d, "handoff_ms").map(|h| d_arrival.saturating_sub(ns(h)));
@@ -487,8 +485,8 @@ fn proxy_section(
             "{:<10}{}  {:>8.1}ms {:>8.1}ms",
             name,
             bar(start, span, from, to, width, fill),
-            ms(from.saturating_sub(start)),
-            ms(to.saturating_sub(from))
+            ns_to_ms(from.saturating_sub(start)),
+            ns_to_ms(to.saturating_sub(from))
         );
     };
     let p_arrival = int(d, "prefill_arrival_mono_ns");

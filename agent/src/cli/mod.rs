@@ -10,7 +10,7 @@ mod install_shim;
 mod progress;
 mod record;
 mod run;
-mod signals;
+mod shutdown;
 mod target;
 mod top;
 

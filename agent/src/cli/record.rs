@@ -15,9 +15,9 @@ use inferscope::{
     pipeline::{Observer, Pipeline},
 };
 use inferscope_model::{LaunchRecord, RequestRecord, StepRecord, clock::monotonic_now_ns};
-use tracing::{error, info};
+use tracing::info;
 
-use super::{signals, target::TargetArgs};
+use super::{shutdown, target::TargetArgs};
 
 #[derive(Args, Debug)]
 pub struct RecordArgs {
@@ -64,7 +64,6 @@ struct RecordObserver {
     metrics: Option<JsonlWriter>,
     engines: Option<JsonlWriter>,
     live: bool,
-    write_failed: bool,
 }
 
 impl Observer for RecordObserver {
@@ -72,52 +71,24 @@ impl Observer for RecordObserver {
         if self.live {
             println!("{}", live::line(&record));
         }
-        if let Err(e) = self.writer.write(&record) {
-            if !self.write_failed {
-                error!(
-                    "writing a record failed: {e}; that line is dropped whole, later ones are tried (failures are counted)"
-                );
-            }
-            self.write_failed = true;
-        }
+        self.writer.write_or_report(&record, "a record");
     }
 
     fn on_step(&mut self, step: StepRecord) {
-        if let Some(w) = self.steps.as_mut()
-            && let Err(e) = w.write(&step)
-        {
-            if !self.write_failed {
-                error!(
-                    "writing a step record failed: {e}; that line is dropped whole, later ones are tried"
-                );
-            }
-            self.write_failed = true;
+        if let Some(w) = self.steps.as_mut() {
+            w.write_or_report(&step, "a step record");
         }
     }
 
     fn on_launch(&mut self, launch: LaunchRecord) {
-        if let Some(w) = self.launches.as_mut()
-            && let Err(e) = w.write(&launch)
-        {
-            if !self.write_failed {
-                error!(
-                    "writing a launch record failed: {e}; that line is dropped whole, later ones are tried"
-                );
-            }
-            self.write_failed = true;
+        if let Some(w) = self.launches.as_mut() {
+            w.write_or_report(&launch, "a launch record");
         }
     }
 
     fn on_engine_metrics(&mut self, record: EngineMetricsRecord) {
-        if let Some(w) = self.metrics.as_mut()
-            && let Err(e) = w.write(&record)
-        {
-            if !self.write_failed {
-                error!(
-                    "writing an engine metrics record failed: {e}; that line is dropped whole, later ones are tried"
-                );
-            }
-            self.write_failed = true;
+        if let Some(w) = self.metrics.as_mut() {
+            w.write_or_report(&record, "an engine metrics record");
         }
     }
 
@@ -133,20 +104,13 @@ impl Observer for RecordObserver {
                 engine: p.engine.to_owned(),
                 settings: inferscope::engines::scheduler_config_of(p.tgid, p.engine),
             };
-            if let Err(e) = w.write(&sample) {
-                if !self.write_failed {
-                    error!(
-                        "writing an engine config record failed: {e}; later records are lost too"
-                    );
-                }
-                self.write_failed = true;
-            }
+            w.write_or_report(&sample, "an engine config record");
         }
     }
 }
 
 pub fn run(args: RecordArgs) -> anyhow::Result<()> {
-    signals::install();
+    shutdown::install();
     let spec = match &args.probes {
         Some(path) => Some(ProbeSpec::load(path).context("the probe spec is not usable")?),
         None => None,
@@ -213,13 +177,12 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
         metrics,
         engines,
         live,
-        write_failed: false,
     };
     info!(out = %args.out.display(), "recording");
     pipeline
         .run(
             &mut observer,
-            &signals::STOP,
+            &shutdown::STOP,
             args.duration.map(|d| Instant::now() + d),
         )
         .context("the capture loop failed")?;
@@ -235,7 +198,11 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
             .with_context(|| format!("writing the counters to {}", path.display()))?;
     }
     info!(records = observer.writer.written, "done");
-    if observer.write_failed {
+    let other_failures = [&observer.steps, &observer.launches, &observer.metrics, &observer.engines]
+        .into_iter()
+        .flatten()
+        .any(|w| w.failed > 0);
+    if observer.writer.failed > 0 || other_failures {
         anyhow::bail!(
             "{} records could not be written to {} (each was dropped whole; the file holds only complete lines)",
             observer.writer.failed,

@@ -10,14 +10,14 @@ use std::{
 use anyhow::Context as _;
 use clap::Args;
 use crossterm::{cursor, execute, terminal};
-use inferscope::correlate::percentile::percentile;
+use inferscope_model::quantile::percentile;
 use inferscope_proto::v1::agent::{
     GpuSample, ListRequestsRequest, Request, SubscribeRequest, event::Record,
 };
 
 use super::{
     client::{ConnectArgs, runtime},
-    signals,
+    shutdown,
 };
 
 /// Requests kept for the percentiles, whatever the window.
@@ -165,7 +165,7 @@ impl View {
 }
 
 pub fn run(args: TopArgs) -> anyhow::Result<()> {
-    signals::install();
+    shutdown::install();
     let tty = std::io::stdout().is_terminal();
     runtime()?.block_on(async {
         let mut client = args.connect.client().await?;
@@ -233,7 +233,7 @@ pub fn run(args: TopArgs) -> anyhow::Result<()> {
                     stdout.flush()?;
                     printed += 1;
                     if args.iterations.is_some_and(|n| printed >= n)
-                        || signals::STOP.load(std::sync::atomic::Ordering::Relaxed)
+                        || shutdown::STOP.load(std::sync::atomic::Ordering::Relaxed)
                     {
                         break Ok(());
                     }

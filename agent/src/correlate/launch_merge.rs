@@ -284,3 +284,6 @@ fn graph_kernels(shim: &[ShimLaunch<'_>], graph_of_shim: &[Option<&str>]) -> Vec
     }
     out
 }
+
+#[cfg(test)]
+mod tests;

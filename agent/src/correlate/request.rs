@@ -2,7 +2,9 @@
 use inferscope_decode::http::{BodySummary, RequestSummary, SseEvent, Timings, Usage};
 use inferscope_model::Counter;
 
-use super::{Stats, percentile::percentile};
+use inferscope_model::quantile::percentile;
+
+use super::Stats;
 use inferscope_model::{EndedBy, RequestRecord};
 
 /// Inter-token gaps kept per request; a longer stream keeps its first gaps and counts the rest.

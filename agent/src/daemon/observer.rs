@@ -21,7 +21,7 @@ use crate::{
     pipeline::Observer,
 };
 use inferscope_model::{Counter, PerProcess, RequestRecord, StepRecord, clock::monotonic_now_ns};
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 use super::{gpu::GpuInputs, handover::Gate, sampler::Sampler};
 
@@ -65,7 +65,6 @@ pub struct DaemonObserver {
     pub export_counters: Arc<ExportCounters>,
     pub sampler: Sampler,
     pub records: Option<JsonlWriter>,
-    pub records_failed: bool,
     pub sampled_out: u64,
     gpu: GpuInputs,
     kernels: Vec<KernelRecord>,
@@ -94,7 +93,6 @@ impl DaemonObserver {
             export_counters: outputs.export_counters,
             sampler: outputs.sampler,
             records: outputs.records,
-            records_failed: false,
             sampled_out: 0,
             gpu,
             kernels: Vec::new(),
@@ -238,14 +236,8 @@ impl DaemonObserver {
                     self.sampled_out += 1;
                 }
             }
-            if let Some(w) = self.records.as_mut()
-                && let Err(e) = w.write(&timeline.request)
-                && !self.records_failed
-            {
-                error!(
-                    "writing a record failed: {e}; that line is dropped whole, later ones are tried (counter records_write_failed)"
-                );
-                self.records_failed = true;
+            if let Some(w) = self.records.as_mut() {
+                w.write_or_report(&timeline.request, "a record");
             }
             self.hub.publish_request(timeline);
         }

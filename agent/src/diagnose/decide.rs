@@ -1,7 +1,8 @@
 //! The rules: from two windows' signals to a phase, a cause and a confidence.
+use inferscope_model::{quantile, thresholds as t};
 use super::{
     Cause, CauseShare, ConfigChange, Diagnosis, Evidence, Inputs, LoadForm, Pair, Phase, Test,
-    TimeWindow, Timeline, WindowSignals, human_ns, thresholds as t,
+    TimeWindow, Timeline, WindowSignals, human_ns,
 };
 
 fn ratio(b: Option<f64>, w: Option<f64>) -> Option<f64> {
@@ -49,12 +50,11 @@ fn line(
 /// costs at most k/j steps of j < k requests (batching is never slower than one by one), and
 /// at most one step of j > k requests (fewer requests, less work).
 fn decode_step_line(b: &WindowSignals, w: &WindowSignals) -> Option<Evidence> {
-    let median = |v: &[f64]| v.get(v.len() / 2).copied();
     let reference: Vec<(u32, f64)> = b
         .decode_steps_ms
         .iter()
         .filter(|(_, v)| v.len() >= t::MIN_STEPS_PER_BATCH_SIZE)
-        .filter_map(|(k, v)| median(v).filter(|m| *m > 0.0).map(|m| (*k, m)))
+        .filter_map(|(k, v)| quantile::median(v).filter(|m| *m > 0.0).map(|m| (*k, m)))
         .collect();
     let mut base_ms = Vec::new();
     let mut win_ms = Vec::new();
@@ -92,14 +92,14 @@ fn decode_step_line(b: &WindowSignals, w: &WindowSignals) -> Option<Evidence> {
     let mut e = line(
         "decode_step_ms_p50",
         "ms",
-        median(&base_ms),
-        median(&win_ms),
+        quantile::median(&base_ms),
+        quantile::median(&win_ms),
         Test::Ratio,
         Some(t::DEVICE_SLOWDOWN_RATIO),
         Cause::DegradedDevice,
     );
     // The median of per-step ratios against the reference for each step's batch size.
-    e.ratio = median(&ratios);
+    e.ratio = quantile::median(&ratios);
     e.crossed = e.ratio.is_some_and(|r| r >= t::DEVICE_SLOWDOWN_RATIO);
     e.detail = Some(format!(
         "decode-only steps by requests in the batch: {}",

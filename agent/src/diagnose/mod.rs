@@ -6,15 +6,14 @@
 //! compare arrivals (a traffic spike) with KV usage and preemptions (memory pressure starving
 //! admission); if prefill grew, compare prompt sizes (prompts grew) with the device's speed at
 //! unchanged work (a slower device) and with how the scheduler splits prefills. Every threshold
-//! lives in [`thresholds`].
+//! lives in [`inferscope_model::thresholds`].
 mod decide;
 pub mod history;
 mod input;
 mod report;
-mod signals;
+mod evidence;
 #[cfg(test)]
 mod tests;
-pub mod thresholds;
 pub mod watch;
 mod window;
 
@@ -25,7 +24,7 @@ pub use input::{
     ReadStats, RequestSample, StepSample, read_jsonl, read_steps,
 };
 pub use report::render;
-pub use signals::WindowSignals;
+pub use evidence::WindowSignals;
 pub use window::{
     Bound, TimeWindow, Timeline, WindowError, WindowSpec, human_ns, parse_bound, parse_window,
 };
@@ -182,8 +181,8 @@ pub struct Diagnosis {
 
 /// Compares the incident window with the baseline window.
 pub fn diagnose(inputs: &Inputs, baseline: TimeWindow, window: TimeWindow) -> Diagnosis {
-    let b = signals::measure(inputs, &baseline);
-    let w = signals::measure(inputs, &window);
+    let b = evidence::measure(inputs, &baseline);
+    let w = evidence::measure(inputs, &window);
     let coverage = decide::Coverage::of(inputs);
     decide::decide(&b, &w, baseline, window, &coverage)
 }

@@ -1,4 +1,5 @@
 //! The report for people: the decomposition table, the cause in words, the evidence lines.
+use inferscope_model::clock::ms_text;
 use std::fmt::Write as _;
 
 use super::{Cause, Diagnosis, LoadForm, Pair, Phase, Test, decide::fmt_num};
@@ -26,7 +27,8 @@ fn meaning(c: Cause) -> &'static str {
 }
 
 fn ms(v: Option<f64>) -> String {
-    v.map_or("?".to_owned(), |v| format!("{v:.0} ms"))
+    let text = ms_text(v, 0, "?");
+    if v.is_some() { text + " ms" } else { text }
 }
 
 fn row(out: &mut String, name: &str, p: Pair<Option<f64>>) {

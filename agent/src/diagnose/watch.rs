@@ -3,7 +3,9 @@
 //! baseline (and the diagnosis's own regression thresholds).
 use std::time::Duration;
 
-use super::{Diagnosis, TimeWindow, diagnose, history::History, thresholds};
+use inferscope_model::thresholds;
+
+use super::{Diagnosis, TimeWindow, diagnose, history::History};
 
 #[derive(Debug, Clone, Copy)]
 pub struct WatchConfig {

@@ -18,7 +18,7 @@ pub use ipc_router::IpcRouter;
 
 pub use crate::capture::{process::discovery::ProcessInfo, elf::sched_hooks::{HookLayout, HookSet, SchedulerHook, StructMember}};
 
-pub use inferscope_model::signals::{MetricSource, MetricsEndpoint, Signal};
+pub use inferscope_model::metric_names::{MetricSource, MetricsEndpoint, Signal};
 
 /// Which way bytes moved on a traced process's socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -38,6 +38,23 @@ impl JsonlWriter {
         }
     }
 
+    /// Writes `record`; a failure is counted and, the first time for this file, logged as an
+    /// error naming `what` was lost (later failures are only counted, so a full disk does not
+    /// flood the log). Returns whether the line was written.
+    pub fn write_or_report<T: Serialize>(&mut self, record: &T, what: &str) -> bool {
+        match self.write(record) {
+            Ok(()) => true,
+            Err(e) => {
+                if self.failed == 1 {
+                    tracing::error!(
+                        "writing {what} failed: {e}; that line is dropped whole, later ones are tried (failures are counted: records_write_failed)"
+                    );
+                }
+                false
+            }
+        }
+    }
+
     pub fn write<T: Serialize>(&mut self, record: &T) -> io::Result<()> {
         self.line.clear();
         serde_json::to_writer(&mut self.line, record)?;

@@ -1,8 +1,8 @@
 //! The one-line-per-request view printed while recording to a terminal.
-use inferscope_model::RequestRecord;
+use inferscope_model::{RequestRecord, clock::ms_text};
 
 fn ms(v: Option<f64>) -> String {
-    v.map_or_else(|| "-".into(), |v| format!("{v:.1}"))
+    ms_text(v, 1, "-")
 }
 
 pub fn header() -> String {

@@ -1,7 +1,7 @@
 //! P50/P99 summary over a set of records (the demo's closing table).
 use std::fmt::Write as _;
 
-use crate::correlate::percentile::percentile;
+use inferscope_model::quantile::percentile;
 use inferscope_model::RequestRecord;
 
 pub struct Distribution {

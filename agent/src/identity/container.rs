@@ -263,7 +263,10 @@ mod tests {
     }
 
     #[test]
-    fn this_process_parses_without_panicking() {
-        let _ = of_process(std::process::id());
+    fn a_process_is_read_from_its_own_cgroup_file_and_a_missing_one_has_no_id() {
+        let own = std::fs::read_to_string("/proc/self/cgroup").expect("reading /proc/self/cgroup");
+        assert_eq!(of_process(std::process::id()), parse(&own));
+        // pid_max is at most 2^22: this pid cannot exist.
+        assert_eq!(of_process(u32::MAX), None);
     }
 }

@@ -15,7 +15,7 @@ mod record;
 
 pub use listener::{ListenerConfig, ListenerError, ShimInfo, ShimListener};
 pub use nvml::{GpuSample, NvmlSampler, NvmlUnavailable};
-pub use outliers::{OUTLIER_FLOOR, OUTLIER_K, flag_outliers};
+pub use outliers::flag_outliers;
 pub use record::{KernelRecord, MemcpyRecord};
 
 /// Where the shim connects unless `INFERSCOPE_SHIM_SOCKET` says otherwise.

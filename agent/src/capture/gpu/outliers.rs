@@ -7,18 +7,14 @@
 //! idle or near-identical peers (MAD ≈ 0) from flagging noise. Needs at least 3 GPUs: with two
 //! there is no majority to say which one is odd.
 
-pub const OUTLIER_K: f64 = 3.5;
-/// Relative floor: deviations under 10 % of the median are never flagged.
-pub const OUTLIER_FLOOR: f64 = 0.10;
+use inferscope_model::{
+    quantile,
+    thresholds::{OUTLIER_FLOOR, OUTLIER_K},
+};
 
 fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+    v.sort_by(f64::total_cmp);
+    quantile::median(v).unwrap_or(0.0)
 }
 
 /// For each value (None = not measured on that GPU), whether it is an outlier among the measured.

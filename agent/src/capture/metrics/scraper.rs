@@ -15,7 +15,7 @@ use bytes::Bytes;
 use tracing::{info, warn};
 
 use super::http::{self, GetError};
-use inferscope_model::{Counter, clock::monotonic_now_ns, signals::MetricsEndpoint};
+use inferscope_model::{Counter, clock::monotonic_now_ns, metric_names::MetricsEndpoint};
 
 #[derive(Debug, Clone, Copy)]
 pub struct ScrapeConfig {

@@ -21,7 +21,7 @@ use inferscope::{
 };
 use inferscope_model::{Counter, RequestRecord};
 
-use super::signals;
+use super::shutdown;
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
@@ -78,7 +78,7 @@ impl Observer for DemoObserver {
 }
 
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
-    signals::install();
+    shutdown::install();
     let python = engine::find_python(args.python.as_deref())?;
     let records = Arc::new(Mutex::new(Vec::new()));
     let attached = Arc::new(AtomicBool::new(false));
@@ -111,7 +111,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
                     bail!(message);
                 }
             };
-            pipeline.run(&mut observer, &signals::STOP, None)?;
+            pipeline.run(&mut observer, &shutdown::STOP, None)?;
             Ok(pipeline.counters())
         })
     };
@@ -132,7 +132,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
     if !attached.load(Ordering::Relaxed) {
-        signals::STOP.store(true, Ordering::Relaxed);
+        shutdown::STOP.store(true, Ordering::Relaxed);
         bail!(
             "the agent did not attach to the engine (pid {})",
             engine.pid()
@@ -153,7 +153,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let client = load::run(&spec);
     // Let the last records drain from the ring buffer before stopping the agent.
     std::thread::sleep(Duration::from_millis(300));
-    signals::STOP.store(true, Ordering::Relaxed);
+    shutdown::STOP.store(true, Ordering::Relaxed);
     let counters = agent
         .join()
         .map_err(|_| anyhow::anyhow!("the agent thread panicked"))??;
@@ -175,7 +175,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         "client saw {} streams; {} matched an agent record by stream id; client-side TTFT p50 {:.2} ms (includes the client's own overhead)",
         client.len(),
         matched,
-        inferscope::correlate::percentile::percentile(&client_ttft, 0.5).unwrap_or(f64::NAN)
+        inferscope_model::quantile::median(&client_ttft).unwrap_or(f64::NAN)
     );
     let interesting: Vec<String> = counters
         .into_iter()

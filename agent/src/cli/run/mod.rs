@@ -40,11 +40,11 @@ use inferscope::{
     },
 };
 
-use super::signals;
+use super::shutdown;
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let config = RunConfig::resolve(args)?;
-    signals::install();
+    shutdown::install();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("inferscope-io")
@@ -302,7 +302,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut drain = Drain::new(handover_dir, config.drain_timeout, observer.gate());
     let deadline = config.duration.map(|d| Instant::now() + d);
     let result = pipeline.run_until(&mut observer, &mut |pipeline| {
-        let stopping = signals::STOP.load(std::sync::atomic::Ordering::Relaxed)
+        let stopping = shutdown::STOP.load(std::sync::atomic::Ordering::Relaxed)
             || deadline.is_some_and(|d| Instant::now() >= d);
         matches!(
             drain.step(stopping, |cut| pipeline.open_requests_read_before(cut)),
@@ -326,7 +326,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         socket.remove();
     }
     result.context("the capture loop failed")?;
-    if observer.records_failed {
+    if observer.records.as_ref().is_some_and(|w| w.failed > 0) {
         anyhow::bail!("some records could not be written");
     }
     Ok(())

@@ -5,6 +5,7 @@
 //! and each decode leg looks its prefill leg up when it ends. A decode leg is joined only to a
 //! prefill leg that returned exactly the hand-off it was sent, before it arrived, and only
 //! once; otherwise it stays separate and says why.
+use inferscope_model::clock::ns_to_ms;
 use std::collections::VecDeque;
 use std::time::Instant;
 
@@ -48,7 +49,7 @@ pub struct Stitcher {
 }
 
 fn ms(from: u64, to: u64) -> f64 {
-    to.saturating_sub(from) as f64 / 1e6
+    ns_to_ms(to.saturating_sub(from))
 }
 
 /// The engine's queue wait and prefill of one leg: by the engine's own stamps where its IPC

@@ -96,44 +96,4 @@ static METRICS: MetricsEndpoint = MetricsEndpoint {
 };
 
 #[cfg(test)]
-mod tests {
-    use super::{Engine, ProcessInfo, Sglang};
-
-    #[test]
-    fn claims_the_server_and_its_titled_processes() {
-        let p = |cmdline: &str| ProcessInfo {
-            tgid: 1,
-            cmdline: cmdline.into(),
-            mapped_files: Vec::new(),
-        };
-        assert!(Sglang.claims(&p("python -m sglang.launch_server --model-path m")));
-        assert!(Sglang.claims(&p("/v/bin/sglang serve --model-path m")));
-        assert!(Sglang.claims(&p("sglang::scheduler_TP0")));
-        assert!(Sglang.claims(&p("sglang::detokenizer")));
-        assert!(!Sglang.claims(&p("python serve.py sglang")));
-        assert!(Sglang.ipc().is_some());
-    }
-
-    #[test]
-    fn reads_the_engine_fixture() {
-        let got = super::super::fixture_signals(
-            "sglang",
-            include_bytes!("../../../../tests/fixtures/metrics/sglang.txt"),
-        );
-        super::super::assert_signals(
-            &got,
-            // Prompt and generation counters are split by is_streaming: 800+200, 1500+500.
-            [
-                Some(0.42),
-                Some(6.0),
-                Some(2.0),
-                Some(4.0),
-                Some(1000.0),
-                Some(2000.0),
-            ],
-        );
-    }
-}
-
-#[cfg(test)]
-mod ipc_tests;
+mod tests;

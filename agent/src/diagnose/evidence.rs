@@ -2,7 +2,7 @@
 use std::collections::BTreeMap;
 
 use super::{Inputs, TimeWindow};
-use crate::correlate::percentile::percentile;
+use inferscope_model::quantile::percentile;
 
 /// Everything measured over one window; `None` where the inputs lack the data.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -3,7 +3,7 @@
 use inferscope_common::SyscallKind;
 use inferscope_model::Counter;
 
-use super::*;
+use crate::correlate::*;
 
 struct Conn {
     t: Tracker,

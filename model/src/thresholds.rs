@@ -1,6 +1,7 @@
-//! Every threshold the diagnosis decides with, in one place (the table in docs/src/diagnosis.md
-//! lists them).
-//! Ratios compare the incident window with the baseline window (window / baseline).
+//! Every threshold the agent decides with, in one place: the diagnosis's (the table in
+//! docs/src/diagnosis.md lists them) and the GPU outlier test's (docs/src/gpu.md).
+//! The diagnosis's ratios compare the incident window with the baseline window
+//! (window / baseline).
 
 /// P99 TTFT must grow by at least this ratio to count as a regression...
 pub const TTFT_REGRESSION_RATIO: f64 = 1.5;
@@ -56,3 +57,11 @@ pub const PREFILL_STEPS_RATIO: f64 = 2.0;
 
 /// Requests per window for full confidence.
 pub const CONFIDENT_REQUESTS: usize = 30;
+
+/// GPU outliers (capture's NVML sampler): a card's metric is flagged when it lies more than
+/// this many robust standard deviations (1.4826 × the median absolute deviation) from its peers'
+/// median: the usual modified-z-score cut-off...
+pub const OUTLIER_K: f64 = 3.5;
+/// ...and more than this share of the median (deviations under 10 % are never flagged, so
+/// identical or idle peers, whose MAD is about 0, do not flag noise).
+pub const OUTLIER_FLOOR: f64 = 0.10;

@@ -1,5 +1,5 @@
 //! The merge of the launch uprobes' launches with the shim's kernel records (launch_merge).
-use super::launch_merge::{PAIR_WITHIN_NS, merge_step};
+use super::{PAIR_WITHIN_NS, merge_step};
 use crate::capture::gpu::KernelRecord;
 use inferscope_model::{LaunchRecord, LaunchSources, StepRecord};
 

@@ -1,7 +1,7 @@
 //! SGLang's IPC decoded from fixtures its own code pickled (tests/engine/sglang/make_fixtures.py,
 //! SGLang 0.5.23), through ZMTP framing as the kernel captures it.
 use super::{
-    SglangIpc,
+    Engine, ProcessInfo, Sglang, SglangIpc,
     layout::{self, V0_5_23},
     messages::{self, DecodeError, IpcMessage, Output},
     state::{IpcState, Sighting},
@@ -804,4 +804,40 @@ fn a_re_prefill_after_an_overlap_retraction_output() {
     assert_eq!(phases, ["prefill", "decode", "decode", "prefill", "decode"]);
     let tokens: Vec<Option<u64>> = steps.iter().map(|s| s.batch_tokens).collect();
     assert_eq!(tokens, [Some(6), Some(1), Some(0), None, Some(1)]);
+}
+
+
+#[test]
+fn claims_the_server_and_its_titled_processes() {
+    let p = |cmdline: &str| ProcessInfo {
+        tgid: 1,
+        cmdline: cmdline.into(),
+        mapped_files: Vec::new(),
+    };
+    assert!(Sglang.claims(&p("python -m sglang.launch_server --model-path m")));
+    assert!(Sglang.claims(&p("/v/bin/sglang serve --model-path m")));
+    assert!(Sglang.claims(&p("sglang::scheduler_TP0")));
+    assert!(Sglang.claims(&p("sglang::detokenizer")));
+    assert!(!Sglang.claims(&p("python serve.py sglang")));
+    assert!(Sglang.ipc().is_some());
+}
+
+#[test]
+fn reads_the_engine_fixture() {
+    let got = super::super::fixture_signals(
+        "sglang",
+        include_bytes!("../../../../tests/fixtures/metrics/sglang.txt"),
+    );
+    super::super::assert_signals(
+        &got,
+        // Prompt and generation counters are split by is_streaming: 800+200, 1500+500.
+        [
+            Some(0.42),
+            Some(6.0),
+            Some(2.0),
+            Some(4.0),
+            Some(1000.0),
+            Some(2000.0),
+        ],
+    );
 }

@@ -2,7 +2,7 @@
 //! decoded exactly as the full writes they stand for.
 use inferscope_common::{CONN_KNOWN, SyscallKind};
 
-use super::*;
+use crate::correlate::*;
 
 const CONN_A: u64 = (1 << 63) | 1;
 const CONN_B: u64 = (1 << 63) | 2;
