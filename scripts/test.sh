@@ -20,7 +20,8 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 echo "== rustfmt"
-cargo fmt --all --check
+cargo +nightly fmt --all --check
+(cd fuzz && cargo +nightly fmt --check)
 echo "== clippy"
 cargo clippy --workspace --exclude inferscope-ebpf --all-targets -q -- -D warnings
 # --- issue 16a: the kernel programs under the same lints (checked for the host: clippy has no bpf

@@ -6,13 +6,14 @@
 //! (containers, pods) → [`engines`] (one plugin per engine: discovery, hooks, IPC decoders,
 //! metric names) → [`correlate`] (connections, requests, steps, timelines) → [`diagnose`] →
 //! [`export`] (OTLP, Prometheus, gRPC, JSONL) → [`pipeline`] (the stages wired on one thread) →
-//! [`daemon`] (the `run` daemon's fan-out). A module never names a later stage
-//! (`tests/architecture.rs` checks it).
+//! [`daemon`] (the `run` daemon's fan-out) → [`cli`] (the commands). A module never names a later
+//! stage (`tests/architecture.rs` checks it).
 pub mod capture;
+pub mod cli;
 pub mod correlate;
-pub mod daemon;
+pub(crate) mod daemon;
 pub mod diagnose;
 pub mod engines;
-pub mod export;
+pub(crate) mod export;
 pub mod identity;
-pub mod pipeline;
+pub(crate) mod pipeline;

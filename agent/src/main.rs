@@ -1,6 +1,5 @@
-//! The `inferscope` command.
-mod cli;
+//! The `inferscope` command; the commands themselves are the library's [`inferscope::cli`].
 
 fn main() -> std::process::ExitCode {
-    cli::main()
+    inferscope::cli::main()
 }

@@ -19,20 +19,20 @@ use crate::{
 };
 
 const ALIGN: usize = 8;
-pub const KIND_MEMCPY: u32 = 1;
-pub const KIND_MEMSET: u32 = 2;
-pub const KIND_CONCURRENT_KERNEL: u32 = 10;
+pub(crate) const KIND_MEMCPY: u32 = 1;
+pub(crate) const KIND_MEMSET: u32 = 2;
+pub(crate) const KIND_CONCURRENT_KERNEL: u32 = 10;
 /// Kernels per queued batch.
 const BATCH: usize = 512;
 
-pub static OUTSTANDING: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static OUTSTANDING: AtomicUsize = AtomicUsize::new(0);
 
 /// CUPTI asks for an activity buffer (registered with `cuptiActivityRegisterCallbacks`).
 ///
 /// # Safety
 ///
 /// `buffer`, `size` and `max_records` are null or valid for writes, as CUPTI passes them.
-pub unsafe extern "C" fn buffer_requested(
+pub(crate) unsafe extern "C" fn buffer_requested(
     buffer: *mut *mut u8,
     size: *mut usize,
     max_records: *mut usize,
@@ -77,7 +77,7 @@ pub unsafe extern "C" fn buffer_requested(
 ///
 /// `buffer` is null or a buffer [`buffer_requested`] allocated with `size` bytes, of which the
 /// first `valid_size` hold CUPTI activity records; it is not used after this call.
-pub unsafe extern "C" fn buffer_completed(
+pub(crate) unsafe extern "C" fn buffer_completed(
     context: cudarc::driver::sys::CUcontext,
     stream_id: u32,
     buffer: *mut u8,
@@ -262,8 +262,9 @@ unsafe fn memcpy(st: &Shim, record: *const sys::CUpti_Activity, kind: u32) -> Me
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::mem::{offset_of, size_of};
+
+    use super::*;
 
     /// The mock libcupti (tests/mock-cuda/cupti.c) asserts the same offsets with _Static_assert,
     /// so the shim reads what the mock writes the way it reads real CUPTI records.

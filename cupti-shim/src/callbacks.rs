@@ -7,7 +7,7 @@ use cudarc::cupti::sys::{self, CUpti_CallbackDomain as Domain};
 use crate::{clock::monotonic_ns, launches::Launch, state::state};
 
 /// (domain, callback id, index into `launches::API_NAMES`).
-pub const LAUNCH_CALLBACKS: &[(Domain, u32, u8)] = &[
+pub(crate) const LAUNCH_CALLBACKS: &[(Domain, u32, u8)] = &[
     (Domain::CUPTI_CB_DOMAIN_RUNTIME_API, 211, 1),
     (Domain::CUPTI_CB_DOMAIN_RUNTIME_API, 214, 2),
     (Domain::CUPTI_CB_DOMAIN_RUNTIME_API, 430, 3),
@@ -58,7 +58,7 @@ fn tid() -> u32 {
 ///
 /// `cbdata` is null or, for the runtime and driver API domains, points at a
 /// `CUpti_CallbackData` valid for the call, as CUPTI passes it.
-pub unsafe extern "C" fn on_callback(
+pub(crate) unsafe extern "C" fn on_callback(
     _userdata: *mut std::ffi::c_void,
     domain: Domain,
     cbid: u32,

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use cudarc::cupti::sys;
 
-pub fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -20,17 +20,17 @@ pub fn monotonic_ns() -> u64 {
 }
 
 /// The callback CUPTI calls for every timestamp. Safe: it takes nothing and reads a clock.
-pub extern "C" fn timestamp_callback() -> u64 {
+pub(crate) extern "C" fn timestamp_callback() -> u64 {
     monotonic_ns()
 }
 
-pub struct Clock {
+pub(crate) struct Clock {
     callback: AtomicBool,
     offset_ns: AtomicI64,
 }
 
 impl Clock {
-    pub const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Clock {
             callback: AtomicBool::new(false),
             offset_ns: AtomicI64::new(0),
@@ -38,7 +38,7 @@ impl Clock {
     }
 
     /// Registers the timestamp callback; on refusal falls back to offset calibration.
-    pub fn setup(&self) {
+    pub(crate) fn setup(&self) {
         // SAFETY: plain FFI call with a valid function pointer.
         let rc = unsafe { sys::cuptiActivityRegisterTimestampCallback(Some(timestamp_callback)) };
         if rc == sys::CUptiResult::CUPTI_SUCCESS {
@@ -48,7 +48,7 @@ impl Clock {
         }
     }
 
-    pub fn source(&self) -> &'static str {
+    pub(crate) fn source(&self) -> &'static str {
         if self.callback.load(Ordering::Relaxed) {
             "timestamp_callback"
         } else {
@@ -56,12 +56,12 @@ impl Clock {
         }
     }
 
-    pub fn uses_callback(&self) -> bool {
+    pub(crate) fn uses_callback(&self) -> bool {
         self.callback.load(Ordering::Relaxed)
     }
 
     /// Measures CUPTI's clock against CLOCK_MONOTONIC; no-op when the callback is in use.
-    pub fn calibrate(&self) {
+    pub(crate) fn calibrate(&self) {
         if self.uses_callback() {
             return;
         }
@@ -87,7 +87,7 @@ impl Clock {
     }
 
     /// A CUPTI timestamp on CLOCK_MONOTONIC; 0 stays 0 (CUPTI's "unknown").
-    pub fn to_mono(&self, t: u64) -> u64 {
+    pub(crate) fn to_mono(&self, t: u64) -> u64 {
         if t == 0 {
             return 0;
         }

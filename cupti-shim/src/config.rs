@@ -1,10 +1,10 @@
 //! Settings read once from the environment at injection time.
 use std::{path::PathBuf, time::Duration};
 
-pub const DEFAULT_SOCKET: &str = "/run/inferscope/shim.sock";
+pub(crate) const DEFAULT_SOCKET: &str = "/run/inferscope/shim.sock";
 
 #[derive(Debug, Clone)]
-pub struct Config {
+pub(crate) struct Config {
     pub socket: PathBuf,
     /// Also record memcpy and memset activity.
     pub memcpy: bool,
@@ -21,7 +21,7 @@ pub struct Config {
 }
 
 impl Config {
-    pub fn from_env() -> Self {
+    pub(crate) fn from_env() -> Self {
         let socket = std::env::var_os("INFERSCOPE_SHIM_SOCKET")
             .filter(|s| !s.is_empty())
             .map(PathBuf::from)
@@ -40,7 +40,7 @@ impl Config {
     }
 }
 
-pub fn env_flag(name: &str) -> bool {
+pub(crate) fn env_flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| matches!(v.as_str(), "1" | "true" | "yes" | "on"))
 }
 

@@ -22,7 +22,7 @@ fn log(msg: &str) {
     eprintln!("inferscope-cupti[{}]: {msg}", std::process::id());
 }
 
-pub fn initialize() {
+pub(crate) fn initialize() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         if let Err(msg) = setup() {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering, fence};
 const SLOTS: usize = 1 << 16;
 
 /// Launch APIs the shim subscribes to; the index is what a slot stores.
-pub const API_NAMES: &[&str] = &[
+pub(crate) const API_NAMES: &[&str] = &[
     "unknown",
     "cudaLaunchKernel",
     "cudaLaunchKernel_ptsz",
@@ -28,7 +28,7 @@ pub const API_NAMES: &[&str] = &[
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Launch {
+pub(crate) struct Launch {
     pub tid: u32,
     pub mono_ns: u64,
     pub api: u8,
@@ -41,12 +41,12 @@ struct Slot {
     mono_ns: AtomicU64,
 }
 
-pub struct LaunchTable {
+pub(crate) struct LaunchTable {
     slots: Box<[Slot]>,
 }
 
 impl LaunchTable {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let slots = (0..SLOTS)
             .map(|_| Slot {
                 correlation: AtomicU32::new(0),
@@ -58,7 +58,7 @@ impl LaunchTable {
         LaunchTable { slots }
     }
 
-    pub fn record(&self, correlation: u32, launch: Launch) {
+    pub(crate) fn record(&self, correlation: u32, launch: Launch) {
         let slot = &self.slots[correlation as usize & (SLOTS - 1)];
         slot.correlation.store(0, Ordering::Relaxed);
         fence(Ordering::Release);
@@ -68,7 +68,7 @@ impl LaunchTable {
         slot.correlation.store(correlation, Ordering::Release);
     }
 
-    pub fn get(&self, correlation: u32) -> Option<Launch> {
+    pub(crate) fn get(&self, correlation: u32) -> Option<Launch> {
         if correlation == 0 {
             return None;
         }

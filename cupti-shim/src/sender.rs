@@ -6,8 +6,10 @@
 use std::{
     io::Write,
     os::unix::net::UnixStream,
-    sync::atomic::Ordering,
-    sync::mpsc::{Receiver, RecvTimeoutError},
+    sync::{
+        atomic::Ordering,
+        mpsc::{Receiver, RecvTimeoutError},
+    },
     time::{Duration, Instant},
 };
 
@@ -22,7 +24,7 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 const CALIBRATE_EVERY: Duration = Duration::from_secs(1);
 
 /// The sender thread's loop.
-pub fn run(st: &Shim, rx: Receiver<Batch>, first: Option<UnixStream>) {
+pub(crate) fn run(st: &Shim, rx: Receiver<Batch>, first: Option<UnixStream>) {
     let sink = &st.sink;
     let mut stream = first;
     let mut backoff = BACKOFF_MIN;
@@ -109,7 +111,7 @@ pub fn run(st: &Shim, rx: Receiver<Batch>, first: Option<UnixStream>) {
     sink.set_stopped();
 }
 
-pub fn connect(st: &Shim) -> Option<UnixStream> {
+pub(crate) fn connect(st: &Shim) -> Option<UnixStream> {
     let mut s = UnixStream::connect(&st.config.socket).ok()?;
     s.set_write_timeout(Some(WRITE_TIMEOUT)).ok()?;
     let (dropped_records, cupti_dropped_records) = st.sink.take_pending();

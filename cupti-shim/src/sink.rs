@@ -12,20 +12,20 @@ use std::{
 
 use inferscope_proto::v1::shim::{Kernel, Memcpy};
 
-pub struct Batch {
+pub(crate) struct Batch {
     pub kernels: Vec<Kernel>,
     pub memcpys: Vec<Memcpy>,
 }
 
 #[derive(Default)]
-pub struct Totals {
+pub(crate) struct Totals {
     pub sent: AtomicU64,
     pub dropped: AtomicU64,
     pub cupti_dropped: AtomicU64,
     pub unjoined: AtomicU64,
 }
 
-pub struct Sink {
+pub(crate) struct Sink {
     tx: SyncSender<Batch>,
     connected: AtomicBool,
     stopping: AtomicBool,
@@ -37,7 +37,7 @@ pub struct Sink {
 }
 
 impl Sink {
-    pub fn new(tx: SyncSender<Batch>) -> Self {
+    pub(crate) fn new(tx: SyncSender<Batch>) -> Self {
         Sink {
             tx,
             connected: AtomicBool::new(false),
@@ -49,27 +49,27 @@ impl Sink {
         }
     }
 
-    pub fn is_connected(&self) -> bool {
+    pub(crate) fn is_connected(&self) -> bool {
         self.connected.load(Ordering::Relaxed)
     }
 
-    pub fn set_connected(&self, connected: bool) {
+    pub(crate) fn set_connected(&self, connected: bool) {
         self.connected.store(connected, Ordering::Relaxed);
     }
 
     /// [`Self::stop`] was called: write what is queued, then stop.
-    pub fn is_stopping(&self) -> bool {
+    pub(crate) fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::Acquire)
     }
 
     /// The sender thread has ended.
-    pub fn set_stopped(&self) {
+    pub(crate) fn set_stopped(&self) {
         self.stopped.store(true, Ordering::Release);
     }
 
     /// Losses not yet reported to the agent (dropped, dropped by CUPTI), which the caller now
     /// reports.
-    pub fn take_pending(&self) -> (u64, u64) {
+    pub(crate) fn take_pending(&self) -> (u64, u64) {
         (
             self.pending_dropped.swap(0, Ordering::Relaxed),
             self.pending_cupti_dropped.swap(0, Ordering::Relaxed),
@@ -77,13 +77,13 @@ impl Sink {
     }
 
     /// Puts back losses taken with [`Self::take_pending`] whose report did not get through.
-    pub fn restore_pending(&self, dropped: u64, cupti_dropped: u64) {
+    pub(crate) fn restore_pending(&self, dropped: u64, cupti_dropped: u64) {
         self.pending_dropped.fetch_add(dropped, Ordering::Relaxed);
         self.pending_cupti_dropped
             .fetch_add(cupti_dropped, Ordering::Relaxed);
     }
 
-    pub fn push(&self, kernels: Vec<Kernel>, memcpys: Vec<Memcpy>) {
+    pub(crate) fn push(&self, kernels: Vec<Kernel>, memcpys: Vec<Memcpy>) {
         let n = (kernels.len() + memcpys.len()) as u64;
         match self.tx.try_send(Batch { kernels, memcpys }) {
             Ok(()) => {}
@@ -91,22 +91,22 @@ impl Sink {
         }
     }
 
-    pub fn add_dropped(&self, n: u64) {
+    pub(crate) fn add_dropped(&self, n: u64) {
         self.pending_dropped.fetch_add(n, Ordering::Relaxed);
         self.totals.dropped.fetch_add(n, Ordering::Relaxed);
     }
 
-    pub fn add_cupti_dropped(&self, n: u64) {
+    pub(crate) fn add_cupti_dropped(&self, n: u64) {
         self.pending_cupti_dropped.fetch_add(n, Ordering::Relaxed);
         self.totals.cupti_dropped.fetch_add(n, Ordering::Relaxed);
     }
 
-    pub fn add_unjoined(&self, n: u64) {
+    pub(crate) fn add_unjoined(&self, n: u64) {
         self.totals.unjoined.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Asks the sender to write what is queued and stop; waits at most `wait`.
-    pub fn stop(&self, wait: Duration) {
+    pub(crate) fn stop(&self, wait: Duration) {
         self.stopping.store(true, Ordering::Release);
         let deadline = Instant::now() + wait;
         while !self.stopped.load(Ordering::Acquire) && Instant::now() < deadline {

@@ -5,7 +5,7 @@ use std::sync::{Mutex, OnceLock};
 
 use crate::{clock::Clock, config::Config, launches::LaunchTable, names::NameCache, sink::Sink};
 
-pub struct Shim {
+pub(crate) struct Shim {
     /// The process that was injected; a forked child inherits this state but not CUDA.
     pub pid: u32,
     pub config: Config,
@@ -18,7 +18,7 @@ pub struct Shim {
 }
 
 impl Shim {
-    pub fn names(&self, raw: &str) -> (std::sync::Arc<str>, bool) {
+    pub(crate) fn names(&self, raw: &str) -> (std::sync::Arc<str>, bool) {
         match self.names.lock() {
             Ok(mut cache) => cache.get(raw),
             Err(_) => {
@@ -33,12 +33,12 @@ impl Shim {
 static STATE: OnceLock<Shim> = OnceLock::new();
 
 /// The state, once [`install`] has run.
-pub fn state() -> Option<&'static Shim> {
+pub(crate) fn state() -> Option<&'static Shim> {
     STATE.get()
 }
 
 /// Sets the state; None if it was already set (a second injection: the first one stays).
-pub fn install(shim: Shim) -> Option<&'static Shim> {
+pub(crate) fn install(shim: Shim) -> Option<&'static Shim> {
     STATE.set(shim).ok()?;
     STATE.get()
 }

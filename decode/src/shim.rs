@@ -100,8 +100,9 @@ impl FrameDecoder {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use inferscope_proto::v1::shim::Kernel;
+
+    use super::*;
 
     fn batch(n: usize) -> KernelBatch {
         KernelBatch {

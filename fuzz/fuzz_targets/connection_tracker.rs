@@ -7,14 +7,16 @@
 //! Input layout: one op per byte (low 3 bits: what; high bits: a parameter); `raw` ops take
 //! their bytes from the input that follows.
 #![no_main]
+use inferscope::{
+    capture::kernel::records::{Kind as SyscallKind, SyscallEvent},
+    correlate::{Peer, Tracker, loss},
+};
 use inferscope_decode::http::Limits;
-use inferscope::{capture::kernel::records::{Kind as SyscallKind, SyscallEvent}, correlate::{Peer, Tracker, loss}};
 use libfuzzer_sys::fuzz_target;
 
 const HEAD: &[u8] =
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n";
-const TOKEN: &[u8] =
-    b"2d\r\ndata: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n\r\n";
+const TOKEN: &[u8] = b"2d\r\ndata: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n\r\n";
 const END: &[u8] = b"0\r\n\r\n";
 const REQUEST: &[u8] = b"POST /v1/chat/completions HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 13\r\n\r\n{\"stream\":1}\n";
 
@@ -120,24 +122,28 @@ fuzz_target!(|data: &[u8]| {
                 let dir = param % 2;
                 f.seq[dir] = f.seq[dir].wrapping_add(records);
                 if dir == 1 {
-                    f.lost_heads = f.lost_heads.wrapping_add((param / 8) as u32 % (records + 1));
+                    f.lost_heads = f
+                        .lost_heads
+                        .wrapping_add((param / 8) as u32 % (records + 1));
                 }
             }
             5 | 6 => {
                 let len = param.min(data.len() - i);
                 let bytes = &data[i..i + len];
                 i += len;
-                let kind = if op & 7 == 5 { SyscallKind::Read } else { SyscallKind::Write };
+                let kind = if op & 7 == 5 {
+                    SyscallKind::Read
+                } else {
+                    SyscallKind::Write
+                };
                 f.event(kind, bytes, 0);
             }
-            _ => {
-                match param % 4 {
-                    0 => f.event(SyscallKind::Close, b"", 0),
-                    1 => f.event(SyscallKind::Accept, b"", 0),
-                    2 => f.event(SyscallKind::Tls, b"", 0),
-                    _ => f.event(SyscallKind::Shutdown, b"", 0),
-                }
-            }
+            _ => match param % 4 {
+                0 => f.event(SyscallKind::Close, b"", 0),
+                1 => f.event(SyscallKind::Accept, b"", 0),
+                2 => f.event(SyscallKind::Tls, b"", 0),
+                _ => f.event(SyscallKind::Shutdown, b"", 0),
+            },
         }
         assert!(f.t.open_requests() <= 65, "open requests are bounded");
     }

@@ -7,8 +7,8 @@
 #![no_main]
 
 use inferscope::diagnose::{
-    self, DeviceSample, EngineConfigSample, EngineSample, Inputs, RequestSample, Timeline, parse_window, read_jsonl,
-    read_steps,
+    self, DeviceSample, EngineConfigSample, EngineSample, Inputs, RequestSample, Timeline,
+    parse_window, read_jsonl, read_steps,
 };
 use libfuzzer_sys::fuzz_target;
 

@@ -17,13 +17,15 @@
 //! whose low 15 bits are the length, then that many bytes (fewer at the end of the input).
 #![no_main]
 
-use inferscope_decode::http::Chunk;
-use inferscope_decode::http2::{
-    Http2Connection, Limits, MAX_PAIRED_MESSAGES, MAX_ID_BYTES, MessageId, PAIRED_HEAD_BYTES, Side,
-    Start, hpack,
-};
-use inferscope_decode::protobuf;
 use inferscope::engines;
+use inferscope_decode::{
+    http::Chunk,
+    http2::{
+        Http2Connection, Limits, MAX_ID_BYTES, MAX_PAIRED_MESSAGES, MessageId, PAIRED_HEAD_BYTES,
+        Side, Start, hpack,
+    },
+    protobuf,
+};
 use inferscope_model::Stats;
 use libfuzzer_sys::fuzz_target;
 
@@ -90,7 +92,10 @@ fuzz_target!(|data: &[u8]| {
     };
     let mut conn = Http2Connection::new(limits, start);
     conn.scan_ids_of(|path| (path.len() % 3 == 0).then_some(7));
-    conn.pair_messages_of(|path| path.len() % 2 == 0, |_, _, head| head.first() == Some(&0x1a));
+    conn.pair_messages_of(
+        |path| path.len() % 2 == 0,
+        |_, _, head| head.first() == Some(&0x1a),
+    );
     let calls = engines::call_stream("/inference.GRPCInferenceService/ModelStreamInfer")
         .expect("Triton declares its call stream");
     let mut stats = Stats::default();

@@ -6,8 +6,8 @@
 //! Input layout: byte 0 picks the limits and the syscall size; the rest is one pickle.
 #![no_main]
 
+use inferscope::engines::{self, IpcBytes, IpcDirection};
 use inferscope_decode::pickle::{self, MAX_KEPT_STR, PickleLimits, Value};
-use inferscope::{engines::{self, IpcBytes, IpcDirection}};
 use libfuzzer_sys::fuzz_target;
 
 fn check(v: &Value, limits: &PickleLimits, depth: u16) {

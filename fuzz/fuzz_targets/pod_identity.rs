@@ -4,12 +4,10 @@
 //! pod the cache holds.
 #![no_main]
 
-use inferscope::{
-    identity::{
-        container,
-        kube::apply_watch_line,
-        pods::{MAX_PODS, PodStore},
-    },
+use inferscope::identity::{
+    container,
+    kube::apply_watch_line,
+    pods::{MAX_PODS, PodStore},
 };
 use libfuzzer_sys::fuzz_target;
 

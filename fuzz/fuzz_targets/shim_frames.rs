@@ -6,7 +6,9 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     // The first byte picks the read size, so frames split across reads get exercised.
-    let Some((&split, rest)) = data.split_first() else { return };
+    let Some((&split, rest)) = data.split_first() else {
+        return;
+    };
     let chunk = usize::from(split).max(1);
     let mut d = FrameDecoder::new();
     for piece in rest.chunks(chunk) {

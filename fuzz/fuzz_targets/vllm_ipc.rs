@@ -9,8 +9,11 @@
 //! drive the syscall sizes and losses; the rest is the byte stream.
 #![no_main]
 
-use inferscope_decode::{ msgpack::Reader, zmtp::{ZmtpLimits, ZmtpStream}, };
-use inferscope::{engines::{self, IpcBytes, IpcDirection}};
+use inferscope::engines::{self, IpcBytes, IpcDirection};
+use inferscope_decode::{
+    msgpack::Reader,
+    zmtp::{ZmtpLimits, ZmtpStream},
+};
 use libfuzzer_sys::fuzz_target;
 
 /// A ZMTP 3.0 NULL greeting followed by READY(Socket-Type=PUSH).
@@ -57,7 +60,10 @@ fuzz_target!(|data: &[u8]| {
     let mut at = 0usize;
     let mut i = 0usize;
     while at < stream_bytes.len() {
-        let c = control.get(i % control.len().max(1)).copied().unwrap_or(0xff);
+        let c = control
+            .get(i % control.len().max(1))
+            .copied()
+            .unwrap_or(0xff);
         let size = (usize::from(c & 0x7f) + 1) * if c & 0x80 != 0 { 64 } else { 1 };
         let end = (at + size).min(stream_bytes.len());
         let lost = if c % 17 == 3 { u64::from(c) } else { 0 };

@@ -7,9 +7,9 @@ pub mod disagg;
 pub mod identity;
 pub mod launch;
 pub mod lifecycle;
+pub mod metric_names;
 pub mod quantile;
 pub mod record;
-pub mod metric_names;
 pub mod thresholds;
 
 pub use counters::{Counter, Kind as CounterKind, Stats};

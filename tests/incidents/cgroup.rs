@@ -6,7 +6,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-pub struct CpuLimit {
+pub(crate) struct CpuLimit {
     dir: PathBuf,
     /// Where the process came from (to move it back before removing the group).
     home: PathBuf,
@@ -53,7 +53,7 @@ fn home_of(pid: u32, mount: &Path, v2: bool) -> PathBuf {
 
 impl CpuLimit {
     /// Limits `pid` (all its threads) to `quota_us` of CPU time per `period_us`.
-    pub fn apply(pid: u32, quota_us: u64, period_us: u64) -> Result<CpuLimit, String> {
+    pub(crate) fn apply(pid: u32, quota_us: u64, period_us: u64) -> Result<CpuLimit, String> {
         let mounts = cgroup_mounts();
         let name = format!("inferscope-incident-{}-{pid}", std::process::id());
         let mut tried = Vec::new();

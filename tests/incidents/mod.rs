@@ -2,8 +2,8 @@
 //! scheduler, through a [`Launcher`]) under the real agent (`inferscope record --out --steps --engines`, scheduler
 //! hooks on), sends a baseline phase and then an incident phase of open-loop or closed-loop load,
 //! and runs `inferscope diagnose` on what was recorded.
-pub mod cgroup;
-pub mod vllm;
+pub(crate) mod cgroup;
+pub(crate) mod vllm;
 
 use std::{
     path::{Path, PathBuf},
@@ -21,12 +21,12 @@ use inferscope_integration_tests::{
 use serde_json::Value;
 
 /// Engine slots (n_parallel): concurrency above this queues.
-pub const SLOTS: u32 = 2;
+pub(crate) const SLOTS: u32 = 2;
 
 /// One phase of open-loop load: `requests` sent `every` apart, each on its own connection,
 /// whatever the engine's pace (arrivals do not wait for earlier answers).
 #[derive(Debug, Clone, Copy)]
-pub struct Phase {
+pub(crate) struct Phase {
     pub requests: usize,
     pub every: Duration,
     /// Words of filler text in each prompt (varied per request: the engine caches prefixes).
@@ -36,7 +36,7 @@ pub struct Phase {
 
 /// The baseline every scenario starts with: one short request every 800 ms, which two slots
 /// serve without queueing (about 0.3 s each on an idle 2-core machine).
-pub const BASELINE: Phase = Phase {
+pub(crate) const BASELINE: Phase = Phase {
     requests: 12,
     every: Duration::from_millis(800),
     prompt_words: 6,
@@ -50,7 +50,7 @@ const WORDS: &[&str] = &[
 ];
 
 /// A prompt that starts differently for every `seed`, so no two share a cached prefix.
-pub fn prompt(seed: u64, words: usize) -> String {
+pub(crate) fn prompt(seed: u64, words: usize) -> String {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut text = format!("({seed}) Summarize in one sentence:");
     for _ in 0..words {
@@ -64,13 +64,13 @@ pub fn prompt(seed: u64, words: usize) -> String {
 }
 
 /// When a phase sent its requests, in RFC 3339 (the clock `diagnose` maps onto the records').
-pub struct Span {
+pub(crate) struct Span {
     pub start: SystemTime,
     pub end: SystemTime,
 }
 
 impl Span {
-    pub fn arg(&self) -> String {
+    pub(crate) fn arg(&self) -> String {
         format!(
             "{}..{}",
             humantime::format_rfc3339_nanos(self.start),
@@ -81,12 +81,12 @@ impl Span {
 
 /// Sends a phase to llama.cpp and waits for every answer; `seed0` keeps prompts distinct across
 /// phases.
-pub fn send(port: u16, phase: Phase, seed0: u64) -> Span {
+pub(crate) fn send(port: u16, phase: Phase, seed0: u64) -> Span {
     send_to(&LlamaCpp, port, phase, seed0)
 }
 
 /// Sends a phase to the engine `to` launched and waits for every answer.
-pub fn send_to(to: &'static dyn Launcher, port: u16, phase: Phase, seed0: u64) -> Span {
+pub(crate) fn send_to(to: &'static dyn Launcher, port: u16, phase: Phase, seed0: u64) -> Span {
     let start = SystemTime::now();
     let t0 = Instant::now();
     let mut clients = Vec::new();
@@ -112,7 +112,7 @@ pub fn send_to(to: &'static dyn Launcher, port: u16, phase: Phase, seed0: u64) -
 /// waiting for each answer and then `think` before the next (chat UIs, agents, batch jobs). The
 /// arrival rate can never outrun the service rate: more clients show as concurrency.
 #[derive(Debug, Clone, Copy)]
-pub struct Clients {
+pub(crate) struct Clients {
     pub clients: usize,
     pub requests_each: usize,
     pub think: Duration,
@@ -122,13 +122,13 @@ pub struct Clients {
 
 /// How a phase offers its load.
 #[derive(Debug, Clone, Copy)]
-pub enum Load {
+pub(crate) enum Load {
     Open(Phase),
     Closed(Clients),
 }
 
 impl Load {
-    pub fn requests(&self) -> usize {
+    pub(crate) fn requests(&self) -> usize {
         match self {
             Load::Open(p) => p.requests,
             Load::Closed(c) => c.clients * c.requests_each,
@@ -137,7 +137,7 @@ impl Load {
 }
 
 /// Two clients, each asking again 50 ms after its answer: both slots busy, nobody waits.
-pub const CLOSED_BASELINE: Clients = Clients {
+pub(crate) const CLOSED_BASELINE: Clients = Clients {
     clients: 2,
     requests_each: 7,
     think: Duration::from_millis(50),
@@ -146,7 +146,7 @@ pub const CLOSED_BASELINE: Clients = Clients {
 };
 
 /// Sends a closed-loop phase; the window closes just after the last request was sent.
-pub fn send_closed(to: &'static dyn Launcher, port: u16, c: Clients, seed0: u64) -> Span {
+pub(crate) fn send_closed(to: &'static dyn Launcher, port: u16, c: Clients, seed0: u64) -> Span {
     let start = SystemTime::now();
     let workers: Vec<_> = (0..c.clients)
         .map(|k| {
@@ -184,7 +184,7 @@ fn send_load(to: &'static dyn Launcher, port: u16, load: Load, seed0: u64) -> Sp
 
 /// Engine settings in the engines' common terms; each launcher spells them with its own flags.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EngineSettings {
+pub(crate) struct EngineSettings {
     /// Requests the engine runs at once (llama.cpp n_parallel, vLLM max_num_seqs).
     pub slots: u32,
     /// Tokens one step may carry (llama.cpp n_batch, vLLM max_num_batched_tokens); None: the
@@ -195,14 +195,14 @@ pub struct EngineSettings {
     pub kv_tokens: Option<u32>,
 }
 
-pub const DEFAULT_ENGINE: EngineSettings = EngineSettings {
+pub(crate) const DEFAULT_ENGINE: EngineSettings = EngineSettings {
     slots: SLOTS,
     batch_tokens: None,
     kv_tokens: None,
 };
 
 /// A running engine process, whatever launched it.
-pub trait Running {
+pub(crate) trait Running {
     fn pid(&self) -> u32;
 }
 
@@ -214,7 +214,7 @@ impl Running for Engine {
 
 /// Starts an engine with given settings and talks to it: the one place a scenario meets a
 /// particular engine.
-pub trait Launcher: Sync {
+pub(crate) trait Launcher: Sync {
     fn name(&self) -> &'static str;
     fn start(&self, port: u16, settings: EngineSettings) -> Box<dyn Running>;
     /// Sends one streaming chat request of `words` words (distinct per `seed`) and reads it to
@@ -237,7 +237,7 @@ pub trait Launcher: Sync {
 }
 
 /// llama.cpp (xllamacpp) through tests/engine/llamacpp_server.py, with llama-server's flags.
-pub struct LlamaCpp;
+pub(crate) struct LlamaCpp;
 
 impl Launcher for LlamaCpp {
     fn name(&self) -> &'static str {
@@ -271,9 +271,9 @@ impl Launcher for LlamaCpp {
 }
 
 /// Something done to the engine between the phases (e.g. a CPU limit), undone when dropped.
-pub type Between = Box<dyn FnOnce(u32) -> Option<cgroup::CpuLimit>>;
+pub(crate) type Between = Box<dyn FnOnce(u32) -> Option<cgroup::CpuLimit>>;
 
-pub struct Scenario {
+pub(crate) struct Scenario {
     pub name: &'static str,
     pub launcher: &'static dyn Launcher,
     pub engine: EngineSettings,
@@ -286,7 +286,7 @@ pub struct Scenario {
 
 impl Scenario {
     /// On llama.cpp with the default settings, open-loop baseline.
-    pub fn new(name: &'static str, incident: Load) -> Scenario {
+    pub(crate) fn new(name: &'static str, incident: Load) -> Scenario {
         Scenario {
             name,
             launcher: &LlamaCpp,
@@ -299,7 +299,7 @@ impl Scenario {
     }
 }
 
-pub struct Outcome {
+pub(crate) struct Outcome {
     pub diagnosis: Value,
     pub report: String,
     pub exit_code: Option<i32>,
@@ -308,7 +308,7 @@ pub struct Outcome {
 
 /// Runs one open-loop scenario on llama.cpp: engine, agent, baseline phase, `between` (e.g.
 /// throttle the engine), incident phase, then `inferscope diagnose` over the two phases.
-pub fn run<B>(name: &'static str, incident: Phase, between: B) -> Outcome
+pub(crate) fn run<B>(name: &'static str, incident: Phase, between: B) -> Outcome
 where
     B: FnOnce(u32) -> Option<cgroup::CpuLimit> + 'static,
 {
@@ -317,7 +317,7 @@ where
     run_scenario(s)
 }
 
-pub fn run_scenario(s: Scenario) -> Outcome {
+pub(crate) fn run_scenario(s: Scenario) -> Outcome {
     // Baseline and incident windows are compared: another test's engine must not load one.
     let _machine = inferscope_integration_tests::exclusive();
     let name = s.name;
@@ -452,7 +452,7 @@ fn prioritize(pid: u32) {
 }
 
 /// The evidence line for `signal`, which must be there.
-pub fn evidence<'a>(d: &'a Value, signal: &str) -> &'a Value {
+pub(crate) fn evidence<'a>(d: &'a Value, signal: &str) -> &'a Value {
     d["evidence"]
         .as_array()
         .into_iter()
@@ -462,7 +462,7 @@ pub fn evidence<'a>(d: &'a Value, signal: &str) -> &'a Value {
 }
 
 /// Checks the run produced enough requests per window and saved its files.
-pub fn check_recorded(o: &Outcome, baseline: usize, incident: usize) {
+pub(crate) fn check_recorded(o: &Outcome, baseline: usize, incident: usize) {
     let d = &o.diagnosis;
     assert_eq!(d["requests"]["baseline"], baseline, "{d:#}");
     assert_eq!(d["requests"]["window"], incident, "{d:#}");

@@ -18,7 +18,7 @@ use super::{EngineSettings, Launcher, Running};
 
 /// vLLM with a fixed fake device (step and per-token cost) and context length; the settings
 /// give max_num_seqs, max_num_batched_tokens and the KV pool.
-pub struct Vllm {
+pub(crate) struct Vllm {
     pub step_ms: f64,
     pub token_us: f64,
     pub block_size: u32,

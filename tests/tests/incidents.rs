@@ -297,8 +297,9 @@ fn diagnose_exit_status_for_errors_and_too_little_data() {
 /// names the cause from what the agent kept.
 #[test]
 fn traffic_spike_seen_live_by_the_daemon() {
-    use inferscope_integration_tests::{daemon::Daemon, engine::Engine, free_port, otlp::Rotel};
     use std::time::Instant;
+
+    use inferscope_integration_tests::{daemon::Daemon, engine::Engine, free_port, otlp::Rotel};
 
     // The alarm compares two windows' latencies: another test's engine must not load one.
     let _machine = inferscope_integration_tests::exclusive();

@@ -12,10 +12,10 @@
 //!
 //! The stages and what each may import: `docs/src/architecture.md`.
 pub mod elf;
-pub mod gpu;
+pub(crate) mod gpu;
 pub mod kernel;
-pub mod metrics;
-pub mod process;
+pub(crate) mod metrics;
+pub(crate) mod process;
 
 pub use kernel::{
     probes::{CaptureConfig, CaptureError, SocketProbes},

@@ -7,10 +7,10 @@ use hyper_util::rt::TokioIo;
 use inferscope_proto::v1::agent::inferscope_client::InferscopeClient;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Uri};
 
-pub const DEFAULT_CONNECT: &str = "unix:///run/inferscope/agent.sock";
+pub(super) const DEFAULT_CONNECT: &str = "unix:///run/inferscope/agent.sock";
 
 #[derive(Args, Debug, Clone)]
-pub struct ConnectArgs {
+pub(super) struct ConnectArgs {
     /// The agent's gRPC address: unix:///path, http://host:port or https://host:port.
     #[arg(
         long,
@@ -24,7 +24,7 @@ pub struct ConnectArgs {
 }
 
 impl ConnectArgs {
-    pub async fn client(&self) -> anyhow::Result<InferscopeClient<Channel>> {
+    pub(super) async fn client(&self) -> anyhow::Result<InferscopeClient<Channel>> {
         let hint = "is `inferscope run` running, and is this its --grpc address? (pass --connect)";
         let channel = if let Some(path) = self.connect.strip_prefix("unix://") {
             let path = PathBuf::from(path);
@@ -64,7 +64,7 @@ impl ConnectArgs {
     }
 }
 
-pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+pub(super) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -8,19 +8,19 @@ use std::{
 
 use anyhow::Context as _;
 use clap::Args;
-use inferscope::diagnose::{
-    self, Cause, Inputs, ReadStats, Timeline, parse_window, read_jsonl, read_steps,
-};
 use tracing::warn;
 
 use super::progress::{self, Progress};
+use crate::diagnose::{
+    self, Cause, Inputs, ReadStats, Timeline, parse_window, read_jsonl, read_steps,
+};
 
 /// Exit statuses, for scripts and alerting.
-pub const EXIT_NO_REGRESSION: u8 = 0;
-pub const EXIT_ERROR: u8 = 1;
-pub const EXIT_REGRESSION: u8 = 3;
-pub const EXIT_REGRESSION_UNEXPLAINED: u8 = 4;
-pub const EXIT_NOT_ENOUGH_DATA: u8 = 5;
+pub(super) const EXIT_NO_REGRESSION: u8 = 0;
+pub(super) const EXIT_ERROR: u8 = 1;
+pub(super) const EXIT_REGRESSION: u8 = 3;
+pub(super) const EXIT_REGRESSION_UNEXPLAINED: u8 = 4;
+pub(super) const EXIT_NOT_ENOUGH_DATA: u8 = 5;
 
 #[derive(Args, Debug)]
 #[command(after_help = "\
@@ -32,7 +32,7 @@ recording's start/end (e.g. --baseline ..+5m --window -2m..). A bare duration is
 Exit status: 0 no TTFT regression; 3 regression with a named cause; 4 regression that no
 measured signal explains; 5 too few requests in a window to decide; 1 error (unreadable file,
 bad window); 2 bad command line.")]
-pub struct DiagnoseArgs {
+pub(super) struct DiagnoseArgs {
     /// Request records from `inferscope record --out` (JSON Lines). Without it, ask the running
     /// agent (`--connect`) about what it has seen.
     #[arg(long)]
@@ -198,7 +198,7 @@ fn run_live(args: &DiagnoseArgs) -> anyhow::Result<u8> {
 }
 
 /// Runs the command; the exit status carries the verdict (see the help text).
-pub fn main(args: DiagnoseArgs) -> ExitCode {
+pub(super) fn main(args: DiagnoseArgs) -> ExitCode {
     match run(args) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {

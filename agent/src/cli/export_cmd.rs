@@ -4,13 +4,13 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::Args;
-use inferscope::export::perfetto;
 use inferscope_proto::v1::agent::{GetRequestRequest, ListRequestsRequest};
 
 use super::client::{ConnectArgs, runtime};
+use crate::export::perfetto;
 
 #[derive(Args, Debug)]
-pub struct ExportArgs {
+pub(super) struct ExportArgs {
     #[command(flatten)]
     pub connect: ConnectArgs,
     /// Write Chrome trace-event JSON (open it in ui.perfetto.dev) to this file.
@@ -24,7 +24,7 @@ pub struct ExportArgs {
     pub min_ttft_ms: f64,
 }
 
-pub fn run(args: ExportArgs) -> anyhow::Result<()> {
+pub(super) fn run(args: ExportArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async {
         let mut client = args.connect.client().await?;
         let list = client

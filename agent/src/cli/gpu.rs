@@ -13,10 +13,10 @@ use clap::Args;
 use serde_json::json;
 
 use super::shutdown;
-use inferscope::capture::gpu::{DEFAULT_SHIM_SOCKET, ListenerConfig, NvmlSampler, ShimListener};
+use crate::capture::gpu::{DEFAULT_SHIM_SOCKET, ListenerConfig, NvmlSampler, ShimListener};
 
 #[derive(Args)]
-pub struct GpuArgs {
+pub(super) struct GpuArgs {
     /// Unix socket the shims connect to (the shim reads INFERSCOPE_SHIM_SOCKET).
     #[arg(long, env = "INFERSCOPE_SHIM_SOCKET", default_value = DEFAULT_SHIM_SOCKET)]
     pub socket: PathBuf,
@@ -37,7 +37,7 @@ pub struct GpuArgs {
     pub out: Option<PathBuf>,
 }
 
-pub fn run(args: GpuArgs) -> anyhow::Result<()> {
+pub(super) fn run(args: GpuArgs) -> anyhow::Result<()> {
     shutdown::install();
     let mut cfg = ListenerConfig::new(&args.socket);
     cfg.mode = if args.group_access { 0o660 } else { 0o600 };

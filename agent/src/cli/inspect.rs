@@ -1,16 +1,16 @@
 //! `inferscope inspect ID`: one request's timeline drawn in the terminal — arrival, queue,
 //! prefill steps with their kernels, decode.
-use inferscope_model::clock::ns_to_ms;
 use std::{collections::BTreeMap, fmt::Write as _};
 
 use anyhow::Context as _;
 use clap::Args;
+use inferscope_model::clock::ns_to_ms;
 use inferscope_proto::v1::agent::{GetRequestRequest, RequestTimeline};
 
 use super::client::{ConnectArgs, runtime};
 
 #[derive(Args, Debug)]
-pub struct InspectArgs {
+pub(super) struct InspectArgs {
     #[command(flatten)]
     pub connect: ConnectArgs,
     /// The agent's request id, the response id (chatcmpl-…) or the caller's x-request-id.
@@ -23,7 +23,7 @@ pub struct InspectArgs {
     pub json: bool,
 }
 
-pub fn run(args: InspectArgs) -> anyhow::Result<()> {
+pub(super) fn run(args: InspectArgs) -> anyhow::Result<()> {
     let timeline = runtime()?.block_on(async {
         let mut client = args.connect.client().await?;
         client
@@ -47,7 +47,6 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
-
 
 fn opt(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.1} ms"))
@@ -142,7 +141,7 @@ fn sources_of(launched: &[&inferscope_proto::v1::agent::StepLaunches]) -> &'stat
     }
 }
 
-pub fn render(t: &RequestTimeline, width: usize, max_steps: usize) -> String {
+pub(super) fn render(t: &RequestTimeline, width: usize, max_steps: usize) -> String {
     let mut out = String::new();
     let Some(r) = &t.request else {
         return "the agent returned no request\n".into();
@@ -209,7 +208,11 @@ pub fn render(t: &RequestTimeline, width: usize, max_steps: usize) -> String {
         out,
         "\n{:<10}{:<width$}  {:>10} {:>10}",
         "",
-        format!("0 ms{:>w$}", format!("{:.0} ms", ns_to_ms(span)), w = width - 4),
+        format!(
+            "0 ms{:>w$}",
+            format!("{:.0} ms", ns_to_ms(span)),
+            w = width - 4
+        ),
         "start",
         "length"
     );
@@ -605,8 +608,9 @@ mod tests {
         );
         assert_eq!(super::disagg_section("{}", 40), "");
     }
-    use super::*;
     use inferscope_proto::v1::agent::{Request, Step, StepMember};
+
+    use super::*;
 
     #[test]
     fn draws_phases_in_proportion() {
@@ -791,8 +795,9 @@ mod tests {
     /// step list (joined by the engine module) still draws each step with its phase and kernels.
     #[test]
     fn draws_vllm_steps_joined_by_engine_id() {
-        use inferscope::correlate::timeline::{KernelRecord, TimelineBuilder, TimelineLimits};
         use inferscope_model::{RequestRecord, StepMember as Member, StepRecord, StepRef};
+
+        use crate::correlate::timeline::{KernelRecord, TimelineBuilder, TimelineLimits};
         let step = |start: u64, end: u64, ids: &[&str]| StepRecord {
             pid: 9,
             engine: "vllm".into(),
@@ -868,7 +873,7 @@ mod tests {
         let mut out = Vec::new();
         b.on_request(record, 2, &mut out);
         b.flush(3, &mut out);
-        let t = inferscope::export::proto_conv::timeline(&out[0]);
+        let t = crate::export::proto_conv::timeline(&out[0]);
         let text = render(&t, 40, 12);
         assert!(text.contains("steps (3):"), "{text}");
         // Step rows (each followed by its launch line, indented: the shim's launches, as no
@@ -904,8 +909,9 @@ mod tests {
     /// with the scheduler's kernels, and none of the server's.
     #[test]
     fn draws_the_sglang_prefill_step_with_the_scheduler_kernels() {
-        use inferscope::correlate::timeline::{KernelRecord, TimelineBuilder, TimelineLimits};
         use inferscope_model::{RequestRecord, StepMember as Member, StepRecord, StepRef};
+
+        use crate::correlate::timeline::{KernelRecord, TimelineBuilder, TimelineLimits};
         let mut b = TimelineBuilder::new(TimelineLimits::default());
         b.on_step(StepRecord {
             pid: 20,
@@ -971,7 +977,7 @@ mod tests {
         let mut out = Vec::new();
         b.on_request(record, 2, &mut out);
         b.flush(3, &mut out);
-        let t = inferscope::export::proto_conv::timeline(&out[0]);
+        let t = crate::export::proto_conv::timeline(&out[0]);
         let text = render(&t, 40, 12);
         assert!(text.contains("steps (1):"), "{text}");
         let row = text

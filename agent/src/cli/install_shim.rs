@@ -8,7 +8,7 @@ use clap::Args;
 use tracing::info;
 
 #[derive(Args)]
-pub struct InstallShimArgs {
+pub(super) struct InstallShimArgs {
     /// Directory to place libinferscope_cupti.so in (a host path shared with engine pods).
     pub dir: PathBuf,
     /// The shim to copy.
@@ -16,7 +16,7 @@ pub struct InstallShimArgs {
     pub from: PathBuf,
 }
 
-pub fn run(args: InstallShimArgs) -> anyhow::Result<()> {
+pub(super) fn run(args: InstallShimArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("cannot create {}", args.dir.display()))?;
     let target = args.dir.join("libinferscope_cupti.so");

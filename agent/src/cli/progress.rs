@@ -11,13 +11,13 @@ const LARGE_FILE: u64 = 16 * 1024 * 1024;
 const EVERY: Duration = Duration::from_millis(200);
 
 /// Whether a file of `size` bytes gets a progress line when stderr is (`terminal`) a terminal.
-pub fn wanted(terminal: bool, size: u64) -> bool {
+pub(super) fn wanted(terminal: bool, size: u64) -> bool {
     terminal && size >= LARGE_FILE
 }
 
 /// A reader that redraws "`label`: N% (read of total MiB)" on `sink` as it is read, and clears
 /// the line once dropped.
-pub struct Progress<R, W: Write> {
+pub(super) struct Progress<R, W: Write> {
     inner: R,
     sink: Option<W>,
     label: String,
@@ -28,7 +28,7 @@ pub struct Progress<R, W: Write> {
 
 impl<R, W: Write> Progress<R, W> {
     /// `sink` None: no progress at all (not a terminal, or a small file).
-    pub fn new(inner: R, sink: Option<W>, label: String, total: u64) -> Self {
+    pub(super) fn new(inner: R, sink: Option<W>, label: String, total: u64) -> Self {
         Self {
             inner,
             sink,

@@ -7,20 +7,20 @@ use std::{
 
 use anyhow::Context as _;
 use clap::Args;
-use inferscope::{
-    capture::{DiscoveryChange, metrics::ScrapeConfig, elf::user_probes::ProbeSpec},
+use inferscope_model::{LaunchRecord, RequestRecord, StepRecord, clock::monotonic_now_ns};
+use tracing::info;
+
+use super::{shutdown, target::TargetArgs};
+use crate::{
+    capture::{DiscoveryChange, elf::user_probes::ProbeSpec, metrics::ScrapeConfig},
     correlate::EngineMetricsRecord,
     diagnose::EngineConfigSample,
     export::{counters_file, jsonl::JsonlWriter, live},
     pipeline::{Observer, Pipeline},
 };
-use inferscope_model::{LaunchRecord, RequestRecord, StepRecord, clock::monotonic_now_ns};
-use tracing::info;
-
-use super::{shutdown, target::TargetArgs};
 
 #[derive(Args, Debug)]
-pub struct RecordArgs {
+pub(super) struct RecordArgs {
     #[command(flatten)]
     pub target: TargetArgs,
     /// Stop after this long (e.g. 30s, 5m); without it, record until Ctrl-C.
@@ -102,14 +102,14 @@ impl Observer for RecordObserver {
                 mono_ns: monotonic_now_ns(),
                 pid: p.tgid,
                 engine: p.engine.to_owned(),
-                settings: inferscope::engines::scheduler_config_of(p.tgid, p.engine),
+                settings: crate::engines::scheduler_config_of(p.tgid, p.engine),
             };
             w.write_or_report(&sample, "an engine config record");
         }
     }
 }
 
-pub fn run(args: RecordArgs) -> anyhow::Result<()> {
+pub(super) fn run(args: RecordArgs) -> anyhow::Result<()> {
     shutdown::install();
     let spec = match &args.probes {
         Some(path) => Some(ProbeSpec::load(path).context("the probe spec is not usable")?),
@@ -198,10 +198,15 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
             .with_context(|| format!("writing the counters to {}", path.display()))?;
     }
     info!(records = observer.writer.written, "done");
-    let other_failures = [&observer.steps, &observer.launches, &observer.metrics, &observer.engines]
-        .into_iter()
-        .flatten()
-        .any(|w| w.failed > 0);
+    let other_failures = [
+        &observer.steps,
+        &observer.launches,
+        &observer.metrics,
+        &observer.engines,
+    ]
+    .into_iter()
+    .flatten()
+    .any(|w| w.failed > 0);
     if observer.writer.failed > 0 || other_failures {
         anyhow::bail!(
             "{} records could not be written to {} (each was dropped whole; the file holds only complete lines)",

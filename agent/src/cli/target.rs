@@ -2,14 +2,15 @@
 use std::time::Duration;
 
 use clap::Args;
-use inferscope::{
+use inferscope_decode::http::Limits;
+
+use crate::{
     capture::{CaptureConfig, TargetSelector},
     pipeline::PipelineConfig,
 };
-use inferscope_decode::http::Limits;
 
 #[derive(Args, Debug, Clone)]
-pub struct TargetArgs {
+pub(super) struct TargetArgs {
     /// Trace this process.
     #[arg(long, group = "target")]
     pub pid: Option<u32>,
@@ -43,7 +44,7 @@ pub struct TargetArgs {
     pub gpu_launch_cap: u32,
     /// Percent of a process's time its GPU launch probes may cost (at 5 us a launch) before
     /// they are paused for 30 s (0: never paused).
-    #[arg(long, default_value_t = inferscope::pipeline::DEFAULT_LAUNCH_BUDGET_PCT)]
+    #[arg(long, default_value_t = crate::pipeline::DEFAULT_LAUNCH_BUDGET_PCT)]
     pub gpu_launch_budget: f64,
     /// Capture every response write in full, instead of letting the kernel send recognised
     /// token events as 40-byte records (about 7x the ring bytes per streamed token; for
@@ -57,7 +58,7 @@ pub struct TargetArgs {
 }
 
 impl TargetArgs {
-    pub fn selector(&self) -> TargetSelector {
+    pub(super) fn selector(&self) -> TargetSelector {
         match (self.pid, self.port) {
             (Some(pid), _) => TargetSelector::Pid(pid),
             (None, Some(port)) => TargetSelector::Port(port),
@@ -67,7 +68,7 @@ impl TargetArgs {
         }
     }
 
-    pub fn pipeline_config(&self) -> PipelineConfig {
+    pub(super) fn pipeline_config(&self) -> PipelineConfig {
         PipelineConfig {
             selector: self.selector(),
             capture: CaptureConfig {

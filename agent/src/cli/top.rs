@@ -24,7 +24,7 @@ use super::{
 const MAX_WINDOW_REQUESTS: usize = 100_000;
 
 #[derive(Args, Debug)]
-pub struct TopArgs {
+pub(super) struct TopArgs {
     #[command(flatten)]
     pub connect: ConnectArgs,
     /// Percentiles over requests that finished this recently.
@@ -164,7 +164,7 @@ impl View {
     }
 }
 
-pub fn run(args: TopArgs) -> anyhow::Result<()> {
+pub(super) fn run(args: TopArgs) -> anyhow::Result<()> {
     shutdown::install();
     let tty = std::io::stdout().is_terminal();
     runtime()?.block_on(async {

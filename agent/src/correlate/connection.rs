@@ -5,15 +5,13 @@
 //! a decoder loses framing, the open requests are settled (`incomplete`, or counted as lost when
 //! their response head itself was dropped) and decoding resumes at the next boundary it can
 //! prove: a read that starts with a request line, a write that starts with a response head.
-use inferscope_common::SyscallKind;
-use inferscope_model::Counter;
 use std::collections::VecDeque;
 
-use crate::capture::SyscallEvent;
+use inferscope_common::SyscallKind;
 use inferscope_decode::http::{
     Chunk, Limits, ParseError, RequestDecoder, RequestEvent, ResponseDecoder, ResponseEvent,
 };
-use inferscope_model::EndedBy;
+use inferscope_model::{Counter, EndedBy};
 
 use super::{
     Peer, RequestRecord, Stats, TemplateUpdate, Work,
@@ -23,6 +21,7 @@ use super::{
     peer_close::PeerEnd,
     request::{RecordContext, RequestProgress},
 };
+use crate::capture::SyscallEvent;
 
 /// Requests read but not yet answered, per connection. Requests and connections are boxed so
 /// that idle table slots and queue capacity cost a pointer, not a whole struct (10k in flight).
@@ -40,7 +39,7 @@ const MAX_ACCEPT_DELAY_NS: u64 = 2_000_000_000;
 
 /// How a connection's tracking ends, which decides what its open requests become.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ending {
+pub(super) enum Ending {
     /// The connection ended (`by` the server, or the process or agent stopping): unanswered
     /// requests end cut by that side.
     Closed(EndedBy),
@@ -48,7 +47,7 @@ pub enum Ending {
     Incomplete(Reason),
 }
 
-pub struct Connection {
+pub(super) struct Connection {
     pub id: u64,
     pid: u32,
     engine: &'static str,
@@ -106,7 +105,7 @@ pub struct Connection {
 impl Connection {
     /// `fresh`: the connection was seen from its accept; otherwise it is joined mid-stream and
     /// decoding starts at the first provable request boundary.
-    pub fn new(
+    pub(super) fn new(
         id: u64,
         pid: u32,
         engine: &'static str,
@@ -179,12 +178,12 @@ impl Connection {
     }
 
     /// The connection is decoded as HTTP/2.
-    pub fn speaks_http2(&self) -> bool {
+    pub(super) fn speaks_http2(&self) -> bool {
         self.h2.is_some()
     }
 
     /// What the kernel saw of the client's end of this connection's socket so far.
-    pub fn learn_peer_end(&mut self, end: PeerEnd) {
+    pub(super) fn learn_peer_end(&mut self, end: PeerEnd) {
         self.peer_end_seen = end;
     }
 
@@ -198,7 +197,7 @@ impl Connection {
     }
 
     /// The server shut down its sending side: requests not answered by now never will be.
-    pub fn on_server_shutdown(&mut self, ts_ns: u64) {
+    pub(super) fn on_server_shutdown(&mut self, ts_ns: u64) {
         self.server_shut_ns.get_or_insert(ts_ns);
     }
 
@@ -213,7 +212,7 @@ impl Connection {
         }
     }
 
-    pub fn context(&self, unix_offset_ns: u64, last_loss_ns: u64) -> RecordContext<'static> {
+    pub(super) fn context(&self, unix_offset_ns: u64, last_loss_ns: u64) -> RecordContext<'static> {
         RecordContext {
             pid: self.pid,
             engine: self.engine,
@@ -226,7 +225,7 @@ impl Connection {
     }
 
     /// The server's TLS handshake on this connection completed at `ts_ns`.
-    pub fn tls_handshake_done(&mut self, ts_ns: u64) {
+    pub(super) fn tls_handshake_done(&mut self, ts_ns: u64) {
         self.tls_handshake_ns = Some(ts_ns);
     }
 
@@ -261,12 +260,12 @@ impl Connection {
 
     /// The kernel saw this connection accepted at `ts_ns`: its first request's bytes came after
     /// its handshake, at most [`MAX_ACCEPT_DELAY_NS`] before that.
-    pub fn accepted_at(&mut self, ts_ns: u64) {
+    pub(super) fn accepted_at(&mut self, ts_ns: u64) {
         self.opened_ns = ts_ns;
         self.last_response_end_ns = ts_ns.saturating_sub(MAX_ACCEPT_DELAY_NS);
     }
 
-    pub fn learn_peer(&mut self, peer: Peer) {
+    pub(super) fn learn_peer(&mut self, peer: Peer) {
         if self.peer.sock == 0 {
             self.peer.sock = peer.sock;
         }
@@ -284,7 +283,7 @@ impl Connection {
     /// and writes are numbered apart; a close carries both next numbers): a jump means records
     /// of this connection were dropped, and the open requests are settled before `ev` is
     /// decoded.
-    pub fn observe(
+    pub(super) fn observe(
         &mut self,
         ev: &SyscallEvent<'_>,
         ctx: RecordContext<'_>,
@@ -431,7 +430,7 @@ impl Connection {
         self.hunt_request = true;
     }
 
-    pub fn on_read(
+    pub(super) fn on_read(
         &mut self,
         ev: &SyscallEvent<'_>,
         arrivals: &mut ArrivalIndex,
@@ -547,7 +546,12 @@ impl Connection {
         *work.request_events = events;
     }
 
-    pub fn on_write(&mut self, ev: &SyscallEvent<'_>, ctx: RecordContext<'_>, work: &mut Work<'_>) {
+    pub(super) fn on_write(
+        &mut self,
+        ev: &SyscallEvent<'_>,
+        ctx: RecordContext<'_>,
+        work: &mut Work<'_>,
+    ) {
         self.observe(ev, ctx, work.stats, work.out);
         if self.h2.is_none() && self.next_seq == 0 && self.reading.is_none() {
             self.h2 = H2Connection::from_first_write(ev.payload, self.hunt_response, work.stats);
@@ -724,7 +728,7 @@ impl Connection {
 
     /// Requests the engine is working on: admitted, and neither the engine (where a hook says
     /// so) nor the response has finished.
-    pub fn admitted_requests_mut(&mut self) -> impl Iterator<Item = &mut RequestProgress> {
+    pub(super) fn admitted_requests_mut(&mut self) -> impl Iterator<Item = &mut RequestProgress> {
         self.reading
             .iter_mut()
             .chain(self.waiting.iter_mut())
@@ -733,7 +737,7 @@ impl Connection {
     }
 
     /// The request with sequence number `seq`, if it is still open.
-    pub fn request_mut(&mut self, seq: u32) -> Option<&mut RequestProgress> {
+    pub(super) fn request_mut(&mut self, seq: u32) -> Option<&mut RequestProgress> {
         self.reading
             .iter_mut()
             .chain(self.waiting.iter_mut())
@@ -742,7 +746,7 @@ impl Connection {
     }
 
     /// Whether request `seq` is still open here.
-    pub fn has_open_request(&self, seq: u32) -> bool {
+    pub(super) fn has_open_request(&self, seq: u32) -> bool {
         self.reading
             .iter()
             .chain(self.waiting.iter())
@@ -750,12 +754,12 @@ impl Connection {
     }
 
     /// Requests open on this connection (read in part, or waiting for their answer).
-    pub fn open_requests(&self) -> usize {
+    pub(super) fn open_requests(&self) -> usize {
         self.waiting.len() + usize::from(self.reading.is_some())
     }
 
     /// Requests open on this connection whose first bytes were read before `ts_ns`.
-    pub fn open_requests_read_before(&self, ts_ns: u64) -> usize {
+    pub(super) fn open_requests_read_before(&self, ts_ns: u64) -> usize {
         self.waiting
             .iter()
             .chain(self.reading.as_ref())
@@ -844,7 +848,7 @@ impl Connection {
         }
     }
 
-    pub fn close(
+    pub(super) fn close(
         mut self,
         ts_ns: u64,
         ending: Ending,

@@ -3,15 +3,14 @@
 //! request is annotated with the engine state sampled nearest its arrival.
 use std::collections::{HashMap, VecDeque};
 
+use inferscope_decode::prometheus::{self, Limits, ParseStats};
 use serde::Serialize;
 
+use super::RequestRecord;
 use crate::{
     capture::metrics::Scrape,
     engines::{MetricsEndpoint, Signal},
 };
-use inferscope_decode::prometheus::{self, Limits, ParseStats};
-
-use super::RequestRecord;
 
 /// Samples kept per engine for the arrival join: at a 1 s interval, the last ~8 minutes.
 const HISTORY: usize = 512;
@@ -62,19 +61,19 @@ pub struct EngineMetricsRecord {
 
 /// Signal values from one exposition.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     values: [Option<f64>; Signal::ALL.len()],
 }
 
 impl Snapshot {
-    pub fn get(&self, signal: Signal) -> Option<f64> {
+    pub(crate) fn get(&self, signal: Signal) -> Option<f64> {
         self.values[signal.index()]
     }
 }
 
 /// Reads `body` through `endpoint`'s table. Where several metrics give one signal, the most
 /// preferred one present wins; series of that metric sum or average (see [`Signal::sums`]).
-pub fn snapshot(
+pub(crate) fn snapshot(
     body: &[u8],
     endpoint: &MetricsEndpoint,
     limits: &Limits,

@@ -12,23 +12,24 @@
 
 use std::collections::VecDeque;
 
-use rustc_hash::FxHashMap;
-
-use crate::engines::{self, CallStream, LastReply};
 use inferscope_decode::http2::{Messages, Side, StreamHead, StreamMessage, StreamSummary};
 use inferscope_model::{Counter, EndedBy, Http2Info, RequestRecord};
+use rustc_hash::FxHashMap;
 
-use super::Stats;
-use super::loss::{self, Reason};
-use super::request::{RecordContext, RequestProgress};
+use super::{
+    Stats,
+    loss::{self, Reason},
+    request::{RecordContext, RequestProgress},
+};
+use crate::engines::{self, CallStream, LastReply};
 
 /// Calls open at once on one stream; the oldest is ended, counted, past it (a client that never
 /// gets final responses would otherwise grow the stream without bound).
-pub const MAX_OPEN_CALLS: usize = 1024;
+pub(super) const MAX_OPEN_CALLS: usize = 1024;
 
 /// The call streams of one connection.
 #[derive(Default)]
-pub struct CallStreams {
+pub(super) struct CallStreams {
     streams: FxHashMap<u32, OpenStream>,
 }
 
@@ -52,7 +53,7 @@ struct Call {
 }
 
 /// How the stream's end ended a call it cut.
-pub struct StreamEnd {
+pub(super) struct StreamEnd {
     pub ended_by: EndedBy,
     pub stream_end: &'static str,
     pub error_code: Option<u32>,
@@ -61,7 +62,7 @@ pub struct StreamEnd {
 
 impl CallStreams {
     /// One message of a call stream; `wire_ns`: a request message's wire arrival.
-    pub fn on_message(
+    pub(super) fn on_message(
         &mut self,
         m: StreamMessage,
         wire_ns: Option<u64>,
@@ -201,7 +202,7 @@ impl CallStreams {
     }
 
     /// A call stream ended (`s`, its summary): its open calls end with it, as `end` says.
-    pub fn stream_ended(
+    pub(super) fn stream_ended(
         &mut self,
         s: &StreamSummary,
         end: &StreamEnd,

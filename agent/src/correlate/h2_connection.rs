@@ -6,26 +6,29 @@
 //! TTFT at the first response message (the first token of a server-streaming completion) and
 //! the token gaps between response messages.
 
-use crate::capture::SyscallEvent;
-use crate::engines;
-use inferscope_decode::http::Chunk;
-use inferscope_decode::http2::{
-    self, EndedBy as WireEnd, Http2Connection, MessageId, Messages, Side, Start, StreamSummary,
-    Value,
+use std::collections::VecDeque;
+
+use inferscope_decode::{
+    http::Chunk,
+    http2::{
+        self, EndedBy as WireEnd, Http2Connection, MessageId, Messages, Side, Start, StreamSummary,
+        Value,
+    },
 };
 use inferscope_model::{Counter, EndedBy, Http2Info, RequestRecord};
 
-use std::collections::VecDeque;
+use super::{
+    Peer, Stats, Work,
+    arrivals::{Arrival, ArrivalIndex},
+    connection::Ending,
+    h2_calls::{CallStreams, StreamEnd},
+    loss::{self, Reason},
+    request::{RecordContext, RequestProgress},
+    segment_positions::SegmentPositions,
+};
+use crate::{capture::SyscallEvent, engines};
 
-use super::arrivals::{Arrival, ArrivalIndex};
-use super::connection::Ending;
-use super::h2_calls::{CallStreams, StreamEnd};
-use super::loss::{self, Reason};
-use super::request::{RecordContext, RequestProgress};
-use super::segment_positions::SegmentPositions;
-use super::{Peer, Stats, Work};
-
-pub struct H2Connection {
+pub(super) struct H2Connection {
     decoder: Http2Connection,
     /// Streams that ended during the last syscall; kept for its allocation.
     ended: Vec<StreamSummary>,
@@ -56,7 +59,7 @@ impl H2Connection {
     /// The HTTP/2 state for a connection whose client has not spoken HTTP/1, if this read says
     /// it speaks HTTP/2: the preface, or (`joined`: the connection was joined mid-stream) whole
     /// HTTP/2 frames, as a long-lived gRPC channel that predates the agent sends.
-    pub fn from_read(payload: &[u8], joined: bool, stats: &mut Stats) -> Option<Box<Self>> {
+    pub(super) fn from_read(payload: &[u8], joined: bool, stats: &mut Stats) -> Option<Box<Self>> {
         let start = if http2::starts_with_preface(payload) {
             Start::Fresh
         } else if joined && http2::whole_frames(payload) {
@@ -72,7 +75,11 @@ impl H2Connection {
     /// write is HTTP/2's SETTINGS (an HTTP/1 server never speaks first). `joined`: the
     /// connection was joined mid-stream, so this may be a later SETTINGS; the client's preface,
     /// if it comes, still marks the start.
-    pub fn from_first_write(payload: &[u8], joined: bool, stats: &mut Stats) -> Option<Box<Self>> {
+    pub(super) fn from_first_write(
+        payload: &[u8],
+        joined: bool,
+        stats: &mut Stats,
+    ) -> Option<Box<Self>> {
         if !http2::starts_with_server_preface(payload) {
             return None;
         }
@@ -89,7 +96,7 @@ impl H2Connection {
 
     /// `Start::Fresh` when the client's preface (or the server's first SETTINGS) was seen;
     /// `Start::MidConnection` for a connection joined later.
-    pub fn new(start: Start) -> Self {
+    pub(super) fn new(start: Start) -> Self {
         let mut decoder = Http2Connection::new(http2::Limits::default(), start);
         decoder.pair_messages_of(engines::is_call_stream, engines::names_a_call);
         decoder.scan_ids_of(engines::rpc_id_field);
@@ -108,13 +115,13 @@ impl H2Connection {
     }
 
     /// The client did not begin with the HTTP/2 preface (or whole frames, joined mid-stream).
-    pub fn not_http2(&self) -> bool {
+    pub(super) fn not_http2(&self) -> bool {
         self.rejected || self.decoder.not_http2()
     }
 
     /// One read of the client's bytes; `handshake_ns`: the end of the connection's TLS
     /// handshake, on its first read after it.
-    pub fn on_read(
+    pub(super) fn on_read(
         &mut self,
         ev: &SyscallEvent<'_>,
         peer: &Peer,
@@ -201,7 +208,7 @@ impl H2Connection {
         self.tls.after_read(began);
     }
 
-    pub fn on_write(
+    pub(super) fn on_write(
         &mut self,
         ev: &SyscallEvent<'_>,
         ctx: RecordContext<'_>,
@@ -293,7 +300,7 @@ impl H2Connection {
 
     /// The kernel dropped records of this connection: an unknown number of bytes each way are
     /// gone, so both directions lose their framing.
-    pub fn records_lost(&mut self, ts_ns: u64, stats: &mut Stats) {
+    pub(super) fn records_lost(&mut self, ts_ns: u64, stats: &mut Stats) {
         for side in [Side::Client, Side::Server] {
             let chunk = Chunk {
                 bytes: &[],
@@ -304,7 +311,7 @@ impl H2Connection {
         }
     }
 
-    pub fn close(
+    pub(super) fn close(
         mut self,
         ts_ns: u64,
         ending: Ending,
@@ -608,15 +615,16 @@ pub(super) fn text(v: &Value<String>) -> String {
 #[cfg(test)]
 mod tests {
     use inferscope_common::SyscallKind;
-
-    use crate::capture::{Segment, SyscallEvent};
-    use crate::correlate::arrivals::Arrival;
-    use crate::correlate::{Peer, Tracker};
-    use inferscope_decode::http::Limits;
-    use inferscope_decode::http2::PREFACE;
-    use inferscope_decode::http2::frame::kind;
-    use inferscope_decode::http2::testwire::*;
+    use inferscope_decode::{
+        http::Limits,
+        http2::{PREFACE, frame::kind, testwire::*},
+    };
     use inferscope_model::{Counter, EndedBy};
+
+    use crate::{
+        capture::{Segment, SyscallEvent},
+        correlate::{Peer, Tracker, arrivals::Arrival},
+    };
 
     const MS: u64 = 1_000_000;
 

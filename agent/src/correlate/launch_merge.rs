@@ -12,14 +12,14 @@
 //! CLOCK_MONOTONIC itself), of the same kind, and — for kernels whose arguments the uprobe
 //! read — with the same grid, block and dynamic shared memory. Streams are not compared: the
 //! uprobe sees the `CUstream` handle, CUPTI a stream number.
-use rustc_hash::FxHashMap;
-
-use super::launches::{Item, count, summarise};
-use crate::capture::gpu::KernelRecord;
 use inferscope_model::{
     GraphKernels, LaunchRecord, LaunchSources, NamedCount, StepLaunches, StepRecord,
     launch::STEP_KERNELS_KEPT,
 };
+use rustc_hash::FxHashMap;
+
+use super::launches::{Item, count, summarise};
+use crate::capture::gpu::KernelRecord;
 
 /// Longest time from a launch function's entry (the uprobe) to the shim's API callback for the
 /// same call: the callback runs inside the call, microseconds after the trap, unless the thread
@@ -27,10 +27,10 @@ use inferscope_model::{
 /// 100 µs was seen in CI). Pairing follows each thread's call order (a shim launch takes the
 /// thread's last unpaired uprobe launch at or before it), so the window only matters where both
 /// sources missed a different call of the same shape on one thread within it.
-pub const PAIR_WITHIN_NS: u64 = 10_000_000;
+pub(crate) const PAIR_WITHIN_NS: u64 = 10_000_000;
 /// How far the shim's launch time may lie before the uprobe's for the same call (a shim that
 /// calibrates CUPTI's clock against CLOCK_MONOTONIC carries a small offset error).
-pub const CLOCK_SKEW_NS: u64 = 50_000;
+pub(crate) const CLOCK_SKEW_NS: u64 = 50_000;
 
 /// One launch as the shim saw it: the kernel records of one correlation id.
 #[derive(Debug)]
@@ -169,7 +169,7 @@ fn pair(launches: &[LaunchRecord], shim: &[ShimLaunch<'_>]) -> Vec<Option<usize>
 /// `source` says `both`, `uprobe` (no shim record in the step) or `shim` (no uprobe launch).
 /// The skipped launches a sampled uprobe record stands for are not added where the shim saw
 /// launches the uprobes did not: those are the ones it lists.
-pub fn merge_step(
+pub(crate) fn merge_step(
     step: &StepRecord,
     launches: &[LaunchRecord],
     kernels: &[&KernelRecord],

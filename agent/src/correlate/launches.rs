@@ -5,17 +5,16 @@
 //! the step's time window).
 use std::collections::VecDeque;
 
-use rustc_hash::FxHashMap;
-
 use inferscope_common::GpuApi;
-
-use crate::capture::gpu::launches::{LaunchEvent, NameEvent};
 use inferscope_model::{
     Counter, LaunchRecord, NamedCount, Stats, StepLaunches, StepRecord, launch::STEP_KERNELS_KEPT,
 };
+use rustc_hash::FxHashMap;
+
+use crate::capture::gpu::launches::{LaunchEvent, NameEvent};
 
 #[derive(Debug, Clone, Copy)]
-pub struct LaunchLimits {
+pub(crate) struct LaunchLimits {
     /// Names kept per process (kernel handles a process looked up).
     pub names_per_process: usize,
     /// Launches kept per process for the step join.
@@ -70,7 +69,7 @@ fn nested(runtime: &LaunchEvent, driver: &LaunchEvent) -> bool {
 }
 
 #[derive(Default)]
-pub struct Launches {
+pub(crate) struct Launches {
     limits: LaunchLimits,
     processes: FxHashMap<u32, Process>,
     /// Worker processes of an engine (vLLM's EngineCore) → the engine process whose steps
@@ -80,21 +79,14 @@ pub struct Launches {
 }
 
 impl Launches {
-    pub fn new(limits: LaunchLimits) -> Self {
-        Self {
-            limits,
-            ..Self::default()
-        }
-    }
-
-    pub fn stats(&self) -> &Stats {
+    pub(crate) fn stats(&self) -> &Stats {
         &self.stats
     }
 
     /// The driver handed out a kernel handle under a name (or said a function handle is a
     /// named kernel, or the runtime a kernel handle is a host stub's: `stub_name` names the
     /// stub from the process's symbols).
-    pub fn on_name(
+    pub(crate) fn on_name(
         &mut self,
         event: &NameEvent<'_>,
         stub_name: impl FnOnce(u32, u64) -> Option<String>,
@@ -137,7 +129,7 @@ impl Launches {
     /// `stub_name` names a runtime launch's host stub from the process's symbols (called once
     /// per unknown stub). None for a runtime launch's own call into the driver (probed at both
     /// levels, it is one launch): counted, and its function handle learns the runtime's name.
-    pub fn on_launch(
+    pub(crate) fn on_launch(
         &mut self,
         event: &LaunchEvent,
         stub_name: impl FnOnce(u32, u64) -> Option<String>,
@@ -225,14 +217,14 @@ impl Launches {
 
     /// Launches of `worker` belong to the steps of engine process `engine` (a step seen in the
     /// engine's process whose kernels run in a worker it started: vLLM's EngineCore).
-    pub fn set_owner(&mut self, worker: u32, engine: u32) {
+    pub(crate) fn set_owner(&mut self, worker: u32, engine: u32) {
         self.owners.insert(worker, engine);
     }
 
     /// Sums the launches `step` made onto it, inside the step's window: those of the launching
     /// process, on the step's own thread where the step was seen on the launching thread
     /// (llama.cpp's llama_decode launches on its thread), and those of the engine's workers.
-    pub fn annotate(&self, step: &mut StepRecord) {
+    pub(crate) fn annotate(&self, step: &mut StepRecord) {
         let pid = step.gpu_pid();
         let from = step.kernels_from();
         let to = step.end_mono_ns;
@@ -273,7 +265,7 @@ impl Launches {
         step.launch_list = Some(mine.into());
     }
 
-    pub fn forget(&mut self, tgid: u32) {
+    pub(crate) fn forget(&mut self, tgid: u32) {
         self.processes.remove(&tgid);
         self.owners.remove(&tgid);
     }
@@ -293,7 +285,7 @@ pub(crate) struct Item<'a> {
 }
 
 impl<'a> Item<'a> {
-    pub fn of(l: &'a LaunchRecord) -> Self {
+    pub(crate) fn of(l: &'a LaunchRecord) -> Self {
         Self {
             enqueue_ns: l.enqueue_mono_ns,
             graph: l.is_graph(),

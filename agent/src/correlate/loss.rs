@@ -1,9 +1,8 @@
 //! Losses in user terms. A request the agent saw answered but could not follow to its end is
 //! still recorded, with `incomplete` naming why; an answered request it never saw at all is
 //! counted as lost. Records plus `requests_lost` add up to the requests the server answered.
-use inferscope_model::Counter;
-
 use inferscope_decode::http::ParseError;
+use inferscope_model::Counter;
 
 /// Counter of answered requests without a record, all reasons together.
 pub const LOST_TOTAL: Counter = Counter::RequestsLost;

@@ -3,18 +3,18 @@
 use inferscope_model::{Counter, PerProcess};
 mod arrivals;
 mod connection;
-pub mod disagg;
-pub mod engine_metrics;
+pub(crate) mod disagg;
+pub(crate) mod engine_metrics;
 mod h2_calls;
 mod h2_connection;
-pub mod launch_merge;
-pub mod launches;
+pub(crate) mod launch_merge;
+pub(crate) mod launches;
 pub mod loss;
 mod peer_close;
 mod request;
 mod sched;
 mod segment_positions;
-pub mod timeline;
+pub(crate) mod timeline;
 
 use std::{
     collections::{HashMap, hash_map::Entry},
@@ -22,15 +22,15 @@ use std::{
 };
 
 pub use arrivals::ArrivalIndex;
-pub use engine_metrics::{EngineMetrics, EngineMetricsRecord};
-pub use inferscope_model::{EndedBy, RequestRecord, Stats, StepMember, StepRecord, StepRef};
-
-use crate::capture::{SchedEvent, Segment, SockState, SyscallEvent};
 use connection::{Connection, Ending};
+pub use engine_metrics::{EngineMetrics, EngineMetricsRecord};
 use inferscope_common::SchedKind;
 use inferscope_decode::http::{Limits, RequestEvent, ResponseEvent};
+pub use inferscope_model::{EndedBy, RequestRecord, Stats, StepMember, StepRecord, StepRef};
 use peer_close::PeerCloses;
 use rustc_hash::{FxHashMap, FxHashSet};
+
+use crate::capture::{SchedEvent, Segment, SockState, SyscallEvent};
 
 /// Requests listed per step record (a step's batch is bounded by the engine's slots anyway).
 const MAX_STEP_MEMBERS: usize = 1024;

@@ -3,10 +3,10 @@
 //! syscalls do not show a client that gave up before a non-streamed answer was written: the
 //! write into the half-closed socket succeeds, and only the client's reset tells it was never
 //! read.
+use inferscope_common::{TCP_CLOSE, TCP_CLOSE_WAIT};
 use rustc_hash::FxHashMap;
 
 use crate::capture::SockState;
-use inferscope_common::{TCP_CLOSE, TCP_CLOSE_WAIT};
 
 /// Sockets remembered at once; beyond it new ones are counted and skipped.
 const MAX_SOCKETS: usize = 65536;
@@ -16,7 +16,7 @@ const MAX_AGE_NS: u64 = 600_000_000_000;
 
 /// What the kernel saw of the client's end of one socket.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PeerEnd {
+pub(super) struct PeerEnd {
     /// The client's FIN arrived (ESTABLISHED→CLOSE_WAIT).
     pub fin_ns: Option<u64>,
     /// The socket went from CLOSE_WAIT straight to CLOSE: the client reset it before the
@@ -26,13 +26,13 @@ pub struct PeerEnd {
 }
 
 #[derive(Default)]
-pub struct PeerCloses {
+pub(super) struct PeerCloses {
     by_sock: FxHashMap<u64, PeerEnd>,
     pub dropped: u64,
 }
 
 impl PeerCloses {
-    pub fn on_state(&mut self, state: &SockState) {
+    pub(super) fn on_state(&mut self, state: &SockState) {
         if state.sock == 0 {
             return;
         }
@@ -63,7 +63,7 @@ impl PeerCloses {
 
     /// The client's end of socket `sock`, for a connection opened at `opened_ns` (an older
     /// socket at the same address is not its own).
-    pub fn get(&self, sock: u64, opened_ns: u64) -> Option<PeerEnd> {
+    pub(super) fn get(&self, sock: u64, opened_ns: u64) -> Option<PeerEnd> {
         let end = self.by_sock.get(&sock)?;
         if end.closed_ns.is_some_and(|c| c < opened_ns) {
             return None;
@@ -71,17 +71,17 @@ impl PeerCloses {
         Some(*end)
     }
 
-    pub fn forget(&mut self, sock: u64) {
+    pub(super) fn forget(&mut self, sock: u64) {
         self.by_sock.remove(&sock);
     }
 
-    pub fn sweep(&mut self, now_ns: u64) {
+    pub(super) fn sweep(&mut self, now_ns: u64) {
         let cutoff = now_ns.saturating_sub(MAX_AGE_NS);
         self.by_sock
             .retain(|_, end| end.closed_ns.or(end.fin_ns).is_some_and(|t| t >= cutoff));
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.by_sock.is_empty()
     }
 }

@@ -1,17 +1,14 @@
 //! One request's progress from its first byte read to the end of its response.
 use inferscope_decode::http::{BodySummary, RequestSummary, SseEvent, Timings, Usage};
-use inferscope_model::Counter;
-
-use inferscope_model::quantile::percentile;
+use inferscope_model::{Counter, EndedBy, RequestRecord, quantile::percentile};
 
 use super::Stats;
-use inferscope_model::{EndedBy, RequestRecord};
 
 /// Inter-token gaps kept per request; a longer stream keeps its first gaps and counts the rest.
-pub const MAX_GAPS: usize = 65536;
+pub(super) const MAX_GAPS: usize = 65536;
 
 #[derive(Debug, Default)]
-pub struct RequestProgress {
+pub(super) struct RequestProgress {
     pub seq: u32,
     /// Requests read just before this one and dropped at the connection's waiting limit: their
     /// answers come before this one's, and are skipped (counted lost).
@@ -64,7 +61,7 @@ pub struct RequestProgress {
 }
 
 impl RequestProgress {
-    pub fn new(seq: u32, reader_tid: u32, read_ns: u64, wire_ns: Option<u64>) -> Self {
+    pub(super) fn new(seq: u32, reader_tid: u32, read_ns: u64, wire_ns: Option<u64>) -> Self {
         Self {
             seq,
             reader_tid,
@@ -74,19 +71,19 @@ impl RequestProgress {
         }
     }
 
-    pub fn response_started(&self) -> bool {
+    pub(super) fn response_started(&self) -> bool {
         self.first_byte_ns.is_some()
     }
 
     /// The last moment the request was seen to progress: where an incomplete record ends.
-    pub fn last_io_ns(&self) -> u64 {
+    pub(super) fn last_io_ns(&self) -> u64 {
         self.last_write_ns
             .max(self.last_token_ns.unwrap_or(0))
             .max(self.summary.as_ref().map_or(0, |s| s.ts_ns))
             .max(self.read_ns)
     }
 
-    pub fn on_content(&mut self, ts_ns: u64) {
+    pub(super) fn on_content(&mut self, ts_ns: u64) {
         if let Some(last) = self.last_token_ns {
             if self.gaps_ns.len() < MAX_GAPS {
                 self.gaps_ns.push(ts_ns.saturating_sub(last));
@@ -100,7 +97,7 @@ impl RequestProgress {
         self.output_chunks += 1;
     }
 
-    pub fn on_sse(&mut self, event: &SseEvent) {
+    pub(super) fn on_sse(&mut self, event: &SseEvent) {
         // An event whose bytes the capture cut (behind a filling ring buffer) counts as output:
         // servers send their first event (role, often with text) when the first token is out,
         // and nearly all later ones carry tokens, so TTFT and the token gaps stay measured
@@ -120,12 +117,12 @@ impl RequestProgress {
     }
 
     /// The agent's id for this request: `<pid>-<connection>-<sequence on the connection>`.
-    pub fn request_id(&self, base: RecordContext<'_>) -> String {
+    pub(super) fn request_id(&self, base: RecordContext<'_>) -> String {
         format!("{}-{}-{}", base.pid, base.connection_id, self.seq)
     }
 
     /// A non-streaming response body: ids and counts, no content.
-    pub fn on_body(&mut self, body: BodySummary, stats: &mut Stats) {
+    pub(super) fn on_body(&mut self, body: BodySummary, stats: &mut Stats) {
         if body.json_error {
             stats.bump(Counter::ResponseBodyJsonError);
         }
@@ -137,11 +134,11 @@ impl RequestProgress {
         self.response_handoff = body.kv_transfer_params.or(self.response_handoff.take());
     }
 
-    pub fn arrival_ns(&self) -> u64 {
+    pub(super) fn arrival_ns(&self) -> u64 {
         self.wire_ns.map_or(self.read_ns, |w| w.min(self.read_ns))
     }
 
-    pub fn into_record(
+    pub(super) fn into_record(
         mut self,
         base: RecordContext<'_>,
         end_ns: u64,
@@ -267,7 +264,7 @@ impl RequestProgress {
 
 /// What a record needs from its connection and the agent.
 #[derive(Debug, Clone, Copy)]
-pub struct RecordContext<'a> {
+pub(super) struct RecordContext<'a> {
     pub pid: u32,
     pub engine: &'a str,
     pub connection_id: u64,

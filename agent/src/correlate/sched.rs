@@ -2,12 +2,11 @@
 //! request (llama.cpp's handler runs there), so (process, thread) → the request it just read →
 //! the task id; deferral and admission then name the task id, and admission names the slot the
 //! task got, which first-token, finish and release events name in turn.
-use inferscope_model::Counter;
 use std::collections::VecDeque;
 
-use rustc_hash::FxHashMap;
-
 use inferscope_common::SchedKind;
+use inferscope_model::Counter;
+use rustc_hash::FxHashMap;
 
 use super::Stats;
 use crate::capture::{SchedEvent, kernel::records::UserJoin};
@@ -20,7 +19,7 @@ const MAX_ENTRIES: usize = 65536;
 const MAX_READ_PER_THREAD: usize = 16;
 
 #[derive(Default)]
-pub struct SchedJoins {
+pub(super) struct SchedJoins {
     /// (tgid, tid) → the requests (connection, seq) that thread finished reading and has neither
     /// posted as a task nor begun answering, oldest first. A server handles one connection's
     /// requests in order, so the oldest is the one a post belongs to (pipelined requests
@@ -46,7 +45,14 @@ pub struct SchedJoins {
 const MAX_REQUEUES: usize = 64;
 
 impl SchedJoins {
-    pub fn request_read(&mut self, tgid: u32, tid: u32, conn: u64, seq: u32, stats: &mut Stats) {
+    pub(super) fn request_read(
+        &mut self,
+        tgid: u32,
+        tid: u32,
+        conn: u64,
+        seq: u32,
+        stats: &mut Stats,
+    ) {
         if self.read_by_thread.len() >= MAX_ENTRIES
             && !self.read_by_thread.contains_key(&(tgid, tid))
         {
@@ -63,7 +69,7 @@ impl SchedJoins {
 
     /// The answer to request `seq` of `conn` (read by `tid`) began: it and the requests read
     /// before it on that connection will post no task any more.
-    pub fn response_started(&mut self, tgid: u32, tid: u32, conn: u64, seq: u32) {
+    pub(super) fn response_started(&mut self, tgid: u32, tid: u32, conn: u64, seq: u32) {
         let Some(queue) = self.read_by_thread.get_mut(&(tgid, tid)) else {
             return;
         };
@@ -75,7 +81,7 @@ impl SchedJoins {
 
     /// Drops the requests at the front of `tid`'s queue that ended without an answer or a task
     /// (the client left first), so that the thread's next post joins the request it belongs to.
-    pub fn prune_reads(&mut self, tgid: u32, tid: u32, is_open: impl Fn(u64, u32) -> bool) {
+    pub(super) fn prune_reads(&mut self, tgid: u32, tid: u32, is_open: impl Fn(u64, u32) -> bool) {
         let Some(queue) = self.read_by_thread.get_mut(&(tgid, tid)) else {
             return;
         };
@@ -101,7 +107,7 @@ impl SchedJoins {
     }
 
     /// Which request (connection, seq) `event` belongs to.
-    pub fn locate(&mut self, event: &SchedEvent, stats: &mut Stats) -> Option<(u64, u32)> {
+    pub(super) fn locate(&mut self, event: &SchedEvent, stats: &mut Stats) -> Option<(u64, u32)> {
         match event.kind {
             SchedKind::TaskPosted => {
                 let Some(request) = self.take_read(event.tgid, event.tid) else {
@@ -166,13 +172,13 @@ impl SchedJoins {
     }
 
     /// When the engine took the deferred task now being admitted back from its parking list.
-    pub fn take_requeue(&mut self, tgid: u32) -> Option<u64> {
+    pub(super) fn take_requeue(&mut self, tgid: u32) -> Option<u64> {
         self.requeues.get_mut(&tgid).and_then(Vec::pop)
     }
 
     /// Which request (connection, seq) a user-defined probe's `event` belongs to: the one its thread
     /// just read (linking the id read to it), or the one its id was linked to.
-    pub fn locate_user(
+    pub(super) fn locate_user(
         &mut self,
         event: &SchedEvent,
         join: UserJoin,
@@ -205,11 +211,11 @@ impl SchedJoins {
     }
 
     /// The request an id was linked to is gone: the link goes too.
-    pub fn forget_user_id(&mut self, tgid: u32, id: i64) {
+    pub(super) fn forget_user_id(&mut self, tgid: u32, id: i64) {
         self.by_user_id.remove(&(tgid, id));
     }
 
-    pub fn step_begin(&mut self, event: &SchedEvent) {
+    pub(super) fn step_begin(&mut self, event: &SchedEvent) {
         let key = (event.tgid, event.tid);
         if self.open_steps.len() < MAX_ENTRIES || self.open_steps.contains_key(&key) {
             self.open_steps.insert(key, (event.ts_ns, event.task_id));
@@ -217,11 +223,11 @@ impl SchedJoins {
     }
 
     /// The (start, batch tokens) of the step `event` ends.
-    pub fn step_end(&mut self, event: &SchedEvent) -> Option<(u64, i64)> {
+    pub(super) fn step_end(&mut self, event: &SchedEvent) -> Option<(u64, i64)> {
         self.open_steps.remove(&(event.tgid, event.tid))
     }
 
-    pub fn forget_process(&mut self, tgid: u32) {
+    pub(super) fn forget_process(&mut self, tgid: u32) {
         self.open_steps.retain(|(t, _), _| *t != tgid);
         self.read_by_thread.retain(|(t, _), _| *t != tgid);
         self.by_task.retain(|(t, _), _| *t != tgid);

@@ -18,7 +18,7 @@ const MAX_PLACED: usize = 4096;
 const MAX_CARRIED: usize = 64;
 
 #[derive(Debug, Default)]
-pub struct SegmentPositions {
+pub(super) struct SegmentPositions {
     /// (position of the segment's first byte, its arrival; None for bytes whose segments are
     /// unknown), in position order.
     placed: VecDeque<(u64, Option<u64>)>,
@@ -31,7 +31,7 @@ pub struct SegmentPositions {
 impl SegmentPositions {
     /// A read of `len` bytes starting at `start` in the client's byte stream, with the
     /// segments that arrived since the previous read (oldest first).
-    pub fn on_read(&mut self, start: u64, len: u64, arrived: &[Arrival]) {
+    pub(super) fn on_read(&mut self, start: u64, len: u64, arrived: &[Arrival]) {
         let end = start.saturating_add(len);
         let from_last = self.carried_bytes.min(len);
         self.carried_bytes -= from_last;
@@ -66,14 +66,14 @@ impl SegmentPositions {
 
     /// Positions are no longer known (a loss of unknown size): nothing placed before applies
     /// to what follows.
-    pub fn reset(&mut self) {
+    pub(super) fn reset(&mut self) {
         self.placed.clear();
         self.carried_bytes = 0;
         self.carried.clear();
     }
 
     /// When the segment holding byte `pos` of the client's stream arrived.
-    pub fn arrival_of(&self, pos: u64) -> Option<u64> {
+    pub(super) fn arrival_of(&self, pos: u64) -> Option<u64> {
         let i = self.placed.partition_point(|(start, _)| *start <= pos);
         self.placed.get(i.checked_sub(1)?)?.1
     }

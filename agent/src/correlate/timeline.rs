@@ -6,19 +6,18 @@
 //! over when they fill or on a flush), so a finished request waits a short settle time before its
 //! timeline is closed. Where a layer is missing the timeline says so in `unknown` rather than
 //! attributing kernels by time alone, which would guess wrong under batching.
-use inferscope_model::{Counter, StepLaunches};
 use std::collections::VecDeque;
 
+use inferscope_model::{Counter, StepLaunches};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use super::{RequestRecord, Stats, StepMember, StepRecord};
-
-pub use crate::capture::gpu::KernelRecord;
+pub(crate) use crate::capture::gpu::KernelRecord;
 
 /// GPU work in one phase of a request (its prefill steps or its decode steps).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct GpuPhase {
+pub(crate) struct GpuPhase {
     pub kernels: u64,
     /// Union of the kernels' GPU intervals, so overlapping streams are not counted twice.
     pub busy_ms: f64,
@@ -29,7 +28,7 @@ pub struct GpuPhase {
 
 /// One request with everything joined onto it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct RequestTimeline {
+pub(crate) struct RequestTimeline {
     pub request: RequestRecord,
     pub steps: Vec<StepRecord>,
     #[serde(skip)]
@@ -45,7 +44,7 @@ pub struct RequestTimeline {
 
 impl RequestTimeline {
     /// A request with nothing joined onto it (no steps, no kernels, nothing marked unknown).
-    pub fn bare(request: RequestRecord) -> Self {
+    pub(crate) fn bare(request: RequestRecord) -> Self {
         Self {
             request,
             steps: Vec::new(),
@@ -59,7 +58,7 @@ impl RequestTimeline {
 
     /// The kept kernels that `step` launched: same process, launched inside its time window
     /// (the join rule of [`TimelineBuilder`]).
-    pub fn kernels_of<'a>(
+    pub(crate) fn kernels_of<'a>(
         &'a self,
         step: &'a StepRecord,
     ) -> impl Iterator<Item = &'a KernelRecord> {
@@ -74,7 +73,7 @@ fn launched_during(k: &KernelRecord, step: &StepRecord) -> bool {
 }
 
 #[derive(Debug, Clone, Copy)]
-pub struct TimelineLimits {
+pub(crate) struct TimelineLimits {
     /// Steps kept for joining, across all processes.
     pub steps: usize,
     /// Kernels kept per process for joining.
@@ -102,7 +101,7 @@ impl Default for TimelineLimits {
     }
 }
 
-pub struct TimelineBuilder {
+pub(crate) struct TimelineBuilder {
     limits: TimelineLimits,
     /// Recent steps in arrival order (steps arrive as they end, so roughly by end time).
     steps: VecDeque<StepRecord>,
@@ -119,7 +118,7 @@ pub struct TimelineBuilder {
 }
 
 impl TimelineBuilder {
-    pub fn new(limits: TimelineLimits) -> Self {
+    pub(crate) fn new(limits: TimelineLimits) -> Self {
         Self {
             limits,
             steps: VecDeque::new(),
@@ -131,7 +130,7 @@ impl TimelineBuilder {
         }
     }
 
-    pub fn stats(&self) -> &Stats {
+    pub(crate) fn stats(&self) -> &Stats {
         &self.stats
     }
 
@@ -139,7 +138,7 @@ impl TimelineBuilder {
     /// the step can have arrived (`settle_ns`), then merged with them and dropped: at most the
     /// launches of the last settle time are held, and those are bounded per process by the
     /// launch join's own limit.
-    pub fn on_step(&mut self, step: StepRecord) {
+    pub(crate) fn on_step(&mut self, step: StepRecord) {
         if self.steps.len() >= self.limits.steps {
             self.steps.pop_front();
             self.settled = self.settled.saturating_sub(1);
@@ -148,7 +147,7 @@ impl TimelineBuilder {
         self.steps.push_back(step);
     }
 
-    pub fn on_kernel(&mut self, event: KernelRecord, now_ns: u64) {
+    pub(crate) fn on_kernel(&mut self, event: KernelRecord, now_ns: u64) {
         let launch = event.launch_mono_ns;
         let seen = self.shim_seen.entry(event.pid).or_insert((0, 0));
         seen.0 = now_ns;
@@ -168,7 +167,7 @@ impl TimelineBuilder {
 
     /// A request finished; its timeline is closed by [`Self::poll`] once its kernels can have
     /// arrived.
-    pub fn on_request(
+    pub(crate) fn on_request(
         &mut self,
         request: RequestRecord,
         now_ns: u64,
@@ -192,7 +191,7 @@ impl TimelineBuilder {
 
     /// Closes the timelines whose settle time has passed or whose process's kernels have been
     /// seen past the request's end.
-    pub fn poll(&mut self, now_ns: u64, out: &mut Vec<RequestTimeline>) {
+    pub(crate) fn poll(&mut self, now_ns: u64, out: &mut Vec<RequestTimeline>) {
         self.settle_steps(now_ns, false);
         while let Some((ready_at, gpu_pid, request)) = self.pending.front() {
             let watermark_passed = self
@@ -210,7 +209,7 @@ impl TimelineBuilder {
     }
 
     /// Closes every pending timeline now (shutdown).
-    pub fn flush(&mut self, now_ns: u64, out: &mut Vec<RequestTimeline>) {
+    pub(crate) fn flush(&mut self, now_ns: u64, out: &mut Vec<RequestTimeline>) {
         self.settle_steps(now_ns, true);
         while let Some((_, _, request)) = self.pending.pop_front() {
             out.push(self.build(request, now_ns));
@@ -434,7 +433,7 @@ impl PhaseAccumulator {
 }
 
 /// Total length covered by a set of intervals (end before start counts as empty).
-pub fn union_ns(intervals: &mut [(u64, u64)]) -> u64 {
+pub(crate) fn union_ns(intervals: &mut [(u64, u64)]) -> u64 {
     intervals.sort_unstable();
     let mut total = 0;
     let mut current: Option<(u64, u64)> = None;

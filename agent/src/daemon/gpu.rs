@@ -1,18 +1,22 @@
 //! The daemon's GPU inputs: kernel records from CUPTI shims, and NVML samples.
-use std::time::{Duration, Instant};
-
-use std::path::Path;
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use tracing::{info, warn};
 
-use crate::capture::{gpu::{GpuSample, KernelRecord, ListenerConfig, ListenerError, NvmlSampler, ShimListener}, process::sockpath::ClaimError};
+use crate::capture::{
+    gpu::{GpuSample, KernelRecord, ListenerConfig, ListenerError, NvmlSampler, ShimListener},
+    process::sockpath::ClaimError,
+};
 
 /// The one way starting the GPU inputs fails.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}; pass --shim-socket PATH (or off)")]
-pub struct ShimSocketInUse(ClaimError);
+pub(crate) struct ShimSocketInUse(ClaimError);
 
-pub struct GpuInputs {
+pub(crate) struct GpuInputs {
     shim: Option<ShimListener>,
     nvml: Option<NvmlSampler>,
     nvml_interval: Duration,
@@ -23,7 +27,7 @@ impl GpuInputs {
     /// Neither input is required: without them, records say the GPU layer is unknown.
     /// Fails only when another live agent holds the shim socket: two agents would split the
     /// shims between them.
-    pub fn start(
+    pub(crate) fn start(
         shim_socket: Option<&Path>,
         nvml_interval: Option<Duration>,
     ) -> Result<Self, ShimSocketInUse> {
@@ -62,7 +66,7 @@ impl GpuInputs {
 
     /// Starts listening for shims late: a successor agent, once the previous one has let go of
     /// the socket (a surge roll's takeover).
-    pub fn listen(&mut self, path: &Path) -> Result<(), ShimSocketInUse> {
+    pub(crate) fn listen(&mut self, path: &Path) -> Result<(), ShimSocketInUse> {
         let nvml = self.nvml.take();
         let started = Self::start(Some(path), None)?;
         self.shim = started.shim;
@@ -70,14 +74,14 @@ impl GpuInputs {
         Ok(())
     }
 
-    pub fn drain_kernels(&self, out: &mut Vec<KernelRecord>) {
+    pub(crate) fn drain_kernels(&self, out: &mut Vec<KernelRecord>) {
         if let Some(shim) = &self.shim {
             shim.drain(out);
         }
     }
 
     /// The newest NVML samples, at most once per interval.
-    pub fn samples_due(&mut self) -> Option<Vec<GpuSample>> {
+    pub(crate) fn samples_due(&mut self) -> Option<Vec<GpuSample>> {
         let nvml = self.nvml.as_ref()?;
         if self
             .last_sample
@@ -90,7 +94,7 @@ impl GpuInputs {
         (!samples.is_empty()).then_some(samples)
     }
 
-    pub fn counters(&self) -> Vec<(inferscope_model::Counter, u64)> {
+    pub(crate) fn counters(&self) -> Vec<(inferscope_model::Counter, u64)> {
         self.shim.as_ref().map(|s| s.counters()).unwrap_or_default()
     }
 }

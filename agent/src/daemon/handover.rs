@@ -30,7 +30,7 @@ use inferscope_model::{Counter, RequestRecord, StepRecord, clock::monotonic_now_
 
 /// How far ahead of its SIGTERM the old agent puts the cut: more than the time it takes to
 /// write the file, so "no cut written yet" always means "the cut, when written, is later".
-pub const CUT_LEAD: Duration = Duration::from_secs(1);
+pub(crate) const CUT_LEAD: Duration = Duration::from_secs(1);
 
 /// How often a successor in standby looks for the cut file (not once per record: at thousands
 /// of requests a second that was a file read each). Safe while well under [`CUT_LEAD`]: a
@@ -43,12 +43,12 @@ const CUT_FILE: &str = "handover.cut";
 
 /// The two files, in the directory the agents share.
 #[derive(Debug, Clone)]
-pub struct HandoverDir {
+pub(crate) struct HandoverDir {
     dir: PathBuf,
 }
 
 impl HandoverDir {
-    pub fn new(dir: &Path) -> Self {
+    pub(crate) fn new(dir: &Path) -> Self {
         Self { dir: dir.into() }
     }
 
@@ -62,12 +62,12 @@ impl HandoverDir {
     }
 
     /// The new agent says it is here (step 1).
-    pub fn announce_successor(&self) -> std::io::Result<()> {
+    pub(crate) fn announce_successor(&self) -> std::io::Result<()> {
         self.write(SUCCESSOR_FILE, &format!("{}\n", std::process::id()))
     }
 
     /// A successor that announced itself and still runs (not this process).
-    pub fn live_successor(&self) -> Option<u32> {
+    pub(crate) fn live_successor(&self) -> Option<u32> {
         let text = std::fs::read_to_string(self.dir.join(SUCCESSOR_FILE)).ok()?;
         let pid: u32 = text.trim().parse().ok()?;
         let pid_t = libc::pid_t::try_from(pid).ok()?;
@@ -78,14 +78,14 @@ impl HandoverDir {
     }
 
     /// The old agent's cut (step 2): now plus [`CUT_LEAD`], written before it is returned.
-    pub fn write_cut(&self) -> std::io::Result<u64> {
+    pub(crate) fn write_cut(&self) -> std::io::Result<u64> {
         let lead = u64::try_from(CUT_LEAD.as_nanos()).unwrap_or(u64::MAX);
         let cut = monotonic_now_ns().saturating_add(lead);
         self.write(CUT_FILE, &format!("{cut}\n"))?;
         Ok(cut)
     }
 
-    pub fn read_cut(&self) -> Option<u64> {
+    pub(crate) fn read_cut(&self) -> Option<u64> {
         std::fs::read_to_string(self.dir.join(CUT_FILE))
             .ok()?
             .trim()
@@ -94,7 +94,7 @@ impl HandoverDir {
     }
 
     /// Both files gone: after a takeover, or at the start of an agent alone on the node.
-    pub fn clear(&self) {
+    pub(crate) fn clear(&self) {
         let _ = std::fs::remove_file(self.dir.join(SUCCESSOR_FILE));
         let _ = std::fs::remove_file(self.dir.join(CUT_FILE));
     }
@@ -111,7 +111,7 @@ enum Role {
 
 /// Decides, per record, whether this agent records it; counts what it leaves to the other.
 #[derive(Debug)]
-pub struct Gate {
+pub(crate) struct Gate {
     role: Role,
     dir: Option<HandoverDir>,
     /// The cut this (old) agent wrote on SIGTERM; 0 while none.
@@ -127,7 +127,7 @@ pub struct Gate {
 
 impl Gate {
     /// An agent alone on the node.
-    pub fn sole() -> Self {
+    pub(crate) fn sole() -> Self {
         Self {
             role: Role::Sole,
             dir: None,
@@ -140,7 +140,7 @@ impl Gate {
     }
 
     /// An agent started beside a running one that shares `dir`.
-    pub fn successor(dir: HandoverDir) -> Self {
+    pub(crate) fn successor(dir: HandoverDir) -> Self {
         Self {
             role: Role::Successor { cut: None },
             dir: Some(dir),
@@ -149,17 +149,17 @@ impl Gate {
     }
 
     /// Where the drain sets the cut it wrote (see [`Drain`]).
-    pub fn retire_cut(&self) -> Arc<AtomicU64> {
+    pub(crate) fn retire_cut(&self) -> Arc<AtomicU64> {
         self.retire_cut.clone()
     }
 
-    pub fn is_standby(&self) -> bool {
+    pub(crate) fn is_standby(&self) -> bool {
         matches!(self.role, Role::Successor { .. })
     }
 
     /// The previous agent has exited: from now on this agent is alone. Without a cut read
     /// (the previous agent died without one), requests read from now on are this agent's.
-    pub fn took_over(&mut self) -> u64 {
+    pub(crate) fn took_over(&mut self) -> u64 {
         let cut = match self.role {
             Role::Successor { cut: Some(cut) } => cut,
             _ => self.cut_from_file().unwrap_or_else(monotonic_now_ns),
@@ -206,7 +206,7 @@ impl Gate {
         }
     }
 
-    pub fn admits(&mut self, record: &RequestRecord) -> bool {
+    pub(crate) fn admits(&mut self, record: &RequestRecord) -> bool {
         match self.owns(record.arrival_read_mono_ns) {
             Ownership::Ours => true,
             Ownership::HandedOver => {
@@ -221,7 +221,7 @@ impl Gate {
     }
 
     /// Engine steps split the same way, by their start (not counted: steps are not requests).
-    pub fn admits_step(&mut self, step: &StepRecord) -> bool {
+    pub(crate) fn admits_step(&mut self, step: &StepRecord) -> bool {
         self.owns(step.start_mono_ns) == Ownership::Ours
     }
 
@@ -230,7 +230,7 @@ impl Gate {
     /// attached, say) is about a request read before the cut, the previous agent's to record
     /// or count. A loss counted after the cut about a request read before it is still counted
     /// here (rare: one still open at the cut that the previous agent records too).
-    pub fn adjust_losses(&mut self, counters: &mut [(Counter, u64)]) {
+    pub(crate) fn adjust_losses(&mut self, counters: &mut [(Counter, u64)]) {
         let Role::Successor { .. } = self.role else {
             return;
         };
@@ -258,7 +258,7 @@ impl Gate {
         }
     }
 
-    pub fn counters(&self) -> [(Counter, u64); 2] {
+    pub(crate) fn counters(&self) -> [(Counter, u64); 2] {
         [
             (Counter::RequestsHandedOver, self.handed_over),
             (Counter::RequestsLeftToPreviousAgent, self.left_to_previous),
@@ -276,7 +276,7 @@ enum Ownership {
 /// The old agent's stop on SIGTERM: at once when no successor runs; with one, the cut is
 /// written and the agent runs on until every request read before it has ended, or `timeout`.
 #[derive(Debug)]
-pub struct Drain {
+pub(crate) struct Drain {
     dir: Option<HandoverDir>,
     timeout: Duration,
     retire_cut: Arc<AtomicU64>,
@@ -291,13 +291,13 @@ enum DrainState {
 }
 
 /// What the drain asks of the pipeline on each pass.
-pub enum DrainStep {
+pub(crate) enum DrainStep {
     KeepRunning,
     Stop,
 }
 
 impl Drain {
-    pub fn new(dir: Option<HandoverDir>, timeout: Duration, gate: &Gate) -> Self {
+    pub(crate) fn new(dir: Option<HandoverDir>, timeout: Duration, gate: &Gate) -> Self {
         Self {
             dir,
             timeout,
@@ -308,7 +308,11 @@ impl Drain {
 
     /// `stopping`: SIGTERM arrived; `open_read_before(cut)`: requests still open that were read
     /// before `cut`.
-    pub fn step(&mut self, stopping: bool, open_read_before: impl Fn(u64) -> usize) -> DrainStep {
+    pub(crate) fn step(
+        &mut self,
+        stopping: bool,
+        open_read_before: impl Fn(u64) -> usize,
+    ) -> DrainStep {
         match self.state {
             DrainState::Done => DrainStep::Stop,
             DrainState::Running if !stopping => DrainStep::KeepRunning,

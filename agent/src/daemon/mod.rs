@@ -3,12 +3,12 @@
 //! the continuous diagnosis's schedule. `inferscope run` wires it to its command line; tests drive
 //! it in-process through the pipeline's [`crate::pipeline::Observer`] interface.
 mod gpu;
-pub mod handover;
+pub(crate) mod handover;
 mod observer;
 mod sampler;
 #[cfg(test)]
 mod tests;
 
-pub use gpu::{GpuInputs, ShimSocketInUse};
-pub use observer::{DaemonObserver, Diagnosis, Outputs, Standby};
-pub use sampler::Sampler;
+pub(crate) use gpu::GpuInputs;
+pub(crate) use observer::{DaemonObserver, Diagnosis, Outputs, Standby};
+pub(crate) use sampler::Sampler;

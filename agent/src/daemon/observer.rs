@@ -1,6 +1,10 @@
 //! The daemon's pipeline observer: closes request timelines and hands them to every exporter.
 use std::sync::{Arc, Mutex, atomic::Ordering};
 
+use inferscope_model::{Counter, PerProcess, RequestRecord, StepRecord, clock::monotonic_now_ns};
+use tracing::{info, warn};
+
+use super::{gpu::GpuInputs, handover::Gate, sampler::Sampler};
 use crate::{
     capture::DiscoveryChange,
     correlate::{
@@ -11,8 +15,8 @@ use crate::{
         DeviceSample, EngineConfigSample, EngineSample, RequestSample, StepSample,
         history::History, watch::Watch,
     },
-    export::grpc::diagnosis_message,
     export::{
+        grpc::diagnosis_message,
         hub::{Hub, HubEvent},
         jsonl::JsonlWriter,
         metrics::Metrics,
@@ -20,14 +24,10 @@ use crate::{
     },
     pipeline::Observer,
 };
-use inferscope_model::{Counter, PerProcess, RequestRecord, StepRecord, clock::monotonic_now_ns};
-use tracing::{info, warn};
-
-use super::{gpu::GpuInputs, handover::Gate, sampler::Sampler};
 
 /// A successor agent waiting for the previous one to exit (daemon::handover): it polls the
 /// previous agent's socket and, once nobody listens there, takes the sockets over.
-pub struct Standby {
+pub(crate) struct Standby {
     /// The previous agent's sockets (the gRPC API's, the shim's): it has exited once nobody
     /// listens on any of them.
     pub sockets: Vec<std::path::PathBuf>,
@@ -39,7 +39,7 @@ pub struct Standby {
 }
 
 /// The continuous diagnosis: what it keeps, when it runs, where alarms go besides metrics.
-pub struct Diagnosis {
+pub(crate) struct Diagnosis {
     pub watch: Watch,
     pub history: Arc<Mutex<History>>,
     pub events: Option<DiagnosisEvents>,
@@ -48,7 +48,7 @@ pub struct Diagnosis {
 }
 
 /// Where closed timelines go.
-pub struct Outputs {
+pub(crate) struct Outputs {
     pub hub: Arc<Hub>,
     pub metrics: Arc<Metrics>,
     pub traces: Option<TraceExporter>,
@@ -57,7 +57,7 @@ pub struct Outputs {
     pub records: Option<JsonlWriter>,
 }
 
-pub struct DaemonObserver {
+pub(crate) struct DaemonObserver {
     pub timelines: TimelineBuilder,
     pub hub: Arc<Hub>,
     pub metrics: Arc<Metrics>,
@@ -79,7 +79,7 @@ pub struct DaemonObserver {
 }
 
 impl DaemonObserver {
-    pub fn new(
+    pub(crate) fn new(
         timelines: TimelineBuilder,
         outputs: Outputs,
         gpu: GpuInputs,
@@ -106,19 +106,19 @@ impl DaemonObserver {
     }
 
     /// Runs beside another agent: see daemon::handover.
-    pub fn with_handover(mut self, gate: Gate, standby: Option<Standby>) -> Self {
+    pub(crate) fn with_handover(mut self, gate: Gate, standby: Option<Standby>) -> Self {
         self.gate = gate;
         self.standby = standby;
         self
     }
 
     /// The capture loop's passes, for the kubelet's probes.
-    pub fn with_health(mut self, health: Arc<crate::export::health::Health>) -> Self {
+    pub(crate) fn with_health(mut self, health: Arc<crate::export::health::Health>) -> Self {
         self.health = Some(health);
         self
     }
 
-    pub fn gate(&self) -> &Gate {
+    pub(crate) fn gate(&self) -> &Gate {
         &self.gate
     }
 
@@ -244,11 +244,11 @@ impl DaemonObserver {
     }
 
     /// Every counter, as last exported (see [`Observer::on_counters`]).
-    pub fn counters(&self) -> &[(Counter, u64)] {
+    pub(crate) fn counters(&self) -> &[(Counter, u64)] {
         &self.counters
     }
 
-    pub fn finish(&mut self) {
+    pub(crate) fn finish(&mut self) {
         self.timelines.flush(monotonic_now_ns(), &mut self.closed);
         self.publish_closed();
         if let Some(traces) = self.traces.as_mut() {

@@ -6,13 +6,13 @@ use inferscope_model::RequestRecord;
 /// Which requests become traces: a share of all, plus every slow one, plus every one whose
 /// caller's trace is sampled (a parent-based decision, as OpenTelemetry SDKs make it).
 #[derive(Debug, Clone, Copy)]
-pub struct Sampler {
+pub(crate) struct Sampler {
     pub ratio: f64,
     pub always_ttft_ms: Option<f64>,
 }
 
 impl Sampler {
-    pub fn keep(&self, r: &RequestRecord) -> bool {
+    pub(crate) fn keep(&self, r: &RequestRecord) -> bool {
         if self.ratio >= 1.0 {
             return true;
         }

@@ -4,6 +4,10 @@ use std::{
     time::Duration,
 };
 
+use inferscope_model::{
+    Counter, RequestRecord, StepMember, StepRecord, StepRef, clock::monotonic_now_ns,
+};
+
 use super::*;
 use crate::{
     correlate::timeline::{TimelineBuilder, TimelineLimits},
@@ -18,9 +22,6 @@ use crate::{
         otlp::ExportCounters,
     },
     pipeline::Observer,
-};
-use inferscope_model::{
-    Counter, RequestRecord, StepMember, StepRecord, StepRef, clock::monotonic_now_ns,
 };
 
 fn step(pid: u32, end_mono_ns: u64, request_id: &str) -> StepRecord {

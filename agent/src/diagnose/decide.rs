@@ -1,5 +1,6 @@
 //! The rules: from two windows' signals to a phase, a cause and a confidence.
 use inferscope_model::{quantile, thresholds as t};
+
 use super::{
     Cause, CauseShare, ConfigChange, Diagnosis, Evidence, Inputs, LoadForm, Pair, Phase, Test,
     TimeWindow, Timeline, WindowSignals, human_ns,
@@ -457,7 +458,7 @@ fn fmt_ms(v: Option<f64>) -> String {
 
 /// What the inputs cover as a whole: the recording's span and which sources were given at all.
 #[derive(Debug, Clone, Default)]
-pub struct Coverage {
+pub(super) struct Coverage {
     pub recording: Option<Timeline>,
     pub steps: usize,
     pub engine_samples: usize,
@@ -469,7 +470,7 @@ pub struct Coverage {
 }
 
 impl Coverage {
-    pub fn of(inputs: &Inputs) -> Coverage {
+    pub(super) fn of(inputs: &Inputs) -> Coverage {
         Coverage {
             recording: Timeline::of(&inputs.requests),
             steps: inputs.steps.len(),
@@ -682,7 +683,7 @@ fn config_changes(b: &WindowSignals, w: &WindowSignals) -> Vec<ConfigChange> {
         .collect()
 }
 
-pub fn decide(
+pub(super) fn decide(
     b: &WindowSignals,
     w: &WindowSignals,
     baseline_window: TimeWindow,
@@ -931,7 +932,7 @@ fn phase_text(p: Phase) -> &'static str {
     }
 }
 
-pub fn fmt_num(v: Option<f64>) -> String {
+pub(super) fn fmt_num(v: Option<f64>) -> String {
     match v {
         None => "?".to_owned(),
         Some(v) if v.abs() >= 100.0 => format!("{v:.0}"),

@@ -1,8 +1,9 @@
 //! The measured signals of one window.
 use std::collections::BTreeMap;
 
-use super::{Inputs, TimeWindow};
 use inferscope_model::quantile::percentile;
+
+use super::{Inputs, TimeWindow};
 
 /// Everything measured over one window; `None` where the inputs lack the data.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -62,7 +63,7 @@ pub struct WindowSignals {
 }
 
 /// Preempted request ids kept per window for the evidence.
-pub const MAX_PREEMPTED_IDS: usize = 20;
+pub(super) const MAX_PREEMPTED_IDS: usize = 20;
 
 fn mean(v: &[f64]) -> Option<f64> {
     (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
@@ -78,7 +79,7 @@ fn p(v: Vec<f64>, q: f64) -> Option<f64> {
     percentile(&sorted(v), q)
 }
 
-pub fn measure(inputs: &Inputs, w: &TimeWindow) -> WindowSignals {
+pub(super) fn measure(inputs: &Inputs, w: &TimeWindow) -> WindowSignals {
     let dur_s = w.duration_s();
     let in_window: Vec<_> = inputs
         .requests

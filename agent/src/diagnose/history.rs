@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use super::{DeviceSample, EngineConfigSample, EngineSample, Inputs, RequestSample, StepSample};
 
 #[derive(Debug, Clone, Copy)]
-pub struct HistoryLimits {
+pub(crate) struct HistoryLimits {
     /// Samples older than this (relative to the newest) are dropped.
     pub max_age_ns: u64,
     pub requests: usize,
@@ -32,7 +32,7 @@ impl Default for HistoryLimits {
 }
 
 #[derive(Debug, Default)]
-pub struct History {
+pub(crate) struct History {
     limits: HistoryLimits,
     requests: VecDeque<RequestSample>,
     steps: VecDeque<StepSample>,
@@ -58,40 +58,40 @@ fn expire<T>(ring: &mut VecDeque<T>, oldest: u64, time: impl Fn(&T) -> u64) {
 }
 
 impl History {
-    pub fn new(limits: HistoryLimits) -> Self {
+    pub(crate) fn new(limits: HistoryLimits) -> Self {
         Self {
             limits,
             ..Default::default()
         }
     }
 
-    pub fn push_request(&mut self, r: RequestSample) {
+    pub(crate) fn push_request(&mut self, r: RequestSample) {
         let cap = self.limits.requests;
         push(&mut self.requests, cap, r, &mut self.dropped);
     }
 
-    pub fn push_step(&mut self, s: StepSample) {
+    pub(crate) fn push_step(&mut self, s: StepSample) {
         let cap = self.limits.steps;
         push(&mut self.steps, cap, s, &mut self.dropped);
     }
 
-    pub fn push_engine(&mut self, e: EngineSample) {
+    pub(crate) fn push_engine(&mut self, e: EngineSample) {
         let cap = self.limits.engine;
         push(&mut self.engine, cap, e, &mut self.dropped);
     }
 
-    pub fn push_device(&mut self, d: DeviceSample) {
+    pub(crate) fn push_device(&mut self, d: DeviceSample) {
         let cap = self.limits.devices;
         push(&mut self.devices, cap, d, &mut self.dropped);
     }
 
-    pub fn push_config(&mut self, c: EngineConfigSample) {
+    pub(crate) fn push_config(&mut self, c: EngineConfigSample) {
         let cap = self.limits.configs;
         push(&mut self.configs, cap, c, &mut self.dropped);
     }
 
     /// Drops what is older than the age limit before `now_ns`.
-    pub fn expire(&mut self, now_ns: u64) {
+    pub(crate) fn expire(&mut self, now_ns: u64) {
         let oldest = now_ns.saturating_sub(self.limits.max_age_ns);
         expire(&mut self.requests, oldest, |r| r.end_mono_ns);
         expire(&mut self.steps, oldest, |s| s.start_mono_ns);
@@ -99,16 +99,14 @@ impl History {
         expire(&mut self.devices, oldest, |d| d.mono_ns);
     }
 
-    pub fn len(&self) -> usize {
+    /// Requests held.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.requests.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.requests.is_empty()
-    }
-
     /// Every sample at or after `from_ns`.
-    pub fn inputs_since(&self, from_ns: u64) -> Inputs {
+    pub(crate) fn inputs_since(&self, from_ns: u64) -> Inputs {
         Inputs {
             requests: self
                 .requests

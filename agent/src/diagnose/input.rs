@@ -4,9 +4,8 @@
 //! from whatever source has them (an engine's /metrics, NVML).
 use std::io::BufRead;
 
-use serde::Deserialize;
-
 use inferscope_model::{RequestRecord, StepRecord};
+use serde::Deserialize;
 
 /// One finished request (the fields of a [`RequestRecord`] the diagnosis uses).
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]

@@ -8,23 +8,22 @@
 //! unchanged work (a slower device) and with how the scheduler splits prefills. Every threshold
 //! lives in [`inferscope_model::thresholds`].
 mod decide;
-pub mod history;
+mod evidence;
+pub(crate) mod history;
 mod input;
 mod report;
-mod evidence;
 #[cfg(test)]
 mod tests;
-pub mod watch;
+pub(crate) mod watch;
 mod window;
 
-use serde::Serialize;
-
+pub use evidence::WindowSignals;
 pub use input::{
     DeviceSample, EngineConfigSample, EngineSample, InputError, Inputs, MAX_LINE_BYTES, MAX_LINES,
     ReadStats, RequestSample, StepSample, read_jsonl, read_steps,
 };
 pub use report::render;
-pub use evidence::WindowSignals;
+use serde::Serialize;
 pub use window::{
     Bound, TimeWindow, Timeline, WindowError, WindowSpec, human_ns, parse_bound, parse_window,
 };

@@ -1,6 +1,7 @@
 //! The report for people: the decomposition table, the cause in words, the evidence lines.
-use inferscope_model::clock::ms_text;
 use std::fmt::Write as _;
+
+use inferscope_model::clock::ms_text;
 
 use super::{Cause, Diagnosis, LoadForm, Pair, Phase, Test, decide::fmt_num};
 

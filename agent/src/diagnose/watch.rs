@@ -8,7 +8,7 @@ use inferscope_model::thresholds;
 use super::{Diagnosis, TimeWindow, diagnose, history::History};
 
 #[derive(Debug, Clone, Copy)]
-pub struct WatchConfig {
+pub(crate) struct WatchConfig {
     pub baseline: Duration,
     pub window: Duration,
     pub interval: Duration,
@@ -18,7 +18,7 @@ pub struct WatchConfig {
 
 /// What one evaluation found.
 #[derive(Debug, Clone)]
-pub struct Verdict {
+pub(crate) struct Verdict {
     pub diagnosis: Diagnosis,
     /// The alarm is raised now.
     pub active: bool,
@@ -26,14 +26,14 @@ pub struct Verdict {
     pub changed: bool,
 }
 
-pub struct Watch {
+pub(crate) struct Watch {
     pub config: WatchConfig,
     next_ns: u64,
     active: bool,
 }
 
 impl Watch {
-    pub fn new(config: WatchConfig, now_ns: u64) -> Self {
+    pub(crate) fn new(config: WatchConfig, now_ns: u64) -> Self {
         Self {
             config,
             // The first evaluation needs a full baseline and window behind it.
@@ -43,12 +43,12 @@ impl Watch {
     }
 
     /// Whether the interval has passed (the next [`Watch::tick`] evaluates).
-    pub fn due(&self, now_ns: u64) -> bool {
+    pub(crate) fn due(&self, now_ns: u64) -> bool {
         now_ns >= self.next_ns
     }
 
     /// Evaluates when the interval has passed; `None` otherwise.
-    pub fn tick(&mut self, history: &History, now_ns: u64) -> Option<Verdict> {
+    pub(crate) fn tick(&mut self, history: &History, now_ns: u64) -> Option<Verdict> {
         if !self.due(now_ns) {
             return None;
         }

@@ -16,12 +16,12 @@ pub struct ConfigFlag {
 }
 
 /// Settings kept per process at most, and characters per value (the rest is cut).
-pub const MAX_SETTINGS: usize = 16;
-pub const MAX_VALUE_CHARS: usize = 64;
+pub(crate) const MAX_SETTINGS: usize = 16;
+pub(crate) const MAX_VALUE_CHARS: usize = 64;
 
 /// The settings `flags` names, from a process's arguments (`--flag value` and `--flag=value`;
 /// the last occurrence wins, as in the engines' own parsers).
-pub fn parse<S: AsRef<str>>(flags: &[ConfigFlag], args: &[S]) -> BTreeMap<String, String> {
+pub(crate) fn parse<S: AsRef<str>>(flags: &[ConfigFlag], args: &[S]) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     let mut i = 0;
     while i < args.len() {

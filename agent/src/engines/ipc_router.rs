@@ -5,13 +5,15 @@
 //! A finished record whose engine may still speak of it is held back (bounded in number and
 //! time) before the join: a client that leaves while its request is still being tokenised ends
 //! the HTTP record before the API server has even handed the request to its engine.
-use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::{
+    collections::VecDeque,
+    time::{Duration, Instant},
+};
 
+use inferscope_model::{Counter, RequestRecord, Stats, StepRecord};
 use rustc_hash::FxHashMap;
 
 use super::{EngineIpc, IpcBytes, IpcVerdict, by_name};
-use inferscope_model::{Counter, RequestRecord, Stats, StepRecord};
 
 /// Records held at once for a late engine join; beyond this a record is joined at once (counted).
 const MAX_HELD: usize = 4096;

@@ -5,14 +5,15 @@
 //! Only ids and flags are read, from the heads of messages; tensors (prompts, tokens) are never
 //! looked at.
 
-use super::{LastReply, StreamReply};
 use inferscope_decode::protobuf::{self, WireValue};
 
-pub const MODEL_INFER: &str = "/inference.GRPCInferenceService/ModelInfer";
-pub const MODEL_STREAM_INFER: &str = "/inference.GRPCInferenceService/ModelStreamInfer";
+use super::{LastReply, StreamReply};
+
+pub(super) const MODEL_INFER: &str = "/inference.GRPCInferenceService/ModelInfer";
+pub(super) const MODEL_STREAM_INFER: &str = "/inference.GRPCInferenceService/ModelStreamInfer";
 
 /// `ModelInferRequest.id` and `ModelInferResponse.id`.
-pub const ID_FIELD: u32 = 3;
+pub(super) const ID_FIELD: u32 = 3;
 /// `ModelInferResponse.parameters`: a map of `InferParameter`s.
 const PARAMETERS_FIELD: u32 = 4;
 /// `ModelStreamInferResponse.error_message` and `.infer_response`.
@@ -23,14 +24,14 @@ const INFER_RESPONSE_FIELD: u32 = 2;
 const FINAL_PARAMETER: &[u8] = b"triton_final_response";
 
 /// The id a `ModelInferRequest` head names its call with; None when empty or unread.
-pub fn request_id(head: &[u8]) -> Option<String> {
+pub(super) fn request_id(head: &[u8]) -> Option<String> {
     protobuf::string_field(head, ID_FIELD)
         .filter(|id| !id.is_empty())
         .map(str::to_owned)
 }
 
 /// What a `ModelStreamInferResponse` head says of its call.
-pub fn stream_response(head: &[u8]) -> StreamReply {
+pub(super) fn stream_response(head: &[u8]) -> StreamReply {
     let error = has_error_message(head);
     let Some((response, whole)) = protobuf::embedded_prefix(head, INFER_RESPONSE_FIELD) else {
         // An error text too long for the head hides the rest; an error ends its call unless

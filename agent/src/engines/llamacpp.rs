@@ -80,7 +80,7 @@ static HOOKS: &[SchedulerHook] = &[
     },
 ];
 
-pub struct LlamaCpp;
+pub(super) struct LlamaCpp;
 
 impl Engine for LlamaCpp {
     fn name(&self) -> &'static str {

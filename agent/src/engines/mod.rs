@@ -1,7 +1,7 @@
 //! Engine plugins. Each engine module says how to recognise its processes; later stages (scheduler
 //! probes, IPC decoders, metric names) hang off the same trait. Nothing engine-specific lives
 //! outside these modules.
-pub mod config;
+pub(crate) mod config;
 mod ipc_router;
 mod kserve;
 mod llamacpp;
@@ -12,13 +12,14 @@ mod tensorrt_llm;
 mod triton;
 mod vllm;
 
+pub use inferscope_model::metric_names::{MetricSource, MetricsEndpoint, Signal};
 use inferscope_model::{Counter, RequestRecord, StepRecord};
-
 pub use ipc_router::IpcRouter;
 
-pub use crate::capture::{process::discovery::ProcessInfo, elf::sched_hooks::{HookLayout, HookSet, SchedulerHook, StructMember}};
-
-pub use inferscope_model::metric_names::{MetricSource, MetricsEndpoint, Signal};
+pub use crate::capture::{
+    elf::sched_hooks::{HookLayout, HookSet, SchedulerHook, StructMember},
+    process::discovery::ProcessInfo,
+};
 
 /// Which way bytes moved on a traced process's socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -274,8 +275,9 @@ pub fn identify(process: &ProcessInfo, user_patterns: &[String]) -> Option<&'sta
 /// Test support: an engine's committed exposition fixture read through its metric table.
 #[cfg(test)]
 pub(crate) fn fixture_signals(engine: &str, fixture: &[u8]) -> Vec<(Signal, Option<f64>)> {
-    use crate::correlate::engine_metrics::snapshot;
     use inferscope_decode::prometheus::Limits;
+
+    use crate::correlate::engine_metrics::snapshot;
     let endpoint = by_name(engine)
         .and_then(|e| e.metrics())
         .expect("engine has a metrics table");

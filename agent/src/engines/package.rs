@@ -55,7 +55,7 @@ pub(crate) fn version_in(root: &Path, site_packages: &str, package: &str) -> Opt
 
 /// The version of `package` (its dist-info name, e.g. `vllm`) process `tgid` runs, if its
 /// package metadata can be found.
-pub fn process_version(tgid: u32, package: &str) -> Option<String> {
+pub(super) fn process_version(tgid: u32, package: &str) -> Option<String> {
     let proc = PathBuf::from(format!("/proc/{tgid}"));
     let maps = fs::File::open(proc.join("maps")).ok()?;
     let mut tried: Vec<String> = Vec::new();

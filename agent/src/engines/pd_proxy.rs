@@ -4,7 +4,7 @@
 //! (`correlate::disagg`) joins its record to the decode leg whose stream it relayed.
 use super::{Engine, ProcessInfo};
 
-pub struct PdProxy;
+pub(super) struct PdProxy;
 
 /// Script names of known P/D proxies, matched as an argument's file name:
 /// vLLM's examples (`examples/online_serving/disaggregated_serving/toy_proxy_server.py` and

@@ -1,7 +1,7 @@
 //! TensorRT-LLM: `trtllm-serve`, or any process that loaded libtensorrt_llm.
 use super::{Engine, MetricSource, MetricsEndpoint, ProcessInfo, Signal};
 
-pub struct TensorRtLlm;
+pub(super) struct TensorRtLlm;
 
 impl Engine for TensorRtLlm {
     fn name(&self) -> &'static str {

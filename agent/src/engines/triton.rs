@@ -1,7 +1,7 @@
 //! NVIDIA Triton Inference Server (often fronting TensorRT-LLM).
 use super::{CallStream, Engine, ProcessInfo, RpcIdField, kserve};
 
-pub struct Triton;
+pub(super) struct Triton;
 
 impl Engine for Triton {
     fn name(&self) -> &'static str {

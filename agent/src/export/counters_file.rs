@@ -12,7 +12,7 @@ use inferscope_model::Counter;
 
 /// Writes `counters` by exported name, and every [`Counter`] they lack as 0: a reader can tell
 /// a counter that stayed at zero from a name that does not exist.
-pub fn write(path: &Path, counters: &[(Counter, u64)]) -> io::Result<()> {
+pub(crate) fn write(path: &Path, counters: &[(Counter, u64)]) -> io::Result<()> {
     let mut by_name: BTreeMap<&str, u64> = Counter::ALL.iter().map(|c| (c.name(), 0)).collect();
     for (counter, value) in counters {
         *by_name.entry(counter.name()).or_default() += value;

@@ -5,6 +5,7 @@ use std::{
     sync::{Arc, Mutex, atomic::Ordering},
 };
 
+use inferscope_model::clock::monotonic_now_ns;
 use inferscope_proto::v1::agent::{self as pb, event::Record, inferscope_server::Inferscope};
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
@@ -18,27 +19,26 @@ use crate::{
     correlate::timeline::RequestTimeline,
     diagnose::{self, Timeline, history::History, parse_window},
 };
-use inferscope_model::clock::monotonic_now_ns;
 
 /// Events queued per subscriber stream on the server side (the broadcast buffer is in front).
 const STREAM_BUFFER: usize = 256;
 const DEFAULT_LIST_LIMIT: usize = 100;
 const MAX_LIST_LIMIT: usize = 10_000;
 
-pub struct ApiService {
+pub(crate) struct ApiService {
     hub: Arc<Hub>,
     /// What the agent keeps for diagnosis (`None`: the watch is off).
     history: Option<Arc<Mutex<History>>>,
 }
 
 impl ApiService {
-    pub fn new(hub: Arc<Hub>, history: Option<Arc<Mutex<History>>>) -> Self {
+    pub(crate) fn new(hub: Arc<Hub>, history: Option<Arc<Mutex<History>>>) -> Self {
         Self { hub, history }
     }
 }
 
 /// The diagnosis as the API returns it: the JSON of `inferscope diagnose --json` and the report.
-pub fn diagnosis_message(d: &diagnose::Diagnosis) -> pb::Diagnosis {
+pub(crate) fn diagnosis_message(d: &diagnose::Diagnosis) -> pb::Diagnosis {
     pb::Diagnosis {
         json: serde_json::to_string(d).unwrap_or_default(),
         report: diagnose::render(d),

@@ -11,29 +11,29 @@ use inferscope_model::clock::monotonic_now_ns;
 
 /// A capture loop that has not passed for this long is wedged (it passes at least every 50 ms
 /// when healthy; attaching to a large engine can hold it for seconds).
-pub const STALL: Duration = Duration::from_secs(30);
+pub(crate) const STALL: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Default)]
-pub struct Health {
+pub(crate) struct Health {
     /// The capture loop's last pass (monotonic ns); 0 before its first.
     last_pass_ns: AtomicU64,
 }
 
 impl Health {
     /// Called on every pass of the capture loop.
-    pub fn pass(&self) {
+    pub(crate) fn pass(&self) {
         self.last_pass_ns
             .store(monotonic_now_ns(), Ordering::Relaxed);
     }
 
     /// Live: the loop passed within [`STALL`] (or has not started yet: loading the programs).
-    pub fn live(&self, now_ns: u64) -> bool {
+    pub(crate) fn live(&self, now_ns: u64) -> bool {
         let last = self.last_pass_ns.load(Ordering::Relaxed);
         last == 0 || now_ns.saturating_sub(last) < stall_ns()
     }
 
     /// Ready: the loop has made its first pass and is live.
-    pub fn ready(&self, now_ns: u64) -> bool {
+    pub(crate) fn ready(&self, now_ns: u64) -> bool {
         self.last_pass_ns.load(Ordering::Relaxed) != 0 && self.live(now_ns)
     }
 }

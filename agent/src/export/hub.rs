@@ -10,14 +10,14 @@ use std::{
     },
 };
 
+use inferscope_model::StepRecord;
 use inferscope_proto::v1::agent::{Diagnosis, GpuSample};
 use tokio::sync::broadcast;
 
 use crate::correlate::timeline::{KernelRecord, RequestTimeline};
-use inferscope_model::StepRecord;
 
 #[derive(Debug, Clone)]
-pub enum HubEvent {
+pub(crate) enum HubEvent {
     Request(Arc<RequestTimeline>),
     Step(Arc<StepRecord>),
     Kernel(Arc<KernelRecord>),
@@ -27,7 +27,7 @@ pub enum HubEvent {
 }
 
 #[derive(Debug, Clone, Copy)]
-pub struct HubLimits {
+pub(crate) struct HubLimits {
     /// Finished requests kept for `ListRequests`/`GetRequest`.
     pub recent_requests: usize,
     /// Records buffered per subscriber before it starts losing them.
@@ -43,7 +43,7 @@ impl Default for HubLimits {
     }
 }
 
-pub struct Hub {
+pub(crate) struct Hub {
     recent: Mutex<VecDeque<Arc<RequestTimeline>>>,
     limits: HubLimits,
     events: broadcast::Sender<HubEvent>,
@@ -53,7 +53,7 @@ pub struct Hub {
 }
 
 impl Hub {
-    pub fn new(limits: HubLimits) -> Self {
+    pub(crate) fn new(limits: HubLimits) -> Self {
         let (events, _) = broadcast::channel(limits.subscriber_buffer.max(1));
         Self {
             recent: Mutex::new(VecDeque::with_capacity(limits.recent_requests.min(1 << 16))),
@@ -64,7 +64,7 @@ impl Hub {
         }
     }
 
-    pub fn publish_request(&self, timeline: RequestTimeline) {
+    pub(crate) fn publish_request(&self, timeline: RequestTimeline) {
         let timeline = Arc::new(timeline);
         if let Ok(mut recent) = self.recent.lock() {
             if recent.len() >= self.limits.recent_requests {
@@ -76,26 +76,26 @@ impl Hub {
     }
 
     /// Sends to current subscribers; with none, the record is simply not kept.
-    pub fn publish(&self, event: HubEvent) {
+    pub(crate) fn publish(&self, event: HubEvent) {
         if self.events.receiver_count() > 0 {
             let _ = self.events.send(event);
         }
     }
 
-    pub fn has_subscribers(&self) -> bool {
+    pub(crate) fn has_subscribers(&self) -> bool {
         self.events.receiver_count() > 0
     }
 
-    pub fn subscribe(&self) -> broadcast::Receiver<HubEvent> {
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<HubEvent> {
         self.events.subscribe()
     }
 
-    pub fn note_lagged(&self, n: u64) {
+    pub(crate) fn note_lagged(&self, n: u64) {
         self.subscriber_lagged.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Newest first, filtered.
-    pub fn recent(
+    pub(crate) fn recent(
         &self,
         mut keep: impl FnMut(&RequestTimeline) -> bool,
         limit: usize,
@@ -114,7 +114,7 @@ impl Hub {
 
     /// By the agent's request id, the response id (`chatcmpl-…`), the caller's x-request-id or
     /// the request id of a gRPC call's message.
-    pub fn find(&self, id: &str) -> Option<Arc<RequestTimeline>> {
+    pub(crate) fn find(&self, id: &str) -> Option<Arc<RequestTimeline>> {
         let recent = self.recent.lock().ok()?;
         recent
             .iter()
@@ -132,8 +132,9 @@ impl Hub {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use inferscope_model::RequestRecord;
+
+    use super::*;
 
     fn timeline(id: &str) -> RequestTimeline {
         RequestTimeline::bare(RequestRecord {

@@ -12,7 +12,7 @@ use std::{
 
 use serde::Serialize;
 
-pub struct JsonlWriter {
+pub(crate) struct JsonlWriter {
     file: File,
     /// Bytes of whole lines in the file: where the next line starts.
     len: u64,
@@ -24,7 +24,7 @@ pub struct JsonlWriter {
 }
 
 impl JsonlWriter {
-    pub fn create(path: &Path) -> io::Result<Self> {
+    pub(crate) fn create(path: &Path) -> io::Result<Self> {
         Ok(Self::from_file(File::create(path)?))
     }
 
@@ -41,7 +41,7 @@ impl JsonlWriter {
     /// Writes `record`; a failure is counted and, the first time for this file, logged as an
     /// error naming `what` was lost (later failures are only counted, so a full disk does not
     /// flood the log). Returns whether the line was written.
-    pub fn write_or_report<T: Serialize>(&mut self, record: &T, what: &str) -> bool {
+    pub(crate) fn write_or_report<T: Serialize>(&mut self, record: &T, what: &str) -> bool {
         match self.write(record) {
             Ok(()) => true,
             Err(e) => {
@@ -55,7 +55,7 @@ impl JsonlWriter {
         }
     }
 
-    pub fn write<T: Serialize>(&mut self, record: &T) -> io::Result<()> {
+    pub(crate) fn write<T: Serialize>(&mut self, record: &T) -> io::Result<()> {
         self.line.clear();
         serde_json::to_writer(&mut self.line, record)?;
         self.line.push(b'\n');

@@ -5,7 +5,7 @@ fn ms(v: Option<f64>) -> String {
     ms_text(v, 1, "-")
 }
 
-pub fn header() -> String {
+pub(crate) fn header() -> String {
     format!(
         "{:<16} {:>7} {:>5} {:>9} {:>9} {:>9} {:>8} {:>9} {:>6} {:>6} {:>6}  {}",
         "request",
@@ -23,7 +23,7 @@ pub fn header() -> String {
     )
 }
 
-pub fn line(r: &RequestRecord) -> String {
+pub(crate) fn line(r: &RequestRecord) -> String {
     let opt = |v: Option<u64>| v.map_or_else(|| "-".into(), |v| v.to_string());
     format!(
         "{:<16} {:>7} {:>5} {:>9} {:>9} {:>9} {:>8} {:>9.1} {:>6} {:>6} {:>6}  {}{}",

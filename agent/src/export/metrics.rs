@@ -6,6 +6,7 @@ use std::{
     sync::{Arc, Mutex, atomic::AtomicU64},
 };
 
+use inferscope_model::{Counter as AgentCounter, CounterKind, EndedBy, StepRecord};
 use opentelemetry::{
     KeyValue,
     metrics::{Counter as OtelCounter, Histogram as OtelHistogram, Meter},
@@ -20,7 +21,6 @@ use crate::{
     capture::gpu::GpuSample,
     correlate::{engine_metrics::EngineMetricsRecord, timeline::RequestTimeline},
 };
-use inferscope_model::{Counter as AgentCounter, CounterKind, EndedBy, StepRecord};
 
 const TTFT_BUCKETS: [f64; 16] = [
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -168,7 +168,7 @@ struct OtelInstruments {
     preemptions: OtelCounter<u64>,
 }
 
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     ttft: HistFamily<RequestLabels>,
     tpot: HistFamily<RequestLabels>,
@@ -207,7 +207,7 @@ pub struct Metrics {
 
 impl Metrics {
     /// `meter`: record into OTLP too (when an OTLP endpoint is configured).
-    pub fn new(meter: Option<Meter>) -> Self {
+    pub(crate) fn new(meter: Option<Meter>) -> Self {
         let mut registry = Registry::default();
         let ttft: HistFamily<RequestLabels> = Family::new_with_constructor(ttft_histogram);
         let tpot: HistFamily<RequestLabels> = Family::new_with_constructor(tpot_histogram);
@@ -411,7 +411,7 @@ impl Metrics {
         "other".into()
     }
 
-    pub fn record_request(&self, timeline: &RequestTimeline) {
+    pub(crate) fn record_request(&self, timeline: &RequestTimeline) {
         let r = &timeline.request;
         let labels = RequestLabels {
             engine: r.engine.clone(),
@@ -506,7 +506,7 @@ impl Metrics {
         }
     }
 
-    pub fn record_step(&self, step: &StepRecord) {
+    pub(crate) fn record_step(&self, step: &StepRecord) {
         // Engines whose steps carry KV use (vLLM IPC) update the gauge per step.
         if let Some(kv) = step.kv_cache_usage {
             self.note_process(&step.engine, step.pid);
@@ -538,7 +538,7 @@ impl Metrics {
 
     /// The agent's counters are cumulative totals kept elsewhere; export their increments.
     /// Gauges ([`CounterKind::Gauge`]) are set to their value.
-    pub fn set_agent_counters(&self, counters: &[(AgentCounter, u64)]) {
+    pub(crate) fn set_agent_counters(&self, counters: &[(AgentCounter, u64)]) {
         if let Ok(mut seen) = self.agent_seen.lock() {
             for &(counter, value) in counters {
                 if counter.kind() == CounterKind::Gauge {
@@ -577,7 +577,7 @@ impl Metrics {
     }
 
     /// Gauges the engine reports about itself (scraped from its /metrics).
-    pub fn record_engine_metrics(&self, m: &EngineMetricsRecord) {
+    pub(crate) fn record_engine_metrics(&self, m: &EngineMetricsRecord) {
         self.note_process(&m.engine, m.pid);
         let labels = ProcessLabels {
             engine: m.engine.clone(),
@@ -612,7 +612,7 @@ impl Metrics {
     }
 
     /// The engine process is gone: its gauges go, under every engine name it had.
-    pub fn forget_process(&self, pid: u32) {
+    pub(crate) fn forget_process(&self, pid: u32) {
         let engines: Vec<String> = match self.process_series.lock() {
             Ok(mut series) => {
                 let gone: Vec<(String, u32)> =
@@ -645,7 +645,7 @@ impl Metrics {
     }
 
     /// One NVML sample: every metric it carries as a series of `inferscope_gpu`.
-    pub fn record_gpu(&self, g: &GpuSample) {
+    pub(crate) fn record_gpu(&self, g: &GpuSample) {
         let index = g.index.to_string();
         let values = [
             ("gpu_util_pct", g.gpu_util_pct.map(f64::from)),
@@ -673,7 +673,7 @@ impl Metrics {
         }
     }
 
-    pub fn set_gpu(&self, gpu: &str, uuid: &str, metric: &str, value: f64) {
+    pub(crate) fn set_gpu(&self, gpu: &str, uuid: &str, metric: &str, value: f64) {
         self.gpu
             .get_or_create(&GpuLabels {
                 gpu: gpu.into(),
@@ -683,7 +683,7 @@ impl Metrics {
             .set(value);
     }
 
-    pub fn set_diagnosis(&self, cause: &str, dominant_phase: &str, active: bool) {
+    pub(crate) fn set_diagnosis(&self, cause: &str, dominant_phase: &str, active: bool) {
         self.diagnosis.clear();
         if active {
             self.diagnosis
@@ -696,7 +696,7 @@ impl Metrics {
     }
 
     /// Prometheus text exposition (OpenMetrics flavour, as prometheus-client writes it).
-    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+    pub(crate) fn encode(&self) -> Result<String, std::fmt::Error> {
         self.process.update();
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
@@ -847,8 +847,9 @@ fn otel_instruments(meter: &Meter, agent: Arc<Mutex<Vec<(AgentCounter, u64)>>>) 
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use inferscope_model::RequestRecord;
+
+    use super::*;
 
     fn timeline(model: &str) -> RequestTimeline {
         RequestTimeline::bare(RequestRecord {

@@ -1,15 +1,15 @@
 //! Export stage: finished records leave the agent here — files, the terminal, OTLP, the
 //! Prometheus endpoint, the gRPC API and Perfetto traces.
-pub mod counters_file;
-pub mod grpc;
-pub mod health;
-pub mod hub;
-pub mod jsonl;
-pub mod live;
-pub mod metrics;
-pub mod names;
-pub mod otlp;
-pub mod perfetto;
-pub mod prometheus_http;
-pub mod proto_conv;
-pub mod summary;
+pub(crate) mod counters_file;
+pub(crate) mod grpc;
+pub(crate) mod health;
+pub(crate) mod hub;
+pub(crate) mod jsonl;
+pub(crate) mod live;
+pub(crate) mod metrics;
+pub(crate) mod names;
+pub(crate) mod otlp;
+pub(crate) mod perfetto;
+pub(crate) mod prometheus_http;
+pub(crate) mod proto_conv;
+pub(crate) mod summary;

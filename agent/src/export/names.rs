@@ -1,13 +1,13 @@
 //! Names and attributes the exporters share: OpenTelemetry GenAI semantic conventions
 //! (`gen_ai.*`) where they exist, `inferscope.*` for the rest. Only sizes, counts, ids and times:
 //! prompt and completion text never reach an exporter (the agent never keeps them).
+use inferscope_model::RequestRecord;
 use opentelemetry::KeyValue;
 
 use crate::correlate::timeline::RequestTimeline;
-use inferscope_model::RequestRecord;
 
 /// `gen_ai.operation.name` from the endpoint, where it is one of the OpenAI-compatible ones.
-pub fn operation_name(path: &str) -> Option<&'static str> {
+pub(crate) fn operation_name(path: &str) -> Option<&'static str> {
     let path = path.split('?').next().unwrap_or(path);
     match path {
         "/v1/chat/completions" | "/chat/completions" => Some("chat"),
@@ -18,7 +18,7 @@ pub fn operation_name(path: &str) -> Option<&'static str> {
 }
 
 /// GenAI convention `{operation} {model}` where known, else HTTP's `{method} {path}`.
-pub fn span_name(request: &RequestRecord) -> String {
+pub(crate) fn span_name(request: &RequestRecord) -> String {
     match (operation_name(&request.path), request.model.as_deref()) {
         (Some(op), Some(model)) => format!("{op} {model}"),
         (Some(op), None) => op.to_string(),
@@ -27,7 +27,7 @@ pub fn span_name(request: &RequestRecord) -> String {
 }
 
 /// Kernel names can be kilobytes of template arguments: keep the head.
-pub fn kernel_span_name(name: &str) -> String {
+pub(crate) fn kernel_span_name(name: &str) -> String {
     const MAX: usize = 128;
     if name.len() <= MAX {
         return name.to_string();
@@ -39,7 +39,7 @@ pub fn kernel_span_name(name: &str) -> String {
     format!("{}…", &name[..end])
 }
 
-pub fn request_attributes(timeline: &RequestTimeline) -> Vec<KeyValue> {
+pub(crate) fn request_attributes(timeline: &RequestTimeline) -> Vec<KeyValue> {
     let r = &timeline.request;
     let mut a = vec![
         KeyValue::new("http.request.method", r.method.clone()),
@@ -148,7 +148,7 @@ pub fn request_attributes(timeline: &RequestTimeline) -> Vec<KeyValue> {
     a
 }
 
-pub fn host_name() -> String {
+pub(crate) fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "unknown".into())

@@ -38,7 +38,7 @@ fn meta(kind: &str, pid: u64, tid: Option<u64>, name: &str) -> Value {
     v
 }
 
-pub fn trace(timelines: &[RequestTimeline]) -> Value {
+pub(crate) fn trace(timelines: &[RequestTimeline]) -> Value {
     let mut events = vec![meta("process_name", REQUESTS_PID, None, "requests")];
     let mut step_threads = BTreeSet::new();
     let mut gpu_streams = BTreeSet::new();
@@ -245,11 +245,12 @@ pub fn trace(timelines: &[RequestTimeline]) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use inferscope_proto::v1::{
         agent::{Request, Step, StepMember},
         shim::Kernel,
     };
+
+    use super::*;
 
     /// Both legs of a disaggregated request are named by their shared id.
     #[test]

@@ -4,23 +4,22 @@ use std::{collections::HashSet, net::SocketAddr, sync::Arc};
 
 use axum::{
     Router,
-    http::{HeaderMap, header},
+    http::{HeaderMap, StatusCode, header},
     response::IntoResponse,
     routing::get,
 };
+use inferscope_model::clock::monotonic_now_ns;
 use tokio::net::TcpListener;
 
 use super::{health::Health, metrics::Metrics};
-use axum::http::StatusCode;
-use inferscope_model::clock::monotonic_now_ns;
 
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+pub(crate) async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
 /// Serves `/metrics`, and with `health` the kubelet's probes: `/healthz` (liveness: the
 /// capture loop runs) and `/readyz` (readiness: it has made its first pass), 200 or 503.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     health: Option<Arc<Health>>,
@@ -78,7 +77,7 @@ pub async fn serve(
 
 /// OpenMetrics → the classic text format: counters are declared under their `_total` sample
 /// name, and the `# UNIT` and `# EOF` lines go (the classic format has neither).
-pub fn to_classic(openmetrics: &str) -> String {
+pub(crate) fn to_classic(openmetrics: &str) -> String {
     let counters: HashSet<&str> = openmetrics
         .lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))

@@ -1,11 +1,13 @@
 //! Agent records → the gRPC API's protobuf messages.
+use inferscope_model::StepRecord;
 use inferscope_proto::v1::{agent as pb, shim};
 
-use crate::capture::gpu::GpuSample;
-use crate::correlate::timeline::{GpuPhase, KernelRecord, RequestTimeline, union_ns};
-use inferscope_model::StepRecord;
+use crate::{
+    capture::gpu::GpuSample,
+    correlate::timeline::{GpuPhase, KernelRecord, RequestTimeline, union_ns},
+};
 
-pub fn kernel(k: &KernelRecord) -> shim::Kernel {
+pub(crate) fn kernel(k: &KernelRecord) -> shim::Kernel {
     shim::Kernel {
         name: k.name.clone(),
         device_id: k.device_id,
@@ -31,7 +33,7 @@ pub fn kernel(k: &KernelRecord) -> shim::Kernel {
     }
 }
 
-pub fn gpu(g: &GpuSample) -> pb::GpuSample {
+pub(crate) fn gpu(g: &GpuSample) -> pb::GpuSample {
     pb::GpuSample {
         index: g.index,
         uuid: g.uuid.clone(),
@@ -51,7 +53,7 @@ pub fn gpu(g: &GpuSample) -> pb::GpuSample {
     }
 }
 
-pub fn request(t: &RequestTimeline) -> pb::Request {
+pub(crate) fn request(t: &RequestTimeline) -> pb::Request {
     let r = &t.request;
     let identity = |field: fn(&inferscope_model::ProcessIdentity) -> &Option<String>| {
         r.identity.as_ref().and_then(|i| field(i).clone())
@@ -134,7 +136,7 @@ fn gpu_phase(g: &GpuPhase) -> pb::GpuPhase {
     }
 }
 
-pub fn step(s: &StepRecord) -> pb::Step {
+pub(crate) fn step(s: &StepRecord) -> pb::Step {
     pb::Step {
         pid: s.pid,
         engine: s.engine.clone(),
@@ -199,7 +201,7 @@ fn step_launches(l: &inferscope_model::StepLaunches) -> pb::StepLaunches {
 }
 
 /// One request with its steps and kernels, each step annotated with its own GPU work.
-pub fn timeline(t: &RequestTimeline) -> pb::RequestTimeline {
+pub(crate) fn timeline(t: &RequestTimeline) -> pb::RequestTimeline {
     let steps = t
         .steps
         .iter()

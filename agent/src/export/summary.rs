@@ -1,10 +1,9 @@
 //! P50/P99 summary over a set of records (the demo's closing table).
 use std::fmt::Write as _;
 
-use inferscope_model::quantile::percentile;
-use inferscope_model::RequestRecord;
+use inferscope_model::{RequestRecord, quantile::percentile};
 
-pub struct Distribution {
+pub(crate) struct Distribution {
     pub name: &'static str,
     pub count: usize,
     pub p50: Option<f64>,
@@ -28,7 +27,7 @@ fn distribution(
     }
 }
 
-pub fn distributions(records: &[RequestRecord]) -> Vec<Distribution> {
+pub(crate) fn distributions(records: &[RequestRecord]) -> Vec<Distribution> {
     let ok: Vec<RequestRecord> = records.iter().filter(|r| !r.aborted).cloned().collect();
     vec![
         distribution("ttft_ms", &ok, |r| r.ttft_ms),
@@ -41,7 +40,7 @@ pub fn distributions(records: &[RequestRecord]) -> Vec<Distribution> {
     ]
 }
 
-pub fn render(records: &[RequestRecord]) -> String {
+pub(crate) fn render(records: &[RequestRecord]) -> String {
     let fmt = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| format!("{v:.2}"));
     let mut out = String::new();
     let aborted = records.iter().filter(|r| r.aborted).count();

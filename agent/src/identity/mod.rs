@@ -13,11 +13,10 @@ pub mod pods;
 
 use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
-
 use container::ContainerId;
 use inferscope_model::Counter;
 use pods::PodStore;
+use rustc_hash::FxHashMap;
 
 /// Processes whose identity is kept at once (engines on one node: a few dozen).
 const MAX_PROCESSES: usize = 4096;

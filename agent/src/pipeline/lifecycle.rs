@@ -1,16 +1,19 @@
 //! The one path that forgets a traced process, whether discovery detached it or the kernel
 //! adopted it and discovery never attached it: every component with state per process is
 //! listed here, in the order it must forget.
+use inferscope_model::{PerProcess, RequestRecord};
 use rustc_hash::FxHashMap;
 
 use super::{Observer, emit};
 use crate::{
-    capture::{FdClassifier, process::adopt::Adoption, process::late_attach::LateAttach},
+    capture::{
+        FdClassifier,
+        process::{adopt::Adoption, late_attach::LateAttach},
+    },
     correlate::{EngineMetrics, Tracker},
     engines::IpcRouter,
     identity::Identities,
 };
-use inferscope_model::{PerProcess, RequestRecord};
 
 /// Listening ports per traced process.
 pub(super) type Ports = FxHashMap<u32, Vec<u16>>;
@@ -45,7 +48,7 @@ impl Processes<'_> {
     /// Forgets `tgid` everywhere: capture and routing state first, then the tracker, whose open
     /// requests of the process end (cut by the server) and are handed to `observer`; the state
     /// those last records are joined with after that; the observer's own state last.
-    pub fn forget(&mut self, tgid: u32, observer: &mut dyn Observer) {
+    pub(super) fn forget(&mut self, tgid: u32, observer: &mut dyn Observer) {
         let first: [&mut dyn PerProcess; 12] = [
             &mut *self.probes,
             &mut *self.tls,
@@ -88,14 +91,18 @@ mod tests {
 
     use bytes::Bytes;
     use inferscope_common::SyscallKind;
+    use inferscope_decode::{http::Limits, prometheus};
 
     use super::*;
     use crate::{
-        capture::{SyscallEvent, process::adopt::ATTACH_WAIT, process::late_attach::Missing, metrics::Scrape},
+        capture::{
+            SyscallEvent,
+            metrics::Scrape,
+            process::{adopt::ATTACH_WAIT, late_attach::Missing},
+        },
         correlate::Peer,
         engines,
     };
-    use inferscope_decode::{http::Limits, prometheus};
 
     const HEAD: &[u8] = b"GET /v1/models HTTP/1.1\r\nHost: a\r\n\r\n";
 

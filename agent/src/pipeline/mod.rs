@@ -2,29 +2,50 @@
 //! and correlated where it is read, with no queue between stages to size or drop from.
 mod lifecycle;
 mod route;
-use crate::correlate::disagg::Stitcher;
-use inferscope_model::Counter;
 use std::{
     sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
 use inferscope_common::Counter as KernelCounter;
+use inferscope_decode::{http::Limits, prometheus};
+use inferscope_model::{
+    Counter, LaunchRecord, RequestRecord, Stats, StepRecord, clock::monotonic_now_ns,
+};
 use rustc_hash::FxHashMap;
 use tracing::{info, warn};
 
 use crate::{
-    capture::gpu::launches::{self as gpu_launches, LaunchBudget, StubNames},
-    capture::{CaptureConfig, CaptureError, CapturedEvent, Discovery, DiscoveryChange, FdClassifier, SocketProbes, TargetSelector, process::adopt::Adoption, kernel::chunks::{Chunks, Joined}, process::late_attach::{LateAttach, Missing}, metrics::{MetricsScraper, ScrapeConfig}, process::preexisting, kernel::privileges::Privileges, kernel::records, elf::sched_hooks, kernel::stream_template::{TemplateSide, kernel_template}, elf::tls as tls_probes, elf::user_probes::{ProbeSpec, UserProbes}},
-    correlate::{EngineMetrics, EngineMetricsRecord, Tracker, launches::Launches},
+    capture::{
+        CaptureConfig, CaptureError, CapturedEvent, Discovery, DiscoveryChange, FdClassifier,
+        SocketProbes, TargetSelector,
+        elf::{
+            sched_hooks, tls as tls_probes,
+            user_probes::{ProbeSpec, UserProbes},
+        },
+        gpu::launches::{self as gpu_launches, LaunchBudget, StubNames},
+        kernel::{
+            chunks::{Chunks, Joined},
+            privileges::Privileges,
+            records,
+            stream_template::{TemplateSide, kernel_template},
+        },
+        metrics::{MetricsScraper, ScrapeConfig},
+        process::{
+            adopt::Adoption,
+            late_attach::{LateAttach, Missing},
+            preexisting,
+        },
+    },
+    correlate::{
+        EngineMetrics, EngineMetricsRecord, Tracker, disagg::Stitcher, launches::Launches,
+    },
     engines::{self, IpcRouter},
     identity::Identities,
 };
-use inferscope_decode::{http::Limits, prometheus};
-use inferscope_model::{LaunchRecord, RequestRecord, Stats, StepRecord, clock::monotonic_now_ns};
 
 #[derive(Debug, Clone)]
-pub struct PipelineConfig {
+pub(crate) struct PipelineConfig {
     pub selector: TargetSelector,
     pub capture: CaptureConfig,
     pub limits: Limits,
@@ -46,10 +67,10 @@ pub struct PipelineConfig {
 }
 
 /// The launch budget unless the user sets another.
-pub const DEFAULT_LAUNCH_BUDGET_PCT: f64 = 2.0;
+pub(crate) const DEFAULT_LAUNCH_BUDGET_PCT: f64 = 2.0;
 
 impl PipelineConfig {
-    pub fn new(selector: TargetSelector) -> Self {
+    pub(crate) fn new(selector: TargetSelector) -> Self {
         Self {
             selector,
             capture: CaptureConfig::default(),
@@ -65,7 +86,7 @@ impl PipelineConfig {
 }
 
 /// What the pipeline reports as it runs.
-pub trait Observer {
+pub(crate) trait Observer {
     fn on_record(&mut self, record: RequestRecord);
     /// An engine step finished (scheduler hooks).
     fn on_step(&mut self, _step: StepRecord) {}
@@ -84,7 +105,7 @@ pub trait Observer {
     fn on_counters(&mut self, _counters: Vec<(Counter, u64)>) {}
 }
 
-pub struct Pipeline {
+pub(crate) struct Pipeline {
     config: PipelineConfig,
     probes: SocketProbes,
     discovery: Discovery,
@@ -171,11 +192,11 @@ const LATE_ATTACH_INTERVAL: Duration = Duration::from_secs(2);
 impl Pipeline {
     /// The loaded kernel programs, for the start-up preflight (`inferscope check`'s summary in
     /// `run`), before the loop starts.
-    pub fn probes_mut(&mut self) -> &mut SocketProbes {
+    pub(crate) fn probes_mut(&mut self) -> &mut SocketProbes {
         &mut self.probes
     }
 
-    pub fn new(config: PipelineConfig) -> Result<Self, CaptureError> {
+    pub(crate) fn new(config: PipelineConfig) -> Result<Self, CaptureError> {
         let privileges = Privileges::read();
         if privileges.missing().is_empty() && privileges.btf && privileges.tracefs {
             info!("{}", privileges.summary());
@@ -219,14 +240,14 @@ impl Pipeline {
 
     /// Names records' pods from this cache of the Kubernetes API (`identity::kube::start`);
     /// without it records carry container ids only.
-    pub fn use_pod_store(&mut self, pods: std::sync::Arc<crate::identity::pods::PodStore>) {
+    pub(crate) fn use_pod_store(&mut self, pods: std::sync::Arc<crate::identity::pods::PodStore>) {
         self.identities = Identities::new(Some(pods));
     }
 
     /// Also scrapes every engine discovery finds at its own metrics endpoint (call before
     /// [`Pipeline::run`]): records go to [`Observer::on_engine_metrics`], and request records
     /// get the engine state they found on arrival.
-    pub fn scrape_engine_metrics(&mut self, config: ScrapeConfig) -> std::io::Result<()> {
+    pub(crate) fn scrape_engine_metrics(&mut self, config: ScrapeConfig) -> std::io::Result<()> {
         self.scraper = Some(MetricsScraper::start(config)?);
         // A request joins a scrape within two intervals of its arrival: scrapes land an
         // interval plus their own duration apart, and one may fail.
@@ -246,14 +267,14 @@ impl Pipeline {
 
     /// Also attaches the probes of a user-written spec to every traced process (call before
     /// [`Pipeline::run`]).
-    pub fn use_probe_spec(&mut self, spec: ProbeSpec) -> Result<(), CaptureError> {
+    pub(crate) fn use_probe_spec(&mut self, spec: ProbeSpec) -> Result<(), CaptureError> {
         let user = UserProbes::new(spec, &mut self.probes).map_err(CaptureError::Config)?;
         self.user_probes = Some(user);
         Ok(())
     }
 
     /// Runs until `stop` is set or `deadline` passes, then reports open requests as aborted.
-    pub fn run(
+    pub(crate) fn run(
         &mut self,
         observer: &mut dyn Observer,
         stop: &AtomicBool,
@@ -267,7 +288,7 @@ impl Pipeline {
     /// Runs until `done` says so (asked on every pass of the loop, at least every 50 ms: a
     /// retiring agent keeps running until the requests it saw start have ended), then reports
     /// open requests as aborted.
-    pub fn run_until(
+    pub(crate) fn run_until(
         &mut self,
         observer: &mut dyn Observer,
         done: &mut dyn FnMut(&Pipeline) -> bool,
@@ -330,7 +351,7 @@ impl Pipeline {
     }
 
     /// Open requests whose first bytes were read before `ts_ns` (monotonic clock).
-    pub fn open_requests_read_before(&self, ts_ns: u64) -> usize {
+    pub(crate) fn open_requests_read_before(&self, ts_ns: u64) -> usize {
         self.tracker.open_requests_read_before(ts_ns)
     }
 
@@ -852,7 +873,7 @@ impl Pipeline {
     }
 
     /// Every counter: kernel side (`kernel_*`), capture and decode/correlate.
-    pub fn counters(&self) -> Vec<(Counter, u64)> {
+    pub(crate) fn counters(&self) -> Vec<(Counter, u64)> {
         let mut all = self.probes.counters();
         all.extend(self.stats.iter());
         all.extend(self.tracker.stats().iter());
@@ -886,7 +907,7 @@ impl Pipeline {
         all
     }
 
-    pub fn log_counters(&self) {
+    pub(crate) fn log_counters(&self) {
         for (counter, value) in self.counters() {
             if value > 0 {
                 info!(counter = counter.name(), value, "counter");

@@ -3,6 +3,8 @@
 //! fds whose class changes (a ZeroMQ tcp:// connection on a listening port) lives here too, so
 //! the drain loop in `mod.rs` only reads records and hands them on.
 use inferscope_common::{CONN_PREEXISTING, CONN_TLS, SyscallKind};
+use inferscope_decode::zmtp;
+use inferscope_model::{Counter, RequestRecord, Stats, StepRecord};
 use rustc_hash::{FxHashMap, FxHashSet};
 use tracing::warn;
 
@@ -11,8 +13,6 @@ use crate::{
     correlate::{Peer, Tracker},
     engines::{IpcBytes, IpcDirection, IpcRouter, IpcVerdict},
 };
-use inferscope_decode::zmtp;
-use inferscope_model::{Counter, RequestRecord, Stats, StepRecord};
 
 /// What one syscall record is handed to: the drain's state, borrowed.
 pub(super) struct Sockets<'p> {
@@ -34,18 +34,18 @@ const TLS_HANDSHAKE_DONE: i64 = 1;
 /// Processes whose TLS the agent decodes (the library probes are attached), and those already
 /// warned about TLS it cannot decode.
 #[derive(Default)]
-pub struct TlsProcesses {
+pub(super) struct TlsProcesses {
     /// Per process, the objects (copies of OpenSSL) whose functions are probed.
     probed: FxHashMap<u32, Vec<String>>,
     warned: FxHashSet<u32>,
 }
 
 /// Copies of OpenSSL probed per process, at most: more are not looked for.
-pub const MAX_TLS_OBJECTS: usize = 16;
+pub(super) const MAX_TLS_OBJECTS: usize = 16;
 
 impl TlsProcesses {
     /// `objects` of `tgid` got the TLS probes; whether they are its first.
-    pub fn probed(&mut self, tgid: u32, objects: Vec<String>) -> bool {
+    pub(super) fn probed(&mut self, tgid: u32, objects: Vec<String>) -> bool {
         let known = self.probed.entry(tgid).or_default();
         let first = known.is_empty();
         for object in objects {
@@ -57,12 +57,12 @@ impl TlsProcesses {
     }
 
     /// The objects of `tgid` already probed.
-    pub fn objects(&self, tgid: u32) -> &[String] {
+    pub(super) fn objects(&self, tgid: u32) -> &[String] {
         self.probed.get(&tgid).map_or(&[], Vec::as_slice)
     }
 
     /// Whether `tgid` may map another copy to probe.
-    pub fn room(&self, tgid: u32) -> bool {
+    pub(super) fn room(&self, tgid: u32) -> bool {
         self.objects(tgid).len() < MAX_TLS_OBJECTS
     }
 
@@ -90,7 +90,7 @@ impl inferscope_model::PerProcess for TlsProcesses {
 }
 
 impl Sockets<'_> {
-    pub fn on_syscall(&mut self, ev: &SyscallEvent<'_>) {
+    pub(super) fn on_syscall(&mut self, ev: &SyscallEvent<'_>) {
         let Some(listening) = self.ports.get(&ev.tgid) else {
             // A record from a process detached a moment ago.
             self.stats.bump(Counter::RecordsUntracedProcess);
@@ -224,8 +224,9 @@ fn ipc_bytes<'a>(ev: &SyscallEvent<'a>) -> IpcBytes<'a> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use inferscope_model::PerProcess;
+
+    use super::*;
 
     #[test]
     fn tls_is_decoded_only_where_the_probes_are_attached() {

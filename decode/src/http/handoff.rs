@@ -3,11 +3,14 @@
 //! of their content, so block ids and any token ids in it are never kept.
 use std::fmt;
 
-use serde::Deserialize;
-use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
-
-use inferscope_model::disagg::{MAX_HANDOFF_ENTRIES, MAX_HANDOFF_KEY, MAX_HANDOFF_STR, fnv1a};
-use inferscope_model::{HandoffParams, HandoffValue};
+use inferscope_model::{
+    HandoffParams, HandoffValue,
+    disagg::{MAX_HANDOFF_ENTRIES, MAX_HANDOFF_KEY, MAX_HANDOFF_STR, fnv1a},
+};
+use serde::{
+    Deserialize,
+    de::{Deserializer, MapAccess, SeqAccess, Visitor},
+};
 
 /// The digested object; null or any other JSON type is `None` (not a hand-off).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

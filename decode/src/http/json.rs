@@ -4,12 +4,12 @@
 //! or borrowed rather than copied, and arrays are folded instead of
 //! collected, so analysing a streamed token does not allocate.
 
-use std::borrow::Cow;
-use std::fmt;
+use std::{borrow::Cow, fmt};
 
-use serde::Deserialize;
-use serde::de::value::MapAccessDeserializer;
-use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::{
+    Deserialize,
+    de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor, value::MapAccessDeserializer},
+};
 
 use super::counts::{Timings, Usage};
 

@@ -196,7 +196,7 @@ pub mod testutil {
     /// Tiny deterministic PRNG so tests need no extra crates.
     pub struct XorShift(pub u64);
     impl XorShift {
-        pub fn next(&mut self) -> u64 {
+        pub fn next_u64(&mut self) -> u64 {
             let mut x = self.0;
             x ^= x << 13;
             x ^= x >> 7;
@@ -205,7 +205,7 @@ pub mod testutil {
             x
         }
         pub fn below(&mut self, n: u64) -> u64 {
-            if n == 0 { 0 } else { self.next() % n }
+            if n == 0 { 0 } else { self.next_u64() % n }
         }
     }
 
@@ -220,8 +220,7 @@ pub mod testutil {
 
 #[cfg(test)]
 mod tests {
-    use super::testutil::XorShift;
-    use super::*;
+    use super::{testutil::XorShift, *};
 
     #[test]
     fn truncation_respects_char_boundaries() {
@@ -358,7 +357,7 @@ mod tests {
             let noise = if round % 2 == 0 { 4 } else { 200 };
             for i in 0..len {
                 let b = match rng.below(noise) {
-                    0 => rng.next() as u8,
+                    0 => rng.next_u64() as u8,
                     _ => seed[i % seed.len()],
                 };
                 input.push(b);

@@ -2,11 +2,12 @@
 //! pipelining, Content-Length and chunked bodies, and the few JSON fields
 //! that describe an inference request.
 
-use super::chunked::ChunkedDecoder;
-use super::head::{HeadBuf, HeadProgress, MAX_HEADERS, ParseResult, map_httparse_err};
 use super::{
-    Chunk, Limits, MAX_FIELD_BYTES, ParseError, collect_body, contains_ignore_case, json,
-    parse_content_length, truncated_str, truncated_string, wipe,
+    Chunk, Limits, MAX_FIELD_BYTES, ParseError,
+    chunked::ChunkedDecoder,
+    collect_body, contains_ignore_case,
+    head::{HeadBuf, HeadProgress, MAX_HEADERS, ParseResult, map_httparse_err},
+    json, parse_content_length, truncated_str, truncated_string, wipe,
 };
 
 /// What the request side of a connection reports, in stream order.
@@ -373,8 +374,7 @@ impl RequestDecoder {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::chunk;
-    use super::*;
+    use super::{super::testutil::chunk, *};
 
     const CHAT: &[u8] = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Request-Id: req-1\r\ntraceparent: 00-abc-def-01\r\nContent-Length: 82\r\n\r\n{\"model\":\"llama\",\"stream\":true,\"max_tokens\":16,\"messages\":[{\"content\":\"hello\"}]}  ";
 

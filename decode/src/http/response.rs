@@ -2,14 +2,16 @@
 //! Content-Length / until-close framing, server-sent token streams and
 //! non-streaming JSON completions.
 
-use super::chunked::ChunkedDecoder;
-use super::counts::{Timings, Usage};
-use super::head::{HeadBuf, HeadProgress, MAX_HEADERS, ParseResult, map_httparse_err};
-use super::sse::{RawEvent, SseFramer};
-use super::template::TokenTemplate;
 use super::{
-    Chunk, Limits, MAX_NAME_BYTES, ParseError, collect_body, contains_ignore_case, json,
-    parse_content_length, truncated_str, wipe,
+    Chunk, Limits, MAX_NAME_BYTES, ParseError,
+    chunked::ChunkedDecoder,
+    collect_body, contains_ignore_case,
+    counts::{Timings, Usage},
+    head::{HeadBuf, HeadProgress, MAX_HEADERS, ParseResult, map_httparse_err},
+    json, parse_content_length,
+    sse::{RawEvent, SseFramer},
+    template::TokenTemplate,
+    truncated_str, wipe,
 };
 
 /// What the response side of a connection reports, in stream order.
@@ -612,8 +614,10 @@ fn sse_event(raw: RawEvent<'_>, ts_ns: u64, id_reported: &mut bool) -> SseEvent 
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{XorShift, chunk};
-    use super::*;
+    use super::{
+        super::testutil::{XorShift, chunk},
+        *,
+    };
 
     const SSE_HEAD: &[u8] = b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5, max=100\r\nContent-Type: text/event-stream\r\nServer: llama.cpp\r\nTransfer-Encoding: chunked\r\n\r\n";
     const EV_ROLE: &str = r#"{"choices":[{"finish_reason":null,"index":0,"delta":{"role":"assistant","content":null}}],"created":1,"id":"chatcmpl-XYZ","model":"m","object":"chat.completion.chunk"}"#;

@@ -1,14 +1,16 @@
 //! Both directions of one HTTP/2 connection: each direction's framer and HPACK decoder, and the
 //! streams they share, summarised as they end.
 
+use inferscope_model::{Counter, Stats};
 use rustc_hash::FxHashMap;
 
-use super::frame::{BlockLoss, Frame, FrameDecoder};
-use super::hpack::{self, Field};
-use super::stream::{EndedBy, Fields, NamesACall, Piece, Stream, StreamMessage, StreamSummary};
-use super::{Limits, Side, Start};
+use super::{
+    Limits, Side, Start,
+    frame::{BlockLoss, Frame, FrameDecoder},
+    hpack::{self, Field},
+    stream::{EndedBy, Fields, NamesACall, Piece, Stream, StreamMessage, StreamSummary},
+};
 use crate::http::Chunk;
-use inferscope_model::{Counter, Stats};
 
 /// One HTTP/2 connection seen from the server's socket.
 #[derive(Debug)]

@@ -35,11 +35,11 @@ pub mod kind {
 }
 
 mod flag {
-    pub const END_STREAM: u8 = 0x1;
-    pub const ACK: u8 = 0x1;
-    pub const END_HEADERS: u8 = 0x4;
-    pub const PADDED: u8 = 0x8;
-    pub const PRIORITY: u8 = 0x20;
+    pub(super) const END_STREAM: u8 = 0x1;
+    pub(super) const ACK: u8 = 0x1;
+    pub(super) const END_HEADERS: u8 = 0x4;
+    pub(super) const PADDED: u8 = 0x8;
+    pub(super) const PRIORITY: u8 = 0x20;
 }
 
 const SETTINGS_HEADER_TABLE_SIZE: u16 = 0x1;

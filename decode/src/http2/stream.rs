@@ -2,8 +2,10 @@
 //! messages each way, how it ended. Only sizes, counts, timestamps and a few short header values
 //! are kept.
 
-use super::grpc::{Message, MessageReader};
-use super::{Side, Value};
+use super::{
+    Side, Value,
+    grpc::{Message, MessageReader},
+};
 
 /// Messages one way of a stream.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -31,7 +33,7 @@ pub struct Messages {
 
 /// Gaps kept per stream and direction: up to 64 KiB each, allocated as a stream grows (a
 /// connection's 256 streams could otherwise hold far more than one HTTP/1 request does).
-pub const MAX_GAPS: usize = 16 * 1024;
+pub(super) const MAX_GAPS: usize = 16 * 1024;
 
 impl Messages {
     /// One more message that ended.
@@ -135,11 +137,11 @@ pub struct StreamHead {
 
 /// Whether a message head, from `side` of a paired stream with this `:path`, names a call (see
 /// [`MessageReader::resync`]).
-pub type NamesACall = fn(&str, Side, &[u8]) -> bool;
+pub(super) type NamesACall = fn(&str, Side, &[u8]) -> bool;
 
 /// Bytes of one DATA frame's payload from one syscall.
 #[derive(Debug, Clone, Copy)]
-pub struct Piece<'a> {
+pub(super) struct Piece<'a> {
     pub bytes: &'a [u8],
     pub ts_ns: u64,
     /// Where they begin in their direction's bytes, if known.
@@ -169,7 +171,7 @@ pub enum MessageId {
 
 /// Header fields an inference record uses, as one block gave them.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Fields {
+pub(super) struct Fields {
     pub method: Value<String>,
     pub path: Value<String>,
     pub content_type: Value<String>,
@@ -183,7 +185,7 @@ pub struct Fields {
 
 impl Fields {
     /// Every field unknown: the block could not be decoded.
-    pub fn all_unknown() -> Self {
+    pub(super) fn all_unknown() -> Self {
         Self {
             method: Value::Unknown,
             path: Value::Unknown,
@@ -197,7 +199,7 @@ impl Fields {
     }
 
     /// One decoded field; `None` for a name never seen.
-    pub fn add(&mut self, name: Option<&[u8]>, value: Option<&[u8]>) {
+    pub(super) fn add(&mut self, name: Option<&[u8]>, value: Option<&[u8]>) {
         use crate::http::{MAX_FIELD_BYTES, truncated_string};
         let Some(name) = name else {
             self.unknown += 1;
@@ -228,7 +230,7 @@ impl Fields {
 
     /// After the block: a field not found is unknown, not absent, when a field of unknown name
     /// might have been it.
-    pub fn finish(&mut self) {
+    pub(super) fn finish(&mut self) {
         if self.unknown == 0 {
             return;
         }
@@ -247,14 +249,14 @@ impl Fields {
 
     /// Whether the block surely opens a request: a `:method` or `:path` we could read. Only
     /// that evidence makes a block on a used stream id a new request.
-    pub fn names_a_request(&self) -> bool {
+    pub(super) fn names_a_request(&self) -> bool {
         matches!(self.method, Value::Known(_)) || matches!(self.path, Value::Known(_))
     }
 }
 
 /// A stream being followed.
 #[derive(Debug)]
-pub struct Stream {
+pub(super) struct Stream {
     pub summary: StreamSummary,
     pub request_reader: MessageReader,
     pub response_reader: MessageReader,
@@ -268,7 +270,7 @@ pub struct Stream {
 }
 
 impl Stream {
-    pub fn open(stream_id: u32, fields: Fields, end_stream: bool, ts_ns: u64) -> Self {
+    pub(super) fn open(stream_id: u32, fields: Fields, end_stream: bool, ts_ns: u64) -> Self {
         let grpc = match &fields.content_type {
             Value::Known(ct) => ct.starts_with("application/grpc"),
             Value::Absent | Value::Unknown => true,
@@ -310,7 +312,7 @@ impl Stream {
     /// Reads top-level field `number` of the request's first message as it passes: the request
     /// id an engine's gRPC method carries (however far into the message: token ids or text may
     /// come first).
-    pub fn scan_request_id(&mut self, number: u32) {
+    pub(super) fn scan_request_id(&mut self, number: u32) {
         if self.grpc {
             self.request_reader.scan_first(number, MAX_ID_BYTES);
         }
@@ -318,7 +320,7 @@ impl Stream {
 
     /// From now on, each message (both ways) is handed over as it ends, with its head: the
     /// stream carries one call per request message.
-    pub fn pair_messages(&mut self) {
+    pub(super) fn pair_messages(&mut self) {
         if !self.grpc {
             return;
         }
@@ -329,7 +331,7 @@ impl Stream {
     }
 
     /// A server header block: the response head, an informational head, or trailers.
-    pub fn server_headers(&mut self, fields: Fields, end_stream: bool, ts_ns: u64) {
+    pub(super) fn server_headers(&mut self, fields: Fields, end_stream: bool, ts_ns: u64) {
         let s = &mut self.summary;
         let informational = matches!(fields.status, Value::Known(100..=199));
         if s.response_ts_ns.is_none() && !informational {
@@ -356,7 +358,7 @@ impl Stream {
     /// DATA bytes from `side` (see [`Piece`]). Messages of a paired stream go to `paired` as
     /// they end; `names_a_call` lets such a stream whose message boundaries were lost take up
     /// again at a DATA frame that begins a call's message. Whether it did.
-    pub fn data(
+    pub(super) fn data(
         &mut self,
         side: Side,
         piece: Piece<'_>,
@@ -397,7 +399,13 @@ impl Stream {
         resynced
     }
 
-    pub fn data_lost(&mut self, side: Side, len: u64, ts_ns: u64, paired: &mut Vec<StreamMessage>) {
+    pub(super) fn data_lost(
+        &mut self,
+        side: Side,
+        len: u64,
+        ts_ns: u64,
+        paired: &mut Vec<StreamMessage>,
+    ) {
         let grpc = self.grpc;
         let pair = self.summary.paired;
         let mut ended = Vec::new();
@@ -438,14 +446,14 @@ impl Stream {
     }
 
     /// The connection's framing was lost on `side`: this stream's data is no longer followed.
-    pub fn abandon(&mut self, side: Side) {
+    pub(super) fn abandon(&mut self, side: Side) {
         let (reader, msgs) = self.side(side);
         reader.abandon();
         msgs.framing_lost = true;
         msgs.data_lost = true;
     }
 
-    pub fn end(&mut self, side: Side, ts_ns: u64) {
+    pub(super) fn end(&mut self, side: Side, ts_ns: u64) {
         match side {
             Side::Client => {
                 self.request_ended = true;
@@ -462,16 +470,16 @@ impl Stream {
     }
 
     /// The exchange is over once the server ended its side: the server has answered.
-    pub fn done(&self) -> bool {
+    pub(super) fn done(&self) -> bool {
         self.response_ended
     }
 
     /// Whether the stream carried gRPC messages whose boundaries were lost.
-    pub fn grpc_framing_lost(&self) -> bool {
+    pub(super) fn grpc_framing_lost(&self) -> bool {
         self.grpc && (self.summary.request.framing_lost || self.summary.response.framing_lost)
     }
 
-    pub fn finish(mut self, ended_by: EndedBy, ts_ns: u64) -> StreamSummary {
+    pub(super) fn finish(mut self, ended_by: EndedBy, ts_ns: u64) -> StreamSummary {
         self.summary.ended_by = ended_by;
         self.summary.end_ts_ns = ts_ns;
         self.summary.request_id = match self.request_reader.first_field() {

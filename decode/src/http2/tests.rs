@@ -1,11 +1,10 @@
 //! A connection's streams from wire bytes: gRPC exchanges split at every byte, interleaved
 //! streams, mid-connection attach, losses, hostile frames.
 
-use super::frame::kind;
-use super::testwire::*;
-use super::*;
-use crate::http::Chunk;
 use inferscope_model::{Counter, Stats};
+
+use super::{frame::kind, testwire::*, *};
+use crate::http::Chunk;
 
 struct Exchange {
     client: Vec<u8>,
@@ -820,11 +819,11 @@ fn random_and_mutated_input_never_panics() {
         for (side, base) in [(Side::Client, &ex.client), (Side::Server, &ex.server)] {
             let mut bytes = base.clone();
             if round % 3 == 0 {
-                bytes = (0..rng.below(600)).map(|_| rng.next() as u8).collect();
+                bytes = (0..rng.below(600)).map(|_| rng.next_u64() as u8).collect();
             } else {
                 for _ in 0..rng.below(6) {
                     let i = rng.below(bytes.len() as u64) as usize;
-                    bytes[i] = rng.next() as u8;
+                    bytes[i] = rng.next_u64() as u8;
                 }
             }
             let mut rest = &bytes[..];

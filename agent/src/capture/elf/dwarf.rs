@@ -28,7 +28,7 @@ const MAX_SCOPE_DEPTH: usize = 64;
 const MAX_UNIT_NAME: usize = 4096;
 
 #[derive(Debug, thiserror::Error)]
-pub enum DwarfError {
+pub(crate) enum DwarfError {
     #[error("cannot open {path}: {source}")]
     Open {
         path: String,
@@ -103,7 +103,7 @@ pub enum DwarfError {
 /// a constant (logged). With `unit_hint`, only compilation units whose DW_AT_name contains the hint
 /// are walked (type units, having no name, then never are). A file without DWARF, or with its
 /// DWARF split off into a separate file, gives all `None`.
-pub fn member_offsets(
+pub(crate) fn member_offsets(
     path: &Path,
     wanted: &[(&str, &str)],
     unit_hint: Option<&str>,

@@ -2,8 +2,8 @@
 //! function symbols by demangled name ([`symbols`]), struct member offsets from DWARF
 //! ([`dwarf`]), the engines' scheduler hooks ([`sched_hooks`]), user-defined probes from a spec
 //! file ([`user_probes`]), and OpenSSL's read and write functions for HTTPS ([`tls`]).
-pub mod dwarf;
-pub mod sched_hooks;
+pub(crate) mod dwarf;
+pub(crate) mod sched_hooks;
 pub mod symbols;
-pub mod tls;
+pub(crate) mod tls;
 pub mod user_probes;

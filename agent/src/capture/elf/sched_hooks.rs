@@ -8,7 +8,11 @@ use std::path::{Path, PathBuf};
 use rustc_hash::FxHashMap;
 use tracing::{debug, info, warn};
 
-use crate::capture::{SocketProbes, elf::dwarf, process::procfs, elf::symbols::ElfSymbols};
+use crate::capture::{
+    SocketProbes,
+    elf::{dwarf, symbols::ElfSymbols},
+    process::procfs,
+};
 
 /// What one attach pass did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -64,7 +68,7 @@ pub struct HookSet {
 /// Attaches the hooks in `set` (an engine's) to `tgid`: all of them (`only` None), or those listed, which
 /// a retry does quietly (nothing is logged for what is still missing). Per-token hooks only with
 /// `token_hooks`.
-pub fn attach(
+pub(crate) fn attach(
     probes: &mut SocketProbes,
     tgid: u32,
     set: Option<HookSet>,
@@ -168,7 +172,7 @@ pub fn attach(
 /// Where an engine's hooks would go in one process, without attaching anything (`inferscope
 /// check`): the engine objects it maps, and for each hook whether its function resolves there.
 #[derive(Debug, Clone, Default)]
-pub struct HookResolution {
+pub(crate) struct HookResolution {
     /// Engine objects mapped by the process, as it maps them.
     pub objects: Vec<String>,
     /// Each hook the agent would attach (per-token ones only with `token_hooks`), resolved or not.
@@ -178,7 +182,7 @@ pub struct HookResolution {
 }
 
 /// Resolves the hooks in `set` in process `tgid` as [`attach`] would, attaching nothing.
-pub fn resolve(tgid: u32, set: HookSet, token_hooks: bool) -> HookResolution {
+pub(crate) fn resolve(tgid: u32, set: HookSet, token_hooks: bool) -> HookResolution {
     let objects = engine_objects(tgid, set.objects);
     let mut resolution = HookResolution::default();
     let mut tables = Vec::new();

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use inferscope_common::TlsApi;
 use tracing::{info, warn};
 
-use crate::capture::{SocketProbes, process::procfs, elf::symbols::ElfSymbols};
+use crate::capture::{SocketProbes, elf::symbols::ElfSymbols, process::procfs};
 
 /// The entry and return programs; the attach cookie names the function ([`TlsApi`]).
 const PROGRAMS: (&str, &str) = ("tls_call", "tls_return");
@@ -25,14 +25,14 @@ const PROGRAMS: (&str, &str) = ("tls_call", "tls_return");
 const OBJECT_HINTS: &[&str] = &["ssl", "crypto", "python"];
 
 /// Whether a mapped file could hold the TLS functions.
-pub fn could_hold(path: &str) -> bool {
+pub(crate) fn could_hold(path: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or(path).to_ascii_lowercase();
     OBJECT_HINTS.iter().any(|hint| name.contains(hint))
 }
 
 /// What [`attach`] probed.
 #[derive(Debug, Default)]
-pub struct Attached {
+pub(crate) struct Attached {
     /// Probes attached (entry and return pairs).
     pub live: usize,
     /// The objects that got them (paths in the process's mount namespace).
@@ -43,7 +43,7 @@ pub struct Attached {
 /// that defines them, save the objects in `probed` (a copy already probed): a process may map
 /// another copy of OpenSSL later (a wheel that bundles its own, imported after start-up), and is
 /// looked at again when its mapped files change.
-pub fn attach(probes: &mut SocketProbes, tgid: u32, probed: &[String]) -> Attached {
+pub(crate) fn attach(probes: &mut SocketProbes, tgid: u32, probed: &[String]) -> Attached {
     let mut outcome = Attached::default();
     let exe = std::fs::read_link(format!("/proc/{tgid}/exe"))
         .ok()

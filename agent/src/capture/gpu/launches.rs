@@ -10,14 +10,18 @@ use inferscope_common::{
 };
 use tracing::{debug, info, warn};
 
-use crate::capture::{SocketProbes, process::procfs, elf::sched_hooks::HookOutcome, elf::symbols::ElfSymbols};
+use crate::capture::{
+    SocketProbes,
+    elf::{sched_hooks::HookOutcome, symbols::ElfSymbols},
+    process::procfs,
+};
 
 /// Mapped files that may hold the hooked functions (by file-name substring).
-pub const OBJECTS: &[&str] = &["libcuda.so", "libcudart.so"];
+pub(crate) const OBJECTS: &[&str] = &["libcuda.so", "libcudart.so"];
 
 /// One hooked entry point: the kernel program and whether it is a return probe.
 #[derive(Debug, Clone, Copy)]
-pub struct GpuHook {
+pub(crate) struct GpuHook {
     pub api: GpuApi,
     pub program: &'static str,
 }
@@ -25,7 +29,7 @@ pub struct GpuHook {
 /// Every hook, in attach order; late attach names them by index. Naming calls have an entry
 /// and a return probe. `_ptds` forms exist only for copies and memsets, not for launches, so
 /// the per-thread default stream forms hooked are the `_ptsz` ones.
-pub const HOOKS: &[GpuHook] = &[
+pub(crate) const HOOKS: &[GpuHook] = &[
     hook(GpuApi::CuModuleGetFunction, "cuda_name_call"),
     hook(GpuApi::CuModuleGetFunction, "cuda_name_return"),
     hook(GpuApi::CuLibraryGetKernel, "cuda_name_call"),
@@ -55,7 +59,7 @@ const fn hook(api: GpuApi, program: &'static str) -> GpuHook {
 }
 
 /// The launch probes' programs (not the naming ones): what the launch budget pauses.
-pub const LAUNCH_PROGRAMS: &[&str] = &[
+pub(crate) const LAUNCH_PROGRAMS: &[&str] = &[
     "cuda_launch",
     "cuda_launch_ex",
     "cuda_graph_launch",
@@ -63,7 +67,7 @@ pub const LAUNCH_PROGRAMS: &[&str] = &[
 ];
 
 /// Indices (in [`HOOKS`]) of the launch probes.
-pub fn launch_hooks() -> Vec<usize> {
+pub(crate) fn launch_hooks() -> Vec<usize> {
     HOOKS
         .iter()
         .enumerate()
@@ -74,38 +78,38 @@ pub fn launch_hooks() -> Vec<usize> {
 
 /// What one launch costs the launching thread (the uprobe trap), as measured on the project's
 /// CI VM (BENCHMARKS.md §18; bare metal is faster): the launch budget's unit.
-pub const TRAP_COST_NS: u64 = 5_000;
+pub(crate) const TRAP_COST_NS: u64 = 5_000;
 /// How long a process over its launch budget goes without launch probes before they are
 /// tried again.
-pub const BUDGET_PAUSE: std::time::Duration = std::time::Duration::from_secs(30);
+pub(crate) const BUDGET_PAUSE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The launch budget: a process whose launches cost its threads more than `percent` of a
 /// second per second (at [`TRAP_COST_NS`] a launch) has its launch probes detached for
 /// [`BUDGET_PAUSE`], then attached again, so an eager engine is slowed by at most about that
 /// share (plus the second it took to notice).
 #[derive(Default)]
-pub struct LaunchBudget {
+pub(crate) struct LaunchBudget {
     percent: f64,
     /// Per process: launches since the last check, and until when its probes are paused.
     processes: rustc_hash::FxHashMap<u32, (u64, Option<std::time::Instant>)>,
 }
 
 impl LaunchBudget {
-    pub fn new(percent: f64) -> Self {
+    pub(crate) fn new(percent: f64) -> Self {
         Self {
             percent,
             processes: rustc_hash::FxHashMap::default(),
         }
     }
 
-    pub fn count(&mut self, tgid: u32, launches: u64) {
+    pub(crate) fn count(&mut self, tgid: u32, launches: u64) {
         if self.percent > 0.0 {
             self.processes.entry(tgid).or_default().0 += launches;
         }
     }
 
     /// Called about once per `elapsed`: (processes to pause now, processes to resume now).
-    pub fn check(
+    pub(crate) fn check(
         &mut self,
         elapsed: std::time::Duration,
         now: std::time::Instant,
@@ -130,7 +134,7 @@ impl LaunchBudget {
         (pause, resume)
     }
 
-    pub fn forget(&mut self, tgid: u32) {
+    pub(crate) fn forget(&mut self, tgid: u32) {
         self.processes.remove(&tgid);
     }
 }
@@ -142,7 +146,7 @@ impl inferscope_model::PerProcess for LaunchBudget {
 }
 
 /// Whether a mapped file could hold a GPU hook.
-pub fn could_hold(path: &str) -> bool {
+pub(crate) fn could_hold(path: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or(path);
     OBJECTS.iter().any(|o| name.contains(o))
 }
@@ -151,7 +155,7 @@ pub fn could_hold(path: &str) -> bool {
 /// CUDA library has are returned as not found: a process that has not loaded CUDA yet has
 /// none, and a driver without `_ptsz` or cooperative forms lacks those for good (both are
 /// tried again when the process maps a new CUDA library).
-pub fn attach(probes: &mut SocketProbes, tgid: u32, only: Option<&[usize]>) -> HookOutcome {
+pub(crate) fn attach(probes: &mut SocketProbes, tgid: u32, only: Option<&[usize]>) -> HookOutcome {
     let mut outcome = HookOutcome::default();
     let objects: Vec<(String, PathBuf)> = procfs::mapped_files(tgid)
         .into_iter()
@@ -212,7 +216,7 @@ pub fn attach(probes: &mut SocketProbes, tgid: u32, only: Option<&[usize]>) -> H
 /// file mapped at the stub's address: the stub carries the kernel's (mangled) name. Symbol
 /// tables are read once per file and kept (a bounded number of files).
 #[derive(Default)]
-pub struct StubNames {
+pub(crate) struct StubNames {
     tables: rustc_hash::FxHashMap<PathBuf, Option<ElfSymbols>>,
 }
 
@@ -220,7 +224,7 @@ pub struct StubNames {
 const STUB_TABLES: usize = 32;
 
 impl StubNames {
-    pub fn name(&mut self, tgid: u32, address: u64) -> Option<String> {
+    pub(crate) fn name(&mut self, tgid: u32, address: u64) -> Option<String> {
         let (path, file_offset) = procfs::mapping_of(tgid, address)?;
         let readable = PathBuf::from(format!("/proc/{tgid}/root{path}"));
         if !self.tables.contains_key(&readable) && self.tables.len() >= STUB_TABLES {

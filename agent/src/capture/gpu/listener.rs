@@ -9,7 +9,7 @@ use std::{
         io::AsRawFd,
         net::{UnixListener, UnixStream},
     },
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -18,14 +18,13 @@ use std::{
     time::Duration,
 };
 
-use inferscope_model::Counter;
-
 use inferscope_decode::shim::{FrameDecoder, FrameError};
+use inferscope_model::Counter;
 
 use super::record::{KernelRecord, MemcpyRecord};
 
 #[derive(Debug, Clone)]
-pub struct ListenerConfig {
+pub(crate) struct ListenerConfig {
     pub path: PathBuf,
     /// Socket file mode: 0o600 (same user only) or 0o660 (plus the socket's group).
     pub mode: u32,
@@ -41,7 +40,7 @@ pub struct ListenerConfig {
 }
 
 impl ListenerConfig {
-    pub fn new(path: impl Into<PathBuf>) -> Self {
+    pub(crate) fn new(path: impl Into<PathBuf>) -> Self {
         ListenerConfig {
             path: path.into(),
             mode: 0o600,
@@ -55,7 +54,7 @@ impl ListenerConfig {
 
 /// What a shim said about itself when it connected.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct ShimInfo {
+pub(crate) struct ShimInfo {
     pub pid: u32,
     pub claimed_pid: u32,
     pub shim_version: String,
@@ -95,13 +94,13 @@ struct Shared {
     config: ListenerConfig,
 }
 
-pub struct ShimListener {
+pub(crate) struct ShimListener {
     shared: Arc<Shared>,
     accept: Option<JoinHandle<()>>,
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum ListenerError {
+pub(crate) enum ListenerError {
     #[error("creating the socket directory {0}: {1} (run as root or pick another --socket)")]
     Dir(PathBuf, std::io::Error),
     #[error("the shim socket: {0}")]
@@ -117,7 +116,7 @@ pub enum ListenerError {
 const POLL: Duration = Duration::from_millis(20);
 
 impl ShimListener {
-    pub fn bind(config: ListenerConfig) -> Result<Self, ListenerError> {
+    pub(crate) fn bind(config: ListenerConfig) -> Result<Self, ListenerError> {
         let path = config.path.clone();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| ListenerError::Dir(dir.into(), e))?;
@@ -153,25 +152,21 @@ impl ShimListener {
         })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.shared.config.path
-    }
-
     /// Moves every queued kernel record into `out`; never blocks on a reader.
-    pub fn drain(&self, out: &mut Vec<KernelRecord>) {
+    pub(crate) fn drain(&self, out: &mut Vec<KernelRecord>) {
         if let Ok(mut q) = self.shared.kernels.lock() {
             out.extend(q.drain(..));
         }
     }
 
-    pub fn drain_memcpys(&self, out: &mut Vec<MemcpyRecord>) {
+    pub(crate) fn drain_memcpys(&self, out: &mut Vec<MemcpyRecord>) {
         if let Ok(mut q) = self.shared.memcpys.lock() {
             out.extend(q.drain(..));
         }
     }
 
     /// Shims that have connected so far (bounded by `max_connections` entries kept).
-    pub fn shims(&self) -> Vec<ShimInfo> {
+    pub(crate) fn shims(&self) -> Vec<ShimInfo> {
         self.shared
             .shims
             .lock()
@@ -179,7 +174,7 @@ impl ShimListener {
             .unwrap_or_default()
     }
 
-    pub fn counters(&self) -> Vec<(Counter, u64)> {
+    pub(crate) fn counters(&self) -> Vec<(Counter, u64)> {
         let c = &self.shared.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         vec![
@@ -412,10 +407,12 @@ fn accept_batch(shared: &Shared, pid: u32, batch: inferscope_proto::v1::shim::Ke
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::io::Write;
+
     use inferscope_proto::v1::shim::{Hello, Kernel, KernelBatch};
     use prost::Message;
-    use std::io::Write;
+
+    use super::*;
 
     fn wait_for(l: &ShimListener, n: usize) -> Vec<KernelRecord> {
         let mut out = Vec::new();

@@ -7,16 +7,15 @@
 //!   restart): host-side launches and the kernel names the driver hands out.
 //! - [`NvmlSampler`]: samples every GPU on an interval (utilisation, memory, clocks, power,
 //!   throttle reasons, GPM tensor/DRAM/occupancy on Hopper+) and flags outlier cards.
-pub mod launches;
+pub(crate) mod launches;
 mod listener;
 mod nvml;
 mod outliers;
 mod record;
 
-pub use listener::{ListenerConfig, ListenerError, ShimInfo, ShimListener};
-pub use nvml::{GpuSample, NvmlSampler, NvmlUnavailable};
-pub use outliers::flag_outliers;
-pub use record::{KernelRecord, MemcpyRecord};
+pub(crate) use listener::{ListenerConfig, ListenerError, ShimListener};
+pub(crate) use nvml::{GpuSample, NvmlSampler};
+pub(crate) use record::KernelRecord;
 
 /// Where the shim connects unless `INFERSCOPE_SHIM_SOCKET` says otherwise.
-pub const DEFAULT_SHIM_SOCKET: &str = "/run/inferscope/shim.sock";
+pub(crate) const DEFAULT_SHIM_SOCKET: &str = "/run/inferscope/shim.sock";

@@ -23,7 +23,7 @@ use serde::Serialize;
 use super::outliers::flag_outliers;
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
-pub struct GpuSample {
+pub(crate) struct GpuSample {
     pub index: u32,
     pub uuid: String,
     pub name: String,
@@ -52,9 +52,9 @@ pub struct GpuSample {
     "NVML is not available ({0}); GPU utilisation, memory, clocks, power and GPM metrics are not \
      sampled. Install the NVIDIA driver (libnvidia-ml.so.1) to get them; everything else runs."
 )]
-pub struct NvmlUnavailable(String);
+pub(crate) struct NvmlUnavailable(String);
 
-pub struct NvmlSampler {
+pub(crate) struct NvmlSampler {
     latest: Arc<Mutex<Vec<GpuSample>>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -62,7 +62,7 @@ pub struct NvmlSampler {
 }
 
 impl NvmlSampler {
-    pub fn start(interval: Duration) -> Result<Self, NvmlUnavailable> {
+    pub(crate) fn start(interval: Duration) -> Result<Self, NvmlUnavailable> {
         let nvml = Nvml::init().map_err(|e| NvmlUnavailable(e.to_string()))?;
         let gpus = nvml
             .device_count()
@@ -83,7 +83,7 @@ impl NvmlSampler {
     }
 
     /// The most recent sample of every GPU (empty until the first interval has run).
-    pub fn latest(&self) -> Vec<GpuSample> {
+    pub(crate) fn latest(&self) -> Vec<GpuSample> {
         self.latest.lock().map(|v| v.clone()).unwrap_or_default()
     }
 }
@@ -188,7 +188,7 @@ fn basic_sample(index: u32, dev: &Device<'_>) -> GpuSample {
 }
 
 /// Sets `outliers` on each sample from the peer comparison of every numeric metric.
-pub fn mark_outliers(samples: &mut [GpuSample]) {
+pub(super) fn mark_outliers(samples: &mut [GpuSample]) {
     type Get = fn(&GpuSample) -> Option<f64>;
     let metrics: [(&str, Get); 7] = [
         ("gpu_util_pct", |s| s.gpu_util_pct.map(f64::from)),

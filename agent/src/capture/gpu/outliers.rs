@@ -18,7 +18,7 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 /// For each value (None = not measured on that GPU), whether it is an outlier among the measured.
-pub fn flag_outliers(values: &[Option<f64>]) -> Vec<bool> {
+pub(crate) fn flag_outliers(values: &[Option<f64>]) -> Vec<bool> {
     let mut present: Vec<f64> = values.iter().flatten().copied().collect();
     if present.len() < 3 {
         return vec![false; values.len()];

@@ -4,7 +4,7 @@ use inferscope_proto::v1::shim::{Kernel, Memcpy};
 use serde::Serialize;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct KernelRecord {
+pub(crate) struct KernelRecord {
     /// Process that launched the kernel (from the socket's peer credentials).
     pub pid: u32,
     pub name: String,
@@ -28,7 +28,7 @@ pub struct KernelRecord {
 }
 
 impl KernelRecord {
-    pub fn from_proto(pid: u32, k: Kernel) -> Self {
+    pub(crate) fn from_proto(pid: u32, k: Kernel) -> Self {
         KernelRecord {
             pid,
             name: k.name,
@@ -50,14 +50,10 @@ impl KernelRecord {
             tensor_core: k.tensor_core,
         }
     }
-
-    pub fn duration_ns(&self) -> u64 {
-        self.end_mono_ns.saturating_sub(self.start_mono_ns)
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct MemcpyRecord {
+pub(crate) struct MemcpyRecord {
     pub pid: u32,
     pub device_id: u32,
     pub stream_id: u32,
@@ -69,7 +65,7 @@ pub struct MemcpyRecord {
 }
 
 impl MemcpyRecord {
-    pub fn from_proto(pid: u32, m: Memcpy) -> Self {
+    pub(crate) fn from_proto(pid: u32, m: Memcpy) -> Self {
         MemcpyRecord {
             pid,
             device_id: m.device_id,

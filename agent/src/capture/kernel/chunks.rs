@@ -4,23 +4,22 @@
 //! and chunk records, all from the same thread, in order. Records of other threads may come in
 //! between; a chunk lost to a full ring buffer leaves a gap, and what was joined so far goes on
 //! as a truncated event (counted), never as bytes in the wrong place.
-use inferscope_model::Counter;
+use inferscope_model::{Counter, Stats};
 use rustc_hash::FxHashMap;
 
 use crate::capture::kernel::records::SyscallEvent;
-use inferscope_model::Stats;
 
 /// Syscalls being joined at once (one per thread); beyond this the oldest goes on as is.
 const MAX_PENDING: usize = 256;
 
 /// A joined syscall: its event (payload empty) and its bytes.
-pub struct Joined {
+pub(crate) struct Joined {
     pub event: SyscallEvent<'static>,
     pub payload: Vec<u8>,
 }
 
 impl Joined {
-    pub fn event(&self) -> SyscallEvent<'_> {
+    pub(crate) fn event(&self) -> SyscallEvent<'_> {
         let mut ev = self.event;
         ev.payload = &self.payload;
         ev.truncated = (self.payload.len() as i64) < ev.ret;
@@ -29,7 +28,7 @@ impl Joined {
 }
 
 #[derive(Default)]
-pub struct Chunks {
+pub(crate) struct Chunks {
     pending: FxHashMap<u32, (u64, Joined)>,
     arrivals: u64,
     pub stats: Stats,
@@ -51,7 +50,7 @@ impl Chunks {
     /// Takes one syscall record. A plain record comes back to be handled as is; joined
     /// syscalls that are complete (or cut short) are pushed to `done` and come first, since
     /// they happened before it.
-    pub fn push<'a>(
+    pub(crate) fn push<'a>(
         &mut self,
         ev: SyscallEvent<'a>,
         done: &mut Vec<Joined>,

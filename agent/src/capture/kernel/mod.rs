@@ -3,9 +3,9 @@
 //! receives rejoined from their chunks in [`chunks`]), the tracepoint layouts this kernel uses
 //! ([`tracefs`]), the token-event template the exit program compares ([`stream_template`]), and
 //! what the agent's capabilities allow on this kernel ([`privileges`]).
-pub mod chunks;
-pub mod privileges;
-pub mod probes;
+pub(crate) mod chunks;
+pub(crate) mod privileges;
+pub(crate) mod probes;
 pub mod records;
-pub mod stream_template;
-pub mod tracefs;
+pub(crate) mod stream_template;
+pub(crate) mod tracefs;

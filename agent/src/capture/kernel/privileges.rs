@@ -16,7 +16,7 @@ use std::fmt;
 
 /// A Linux capability the agent may use, by its number in `linux/capability.h`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Capability {
+pub(crate) enum Capability {
     DacReadSearch = 2,
     SysPtrace = 19,
     SysAdmin = 21,
@@ -27,7 +27,7 @@ pub enum Capability {
 
 impl Capability {
     /// The name as Kubernetes' `capabilities.add` and podman's `--cap-add` spell it.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Capability::DacReadSearch => "DAC_READ_SEARCH",
             Capability::SysPtrace => "SYS_PTRACE",
@@ -51,7 +51,7 @@ impl fmt::Display for Capability {
 
 /// One feature of the agent and the capability it needs.
 #[derive(Debug, Clone, Copy)]
-pub struct Requirement {
+pub(crate) struct Requirement {
     pub feature: &'static str,
     pub capability: Capability,
     /// Kernels before this (major, minor) need it; `None`: every kernel.
@@ -59,7 +59,7 @@ pub struct Requirement {
 }
 
 /// Every capability the agent uses, once (deploy/base/daemonset.yaml adds exactly these).
-pub const REQUIREMENTS: &[Requirement] = &[
+pub(crate) const REQUIREMENTS: &[Requirement] = &[
     Requirement {
         feature: "eBPF programs, maps and the ring buffer (all capture)",
         capability: Capability::Bpf,
@@ -94,7 +94,7 @@ pub const REQUIREMENTS: &[Requirement] = &[
 
 /// The capabilities to grant instead of root, as error messages say them
 /// ("CAP_BPF + CAP_PERFMON + …"): every requirement of kernels the agent supports.
-pub fn capabilities_needed() -> String {
+pub(crate) fn capabilities_needed() -> String {
     REQUIREMENTS
         .iter()
         .filter(|r| r.before_kernel.is_none())
@@ -105,7 +105,7 @@ pub fn capabilities_needed() -> String {
 
 /// The effective capability set and the kernel settings that decide what the agent can do.
 #[derive(Debug, Clone, Default)]
-pub struct Privileges {
+pub(crate) struct Privileges {
     pub effective: u64,
     pub kernel: Option<(u32, u32)>,
     pub perf_event_paranoid: Option<i32>,
@@ -115,7 +115,7 @@ pub struct Privileges {
 
 impl Privileges {
     /// Reads /proc/self/status, the kernel release and the settings under /proc/sys and /sys.
-    pub fn read() -> Privileges {
+    pub(crate) fn read() -> Privileges {
         let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
         let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
         Privileges {
@@ -132,14 +132,14 @@ impl Privileges {
 
     /// Whether the agent holds `cap` or one the kernel accepts in its place (CAP_SYS_ADMIN
     /// stands for CAP_BPF and CAP_PERFMON, which kernels before 5.8 do not know).
-    pub fn has(&self, cap: Capability) -> bool {
+    pub(crate) fn has(&self, cap: Capability) -> bool {
         let admin = self.effective & Capability::SysAdmin.bit() != 0;
         self.effective & cap.bit() != 0
             || (admin && matches!(cap, Capability::Bpf | Capability::Perfmon))
     }
 
     /// The requirements this kernel has (whether met or not).
-    pub fn applicable(&self) -> impl Iterator<Item = &'static Requirement> + '_ {
+    pub(crate) fn applicable(&self) -> impl Iterator<Item = &'static Requirement> + '_ {
         REQUIREMENTS
             .iter()
             .filter(|r| match (r.before_kernel, self.kernel) {
@@ -149,14 +149,14 @@ impl Privileges {
     }
 
     /// The requirements this kernel has and the agent's capabilities do not meet.
-    pub fn missing(&self) -> Vec<&'static Requirement> {
+    pub(crate) fn missing(&self) -> Vec<&'static Requirement> {
         self.applicable()
             .filter(|r| !self.has(r.capability))
             .collect()
     }
 
     /// One line for the log: everything available, or what is missing and what adds it.
-    pub fn summary(&self) -> String {
+    pub(crate) fn summary(&self) -> String {
         let mut problems: Vec<String> = self
             .missing()
             .iter()

@@ -744,8 +744,9 @@ impl SocketProbes {
                     .is_some_and(|n| n.starts_with("libc.so"))
             })
             .ok_or("libc is not mapped in this process")?;
-        let symbols = crate::capture::elf::symbols::ElfSymbols::load(std::path::Path::new(&libc_path))
-            .map_err(|e| e.to_string())?;
+        let symbols =
+            crate::capture::elf::symbols::ElfSymbols::load(std::path::Path::new(&libc_path))
+                .map_err(|e| e.to_string())?;
         let offset = symbols
             .resolve("getpid")
             .first()

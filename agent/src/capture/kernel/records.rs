@@ -2,14 +2,13 @@
 //! layout mismatch must surface as a counted error, never as a panic or an out-of-bounds read.
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+/// The kind of a captured syscall, for callers outside the agent (fuzz targets, benchmarks).
+pub use inferscope_common::SyscallKind as Kind;
 use inferscope_common::{
     AdoptRecord, CompactWriteRecord, FLAG_CHUNK, FLAG_COPY_FAILED, FLAG_MORE, FLAG_TOKEN,
     FLAG_TRUNCATED, RecordType, SchedKind, SchedRecord, SegmentRecord, SockStateRecord,
     SyscallKind, SyscallRecord, USER_FLAG_READ_FAILED, UserProbeRecord,
 };
-
-/// The kind of a captured syscall, for callers outside the agent (fuzz targets, benchmarks).
-pub use inferscope_common::SyscallKind as Kind;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum RecordError {

@@ -4,7 +4,7 @@ use inferscope_common::{StreamTemplate, TEMPLATE_BYTES, TEMPLATE_WORDS};
 
 /// One side of a template (prefix or suffix): its bytes and which of them must match.
 #[derive(Debug, Clone, Copy)]
-pub struct TemplateSide<'a> {
+pub(crate) struct TemplateSide<'a> {
     pub bytes: &'a [u8],
     /// 0xff: must match; 0: free.
     pub mask: &'a [u8],
@@ -13,7 +13,7 @@ pub struct TemplateSide<'a> {
 /// The kernel's template for connection `conn_gen` (0 for a process's template, which the
 /// kernel copies per connection), or `None` when a side does not fit (or its mask does not
 /// cover it).
-pub fn kernel_template(
+pub(crate) fn kernel_template(
     conn_gen: u64,
     prefix: TemplateSide<'_>,
     suffix: TemplateSide<'_>,

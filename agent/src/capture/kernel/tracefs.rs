@@ -8,7 +8,7 @@
 const ROOTS: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum FormatError {
+pub(crate) enum FormatError {
     #[error(
         "cannot read the format of tracepoint {tracepoint} under {roots}: is tracefs mounted (mount -t tracefs nodev /sys/kernel/tracing)?",
         roots = ROOTS.join(" or ")
@@ -40,14 +40,14 @@ struct Field {
 
 /// A tracepoint's record layout.
 #[derive(Debug, Clone)]
-pub struct Format {
+pub(crate) struct Format {
     tracepoint: String,
     fields: Vec<Field>,
 }
 
 impl Format {
     /// Reads `events/{category}/{name}/format` from tracefs.
-    pub fn read(category: &str, name: &str) -> Result<Self, FormatError> {
+    pub(crate) fn read(category: &str, name: &str) -> Result<Self, FormatError> {
         let tracepoint = format!("{category}:{name}");
         ROOTS
             .iter()
@@ -60,7 +60,7 @@ impl Format {
 
     /// Parses a format file's text; lines that are not well-formed fields are skipped (they
     /// then show as missing fields).
-    pub fn parse(tracepoint: &str, text: &str) -> Self {
+    pub(crate) fn parse(tracepoint: &str, text: &str) -> Self {
         Self {
             tracepoint: tracepoint.to_owned(),
             fields: text.lines().filter_map(parse_field).collect(),
@@ -68,7 +68,7 @@ impl Format {
     }
 
     /// The offset of field `name`, which the program reads as `size` bytes.
-    pub fn offset(&self, name: &'static str, size: u32) -> Result<u32, FormatError> {
+    pub(crate) fn offset(&self, name: &'static str, size: u32) -> Result<u32, FormatError> {
         let field = self.fields.iter().find(|f| f.name == name).ok_or_else(|| {
             FormatError::MissingField {
                 tracepoint: self.tracepoint.clone(),
@@ -118,7 +118,7 @@ fn parse_field(line: &str) -> Option<Field> {
 
 /// tcp:tcp_probe's fields the `tcp_probe` program reads.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TcpProbeOffsets {
+pub(crate) struct TcpProbeOffsets {
     /// The remote address, a `sockaddr_in6`-sized buffer.
     pub daddr: u32,
     pub sport: u32,
@@ -131,7 +131,7 @@ pub struct TcpProbeOffsets {
 }
 
 impl TcpProbeOffsets {
-    pub fn from_format(format: &Format) -> Result<Self, FormatError> {
+    pub(crate) fn from_format(format: &Format) -> Result<Self, FormatError> {
         Ok(Self {
             daddr: format.offset("daddr", 28)?,
             sport: format.offset("sport", 2)?,
@@ -144,7 +144,7 @@ impl TcpProbeOffsets {
 
     /// The integer fields sit where the program can load them in place (see
     /// [`inferscope_common::tcp_probe_layout`]).
-    pub fn in_place(&self) -> bool {
+    pub(crate) fn in_place(&self) -> bool {
         use inferscope_common::tcp_probe_layout as l;
         (
             self.daddr,
@@ -159,7 +159,7 @@ impl TcpProbeOffsets {
 /// sock:inet_sock_set_state's skaddr, oldstate, newstate, sport and protocol offsets (the
 /// `sock_state` program reads them at these offsets), all or none. Kernels before 4.16 lack
 /// `protocol`.
-pub fn sock_state_offsets(format: &Format) -> Result<[u32; 5], FormatError> {
+pub(crate) fn sock_state_offsets(format: &Format) -> Result<[u32; 5], FormatError> {
     Ok([
         format.offset("skaddr", 8)?,
         format.offset("oldstate", 4)?,

@@ -10,7 +10,7 @@ use hyper::{StatusCode, body::Body, header};
 use hyper_util::rt::TokioIo;
 
 #[derive(Debug, thiserror::Error)]
-pub enum GetError {
+pub(crate) enum GetError {
     #[error("cannot connect: {0}")]
     Connect(std::io::Error),
     #[error("no complete answer within the scrape timeout")]
@@ -28,7 +28,7 @@ pub enum GetError {
 impl GetError {
     /// Counter name for this kind of failure.
     /// The agent counter this failure is counted in.
-    pub fn counter(&self) -> inferscope_model::Counter {
+    pub(crate) fn counter(&self) -> inferscope_model::Counter {
         use inferscope_model::Counter;
         match self {
             GetError::Connect(_) => Counter::MetricsScrapeErrorsConnect,
@@ -77,7 +77,7 @@ impl GetError {
 }
 
 /// GETs `path` from `addr`; returns the body of a 200 response of at most `max_body` bytes.
-pub async fn get(
+pub(crate) async fn get(
     addr: SocketAddr,
     path: &str,
     timeout: Duration,

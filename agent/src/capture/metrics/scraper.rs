@@ -12,13 +12,13 @@ use std::{
 };
 
 use bytes::Bytes;
+use inferscope_model::{Counter, clock::monotonic_now_ns, metric_names::MetricsEndpoint};
 use tracing::{info, warn};
 
 use super::http::{self, GetError};
-use inferscope_model::{Counter, clock::monotonic_now_ns, metric_names::MetricsEndpoint};
 
 #[derive(Debug, Clone, Copy)]
-pub struct ScrapeConfig {
+pub(crate) struct ScrapeConfig {
     pub interval: Duration,
     /// For the whole GET (connect, send, receive).
     pub timeout: Duration,
@@ -94,7 +94,7 @@ impl Counters {
 }
 
 /// Handle to the scraping thread; dropping it stops the thread.
-pub struct MetricsScraper {
+pub(crate) struct MetricsScraper {
     commands: Option<SyncSender<Command>>,
     scrapes: Receiver<Scrape>,
     counters: Arc<Counters>,
@@ -104,7 +104,7 @@ pub struct MetricsScraper {
 }
 
 impl MetricsScraper {
-    pub fn start(config: ScrapeConfig) -> std::io::Result<Self> {
+    pub(crate) fn start(config: ScrapeConfig) -> std::io::Result<Self> {
         let (cmd_tx, cmd_rx) = mpsc::sync_channel(1024);
         let (scrape_tx, scrape_rx) = mpsc::sync_channel(QUEUE);
         let counters = Arc::new(Counters::default());
@@ -128,7 +128,7 @@ impl MetricsScraper {
     }
 
     /// Starts (or, with new ports, updates) polling of an engine process.
-    pub fn watch(
+    pub(crate) fn watch(
         &mut self,
         pid: u32,
         engine: &'static str,
@@ -143,7 +143,7 @@ impl MetricsScraper {
         });
     }
 
-    pub fn forget(&mut self, pid: u32) {
+    pub(crate) fn forget(&mut self, pid: u32) {
         self.send(Command::Forget(pid));
     }
 
@@ -156,11 +156,11 @@ impl MetricsScraper {
     }
 
     /// A finished scrape, if one is waiting.
-    pub fn try_next(&self) -> Option<Scrape> {
+    pub(crate) fn try_next(&self) -> Option<Scrape> {
         self.scrapes.try_recv().ok()
     }
 
-    pub fn counters(&self) -> Vec<(Counter, u64)> {
+    pub(crate) fn counters(&self) -> Vec<(Counter, u64)> {
         let mut all: Vec<(Counter, u64)> = COUNTERS
             .iter()
             .zip(&self.counters.0)

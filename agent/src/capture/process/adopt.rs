@@ -7,17 +7,17 @@
 use std::time::{Duration, Instant};
 
 /// How long the port of an exited engine stays watched for a successor.
-pub const PORT_GRACE: Duration = Duration::from_secs(120);
+pub(crate) const PORT_GRACE: Duration = Duration::from_secs(120);
 /// Ports of exited engines kept watched at once; the oldest goes first.
-pub const MAX_KEPT_PORTS: usize = 256;
+pub(crate) const MAX_KEPT_PORTS: usize = 256;
 /// Processes the kernel adopted that discovery has not attached yet.
-pub const MAX_PENDING: usize = 64;
+pub(crate) const MAX_PENDING: usize = 64;
 /// How long an adopted process may wait for discovery to attach it (it binds before it listens,
 /// and an engine may load its model in between) before it is traced no longer.
-pub const ATTACH_WAIT: Duration = Duration::from_secs(300);
+pub(crate) const ATTACH_WAIT: Duration = Duration::from_secs(300);
 
 #[derive(Default)]
-pub struct Adoption {
+pub(crate) struct Adoption {
     /// Ports of exited engines, with the engine and when it went.
     kept: Vec<(u16, &'static str, Instant)>,
     /// Processes the kernel adopted, awaiting the rescan that attaches them, and since when.
@@ -27,7 +27,7 @@ pub struct Adoption {
 impl Adoption {
     /// An engine that served `port` exited: the port stays watched. Returns a port that no
     /// longer fits (the oldest), for the caller to stop watching.
-    pub fn keep(&mut self, port: u16, engine: &'static str, now: Instant) -> Option<u16> {
+    pub(crate) fn keep(&mut self, port: u16, engine: &'static str, now: Instant) -> Option<u16> {
         self.kept.retain(|(p, _, _)| *p != port);
         let evicted = (self.kept.len() >= MAX_KEPT_PORTS).then(|| self.kept.remove(0).0);
         self.kept.push((port, engine, now));
@@ -35,7 +35,7 @@ impl Adoption {
     }
 
     /// The engine that served kept `port` last.
-    pub fn engine_for(&self, port: u16) -> Option<&'static str> {
+    pub(crate) fn engine_for(&self, port: u16) -> Option<&'static str> {
         self.kept
             .iter()
             .find(|(p, _, _)| *p == port)
@@ -43,12 +43,12 @@ impl Adoption {
     }
 
     /// A traced process serves `port` again: it is no longer kept for a successor.
-    pub fn taken(&mut self, port: u16) {
+    pub(crate) fn taken(&mut self, port: u16) {
         self.kept.retain(|(p, _, _)| *p != port);
     }
 
     /// Ports kept longer than [`PORT_GRACE`], no longer kept.
-    pub fn expired(&mut self, now: Instant) -> Vec<u16> {
+    pub(crate) fn expired(&mut self, now: Instant) -> Vec<u16> {
         let mut gone = Vec::new();
         self.kept.retain(|(port, _, since)| {
             let keep = now.duration_since(*since) < PORT_GRACE;
@@ -62,7 +62,7 @@ impl Adoption {
 
     /// The kernel adopted `tgid`. False when too many wait already: the caller stops tracing
     /// it (and counts that) and discovery attaches it at its next scan.
-    pub fn adopted(&mut self, tgid: u32, now: Instant) -> bool {
+    pub(crate) fn adopted(&mut self, tgid: u32, now: Instant) -> bool {
         if self.pending.iter().any(|(p, _)| *p == tgid) {
             return true;
         }
@@ -74,13 +74,13 @@ impl Adoption {
     }
 
     /// Whether `tgid` was adopted by the kernel and discovery has not attached it yet.
-    pub fn is_pending(&self, tgid: u32) -> bool {
+    pub(crate) fn is_pending(&self, tgid: u32) -> bool {
         self.pending.iter().any(|(p, _)| *p == tgid)
     }
 
     /// Settles the adopted processes after a scan: those `attached` leave the list; those that
     /// waited longer than [`ATTACH_WAIT`] are returned, to be traced no longer.
-    pub fn settle(&mut self, now: Instant, attached: impl Fn(u32) -> bool) -> Vec<u32> {
+    pub(crate) fn settle(&mut self, now: Instant, attached: impl Fn(u32) -> bool) -> Vec<u32> {
         let mut given_up = Vec::new();
         self.pending.retain(|(tgid, since)| {
             if attached(*tgid) {

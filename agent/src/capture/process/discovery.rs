@@ -1,7 +1,7 @@
 //! Finds the engine processes to trace and notices when they start, restart or exit.
 use std::collections::{HashMap, HashSet};
 
-use crate::capture::{process::procfs, process::sockets};
+use crate::capture::process::{procfs, sockets};
 
 /// What discovery knows about a process when it asks the engines to claim it.
 #[derive(Debug, Clone, Default)]
@@ -29,7 +29,7 @@ impl ProcessInfo {
 
 /// Names the engine of a process, or None when no engine plugin (nor user pattern) claims it:
 /// the engines stage supplies it, so capture knows no engine.
-pub type ClaimFn = fn(&ProcessInfo, &[String]) -> Option<&'static str>;
+pub(crate) type ClaimFn = fn(&ProcessInfo, &[String]) -> Option<&'static str>;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TargetSelector {

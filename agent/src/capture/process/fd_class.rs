@@ -9,7 +9,10 @@ use std::net::SocketAddr;
 use inferscope_common::{CONN_INET, CONN_PREEXISTING};
 use rustc_hash::FxHashMap;
 
-use crate::capture::{SyscallEvent, process::sockets::{self, FdNow}};
+use crate::capture::{
+    SyscallEvent,
+    process::sockets::{self, FdNow},
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FdClass {

@@ -10,11 +10,11 @@ use rustc_hash::{FxHashMap, FxHasher};
 use crate::capture::process::procfs;
 
 /// Processes with missing hooks watched at once (bounded like every map; one more is counted).
-pub const MAX_WATCHED: usize = 1024;
+pub(crate) const MAX_WATCHED: usize = 1024;
 
 /// What one process still lacks.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Missing {
+pub(crate) struct Missing {
     pub engine: &'static str,
     /// Indices into the engine's scheduler hooks.
     pub engine_hooks: Vec<usize>,
@@ -28,7 +28,7 @@ pub struct Missing {
 }
 
 impl Missing {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.engine_hooks.is_empty()
             && self.user_probes.is_empty()
             && self.gpu_hooks.is_empty()
@@ -37,7 +37,7 @@ impl Missing {
 }
 
 #[derive(Default)]
-pub struct LateAttach {
+pub(crate) struct LateAttach {
     watched: FxHashMap<u32, (Missing, u64)>,
     /// Processes not watched because the table was full.
     pub over_limit: u64,
@@ -46,7 +46,7 @@ pub struct LateAttach {
 impl LateAttach {
     /// Starts (or stops, when nothing is missing) watching `tgid`; `relevant` says which mapped
     /// files could hold a missing hook.
-    pub fn watch(&mut self, tgid: u32, missing: Missing, relevant: impl Fn(&str) -> bool) {
+    pub(crate) fn watch(&mut self, tgid: u32, missing: Missing, relevant: impl Fn(&str) -> bool) {
         if missing.is_empty() {
             self.watched.remove(&tgid);
             return;
@@ -59,22 +59,24 @@ impl LateAttach {
         self.watched.insert(tgid, (missing, fingerprint));
     }
 
-    pub fn forget(&mut self, tgid: u32) {
+    pub(crate) fn forget(&mut self, tgid: u32) {
         self.watched.remove(&tgid);
     }
 
     /// Whether `tgid` waits for a missing hook's object to be mapped.
-    pub fn watches(&self, tgid: u32) -> bool {
+    #[cfg(test)]
+    pub(crate) fn watches(&self, tgid: u32) -> bool {
         self.watched.contains_key(&tgid)
     }
 
-    pub fn watched(&self) -> usize {
+    #[cfg(test)]
+    fn watched(&self) -> usize {
         self.watched.len()
     }
 
     /// Processes whose relevant mappings changed since they were last looked at, with what they
     /// miss; they stay watched until [`LateAttach::watch`] says otherwise.
-    pub fn changed(
+    pub(crate) fn changed(
         &mut self,
         relevant: impl Fn(&'static str, &str) -> bool,
     ) -> Vec<(u32, Missing)> {

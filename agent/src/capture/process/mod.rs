@@ -4,11 +4,11 @@
 //! held before the agent attached ([`preexisting`]); engines restarted on their port
 //! ([`adopt`]); hooks whose function was mapped only later ([`late_attach`]); and the agent's own
 //! Unix socket paths, claimed without hijacking another agent's ([`sockpath`]).
-pub mod adopt;
-pub mod discovery;
-pub mod fd_class;
-pub mod late_attach;
-pub mod preexisting;
-pub mod procfs;
-pub mod sockets;
-pub mod sockpath;
+pub(crate) mod adopt;
+pub(crate) mod discovery;
+pub(crate) mod fd_class;
+pub(crate) mod late_attach;
+pub(crate) mod preexisting;
+pub(crate) mod procfs;
+pub(crate) mod sockets;
+pub(crate) mod sockpath;

@@ -6,7 +6,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use inferscope_common::{CONN_ID_BIT, CONN_KNOWN, CONN_PREEXISTING, ConnEntry};
 
-use crate::capture::{FdClassifier, SocketProbes, process::procfs, process::sockets::{self, FdNow}};
+use crate::capture::{
+    FdClassifier, SocketProbes,
+    process::{
+        procfs,
+        sockets::{self, FdNow},
+    },
+};
 
 /// User-assigned ids have bit 62 set too: kernel ids are CLOCK_MONOTONIC ns, below 2^62 for
 /// 146 years of uptime, so the two never meet.
@@ -16,7 +22,7 @@ static NEXT: AtomicU64 = AtomicU64::new(1);
 /// Registers the TCP connections on `ports` that `tgid` holds now; returns how many. Call it
 /// once before the process is traced and once after: a connection accepted in between is
 /// caught by the second pass, and one the kernel saw accepted keeps the kernel's entry.
-pub fn register(
+pub(crate) fn register(
     probes: &mut SocketProbes,
     classifier: &mut FdClassifier,
     tgid: u32,

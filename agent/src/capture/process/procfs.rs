@@ -12,7 +12,7 @@ use std::{
 use crate::capture::kernel::records::canonical_ip;
 
 /// The inode of the socket behind `fd`, or None when the fd is not a socket (or is gone).
-pub fn socket_inode(tgid: u32, fd: i32) -> Option<u64> {
+pub(crate) fn socket_inode(tgid: u32, fd: i32) -> Option<u64> {
     let link = fs::read_link(format!("/proc/{tgid}/fd/{fd}")).ok()?;
     parse_socket_link(link.to_str()?)
 }
@@ -25,17 +25,17 @@ fn parse_socket_link(link: &str) -> Option<u64> {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TcpEntry {
+pub(crate) struct TcpEntry {
     pub local: SocketAddr,
     pub remote: SocketAddr,
     pub state: u8,
     pub inode: u64,
 }
 
-pub const TCP_LISTEN: u8 = 0x0A;
+pub(crate) const TCP_LISTEN: u8 = 0x0A;
 
 /// The TCP sockets of `tgid`'s network namespace (IPv4 and IPv6).
-pub fn tcp_table(tgid: u32) -> Vec<TcpEntry> {
+pub(crate) fn tcp_table(tgid: u32) -> Vec<TcpEntry> {
     let mut entries = Vec::new();
     for file in ["tcp", "tcp6"] {
         if let Ok(text) = fs::read_to_string(format!("/proc/{tgid}/net/{file}")) {
@@ -83,7 +83,7 @@ fn parse_hex_addr(text: &str) -> Option<SocketAddr> {
 }
 
 /// fds of `tgid` that are sockets.
-pub fn socket_fds(tgid: u32) -> Vec<i32> {
+pub(crate) fn socket_fds(tgid: u32) -> Vec<i32> {
     let Ok(dir) = fs::read_dir(format!("/proc/{tgid}/fd")) else {
         return Vec::new();
     };
@@ -97,7 +97,7 @@ pub fn socket_fds(tgid: u32) -> Vec<i32> {
 }
 
 /// Socket inodes held open by `tgid`.
-pub fn socket_inodes(tgid: u32) -> HashSet<u64> {
+pub(crate) fn socket_inodes(tgid: u32) -> HashSet<u64> {
     let Ok(dir) = fs::read_dir(format!("/proc/{tgid}/fd")) else {
         return HashSet::new();
     };
@@ -109,7 +109,7 @@ pub fn socket_inodes(tgid: u32) -> HashSet<u64> {
 }
 
 /// TCP ports `tgid` itself listens on.
-pub fn listening_ports(tgid: u32) -> Vec<u16> {
+pub(crate) fn listening_ports(tgid: u32) -> Vec<u16> {
     let inodes = socket_inodes(tgid);
     let mut ports: Vec<u16> = tcp_table(tgid)
         .into_iter()
@@ -122,12 +122,12 @@ pub fn listening_ports(tgid: u32) -> Vec<u16> {
 }
 
 /// The TCP connection behind `fd` of `tgid`, if it still exists.
-pub fn tcp_connection(tgid: u32, fd: i32) -> Option<TcpEntry> {
+pub(crate) fn tcp_connection(tgid: u32, fd: i32) -> Option<TcpEntry> {
     let inode = socket_inode(tgid, fd)?;
     tcp_table(tgid).into_iter().find(|e| e.inode == inode)
 }
 
-pub fn cmdline(tgid: u32) -> Option<String> {
+pub(crate) fn cmdline(tgid: u32) -> Option<String> {
     let raw = fs::read(format!("/proc/{tgid}/cmdline")).ok()?;
     let text: Vec<String> = raw
         .split(|&b| b == 0)
@@ -138,7 +138,7 @@ pub fn cmdline(tgid: u32) -> Option<String> {
 }
 
 /// The process's arguments, one string each (an engine's flags, read by its plugin).
-pub fn cmdline_args(tgid: u32) -> Option<Vec<String>> {
+pub(crate) fn cmdline_args(tgid: u32) -> Option<Vec<String>> {
     let raw = fs::read(format!("/proc/{tgid}/cmdline")).ok()?;
     Some(
         raw.split(|&b| b == 0)
@@ -150,7 +150,7 @@ pub fn cmdline_args(tgid: u32) -> Option<Vec<String>> {
 
 /// The value of environment variable `name` in process `tgid`'s initial environment (Err when
 /// the environment cannot be read: another user's process without CAP_SYS_PTRACE).
-pub fn environ_var(tgid: u32, name: &str) -> std::io::Result<Option<String>> {
+pub(crate) fn environ_var(tgid: u32, name: &str) -> std::io::Result<Option<String>> {
     let raw = fs::read(format!("/proc/{tgid}/environ"))?;
     Ok(raw.split(|&b| b == 0).find_map(|entry| {
         let value = entry.strip_prefix(name.as_bytes())?.strip_prefix(b"=")?;
@@ -159,7 +159,7 @@ pub fn environ_var(tgid: u32, name: &str) -> std::io::Result<Option<String>> {
 }
 
 /// Distinct file-backed mappings (executable and shared libraries).
-pub fn mapped_files(tgid: u32) -> Vec<String> {
+pub(crate) fn mapped_files(tgid: u32) -> Vec<String> {
     let Ok(text) = fs::read_to_string(format!("/proc/{tgid}/maps")) else {
         return Vec::new();
     };
@@ -175,7 +175,7 @@ pub fn mapped_files(tgid: u32) -> Vec<String> {
 }
 
 /// The file mapped at `address` in `tgid` and the address's offset in it.
-pub fn mapping_of(tgid: u32, address: u64) -> Option<(String, u64)> {
+pub(crate) fn mapping_of(tgid: u32, address: u64) -> Option<(String, u64)> {
     let text = fs::read_to_string(format!("/proc/{tgid}/maps")).ok()?;
     text.lines().find_map(|line| {
         let mut fields = line.split_whitespace();
@@ -193,7 +193,7 @@ pub fn mapping_of(tgid: u32, address: u64) -> Option<(String, u64)> {
 }
 
 /// Process start time (clock ticks since boot): with the pid, it names one process instance.
-pub fn start_time(tgid: u32) -> Option<u64> {
+pub(crate) fn start_time(tgid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{tgid}/stat")).ok()?;
     // comm may contain spaces and parentheses: fields resume after the last ')'.
     let rest = stat.get(stat.rfind(')')? + 2..)?;
@@ -201,13 +201,13 @@ pub fn start_time(tgid: u32) -> Option<u64> {
 }
 
 /// The parent's pid (an engine's worker process names the server that started it).
-pub fn parent_pid(tgid: u32) -> Option<u32> {
+pub(crate) fn parent_pid(tgid: u32) -> Option<u32> {
     let stat = fs::read_to_string(format!("/proc/{tgid}/stat")).ok()?;
     let rest = stat.get(stat.rfind(')')? + 2..)?;
     rest.split_whitespace().nth(1)?.parse().ok()
 }
 
-pub fn all_pids() -> Vec<u32> {
+pub(crate) fn all_pids() -> Vec<u32> {
     let Ok(dir) = fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -217,7 +217,7 @@ pub fn all_pids() -> Vec<u32> {
 
 /// Every live process descended from one of `roots` (children, their children, ...), with the
 /// root it descends from.
-pub fn descendants(roots: &[u32]) -> Vec<(u32, u32)> {
+pub(crate) fn descendants(roots: &[u32]) -> Vec<(u32, u32)> {
     if roots.is_empty() {
         return Vec::new();
     }
@@ -247,7 +247,7 @@ pub fn descendants(roots: &[u32]) -> Vec<(u32, u32)> {
     found
 }
 
-pub fn process_exists(tgid: u32) -> bool {
+pub(crate) fn process_exists(tgid: u32) -> bool {
     Path::new(&format!("/proc/{tgid}")).exists()
 }
 

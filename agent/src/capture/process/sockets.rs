@@ -10,11 +10,11 @@ use std::{
     os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
 };
 
-use crate::capture::{process::procfs, kernel::records::canonical_ip};
+use crate::capture::{kernel::records::canonical_ip, process::procfs};
 
 /// What one fd of a process is, as far as the HTTP layer cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FdKind {
+pub(crate) enum FdKind {
     TcpListener {
         local: SocketAddr,
     },
@@ -29,12 +29,12 @@ pub enum FdKind {
 }
 
 /// A pidfd for one process (it names the process even if its pid is reused).
-pub struct ProcessHandle {
+pub(crate) struct ProcessHandle {
     pidfd: OwnedFd,
 }
 
 impl ProcessHandle {
-    pub fn open(tgid: u32) -> io::Result<Self> {
+    pub(crate) fn open(tgid: u32) -> io::Result<Self> {
         // SAFETY: plain syscall; a non-negative return is a new fd we own.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, tgid as libc::pid_t, 0) };
         if fd < 0 {
@@ -47,7 +47,7 @@ impl ProcessHandle {
     }
 
     /// Classifies `fd` of the process. Err when the fd is gone or the kernel refuses.
-    pub fn inspect(&self, fd: i32) -> io::Result<FdKind> {
+    pub(crate) fn inspect(&self, fd: i32) -> io::Result<FdKind> {
         // SAFETY: plain syscall; a non-negative return is a duplicate fd we own.
         let dup = unsafe { libc::syscall(libc::SYS_pidfd_getfd, self.pidfd.as_raw_fd(), fd, 0) };
         if dup < 0 {
@@ -141,7 +141,7 @@ fn classify(fd: RawFd) -> FdKind {
 }
 
 /// TCP ports `tgid` listens on.
-pub fn listening_ports(tgid: u32) -> Vec<u16> {
+pub(crate) fn listening_ports(tgid: u32) -> Vec<u16> {
     let Ok(process) = ProcessHandle::open(tgid) else {
         return procfs::listening_ports(tgid);
     };
@@ -162,7 +162,7 @@ pub fn listening_ports(tgid: u32) -> Vec<u16> {
 
 /// What `fd` of `tgid` is now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FdNow {
+pub(crate) enum FdNow {
     TcpConnection {
         local: SocketAddr,
         peer: SocketAddr,
@@ -173,7 +173,7 @@ pub enum FdNow {
     Gone,
 }
 
-pub fn tcp_connection(tgid: u32, fd: i32) -> FdNow {
+pub(crate) fn tcp_connection(tgid: u32, fd: i32) -> FdNow {
     let inspected = ProcessHandle::open(tgid).and_then(|p| p.inspect(fd));
     match inspected {
         Ok(FdKind::TcpConnection { local, peer }) => FdNow::TcpConnection { local, peer },

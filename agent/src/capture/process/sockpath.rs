@@ -4,12 +4,15 @@
 //! it is still the socket this process created.
 use std::{
     io::ErrorKind,
-    os::unix::{fs::FileTypeExt, fs::MetadataExt, net::UnixStream},
+    os::unix::{
+        fs::{FileTypeExt, MetadataExt},
+        net::UnixStream,
+    },
     path::{Path, PathBuf},
 };
 
 #[derive(Debug, thiserror::Error)]
-pub enum ClaimError {
+pub(crate) enum ClaimError {
     #[error(
         "{0} is in use: another process (another inferscope agent?) is listening on it; stop it or pick another path"
     )]
@@ -27,7 +30,7 @@ pub enum ClaimError {
 }
 
 /// Makes `path` free to bind: nothing there, or a stale socket of this user, removed.
-pub fn claim(path: &Path) -> Result<(), ClaimError> {
+pub(crate) fn claim(path: &Path) -> Result<(), ClaimError> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(meta) => meta,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
@@ -59,7 +62,7 @@ pub fn claim(path: &Path) -> Result<(), ClaimError> {
 
 /// The identity of the socket file this process bound, so exit removes only that one.
 #[derive(Debug, Clone)]
-pub struct Bound {
+pub(crate) struct Bound {
     path: PathBuf,
     dev: u64,
     ino: u64,
@@ -67,7 +70,7 @@ pub struct Bound {
 
 impl Bound {
     /// Remembers the file now at `path` (call right after bind).
-    pub fn new(path: &Path) -> Option<Self> {
+    pub(crate) fn new(path: &Path) -> Option<Self> {
         let meta = std::fs::symlink_metadata(path).ok()?;
         Some(Self {
             path: path.into(),
@@ -77,7 +80,7 @@ impl Bound {
     }
 
     /// Removes the path if it still is the socket this process bound.
-    pub fn remove(&self) {
+    pub(crate) fn remove(&self) {
         if let Ok(meta) = std::fs::symlink_metadata(&self.path)
             && meta.dev() == self.dev
             && meta.ino() == self.ino

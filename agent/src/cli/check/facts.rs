@@ -3,15 +3,22 @@
 //! hooks (capture::process::discovery, capture::elf::sched_hooks, engines).
 use std::path::{Path, PathBuf};
 
-use inferscope::{
-    capture::{CaptureConfig, Discovery, SocketProbes, TargetSelector, TracedProcess, kernel::privileges::{Capability, Privileges}, process::procfs, elf::sched_hooks, process::sockets::{FdKind, ProcessHandle}},
+use super::{Report, Status};
+use crate::{
+    capture::{
+        CaptureConfig, Discovery, SocketProbes, TargetSelector, TracedProcess,
+        elf::sched_hooks,
+        kernel::privileges::{Capability, Privileges},
+        process::{
+            procfs,
+            sockets::{FdKind, ProcessHandle},
+        },
+    },
     engines,
 };
 
-use super::{Report, Status};
-
 /// What to look at.
-pub struct Options {
+pub(crate) struct Options {
     pub selector: TargetSelector,
     pub capture: CaptureConfig,
     pub token_hooks: bool,
@@ -28,7 +35,7 @@ const RECORD_HEADER_BYTES: u64 = 80 + 8;
 const LOOP_PERIOD_MS: u64 = 50;
 
 /// Gathers the report. `probes`: the loaded kernel programs, or why they did not load.
-pub fn gather(mut probes: Result<&mut SocketProbes, String>, options: &Options) -> Report {
+pub(crate) fn gather(mut probes: Result<&mut SocketProbes, String>, options: &Options) -> Report {
     let mut report = Report::default();
     let privileges = Privileges::read();
     kernel(&mut report, &privileges);

@@ -6,22 +6,22 @@ mod facts;
 use std::{fmt, path::PathBuf, process::ExitCode};
 
 use clap::Args;
-use inferscope::capture::SocketProbes;
+pub(super) use facts::{Options, gather};
 
 use super::target::TargetArgs;
-pub use facts::{Options, gather};
+use crate::capture::SocketProbes;
 
 #[derive(Args, Debug)]
-pub struct CheckArgs {
+pub(super) struct CheckArgs {
     #[command(flatten)]
     pub target: TargetArgs,
     /// The CUPTI shim's socket to look for (as `run --shim-socket` sets it).
-    #[arg(long, env = "INFERSCOPE_SHIM_SOCKET", default_value = inferscope::capture::gpu::DEFAULT_SHIM_SOCKET)]
+    #[arg(long, env = "INFERSCOPE_SHIM_SOCKET", default_value = crate::capture::gpu::DEFAULT_SHIM_SOCKET)]
     pub shim_socket: PathBuf,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
+pub(super) enum Status {
     Ok,
     /// Works, with something lost or at risk.
     Warn,
@@ -44,7 +44,7 @@ impl fmt::Display for Status {
 
 /// One line of the report.
 #[derive(Debug, Clone)]
-pub struct Item {
+pub(super) struct Item {
     pub status: Status,
     pub topic: &'static str,
     pub text: String,
@@ -58,7 +58,7 @@ impl fmt::Display for Item {
 
 /// Every item, and what the verdict rests on.
 #[derive(Debug, Default)]
-pub struct Report {
+pub(super) struct Report {
     pub items: Vec<Item>,
     /// The socket capture (eBPF programs, tracepoints) loaded.
     pub capture: bool,
@@ -69,7 +69,7 @@ pub struct Report {
 }
 
 impl Report {
-    pub fn push(&mut self, status: Status, topic: &'static str, text: impl Into<String>) {
+    pub(super) fn push(&mut self, status: Status, topic: &'static str, text: impl Into<String>) {
         self.items.push(Item {
             status,
             topic,
@@ -78,13 +78,13 @@ impl Report {
     }
 
     /// Something can be traced now.
-    pub fn traceable(&self) -> bool {
+    pub(super) fn traceable(&self) -> bool {
         self.capture && self.engines > 0
     }
 
     /// Logs every line and the verdict (the `run` daemon at start): warnings and failures at
     /// warn, the rest at info.
-    pub fn log(&self) {
+    pub(super) fn log(&self) {
         for item in self.items.iter().chain(std::iter::once(&self.verdict())) {
             match item.status {
                 Status::Warn | Status::Fail => tracing::warn!("check: {item}"),
@@ -93,7 +93,7 @@ impl Report {
         }
     }
 
-    pub fn verdict(&self) -> Item {
+    pub(super) fn verdict(&self) -> Item {
         let (status, text) = if !self.capture {
             (
                 Status::Fail,
@@ -139,7 +139,7 @@ impl Report {
     }
 }
 
-pub fn main(args: CheckArgs) -> ExitCode {
+pub(super) fn main(args: CheckArgs) -> ExitCode {
     let config = args.target.pipeline_config();
     let mut probes = SocketProbes::load(config.capture).map_err(|e| {
         let mut text = e.to_string();

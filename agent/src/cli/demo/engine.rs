@@ -12,14 +12,14 @@ use anyhow::{Context as _, bail};
 
 const LAUNCHER: &str = include_str!("../../../../tests/engine/llamacpp_server.py");
 
-pub struct Engine {
+pub(super) struct Engine {
     child: Child,
     pub port: u16,
     _launcher: tempfile::TempPath,
 }
 
 /// The Python that has xllamacpp: --python, $INFERSCOPE_PYTHON, ./.venv, or the repo's .venv.
-pub fn find_python(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+pub(super) fn find_python(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     if let Some(p) = explicit {
         return Ok(p.to_path_buf());
     }
@@ -37,7 +37,7 @@ pub fn find_python(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
 }
 
 impl Engine {
-    pub fn start(python: &Path, port: u16, slots: u32) -> anyhow::Result<Self> {
+    pub(super) fn start(python: &Path, port: u16, slots: u32) -> anyhow::Result<Self> {
         let mut launcher = tempfile::Builder::new()
             .prefix("inferscope-llamacpp-")
             .suffix(".py")
@@ -60,12 +60,12 @@ impl Engine {
         })
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(super) fn pid(&self) -> u32 {
         self.child.id()
     }
 
     /// Waits until /health answers 200 (the model is loaded).
-    pub fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<()> {
+    pub(super) fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if let Some(status) = self.child.try_wait()? {

@@ -33,20 +33,20 @@ const TOPICS: &[&str] = &[
 ];
 
 #[derive(Debug, Clone)]
-pub struct ClientResult {
+pub(super) struct ClientResult {
     pub response_id: Option<String>,
     pub client_ttft_ms: Option<f64>,
     pub content_chunks: u64,
 }
 
-pub struct LoadSpec {
+pub(super) struct LoadSpec {
     pub port: u16,
     pub requests: usize,
     pub concurrency: usize,
     pub max_tokens: u32,
 }
 
-pub fn run(spec: &LoadSpec) -> Vec<ClientResult> {
+pub(super) fn run(spec: &LoadSpec) -> Vec<ClientResult> {
     let next = Arc::new(AtomicUsize::new(0));
     let salt = std::process::id();
     let workers: Vec<_> = (0..spec.concurrency)

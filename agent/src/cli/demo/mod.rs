@@ -14,17 +14,17 @@ use std::{
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use inferscope::{
+use inferscope_model::{Counter, RequestRecord};
+
+use super::shutdown;
+use crate::{
     capture::{DiscoveryChange, TargetSelector},
     export::{jsonl::JsonlWriter, live, summary},
     pipeline::{Observer, Pipeline, PipelineConfig},
 };
-use inferscope_model::{Counter, RequestRecord};
-
-use super::shutdown;
 
 #[derive(Args, Debug)]
-pub struct DemoArgs {
+pub(super) struct DemoArgs {
     /// Requests to send.
     #[arg(long, default_value_t = 12)]
     pub requests: usize,
@@ -77,7 +77,7 @@ impl Observer for DemoObserver {
     }
 }
 
-pub fn run(args: DemoArgs) -> anyhow::Result<()> {
+pub(super) fn run(args: DemoArgs) -> anyhow::Result<()> {
     shutdown::install();
     let python = engine::find_python(args.python.as_deref())?;
     let records = Arc::new(Mutex::new(Vec::new()));

@@ -6,9 +6,9 @@ use anyhow::{Context as _, bail};
 use clap::Args;
 use serde::Deserialize;
 
-pub const DEFAULT_GRPC: &str = "unix:///run/inferscope/agent.sock";
-pub const DEFAULT_PROMETHEUS: &str = "0.0.0.0:9464";
-pub const DEFAULT_SHIM_SOCKET: &str = inferscope::capture::gpu::DEFAULT_SHIM_SOCKET;
+pub(super) const DEFAULT_GRPC: &str = "unix:///run/inferscope/agent.sock";
+pub(super) const DEFAULT_PROMETHEUS: &str = "0.0.0.0:9464";
+pub(super) const DEFAULT_SHIM_SOCKET: &str = crate::capture::gpu::DEFAULT_SHIM_SOCKET;
 
 fn interval_or_off(
     what: &str,
@@ -25,7 +25,7 @@ fn interval_or_off(
 }
 
 #[derive(Args, Debug, Default)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// TOML file with any of the options below (kebab-case keys); flags and environment win.
     #[arg(long, env = "INFERSCOPE_CONFIG")]
     pub config: Option<PathBuf>,
@@ -143,7 +143,7 @@ pub struct RunArgs {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
-pub struct FileConfig {
+pub(super) struct FileConfig {
     pub pid: Option<u32>,
     pub port: Option<u16>,
     #[serde(default)]
@@ -181,14 +181,14 @@ pub struct FileConfig {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub enum GrpcAddr {
+pub(super) enum GrpcAddr {
     Off,
     Unix(PathBuf),
     Tcp(SocketAddr),
 }
 
 impl GrpcAddr {
-    pub fn parse(s: &str) -> anyhow::Result<Self> {
+    pub(super) fn parse(s: &str) -> anyhow::Result<Self> {
         if s == "off" {
             return Ok(Self::Off);
         }
@@ -204,7 +204,7 @@ impl GrpcAddr {
 
 /// Everything `run` needs, resolved.
 #[derive(Debug, Clone)]
-pub struct RunConfig {
+pub(super) struct RunConfig {
     pub pid: Option<u32>,
     pub port: Option<u16>,
     pub patterns: Vec<String>,
@@ -227,12 +227,12 @@ pub struct RunConfig {
     /// `None`: NVML sampling is off.
     pub nvml_interval: Option<Duration>,
     /// `None`: the continuous diagnosis is off.
-    pub diagnose: Option<inferscope::diagnose::watch::WatchConfig>,
+    pub diagnose: Option<crate::diagnose::watch::WatchConfig>,
     pub records: Option<PathBuf>,
     pub counters: Option<PathBuf>,
     pub duration: Option<Duration>,
     /// User-defined probes, checked at start-up.
-    pub probes: Option<inferscope::capture::elf::user_probes::ProbeSpec>,
+    pub probes: Option<crate::capture::elf::user_probes::ProbeSpec>,
     pub token_hooks: bool,
     pub drain_timeout: Duration,
     /// The GPU launch probes (on unless the flag or the file turns them off).
@@ -244,7 +244,7 @@ pub struct RunConfig {
 }
 
 impl RunConfig {
-    pub fn resolve(args: RunArgs) -> anyhow::Result<Self> {
+    pub(super) fn resolve(args: RunArgs) -> anyhow::Result<Self> {
         let file = match &args.config {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
@@ -340,7 +340,7 @@ impl RunConfig {
         if diagnose_ratio <= 1.0 {
             bail!("the diagnose ratio must be above 1, got {diagnose_ratio}");
         }
-        let diagnose = diagnose_interval.map(|interval| inferscope::diagnose::watch::WatchConfig {
+        let diagnose = diagnose_interval.map(|interval| crate::diagnose::watch::WatchConfig {
             baseline: diagnose_baseline,
             window: diagnose_window,
             interval,
@@ -384,7 +384,7 @@ impl RunConfig {
             duration: args.duration,
             probes: match args.probes.or(file.probes) {
                 Some(path) => Some(
-                    inferscope::capture::elf::user_probes::ProbeSpec::load(&path)
+                    crate::capture::elf::user_probes::ProbeSpec::load(&path)
                         .context("the probe spec is not usable")?,
                 ),
                 None => None,
@@ -396,11 +396,11 @@ impl RunConfig {
             gpu_launch_cap: args
                 .gpu_launch_cap
                 .or(file.gpu_launch_cap)
-                .unwrap_or(inferscope::capture::CaptureConfig::default().gpu_launch_cap),
+                .unwrap_or(crate::capture::CaptureConfig::default().gpu_launch_cap),
             gpu_launch_budget_pct: args
                 .gpu_launch_budget
                 .or(file.gpu_launch_budget)
-                .unwrap_or(inferscope::pipeline::DEFAULT_LAUNCH_BUDGET_PCT),
+                .unwrap_or(crate::pipeline::DEFAULT_LAUNCH_BUDGET_PCT),
         })
     }
 }

@@ -10,9 +10,23 @@ use std::{
 };
 
 use anyhow::Context as _;
-use inferscope::{
-    capture::{CaptureConfig, CaptureError, TargetSelector, metrics::ScrapeConfig},
+pub(super) use config::RunArgs;
+use config::{GrpcAddr, RunConfig};
+use inferscope_decode::http::Limits;
+use opentelemetry::{KeyValue, metrics::MeterProvider as _};
+use tracing::{info, warn};
+
+use super::shutdown;
+use crate::{
+    capture::{
+        CaptureConfig, CaptureError, TargetSelector, metrics::ScrapeConfig,
+        process::sockpath::Bound,
+    },
     correlate::timeline::{TimelineBuilder, TimelineLimits},
+    daemon::{
+        DaemonObserver, Diagnosis, GpuInputs, Outputs, Sampler, Standby,
+        handover::{Drain, DrainStep, Gate, HandoverDir},
+    },
     diagnose::{
         history::{History, HistoryLimits},
         watch::Watch,
@@ -26,23 +40,8 @@ use inferscope::{
     },
     pipeline::{Observer as _, Pipeline, PipelineConfig},
 };
-use inferscope_decode::http::Limits;
-use opentelemetry::{KeyValue, metrics::MeterProvider as _};
-use tracing::{info, warn};
 
-pub use config::RunArgs;
-use config::{GrpcAddr, RunConfig};
-use inferscope::{
-    capture::process::sockpath::Bound,
-    daemon::{
-        DaemonObserver, Diagnosis, GpuInputs, Outputs, Sampler, Standby,
-        handover::{Drain, DrainStep, Gate, HandoverDir},
-    },
-};
-
-use super::shutdown;
-
-pub fn run(args: RunArgs) -> anyhow::Result<()> {
+pub(super) fn run(args: RunArgs) -> anyhow::Result<()> {
     let config = RunConfig::resolve(args)?;
     shutdown::install();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -83,14 +82,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         other => other.with_context(|| {
             format!(
                 "starting the socket probes failed (inferscope needs root, or {})",
-                inferscope::capture::kernel::privileges::capabilities_needed()
+                crate::capture::kernel::privileges::capabilities_needed()
             )
         })?,
     };
 
     // Pod identity: in a pod with NODE_NAME set, watch this node's pods (never blocks records).
-    if let Some(kube) = inferscope::identity::kube::KubeConfig::from_env() {
-        pipeline.use_pod_store(inferscope::identity::kube::start(kube, runtime.handle()));
+    if let Some(kube) = crate::identity::kube::KubeConfig::from_env() {
+        pipeline.use_pod_store(crate::identity::kube::start(kube, runtime.handle()));
     }
 
     if let Some(spec) = config.probes.clone() {
@@ -234,7 +233,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         },
     );
     preflight.log();
-    let health = Arc::new(inferscope::export::health::Health::default());
+    let health = Arc::new(crate::export::health::Health::default());
     servers::start_prometheus(runtime.handle(), &config, metrics.clone(), health.clone())?;
     let grpc_socket: Arc<Mutex<Option<Bound>>> = Arc::default();
     let standby = if standby {
@@ -313,7 +312,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     pipeline.log_counters();
     if let Some(path) = &config.counters {
         observer.on_counters(pipeline.counters());
-        inferscope::export::counters_file::write(path, observer.counters())
+        crate::export::counters_file::write(path, observer.counters())
             .with_context(|| format!("writing the counters to {}", path.display()))?;
     }
     if let Some(provider) = meter_provider

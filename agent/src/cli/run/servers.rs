@@ -5,19 +5,19 @@ use std::{
 };
 
 use anyhow::Context as _;
-use inferscope::{
-    capture::process::sockpath::{self, Bound},
-    diagnose::history::History,
-    export::{grpc::ApiService, health::Health, hub::Hub, metrics::Metrics, prometheus_http},
-};
 use inferscope_proto::v1::agent::inferscope_server::InferscopeServer;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tracing::{error, info};
 
 use super::config::{GrpcAddr, RunConfig};
+use crate::{
+    capture::process::sockpath::{self, Bound},
+    diagnose::history::History,
+    export::{grpc::ApiService, health::Health, hub::Hub, metrics::Metrics, prometheus_http},
+};
 
-pub fn start_prometheus(
+pub(super) fn start_prometheus(
     runtime: &tokio::runtime::Handle,
     config: &RunConfig,
     metrics: Arc<Metrics>,
@@ -39,7 +39,7 @@ pub fn start_prometheus(
     Ok(())
 }
 
-pub fn start_grpc(
+pub(super) fn start_grpc(
     runtime: &tokio::runtime::Handle,
     config: &RunConfig,
     hub: Arc<Hub>,

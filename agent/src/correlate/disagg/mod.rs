@@ -5,16 +5,13 @@
 //! and each decode leg looks its prefill leg up when it ends. A decode leg is joined only to a
 //! prefill leg that returned exactly the hand-off it was sent, before it arrived, and only
 //! once; otherwise it stays separate and says why.
-use inferscope_model::clock::ns_to_ms;
-use std::collections::VecDeque;
-use std::time::Instant;
+use std::{collections::VecDeque, time::Instant};
 
-use rustc_hash::FxHashMap;
-
-use inferscope_model::disagg::fnv1a;
 use inferscope_model::{
-    Counter, DisaggInfo, DisaggLeg, DisaggRole, LegParse, RequestRecord, Stats,
+    Counter, DisaggInfo, DisaggLeg, DisaggRole, LegParse, RequestRecord, Stats, clock::ns_to_ms,
+    disagg::fnv1a,
 };
+use rustc_hash::FxHashMap;
 
 /// Prefill legs remembered; the oldest is forgotten (counted) beyond this.
 const MAX_PREFILL_LEGS: usize = 16_384;
@@ -37,7 +34,7 @@ struct PrefillLeg {
 type Key = (&'static str, String);
 
 #[derive(Debug, Default)]
-pub struct Stitcher {
+pub(crate) struct Stitcher {
     prefill: FxHashMap<Key, Vec<PrefillLeg>>,
     /// Keys in the order their legs were remembered, with the leg's end.
     order: VecDeque<(u64, Key)>,
@@ -70,7 +67,7 @@ impl Stitcher {
     /// Stitches finished `records` and hands them on in `out`: legs at once, a P/D proxy's
     /// record once its decode leg was seen or it waited [`proxy::HOLD`] (all with `flush`,
     /// when the agent stops). Call it on every pass of the loop, records or none.
-    pub fn stitch_batch(
+    pub(crate) fn stitch_batch(
         &mut self,
         records: impl IntoIterator<Item = RequestRecord>,
         now: Instant,
@@ -93,7 +90,7 @@ impl Stitcher {
     }
 
     /// Reads `record`'s leg (if it is one) and fills its `disagg` view.
-    pub fn stitch(&mut self, record: &mut RequestRecord) {
+    pub(crate) fn stitch(&mut self, record: &mut RequestRecord) {
         self.newest_end = self.newest_end.max(record.end_mono_ns);
         self.expire();
         let Some(hints) = record.disagg_hints.take() else {
@@ -265,7 +262,7 @@ impl Stitcher {
         }));
     }
 
-    pub fn counters(&self) -> Vec<(Counter, u64)> {
+    pub(crate) fn counters(&self) -> Vec<(Counter, u64)> {
         let mut all: Vec<(Counter, u64)> = self.stats.iter().collect();
         all.push((Counter::DisaggProxyHeldNow, self.proxy.held() as u64));
         all

@@ -7,13 +7,15 @@
 //! relays D's last bytes), so decode legs are remembered for it; a proxy record that comes
 //! first (its decode leg held back for its engine's word) is held until the leg comes, or
 //! briefly.
-use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::{
+    collections::VecDeque,
+    time::{Duration, Instant},
+};
 
+use inferscope_model::{Counter, DisaggInfo, DisaggRole, RequestRecord, Stats};
 use rustc_hash::FxHashMap;
 
 use super::ms;
-use inferscope_model::{Counter, DisaggInfo, DisaggRole, RequestRecord, Stats};
 
 /// Decode legs remembered for their proxy's record; the oldest is forgotten beyond this.
 pub(super) const MAX_DECODE_LEGS: usize = 16_384;

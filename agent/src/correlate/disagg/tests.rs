@@ -1,6 +1,8 @@
-use super::*;
-use inferscope_model::{DisaggHints, HandoffParams, HandoffValue};
 use std::time::Instant;
+
+use inferscope_model::{DisaggHints, HandoffParams, HandoffValue};
+
+use super::*;
 
 const MS: u64 = 1_000_000;
 

@@ -1,7 +1,8 @@
 //! The merge of the launch uprobes' launches with the shim's kernel records (launch_merge).
+use inferscope_model::{LaunchRecord, LaunchSources, StepRecord};
+
 use super::{PAIR_WITHIN_NS, merge_step};
 use crate::capture::gpu::KernelRecord;
-use inferscope_model::{LaunchRecord, LaunchSources, StepRecord};
 
 fn launch(tid: u32, ts: u64, name: &str, graph: bool) -> LaunchRecord {
     LaunchRecord {

@@ -196,7 +196,8 @@ fn requests_drained_after_the_servers_shutdown_are_ended_by_the_server() {
     );
     let body = b"data: [DONE]\n\n";
     let response = [
-        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n".as_slice(),
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+            .as_slice(),
         format!("{:x}\r\n", body.len()).as_bytes(),
         body,
         b"\r\n0\r\n\r\n",
@@ -335,7 +336,8 @@ fn an_answer_begun_before_the_fin_stays_complete() {
     );
     let body = b"data: [DONE]\n\n";
     let head_and_event = [
-        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n".as_slice(),
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+            .as_slice(),
         format!("{:x}\r\n", body.len()).as_bytes(),
         body,
         b"\r\n",
@@ -423,8 +425,7 @@ fn a_malformed_request_the_server_answers_is_recorded_and_one_it_ignores_is_not(
     let peer = Peer::default();
     let head = b"POST /completion HTTP/1.1\r\nContent-Length: zz\r\n\r\n";
     t.on_read(&ev(SyscallKind::Read, 10, head), peer, &mut out);
-    let answer =
-        b"HTTP/1.1 400 Bad Request\r\nContent-Length: 2\r\nConnection: close\r\n\r\nno";
+    let answer = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 2\r\nConnection: close\r\n\r\nno";
     t.on_write(&ev(SyscallKind::Write, 20, answer), peer, &mut out);
     t.on_close(&close(30), &mut out);
     assert_eq!(out.len(), 1, "{out:#?}");

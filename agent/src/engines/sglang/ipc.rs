@@ -3,7 +3,8 @@
 //! each process's installed package (read at discovery) and picks the pinned layout; an
 //! unsupported version is refused (logged once, counted per message) and decoded no further.
 //! When the version is unknown the newest layout is used, every class and field checked.
-use inferscope_model::Counter;
+use inferscope_decode::zmtp::{Message, ZmtpError, ZmtpLimits, ZmtpStream};
+use inferscope_model::{Counter, RequestRecord, Stats, StepRecord};
 use rustc_hash::{FxHashMap, FxHashSet};
 use tracing::warn;
 
@@ -14,8 +15,6 @@ use super::{
     state::{IpcState, Sighting},
 };
 use crate::engines::{EngineIpc, IpcBytes, IpcDirection, IpcVerdict, package};
-use inferscope_decode::zmtp::{Message, ZmtpError, ZmtpLimits, ZmtpStream};
-use inferscope_model::{RequestRecord, Stats, StepRecord};
 
 /// Sockets followed at once; beyond this the table is cleared (counted).
 const MAX_SOCKETS: usize = 4096;
@@ -33,7 +32,7 @@ enum Version {
 }
 
 #[derive(Default)]
-pub struct SglangIpc {
+pub(crate) struct SglangIpc {
     sockets: FxHashMap<(u32, i32), Socket>,
     versions: FxHashMap<u32, Version>,
     /// Versions already warned about.
@@ -47,18 +46,18 @@ pub struct SglangIpc {
 
 impl SglangIpc {
     #[cfg(test)]
-    pub fn state(&self) -> &IpcState {
+    pub(super) fn state(&self) -> &IpcState {
         &self.state
     }
 
     /// As if /proc had shown `scheduler` as the scheduler of the server `seen_in` belongs to.
     #[cfg(test)]
-    pub fn set_scheduler(&mut self, seen_in: u32, scheduler: u32) {
+    pub(crate) fn set_scheduler(&mut self, seen_in: u32, scheduler: u32) {
         self.schedulers.set(seen_in, scheduler);
     }
 
     #[cfg(test)]
-    pub fn set_version(&mut self, tgid: u32, version: &str) {
+    pub(crate) fn set_version(&mut self, tgid: u32, version: &str) {
         let v = self.version(tgid, version);
         self.versions.insert(tgid, v);
     }

@@ -5,7 +5,7 @@
 //! messages were checked against their own code (tests/fixtures/sglang/<version>/) are pinned.
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Layout {
+pub(super) struct Layout {
     /// The exact release this layout was read from.
     pub version: &'static str,
     /// How a struct pickles: this function applied to (class, field dict).
@@ -31,7 +31,7 @@ pub struct Layout {
 /// finished_reasons, prompt_tokens, completion_tokens, cached_tokens, retraction_counts and
 /// time_stats (SchedulerReqTimeStats: wait_queue_entry_time, forward_entry_time,
 /// prefill_finished_time, queue_duration_s, shipped only with --enable-metrics).
-pub const V0_5_23: Layout = Layout {
+pub(super) const V0_5_23: Layout = Layout {
     version: "0.5.23",
     rebuild: ("msgspec._utils", "rebuild"),
     io_struct: "sglang.srt.managers.io_struct",
@@ -49,14 +49,14 @@ pub const V0_5_23: Layout = Layout {
 static LAYOUTS: &[Layout] = &[V0_5_23];
 
 /// The versions with a pinned layout, for messages.
-pub const SUPPORTED: &str = "0.5.23";
+pub(super) const SUPPORTED: &str = "0.5.23";
 
 /// Used, with every class and field checked, when the engine's version is not known.
-pub const NEWEST: Layout = V0_5_23;
+pub(super) const NEWEST: Layout = V0_5_23;
 
 /// The layout for an installed version ("0.5.23", "0.5.23+cu129"), if it is pinned. Patch
 /// releases change io_struct, so the match is exact (a local `+…` tag aside).
-pub fn for_version(version: &str) -> Option<&'static Layout> {
+pub(super) fn for_version(version: &str) -> Option<&'static Layout> {
     let release = version.split('+').next()?;
     LAYOUTS.iter().find(|l| l.version == release)
 }

@@ -1,14 +1,15 @@
 //! SGLang IPC messages (one pickled object per ZMQ message) → typed values, through the inert
 //! pickle reader. Only ids, counts, finish reasons and times are read: prompt token ids are
 //! counted from their byte length, prompt text is never kept.
-use super::layout::Layout;
 use inferscope_decode::pickle::{self, PickleError, PickleLimits, Value};
+
+use super::layout::Layout;
 
 /// Longest rid accepted (SGLang's are 32 hex chars; users may pass their own).
 const MAX_RID: usize = 256;
 
 #[derive(Debug, Clone, PartialEq)]
-pub enum IpcMessage {
+pub(super) enum IpcMessage {
     /// Tokenized requests, TokenizerManager → Scheduler.
     Add(Vec<AddRequest>),
     Abort {
@@ -26,14 +27,14 @@ pub enum IpcMessage {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct AddRequest {
+pub(super) struct AddRequest {
     pub rid: String,
     pub prompt_tokens: Option<u64>,
 }
 
 /// One request's entry in a batched output (one scheduler step).
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Output {
+pub(super) struct Output {
     pub rid: String,
     pub finish_reason: Option<&'static str>,
     pub prompt_tokens: Option<u64>,
@@ -49,7 +50,7 @@ pub struct Output {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum DecodeError {
+pub(super) enum DecodeError {
     #[error(transparent)]
     Pickle(#[from] PickleError),
     /// Not a pickle (SGLANG_USE_PICKLE_IPC=0 sends msgpack, which is not decoded).
@@ -62,7 +63,7 @@ pub enum DecodeError {
 
 impl DecodeError {
     /// The agent counter this failure is counted in.
-    pub fn counter(self) -> inferscope_model::Counter {
+    pub(super) fn counter(self) -> inferscope_model::Counter {
         use inferscope_model::Counter;
 
         match self {
@@ -91,7 +92,7 @@ fn io_struct<'v>(v: &'v Value, layout: &Layout) -> Option<(&'v str, &'v Value)> 
         .then_some((name.as_str(), fields))
 }
 
-pub fn decode(frame: &[u8], layout: &Layout) -> Result<IpcMessage, DecodeError> {
+pub(super) fn decode(frame: &[u8], layout: &Layout) -> Result<IpcMessage, DecodeError> {
     if frame.first() != Some(&0x80) {
         return Err(DecodeError::NotPickle);
     }

@@ -7,11 +7,11 @@ mod messages;
 mod scheduler;
 mod state;
 
+pub(super) use ipc::SglangIpc;
+
 use super::{Engine, EngineIpc, MetricSource, MetricsEndpoint, ProcessInfo, RpcIdField, Signal};
 
-pub use ipc::SglangIpc;
-
-pub struct Sglang;
+pub(super) struct Sglang;
 
 impl Engine for Sglang {
     fn name(&self) -> &'static str {

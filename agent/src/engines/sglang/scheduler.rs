@@ -2,13 +2,12 @@
 //! (`launch_server`, which runs the TokenizerManager) titled `sglang::scheduler…`. Outputs are
 //! seen in the server, the detokenizer or the scheduler itself; the steps they time ran their
 //! kernels in the scheduler, so the timeline joins its kernels to them.
-use inferscope_model::Counter;
 use std::time::{Duration, Instant};
 
+use inferscope_model::{Counter, Stats};
 use rustc_hash::FxHashMap;
 
 use crate::capture::process::procfs;
-use inferscope_model::Stats;
 
 /// Processes whose lookups are remembered; beyond this the table starts over.
 const MAX_PROCESSES: usize = 1024;
@@ -19,7 +18,7 @@ const LOOKUP_RETRY: Duration = Duration::from_secs(10);
 /// its tensor, expert, context and MoE data parallel groups (`sglang::scheduler`,
 /// `sglang::scheduler_DP1_TP0`, …). Data-parallel and pipeline ranks are kept: several such
 /// schedulers make the answer ambiguous.
-pub fn is_output_scheduler(cmdline: &str) -> bool {
+pub(super) fn is_output_scheduler(cmdline: &str) -> bool {
     let Some(title) = cmdline.split(['\0', ' ']).next() else {
         return false;
     };
@@ -58,21 +57,21 @@ pub fn is_output_scheduler(cmdline: &str) -> bool {
 }
 
 #[derive(Default)]
-pub struct Schedulers {
+pub(super) struct Schedulers {
     /// Per process an output was seen in: when its scheduler was looked for, and what was found.
     found: FxHashMap<u32, (Instant, Option<u32>)>,
 }
 
 impl Schedulers {
     #[cfg(test)]
-    pub fn set(&mut self, seen_in: u32, scheduler: u32) {
+    pub(super) fn set(&mut self, seen_in: u32, scheduler: u32) {
         self.found
             .insert(seen_in, (Instant::now(), Some(scheduler)));
     }
 
     /// The scheduler of the server that process `tgid` belongs to: once, and again every
     /// [`LOOKUP_RETRY`] until found. None when not found or not one (data parallel).
-    pub fn of(&mut self, tgid: u32, stats: &mut Stats) -> Option<u32> {
+    pub(super) fn of(&mut self, tgid: u32, stats: &mut Stats) -> Option<u32> {
         let now = Instant::now();
         if let Some(&(at, found)) = self.found.get(&tgid)
             && (found.is_some() || now.duration_since(at) < LOOKUP_RETRY)
@@ -87,7 +86,7 @@ impl Schedulers {
         found
     }
 
-    pub fn forget(&mut self, tgid: u32) {
+    pub(super) fn forget(&mut self, tgid: u32) {
         self.found.remove(&tgid);
         self.found.retain(|_, (_, s)| *s != Some(tgid));
     }

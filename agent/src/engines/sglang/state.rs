@@ -2,26 +2,25 @@
 //! HTTP records by rid. One message is usually seen twice (written by one traced process, read
 //! by another) and SGLang's counts are cumulative, so every update is idempotent: counts keep
 //! their maximum, times their first value.
-use inferscope_model::Counter;
 use std::collections::VecDeque;
 
+use inferscope_model::{Counter, RequestRecord, Stats, StepMember, StepRecord, StepRef};
 use rustc_hash::FxHashMap;
 
 use super::messages::{AddRequest, IpcMessage, Output};
-use inferscope_model::{RequestRecord, Stats, StepMember, StepRecord, StepRef};
 
 /// Requests remembered at once; the oldest is forgotten (counted) beyond this.
 const MAX_REQUESTS: usize = 16_384;
 
 /// perf_counter() seconds (CLOCK_MONOTONIC, the eBPF clock) → nanoseconds; None for values no
 /// clock reads.
-pub fn mono_ns(seconds: f64) -> Option<u64> {
+pub(super) fn mono_ns(seconds: f64) -> Option<u64> {
     (seconds.is_finite() && (0.0..1e10).contains(&seconds))
         .then(|| (seconds * 1e9 + 0.5).floor() as u64)
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct RequestState {
+pub(super) struct RequestState {
     pub prompt_tokens: Option<u64>,
     /// When the scheduler queued it (wait_queue_entry_time).
     pub queued_ns: Option<u64>,
@@ -53,7 +52,7 @@ const RECENT_BATCHES: usize = 256;
 
 /// Where and how a decoded message was seen.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Sighting {
+pub(super) struct Sighting {
     pub tgid: u32,
     pub tid: u32,
     /// The scheduler process that ran the step's kernels, where known.
@@ -76,7 +75,7 @@ struct PendingStep {
 }
 
 #[derive(Debug, Default)]
-pub struct IpcState {
+pub(super) struct IpcState {
     requests: FxHashMap<String, RequestState>,
     order: VecDeque<String>,
     /// Recent batches by fingerprint: their step while it waits for a capture time, None
@@ -109,7 +108,7 @@ fn fingerprint(outputs: &[Output]) -> u64 {
 
 impl IpcState {
     #[cfg(test)]
-    pub fn request(&self, rid: &str) -> Option<&RequestState> {
+    pub(super) fn request(&self, rid: &str) -> Option<&RequestState> {
         self.requests.get(rid)
     }
 
@@ -135,7 +134,12 @@ impl IpcState {
     }
 
     /// Applies one decoded message.
-    pub fn apply(&mut self, message: IpcMessage, seen: Sighting, steps: &mut Vec<StepRecord>) {
+    pub(super) fn apply(
+        &mut self,
+        message: IpcMessage,
+        seen: Sighting,
+        steps: &mut Vec<StepRecord>,
+    ) {
         match message {
             IpcMessage::Add(adds) => adds.into_iter().for_each(|a| self.on_add(a)),
             IpcMessage::Abort { rid: Some(rid), .. } => {
@@ -357,7 +361,7 @@ impl IpcState {
     /// it: SGLang's response id is the rid (from the body's `rid`, else a uuid it made; a gRPC
     /// call's rid is the request id its message named), and the request must have been
     /// admitted inside the HTTP request's lifetime.
-    pub fn enrich(&mut self, record: &mut RequestRecord) {
+    pub(super) fn enrich(&mut self, record: &mut RequestRecord) {
         let served = record.first_token_mono_ns.is_some();
         let inside = |r: &RequestState| {
             r.queued_ns.is_none_or(|t| t >= record.arrival_mono_ns)

@@ -1,5 +1,7 @@
 //! SGLang's IPC decoded from fixtures its own code pickled (tests/engine/sglang/make_fixtures.py,
 //! SGLang 0.5.23), through ZMTP framing as the kernel captures it.
+use inferscope_model::{Counter, RequestRecord, StepRef};
+
 use super::{
     Engine, ProcessInfo, Sglang, SglangIpc,
     layout::{self, V0_5_23},
@@ -11,8 +13,6 @@ use crate::{
     correlate::timeline::{TimelineBuilder, TimelineLimits},
     engines::{EngineIpc, IpcBytes, IpcDirection},
 };
-use inferscope_model::Counter;
-use inferscope_model::{RequestRecord, StepRef};
 
 const DIR: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -805,7 +805,6 @@ fn a_re_prefill_after_an_overlap_retraction_output() {
     let tokens: Vec<Option<u64>> = steps.iter().map(|s| s.batch_tokens).collect();
     assert_eq!(tokens, [Some(6), Some(1), Some(0), None, Some(1)]);
 }
-
 
 #[test]
 fn claims_the_server_and_its_titled_processes() {

@@ -10,10 +10,11 @@
 //!   `WAITING_FOR_REMOTE_KVS` until its connector reports the blocks received.
 //!
 //! So the P leg's key is in its response, the D leg's in its request, and they are equal.
-use inferscope_model::disagg::fnv1a;
-use inferscope_model::{DisaggHints, DisaggLeg, DisaggRole, HandoffParams, HandoffValue, LegParse};
+use inferscope_model::{
+    DisaggHints, DisaggLeg, DisaggRole, HandoffParams, HandoffValue, LegParse, disagg::fnv1a,
+};
 
-pub const SCHEME: &str = "vllm_kv_transfer";
+pub(super) const SCHEME: &str = "vllm_kv_transfer";
 
 /// The fields P returns and D must be sent unchanged: the join's fingerprint.
 const PINNED: &[&str] = &[
@@ -24,7 +25,7 @@ const PINNED: &[&str] = &[
     "remote_port",
 ];
 
-pub fn leg(hints: &DisaggHints) -> LegParse {
+pub(super) fn leg(hints: &DisaggHints) -> LegParse {
     let Some(request) = &hints.request else {
         return LegParse::None;
     };

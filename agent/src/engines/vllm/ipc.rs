@@ -8,7 +8,8 @@
 //! Several vLLM servers (and data-parallel engine cores) may run on one node: each server is
 //! named by its API server's pid (an EngineCore process by its parent's), so steps are chained
 //! per (server, engine index).
-use inferscope_model::Counter;
+use inferscope_decode::zmtp::{Message, ZmtpError, ZmtpLimits, ZmtpStream};
+use inferscope_model::{Counter, RequestRecord, Stats, StepRecord};
 use rustc_hash::FxHashMap;
 use tracing::warn;
 
@@ -17,12 +18,7 @@ use super::{
     messages::{self, IpcMessage},
     state::IpcState,
 };
-use crate::{
-    engines::package,
-    engines::{EngineIpc, IpcBytes, IpcDirection, IpcVerdict},
-};
-use inferscope_decode::zmtp::{Message, ZmtpError, ZmtpLimits, ZmtpStream};
-use inferscope_model::{RequestRecord, Stats, StepRecord};
+use crate::engines::{EngineIpc, IpcBytes, IpcDirection, IpcVerdict, package};
 
 /// Sockets followed at once; beyond this the table is cleared (counted) and streams restart
 /// mid-stream.
@@ -41,7 +37,7 @@ enum Version {
 }
 
 #[derive(Default)]
-pub struct VllmIpc {
+pub(crate) struct VllmIpc {
     sockets: FxHashMap<(u32, i32), Socket>,
     /// Per process: the version its package or its engine reported.
     versions: FxHashMap<u32, Version>,
@@ -77,13 +73,13 @@ fn engine_core_rank(cmdline: &str) -> Option<i64> {
 
 impl VllmIpc {
     #[cfg(test)]
-    pub fn state(&self) -> &IpcState {
+    pub(super) fn state(&self) -> &IpcState {
         &self.state
     }
 
     /// As if /proc had shown `pid` as the EngineCore (data-parallel rank `rank`) of `server`.
     #[cfg(test)]
-    pub fn set_engine_core(&mut self, server: u32, rank: i64, pid: u32) {
+    pub(crate) fn set_engine_core(&mut self, server: u32, rank: i64, pid: u32) {
         self.engine_lookups
             .insert(server, std::time::Instant::now());
         self.state.engine_pids.insert((server, rank), pid);

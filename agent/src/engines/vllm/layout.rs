@@ -6,7 +6,7 @@
 //! field name, so they need no positions.
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Layout {
+pub(super) struct Layout {
     /// `major.minor` this layout was read from.
     pub version: &'static str,
     /// EngineCoreRequest
@@ -42,7 +42,7 @@ pub struct Layout {
 /// stop_reason, events, ...); EngineCoreOutputs 9 (engine_index, outputs, scheduler_stats,
 /// timestamp, utility_output, finished_requests, ...). msgspec 0.22 writes every field of an
 /// array_like struct here, defaults included.
-pub const V0_33: Layout = Layout {
+pub(super) const V0_33: Layout = Layout {
     version: "0.33",
     req_request_id: 0,
     req_prompt_token_ids: 1,
@@ -65,14 +65,14 @@ pub const V0_33: Layout = Layout {
 static LAYOUTS: &[Layout] = &[V0_33];
 
 /// The versions with a pinned layout, for messages.
-pub const SUPPORTED: &str = "0.33.x";
+pub(super) const SUPPORTED: &str = "0.33.x";
 
 /// The newest pinned layout: used, with strict shape checks, when the engine's version was not
 /// seen (the agent attached after the engine's start-up handshake).
-pub const NEWEST: Layout = V0_33;
+pub(super) const NEWEST: Layout = V0_33;
 
 /// The layout for a reported `vllm_version` ("0.33.0", "0.33.1rc1+cu128"), if it is pinned.
-pub fn for_version(version: &str) -> Option<&'static Layout> {
+pub(super) fn for_version(version: &str) -> Option<&'static Layout> {
     let mut parts = version.split('.');
     let major = parts.next()?;
     let minor: String = parts
@@ -85,7 +85,7 @@ pub fn for_version(version: &str) -> Option<&'static Layout> {
 }
 
 /// vLLM's FinishReason (an IntEnum, sent as its int).
-pub fn finish_reason(code: i64) -> Option<&'static str> {
+pub(super) fn finish_reason(code: i64) -> Option<&'static str> {
     ["stop", "length", "abort", "error", "repetition"]
         .get(usize::try_from(code).ok()?)
         .copied()

@@ -1,7 +1,8 @@
 //! vLLM V1 IPC messages (msgpack frames of one ZMTP message) → typed values. Only ids, counts,
 //! reasons and timestamps are read: prompt token ids are counted, never kept.
-use super::layout::{self, Layout};
 use inferscope_decode::msgpack::{Head, MsgpackError, Reader};
+
+use super::layout::{self, Layout};
 
 /// Longest request id accepted (vLLM's are ~50 bytes); longer is not vLLM's layout.
 const MAX_ID: usize = 512;
@@ -11,10 +12,10 @@ const MAX_OUTPUTS: u32 = 65_536;
 const MAX_EVENTS: u32 = 1024;
 /// Most KV-transfer durations kept from one step's connector stats (NIXL reports one per
 /// finished transfer handle); a step with more keeps none of them (see [`KvTransfers`]).
-pub const MAX_KV_TRANSFERS: usize = 256;
+pub(super) const MAX_KV_TRANSFERS: usize = 256;
 
 #[derive(Debug, Clone, PartialEq)]
-pub enum IpcMessage {
+pub(super) enum IpcMessage {
     /// The engine's start-up message to the API server (EngineCoreReadyResponse).
     Ready {
         version: String,
@@ -29,7 +30,7 @@ pub enum IpcMessage {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct AddRequest {
+pub(super) struct AddRequest {
     /// The engine's id: `<external id>-<8 random chars>`.
     pub request_id: String,
     pub external_req_id: Option<String>,
@@ -42,7 +43,7 @@ pub struct AddRequest {
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Outputs {
+pub(super) struct Outputs {
     /// CLOCK_MONOTONIC seconds when the engine built this message (end of its step).
     pub timestamp: Option<f64>,
     /// The data-parallel rank of the engine core that sent it.
@@ -55,7 +56,7 @@ pub struct Outputs {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct Output {
+pub(super) struct Output {
     pub request_id: String,
     pub new_tokens: u32,
     pub finish_reason: Option<&'static str>,
@@ -63,21 +64,21 @@ pub struct Output {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventKind {
+pub(super) enum EventKind {
     Queued,
     Scheduled,
     Preempted,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Event {
+pub(super) struct Event {
     pub kind: EventKind,
     /// CLOCK_MONOTONIC seconds (time.monotonic() in the engine).
     pub timestamp: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct SchedulerStats {
+pub(super) struct SchedulerStats {
     pub running: Option<u64>,
     pub waiting: Option<u64>,
     pub kv_cache_usage: Option<f64>,
@@ -92,7 +93,7 @@ pub struct SchedulerStats {
 /// (post → done), in the order the loads were started; a MultiConnector nests one such dict
 /// per connector. Nothing in it names a request.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub enum KvTransfers {
+pub(super) enum KvTransfers {
     /// No connector stats with transfer times in this step.
     #[default]
     None,
@@ -104,7 +105,7 @@ pub enum KvTransfers {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum DecodeError {
+pub(super) enum DecodeError {
     #[error("msgpack: {0}")]
     Msgpack(#[from] MsgpackError),
     #[error("message does not match the pinned vLLM layout")]
@@ -115,7 +116,7 @@ pub enum DecodeError {
 
 impl DecodeError {
     /// The agent counter this failure is counted in.
-    pub fn counter(&self) -> inferscope_model::Counter {
+    pub(super) fn counter(&self) -> inferscope_model::Counter {
         use inferscope_model::Counter;
 
         match self {
@@ -134,7 +135,7 @@ const ABORT: u8 = 0x01;
 /// Decodes one multipart message (frame bodies; `complete` says whether the last one read was
 /// whole). Input messages are `[type byte, msgpack...]`; the engine sends one msgpack frame
 /// (plus out-of-band tensor frames, ignored).
-pub fn decode(frames: &[&[u8]], layout: &Layout) -> Result<IpcMessage, DecodeError> {
+pub(super) fn decode(frames: &[&[u8]], layout: &Layout) -> Result<IpcMessage, DecodeError> {
     let first = frames.first().ok_or(DecodeError::NotVllm)?;
     if let ([kind], Some(payload)) = (first, frames.get(1)) {
         return match *kind {

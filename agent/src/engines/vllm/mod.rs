@@ -6,11 +6,11 @@ mod layout;
 mod messages;
 mod state;
 
+pub(super) use ipc::VllmIpc;
+
 use super::{Engine, EngineIpc, MetricSource, MetricsEndpoint, ProcessInfo, RpcIdField, Signal};
 
-pub use ipc::VllmIpc;
-
-pub struct Vllm;
+pub(super) struct Vllm;
 
 impl Engine for Vllm {
     fn name(&self) -> &'static str {

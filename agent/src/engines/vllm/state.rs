@@ -2,13 +2,12 @@
 //! messages and joined to HTTP records by id. The same message can be seen twice (written by
 //! one traced process, read by another): events are kept once per (kind, timestamp), outputs
 //! once per message timestamp.
-use inferscope_model::Counter;
 use std::collections::VecDeque;
 
+use inferscope_model::{Counter, RequestRecord, Stats, StepMember, StepRecord, StepRef};
 use rustc_hash::FxHashMap;
 
 use super::messages::{AddRequest, EventKind, IpcMessage, KvTransfers, Outputs};
-use inferscope_model::{RequestRecord, Stats, StepMember, StepRecord, StepRef};
 
 /// Requests remembered at once; the oldest is forgotten (counted) beyond this.
 const MAX_REQUESTS: usize = 16_384;
@@ -30,13 +29,13 @@ const MAX_HELD: usize = 64;
 
 /// CLOCK_MONOTONIC seconds (vLLM's time.monotonic()) → nanoseconds; None for values no clock
 /// reads (negative, NaN, more than ~300 years).
-pub fn mono_ns(seconds: f64) -> Option<u64> {
+pub(super) fn mono_ns(seconds: f64) -> Option<u64> {
     (seconds.is_finite() && (0.0..1e10).contains(&seconds))
         .then(|| (seconds * 1e9 + 0.5).floor() as u64)
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct RequestState {
+pub(super) struct RequestState {
     pub request_id: String,
     pub external_req_id: Option<String>,
     pub prompt_tokens: Option<u64>,
@@ -76,7 +75,7 @@ struct EngineStep {
 }
 
 #[derive(Debug, Default)]
-pub struct IpcState {
+pub(super) struct IpcState {
     requests: FxHashMap<String, RequestState>,
     order: VecDeque<String>,
     /// External id (`chatcmpl-…`) → engine ids carrying it.
@@ -144,12 +143,12 @@ fn external_of(request_id: &str) -> Option<&str> {
 
 impl IpcState {
     #[cfg(test)]
-    pub fn request(&self, request_id: &str) -> Option<&RequestState> {
+    pub(super) fn request(&self, request_id: &str) -> Option<&RequestState> {
         self.requests.get(request_id)
     }
 
     #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.requests.is_empty()
     }
 
@@ -204,7 +203,7 @@ impl IpcState {
 
     /// Applies one decoded message; `tgid`/`tid` say where it was seen (for step records) and
     /// `server` which vLLM server it belongs to (the API server's pid, for both its processes).
-    pub fn apply(
+    pub(super) fn apply(
         &mut self,
         message: IpcMessage,
         (tgid, tid, server): (u32, u32, u32),
@@ -640,7 +639,7 @@ impl IpcState {
     /// any token, and the engine has not yet heard of it (vLLM's API server forwards a request
     /// only after tokenising it), or some of its engine requests have not been aborted or
     /// finished yet (the API server forwards the abort after that).
-    pub fn awaits_engine(&self, record: &RequestRecord) -> bool {
+    pub(super) fn awaits_engine(&self, record: &RequestRecord) -> bool {
         if !record.aborted || record.first_token_mono_ns.is_some() {
             return false;
         }
@@ -663,7 +662,7 @@ impl IpcState {
     /// first SCHEDULED of any; preemptions add up, and are unknown (not 0) when a request was
     /// aborted: vLLM reports a preemption only with the request's next output, which an
     /// aborted request may never get.
-    pub fn enrich(&mut self, record: &mut RequestRecord) {
+    pub(super) fn enrich(&mut self, record: &mut RequestRecord) {
         let served = record.first_token_mono_ns.is_some();
         let Some(members) = self.members(record) else {
             if served && (record.path.contains("completions") || record.rpc_request_id.is_some()) {

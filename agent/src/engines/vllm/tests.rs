@@ -1,11 +1,10 @@
 //! The vLLM 0.33.0 fixtures (tests/fixtures/vllm: real ZMTP streams of messages encoded with the
 //! wheel's own classes) replayed through the decoder, compared with the values they encode.
-use inferscope_model::Counter;
+use inferscope_model::{Counter, RequestRecord, StepRecord};
 use serde_json::Value;
 
 use super::{VllmIpc, state::mono_ns};
 use crate::engines::{EngineIpc, IpcBytes, IpcDirection, IpcVerdict};
-use inferscope_model::{RequestRecord, StepRecord};
 
 fn fixture(name: &str) -> Vec<u8> {
     let path = format!(

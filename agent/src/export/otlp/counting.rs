@@ -11,7 +11,7 @@ use opentelemetry_sdk::{
 };
 
 #[derive(Debug, Default)]
-pub struct ExportCounters {
+pub(crate) struct ExportCounters {
     /// Spans handed to the SDK's bounded batch queue.
     pub submitted: AtomicU64,
     pub exported: AtomicU64,
@@ -23,7 +23,7 @@ pub struct ExportCounters {
 
 impl ExportCounters {
     /// Spans neither exported nor failed: waiting in the queue or dropped because it was full.
-    pub fn unaccounted(&self) -> u64 {
+    pub(crate) fn unaccounted(&self) -> u64 {
         let submitted = self.submitted.load(Ordering::Relaxed);
         submitted
             .saturating_sub(self.exported.load(Ordering::Relaxed))
@@ -32,13 +32,13 @@ impl ExportCounters {
 }
 
 #[derive(Debug)]
-pub struct CountingExporter<E> {
+pub(super) struct CountingExporter<E> {
     inner: E,
     counters: Arc<ExportCounters>,
 }
 
 impl<E> CountingExporter<E> {
-    pub fn new(inner: E, counters: Arc<ExportCounters>) -> Self {
+    pub(super) fn new(inner: E, counters: Arc<ExportCounters>) -> Self {
         Self { inner, counters }
     }
 }

@@ -6,6 +6,7 @@
 //! the legs are then already in the caller's trace.
 use std::cell::Cell;
 
+use inferscope_model::{DisaggInfo, DisaggRole, RequestRecord, disagg::fnv1a};
 use opentelemetry::{
     Context, KeyValue,
     trace::{
@@ -15,9 +16,6 @@ use opentelemetry::{
 };
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SdkTracer};
 
-use inferscope_model::disagg::fnv1a;
-use inferscope_model::{DisaggInfo, DisaggRole, RequestRecord};
-
 thread_local! {
     /// Ids the next span built on this thread takes (the SDK 0.33 takes a span's ids only
     /// from its provider's generator).
@@ -26,7 +24,7 @@ thread_local! {
 
 /// The SDK's random ids, except for the one span [`parent_span`] builds.
 #[derive(Debug, Default)]
-pub struct DisaggIds(RandomIdGenerator);
+pub(crate) struct DisaggIds(RandomIdGenerator);
 
 impl IdGenerator for DisaggIds {
     fn new_trace_id(&self) -> TraceId {
@@ -45,7 +43,7 @@ impl IdGenerator for DisaggIds {
 }
 
 /// The parent span's ids for one disaggregated request, from its `disagg.id`.
-pub fn ids(disagg_id: &str) -> (TraceId, SpanId) {
+pub(crate) fn ids(disagg_id: &str) -> (TraceId, SpanId) {
     let hi = fnv1a(disagg_id.as_bytes(), 0);
     let lo = fnv1a(b"trace", hi);
     let span = fnv1a(b"span", lo).max(1);
@@ -56,7 +54,7 @@ pub fn ids(disagg_id: &str) -> (TraceId, SpanId) {
 }
 
 /// The leg's parent: the disaggregated request's span, where the record is a leg with an id.
-pub fn parent_context(record: &RequestRecord) -> Option<Context> {
+pub(crate) fn parent_context(record: &RequestRecord) -> Option<Context> {
     let id = record.disagg.as_deref()?.id.as_deref()?;
     let (trace, span) = ids(id);
     let sc = SpanContext::new(
@@ -71,7 +69,7 @@ pub fn parent_context(record: &RequestRecord) -> Option<Context> {
 
 /// Exports the disaggregated request's own span with the decode leg that joined its prefill
 /// leg; `at` turns a monotonic time into the export's clock. Returns the spans exported.
-pub fn export_parent(
+pub(crate) fn export_parent(
     tracer: &SdkTracer,
     record: &RequestRecord,
     at: &dyn Fn(u64) -> std::time::SystemTime,
@@ -140,7 +138,7 @@ fn attributes(info: &DisaggInfo) -> Vec<KeyValue> {
 
 /// On a decode leg: when its scheduler queued it and first scheduled it (the wait for the
 /// remote KV cache).
-pub fn kv_wait(record: &RequestRecord) -> Option<(u64, u64)> {
+pub(crate) fn kv_wait(record: &RequestRecord) -> Option<(u64, u64)> {
     let info = record.disagg.as_deref()?;
     if info.role != Some(DisaggRole::Decode) || info.kv_transfer_wait_ms.is_none() {
         return None;
@@ -149,7 +147,7 @@ pub fn kv_wait(record: &RequestRecord) -> Option<(u64, u64)> {
 }
 
 /// The attributes a leg's own request span carries.
-pub fn leg_attributes(record: &RequestRecord) -> Vec<KeyValue> {
+pub(crate) fn leg_attributes(record: &RequestRecord) -> Vec<KeyValue> {
     let Some(info) = record.disagg.as_deref() else {
         return Vec::new();
     };

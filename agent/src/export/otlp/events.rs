@@ -12,14 +12,14 @@ use opentelemetry_sdk::{
 use super::{OtlpConfig, OtlpError};
 use crate::diagnose::Diagnosis;
 
-pub struct DiagnosisEvents {
+pub(crate) struct DiagnosisEvents {
     provider: SdkLoggerProvider,
     logger: SdkLogger,
 }
 
 impl DiagnosisEvents {
     /// Call inside the tokio runtime (the gRPC channel spawns onto it).
-    pub fn new(config: &OtlpConfig, resource: Resource) -> Result<Self, OtlpError> {
+    pub(crate) fn new(config: &OtlpConfig, resource: Resource) -> Result<Self, OtlpError> {
         let mut builder = opentelemetry_otlp::LogExporter::builder()
             .with_tonic()
             .with_timeout(config.timeout);
@@ -38,7 +38,7 @@ impl DiagnosisEvents {
     }
 
     /// `active`: the regression alarm is raised (else: it cleared).
-    pub fn emit(&self, d: &Diagnosis, active: bool, report: &str) {
+    pub(crate) fn emit(&self, d: &Diagnosis, active: bool, report: &str) {
         let mut record = self.logger.create_log_record();
         record.set_event_name("inferscope.diagnosis");
         record.set_timestamp(SystemTime::now());
@@ -74,7 +74,7 @@ impl DiagnosisEvents {
         self.logger.emit(record);
     }
 
-    pub fn shutdown(&self) {
+    pub(crate) fn shutdown(&self) {
         let _ = self.provider.shutdown();
     }
 }

@@ -3,24 +3,23 @@
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_{TRACES,METRICS}_ENDPOINT` variables
 //! (headers, timeout and compression variables are honoured by the exporter itself).
 mod counting;
-pub mod disagg;
-pub mod events;
-pub mod traces;
+pub(crate) mod disagg;
+pub(crate) mod events;
+pub(crate) mod traces;
 
 use std::time::Duration;
 
+pub(crate) use counting::ExportCounters;
+pub(crate) use events::DiagnosisEvents;
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::{
     Resource,
     metrics::{PeriodicReader, SdkMeterProvider},
 };
-
-pub use counting::ExportCounters;
-pub use events::DiagnosisEvents;
-pub use traces::TraceExporter;
+pub(crate) use traces::TraceExporter;
 
 #[derive(Debug, thiserror::Error)]
-pub enum OtlpError {
+pub(crate) enum OtlpError {
     #[error(
         "building the OTLP exporter failed: {0}; check --otlp-endpoint / OTEL_EXPORTER_OTLP_ENDPOINT"
     )]
@@ -30,7 +29,7 @@ pub enum OtlpError {
 }
 
 #[derive(Debug, Clone)]
-pub struct OtlpConfig {
+pub(crate) struct OtlpConfig {
     /// gRPC endpoint (e.g. http://collector:4317); `None` leaves it to the OTEL_* variables.
     pub endpoint: Option<String>,
     pub timeout: Duration,
@@ -47,7 +46,7 @@ pub struct OtlpConfig {
 
 impl OtlpConfig {
     /// OTLP is on when an endpoint is given by flag or by the standard variables.
-    pub fn enabled(endpoint: &Option<String>) -> bool {
+    pub(crate) fn enabled(endpoint: &Option<String>) -> bool {
         endpoint.is_some()
             || [
                 "OTEL_EXPORTER_OTLP_ENDPOINT",
@@ -68,7 +67,7 @@ impl OtlpConfig {
     }
 
     /// The meter provider for the agent's metrics; call inside the tokio runtime.
-    pub fn meter_provider(&self, resource: Resource) -> Result<SdkMeterProvider, OtlpError> {
+    pub(crate) fn meter_provider(&self, resource: Resource) -> Result<SdkMeterProvider, OtlpError> {
         let mut builder = opentelemetry_otlp::MetricExporter::builder()
             .with_tonic()
             .with_timeout(self.timeout);

@@ -8,6 +8,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+use inferscope_model::StepRecord;
 use opentelemetry::{
     Context, KeyValue,
     propagation::TextMapPropagator,
@@ -21,14 +22,16 @@ use opentelemetry_sdk::{
 use rustc_hash::FxHashMap;
 use tracing::{info, warn};
 
-use super::{OtlpConfig, OtlpError, counting::CountingExporter, counting::ExportCounters};
+use super::{
+    OtlpConfig, OtlpError,
+    counting::{CountingExporter, ExportCounters},
+};
 use crate::{correlate::timeline::RequestTimeline, export::names, identity::ProcessIdentity};
-use inferscope_model::StepRecord;
 
 /// Engine processes with a tracer at once (each has its own resource and batch queue).
 const MAX_PROCESSES: usize = 64;
 
-pub struct TraceExporter {
+pub(crate) struct TraceExporter {
     config: OtlpConfig,
     runtime: tokio::runtime::Handle,
     /// Per engine process: its provider and tracer, and the identity its resource names.
@@ -41,7 +44,7 @@ pub struct TraceExporter {
 }
 
 impl TraceExporter {
-    pub fn new(
+    pub(crate) fn new(
         config: OtlpConfig,
         runtime: tokio::runtime::Handle,
         counters: Arc<ExportCounters>,
@@ -123,12 +126,12 @@ impl TraceExporter {
             .ok_or(OtlpError::TooManyProcesses(MAX_PROCESSES))
     }
 
-    pub fn set_gpu_uuids(&mut self, uuids: Vec<String>) {
+    pub(crate) fn set_gpu_uuids(&mut self, uuids: Vec<String>) {
         self.gpu_uuids = uuids;
     }
 
     /// The engine process exited: flush and drop its tracer off the pipeline thread.
-    pub fn forget_process(&mut self, pid: u32) {
+    pub(crate) fn forget_process(&mut self, pid: u32) {
         if let Some((provider, _, _)) = self.providers.remove(&pid) {
             std::thread::spawn(move || {
                 let _ = provider.shutdown();
@@ -136,7 +139,7 @@ impl TraceExporter {
         }
     }
 
-    pub fn shutdown(&mut self) {
+    pub(crate) fn shutdown(&mut self) {
         for (_, (provider, _, _)) in self.providers.drain() {
             if let Err(e) = provider.shutdown() {
                 warn!("flushing OTLP spans at exit failed: {e}");
@@ -144,7 +147,7 @@ impl TraceExporter {
         }
     }
 
-    pub fn export(&mut self, timeline: &RequestTimeline) {
+    pub(crate) fn export(&mut self, timeline: &RequestTimeline) {
         let kernel_spans = self.config.kernel_spans;
         let request = &timeline.request;
         let parent = match (&request.traceparent, super::disagg::parent_context(request)) {

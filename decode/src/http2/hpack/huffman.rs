@@ -92,7 +92,7 @@ pub enum HuffmanError {
 }
 
 /// Decodes `input` appending to `out`, which may grow by at most `max_out` bytes.
-pub fn decode(input: &[u8], out: &mut Vec<u8>, max_out: usize) -> Result<(), HuffmanError> {
+pub(super) fn decode(input: &[u8], out: &mut Vec<u8>, max_out: usize) -> Result<(), HuffmanError> {
     let start = out.len();
     let mut code = 0u32;
     let mut len = 0usize;

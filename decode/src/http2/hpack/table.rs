@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 
 /// RFC 7541 Appendix A; index 1 is the first element.
-pub const STATIC: [(&str, &str); 61] = [
+pub(super) const STATIC: [(&str, &str); 61] = [
     (":authority", ""),
     (":method", "GET"),
     (":method", "POST"),
@@ -76,12 +76,12 @@ pub const STATIC: [(&str, &str); 61] = [
 ];
 
 /// Per-entry overhead counted in a table's size (RFC 7541 §4.1).
-pub const ENTRY_OVERHEAD: usize = 32;
+pub(super) const ENTRY_OVERHEAD: usize = 32;
 
 /// One dynamic entry; `name` is `None` when it was inserted with a name taken from an entry we
 /// never saw (its value is known, which header it belongs to is not).
 #[derive(Debug, Clone)]
-pub struct Entry {
+pub(super) struct Entry {
     pub name: Option<Box<[u8]>>,
     pub value: Box<[u8]>,
 }
@@ -95,7 +95,7 @@ impl Entry {
 
 /// What a dynamic index refers to.
 #[derive(Debug)]
-pub enum Lookup<'a> {
+pub(super) enum Lookup<'a> {
     Entry(&'a Entry),
     /// An entry the encoder may hold that we never saw.
     Unknown,
@@ -104,7 +104,7 @@ pub enum Lookup<'a> {
 }
 
 #[derive(Debug)]
-pub struct DynamicTable {
+pub(super) struct DynamicTable {
     /// Newest first.
     entries: VecDeque<Entry>,
     /// Sum of the entries' sizes.
@@ -120,7 +120,7 @@ pub struct DynamicTable {
 impl DynamicTable {
     /// A table known from its start (the connection's first header block), of the protocol's
     /// initial size.
-    pub fn fresh(encoder_max: usize, cap: usize) -> Self {
+    pub(super) fn fresh(encoder_max: usize, cap: usize) -> Self {
         Self {
             entries: VecDeque::new(),
             size: 0,
@@ -131,7 +131,7 @@ impl DynamicTable {
     }
 
     /// A table whose past we missed: nothing known, anything possible behind.
-    pub fn unknown(cap: usize) -> Self {
+    pub(super) fn unknown(cap: usize) -> Self {
         let mut t = Self::fresh(cap, cap);
         t.tail = true;
         t
@@ -139,7 +139,7 @@ impl DynamicTable {
 
     /// Forgets what we know, after a header block we could not decode changed the table in ways
     /// we cannot replay.
-    pub fn desync(&mut self) {
+    pub(super) fn desync(&mut self) {
         self.entries.clear();
         self.size = 0;
         self.tail = true;
@@ -147,21 +147,21 @@ impl DynamicTable {
 
     /// Newest first, for tests.
     #[cfg(test)]
-    pub fn entries(&self) -> impl Iterator<Item = &Entry> {
+    pub(super) fn entries(&self) -> impl Iterator<Item = &Entry> {
         self.entries.iter()
     }
 
-    pub fn is_synced(&self) -> bool {
+    pub(super) fn is_synced(&self) -> bool {
         !self.tail
     }
 
     #[cfg(test)]
-    pub fn size(&self) -> usize {
+    pub(super) fn size(&self) -> usize {
         self.size
     }
 
     /// `index` counts from 0 for the newest entry (HPACK index 62).
-    pub fn get(&self, index: usize) -> Lookup<'_> {
+    pub(super) fn get(&self, index: usize) -> Lookup<'_> {
         match self.entries.get(index) {
             Some(e) => Lookup::Entry(e),
             None if self.tail => Lookup::Unknown,
@@ -170,7 +170,7 @@ impl DynamicTable {
     }
 
     /// A dynamic table size update (RFC 7541 §6.3).
-    pub fn set_encoder_max(&mut self, max: usize) {
+    pub(super) fn set_encoder_max(&mut self, max: usize) {
         self.encoder_max = max;
         if max == 0 {
             // The encoder emptied its table: from here on we know all of it.
@@ -181,7 +181,7 @@ impl DynamicTable {
         self.evict_to(0);
     }
 
-    pub fn insert(&mut self, entry: Entry) {
+    pub(super) fn insert(&mut self, entry: Entry) {
         let need = entry.size();
         if need > self.encoder_max {
             // RFC 7541 §4.4: an entry larger than the table empties it and is not added.

@@ -438,8 +438,8 @@ fn random_blocks_never_panic() {
     let mut rng = crate::http::testutil::XorShift(0x5eed);
     let mut d = Decoder::mid_connection(4096);
     for _ in 0..20_000 {
-        let len = (rng.next() % 40) as usize;
-        let block: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        let len = (rng.next_u64() % 40) as usize;
+        let block: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
         let _ = d.decode(&block, &mut |_| {});
         assert!(d.table().size() <= 4096);
     }

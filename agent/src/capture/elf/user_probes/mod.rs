@@ -5,18 +5,22 @@
 //! rest keep working. Reads go through bpf_probe_read_user, so a wrong offset costs the engine
 //! nothing; all probes go when the agent exits (closing the eBPF object detaches them).
 use inferscope_model::Counter;
-pub mod spec;
+pub(crate) mod spec;
 
 use std::path::PathBuf;
 
+use inferscope_model::Stats;
 use rustc_hash::FxHashMap;
+use spec::{At, Join};
+pub use spec::{ProbeSpec, SpecError};
 use tracing::{info, warn};
 
-pub use spec::{ProbeSpec, SpecError};
-
-use crate::capture::{SocketProbes, process::procfs, kernel::records::{SchedEvent, UserJoin, UserProbeHit}, elf::sched_hooks::HookOutcome, elf::symbols::ElfSymbols};
-use inferscope_model::Stats;
-use spec::{At, Join};
+use crate::capture::{
+    SocketProbes,
+    elf::{sched_hooks::HookOutcome, symbols::ElfSymbols},
+    kernel::records::{SchedEvent, UserJoin, UserProbeHit},
+    process::procfs,
+};
 
 /// Processes whose probe health is tracked at once (bounded like every map).
 const MAX_PROCESSES: usize = 1024;

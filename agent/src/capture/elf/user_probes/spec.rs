@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 /// Consecutive failed reads after which a probe is detached from a process, unless the spec
 /// says otherwise.
-pub const DEFAULT_MAX_FAILURES: u32 = 8;
+pub(crate) const DEFAULT_MAX_FAILURES: u32 = 8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
@@ -90,7 +90,7 @@ pub enum Join {
 /// The integer or string the id is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum IdType {
+pub(crate) enum IdType {
     U8,
     U16,
     U32,
@@ -101,7 +101,7 @@ pub enum IdType {
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct IdSpec {
+pub(crate) struct IdSpec {
     /// "arg0".."arg5" (the SysV integer argument registers rdi, rsi, rdx, rcx, r8, r9; register
     /// names are accepted too), or "ret" for a return probe's return value.
     pub from: String,
@@ -125,7 +125,7 @@ fn default_type() -> IdType {
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ProbeDef {
+pub(crate) struct ProbeDef {
     /// A name for messages; defaults to the symbol.
     pub name: Option<String>,
     /// The mapped executable or library that holds the function: a full path, or a substring of
