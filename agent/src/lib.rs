@@ -1,13 +1,17 @@
 //! inferscope: per-request timelines of LLM inference servers, from outside the engine.
 //!
-//! Data flows one way, and the modules are its stages in order: [`model`] (the shared records,
-//! clocks and counters) → [`capture`] (eBPF, process discovery, scraping, the CUPTI shim
-//! listener) → [`decode`] (HTTP/SSE, ZMTP/msgpack, pickle, Prometheus text) → [`identity`]
-//! (containers, pods) → [`engines`] (one plugin per engine: discovery, hooks, IPC decoders,
-//! metric names) → [`correlate`] (connections, requests, steps, timelines) → [`diagnose`] →
-//! [`export`] (OTLP, Prometheus, gRPC, JSONL) → [`pipeline`] (the stages wired on one thread) →
-//! [`daemon`] (the `run` daemon's fan-out) → [`cli`] (the commands). A module never names a later
-//! stage (`tests/architecture.rs` checks it).
+//! Data flows one way, and the modules are its stages in order, after the two crates every stage
+//! shares (`inferscope-model`: records, clocks, counters; `inferscope-decode`: the decoders of
+//! untrusted bytes): [`capture`] (eBPF, process discovery, ELF and uprobes, the CUPTI shim,
+//! scraping) → [`identity`] (containers, pods) → [`engines`] (one plugin per engine: discovery,
+//! hooks, IPC decoders, metric names) → [`correlate`] (connections, requests, steps, timelines) →
+//! [`diagnose`] → `export` (OTLP, Prometheus, gRPC, JSONL) → `pipeline` (the stages wired on one
+//! thread) → `daemon` (the `run` daemon's fan-out) → [`cli`] (the commands). A module never names
+//! a later stage (`tests/architecture.rs` checks it); the picture, with one record's path from the
+//! ring buffer to an OTLP span, is `docs/src/architecture.md`.
+//!
+//! Only what another crate uses is public: [`cli::main`] for the binary, and the parts the fuzz
+//! targets, benchmarks and integration tests drive directly.
 pub mod capture;
 pub mod cli;
 pub mod correlate;

@@ -1,6 +1,7 @@
 //! The data every stage shares, and nothing else: request and step records, process identity,
-//! clocks and the agent's counters. It imports no other module of the crate, so capture, decode,
-//! engines, correlate, diagnose and export can all name these types without importing each other.
+//! clocks and the agent's counters, every threshold, the one median and percentile. A crate of
+//! its own, importing no other inferscope crate, so the decoders and every stage of the agent can
+//! name these types without importing each other (`docs/src/architecture.md`).
 pub mod clock;
 pub mod counters;
 pub mod disagg;

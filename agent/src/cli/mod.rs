@@ -1,4 +1,6 @@
 //! Command-line interface: argument parsing and the subcommands.
+//!
+//! Where this stage sits and what it may import: `docs/src/architecture.md`.
 mod check;
 mod client;
 mod demo;

@@ -1,5 +1,7 @@
 //! Correlate stage: per-connection state machines turn decoded HTTP events into one
 //! [`RequestRecord`] per request, joined with TCP arrival times.
+//!
+//! Where this stage sits and what it may import: `docs/src/architecture.md`.
 use inferscope_model::{Counter, PerProcess};
 mod arrivals;
 mod connection;
@@ -543,11 +545,6 @@ impl Tracker {
             std::mem::take(&mut self.arrivals.dropped),
         );
         self.unix_offset_ns = inferscope_model::clock::unix_offset_ns();
-    }
-
-    /// TCP segment arrivals waiting for their request to be read.
-    pub fn held_segments(&self) -> usize {
-        self.arrivals.len()
     }
 
     pub fn open_connections(&self) -> usize {

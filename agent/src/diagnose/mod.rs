@@ -7,6 +7,8 @@
 //! admission); if prefill grew, compare prompt sizes (prompts grew) with the device's speed at
 //! unchanged work (a slower device) and with how the scheduler splits prefills. Every threshold
 //! lives in [`inferscope_model::thresholds`].
+//!
+//! Where this stage sits and what it may import: `docs/src/architecture.md`.
 mod decide;
 mod evidence;
 pub(crate) mod history;

@@ -1,6 +1,8 @@
 //! Engine plugins. Each engine module says how to recognise its processes; later stages (scheduler
 //! probes, IPC decoders, metric names) hang off the same trait. Nothing engine-specific lives
 //! outside these modules.
+//!
+//! Where this stage sits and what it may import: `docs/src/architecture.md`.
 pub(crate) mod config;
 mod ipc_router;
 mod kserve;

@@ -1,5 +1,7 @@
 //! Export stage: finished records leave the agent here — files, the terminal, OTLP, the
 //! Prometheus endpoint, the gRPC API and Perfetto traces.
+//!
+//! Where this stage sits and what it may import: `docs/src/architecture.md`.
 pub(crate) mod counters_file;
 pub(crate) mod grpc;
 pub(crate) mod health;

@@ -7,6 +7,8 @@
 //! Lookups never wait for the API: a process whose pod the API has not described (yet, or
 //! because it is down) gets its container id only, and the record is counted
 //! (`kube_pod_unknown`). Without Kubernetes the agent names processes by container id and pid.
+//!
+//! Where this stage sits and what it may import: `docs/src/architecture.md`.
 pub mod container;
 pub mod kube;
 pub mod pods;

@@ -1,5 +1,7 @@
 //! Wires capture → decode → correlate → export on one thread: a ring-buffer record is decoded
 //! and correlated where it is read, with no queue between stages to size or drop from.
+//!
+//! Where this stage sits and what it may import: `docs/src/architecture.md`.
 mod lifecycle;
 mod route;
 use std::{
@@ -92,7 +94,7 @@ pub(crate) trait Observer {
     fn on_step(&mut self, _step: StepRecord) {}
     /// A GPU kernel or graph launch (launch uprobes on the CUDA driver and runtime).
     fn on_launch(&mut self, _launch: LaunchRecord) {}
-    /// A scrape of an engine's metrics endpoint (with `PipelineConfig::metrics`).
+    /// A scrape of an engine's metrics endpoint (after [`Pipeline::scrape_engine_metrics`]).
     fn on_engine_metrics(&mut self, _record: EngineMetricsRecord) {}
     /// Discovery attached to or detached from processes.
     fn on_discovery(&mut self, _change: &DiscoveryChange) {}
@@ -125,7 +127,7 @@ pub(crate) struct Pipeline {
     /// Ring-buffer bytes those records took, the ring's 8-byte record header and padding
     /// included: what sizing the ring is about.
     ring_bytes_read: u64,
-    /// Engine metrics scraping and the arrival join (with `PipelineConfig::metrics`).
+    /// Engine metrics scraping and the arrival join (after [`Pipeline::scrape_engine_metrics`]).
     scraper: Option<MetricsScraper>,
     engine_metrics: EngineMetrics,
     /// Joins the prefill and decode legs of disaggregated requests.

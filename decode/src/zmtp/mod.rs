@@ -154,14 +154,6 @@ impl ZmtpStream {
         }
     }
 
-    /// Whether the greeting has been read (the stream is ZMTP).
-    pub fn greeted(&self) -> bool {
-        !matches!(
-            self.state,
-            State::Greeting { .. } | State::Hunting { .. } | State::Failed(_)
-        )
-    }
-
     /// Decodes `data`, then accounts for `lost` bytes that followed it on the wire. Complete
     /// messages are appended to `out`. Returns what was incomplete or dropped; a stream that
     /// failed stays failed (see [`ZmtpStream::failed`]).

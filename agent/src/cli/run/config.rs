@@ -436,7 +436,9 @@ mod tests {
     fn unknown_keys_and_bad_values_are_errors() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.toml");
-        std::fs::write(&path, "otlp-endpiont = \"x\"\n").unwrap();
+        // A misspelt key, on purpose.
+        let misspelt = "otlp-endpiont = \"x\"\n"; // spellchecker:disable-line
+        std::fs::write(&path, misspelt).unwrap();
         let err = RunConfig::resolve(RunArgs {
             config: Some(path),
             ..Default::default()
