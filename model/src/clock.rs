@@ -32,8 +32,13 @@ pub fn ns_to_ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
-/// A duration in ms for a table or report: `decimals` places, or `unknown` where it was not
+/// A duration in ms for a report: `12 ms` with `decimals` places, or `unknown` where it was not
 /// measured.
 pub fn ms_text(v: Option<f64>, decimals: usize, unknown: &str) -> String {
+    v.map_or_else(|| unknown.to_owned(), |v| format!("{v:.decimals$} ms"))
+}
+
+/// A duration in ms for a table whose header names the unit: `decimals` places, or `unknown`.
+pub fn ms_number(v: Option<f64>, decimals: usize, unknown: &str) -> String {
     v.map_or_else(|| unknown.to_owned(), |v| format!("{v:.decimals$}"))
 }

@@ -1,6 +1,6 @@
 //! The data every stage shares, and nothing else: request and step records, process identity,
 //! clocks and the agent's counters, every threshold, the one median and percentile. A crate of
-//! its own, importing no other inferscope crate, so the decoders and every stage of the agent can
+//! its own, importing no other inferscope crate but `inferscope-common` (the kernel's counter ids), so the decoders and every stage of the agent can
 //! name these types without importing each other (`docs/src/architecture.md`).
 pub mod clock;
 pub mod counters;

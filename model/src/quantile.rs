@@ -1,5 +1,8 @@
-//! The agent's one median and one percentile, so every figure it prints or exports (ITL
-//! percentiles, diagnose's evidence, GPU outliers, the demo's summary) means the same thing.
+//! The agent's one percentile and one median, so every figure it prints or exports means the
+//! same thing: every pNN it reports (p50 included: ITL percentiles, diagnose's evidence, the
+//! demo's summary) is the nearest rank, a value that occurred; the median (the mean of the two
+//! middle values for an even count) is for robust statistics, the GPU outlier test's centre and
+//! spread.
 
 /// Nearest-rank percentile of an ascending slice (`q` in 0..=1): always a value that occurred.
 pub fn percentile(sorted: &[f64], q: f64) -> Option<f64> {

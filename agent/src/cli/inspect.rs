@@ -4,7 +4,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use anyhow::Context as _;
 use clap::Args;
-use inferscope_model::clock::ns_to_ms;
+use inferscope_model::clock::{ms_text, ns_to_ms};
 use inferscope_proto::v1::agent::{GetRequestRequest, RequestTimeline};
 
 use super::client::{ConnectArgs, runtime};
@@ -49,7 +49,7 @@ pub(super) fn run(args: InspectArgs) -> anyhow::Result<()> {
 }
 
 fn opt(v: Option<f64>) -> String {
-    v.map_or("-".into(), |v| format!("{v:.1} ms"))
+    ms_text(v, 1, "-")
 }
 
 /// A bar of `width` columns with `[from, to)` of `[origin, origin + span)` filled.
@@ -804,7 +804,7 @@ mod tests {
             tid: 9,
             start_mono_ns: start,
             end_mono_ns: end,
-            duration_ms: (end - start) as f64 / 1e6,
+            duration_ms: ns_to_ms(end - start),
             sequences: ids.len() as u64,
             prefilling: 0,
             requests: ids

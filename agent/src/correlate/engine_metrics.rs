@@ -4,6 +4,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use inferscope_decode::prometheus::{self, Limits, ParseStats};
+use inferscope_model::clock::ns_to_ms;
 use serde::Serialize;
 
 use super::RequestRecord;
@@ -185,7 +186,7 @@ impl EngineMetrics {
             path: scrape.endpoint.path.to_string(),
             mono_ns,
             unix_ns: mono_ns.wrapping_add(self.unix_offset_ns),
-            scrape_ms: (scrape.end_mono_ns - scrape.start_mono_ns) as f64 / 1e6,
+            scrape_ms: ns_to_ms(scrape.end_mono_ns - scrape.start_mono_ns),
             kv_cache_usage: snap.get(Signal::KvCacheUsage),
             requests_running: snap.get(Signal::RequestsRunning),
             requests_waiting: snap.get(Signal::RequestsWaiting),

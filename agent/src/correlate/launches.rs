@@ -7,7 +7,8 @@ use std::collections::VecDeque;
 
 use inferscope_common::GpuApi;
 use inferscope_model::{
-    Counter, LaunchRecord, NamedCount, Stats, StepLaunches, StepRecord, launch::STEP_KERNELS_KEPT,
+    Counter, LaunchRecord, NamedCount, Stats, StepLaunches, StepRecord, clock::ns_to_ms,
+    launch::STEP_KERNELS_KEPT,
 };
 use rustc_hash::FxHashMap;
 
@@ -348,11 +349,11 @@ pub(crate) fn summarise(
         kernel_launches,
         graph_launches,
         named_launches: named,
-        before_first_launch_ms: before as f64 / 1e6,
+        before_first_launch_ms: ns_to_ms(before),
         before_first_launch_share: before as f64 / span as f64,
         max_launch_gap_us: max_gap as f64 / 1e3,
         mean_launch_gap_us: mean_gap / 1e3,
-        after_last_launch_ms: to.saturating_sub(last) as f64 / 1e6,
+        after_last_launch_ms: ns_to_ms(to.saturating_sub(last)),
         kernels,
         graphs,
         kernels_not_listed,
@@ -424,7 +425,7 @@ mod tests {
             tid,
             start_mono_ns: start,
             end_mono_ns: end,
-            duration_ms: (end - start) as f64 / 1e6,
+            duration_ms: ns_to_ms(end - start),
             sequences: 1,
             prefilling: 0,
             ..StepRecord::default()

@@ -5,16 +5,16 @@ use inferscope_decode::http::ParseError;
 use inferscope_model::Counter;
 
 /// Counter of answered requests without a record, all reasons together.
-pub const LOST_TOTAL: Counter = Counter::RequestsLost;
+pub(crate) const LOST_TOTAL: Counter = Counter::RequestsLost;
 /// The kernel dropped the record of the response head (ring buffer full).
-pub const LOST_EVENTS: Counter = Counter::RequestsLostEventsLost;
+pub(crate) const LOST_EVENTS: Counter = Counter::RequestsLostEventsLost;
 /// A response head was seen but its request was not (lost, or read before the agent looked).
 pub const LOST_REQUEST_NOT_CAPTURED: Counter = Counter::RequestsLostRequestNotCaptured;
 /// A fully read request was dropped because 64 requests of its connection already waited for
 /// their answers (pipelining); its answer came and was skipped.
-pub const LOST_WAITING_OVER_LIMIT: Counter = Counter::RequestsLostWaitingOverLimit;
+pub(crate) const LOST_WAITING_OVER_LIMIT: Counter = Counter::RequestsLostWaitingOverLimit;
 /// An answer was written on a connection the agent could not track (its table was full).
-pub const LOST_CONNECTIONS_OVER_LIMIT: Counter = Counter::RequestsLostConnectionsOverLimit;
+pub(crate) const LOST_CONNECTIONS_OVER_LIMIT: Counter = Counter::RequestsLostConnectionsOverLimit;
 /// Records emitted with `incomplete` set, all reasons together.
 pub const INCOMPLETE_TOTAL: Counter = Counter::RequestsIncomplete;
 

@@ -2,7 +2,7 @@
 //! [`RequestRecord`] per request, joined with TCP arrival times.
 //!
 //! Where this stage sits and what it may import: `docs/src/architecture.md`.
-use inferscope_model::{Counter, PerProcess};
+use inferscope_model::{Counter, PerProcess, clock::ns_to_ms};
 mod arrivals;
 mod connection;
 pub(crate) mod disagg;
@@ -38,7 +38,7 @@ use crate::capture::{SchedEvent, Segment, SockState, SyscallEvent};
 const MAX_STEP_MEMBERS: usize = 1024;
 
 /// Connections tracked at once; beyond it new connections are counted and skipped.
-pub const MAX_CONNECTIONS: usize = 65536;
+pub(crate) const MAX_CONNECTIONS: usize = 65536;
 
 /// Where a server connection's bytes came from, as far as capture could tell.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -495,7 +495,7 @@ impl Tracker {
             tid: event.tid,
             start_mono_ns: start_ns,
             end_mono_ns: event.ts_ns,
-            duration_ms: event.ts_ns.saturating_sub(start_ns) as f64 / 1e6,
+            duration_ms: ns_to_ms(event.ts_ns.saturating_sub(start_ns)),
             batch_tokens: u64::try_from(tokens).ok(),
             sequences,
             prefilling: prefilling_count,

@@ -1,6 +1,6 @@
 //! One request's progress from its first byte read to the end of its response.
 use inferscope_decode::http::{BodySummary, RequestSummary, SseEvent, Timings, Usage};
-use inferscope_model::{Counter, EndedBy, RequestRecord, quantile::percentile};
+use inferscope_model::{Counter, EndedBy, RequestRecord, clock::ns_to_ms, quantile::percentile};
 
 use super::Stats;
 
@@ -145,7 +145,7 @@ impl RequestProgress {
         ended_by: EndedBy,
     ) -> RequestRecord {
         let arrival = self.arrival_ns();
-        let ms = |from: u64, to: u64| to.saturating_sub(from) as f64 / 1e6;
+        let ms = |from: u64, to: u64| ns_to_ms(to.saturating_sub(from));
         let mut summary = self.summary.take().unwrap_or_default();
         let hints = inferscope_model::DisaggHints {
             request: summary.kv_transfer_params.take().map(|p| *p),
@@ -159,7 +159,7 @@ impl RequestProgress {
             (Some(first), Some(last)) if tokens > 1 => Some(ms(first, last) / (tokens - 1) as f64),
             _ => None,
         };
-        let mut gaps: Vec<f64> = self.gaps_ns.iter().map(|&g| g as f64 / 1e6).collect();
+        let mut gaps: Vec<f64> = self.gaps_ns.iter().map(|&g| ns_to_ms(g)).collect();
         gaps.sort_unstable_by(f64::total_cmp);
         RequestRecord {
             request_id: self.request_id(base),

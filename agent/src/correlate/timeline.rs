@@ -8,7 +8,7 @@
 //! attributing kernels by time alone, which would guess wrong under batching.
 use std::collections::VecDeque;
 
-use inferscope_model::{Counter, StepLaunches};
+use inferscope_model::{Counter, StepLaunches, clock::ns_to_ms};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
@@ -421,7 +421,7 @@ impl PhaseAccumulator {
         self.devices.sort_unstable();
         GpuPhase {
             kernels: self.kernels,
-            busy_ms: busy as f64 / 1e6,
+            busy_ms: ns_to_ms(busy),
             tensor_core_share: if busy == 0 {
                 0.0
             } else {
@@ -476,7 +476,7 @@ mod tests {
             tid: 70,
             start_mono_ns: start,
             end_mono_ns: end,
-            duration_ms: (end - start) as f64 / 1e6,
+            duration_ms: ns_to_ms(end - start),
             sequences: members.len() as u64,
             prefilling: members.iter().filter(|m| m.1 == "prefill").count() as u64,
             requests: members

@@ -1,5 +1,5 @@
 //! The rules: from two windows' signals to a phase, a cause and a confidence.
-use inferscope_model::{quantile, thresholds as t};
+use inferscope_model::{clock::ms_text, quantile::percentile, thresholds as t};
 
 use super::{
     Cause, CauseShare, ConfigChange, Diagnosis, Evidence, Inputs, LoadForm, Pair, Phase, Test,
@@ -55,7 +55,7 @@ fn decode_step_line(b: &WindowSignals, w: &WindowSignals) -> Option<Evidence> {
         .decode_steps_ms
         .iter()
         .filter(|(_, v)| v.len() >= t::MIN_STEPS_PER_BATCH_SIZE)
-        .filter_map(|(k, v)| quantile::median(v).filter(|m| *m > 0.0).map(|m| (*k, m)))
+        .filter_map(|(k, v)| percentile(v, 0.5).filter(|m| *m > 0.0).map(|m| (*k, m)))
         .collect();
     let mut base_ms = Vec::new();
     let mut win_ms = Vec::new();
@@ -93,14 +93,14 @@ fn decode_step_line(b: &WindowSignals, w: &WindowSignals) -> Option<Evidence> {
     let mut e = line(
         "decode_step_ms_p50",
         "ms",
-        quantile::median(&base_ms),
-        quantile::median(&win_ms),
+        percentile(&base_ms, 0.5),
+        percentile(&win_ms, 0.5),
         Test::Ratio,
         Some(t::DEVICE_SLOWDOWN_RATIO),
         Cause::DegradedDevice,
     );
     // The median of per-step ratios against the reference for each step's batch size.
-    e.ratio = quantile::median(&ratios);
+    e.ratio = percentile(&ratios, 0.5);
     e.crossed = e.ratio.is_some_and(|r| r >= t::DEVICE_SLOWDOWN_RATIO);
     e.detail = Some(format!(
         "decode-only steps by requests in the batch: {}",
@@ -453,7 +453,7 @@ fn delta(p: Pair<Option<f64>>) -> Option<f64> {
 }
 
 fn fmt_ms(v: Option<f64>) -> String {
-    v.map_or("?".to_owned(), |v| format!("{v:.0} ms"))
+    ms_text(v, 0, "?")
 }
 
 /// What the inputs cover as a whole: the recording's span and which sources were given at all.

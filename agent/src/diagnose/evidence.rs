@@ -1,7 +1,7 @@
 //! The measured signals of one window.
 use std::collections::BTreeMap;
 
-use inferscope_model::quantile::percentile;
+use inferscope_model::{clock::ns_to_ms, quantile::percentile};
 
 use super::{Inputs, TimeWindow};
 
@@ -183,7 +183,7 @@ pub(super) fn measure(inputs: &Inputs, w: &TimeWindow) -> WindowSignals {
         .iter()
         .filter_map(|r| {
             let a = r.admitted_mono_ns?;
-            (r.end_mono_ns >= a).then(|| (r.end_mono_ns - a) as f64 / 1e6)
+            (r.end_mono_ns >= a).then(|| ns_to_ms(r.end_mono_ns - a))
         })
         .collect();
     s.engine_time_mean_ms = mean(&engine_ms);

@@ -28,8 +28,7 @@ fn meaning(c: Cause) -> &'static str {
 }
 
 fn ms(v: Option<f64>) -> String {
-    let text = ms_text(v, 0, "?");
-    if v.is_some() { text + " ms" } else { text }
+    ms_text(v, 0, "?")
 }
 
 fn row(out: &mut String, name: &str, p: Pair<Option<f64>>) {

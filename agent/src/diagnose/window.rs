@@ -72,7 +72,7 @@ fn parse_duration_ns(s: &str) -> Option<u64> {
         .and_then(|d| u64::try_from(d.as_nanos()).ok())
 }
 
-pub fn parse_bound(s: &str) -> Result<Bound, WindowError> {
+fn parse_bound(s: &str) -> Result<Bound, WindowError> {
     let t = s.trim();
     let bad = || WindowError::BadBound(s.to_owned());
     if t.is_empty() {
@@ -192,7 +192,7 @@ impl Timeline {
 }
 
 /// Formats a duration in ns for people (`2.5s`, `300ms`).
-pub fn human_ns(ns: u64) -> String {
+pub(crate) fn human_ns(ns: u64) -> String {
     humantime::format_duration(Duration::from_millis(ns / 1_000_000)).to_string()
 }
 

@@ -190,14 +190,14 @@ pub fn call_stream(path: &str) -> Option<&'static CallStream> {
 }
 
 /// Whether `path` is a call stream's (see [`call_stream`]).
-pub fn is_call_stream(path: &str) -> bool {
+pub(crate) fn is_call_stream(path: &str) -> bool {
     call_stream(path).is_some()
 }
 
 /// Whether a message head from `side` of call stream `path` names its call: a request with an
 /// id, a response that echoes one. What a call stream whose message boundaries were lost takes
 /// up again at.
-pub fn names_a_call(path: &str, side: inferscope_decode::http2::Side, head: &[u8]) -> bool {
+pub(crate) fn names_a_call(path: &str, side: inferscope_decode::http2::Side, head: &[u8]) -> bool {
     use inferscope_decode::http2::Side;
     call_stream(path).is_some_and(|rpc| match side {
         Side::Client => (rpc.request_id)(head).is_some(),
@@ -218,7 +218,7 @@ pub struct RpcIdField {
 /// The field of `path`'s request message that names the engine's request, whichever engine
 /// declares it: a gRPC path names its protocol (its package), so a server not identified as that
 /// engine is read too.
-pub fn rpc_id_field(path: &str) -> Option<u32> {
+pub(crate) fn rpc_id_field(path: &str) -> Option<u32> {
     ENGINES
         .iter()
         .flat_map(|e| e.rpc_id_fields())
@@ -227,13 +227,13 @@ pub fn rpc_id_field(path: &str) -> Option<u32> {
 }
 
 /// The version of `engine` that process `tgid` runs, where its package metadata says it.
-pub fn version_of(tgid: u32, engine: &str) -> Option<String> {
+pub(crate) fn version_of(tgid: u32, engine: &str) -> Option<String> {
     package::process_version(tgid, by_name(engine)?.package()?)
 }
 
 /// Whether the agent decodes `engine`'s internal IPC (its decoder then needs the process's
 /// Unix stream or ZeroMQ sockets).
-pub fn decodes_ipc(engine: &str) -> bool {
+pub(crate) fn decodes_ipc(engine: &str) -> bool {
     by_name(engine).is_some_and(|e| e.ipc().is_some())
 }
 
@@ -264,7 +264,7 @@ static ENGINES: &[&dyn Engine] = &[
 ];
 
 /// The engine that claims `process`, else a user pattern that matches it (reported as "custom").
-pub fn identify(process: &ProcessInfo, user_patterns: &[String]) -> Option<&'static str> {
+pub(crate) fn identify(process: &ProcessInfo, user_patterns: &[String]) -> Option<&'static str> {
     if let Some(engine) = ENGINES.iter().find(|e| e.claims(process)) {
         return Some(engine.name());
     }
@@ -299,7 +299,7 @@ pub(crate) fn assert_signals(got: &[(Signal, Option<f64>)], want: [Option<f64>; 
 }
 
 /// What `engine` asks capture to hook in its processes, for engines with scheduler hooks.
-pub fn hook_set(engine: &str) -> Option<HookSet> {
+pub(crate) fn hook_set(engine: &str) -> Option<HookSet> {
     let engine = by_name(engine)?;
     Some(HookSet {
         hooks: engine.scheduler_hooks(),
@@ -309,7 +309,10 @@ pub fn hook_set(engine: &str) -> Option<HookSet> {
 }
 
 /// The scheduler settings on a traced process's command line, as its engine plugin reads them.
-pub fn scheduler_config_of(tgid: u32, engine: &str) -> std::collections::BTreeMap<String, String> {
+pub(crate) fn scheduler_config_of(
+    tgid: u32,
+    engine: &str,
+) -> std::collections::BTreeMap<String, String> {
     let args = crate::capture::process::procfs::cmdline_args(tgid).unwrap_or_default();
     scheduler_config(engine, &args)
 }

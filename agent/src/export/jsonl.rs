@@ -47,7 +47,7 @@ impl JsonlWriter {
             Err(e) => {
                 if self.failed == 1 {
                     tracing::error!(
-                        "writing {what} failed: {e}; that line is dropped whole, later ones are tried (failures are counted: records_write_failed)"
+                        "writing {what} failed: {e}; that line is dropped whole, later ones are tried (each failure is counted)"
                     );
                 }
                 false
@@ -57,7 +57,10 @@ impl JsonlWriter {
 
     pub(crate) fn write<T: Serialize>(&mut self, record: &T) -> io::Result<()> {
         self.line.clear();
-        serde_json::to_writer(&mut self.line, record)?;
+        if let Err(e) = serde_json::to_writer(&mut self.line, record) {
+            self.failed += 1;
+            return Err(e.into());
+        }
         self.line.push(b'\n');
         match self.file.write_all(&self.line) {
             Ok(()) => {

@@ -1,8 +1,8 @@
 //! The one-line-per-request view printed while recording to a terminal.
-use inferscope_model::{RequestRecord, clock::ms_text};
+use inferscope_model::{RequestRecord, clock::ms_number};
 
 fn ms(v: Option<f64>) -> String {
-    ms_text(v, 1, "-")
+    ms_number(v, 1, "-")
 }
 
 pub(crate) fn header() -> String {

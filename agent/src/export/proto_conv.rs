@@ -1,5 +1,5 @@
 //! Agent records → the gRPC API's protobuf messages.
-use inferscope_model::StepRecord;
+use inferscope_model::{StepRecord, clock::ns_to_ms};
 use inferscope_proto::v1::{agent as pb, shim};
 
 use crate::{
@@ -224,5 +224,5 @@ pub(crate) fn timeline(t: &RequestTimeline) -> pb::RequestTimeline {
 }
 
 fn busy_ms(intervals: &mut [(u64, u64)]) -> f64 {
-    union_ns(intervals) as f64 / 1e6
+    ns_to_ms(union_ns(intervals))
 }

@@ -16,7 +16,7 @@ pub struct ContainerId {
 }
 
 /// Reads /proc/PID/cgroup; `None` for a process on the host or a layout not recognised.
-pub fn of_process(pid: u32) -> Option<ContainerId> {
+pub(crate) fn of_process(pid: u32) -> Option<ContainerId> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
     parse(&text)
 }
@@ -41,7 +41,7 @@ pub fn parse(text: &str) -> Option<ContainerId> {
 
 /// One cgroup path, e.g.
 /// `/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice/cri-containerd-<id>.scope`.
-pub fn parse_path(path: &str) -> Option<ContainerId> {
+pub(crate) fn parse_path(path: &str) -> Option<ContainerId> {
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     // The innermost container level wins (a container may create sub-cgroups of its own).
     let (index, id, runtime) = segments.iter().enumerate().rev().find_map(|(i, s)| {

@@ -7,7 +7,7 @@ use aya_ebpf::{macros::map, maps::LruHashMap};
 
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub(crate) struct ConnSeq {
+pub struct ConnSeq {
     /// Number of the next write record on this fd.
     pub next_write: u32,
     /// Records lost on this fd whose payload began with `HTTP/` (a response head).
@@ -19,13 +19,13 @@ pub(crate) struct ConnSeq {
 
 /// Per (tgid, fd). LRU: an entry of a closed fd ages out; a new connection resets it at accept.
 #[map]
-pub(crate) static CONN_SEQ: LruHashMap<u64, ConnSeq> = LruHashMap::with_max_entries(65536, 0);
+pub static CONN_SEQ: LruHashMap<u64, ConnSeq> = LruHashMap::with_max_entries(65536, 0);
 
 /// Takes the number of this fd's next read or write record, and the fd's lost-head count so
 /// far. One thread uses a direction of an fd at a time, so a plain read-modify-write of its own
 /// counter is enough; a rare race shows in user space as a spurious gap, never as a missed one.
 #[inline(always)]
-pub(crate) fn take(key: u64, write: bool) -> (u32, u32) {
+pub fn take(key: u64, write: bool) -> (u32, u32) {
     if let Some(slot) = CONN_SEQ.get_ptr_mut(key) {
         // SAFETY: a valid map value pointer from the lookup; each direction's counter has one
         // writer at a time (see the doc), and a race only numbers a record twice.
@@ -51,7 +51,7 @@ pub(crate) fn take(key: u64, write: bool) -> (u32, u32) {
 
 /// A new connection on this fd (accept): both directions number from 0.
 #[inline(always)]
-pub(crate) fn reset(key: u64) {
+pub fn reset(key: u64) {
     let fresh = ConnSeq {
         next_write: 0,
         lost_heads: 0,
@@ -63,7 +63,7 @@ pub(crate) fn reset(key: u64) {
 
 /// The fd's next write and read numbers and its lost-head count, for its close record.
 #[inline(always)]
-pub(crate) fn next(key: u64) -> (u32, u32, u32) {
+pub fn next(key: u64) -> (u32, u32, u32) {
     // SAFETY: the value is copied out at once.
     match unsafe { CONN_SEQ.get(key) } {
         Some(seq) => (seq.next_write, seq.next_read, seq.lost_heads),
@@ -73,7 +73,7 @@ pub(crate) fn next(key: u64) -> (u32, u32, u32) {
 
 /// The record taken with [`take`] did not fit in the ring buffer.
 #[inline(always)]
-pub(crate) fn lost(key: u64, head: bool) {
+pub fn lost(key: u64, head: bool) {
     if !head {
         return;
     }
@@ -85,6 +85,6 @@ pub(crate) fn lost(key: u64, head: bool) {
 
 /// The fd closed: its next connection starts numbering afresh even without an accept.
 #[inline(always)]
-pub(crate) fn forget(key: u64) {
+pub fn forget(key: u64) {
     let _ = CONN_SEQ.remove(key);
 }

@@ -3,7 +3,7 @@ use inferscope_common::Counter;
 use crate::maps::COUNTERS;
 
 #[inline(always)]
-pub(crate) fn bump(counter: Counter) {
+pub fn bump(counter: Counter) {
     if let Some(slot) = COUNTERS.get_ptr_mut(counter as u32) {
         // SAFETY: a valid map value pointer from the lookup, and a per-CPU slot: no other writer
         // can race with us.

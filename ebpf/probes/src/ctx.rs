@@ -4,7 +4,7 @@ use aya_ebpf::{EbpfContext, programs::TracePointContext};
 
 /// Loads the field at `offset` (constant, aligned to `T`, inside the tracepoint record).
 #[inline(always)]
-pub(crate) fn field<T: Copy>(ctx: &TracePointContext, offset: usize) -> T {
+pub fn field<T: Copy>(ctx: &TracePointContext, offset: usize) -> T {
     // SAFETY: the verifier checks the access against the tracepoint's record bounds.
     unsafe { core::ptr::read(ctx.as_ptr().cast::<u8>().add(offset).cast::<T>()) }
 }
@@ -13,7 +13,7 @@ pub(crate) fn field<T: Copy>(ctx: &TracePointContext, offset: usize) -> T {
 /// from the tracepoint's tracefs format at load time and patches it into a global (0: unknown).
 /// The verifier refuses context loads at such variable offsets, so these go through a helper.
 #[inline(always)]
-pub(crate) fn field_at<T: Copy>(ctx: &TracePointContext, offset_global: &u32) -> Option<T> {
+pub fn field_at<T: Copy>(ctx: &TracePointContext, offset_global: &u32) -> Option<T> {
     // SAFETY: a valid, aligned static; the volatile load keeps the value user space set at load
     // time from being folded to the compiled-in default.
     let offset = unsafe { core::ptr::read_volatile(offset_global) } as usize;

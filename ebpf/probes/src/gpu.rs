@@ -27,7 +27,7 @@ use crate::{counters::bump, ringbuf::output};
 /// Launches one process may emit per CPU and [`LAUNCH_WINDOW_NS`] before sampling starts; user
 /// space sets it at load time (0: no cap).
 #[unsafe(no_mangle)]
-pub(crate) static LAUNCH_CAP_PER_WINDOW: u32 = 2000;
+pub static LAUNCH_CAP_PER_WINDOW: u32 = 2000;
 
 /// Per process, per CPU: launches in the current window and those skipped since the last
 /// emitted record. Per CPU so that concurrent launching threads never race on one counter.
@@ -47,7 +47,7 @@ static NAME_SCRATCH: PerCpuArray<GpuNameRecord> = PerCpuArray::with_max_entries(
 /// forms: six arguments in registers, then blockZ, sharedMem and stream on the stack above the
 /// return address.
 #[uprobe]
-pub(crate) fn cuda_launch(ctx: ProbeContext) -> u32 {
+pub fn cuda_launch(ctx: ProbeContext) -> u32 {
     let Some(mut record) = begin(&ctx) else {
         return 0;
     };
@@ -78,7 +78,7 @@ pub(crate) fn cuda_launch(ctx: ProbeContext) -> u32 {
 /// `cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* func, args)` has the same
 /// layout (its dynamicSmemBytes is a size_t at 24: its low half is read, little-endian).
 #[uprobe]
-pub(crate) fn cuda_launch_ex(ctx: ProbeContext) -> u32 {
+pub fn cuda_launch_ex(ctx: ProbeContext) -> u32 {
     let Some(mut record) = begin(&ctx) else {
         return 0;
     };
@@ -112,7 +112,7 @@ struct LaunchConfig {
 /// `cuGraphLaunch(CUgraphExec, CUstream)` and `cudaGraphLaunch(cudaGraphExec_t, cudaStream_t)`,
 /// with their `_ptsz` forms.
 #[uprobe]
-pub(crate) fn cuda_graph_launch(ctx: ProbeContext) -> u32 {
+pub fn cuda_graph_launch(ctx: ProbeContext) -> u32 {
     let Some(mut record) = begin(&ctx) else {
         return 0;
     };
@@ -127,7 +127,7 @@ pub(crate) fn cuda_graph_launch(ctx: ProbeContext) -> u32 {
 /// cudaStream_t stream)`: each 12-byte dim3 travels in two registers (x and y packed, then z),
 /// so grid is rsi/rdx, block rcx/r8, args r9, then sharedMem and stream on the stack.
 #[uprobe]
-pub(crate) fn cudart_launch(ctx: ProbeContext) -> u32 {
+pub fn cudart_launch(ctx: ProbeContext) -> u32 {
     let Some(mut record) = begin(&ctx) else {
         return 0;
     };
@@ -152,7 +152,7 @@ pub(crate) fn cudart_launch(ctx: ProbeContext) -> u32 {
 /// CUfunction* out, CUkernel)` and `cudaGetKernel(cudaKernel_t* out, const void* stub)`: the out
 /// pointer and the name (or the kernel, or the stub) are kept for the return.
 #[uprobe]
-pub(crate) fn cuda_name_call(ctx: ProbeContext) -> u32 {
+pub fn cuda_name_call(ctx: ProbeContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let regs = regs(&ctx);
     let call = GpuNameCall {
@@ -171,7 +171,7 @@ pub(crate) fn cuda_name_call(ctx: ProbeContext) -> u32 {
 
 /// The naming call returned: on success, the handle it wrote and its name leave the kernel.
 #[uretprobe]
-pub(crate) fn cuda_name_return(ctx: RetProbeContext) -> u32 {
+pub fn cuda_name_return(ctx: RetProbeContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     // SAFETY: the entry is copied out at once; this thread is the only writer of its key.
     let Some(call) = (unsafe { NAME_CALLS.get(pid_tgid) }).copied() else {

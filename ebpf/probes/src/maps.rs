@@ -11,10 +11,10 @@ use inferscope_common::{
 /// discovery. Every syscall of every process asks it, and an array lookup is inlined by the
 /// verifier where a hash lookup is a helper call (~55 ns here).
 #[map]
-pub(crate) static TARGETS: Array<u64> = Array::with_max_entries(TARGET_WORDS, 0);
+pub static TARGETS: Array<u64> = Array::with_max_entries(TARGET_WORDS, 0);
 
 #[inline(always)]
-pub(crate) fn traced(tgid: u32) -> bool {
+pub fn traced(tgid: u32) -> bool {
     match TARGETS.get(tgid >> 6) {
         Some(word) => (*word >> (tgid & 63)) & 1 != 0,
         None => false,
@@ -25,7 +25,7 @@ pub(crate) fn traced(tgid: u32) -> bool {
 /// writes these words the same way, and a lost race only leaves the process to discovery,
 /// which sets the bit again when it attaches.
 #[inline(always)]
-pub(crate) fn trace(tgid: u32) {
+pub fn trace(tgid: u32) {
     if let Some(word) = TARGETS.get_ptr_mut(tgid >> 6) {
         // SAFETY: a plain u64 map value.
         unsafe { *word |= 1u64 << (tgid & 63) };
@@ -35,10 +35,10 @@ pub(crate) fn trace(tgid: u32) {
 /// Local TCP ports whose incoming segments are timestamped (the traced servers' listen ports),
 /// one bit per port: every received segment on the host asks it (inlined array lookup).
 #[map]
-pub(crate) static PORTS: Array<u64> = Array::with_max_entries(PORT_WORDS, 0);
+pub static PORTS: Array<u64> = Array::with_max_entries(PORT_WORDS, 0);
 
 #[inline(always)]
-pub(crate) fn watched(port: u16) -> bool {
+pub fn watched(port: u16) -> bool {
     match PORTS.get(u32::from(port) >> 6) {
         Some(word) => (*word >> (port & 63)) & 1 != 0,
         None => false,
@@ -50,10 +50,10 @@ pub(crate) fn watched(port: u16) -> bool {
 /// IPC (Unix sockets, outgoing connections) the agent decodes. Elsewhere such fds are files,
 /// pipes, eventfds or client sockets, and are skipped in the kernel.
 #[map]
-pub(crate) static UNKNOWN_FDS: Array<u64> = Array::with_max_entries(TARGET_WORDS, 0);
+pub static UNKNOWN_FDS: Array<u64> = Array::with_max_entries(TARGET_WORDS, 0);
 
 #[inline(always)]
-pub(crate) fn captures_unknown_fds(tgid: u32) -> bool {
+pub fn captures_unknown_fds(tgid: u32) -> bool {
     match UNKNOWN_FDS.get(tgid >> 6) {
         Some(word) => (*word >> (tgid & 63)) & 1 != 0,
         None => false,
@@ -63,23 +63,23 @@ pub(crate) fn captures_unknown_fds(tgid: u32) -> bool {
 /// Processes for which user space has issued verdicts (FD_VERDICT), one bit per tgid: the
 /// verdict lookup is skipped for the others (an HTTP server's connections rarely get one).
 #[map]
-pub(crate) static VERDICT_PIDS: Array<u64> = Array::with_max_entries(TARGET_WORDS, 0);
+pub static VERDICT_PIDS: Array<u64> = Array::with_max_entries(TARGET_WORDS, 0);
 
 /// Until when (CLOCK_MONOTONIC ns) a read may be waiting to learn its connection's socket (no
 /// fexit at accept): tcp_rcv_space_adjust, which runs on every TCP read of the host, returns
 /// at once outside that window. Set, never counted down: concurrent plain stores only move it
 /// within the same few milliseconds.
 #[map]
-pub(crate) static SOCK_WANTED_UNTIL: Array<u64> = Array::with_max_entries(1, 0);
+pub static SOCK_WANTED_UNTIL: Array<u64> = Array::with_max_entries(1, 0);
 
 /// How long after a read's entry its socket may still be learnt. The socket matters for the
 /// wire arrival of bytes that sat in the buffer before the read, and such a read returns at
 /// once; a read that blocks longer returns when the bytes arrive (its own time is then the
 /// arrival) and the connection learns its socket at its next read.
-pub(crate) const SOCK_WANTED_NS: u64 = 10_000_000;
+pub const SOCK_WANTED_NS: u64 = 10_000_000;
 
 #[inline(always)]
-pub(crate) fn want_sock(now_ns: u64) {
+pub fn want_sock(now_ns: u64) {
     if let Some(ptr) = SOCK_WANTED_UNTIL.get_ptr_mut(0) {
         // SAFETY: a plain u64 map value; racing stores all hold about the same time.
         unsafe { *ptr = now_ns + SOCK_WANTED_NS };
@@ -87,7 +87,7 @@ pub(crate) fn want_sock(now_ns: u64) {
 }
 
 #[inline(always)]
-pub(crate) fn clear_sock_wanted() {
+pub fn clear_sock_wanted() {
     if let Some(ptr) = SOCK_WANTED_UNTIL.get_ptr_mut(0) {
         // SAFETY: as in `want_sock`.
         unsafe { *ptr = 0 };
@@ -95,7 +95,7 @@ pub(crate) fn clear_sock_wanted() {
 }
 
 #[inline(always)]
-pub(crate) fn sock_wanted_until() -> u64 {
+pub fn sock_wanted_until() -> u64 {
     SOCK_WANTED_UNTIL.get(0).copied().unwrap_or(0)
 }
 
@@ -103,13 +103,13 @@ pub(crate) fn sock_wanted_until() -> u64 {
 /// 0 for an fd the kernel does not know). It applies only while the fd still holds that
 /// connection. LRU so leaked entries can never fill it.
 #[map]
-pub(crate) static FD_VERDICT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
+pub static FD_VERDICT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
 
 /// Per (tgid, fd): the connection the fd holds, from its accept (or dup) on; user space adds
 /// the connections that predate the agent. Removed at close. LRU: a process that exits with
 /// open connections leaves entries the next ones push out.
 #[map]
-pub(crate) static CONNS: LruHashMap<u64, ConnEntry> = LruHashMap::with_max_entries(65536, 0);
+pub static CONNS: LruHashMap<u64, ConnEntry> = LruHashMap::with_max_entries(65536, 0);
 
 /// Close records of known connections that did not fit in the ring buffer, by connection id:
 /// user space takes them once it has read the ring empty, so a connection whose last records
@@ -117,23 +117,22 @@ pub(crate) static CONNS: LruHashMap<u64, ConnEntry> = LruHashMap::with_max_entri
 /// close carries (answered requests it would never see counted otherwise). LRU: beyond 4,096
 /// waiting, the oldest go, and their connections end only at shutdown (`events_lost`).
 #[map]
-pub(crate) static LOST_CLOSES: LruHashMap<u64, SyscallRecord> =
-    LruHashMap::with_max_entries(4096, 0);
+pub static LOST_CLOSES: LruHashMap<u64, SyscallRecord> = LruHashMap::with_max_entries(4096, 0);
 
 /// Per (tgid, fd): the connection id user space found carrying engine IPC (a ZeroMQ tcp://
 /// connection the engine accepted), which the adaptive capture must never cut. Applies only
 /// while the fd holds that connection; LRU so leaked entries can never fill it.
 #[map]
-pub(crate) static KEEP_WHOLE: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096, 0);
+pub static KEEP_WHOLE: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096, 0);
 
 /// Per connection id, for connections held by several fds (dup): how many. The connection ends
 /// when the last one closes.
 #[map]
-pub(crate) static CONN_REFS: LruHashMap<u64, u32> = LruHashMap::with_max_entries(16384, 0);
+pub static CONN_REFS: LruHashMap<u64, u32> = LruHashMap::with_max_entries(16384, 0);
 
 /// Whether user space asked to ignore connection `id` on fd `key` of `tgid`.
 #[inline(always)]
-pub(crate) fn ignored(tgid: u32, key: u64, id: u64) -> bool {
+pub fn ignored(tgid: u32, key: u64, id: u64) -> bool {
     let any = match VERDICT_PIDS.get(tgid >> 6) {
         Some(word) => (*word >> (tgid & 63)) & 1 != 0,
         None => false,
@@ -154,23 +153,23 @@ pub(crate) fn ignored(tgid: u32, key: u64, id: u64) -> bool {
 /// ~170 ns and a delete ~130 ns here, a lookup ~55 ns. Entries go when the thread exits
 /// (`thread_exit`), so the map holds one entry per live thread of the traced processes.
 #[map]
-pub(crate) static INFLIGHT: HashMap<u64, Inflight> = HashMap::with_max_entries(16384, 0);
+pub static INFLIGHT: HashMap<u64, Inflight> = HashMap::with_max_entries(16384, 0);
 
 /// One record being assembled per CPU: header plus room for two capture windows, so the
 /// verifier can prove `offset < MAX` plus `len <= MAX` stays inside.
 #[map]
-pub(crate) static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+pub static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
-pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(16 * 1024 * 1024, 0);
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(16 * 1024 * 1024, 0);
 
 #[map]
-pub(crate) static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
+pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
 
 /// How the syscall passes its buffer.
 #[repr(u8)]
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Shape {
+pub enum Shape {
     /// read/recvfrom/write/sendto: one buffer.
     Buffer = 0,
     /// readv/writev: an iovec array and its length.
@@ -183,7 +182,7 @@ pub(crate) enum Shape {
 
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub(crate) struct Inflight {
+pub struct Inflight {
     pub ts_enter_ns: u64,
     /// Buffer, iovec array or msghdr pointer, per `shape`.
     pub ptr: u64,
@@ -204,7 +203,7 @@ pub(crate) struct Inflight {
 }
 
 #[repr(C)]
-pub(crate) struct Scratch {
+pub struct Scratch {
     pub header: SyscallRecord,
     pub payload: [u8; 2 * MAX_CAPTURE_BYTES],
 }
@@ -216,10 +215,10 @@ const _: () = assert!(
 
 /// Payload prefix captured per syscall; user space overrides it at load time.
 #[unsafe(no_mangle)]
-pub(crate) static CAPTURE_BYTES: u32 = 4096;
+pub static CAPTURE_BYTES: u32 = 4096;
 
 #[inline(always)]
-pub(crate) fn capture_limit() -> usize {
+pub fn capture_limit() -> usize {
     // SAFETY: a valid, aligned static; the volatile load keeps the value user space set at load
     // time from being folded to the compiled-in default.
     let configured = unsafe { core::ptr::read_volatile(&CAPTURE_BYTES) } as usize;

@@ -28,15 +28,15 @@ fn wakeup_flag(size: u64) -> u64 {
 /// is behind): enough for a chunk-size line, so chunked framing survives (user space skips the
 /// rest of the chunk, knowing how much the write moved) and whole records keep fitting, where
 /// full payloads would overflow and lose requests.
-pub(crate) const PRESSURE_PREFIX: usize = 16;
+pub const PRESSURE_PREFIX: usize = 16;
 /// Writes up to this size are kept whole even then: a response's last write (`0\r\n\r\n`, often
 /// after a last event) must not lose the terminator that ends it.
-pub(crate) const PRESSURE_WHOLE: usize = 32;
+pub const PRESSURE_WHOLE: usize = 32;
 
 /// Queued bytes past which the agent counts as behind; user space sets it from the ring size at
 /// load time (`inferscope_common::pressure_bytes`).
 #[unsafe(no_mangle)]
-pub(crate) static PRESSURE_BYTES: u32 = 4 * 1024 * 1024;
+pub static PRESSURE_BYTES: u32 = 4 * 1024 * 1024;
 
 /// Whether the adaptive capture may cut this write: a response on a connection the kernel knows.
 /// Never an fd it does not know (engine IPC: a message cut to a prefix is a message lost), nor,
@@ -44,7 +44,7 @@ pub(crate) static PRESSURE_BYTES: u32 = 4 * 1024 * 1024;
 /// accepted Unix socket may carry IPC too) or one user space found carrying IPC (ZeroMQ over
 /// an accepted TCP connection: `KEEP_WHOLE`).
 #[inline(always)]
-pub(crate) fn may_cut(tgid: u32, fd: i32, inflight: &Inflight) -> bool {
+pub fn may_cut(tgid: u32, fd: i32, inflight: &Inflight) -> bool {
     if inflight.conn_id == 0 {
         return false;
     }
@@ -64,7 +64,7 @@ pub(crate) fn may_cut(tgid: u32, fd: i32, inflight: &Inflight) -> bool {
 
 /// The ring buffer holds more than [`PRESSURE_BYTES`]: the agent is behind.
 #[inline(always)]
-pub(crate) fn under_pressure() -> bool {
+pub fn under_pressure() -> bool {
     // SAFETY: a valid, aligned static; the volatile load keeps the value user space set at load
     // time from being folded to the compiled-in default.
     let mark = unsafe { core::ptr::read_volatile(&PRESSURE_BYTES) };
@@ -72,7 +72,7 @@ pub(crate) fn under_pressure() -> bool {
 }
 
 #[inline(always)]
-pub(crate) fn output<T: ?Sized>(record: &T, counter: Counter) -> bool {
+pub fn output<T: ?Sized>(record: &T, counter: Counter) -> bool {
     let size = core::mem::size_of_val(record) as u64;
     match EVENTS.output::<T>(record, wakeup_flag(size)) {
         Ok(()) => {

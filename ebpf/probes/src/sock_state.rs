@@ -28,7 +28,7 @@ fn at<T: Copy + Default>(ctx: &TracePointContext, global: &u32) -> T {
 }
 
 #[tracepoint]
-pub(crate) fn sock_state(ctx: TracePointContext) -> u32 {
+pub fn sock_state(ctx: TracePointContext) -> u32 {
     try_sock_state(&ctx);
     0
 }

@@ -33,7 +33,7 @@ static TCP_PROBE_SKADDR: u32 = 0;
 static TCP_PROBE_IN_PLACE: u32 = 0;
 
 #[tracepoint]
-pub(crate) fn tcp_probe(ctx: TracePointContext) -> u32 {
+pub fn tcp_probe(ctx: TracePointContext) -> u32 {
     let _ = try_tcp_probe(&ctx);
     0
 }

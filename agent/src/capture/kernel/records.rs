@@ -329,7 +329,7 @@ const AF_INET: u16 = 2;
 
 /// IP of a kernel `sockaddr_in`/`sockaddr_in6`; IPv4-mapped IPv6 folds to IPv4 so both views
 /// of a dual-stack connection compare equal.
-pub fn sockaddr_ip(family: u16, raw: &[u8; 28]) -> IpAddr {
+pub(crate) fn sockaddr_ip(family: u16, raw: &[u8; 28]) -> IpAddr {
     if family == AF_INET {
         IpAddr::V4(Ipv4Addr::new(raw[4], raw[5], raw[6], raw[7]))
     } else {
@@ -339,7 +339,7 @@ pub fn sockaddr_ip(family: u16, raw: &[u8; 28]) -> IpAddr {
     }
 }
 
-pub fn canonical_ip(ip: IpAddr) -> IpAddr {
+pub(crate) fn canonical_ip(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6
             .to_ipv4_mapped()

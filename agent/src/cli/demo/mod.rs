@@ -60,10 +60,8 @@ struct DemoObserver {
 impl Observer for DemoObserver {
     fn on_record(&mut self, record: RequestRecord) {
         println!("{}", live::line(&record));
-        if let Some(w) = self.writer.as_mut()
-            && let Err(e) = w.write(&record)
-        {
-            eprintln!("inferscope: writing a record failed: {e}");
+        if let Some(w) = self.writer.as_mut() {
+            w.write_or_report(&record, "a record");
         }
         if let Ok(mut all) = self.records.lock() {
             all.push(record);
@@ -175,7 +173,7 @@ pub(super) fn run(args: DemoArgs) -> anyhow::Result<()> {
         "client saw {} streams; {} matched an agent record by stream id; client-side TTFT p50 {:.2} ms (includes the client's own overhead)",
         client.len(),
         matched,
-        inferscope_model::quantile::median(&client_ttft).unwrap_or(f64::NAN)
+        inferscope_model::quantile::percentile(&client_ttft, 0.5).unwrap_or(f64::NAN)
     );
     let interesting: Vec<String> = counters
         .into_iter()

@@ -4,7 +4,9 @@
 //! their maximum, times their first value.
 use std::collections::VecDeque;
 
-use inferscope_model::{Counter, RequestRecord, Stats, StepMember, StepRecord, StepRef};
+use inferscope_model::{
+    Counter, RequestRecord, Stats, StepMember, StepRecord, StepRef, clock::ns_to_ms,
+};
 use rustc_hash::FxHashMap;
 
 use super::messages::{AddRequest, IpcMessage, Output};
@@ -425,11 +427,11 @@ impl IpcState {
             return;
         };
         record.admitted_mono_ns = Some(admitted);
-        record.queue_wait_ms = Some(admitted.saturating_sub(record.arrival_mono_ns) as f64 / 1e6);
+        record.queue_wait_ms = Some(ns_to_ms(admitted.saturating_sub(record.arrival_mono_ns)));
         record.prefill_ms = record
             .first_token_mono_ns
             .filter(|t| *t >= admitted)
-            .map(|t| (t - admitted) as f64 / 1e6);
+            .map(|t| ns_to_ms(t - admitted));
     }
 }
 
@@ -463,7 +465,7 @@ fn step_record(
         tid: seen.tid,
         start_mono_ns: start,
         end_mono_ns: end,
-        duration_ms: end.saturating_sub(start) as f64 / 1e6,
+        duration_ms: ns_to_ms(end.saturating_sub(start)),
         batch_tokens: step.tokens,
         sequences: step.members.len() as u64,
         prefilling: step.prefilling,

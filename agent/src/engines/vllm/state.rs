@@ -4,7 +4,9 @@
 //! once per message timestamp.
 use std::collections::VecDeque;
 
-use inferscope_model::{Counter, RequestRecord, Stats, StepMember, StepRecord, StepRef};
+use inferscope_model::{
+    Counter, RequestRecord, Stats, StepMember, StepRecord, StepRef, clock::ns_to_ms,
+};
 use rustc_hash::FxHashMap;
 
 use super::messages::{AddRequest, EventKind, IpcMessage, KvTransfers, Outputs};
@@ -415,7 +417,7 @@ impl IpcState {
             tid,
             start_mono_ns: start,
             end_mono_ns: end,
-            duration_ms: (end - start) as f64 / 1e6,
+            duration_ms: ns_to_ms(end - start),
             batch_tokens: None,
             sequences: members.len() as u64,
             prefilling: members.iter().filter(|m| m.phase == "prefill").count() as u64,
@@ -708,11 +710,11 @@ impl IpcState {
             return;
         };
         record.admitted_mono_ns = Some(admitted);
-        record.queue_wait_ms = Some(admitted.saturating_sub(record.arrival_mono_ns) as f64 / 1e6);
+        record.queue_wait_ms = Some(ns_to_ms(admitted.saturating_sub(record.arrival_mono_ns)));
         record.prefill_ms = record
             .first_token_mono_ns
             .filter(|t| *t >= admitted)
-            .map(|t| (t - admitted) as f64 / 1e6);
+            .map(|t| ns_to_ms(t - admitted));
         let aborted = record.aborted || states.iter().any(|s| s.aborted);
         record.preemptions = if aborted {
             self.stats.bump(Counter::VllmPreemptionsUnknownAborted);

@@ -25,7 +25,7 @@ static AWAITING_FIRST_TOKEN: LruHashMap<u64, u8> = LruHashMap::with_max_entries(
 /// `server_queue::post(std::vector<server_task>&&, bool)`, called by the HTTP thread that read
 /// the request: the first task's id (a request with n > 1 completions posts several).
 #[uprobe]
-pub(crate) fn llamacpp_post_tasks(ctx: ProbeContext) -> u32 {
+pub fn llamacpp_post_tasks(ctx: ProbeContext) -> u32 {
     // SysV: rdi = this, rsi = the vector (begin pointer first).
     if let Some(vector) = ctx.arg::<u64>(1) {
         // SAFETY: the helper checks the user address and fails instead of faulting.
@@ -43,7 +43,7 @@ pub(crate) fn llamacpp_post_tasks(ctx: ProbeContext) -> u32 {
 
 /// `server_queue::defer(server_task&&)`: no slot was free, the task waits.
 #[uprobe]
-pub(crate) fn llamacpp_defer(ctx: ProbeContext) -> u32 {
+pub fn llamacpp_defer(ctx: ProbeContext) -> u32 {
     if let Some(task) = ctx.arg::<u64>(1)
         && let Some(id) = read_id(task, task_offset(&ctx))
     {
@@ -54,7 +54,7 @@ pub(crate) fn llamacpp_defer(ctx: ProbeContext) -> u32 {
 
 /// `server_context_impl::launch_slot_with_task(server_slot&, server_task&&)`: admission.
 #[uprobe]
-pub(crate) fn llamacpp_admit(ctx: ProbeContext) -> u32 {
+pub fn llamacpp_admit(ctx: ProbeContext) -> u32 {
     // rdi = this, rsi = slot, rdx = task.
     let (Some(slot), Some(task)) = (ctx.arg::<u64>(1), ctx.arg::<u64>(2)) else {
         return 0;
@@ -74,7 +74,7 @@ pub(crate) fn llamacpp_admit(ctx: ProbeContext) -> u32 {
 /// `send_partial_response(server_slot&, const completion_token_output&, bool is_progress,
 /// bool is_begin)`: one call per streamed token, plus the prefill-start and progress notices.
 #[uprobe]
-pub(crate) fn llamacpp_partial(ctx: ProbeContext) -> u32 {
+pub fn llamacpp_partial(ctx: ProbeContext) -> u32 {
     // rcx = is_progress, r8 = is_begin: those calls carry no token.
     let is_progress = ctx.arg::<u64>(3).unwrap_or(1) & 0xff;
     let is_begin = ctx.arg::<u64>(4).unwrap_or(1) & 0xff;
@@ -98,21 +98,21 @@ pub(crate) fn llamacpp_partial(ctx: ProbeContext) -> u32 {
 
 /// `send_final_response(server_slot&)`: the request's last result.
 #[uprobe]
-pub(crate) fn llamacpp_final(ctx: ProbeContext) -> u32 {
+pub fn llamacpp_final(ctx: ProbeContext) -> u32 {
     slot_event(&ctx, 1, SchedKind::Finish);
     0
 }
 
 /// `server_slot::release()`: the slot is free again.
 #[uprobe]
-pub(crate) fn llamacpp_release(ctx: ProbeContext) -> u32 {
+pub fn llamacpp_release(ctx: ProbeContext) -> u32 {
     slot_event(&ctx, 0, SchedKind::SlotReleased);
     0
 }
 
 /// `server_queue::pop_deferred_task(int id_slot)`: a freed slot takes a parked task back.
 #[uprobe]
-pub(crate) fn llamacpp_requeue(ctx: ProbeContext) -> u32 {
+pub fn llamacpp_requeue(ctx: ProbeContext) -> u32 {
     let slot = ctx.arg::<u64>(1).map_or(-1, |v| v as i32);
     emit(SchedKind::DeferredRequeued, -1, slot);
     0
@@ -121,7 +121,7 @@ pub(crate) fn llamacpp_requeue(ctx: ProbeContext) -> u32 {
 /// `llama_decode(llama_context*, llama_batch)`: the batch (a struct larger than 16 bytes) is
 /// passed in memory on the stack, `n_tokens` first, just above the return address.
 #[uprobe]
-pub(crate) fn llamacpp_decode_begin(ctx: ProbeContext) -> u32 {
+pub fn llamacpp_decode_begin(ctx: ProbeContext) -> u32 {
     // SAFETY: `regs` points at the probed task's saved registers, valid for the program's run
     // (x86_64 only: the agent refuses to build elsewhere).
     let sp = unsafe { (*ctx.regs).rsp };
@@ -136,14 +136,14 @@ pub(crate) fn llamacpp_decode_begin(ctx: ProbeContext) -> u32 {
 
 /// `llama_process(...)`: newer builds' step entry point; its batch is opaque.
 #[uprobe]
-pub(crate) fn llamacpp_process_begin(_ctx: ProbeContext) -> u32 {
+pub fn llamacpp_process_begin(_ctx: ProbeContext) -> u32 {
     emit(SchedKind::StepBegin, -1, -1);
     0
 }
 
 /// Return of either step function.
 #[uretprobe]
-pub(crate) fn llamacpp_step_end(ctx: RetProbeContext) -> u32 {
+pub fn llamacpp_step_end(ctx: RetProbeContext) -> u32 {
     let rc: i64 = ctx.ret::<i32>() as i64;
     emit(SchedKind::StepEnd, rc, -1);
     0

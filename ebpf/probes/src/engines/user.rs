@@ -24,20 +24,20 @@ use crate::{counters::bump, maps::traced, ringbuf::output};
 
 /// Per-probe configuration, written by user space before it attaches the probe.
 #[map]
-pub(super) static USER_PROBES: Array<UserProbeConfig> = Array::with_max_entries(MAX_USER_PROBES, 0);
+pub static USER_PROBES: Array<UserProbeConfig> = Array::with_max_entries(MAX_USER_PROBES, 0);
 
 /// Room for one string id per CPU (too large for the 512-byte stack with everything else).
 #[map]
 static USER_STRING: PerCpuArray<[u8; MAX_ID_STRING]> = PerCpuArray::with_max_entries(1, 0);
 
 #[uprobe]
-pub(crate) fn user_probe(ctx: ProbeContext) -> u32 {
+pub fn user_probe(ctx: ProbeContext) -> u32 {
     hit(ctx.as_ptr(), ctx.regs);
     0
 }
 
 #[uretprobe]
-pub(crate) fn user_probe_ret(ctx: RetProbeContext) -> u32 {
+pub fn user_probe_ret(ctx: RetProbeContext) -> u32 {
     hit(ctx.as_ptr(), ctx.regs);
     0
 }

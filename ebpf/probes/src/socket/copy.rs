@@ -38,7 +38,7 @@ const MAX_LOOP_IOV: u64 = 1024;
 /// `MAX_CAPTURE_BYTES` records (the first flagged [`FLAG_MORE`], the rest [`FLAG_CHUNK`]) that
 /// user space joins again. Looked up only for a syscall that moved more than the capture limit.
 #[map]
-pub(super) static LARGE_CAPTURE: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
+pub static LARGE_CAPTURE: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
 
 #[inline(always)]
 fn large_capture(tgid: u32) -> Option<u32> {
@@ -51,7 +51,7 @@ fn large_capture(tgid: u32) -> Option<u32> {
 /// unless user space already set its limit: a read opened with HTTP/2's client preface, whose
 /// client's next frames arrive before user space could say so itself.
 #[inline(always)]
-pub(super) fn capture_large_from_now(tgid: u32) {
+pub fn capture_large_from_now(tgid: u32) {
     const BPF_NOEXIST: u64 = 1;
     let limit = (MAX_CHUNKS * MAX_CAPTURE_BYTES) as u32;
     // A full map (user space's limits for 1,024 processes) leaves the process as it was.
@@ -81,12 +81,12 @@ fn looping_iovecs() -> bool {
 /// handed a map value, so it looks the buffer up again): TLS plaintext, one buffer, is
 /// captured without them.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum ScratchOwner {
+pub enum ScratchOwner {
     Syscall = 0,
     Tls = 1,
 }
 
-pub(super) struct Copied {
+pub struct Copied {
     pub captured: usize,
     pub truncated: bool,
     pub failed: bool,
@@ -145,7 +145,7 @@ fn copy_at(payload: &mut [u8; 2 * MAX_CAPTURE_BYTES], offset: usize, src: u64, l
 
 /// Copies up to the capture limit of the `moved` bytes the syscall transferred.
 #[inline(always)]
-pub(super) fn copy_payload(
+pub fn copy_payload(
     inflight: &Inflight,
     moved: u64,
     payload: &mut [u8; 2 * MAX_CAPTURE_BYTES],
@@ -395,7 +395,7 @@ fn copy_part(state: &mut IovLoop, base: u64, len: u64) -> bool {
 /// Writes header plus `captured` payload bytes as one ring-buffer record; false when the ring
 /// buffer had no room.
 #[inline(always)]
-pub(super) fn emit(scratch: &Scratch, captured: usize) -> bool {
+pub fn emit(scratch: &Scratch, captured: usize) -> bool {
     let len = if captured > MAX_CAPTURE_BYTES {
         MAX_CAPTURE_BYTES
     } else {
@@ -414,7 +414,7 @@ pub(super) fn emit(scratch: &Scratch, captured: usize) -> bool {
 /// records. A chunk that cannot be copied ends the series, flagged. False when the first record
 /// found no room in the ring buffer.
 #[inline(always)]
-pub(super) fn emit_chunks(
+pub fn emit_chunks(
     scratch: &mut Scratch,
     owner: ScratchOwner,
     captured: usize,
@@ -490,7 +490,7 @@ pub(super) fn emit_chunks(
 }
 
 /// What [`emit_chunks`] sent.
-pub(super) struct Sent {
+pub struct Sent {
     /// The first (or only) record found room in the ring buffer.
     pub first: bool,
     /// The rest of the syscall's bytes wait in [`CHUNKS_DUE`] for [`emit_due_chunks`].
@@ -554,12 +554,12 @@ fn defer_chunks(inflight: &Inflight, captured: u64, total: u64, moved: u64) -> b
 /// took that program past the verifier's budget of one million instructions. Slot 0; empty (the
 /// tail call fails, counted) only if user space could not load it.
 #[map]
-pub(super) static CHUNK_PROGRAM: ProgramArray = ProgramArray::with_max_entries(1, 0);
+pub static CHUNK_PROGRAM: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
 /// Hands the rest of the syscall's bytes to the chunk program; returns only if the tail call
 /// failed.
 #[inline(always)]
-pub(super) fn emit_due_chunks(ctx: &TracePointContext) {
+pub fn emit_due_chunks(ctx: &TracePointContext) {
     // SAFETY: a tail call to a program of the same type, with this program's own context.
     unsafe { CHUNK_PROGRAM.tail_call(ctx, 0) };
     bump(Counter::ChunksUnsent);
@@ -568,7 +568,7 @@ pub(super) fn emit_due_chunks(ctx: &TracePointContext) {
 /// Sends the chunk series left due (a tail call from `exit_syscall`) into the syscall programs'
 /// scratch, whose header the first record left in place. Loaded, never attached.
 #[tracepoint]
-pub(crate) fn exit_chunks(_ctx: TracePointContext) -> u32 {
+pub fn exit_chunks(_ctx: TracePointContext) -> u32 {
     let Some(due) = CHUNKS_DUE.get_ptr_mut(0) else {
         return 0;
     };

@@ -125,7 +125,7 @@ fn save(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), 
 macro_rules! entry_program {
     ($name:ident, $kind:expr, $shape:expr) => {
         #[tracepoint]
-        pub(crate) fn $name(ctx: TracePointContext) -> u32 {
+        pub fn $name(ctx: TracePointContext) -> u32 {
             let _ = save(&ctx, $kind, $shape);
             0
         }
@@ -149,7 +149,7 @@ entry_program!(enter_dup2, SyscallKind::Dup, Shape::Iovec);
 /// other kind of socket (Unix) never passes here and leaves 0. Where BPF trampolines are not
 /// allowed, a connection's socket is learnt at its first read instead (`rcv_space_adjust`).
 #[fexit(function = "inet_csk_accept")]
-pub(crate) fn accepted_sock(ctx: FExitContext) -> u32 {
+pub fn accepted_sock(ctx: FExitContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     // inet_csk_accept(struct sock *sk, struct proto_accept_arg *arg): the return value follows
     // the two arguments.
@@ -191,7 +191,7 @@ fn adopt_at_accept(tgid: u32, sock: u64) -> bool {
 /// from here on, before it can accept, so the requests it answers before the agent's /proc
 /// rescan would find it are followed from their accept. Binds are rare: every process pays.
 #[tracepoint]
-pub(crate) fn enter_bind(ctx: TracePointContext) -> u32 {
+pub fn enter_bind(ctx: TracePointContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if traced(tgid) {
         return 0;
@@ -247,7 +247,7 @@ const RCV_SKADDR: usize = 8;
 /// thread's in-flight read learns which TCP socket it reads. Files, pipes and Unix sockets
 /// never pass here.
 #[tracepoint]
-pub(crate) fn rcv_space_adjust(ctx: TracePointContext) -> u32 {
+pub fn rcv_space_adjust(ctx: TracePointContext) -> u32 {
     // Every TCP read of the host passes here: one inlined array load unless a read waits.
     let until = sock_wanted_until();
     if until == 0 {
@@ -277,7 +277,7 @@ pub(crate) fn rcv_space_adjust(ctx: TracePointContext) -> u32 {
 
 /// A thread's in-flight entry outlives its syscalls (see INFLIGHT); it goes with the thread.
 #[tracepoint]
-pub(crate) fn thread_exit(_ctx: TracePointContext) -> u32 {
+pub fn thread_exit(_ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     // Looked up first: most exiting threads never made a traced syscall, and a lookup is
     // cheaper than a delete that misses.
@@ -295,7 +295,7 @@ const SHUT_RD: i64 = 0;
 /// connection (HTTP servers do it before draining and closing one they will not keep alive).
 /// Told at entry like close: whether it succeeds changes nothing downstream.
 #[tracepoint]
-pub(crate) fn enter_shutdown(ctx: TracePointContext) -> u32 {
+pub fn enter_shutdown(ctx: TracePointContext) -> u32 {
     let Some((pid_tgid, tgid)) = traced_tgid() else {
         return 0;
     };
@@ -332,7 +332,7 @@ pub(crate) fn enter_shutdown(ctx: TracePointContext) -> u32 {
 
 /// close() needs no exit: the fd is gone either way, and the verdict must not outlive it.
 #[tracepoint]
-pub(crate) fn enter_close(ctx: TracePointContext) -> u32 {
+pub fn enter_close(ctx: TracePointContext) -> u32 {
     let Some((pid_tgid, tgid)) = traced_tgid() else {
         return 0;
     };
@@ -344,7 +344,7 @@ pub(crate) fn enter_close(ctx: TracePointContext) -> u32 {
 /// The fd `fd` of `tgid` stops naming what it held: its connection ends with its last fd (a
 /// close record), a verdict on it goes. Shared by close and by dup2/dup3 onto a used fd.
 #[inline(always)]
-pub(super) fn close_fd(tgid: u32, tid: u32, fd: i32) -> Result<(), i32> {
+pub fn close_fd(tgid: u32, tid: u32, fd: i32) -> Result<(), i32> {
     let key = fd_key(tgid, fd);
     // SAFETY: the entry is copied out at once (see `save`).
     let conn = match unsafe { CONNS.get(key) } {

@@ -30,7 +30,7 @@ const EINTR: i64 = 4;
 
 /// Shared by every traced syscall's exit: the entry state says what kind of call it was.
 #[tracepoint]
-pub(crate) fn exit_syscall(ctx: TracePointContext) -> u32 {
+pub fn exit_syscall(ctx: TracePointContext) -> u32 {
     let _ = try_exit(&ctx);
     0
 }
@@ -104,7 +104,7 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
 /// when the accept began before the process was traced (an idle server blocked in accept when
 /// the agent attaches): then there is no in-flight entry, only the new fd.
 #[tracepoint]
-pub(crate) fn exit_accept(ctx: TracePointContext) -> u32 {
+pub fn exit_accept(ctx: TracePointContext) -> u32 {
     let _ = try_exit_accept(&ctx);
     0
 }

@@ -59,7 +59,7 @@ const TIE_WINDOW_NS: u64 = 20_000_000;
 /// objects (see the module doc).
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub(super) struct TlsThread {
+pub struct TlsThread {
     ssl: u64,
     buf: u64,
     /// `size_t *readbytes` / `*written` of the `_ex` forms.
@@ -150,7 +150,7 @@ fn api(ctx: &impl EbpfContext) -> u8 {
 
 /// Entry of every hooked SSL function: saves its arguments for the return.
 #[uprobe]
-pub(crate) fn tls_call(ctx: ProbeContext) -> u32 {
+pub fn tls_call(ctx: ProbeContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     if !traced((pid_tgid >> 32) as u32) {
         return 0;
@@ -184,7 +184,7 @@ pub(crate) fn tls_call(ctx: ProbeContext) -> u32 {
 /// Return of every hooked SSL function: ties the `SSL*` if it is not yet, and emits the
 /// plaintext it moved as a read or write of its connection.
 #[uretprobe]
-pub(crate) fn tls_return(ctx: RetProbeContext) -> u32 {
+pub fn tls_return(ctx: RetProbeContext) -> u32 {
     let _ = try_return(&ctx);
     0
 }
@@ -387,7 +387,7 @@ fn tie(tgid: u32, ssl: u64, fd: i32, conn_id: u64, level: u32) -> Option<(i32, C
 
 /// A TLS connection of `tgid` closed: its `SSL*` is tied to nothing any more.
 #[inline(always)]
-pub(super) fn forget_conn(tgid: u32, conn_id: u64) {
+pub fn forget_conn(tgid: u32, conn_id: u64) {
     // SAFETY: copied out at once.
     if let Some(owner) = unsafe { TLS_CONN_SSL.get(conn_id) }.copied() {
         let key = TlsKey {
@@ -407,7 +407,7 @@ pub(super) fn forget_conn(tgid: u32, conn_id: u64) {
 /// call in flight is doing it (socket BIO), an untied `SSL_write`'s ciphertext is going out
 /// (memory BIO), or, for a read, the thread remembers it for the `SSL*` that reads next.
 #[inline(always)]
-pub(super) fn on_socket_io(pid_tgid: u64, fd: i32, conn: &ConnEntry, write: bool) {
+pub fn on_socket_io(pid_tgid: u64, fd: i32, conn: &ConnEntry, write: bool) {
     let tgid = (pid_tgid >> 32) as u32;
     let Some(state) = (if write {
         TLS_THREADS.get_ptr_mut(pid_tgid)
@@ -441,7 +441,7 @@ pub(super) fn on_socket_io(pid_tgid: u64, fd: i32, conn: &ConnEntry, write: bool
 /// spec, alert, handshake, application data), then version 3.x. No HTTP request or response,
 /// HTTP/2 preface or ZMTP greeting begins so.
 #[inline(always)]
-pub(super) fn looks_like_tls(payload: &[u8], captured: usize) -> bool {
+pub fn looks_like_tls(payload: &[u8], captured: usize) -> bool {
     captured >= 5 && (20..=23).contains(&payload[0]) && payload[1] == 3 && payload[2] <= 4
 }
 
@@ -451,7 +451,7 @@ pub(super) fn looks_like_tls(payload: &[u8], captured: usize) -> bool {
 /// may show any TLS record first. Later bytes that happen to look like a record header (a
 /// binary body, engine IPC) never flag a connection.
 #[inline(always)]
-pub(super) fn may_begin_tls(
+pub fn may_begin_tls(
     key: u64,
     write: bool,
     conn_flags: u32,
@@ -474,7 +474,7 @@ pub(super) fn may_begin_tls(
 /// ciphertext is no longer captured) and tied if an SSL call is doing this very syscall.
 /// Whether this call flagged it (and the caller tells user space).
 #[inline(always)]
-pub(super) fn detected(pid_tgid: u64, fd: i32, conn_id: u64, write: bool) -> Option<ConnEntry> {
+pub fn detected(pid_tgid: u64, fd: i32, conn_id: u64, write: bool) -> Option<ConnEntry> {
     let tgid = (pid_tgid >> 32) as u32;
     let entry = CONNS.get_ptr_mut(fd_key(tgid, fd))?;
     // SAFETY: a map value pointer from the lookup; the id check keeps a racing close's new

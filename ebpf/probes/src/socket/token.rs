@@ -27,13 +27,12 @@ use crate::counters::bump;
 /// closed connection's entry ages out (a reused fd has another id, so a stale one never
 /// applies).
 #[map]
-pub(super) static STREAM_TEMPLATES: LruHashMap<u64, StreamTemplate> =
+pub static STREAM_TEMPLATES: LruHashMap<u64, StreamTemplate> =
     LruHashMap::with_max_entries(4096, 0);
 
 /// Per tgid: the process's template, from user space; `conn_gen` unused, `version` names it.
 #[map]
-pub(super) static PROCESS_TEMPLATES: HashMap<u32, StreamTemplate> =
-    HashMap::with_max_entries(1024, 0);
+pub static PROCESS_TEMPLATES: HashMap<u32, StreamTemplate> = HashMap::with_max_entries(1024, 0);
 
 /// Offsets into the scratch payload stay below this (the buffer holds two capture windows, so
 /// an 8-byte read at any masked offset stays inside).
@@ -44,7 +43,7 @@ const _: () = assert!(MAX_CAPTURE_BYTES.is_power_of_two() && TOKEN_WRITE_MAX < M
 /// A response head went out on this connection: its next write is captured in full, and the
 /// connection takes its process's current template if it has not got it yet.
 #[inline(always)]
-pub(super) fn on_head(tgid: u32, key: u64, conn_id: u64) {
+pub fn on_head(tgid: u32, key: u64, conn_id: u64) {
     // SAFETY: map value pointer from the lookup, read-only here.
     let Some(process) = (unsafe { PROCESS_TEMPLATES.get(tgid) }) else {
         return;
@@ -79,7 +78,7 @@ pub(super) fn on_head(tgid: u32, key: u64, conn_id: u64) {
 /// The write [`classify`] answered [`Verdict::Arm`] for went out whole: the connection's next
 /// token events may go as token records.
 #[inline(always)]
-pub(super) fn arm(key: u64, conn_id: u64) {
+pub fn arm(key: u64, conn_id: u64) {
     set_armed(key, conn_id, 1);
 }
 
@@ -220,7 +219,7 @@ fn chunk_line(payload: &[u8; 2 * MAX_CAPTURE_BYTES]) -> Option<(usize, usize)> {
 
 /// What a response write on a connection is, for the token path.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Verdict {
+pub enum Verdict {
     /// No template applies: the write goes as before.
     NoTemplate,
     /// The connection is not armed: capture this write whole (never cut), then [`arm`] it.
@@ -233,7 +232,7 @@ pub(super) enum Verdict {
 
 /// Classifies a response write of `len` bytes (`whole`: captured whole, not cut or failed).
 #[inline(always)]
-pub(super) fn classify(
+pub fn classify(
     key: u64,
     conn_id: u64,
     payload: &[u8; 2 * MAX_CAPTURE_BYTES],
