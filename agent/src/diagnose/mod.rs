@@ -26,8 +26,8 @@ pub use input::{
 };
 pub use report::render;
 use serde::Serialize;
-pub use window::{Bound, TimeWindow, Timeline, WindowError, WindowSpec, parse_window};
 pub(crate) use window::human_ns;
+pub use window::{Bound, TimeWindow, Timeline, WindowError, WindowSpec, parse_window};
 
 /// The phase of TTFT that grew the most.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
