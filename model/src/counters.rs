@@ -78,6 +78,7 @@ counters! {
     KernelTlsUntied => "kernel_tls_untied": Total,
     KernelTlsNested => "kernel_tls_nested": Loss,
     KernelChunksUnsent => "kernel_chunks_unsent": Loss,
+    KernelRecordsUnsent => "kernel_records_unsent": Loss,
     TlsProbesAttached => "tls_probes_attached": Total,
     TlsConnectionsUndecoded => "tls_connections_undecoded": Loss,
     KernelTracepointsUnattached => "kernel_tracepoints_unattached": Loss,
@@ -381,6 +382,7 @@ pub const fn kernel(c: inferscope_common::Counter) -> Counter {
         K::TlsUntied => Counter::KernelTlsUntied,
         K::TlsNested => Counter::KernelTlsNested,
         K::ChunksUnsent => Counter::KernelChunksUnsent,
+        K::RecordsUnsent => Counter::KernelRecordsUnsent,
     }
 }
 

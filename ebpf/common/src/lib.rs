@@ -756,12 +756,15 @@ pub enum Counter {
     /// Large captures whose chunks after the first record were not sent: the tail call to the
     /// chunk program failed (it could not be loaded).
     ChunksUnsent = 26,
+    /// Syscalls whose record was not sent: the tail call from `exit_syscall` to the record
+    /// program failed (user space installs it before attaching, so this stays 0).
+    RecordsUnsent = 27,
 }
 
-pub const COUNTER_SLOTS: u32 = 27;
+pub const COUNTER_SLOTS: u32 = 28;
 
 impl Counter {
-    pub const ALL: [Counter; 27] = [
+    pub const ALL: [Counter; 28] = [
         Counter::RecordsEmitted,
         Counter::RingbufFull,
         Counter::PayloadTruncated,
@@ -789,6 +792,7 @@ impl Counter {
         Counter::TlsUntied,
         Counter::TlsNested,
         Counter::ChunksUnsent,
+        Counter::RecordsUnsent,
     ];
 
     pub fn name(self) -> &'static str {
@@ -820,6 +824,7 @@ impl Counter {
             Counter::TlsUntied => "tls_untied",
             Counter::TlsNested => "tls_nested",
             Counter::ChunksUnsent => "chunks_unsent",
+            Counter::RecordsUnsent => "records_unsent",
         }
     }
 }

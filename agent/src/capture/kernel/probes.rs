@@ -68,6 +68,10 @@ pub enum CaptureError {
     },
     #[error("invalid capture configuration: {0}")]
     Config(String),
+    #[error(
+        "the record program (exit_record, the second half of every syscall's exit) did not load: {reason}. It needs a kernel with BPF tail calls (4.2+); a verifier refusal names the instruction it stopped at: please report it with `uname -r`"
+    )]
+    TailCall { reason: String },
 }
 
 /// (program, tracepoint category, tracepoint name). read/recvfrom and write/sendto share a
@@ -140,12 +144,16 @@ fn log_verifier_headroom(ebpf: &Ebpf) {
     }
 }
 
-/// Loads `exit_chunks` (never attached) into `CHUNK_PROGRAM`, the tail call that sends the
-/// chunks of a large capture after its first record.
-fn install_chunk_program(ebpf: &mut Ebpf) -> Result<(), String> {
+/// Loads `program` (a tracepoint program that is tail-called, never attached) into slot 0 of
+/// the program array `slots`.
+fn install_tail_call(
+    ebpf: &mut Ebpf,
+    program: &'static str,
+    slots: &'static str,
+) -> Result<(), String> {
     let prog: &mut TracePoint = ebpf
-        .program_mut("exit_chunks")
-        .ok_or("exit_chunks is missing from the object")?
+        .program_mut(program)
+        .ok_or_else(|| format!("{program} is missing from the object"))?
         .try_into()
         .map_err(|e| format!("{e}"))?;
     prog.load().map_err(|e| format!("{e}"))?;
@@ -154,10 +162,10 @@ fn install_chunk_program(ebpf: &mut Ebpf) -> Result<(), String> {
         .and_then(|fd| fd.try_clone().map_err(Into::into))
         .map_err(|e| format!("{e}"))?;
     let map = ebpf
-        .map_mut("CHUNK_PROGRAM")
-        .ok_or("CHUNK_PROGRAM is missing from the object")?;
-    let mut slots = ProgramArray::try_from(map).map_err(|e| format!("{e}"))?;
-    slots.set(0, &fd, 0).map_err(|e| format!("{e}"))
+        .map_mut(slots)
+        .ok_or_else(|| format!("{slots} is missing from the object"))?;
+    let mut array = ProgramArray::try_from(map).map_err(|e| format!("{e}"))?;
+    array.set(0, &fd, 0).map_err(|e| format!("{e}"))
 }
 
 static PROGRAM_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/inferscope"));
@@ -302,9 +310,13 @@ impl SocketProbes {
             .load(PROGRAM_OBJECT)
             .map_err(|e| CaptureError::Load(Box::new(e)))?;
 
-        // Before exit_syscall is attached, so that no large capture finds the slot empty.
+        // Both before exit_syscall is attached, so that no syscall finds a slot empty. The
+        // record program is the second half of every syscall's exit (exit_syscall alone would
+        // exceed the verifier's budget): without it nothing would be captured.
+        install_tail_call(&mut ebpf, "exit_record", "RECORD_PROGRAM")
+            .map_err(|reason| CaptureError::TailCall { reason })?;
         if loop_iovecs != 0
-            && let Err(e) = install_chunk_program(&mut ebpf)
+            && let Err(e) = install_tail_call(&mut ebpf, "exit_chunks", "CHUNK_PROGRAM")
         {
             warn!(
                 "the chunk program did not load ({e}): sends and receives of engine IPC and HTTP/2 are captured up to one record ({MAX_CAPTURE_BYTES} bytes), counted in kernel_chunks_unsent"

@@ -2,13 +2,14 @@ use core::mem::size_of;
 
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::tracepoint,
+    macros::{map, tracepoint},
+    maps::{PerCpuArray, ProgramArray},
     programs::TracePointContext,
 };
 use inferscope_common::{
     CONN_ID_BIT, CONN_INET, CONN_KNOWN, CONN_SHARED, CONN_TLS, CompactWriteRecord, ConnEntry,
-    Counter, FLAG_COPY_FAILED, FLAG_TOKEN, FLAG_TRUNCATED, RecordType, SyscallKind, SyscallRecord,
-    fd_key,
+    Counter, FLAG_COPY_FAILED, FLAG_TOKEN, FLAG_TRUNCATED, MAX_CAPTURE_BYTES, RecordType,
+    SyscallKind, SyscallRecord, fd_key,
 };
 
 use super::{
@@ -58,7 +59,6 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
         return Ok(());
     }
     let kind = inflight.kind;
-    let fd = inflight.fd;
     if kind == SyscallKind::Dup as u8 {
         if ret >= 0 {
             dup(tgid, pid_tgid as u32, &inflight, ret as i32);
@@ -85,14 +85,84 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
     let scratch = SCRATCH.get_ptr_mut(0).ok_or(0)?;
     // SAFETY: a per-CPU map value, valid for the map's life; syscall programs run with
     // preemption off and do not nest on a CPU, so this reference is the only one to it.
-    let chunks_due = emit_syscall(
-        tgid,
-        pid_tgid as u32,
-        fd,
-        ret,
-        &inflight,
+    let copied = copy_into(&inflight, ret, unsafe { &mut (*scratch).payload });
+    let pending = PENDING.get_ptr_mut(0).ok_or(0)?;
+    // SAFETY: a per-CPU map value; only this run touches it until `exit_record` takes it (the
+    // tail call keeps the CPU).
+    unsafe {
+        *pending = PendingRecord {
+            inflight,
+            ret,
+            captured: copied.0 as u64,
+            tgid,
+            tid: pid_tgid as u32,
+            flags: copied.1,
+            _pad: [0; 6],
+        };
+    }
+    // SAFETY: a tail call to a program of the same type, with this program's own context.
+    unsafe { RECORD_PROGRAM.tail_call(ctx, 0) };
+    bump(Counter::RecordsUnsent);
+    Ok(())
+}
+
+/// What `exit_syscall` leaves `exit_record`: the syscall, and how much of its payload now sits
+/// in the syscall programs' scratch.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PendingRecord {
+    inflight: Inflight,
+    ret: i64,
+    captured: u64,
+    tgid: u32,
+    tid: u32,
+    flags: u16,
+    _pad: [u8; 6],
+}
+
+#[map]
+static PENDING: PerCpuArray<PendingRecord> = PerCpuArray::with_max_entries(1, 0);
+
+/// `exit_record`, slot 0. The record path is two programs because the verifier walks each
+/// path of one program with everything before it: the payload copy's iovec walk times the
+/// record's classification (TLS, HTTP/2 preface, response head, token template, ring
+/// pressure) took `exit_syscall` to 98 % of the budget of one million instructions on 6.18.
+/// User space fills the slot before it attaches `exit_syscall`, or does not start.
+#[map]
+pub static RECORD_PROGRAM: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// The second half of a syscall's exit (a tail call from `exit_syscall`): its record, from the
+/// payload already in the scratch. Loaded, never attached.
+#[tracepoint]
+pub fn exit_record(ctx: TracePointContext) -> u32 {
+    let _ = try_record(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_record(ctx: &TracePointContext) -> Result<(), i32> {
+    let pending = PENDING.get_ptr(0).ok_or(0)?;
+    // SAFETY: as in `try_exit`: this run's own per-CPU value, read in place (a copy would
+    // take a fifth of the stack).
+    let pending = unsafe { &*pending };
+    let scratch = SCRATCH.get_ptr_mut(0).ok_or(0)?;
+    // The copy never captures more than a record holds; the bound is restated for the
+    // verifier, which sees a number from a map.
+    let captured = if pending.captured > MAX_CAPTURE_BYTES as u64 {
+        MAX_CAPTURE_BYTES
+    } else {
+        pending.captured as usize
+    };
+    // SAFETY: as in `try_exit`: the syscall programs' per-CPU scratch, this run's alone.
+    let chunks_due = emit_copied(
+        pending.tgid,
+        pending.tid,
+        pending.inflight.fd,
+        pending.ret,
+        &pending.inflight,
         ScratchOwner::Syscall,
         unsafe { &mut *scratch },
+        (captured, pending.flags),
     )?;
     if chunks_due {
         super::copy::emit_due_chunks(ctx);
@@ -177,11 +247,22 @@ pub(super) fn emit_syscall(
     owner: ScratchOwner,
     scratch: &mut Scratch,
 ) -> Result<bool, i32> {
-    let kind = inflight.kind;
+    let copied = copy_into(inflight, ret, &mut scratch.payload);
+    emit_copied(tgid, tid, fd, ret, inflight, owner, scratch, copied)
+}
+
+/// Copies up to the capture limit of the bytes the syscall moved into `payload`: (bytes
+/// captured, record flags), cuts and failed reads counted.
+#[inline(always)]
+fn copy_into(
+    inflight: &Inflight,
+    ret: i64,
+    payload: &mut [u8; 2 * MAX_CAPTURE_BYTES],
+) -> (usize, u16) {
     let mut captured = 0usize;
     let mut flags = 0u16;
-    if ret > 0 && kind != SyscallKind::Accept as u8 {
-        let copy = copy_payload(inflight, ret as u64, &mut scratch.payload);
+    if ret > 0 && inflight.kind != SyscallKind::Accept as u8 {
+        let copy = copy_payload(inflight, ret as u64, payload);
         captured = copy.captured;
         if copy.truncated {
             flags |= FLAG_TRUNCATED;
@@ -192,6 +273,24 @@ pub(super) fn emit_syscall(
             bump(Counter::CopyFailed);
         }
     }
+    (captured, flags)
+}
+
+/// [`emit_syscall`] once the payload is in `scratch`: `copied` is [`copy_into`]'s answer.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn emit_copied(
+    tgid: u32,
+    tid: u32,
+    fd: i32,
+    ret: i64,
+    inflight: &Inflight,
+    owner: ScratchOwner,
+    scratch: &mut Scratch,
+    copied: (usize, u16),
+) -> Result<bool, i32> {
+    let kind = inflight.kind;
+    let (captured, flags) = copied;
     if (kind == SyscallKind::Read as u8 || kind == SyscallKind::Write as u8)
         && inflight.conn_id != 0
         && inflight.conn_flags & CONN_TLS == 0
