@@ -4,12 +4,72 @@
 // Test code: a failed setup or check stops the test with the value it did not expect.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Duration;
+use std::{process::Command, time::Duration};
 
 use inferscope_integration_tests::{
-    agent::Recorder, client::Client, engine::Engine, free_port, split::assert_llamacpp_split,
+    agent::{self, Recorder, read_records},
+    client::Client,
+    engine::{self, Engine},
+    free_port,
+    split::assert_llamacpp_split,
 };
 use serde_json::Value;
+
+/// The README's first command, `inferscope demo`: it starts the bundled engine, loads it, and
+/// shows what the agent saw. Every stream the demo's clients read is one record with all its
+/// tokens and TTFT split into queue wait and prefill, and no prompt text reaches the output.
+#[test]
+fn the_demo_records_every_stream_its_clients_read() {
+    let _machine = inferscope_integration_tests::exclusive();
+    let dir = inferscope_integration_tests::test_dir("demo");
+    let out = dir.join("demo.jsonl");
+    let output = Command::new(agent::binary())
+        .arg("demo")
+        .arg("--python")
+        .arg(engine::python())
+        .args(["--port", &free_port().to_string()])
+        .args(["--requests", "6", "--concurrency", "3", "--slots", "2"])
+        .args(["--max-tokens", "12", "--out"])
+        .arg(&out)
+        .output()
+        .expect("run inferscope demo");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "demo failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    assert!(
+        stdout.contains("client saw 6 streams; 6 matched an agent record by stream id"),
+        "{stdout}\n{stderr}"
+    );
+    let text = std::fs::read_to_string(&out).unwrap();
+    for shown in [stdout.as_ref(), stderr.as_ref(), text.as_str()] {
+        assert!(
+            !shown.contains("Write three short sentences"),
+            "prompt text in the demo's output:\n{shown}"
+        );
+    }
+    let records = read_records(&out);
+    let chats: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["path"] == "/v1/chat/completions")
+        .collect();
+    assert_eq!(chats.len(), 6, "{records:#?}");
+    for r in chats {
+        assert_eq!(r["status"], 200, "{r:#}");
+        assert_eq!(r["output_chunks"], 12, "{r:#}");
+        assert_eq!(r["completion_tokens"], 12, "{r:#}");
+        assert!(r["prompt_tokens"].as_u64().is_some_and(|n| n > 0), "{r:#}");
+        let ttft = r["ttft_ms"].as_f64().expect("ttft");
+        let queue = r["queue_wait_ms"].as_f64().expect("queue wait");
+        let prefill = r["prefill_ms"].as_f64().expect("prefill");
+        assert!(ttft > 0.0 && queue >= 0.0 && prefill > 0.0, "{r:#}");
+        assert!((queue + prefill - ttft).abs() < 0.01, "{r:#}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
 
 #[test]
 fn queue_wait_and_prefill_for_six_streams_on_two_slots() {
