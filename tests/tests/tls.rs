@@ -613,6 +613,68 @@ fn grpc_over_http2_and_tls_has_one_record_per_stream() {
     }
 }
 
+/// A gRPC request message of 40,000 bytes over HTTP/2 and TLS: the server reads each 16 KiB
+/// DATA frame's plaintext in one `SSL_read`, more than one record holds, so the TLS probe sends
+/// it as a chunk series (walked in `bpf_loop`). Every byte of every message is counted, none cut.
+#[test]
+fn tls_plaintext_larger_than_a_record_is_captured_whole() {
+    const CALLS: usize = 3;
+    const MESSAGE: usize = 40_000;
+    let dir = test_dir("tls-h2-large");
+    let (server, port, _log) = start_h2_tls(&dir);
+    let pid = server.0.id();
+    let mut recorder = Recorder::start(&dir, &["--pid", &pid.to_string()]);
+    recorder.wait_attached(pid, Duration::from_secs(30));
+    let mut body = vec![0u8];
+    body.extend_from_slice(&(MESSAGE as u32).to_be_bytes());
+    body.extend((0..MESSAGE).map(|i| (i % 251) as u8));
+    let path = dir.join("request.bin");
+    std::fs::write(&path, &body).unwrap();
+    let url = format!("https://127.0.0.1:{port}/inferscope.test.Gen/Stream");
+    for _ in 0..CALLS {
+        let status = Command::new("curl")
+            .args(["-sSk", "--http2", "-o", "/dev/null"])
+            .args(["-H", "content-type: application/grpc", "-H", "te: trailers"])
+            .arg("--data-binary")
+            .arg(format!("@{}", path.display()))
+            .arg(&url)
+            .status()
+            .expect("running curl");
+        assert!(status.success(), "curl failed: {status}");
+    }
+    recorder.wait_records(Duration::from_secs(30), "every call's record", |r| {
+        r.len() >= CALLS
+    });
+    let agent_log = recorder.log.clone();
+    let records = recorder.stop();
+    assert_eq!(records.len(), CALLS, "{records:#?}");
+    for r in &records {
+        assert_eq!(r["tls"], true, "{r}");
+        assert_eq!(r["capture_truncated"], false, "{r}");
+        assert_eq!(r["http2"]["request_messages"], 1, "{r}");
+        assert_eq!(r["http2"]["request_message_bytes"], MESSAGE as u64, "{r}");
+        assert_eq!(r["http2"]["grpc_status"], 0, "{r}");
+    }
+    let counters = Counters::beside(&agent_log);
+    assert!(
+        counters.get("capture_chunked_syscalls") >= CALLS as u64,
+        "no TLS read was sent as a chunk series: {}",
+        counters.get("capture_chunked_syscalls")
+    );
+    for zero in [
+        "capture_chunks_lost",
+        "capture_chunks_orphaned",
+        "kernel_records_unsent",
+        "kernel_tls_nested",
+        "connection_gaps",
+        "h2_framing_lost",
+        "grpc_message_framing_lost",
+    ] {
+        assert_eq!(counters.get(zero), 0, "{zero}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// HTTP/2 over TLS, calls a few milliseconds apart on one connection (`h2_tls.py client`): the
 /// server reads each segment's plaintext frame by frame, so the read that opens a stream is not
 /// the read that took its segment. Each stream's wire arrival is still its own segment: after the

@@ -756,7 +756,7 @@ pub enum Counter {
     /// Large captures whose chunks after the first record were not sent: the tail call to the
     /// chunk program failed (it could not be loaded).
     ChunksUnsent = 26,
-    /// Syscalls whose record was not sent: the tail call from `exit_syscall` to the record
+    /// Syscalls (or TLS library calls) whose record was not sent: the tail call to the record
     /// program failed (user space installs it before attaching, so this stays 0).
     RecordsUnsent = 27,
 }

@@ -69,9 +69,12 @@ pub enum CaptureError {
     #[error("invalid capture configuration: {0}")]
     Config(String),
     #[error(
-        "the record program (exit_record, the second half of every syscall's exit) did not load: {reason}. It needs a kernel with BPF tail calls (4.2+); a verifier refusal names the instruction it stopped at: please report it with `uname -r`"
+        "the record program {program} (the second half of a capture, tail-called) did not load: {reason}. It needs a kernel with BPF tail calls (4.2+); a verifier refusal names the instruction it stopped at: please report it with `uname -r`"
     )]
-    TailCall { reason: String },
+    TailCall {
+        program: &'static str,
+        reason: String,
+    },
 }
 
 /// (program, tracepoint category, tracepoint name). read/recvfrom and write/sendto share a
@@ -144,19 +147,28 @@ fn log_verifier_headroom(ebpf: &Ebpf) {
     }
 }
 
-/// Loads `program` (a tracepoint program that is tail-called, never attached) into slot 0 of
-/// the program array `slots`.
+/// Loads `program` (a tracepoint or uprobe program that is tail-called, never attached) unless
+/// it is loaded already, into slot 0 of the program array `slots`.
 fn install_tail_call(
     ebpf: &mut Ebpf,
     program: &'static str,
     slots: &'static str,
 ) -> Result<(), String> {
-    let prog: &mut TracePoint = ebpf
+    let prog = ebpf
         .program_mut(program)
-        .ok_or_else(|| format!("{program} is missing from the object"))?
-        .try_into()
+        .ok_or_else(|| format!("{program} is missing from the object"))?;
+    if prog.fd().is_err() {
+        match prog {
+            aya::programs::Program::TracePoint(p) => p.load(),
+            aya::programs::Program::UProbe(p) => p.load(),
+            _ => {
+                return Err(format!(
+                    "{program} is neither a tracepoint nor a uprobe program"
+                ));
+            }
+        }
         .map_err(|e| format!("{e}"))?;
-    prog.load().map_err(|e| format!("{e}"))?;
+    }
     let fd = prog
         .fd()
         .and_then(|fd| fd.try_clone().map_err(Into::into))
@@ -313,8 +325,12 @@ impl SocketProbes {
         // Both before exit_syscall is attached, so that no syscall finds a slot empty. The
         // record program is the second half of every syscall's exit (exit_syscall alone would
         // exceed the verifier's budget): without it nothing would be captured.
-        install_tail_call(&mut ebpf, "exit_record", "RECORD_PROGRAM")
-            .map_err(|reason| CaptureError::TailCall { reason })?;
+        install_tail_call(&mut ebpf, "exit_record", "RECORD_PROGRAM").map_err(|reason| {
+            CaptureError::TailCall {
+                program: "exit_record",
+                reason,
+            }
+        })?;
         if loop_iovecs != 0
             && let Err(e) = install_tail_call(&mut ebpf, "exit_chunks", "CHUNK_PROGRAM")
         {
@@ -385,6 +401,13 @@ impl SocketProbes {
                 debug!(program = name, "uprobe program loaded");
             }
         }
+        // Before any TLS probe is attached (per process, later): the plaintext's record.
+        install_tail_call(&mut ebpf, "tls_record", "TLS_RECORD_PROGRAM").map_err(|reason| {
+            CaptureError::TailCall {
+                program: "tls_record",
+                reason,
+            }
+        })?;
         log_verifier_headroom(&ebpf);
         // Must come after loading (it looks up the programs' log map).
         let logger = match EbpfLogger::init(&mut ebpf) {

@@ -448,11 +448,31 @@ pub fn emit_chunks(
     }
     scratch.header.flags = h.flags | FLAG_MORE;
     let first = emit(scratch, captured);
-    if looping_iovecs() && owner == ScratchOwner::Syscall {
-        return Sent {
-            first,
-            chunks_due: defer_chunks(inflight, captured as u64, total, moved),
+    if looping_iovecs() {
+        if owner == ScratchOwner::Syscall {
+            return Sent {
+                first,
+                chunks_due: defer_chunks(inflight, captured as u64, total, moved),
+            };
+        }
+        // TLS plaintext (one buffer) is sent here, its chunks walked in `bpf_loop`: unrolled,
+        // the walk took the TLS record program to two thirds of the verifier's budget.
+        let mut series = BufferChunks {
+            buf: inflight.ptr,
+            total,
+            moved,
         };
+        // SAFETY: the callback is a static function of the program; its context is `series`,
+        // on this stack frame for the whole call.
+        unsafe {
+            bpf_loop(
+                (MAX_CHUNKS - 1) as u32,
+                tls_chunk_step as *mut c_void,
+                (&mut series as *mut BufferChunks).cast(),
+                0,
+            );
+        }
+        return Sent::whole(first);
     }
     let mut offset = MAX_CAPTURE_BYTES as u64;
     for _ in 1..MAX_CHUNKS {
@@ -487,6 +507,61 @@ pub fn emit_chunks(
         offset += len as u64;
     }
     Sent::whole(first)
+}
+
+/// The rest of a TLS plaintext buffer, sent a record at a time by [`tls_chunk_step`].
+#[repr(C)]
+struct BufferChunks {
+    buf: u64,
+    /// Bytes to send in all, and the bytes the call moved.
+    total: u64,
+    moved: u64,
+}
+
+/// Chunk `i + 1` of a TLS plaintext buffer (the first record held chunk 0) into the TLS
+/// scratch, whose header the first record left in place, then its record; 1 ends the series.
+/// Where a chunk starts comes from the loop's index, not from state the steps carry: the
+/// verifier then checks the step once, where a carried offset is a new state at every step.
+#[inline(never)]
+extern "C" fn tls_chunk_step(i: u32, ctx: *mut c_void) -> i64 {
+    // SAFETY: `bpf_loop` passes back the context `emit_chunks` gave it: a `BufferChunks` on its
+    // stack, alive and not otherwise borrowed during the call.
+    let series = unsafe { &*ctx.cast::<BufferChunks>() };
+    if i as usize >= MAX_CHUNKS {
+        return 1;
+    }
+    let offset = (u64::from(i) + 1) * MAX_CAPTURE_BYTES as u64;
+    if offset >= series.total {
+        return 1;
+    }
+    let Some(scratch) = super::tls::TLS_SCRATCH.get_ptr_mut(0) else {
+        return 1;
+    };
+    // SAFETY: the TLS scratch, which the calling probe holds (its busy flag) for this run.
+    let scratch = unsafe { &mut *scratch };
+    let rest = series.total - offset;
+    let len = if rest > MAX_CAPTURE_BYTES as u64 {
+        MAX_CAPTURE_BYTES
+    } else {
+        rest as usize
+    };
+    let copied = copy_at(&mut scratch.payload, 0, series.buf + offset, len);
+    let last = offset + len as u64 >= series.total || !copied;
+    let mut flags = FLAG_CHUNK;
+    if !last {
+        flags |= FLAG_MORE;
+    } else if series.total < series.moved || !copied {
+        flags |= FLAG_TRUNCATED;
+    }
+    if !copied {
+        flags |= FLAG_COPY_FAILED;
+    }
+    let n = if copied { len } else { 0 };
+    scratch.header.flags = flags;
+    scratch.header.chunk_offset = offset as u32;
+    scratch.header.captured = n as u32;
+    emit(scratch, n);
+    if last { 1 } else { 0 }
 }
 
 /// What [`emit_chunks`] sent.

@@ -106,18 +106,18 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
     Ok(())
 }
 
-/// What `exit_syscall` leaves `exit_record`: the syscall, and how much of its payload now sits
-/// in the syscall programs' scratch.
+/// What `exit_syscall` leaves `exit_record` (and `tls_return` leaves `tls_record`): the call,
+/// and how much of its payload now sits in the caller's scratch.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct PendingRecord {
-    inflight: Inflight,
-    ret: i64,
-    captured: u64,
-    tgid: u32,
-    tid: u32,
-    flags: u16,
-    _pad: [u8; 6],
+    pub(super) inflight: Inflight,
+    pub(super) ret: i64,
+    pub(super) captured: u64,
+    pub(super) tgid: u32,
+    pub(super) tid: u32,
+    pub(super) flags: u16,
+    pub(super) _pad: [u8; 6],
 }
 
 #[map]
@@ -142,10 +142,23 @@ pub fn exit_record(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn try_record(ctx: &TracePointContext) -> Result<(), i32> {
     let pending = PENDING.get_ptr(0).ok_or(0)?;
-    // SAFETY: as in `try_exit`: this run's own per-CPU value, read in place (a copy would
-    // take a fifth of the stack).
-    let pending = unsafe { &*pending };
     let scratch = SCRATCH.get_ptr_mut(0).ok_or(0)?;
+    // SAFETY: as in `try_exit`: this run's own per-CPU values, the hand-over read in place (a
+    // copy would take a fifth of the stack).
+    let chunks_due = unsafe { emit_pending(&*pending, ScratchOwner::Syscall, &mut *scratch) }?;
+    if chunks_due {
+        super::copy::emit_due_chunks(ctx);
+    }
+    Ok(())
+}
+
+/// The record of a call handed over in `pending`, its payload already in `scratch`.
+#[inline(always)]
+pub(super) fn emit_pending(
+    pending: &PendingRecord,
+    owner: ScratchOwner,
+    scratch: &mut Scratch,
+) -> Result<bool, i32> {
     // The copy never captures more than a record holds; the bound is restated for the
     // verifier, which sees a number from a map.
     let captured = if pending.captured > MAX_CAPTURE_BYTES as u64 {
@@ -153,21 +166,16 @@ fn try_record(ctx: &TracePointContext) -> Result<(), i32> {
     } else {
         pending.captured as usize
     };
-    // SAFETY: as in `try_exit`: the syscall programs' per-CPU scratch, this run's alone.
-    let chunks_due = emit_copied(
+    emit_copied(
         pending.tgid,
         pending.tid,
         pending.inflight.fd,
         pending.ret,
         &pending.inflight,
-        ScratchOwner::Syscall,
-        unsafe { &mut *scratch },
+        owner,
+        scratch,
         (captured, pending.flags),
-    )?;
-    if chunks_due {
-        super::copy::emit_due_chunks(ctx);
-    }
-    Ok(())
+    )
 }
 
 /// accept/accept4 returned: a new connection. Its own exit program, because it must work even
@@ -254,7 +262,7 @@ pub(super) fn emit_syscall(
 /// Copies up to the capture limit of the bytes the syscall moved into `payload`: (bytes
 /// captured, record flags), cuts and failed reads counted.
 #[inline(always)]
-fn copy_into(
+pub(super) fn copy_into(
     inflight: &Inflight,
     ret: i64,
     payload: &mut [u8; 2 * MAX_CAPTURE_BYTES],

@@ -24,14 +24,18 @@ use aya_ebpf::{
         bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
     },
     macros::{map, uprobe, uretprobe},
-    maps::{LruHashMap, PerCpuArray},
+    maps::{LruHashMap, PerCpuArray, ProgramArray},
     programs::{ProbeContext, RetProbeContext},
 };
 use inferscope_common::{
     CONN_PREEXISTING, CONN_TLS, ConnEntry, Counter, SyscallKind, TlsApi, TlsKey, TlsTie, fd_key,
 };
 
-use super::{copy::ScratchOwner, enter::emit_control, exit::emit_syscall};
+use super::{
+    copy::ScratchOwner,
+    enter::emit_control,
+    exit::{PendingRecord, copy_into, emit_pending},
+};
 use crate::{
     counters::bump,
     maps::{CONNS, Inflight, Scratch, Shape, ignored, traced},
@@ -41,7 +45,7 @@ use crate::{
 /// a uprobe program runs with only migration disabled and may be preempted (PREEMPT kernels)
 /// by a task whose syscall programs then use the CPU's buffer.
 #[map]
-static TLS_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+pub(super) static TLS_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
 /// 1 while a TLS probe run on this CPU builds a record in [`TLS_SCRATCH`]: a second run that
 /// preempted it drops its plaintext (counted in `tls_nested`) rather than overwrite the
@@ -290,28 +294,60 @@ fn try_return(ctx: &RetProbeContext) -> Result<(), i32> {
     bump(Counter::TlsRecords);
     let busy = TLS_SCRATCH_BUSY.get_ptr_mut(0).ok_or(0)?;
     let scratch = TLS_SCRATCH.get_ptr_mut(0).ok_or(0)?;
-    // SAFETY: per-CPU map values, valid for the maps' life; the busy flag makes this run the
-    // only user of the scratch buffer until it clears it (runs on one CPU do not interleave
-    // except by preemption, which the flag catches).
+    let pending = TLS_PENDING.get_ptr_mut(0).ok_or(0)?;
+    // SAFETY: per-CPU map values, valid for the maps' life; the busy flag makes this run (and
+    // the `tls_record` it tail-calls, which clears it) the only user of the scratch buffer and
+    // the hand-over (runs on one CPU do not interleave except by preemption, which the flag
+    // catches).
     unsafe {
         if *busy != 0 {
             bump(Counter::TlsNested);
             return Ok(());
         }
         *busy = 1;
-        let result = emit_syscall(
+        let (captured, flags) = copy_into(&inflight, bytes as i64, &mut (*scratch).payload);
+        *pending = PendingRecord {
+            inflight,
+            ret: bytes as i64,
+            captured: captured as u64,
             tgid,
-            pid_tgid as u32,
-            fd,
-            bytes as i64,
-            &inflight,
-            ScratchOwner::Tls,
-            &mut *scratch,
-        );
+            tid: pid_tgid as u32,
+            flags,
+            _pad: [0; 6],
+        };
+        TLS_RECORD_PROGRAM.tail_call(ctx, 0);
         *busy = 0;
-        // TLS plaintext is sent whole by `emit_syscall` (its chunks never wait).
-        result.map(|_| ())
     }
+    bump(Counter::RecordsUnsent);
+    Ok(())
+}
+
+/// What `tls_return` hands `tls_record`, apart from the syscall programs' hand-over: a uprobe
+/// run may be preempted by a task whose syscall programs then run on this CPU.
+#[map]
+static TLS_PENDING: PerCpuArray<PendingRecord> = PerCpuArray::with_max_entries(1, 0);
+
+/// `tls_record`, slot 0: the plaintext's record, apart from the probe that ties it to its
+/// connection and copies it, for the verifier's budget (as `exit_record`). User space fills the
+/// slot before it attaches any TLS probe.
+#[map]
+pub static TLS_RECORD_PROGRAM: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// The second half of a TLS library call's return (a tail call from `tls_return`): its
+/// plaintext's record, from the payload already in the TLS scratch. Loaded, never attached.
+#[uretprobe]
+pub fn tls_record(_ctx: RetProbeContext) -> u32 {
+    let Some(busy) = TLS_SCRATCH_BUSY.get_ptr_mut(0) else {
+        return 0;
+    };
+    if let (Some(pending), Some(scratch)) = (TLS_PENDING.get_ptr(0), TLS_SCRATCH.get_ptr_mut(0)) {
+        // SAFETY: per-CPU map values that `tls_return` filled and holds (busy) for this run;
+        // the hand-over is read in place. TLS plaintext is sent whole (its chunks never wait).
+        let _ = unsafe { emit_pending(&*pending, ScratchOwner::Tls, &mut *scratch) };
+    }
+    // SAFETY: the per-CPU flag `tls_return` set; this run ends its use of the buffer.
+    unsafe { *busy = 0 };
+    0
 }
 
 /// The connection `ssl` is tied to, if the fd still holds it and no other `SSL*` replaced it.
