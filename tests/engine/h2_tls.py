@@ -2,7 +2,10 @@
 h2 over TLS. Each stream is answered as a server-streaming call whatever its path: HEADERS
 (:status 200, content-type application/grpc), then N length-prefixed messages 2 ms apart
 (N = 4 + (stream id // 2) % 20, each of 20 + 7*i bytes), then trailers (grpc-status 0). One frame,
-one write. The server does not decode HPACK: the client's headers are the agent's to read.
+one write. A call whose request body reached LARGE_REQUEST bytes is answered instead with one
+message of LARGE_ANSWER bytes, its DATA frames (16 KiB each) written at once (one SSL_write
+larger than any capture record). The server does not decode HPACK: the client's headers are the
+agent's to read.
 
   h2_tls.py PORT CERT KEY LOG   prints "ready" once listening; LOG gets one JSON line per
                                 stream: {"stream_id", "messages", "message_ns": [...],
@@ -41,6 +44,11 @@ RESPONSE_HEADERS = b"\x88" + literal("content-type", "application/grpc")  # :sta
 TRAILERS = literal("grpc-status", "0")
 
 
+LARGE_REQUEST = 30_000
+LARGE_ANSWER = 100_000
+MAX_FRAME = 16_384
+
+
 class Connection:
     def __init__(self, sock, log):
         self.sock = sock
@@ -66,6 +74,8 @@ class Connection:
         return out
 
     def answer(self, stream):
+        if self.bodies.get(stream, 0) >= LARGE_REQUEST:
+            return self.answer_large(stream)
         messages = 4 + (stream // 2) % 20
         times = []
         self.send(frame(HEADERS, END_HEADERS, stream, RESPONSE_HEADERS))
@@ -73,6 +83,19 @@ class Connection:
             time.sleep(0.002)
             body = bytes([i % 256]) * (20 + 7 * i)
             self.send(frame(DATA, 0, stream, b"\x00" + struct.pack(">I", len(body)) + body), times)
+        self.send(frame(HEADERS, END_HEADERS | END_STREAM, stream, TRAILERS))
+        self.log.write(stream, times, self.headers_ns.get(stream))
+
+    def answer_large(self, stream):
+        times = []
+        self.send(frame(HEADERS, END_HEADERS, stream, RESPONSE_HEADERS))
+        body = bytes(i % 251 for i in range(LARGE_ANSWER))
+        message = b"\x00" + struct.pack(">I", len(body)) + body
+        frames = b"".join(
+            frame(DATA, 0, stream, message[at : at + MAX_FRAME])
+            for at in range(0, len(message), MAX_FRAME)
+        )
+        self.send(frames, times)
         self.send(frame(HEADERS, END_HEADERS | END_STREAM, stream, TRAILERS))
         self.log.write(stream, times, self.headers_ns.get(stream))
 
@@ -89,6 +112,8 @@ class Connection:
                 payload = self.read_exact(length) if length else b""
                 if kind == HEADERS:
                     self.headers_ns[stream] = time.monotonic_ns()
+                if kind == DATA:
+                    self.bodies[stream] = self.bodies.get(stream, 0) + len(payload)
                 if kind == SETTINGS and not flags & ACK:
                     self.send(frame(SETTINGS, ACK, 0))
                 elif kind == PING and not flags & ACK:

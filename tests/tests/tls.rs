@@ -613,9 +613,11 @@ fn grpc_over_http2_and_tls_has_one_record_per_stream() {
     }
 }
 
-/// A gRPC request message of 40,000 bytes over HTTP/2 and TLS: the server reads each 16 KiB
-/// DATA frame's plaintext in one `SSL_read`, more than one record holds, so the TLS probe sends
-/// it as a chunk series (walked in `bpf_loop`). Every byte of every message is counted, none cut.
+/// A gRPC request message of 40,000 bytes over HTTP/2 and TLS, answered with one message of
+/// 100,000 bytes: the server reads each 16 KiB DATA frame's plaintext in one `SSL_read` (one
+/// record and one chunk) and writes the answer's frames in one `SSL_write` (one record and 12
+/// chunks), more than one record holds, so the TLS probe sends them as chunk series (walked in
+/// `bpf_loop`). Every byte of every message is counted, none cut.
 #[test]
 fn tls_plaintext_larger_than_a_record_is_captured_whole() {
     const CALLS: usize = 3;
@@ -653,11 +655,15 @@ fn tls_plaintext_larger_than_a_record_is_captured_whole() {
         assert_eq!(r["capture_truncated"], false, "{r}");
         assert_eq!(r["http2"]["request_messages"], 1, "{r}");
         assert_eq!(r["http2"]["request_message_bytes"], MESSAGE as u64, "{r}");
+        // tests/engine/h2_tls.py's LARGE_ANSWER.
+        assert_eq!(r["http2"]["response_messages"], 1, "{r}");
+        assert_eq!(r["http2"]["response_message_bytes"], 100_000, "{r}");
         assert_eq!(r["http2"]["grpc_status"], 0, "{r}");
     }
     let counters = Counters::beside(&agent_log);
+    // Per call: two 16 KiB reads and the answer's write.
     assert!(
-        counters.get("capture_chunked_syscalls") >= CALLS as u64,
+        counters.get("capture_chunked_syscalls") >= 3 * CALLS as u64,
         "no TLS read was sent as a chunk series: {}",
         counters.get("capture_chunked_syscalls")
     );

@@ -180,6 +180,9 @@ fn install_tail_call(
     array.set(0, &fd, 0).map_err(|e| format!("{e}"))
 }
 
+/// The uprobe program that `tls_return` tail-calls: loaded, never attached.
+const TLS_RECORD_PROGRAM: &str = "tls_record";
+
 static PROGRAM_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/inferscope"));
 
 pub struct SocketProbes {
@@ -390,7 +393,11 @@ impl SocketProbes {
         };
         let sock_hook = sock_hook_refused.is_none();
         // Engine scheduler uprobes are loaded now and attached per process when one is found.
+        // tls_record is loaded below, where its failure is named as the record program's.
         for (name, program) in ebpf.programs_mut() {
+            if name == TLS_RECORD_PROGRAM {
+                continue;
+            }
             if let Ok(uprobe) = <&mut UProbe>::try_from(program) {
                 uprobe.load().map_err(|source| CaptureError::Attach {
                     program: "engine uprobe",
@@ -402,12 +409,12 @@ impl SocketProbes {
             }
         }
         // Before any TLS probe is attached (per process, later): the plaintext's record.
-        install_tail_call(&mut ebpf, "tls_record", "TLS_RECORD_PROGRAM").map_err(|reason| {
-            CaptureError::TailCall {
-                program: "tls_record",
+        install_tail_call(&mut ebpf, TLS_RECORD_PROGRAM, "TLS_RECORD_PROGRAM").map_err(
+            |reason| CaptureError::TailCall {
+                program: TLS_RECORD_PROGRAM,
                 reason,
-            }
-        })?;
+            },
+        )?;
         log_verifier_headroom(&ebpf);
         // Must come after loading (it looks up the programs' log map).
         let logger = match EbpfLogger::init(&mut ebpf) {
@@ -790,7 +797,11 @@ impl SocketProbes {
         let program = self
             .ebpf
             .programs()
-            .find(|(_, p)| matches!(p, aya::programs::Program::UProbe(_)))
+            // Not the tail-called TLS record program: attached, it would send the hand-over
+            // map's stale contents on every getpid.
+            .find(|(name, p)| {
+                matches!(p, aya::programs::Program::UProbe(_)) && *name != TLS_RECORD_PROGRAM
+            })
             .map(|(name, _)| name.to_owned())
             .ok_or("no uprobe program in the embedded object")?;
         let link = self.link_uprobe(&program, std::path::Path::new(&libc_path), offset, own, 0)?;

@@ -77,9 +77,9 @@ fn looping_iovecs() -> bool {
 }
 
 /// Which per-CPU scratch buffer a record is built in: the syscall programs' (`SCRATCH`) or the
-/// TLS probes' (`TLS_SCRATCH`). The `bpf_loop` walks fill `SCRATCH` (a callback cannot be
-/// handed a map value, so it looks the buffer up again): TLS plaintext, one buffer, is
-/// captured without them.
+/// TLS probes' (`TLS_SCRATCH`). A `bpf_loop` callback cannot be handed a map value, so it looks
+/// its buffer up again: the iovec and chunk walks fill `SCRATCH`, [`tls_chunk_step`] (TLS
+/// plaintext, one buffer) `TLS_SCRATCH`.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum ScratchOwner {
     Syscall = 0,

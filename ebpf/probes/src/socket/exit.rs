@@ -241,9 +241,10 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
 }
 
 /// Writes the syscall's record, with up to the capture limit of the bytes it moved, built in
-/// `scratch` (the caller's own per-CPU buffer, which `owner` names). Shared with the TLS
-/// library probes, whose plaintext goes out exactly like a socket's bytes. True when the rest of
-/// a large capture is due ([`super::copy::emit_due_chunks`], at the end of the program).
+/// `scratch` (the caller's own per-CPU buffer, which `owner` names), in one program
+/// (`exit_accept`'s; the others hand over between [`copy_into`] and [`emit_pending`]). True when
+/// the rest of a large capture is due ([`super::copy::emit_due_chunks`], at the end of the
+/// program).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn emit_syscall(
