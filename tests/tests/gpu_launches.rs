@@ -15,7 +15,8 @@ use std::{
     io::Read,
     path::Path,
     process::{Child, Command},
-    time::Duration,
+    thread,
+    time::{Duration, Instant},
 };
 
 use inferscope_integration_tests::{agent, mock_cuda, test_dir};
@@ -81,21 +82,32 @@ fn run_until(
         };
     };
     // Every step the engine made has ended: its record is the agent's last word on it.
-    agent::wait_records(&steps_file, Duration::from_secs(20), "every step", |s| {
-        s.len() >= steps as usize
-    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while agent::read_records(&steps_file).len() < steps as usize && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(100));
+    }
     if let Some(needle) = until_log {
         agent::wait_log(&log, needle, Duration::from_secs(20));
     }
     agent::unsafe_sigint(recorder.id());
     let _ = recorder.wait();
-    Run {
+    let run = Run {
         summary,
         launches: agent::read_records(&launches),
         steps: agent::read_records(&steps_file),
         counters: agent::Counters::read(&dir.join("counters.json")),
         log: fs::read_to_string(&log).unwrap(),
-    }
+    };
+    // Short of steps: the agent's own account of what it lost says where they went.
+    assert_eq!(
+        run.steps.len(),
+        steps as usize,
+        "step records within 20 s; ring drops {}, scheduler reads failed {}, agent log:\n{}",
+        run.counters.get("kernel_ringbuf_full_drops"),
+        run.counters.get("kernel_sched_read_failed"),
+        run.log
+    );
+    run
 }
 
 fn start_agent(
