@@ -147,18 +147,25 @@ impl Scanner {
                         && !(i >= 2 && separator(i - 2)) =>
                 {
                     let mut segments = vec![id.to_string()];
+                    let mut heads = Vec::new();
                     let mut at = i + 1;
                     while separator(at) {
-                        match tokens.get(at + 2) {
+                        let next = tokens.get(at + 2);
+                        at += 3;
+                        match next {
                             Some(TokenTree::Ident(next)) => segments.push(next.to_string()),
                             Some(TokenTree::Group(g)) if g.delimiter() == Delimiter::Brace => {
-                                self.tokens(g.stream());
+                                heads = group_heads(g.stream());
+                                break;
+                            }
+                            Some(TokenTree::Punct(p)) if p.as_char() == '*' => {
+                                heads = vec!["*".to_owned()];
+                                break;
                             }
                             _ => {}
                         }
-                        at += 3;
                     }
-                    self.path(&segments, Vec::new());
+                    self.path(&segments, heads);
                     i = at;
                     continue;
                 }
@@ -247,28 +254,47 @@ impl<'ast> Visit<'ast> for Scanner {
     }
 }
 
-/// The first names a `use` of lib.rs brings into the root: past a leading `crate::`, `self::`
-/// or `::`, the path's first segment, or each of a group's.
+/// The first names a `use` of lib.rs brings into the root: past a leading `crate::` or
+/// `self::`, the path's first segment, or each of a group's.
 fn root_uses(tree: &UseTree, out: &mut Vec<String>) {
     match tree {
         UseTree::Path(p) if p.ident == "crate" || p.ident == "self" => root_uses(&p.tree, out),
+        UseTree::Group(g) => g.items.iter().for_each(|t| first_name(t, out)),
+        tree => first_name(tree, out),
+    }
+}
+
+fn first_name(tree: &UseTree, out: &mut Vec<String>) {
+    match tree {
         UseTree::Path(p) => out.push(p.ident.to_string()),
         UseTree::Name(n) if n.ident != "self" => out.push(n.ident.to_string()),
         UseTree::Rename(r) => out.push(r.ident.to_string()),
         UseTree::Glob(_) => out.push("*".to_owned()),
-        UseTree::Group(g) => {
-            for tree in &g.items {
-                match tree {
-                    UseTree::Path(p) => out.push(p.ident.to_string()),
-                    UseTree::Name(n) if n.ident != "self" => out.push(n.ident.to_string()),
-                    UseTree::Rename(r) => out.push(r.ident.to_string()),
-                    UseTree::Glob(_) => out.push("*".to_owned()),
-                    _ => {}
-                }
-            }
-        }
-        UseTree::Name(_) => {}
+        _ => {}
     }
+}
+
+/// The first name of each item of a `{…}` group in a macro's tokens (`*` for a glob).
+fn group_heads(tokens: TokenStream) -> Vec<String> {
+    let mut heads = Vec::new();
+    let mut first = true;
+    for token in tokens {
+        match &token {
+            TokenTree::Punct(p) if p.as_char() == ',' => first = true,
+            TokenTree::Ident(name) if first => {
+                if name != "self" {
+                    heads.push(name.to_string());
+                }
+                first = false;
+            }
+            TokenTree::Punct(p) if first && p.as_char() == '*' => {
+                heads.push("*".to_owned());
+                first = false;
+            }
+            _ => first = false,
+        }
+    }
+    heads
 }
 
 /// Scans the code of a module `depth` levels below the crate root (0: lib.rs): its production
@@ -468,6 +494,13 @@ fn the_checker_sees_groups_and_paths() {
             1
         ),
         ["export", "daemon"]
+    );
+    assert_eq!(
+        named(
+            "fn f() { m!(crate::{export::X, daemon}); m!(super::*); }",
+            1
+        ),
+        ["export", "daemon", "*"]
     );
     // `crate` inside another path or a visibility is no path to the root.
     assert!(

@@ -147,8 +147,8 @@ fn log_verifier_headroom(ebpf: &Ebpf) {
     }
 }
 
-/// Loads `program` (a tracepoint or uprobe program that is tail-called, never attached) unless
-/// it is loaded already, into slot 0 of the program array `slots`.
+/// Loads `program` (a tracepoint or uprobe program that is tail-called, never attached) into
+/// slot 0 of the program array `slots`.
 fn install_tail_call(
     ebpf: &mut Ebpf,
     program: &'static str,
@@ -157,18 +157,16 @@ fn install_tail_call(
     let prog = ebpf
         .program_mut(program)
         .ok_or_else(|| format!("{program} is missing from the object"))?;
-    if prog.fd().is_err() {
-        match prog {
-            aya::programs::Program::TracePoint(p) => p.load(),
-            aya::programs::Program::UProbe(p) => p.load(),
-            _ => {
-                return Err(format!(
-                    "{program} is neither a tracepoint nor a uprobe program"
-                ));
-            }
+    match prog {
+        aya::programs::Program::TracePoint(p) => p.load(),
+        aya::programs::Program::UProbe(p) => p.load(),
+        _ => {
+            return Err(format!(
+                "{program} is neither a tracepoint nor a uprobe program"
+            ));
         }
-        .map_err(|e| format!("{e}"))?;
     }
+    .map_err(|e| format!("{e}"))?;
     let fd = prog
         .fd()
         .and_then(|fd| fd.try_clone().map_err(Into::into))

@@ -476,35 +476,11 @@ pub fn emit_chunks(
     }
     let mut offset = MAX_CAPTURE_BYTES as u64;
     for _ in 1..MAX_CHUNKS {
-        if offset >= total {
+        if offset >= total || send_buffer_chunk(scratch, inflight.ptr, offset, total, moved) {
             break;
         }
-        let rest = total - offset;
-        let len = if rest > MAX_CAPTURE_BYTES as u64 {
-            MAX_CAPTURE_BYTES
-        } else {
-            rest as usize
-        };
-        let copied = copy_at(&mut scratch.payload, 0, inflight.ptr + offset, len);
-        let last = offset + len as u64 >= total || !copied;
-        let mut flags = FLAG_CHUNK;
-        if !last {
-            flags |= FLAG_MORE;
-        } else if total < moved || !copied {
-            flags |= FLAG_TRUNCATED;
-        }
-        if !copied {
-            flags |= FLAG_COPY_FAILED;
-        }
-        scratch.header.flags = flags;
-        scratch.header.chunk_offset = offset as u32;
-        let n = if copied { len } else { 0 };
-        scratch.header.captured = n as u32;
-        emit(scratch, n);
-        if !copied {
-            break;
-        }
-        offset += len as u64;
+        // Every chunk but the last is a record's worth.
+        offset += MAX_CAPTURE_BYTES as u64;
     }
     Sent::whole(first)
 }
@@ -539,18 +515,30 @@ extern "C" fn tls_chunk_step(i: u32, ctx: *mut c_void) -> i64 {
     };
     // SAFETY: the TLS scratch, which the calling probe holds (its busy flag) for this run.
     let scratch = unsafe { &mut *scratch };
-    let rest = series.total - offset;
+    if send_buffer_chunk(scratch, series.buf, offset, series.total, series.moved) {
+        1
+    } else {
+        0
+    }
+}
+
+/// Sends the chunk of a plain buffer at `offset` (of `total` bytes to send, of `moved`) from
+/// `scratch`, whose header the first record left in place; true when it was the last (or its
+/// copy failed, which ends the series flagged).
+#[inline(always)]
+fn send_buffer_chunk(scratch: &mut Scratch, buf: u64, offset: u64, total: u64, moved: u64) -> bool {
+    let rest = total - offset;
     let len = if rest > MAX_CAPTURE_BYTES as u64 {
         MAX_CAPTURE_BYTES
     } else {
         rest as usize
     };
-    let copied = copy_at(&mut scratch.payload, 0, series.buf + offset, len);
-    let last = offset + len as u64 >= series.total || !copied;
+    let copied = copy_at(&mut scratch.payload, 0, buf + offset, len);
+    let last = offset + len as u64 >= total || !copied;
     let mut flags = FLAG_CHUNK;
     if !last {
         flags |= FLAG_MORE;
-    } else if series.total < series.moved || !copied {
+    } else if total < moved || !copied {
         flags |= FLAG_TRUNCATED;
     }
     if !copied {
@@ -561,7 +549,7 @@ extern "C" fn tls_chunk_step(i: u32, ctx: *mut c_void) -> i64 {
     scratch.header.chunk_offset = offset as u32;
     scratch.header.captured = n as u32;
     emit(scratch, n);
-    if last { 1 } else { 0 }
+    last
 }
 
 /// What [`emit_chunks`] sent.

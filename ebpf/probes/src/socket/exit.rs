@@ -89,17 +89,7 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
     let pending = PENDING.get_ptr_mut(0).ok_or(0)?;
     // SAFETY: a per-CPU map value; only this run touches it until `exit_record` takes it (the
     // tail call keeps the CPU).
-    unsafe {
-        *pending = PendingRecord {
-            inflight,
-            ret,
-            captured: copied.0 as u64,
-            tgid,
-            tid: pid_tgid as u32,
-            flags: copied.1,
-            _pad: [0; 6],
-        };
-    }
+    unsafe { *pending = PendingRecord::new(inflight, ret, copied, pid_tgid) };
     // SAFETY: a tail call to a program of the same type, with this program's own context.
     unsafe { RECORD_PROGRAM.tail_call(ctx, 0) };
     bump(Counter::RecordsUnsent);
@@ -111,13 +101,29 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct PendingRecord {
-    pub(super) inflight: Inflight,
-    pub(super) ret: i64,
-    pub(super) captured: u64,
-    pub(super) tgid: u32,
-    pub(super) tid: u32,
-    pub(super) flags: u16,
-    pub(super) _pad: [u8; 6],
+    inflight: Inflight,
+    ret: i64,
+    captured: u64,
+    tgid: u32,
+    tid: u32,
+    flags: u16,
+    _pad: [u8; 6],
+}
+
+impl PendingRecord {
+    /// The call of thread `pid_tgid`, with [`copy_into`]'s answer.
+    #[inline(always)]
+    pub(super) fn new(inflight: Inflight, ret: i64, copied: (usize, u16), pid_tgid: u64) -> Self {
+        Self {
+            inflight,
+            ret,
+            captured: copied.0 as u64,
+            tgid: (pid_tgid >> 32) as u32,
+            tid: pid_tgid as u32,
+            flags: copied.1,
+            _pad: [0; 6],
+        }
+    }
 }
 
 #[map]

@@ -305,16 +305,8 @@ fn try_return(ctx: &RetProbeContext) -> Result<(), i32> {
             return Ok(());
         }
         *busy = 1;
-        let (captured, flags) = copy_into(&inflight, bytes as i64, &mut (*scratch).payload);
-        *pending = PendingRecord {
-            inflight,
-            ret: bytes as i64,
-            captured: captured as u64,
-            tgid,
-            tid: pid_tgid as u32,
-            flags,
-            _pad: [0; 6],
-        };
+        let copied = copy_into(&inflight, bytes as i64, &mut (*scratch).payload);
+        *pending = PendingRecord::new(inflight, bytes as i64, copied, pid_tgid);
         TLS_RECORD_PROGRAM.tail_call(ctx, 0);
         *busy = 0;
     }
