@@ -79,6 +79,7 @@ counters! {
     KernelTlsNested => "kernel_tls_nested": Loss,
     KernelChunksUnsent => "kernel_chunks_unsent": Loss,
     KernelRecordsUnsent => "kernel_records_unsent": Loss,
+    KernelTokenBatches => "kernel_token_batches": Total,
     TlsProbesAttached => "tls_probes_attached": Total,
     TlsConnectionsUndecoded => "tls_connections_undecoded": Loss,
     KernelTracepointsUnattached => "kernel_tracepoints_unattached": Loss,
@@ -383,6 +384,7 @@ pub const fn kernel(c: inferscope_common::Counter) -> Counter {
         K::TlsNested => Counter::KernelTlsNested,
         K::ChunksUnsent => Counter::KernelChunksUnsent,
         K::RecordsUnsent => Counter::KernelRecordsUnsent,
+        K::TokenBatches => Counter::KernelTokenBatches,
     }
 }
 

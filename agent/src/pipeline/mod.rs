@@ -824,6 +824,14 @@ impl Pipeline {
                         sockets.on_syscall(&ev);
                     }
                 }
+                // Token events are never chunks of a larger capture: straight to the
+                // connection, as each would have come in a record of its own.
+                Ok(CapturedEvent::TokenBatch(batch)) => {
+                    let mut sockets = sockets!();
+                    for ev in batch.events() {
+                        sockets.on_syscall(&ev);
+                    }
+                }
             }
         }
         route::reroute_non_http(tracker, ipc, classifier, stats, &mut ignore);

@@ -43,6 +43,9 @@ pub enum RecordType {
     GpuLaunch = 9,
     /// A [`GpuNameRecord`]: the driver handed out a kernel handle under a name.
     GpuName = 10,
+    /// A [`TokenBatchRecord`]: consecutive token events of one connection, sent as one record
+    /// while the ring buffer fills.
+    TokenBatch = 11,
 }
 
 /// Which socket operation a [`SyscallRecord`] describes.
@@ -300,7 +303,66 @@ pub struct StreamTemplate {
     pub prefix_mask: [u64; TEMPLATE_WORDS],
     pub suffix: [u64; TEMPLATE_WORDS],
     pub suffix_mask: [u64; TEMPLATE_WORDS],
+    /// Kernel-owned: the connection's token events not yet sent (zero in user space's copy).
+    pub batch: TokenBatch,
 }
+
+/// Token events a [`TokenBatch`] holds before it is sent.
+pub const TOKEN_BATCH_MAX: usize = 32;
+
+/// Consecutive token events of one connection, written behind a filling ring buffer as one
+/// record instead of one [`CompactWriteRecord`] each: 8 bytes per token instead of 48. Each
+/// event keeps its own time to the nanosecond and its size, which is all user space reads of
+/// a token event; the record goes out before any other record of the connection's writes (a
+/// write that is not a token event, a response head, shutdown, close), when it is full, or
+/// with the first token event after the ring drained below its pressure mark.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TokenBatchRecord {
+    pub record_type: u8,
+    /// Events that follow (1 to [`TOKEN_BATCH_MAX`]).
+    pub count: u8,
+    /// `CONN_*` flags of the connection (all fit in a byte).
+    pub conn_flags: u8,
+    pub _pad0: u8,
+    pub tgid: u32,
+    pub fd: i32,
+    pub _pad1: u32,
+    /// As [`SyscallRecord::conn_gen`].
+    pub conn_gen: u64,
+    /// CLOCK_MONOTONIC at the first event's write entry; each event's offset is from it.
+    pub first_ts_ns: u64,
+    /// As [`SyscallRecord::conn_seq`]: one number for the whole batch, taken when it is sent.
+    pub conn_seq: u32,
+    /// As [`SyscallRecord::lost_heads`].
+    pub lost_heads: u32,
+}
+
+/// One token event of a [`TokenBatchRecord`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TokenBatchEntry {
+    /// Nanoseconds from the batch's `first_ts_ns` to this write's entry.
+    pub offset_ns: u32,
+    /// Bytes the write moved.
+    pub bytes: u32,
+}
+
+/// A [`TokenBatchRecord`] and room for its events, in the order they go into the ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TokenBatch {
+    pub header: TokenBatchRecord,
+    pub entries: [TokenBatchEntry; TOKEN_BATCH_MAX],
+}
+
+const _: () = assert!(
+    TOKEN_BATCH_MAX <= u8::MAX as usize
+        && TOKEN_BATCH_MAX.is_power_of_two()
+        && core::mem::size_of::<TokenBatchRecord>() == 40
+        && core::mem::offset_of!(TokenBatch, entries) == core::mem::size_of::<TokenBatchRecord>()
+        && TOKEN_WRITE_MAX <= u32::MAX as usize
+);
 
 /// A TCP segment with payload that reached a traced listening port (tcp:tcp_probe). It tells
 /// when a request's bytes arrived, before a busy server got around to reading them.
@@ -759,12 +821,14 @@ pub enum Counter {
     /// Syscalls (or TLS library calls) whose record was not sent: the tail call to the record
     /// program failed (user space installs it before attaching, so this stays 0).
     RecordsUnsent = 27,
+    /// [`TokenBatchRecord`]s sent (their events are counted in `TokenEvents`).
+    TokenBatches = 28,
 }
 
-pub const COUNTER_SLOTS: u32 = 28;
+pub const COUNTER_SLOTS: u32 = 29;
 
 impl Counter {
-    pub const ALL: [Counter; 28] = [
+    pub const ALL: [Counter; 29] = [
         Counter::RecordsEmitted,
         Counter::RingbufFull,
         Counter::PayloadTruncated,
@@ -793,6 +857,7 @@ impl Counter {
         Counter::TlsNested,
         Counter::ChunksUnsent,
         Counter::RecordsUnsent,
+        Counter::TokenBatches,
     ];
 
     pub fn name(self) -> &'static str {
@@ -825,6 +890,7 @@ impl Counter {
             Counter::TlsNested => "tls_nested",
             Counter::ChunksUnsent => "chunks_unsent",
             Counter::RecordsUnsent => "records_unsent",
+            Counter::TokenBatches => "token_batches",
         }
     }
 }
@@ -841,6 +907,10 @@ mod pod {
     unsafe impl aya::Pod for super::SyscallRecord {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::CompactWriteRecord {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::TokenBatchRecord {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::TokenBatchEntry {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::SegmentRecord {}
     // SAFETY: as above.

@@ -2,22 +2,32 @@
 //! server answers every chat-completions request with a head, one write per token event, and a
 //! terminator (the syscall pattern of a streaming engine), far faster than a real model.
 //!
-//! sse_load serve --port P [--tokens N] [--hold-ms H]
-//! sse_load load  --port P [--connections C] [--requests R] [--seconds S]
+//! sse_load serve --port P [--tokens N] [--hold-ms H] [--write-log FILE]
+//!                                          (--write-log: per response, its X-Request-Id, its
+//!                                           token count and CLOCK_MONOTONIC around its first and
+//!                                           last token write: the server's own clock as truth)
+//! sse_load load  --port P [--connections C] [--requests R] [--seconds S] [--request-ids]
 //!                                          (keep-alive; stops after R requests per connection or
 //!                                           S seconds; --rate N paces all connections together
-//!                                           to N requests/s; prints the responses it completed)
+//!                                           to N requests/s; --request-ids sends X-Request-Id
+//!                                           load-N; prints the responses it completed)
 //! sse_load hold  --port P [--connections C]                    (C requests in flight at once)
 
 // A test tool: it stops with the value it did not expect, like the tests that run it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{
+    fs::File,
     io::{BufRead, BufReader, Read, Write},
     net::{TcpListener, TcpStream},
-    sync::{Arc, Barrier},
+    sync::{Arc, Barrier, Mutex},
     time::{Duration, Instant},
 };
+
+use inferscope_model::clock::monotonic_now_ns;
+
+/// Where `serve --write-log` appends its lines.
+type WriteLog = Option<Arc<Mutex<File>>>;
 
 const STACK: usize = 128 * 1024;
 
@@ -42,18 +52,19 @@ fn event(i: u64) -> Vec<u8> {
     chunk
 }
 
-fn serve(port: u16, tokens: u64, hold: Duration) {
+fn serve(port: u16, tokens: u64, hold: Duration, log: WriteLog) {
     let listener = TcpListener::bind(("127.0.0.1", port)).expect("bind");
     let events: Arc<Vec<Vec<u8>>> = Arc::new((0..tokens).map(event).collect());
     for stream in listener.incoming().flatten() {
         let events = Arc::clone(&events);
+        let log = log.clone();
         let _ = std::thread::Builder::new()
             .stack_size(STACK)
-            .spawn(move || serve_connection(stream, &events, hold));
+            .spawn(move || serve_connection(stream, &events, hold, log));
     }
 }
 
-fn serve_connection(stream: TcpStream, events: &[Vec<u8>], hold: Duration) {
+fn serve_connection(stream: TcpStream, events: &[Vec<u8>], hold: Duration, log: WriteLog) {
     let _ = stream.set_nodelay(true);
     // Reads and writes on the same fd, as servers do (a dup'd fd would be another connection
     // to the agent, which keys connections by fd).
@@ -61,6 +72,7 @@ fn serve_connection(stream: TcpStream, events: &[Vec<u8>], hold: Duration) {
     let mut writer = &stream;
     loop {
         let mut length = 0usize;
+        let mut request_id = String::from("-");
         let mut line = String::new();
         loop {
             line.clear();
@@ -71,8 +83,12 @@ fn serve_connection(stream: TcpStream, events: &[Vec<u8>], hold: Duration) {
             if line == "\r\n" {
                 break;
             }
-            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            let lower = line.to_ascii_lowercase();
+            if let Some(v) = lower.strip_prefix("content-length:") {
                 length = v.trim().parse().unwrap_or(0);
+            }
+            if lower.starts_with("x-request-id:") {
+                request_id = line["x-request-id:".len()..].trim().to_string();
             }
         }
         let mut body = vec![0u8; length];
@@ -83,12 +99,20 @@ fn serve_connection(stream: TcpStream, events: &[Vec<u8>], hold: Duration) {
         if writer.write_all(head).is_err() {
             return;
         }
+        // CLOCK_MONOTONIC just before and just after the first and the last token write.
+        let mut first = (0, 0);
+        let mut last = (0, 0);
         for (i, e) in events.iter().enumerate() {
             if i == 1 && !hold.is_zero() {
                 std::thread::sleep(hold);
             }
+            let before = monotonic_now_ns();
             if writer.write_all(e).is_err() {
                 return;
+            }
+            last = (before, monotonic_now_ns());
+            if i == 0 {
+                first = last;
             }
         }
         if writer
@@ -97,15 +121,32 @@ fn serve_connection(stream: TcpStream, events: &[Vec<u8>], hold: Duration) {
         {
             return;
         }
+        if let Some(log) = &log {
+            let line = format!(
+                "{request_id} {} {} {} {} {}\n",
+                events.len(),
+                first.0,
+                first.1,
+                last.0,
+                last.1
+            );
+            // One line per write, whole: the test reads the file while the server runs.
+            let _ = log.lock().unwrap().write_all(line.as_bytes());
+        }
     }
 }
 
-fn request(port: u16, n: u64) -> Vec<u8> {
+fn request(port: u16, n: u64, with_id: bool) -> Vec<u8> {
     let body = format!(
         "{{\"model\":\"loadgen\",\"messages\":[{{\"role\":\"user\",\"content\":\"request {n}\"}}],\"stream\":true}}"
     );
+    let id = if with_id {
+        format!("X-Request-Id: load-{n}\r\n")
+    } else {
+        String::new()
+    };
     format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n{id}Content-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .into_bytes()
@@ -126,7 +167,7 @@ fn read_response(stream: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
     }
 }
 
-fn load(port: u16, connections: u64, requests: u64, seconds: u64, rate: u64) {
+fn load(port: u16, connections: u64, requests: u64, seconds: u64, rate: u64, with_ids: bool) {
     let start = Instant::now();
     let limit = (seconds > 0).then(|| Duration::from_secs(seconds));
     // With a total rate, each connection sends on its own schedule of rate/connections per s.
@@ -149,7 +190,7 @@ fn load(port: u16, connections: u64, requests: u64, seconds: u64, rate: u64) {
                         }
                     }
                     stream
-                        .write_all(&request(port, c * requests + r))
+                        .write_all(&request(port, c * requests + r, with_ids))
                         .expect("send");
                     if read_response(&mut stream, &mut buf) {
                         done += 1;
@@ -179,7 +220,7 @@ fn hold(port: u16, connections: u64) {
                 .spawn(move || {
                     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok();
                     if let Some(s) = stream.as_mut() {
-                        let _ = s.write_all(&request(port, c));
+                        let _ = s.write_all(&request(port, c, false));
                     }
                     barrier.wait();
                     let mut buf = Vec::new();
@@ -206,6 +247,10 @@ fn main() {
             port,
             arg(&args, "--tokens", 32),
             Duration::from_millis(arg(&args, "--hold-ms", 0)),
+            args.iter()
+                .position(|a| a == "--write-log")
+                .and_then(|i| args.get(i + 1))
+                .map(|path| Arc::new(Mutex::new(File::create(path).expect("--write-log file")))),
         ),
         Some("load") => load(
             port,
@@ -213,6 +258,7 @@ fn main() {
             arg(&args, "--requests", 1000),
             arg(&args, "--seconds", 0),
             arg(&args, "--rate", 0),
+            args.iter().any(|a| a == "--request-ids"),
         ),
         Some("hold") => hold(port, arg(&args, "--connections", 10_000)),
         _ => {

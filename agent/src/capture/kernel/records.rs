@@ -7,7 +7,8 @@ pub use inferscope_common::SyscallKind as Kind;
 use inferscope_common::{
     AdoptRecord, CompactWriteRecord, FLAG_CHUNK, FLAG_COPY_FAILED, FLAG_MORE, FLAG_TOKEN,
     FLAG_TRUNCATED, RecordType, SchedKind, SchedRecord, SegmentRecord, SockStateRecord,
-    SyscallKind, SyscallRecord, USER_FLAG_READ_FAILED, UserProbeRecord,
+    SyscallKind, SyscallRecord, TOKEN_BATCH_MAX, TokenBatchEntry, TokenBatchRecord,
+    USER_FLAG_READ_FAILED, UserProbeRecord,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -176,6 +177,8 @@ pub enum CapturedEvent<'a> {
     UserProbe(UserProbeHit),
     GpuLaunch(crate::capture::gpu::launches::LaunchEvent),
     GpuName(crate::capture::gpu::launches::NameEvent<'a>),
+    /// Consecutive token events of one connection, sent together behind a filling ring.
+    TokenBatch(TokenBatch<'a>),
     /// The kernel began tracing `tgid` at an accept on watched port `port` (an engine
     /// restarted on its port before discovery saw it).
     Adopted {
@@ -241,6 +244,8 @@ pub fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
             .ok_or(RecordError::UnknownKind)
     } else if record_type == RecordType::CompactWrite as u8 {
         compact_write(bytes)
+    } else if record_type == RecordType::TokenBatch as u8 {
+        TokenBatch::parse(bytes).map(CapturedEvent::TokenBatch)
     } else if record_type == RecordType::Adopted as u8 {
         let record: AdoptRecord = read_struct(bytes).ok_or(RecordError::Short)?;
         Ok(CapturedEvent::Adopted {
@@ -323,6 +328,66 @@ fn compact_write(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
         chunk_offset: None,
         token: flags & FLAG_TOKEN != 0,
     }))
+}
+
+/// Token events the kernel held back while the ring filled and sent as one record
+/// ([`TokenBatchRecord`]): each is the token event a [`CompactWriteRecord`] flagged
+/// [`FLAG_TOKEN`] would have carried.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenBatch<'a> {
+    header: TokenBatchRecord,
+    entries: &'a [u8],
+}
+
+impl<'a> TokenBatch<'a> {
+    fn parse(bytes: &'a [u8]) -> Result<Self, RecordError> {
+        let header: TokenBatchRecord = read_struct(bytes).ok_or(RecordError::Short)?;
+        let count = usize::from(header.count);
+        if count == 0 || count > TOKEN_BATCH_MAX {
+            return Err(RecordError::BadLength);
+        }
+        let start = std::mem::size_of::<TokenBatchRecord>();
+        let entries = bytes
+            .get(start..start + count * std::mem::size_of::<TokenBatchEntry>())
+            .ok_or(RecordError::BadLength)?;
+        Ok(Self { header, entries })
+    }
+
+    /// The batch's token events in the order they were written. The first carries the batch's
+    /// record number, the others none (they took no number of their own).
+    pub fn events(&self) -> impl Iterator<Item = SyscallEvent<'static>> + '_ {
+        let header = self.header;
+        self.entries
+            .chunks_exact(std::mem::size_of::<TokenBatchEntry>())
+            .filter_map(read_struct::<TokenBatchEntry>)
+            .enumerate()
+            .map(move |(i, entry)| {
+                let ts = header
+                    .first_ts_ns
+                    .saturating_add(u64::from(entry.offset_ns));
+                SyscallEvent {
+                    kind: SyscallKind::Write,
+                    tgid: header.tgid,
+                    tid: 0,
+                    fd: header.fd,
+                    ts_enter_ns: ts,
+                    ts_exit_ns: ts,
+                    ret: i64::from(entry.bytes),
+                    truncated: false,
+                    copy_failed: false,
+                    conn_gen: header.conn_gen,
+                    conn_flags: u32::from(header.conn_flags),
+                    sock: 0,
+                    conn_seq: (i == 0).then_some(header.conn_seq),
+                    read_seq: None,
+                    lost_heads: header.lost_heads,
+                    payload: &[],
+                    more: false,
+                    chunk_offset: None,
+                    token: true,
+                }
+            })
+    }
 }
 
 const AF_INET: u16 = 2;
@@ -448,6 +513,82 @@ mod tests {
         bytes.pop();
         assert_eq!(parse(&bytes).unwrap_err(), RecordError::BadLength);
         assert_eq!(parse(&bytes[..20]).unwrap_err(), RecordError::Short);
+    }
+
+    fn token_batch_bytes(count: u8, entries: &[(u32, u32)]) -> Vec<u8> {
+        let header = TokenBatchRecord {
+            record_type: RecordType::TokenBatch as u8,
+            count,
+            conn_flags: inferscope_common::CONN_KNOWN as u8,
+            tgid: 7,
+            fd: 3,
+            conn_gen: 1 << 63 | 5,
+            first_ts_ns: 1_000_000,
+            conn_seq: 12,
+            lost_heads: 1,
+            ..Default::default()
+        };
+        let mut bytes = vec![0u8; std::mem::size_of::<TokenBatchRecord>()];
+        // SAFETY: `bytes` holds exactly one header, written unaligned.
+        unsafe { std::ptr::write_unaligned(bytes.as_mut_ptr().cast(), header) };
+        for &(offset_ns, size) in entries {
+            bytes.extend_from_slice(&offset_ns.to_ne_bytes());
+            bytes.extend_from_slice(&size.to_ne_bytes());
+        }
+        bytes
+    }
+
+    #[test]
+    fn a_token_batch_is_its_token_events_with_their_own_times() {
+        let bytes = token_batch_bytes(3, &[(0, 270), (41_000, 271), (u32::MAX, 9)]);
+        let CapturedEvent::TokenBatch(batch) = parse(&bytes).unwrap() else {
+            panic!("expected a token batch")
+        };
+        let events: Vec<_> = batch.events().collect();
+        assert_eq!(events.len(), 3);
+        let times: Vec<_> = events.iter().map(|e| e.ts_enter_ns).collect();
+        assert_eq!(
+            times,
+            [1_000_000, 1_041_000, 1_000_000 + u64::from(u32::MAX)]
+        );
+        assert!(events.iter().all(|e| e.token
+            && e.kind == SyscallKind::Write
+            && e.payload.is_empty()
+            && e.lost_bytes() == 0
+            && e.conn_key() == 1 << 63 | 5
+            && e.conn_known()
+            && e.ts_exit_ns == e.ts_enter_ns));
+        assert_eq!(
+            events.iter().map(|e| e.ret).collect::<Vec<_>>(),
+            [270, 271, 9]
+        );
+        // The batch took one record number: its first event carries it.
+        assert_eq!(
+            events.iter().map(|e| e.conn_seq).collect::<Vec<_>>(),
+            [Some(12), None, None]
+        );
+    }
+
+    #[test]
+    fn a_token_batch_whose_count_lies_is_refused() {
+        let two = [(0, 1), (5, 1)];
+        assert_eq!(
+            parse(&token_batch_bytes(3, &two)).unwrap_err(),
+            RecordError::BadLength
+        );
+        assert_eq!(
+            parse(&token_batch_bytes(0, &two)).unwrap_err(),
+            RecordError::BadLength
+        );
+        let many = vec![(0, 1); 40];
+        assert_eq!(
+            parse(&token_batch_bytes(40, &many)).unwrap_err(),
+            RecordError::BadLength
+        );
+        assert_eq!(
+            parse(&token_batch_bytes(2, &two)[..30]).unwrap_err(),
+            RecordError::Short
+        );
     }
 
     #[test]

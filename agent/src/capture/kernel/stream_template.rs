@@ -34,6 +34,7 @@ pub(crate) fn kernel_template(
         prefix_mask,
         suffix: suffix_words,
         suffix_mask,
+        batch: Default::default(),
     })
 }
 

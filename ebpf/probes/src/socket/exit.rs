@@ -15,7 +15,7 @@ use inferscope_common::{
 use super::{
     copy::{ScratchOwner, copy_payload},
     enter::close_fd,
-    token::Verdict,
+    token::{TokenWriter, Verdict},
 };
 use crate::{
     counters::bump,
@@ -346,14 +346,35 @@ fn emit_copied(
         let key = fd_key(tgid, fd);
         if head {
             super::token::on_head(tgid, key, inflight.conn_id);
-        } else {
+        } else if let Some(template) = super::token::lookup(key, inflight.conn_id) {
             let whole = flags == 0 && captured as i64 == ret;
-            match super::token::classify(key, inflight.conn_id, &scratch.payload, captured, whole) {
+            match super::token::classify(
+                template,
+                inflight.conn_id,
+                &scratch.payload,
+                captured,
+                whole,
+            ) {
                 Verdict::Token => {
-                    return emit_token(tgid, fd, ret as u32, inflight, scratch).map(|_| false);
+                    let writer = TokenWriter {
+                        tgid,
+                        fd,
+                        conn_gen: inflight.conn_id,
+                        conn_flags: inflight.conn_flags,
+                    };
+                    if !super::token::batch(
+                        template,
+                        key,
+                        &writer,
+                        inflight.ts_enter_ns,
+                        ret as u32,
+                    ) {
+                        emit_token(tgid, fd, ret as u32, inflight, scratch);
+                    }
+                    return Ok(false);
                 }
                 Verdict::Arm => arm = whole,
-                Verdict::NoTemplate | Verdict::Miss => {}
+                Verdict::Miss => super::token::flush(template, key),
             }
         }
     }
@@ -460,14 +481,8 @@ fn emit_compact(
 /// A write the connection's template recognised as one token event: a [`CompactWriteRecord`]
 /// without payload, flagged [`FLAG_TOKEN`].
 #[inline(always)]
-fn emit_token(
-    tgid: u32,
-    fd: i32,
-    ret: u32,
-    inflight: &Inflight,
-    scratch: &mut Scratch,
-) -> Result<(), i32> {
-    emit_compact_record(
+fn emit_token(tgid: u32, fd: i32, ret: u32, inflight: &Inflight, scratch: &mut Scratch) {
+    let _ = emit_compact_record(
         tgid,
         fd,
         ret,
@@ -476,7 +491,7 @@ fn emit_token(
         Counter::TokenEvents,
         inflight,
         scratch,
-    )
+    );
 }
 
 /// Sends a [`CompactWriteRecord`] with the first `keep` bytes of the scratch payload, counting

@@ -12,16 +12,26 @@
 //! id) and the first write after any miss (it may have begun another response, e.g. a
 //! terminator and the next head in one write) are captured whole, never cut, and only once
 //! such a write went out whole is the connection armed for token records.
+//!
+//! Batching: while the ring buffer is past its pressure mark (the agent is behind), a
+//! connection's token events wait in its template entry ([`TokenBatch`], 8 bytes each instead
+//! of a 48-byte record) and go out together, ahead of the connection's next other record.
+use core::mem::size_of;
+
 use aya_ebpf::{
     macros::map,
     maps::{HashMap, LruHashMap},
 };
 use inferscope_common::{
-    Counter, MAX_CAPTURE_BYTES, StreamTemplate, TEMPLATE_BYTES, TEMPLATE_WORDS, TOKEN_TEXT_MAX,
-    TOKEN_WRITE_MAX,
+    Counter, MAX_CAPTURE_BYTES, RecordType, StreamTemplate, TEMPLATE_BYTES, TEMPLATE_WORDS,
+    TOKEN_BATCH_MAX, TOKEN_TEXT_MAX, TOKEN_WRITE_MAX, TokenBatch, TokenBatchEntry,
+    TokenBatchRecord,
 };
 
-use crate::counters::bump;
+use crate::{
+    counters::bump,
+    ringbuf::{output, under_pressure},
+};
 
 /// Per (tgid, fd): the connection's template, valid while the fd holds `conn_gen`. LRU: a
 /// closed connection's entry ages out (a reused fd has another id, so a stale one never
@@ -51,6 +61,9 @@ pub fn on_head(tgid: u32, key: u64, conn_id: u64) {
     if let Some(template) = STREAM_TEMPLATES.get_ptr_mut(key) {
         // SAFETY: map value pointer from the lookup (see `set_armed`).
         unsafe {
+            // Its events go before the head (they end the response before it), and before a
+            // new template would overwrite them.
+            send(&mut (*template).batch, key);
             if (*template).conn_gen == conn_id && (*template).version == process.version {
                 (*template).armed = 0;
                 return;
@@ -220,34 +233,35 @@ fn chunk_line(payload: &[u8; 2 * MAX_CAPTURE_BYTES]) -> Option<(usize, usize)> {
 /// What a response write on a connection is, for the token path.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
-    /// No template applies: the write goes as before.
-    NoTemplate,
     /// The connection is not armed: capture this write whole (never cut), then [`arm`] it.
     Arm,
     /// One whole token event of the template: a token record.
     Token,
-    /// Not a token event (counted; the connection is disarmed): the write goes as before.
+    /// Not a token event (counted; the connection is disarmed): the write goes as before,
+    /// after the connection's waiting token events ([`flush`]).
     Miss,
 }
 
-/// Classifies a response write of `len` bytes (`whole`: captured whole, not cut or failed).
+/// The connection's template, if it has one for connection `conn_id`.
+#[inline(always)]
+pub fn lookup(key: u64, conn_id: u64) -> Option<&'static mut StreamTemplate> {
+    let template = STREAM_TEMPLATES.get_ptr_mut(key)?;
+    // SAFETY: map value pointer from the lookup, valid for the program's run; see `set_armed`
+    // and `classify`'s re-check for racing user-space updates.
+    let template = unsafe { &mut *template };
+    (template.conn_gen == conn_id).then_some(template)
+}
+
+/// Classifies a response write of `len` bytes (`whole`: captured whole, not cut or failed) on
+/// a connection with `template` (from [`lookup`]).
 #[inline(always)]
 pub fn classify(
-    key: u64,
+    template: &mut StreamTemplate,
     conn_id: u64,
     payload: &[u8; 2 * MAX_CAPTURE_BYTES],
     len: usize,
     whole: bool,
 ) -> Verdict {
-    let Some(template) = STREAM_TEMPLATES.get_ptr_mut(key) else {
-        return Verdict::NoTemplate;
-    };
-    // SAFETY: map value pointer from the lookup; see `set_armed` and the re-check below for
-    // racing user-space updates.
-    let template = unsafe { &mut *template };
-    if template.conn_gen != conn_id {
-        return Verdict::NoTemplate;
-    }
     if template.armed == 0 {
         return Verdict::Arm;
     }
@@ -265,6 +279,116 @@ pub fn classify(
     bump(Counter::TokenTemplateMisses);
     template.armed = 0;
     Verdict::Miss
+}
+
+/// Where a token event of a connection goes: into the connection's batch while the ring
+/// buffer is filling (true: nothing more to send now), else out as its own token record
+/// (false), after the batch if one is waiting, so the connection's records keep their order.
+#[inline(always)]
+pub fn batch(
+    template: &mut StreamTemplate,
+    key: u64,
+    writer: &TokenWriter,
+    ts_ns: u64,
+    bytes: u32,
+) -> bool {
+    let batch = &mut template.batch;
+    let mut count = usize::from(batch.header.count);
+    if !under_pressure() {
+        send(batch, key);
+        return false;
+    }
+    // Full, from another connection of the fd, or too far apart for a 32-bit offset: sent, and
+    // a new batch begins with this event.
+    if count > 0
+        && (count >= TOKEN_BATCH_MAX
+            || batch.header.conn_gen != writer.conn_gen
+            || ts_ns.wrapping_sub(batch.header.first_ts_ns) > u64::from(u32::MAX))
+    {
+        send(batch, key);
+        count = 0;
+    }
+    if count == 0 {
+        batch.header = TokenBatchRecord {
+            record_type: RecordType::TokenBatch as u8,
+            count: 0,
+            conn_flags: writer.conn_flags as u8,
+            _pad0: 0,
+            tgid: writer.tgid,
+            fd: writer.fd,
+            _pad1: 0,
+            conn_gen: writer.conn_gen,
+            first_ts_ns: ts_ns,
+            conn_seq: 0,
+            lost_heads: 0,
+        };
+    }
+    batch.entries[count & (TOKEN_BATCH_MAX - 1)] = TokenBatchEntry {
+        // Writes on one connection enter in order; a racing thread's earlier entry reads as 0.
+        offset_ns: ts_ns.saturating_sub(batch.header.first_ts_ns) as u32,
+        bytes,
+    };
+    batch.header.count = (count + 1) as u8;
+    bump(Counter::TokenEvents);
+    if count + 1 >= TOKEN_BATCH_MAX {
+        send(batch, key);
+    }
+    true
+}
+
+/// Who wrote a token event: what its batch's header names.
+pub struct TokenWriter {
+    pub tgid: u32,
+    pub fd: i32,
+    pub conn_gen: u64,
+    pub conn_flags: u32,
+}
+
+/// Sends the connection's waiting token events, if any: before any other record of its
+/// writes (a miss, a head), its shutdown or its close.
+#[inline(always)]
+pub fn flush(template: &mut StreamTemplate, key: u64) {
+    send(&mut template.batch, key);
+}
+
+/// [`flush`] for connection `conn_id` on fd `key`, looked up: shutdown and close, which have
+/// not looked at the template.
+#[inline(always)]
+pub fn flush_connection(key: u64, conn_id: u64) {
+    if let Some(template) = STREAM_TEMPLATES.get_ptr_mut(key) {
+        // SAFETY: map value pointer from the lookup (see `lookup`).
+        let batch = unsafe { &mut (*template).batch };
+        if batch.header.count > 0 && batch.header.conn_gen == conn_id {
+            send(batch, key);
+        }
+    }
+}
+
+#[inline(always)]
+fn send(batch: &mut TokenBatch, key: u64) {
+    let count = usize::from(batch.header.count);
+    if count == 0 {
+        return;
+    }
+    // Restated for the verifier: the count is a byte of a map value.
+    let count = if count > TOKEN_BATCH_MAX {
+        TOKEN_BATCH_MAX
+    } else {
+        count
+    };
+    let (conn_seq, lost_heads) = crate::conn_seq::take(key, true);
+    batch.header.conn_seq = conn_seq;
+    batch.header.lost_heads = lost_heads;
+    batch.header.count = count as u8;
+    let len = size_of::<TokenBatchRecord>() + count * size_of::<TokenBatchEntry>();
+    // SAFETY: the header and the first `count` entries, laid out contiguously in the map value
+    // (asserted in inferscope_common); `len` is at most the batch's size.
+    let bytes =
+        unsafe { core::slice::from_raw_parts((batch as *const TokenBatch).cast::<u8>(), len) };
+    if output::<[u8]>(bytes, Counter::RecordsEmitted) {
+        bump(Counter::TokenBatches);
+    }
+    batch.header.count = 0;
 }
 
 #[inline(always)]
