@@ -80,6 +80,7 @@ counters! {
     KernelChunksUnsent => "kernel_chunks_unsent": Loss,
     KernelRecordsUnsent => "kernel_records_unsent": Loss,
     KernelTokenBatches => "kernel_token_batches": Total,
+    KernelTokenEventsBatched => "kernel_token_events_batched": Total,
     TlsProbesAttached => "tls_probes_attached": Total,
     TlsConnectionsUndecoded => "tls_connections_undecoded": Loss,
     KernelTracepointsUnattached => "kernel_tracepoints_unattached": Loss,
@@ -242,6 +243,7 @@ counters! {
     RecordsHeldForEngineUntold => "records_held_for_engine_untold": Total,
     RecordsHeldForEngineOverflow => "records_held_for_engine_overflow": Loss,
     ClosesRecovered => "closes_recovered": Total,
+    TokenEventsTakenAtExit => "token_events_taken_at_exit": Total,
     ArrivalWireUnknown => "arrival_wire_unknown": Loss,
     ConnectionGaps => "connection_gaps": Loss,
     ConnectionRecordsLost => "connection_records_lost": Loss,
@@ -385,6 +387,7 @@ pub const fn kernel(c: inferscope_common::Counter) -> Counter {
         K::ChunksUnsent => Counter::KernelChunksUnsent,
         K::RecordsUnsent => Counter::KernelRecordsUnsent,
         K::TokenBatches => Counter::KernelTokenBatches,
+        K::TokenEventsBatched => Counter::KernelTokenEventsBatched,
     }
 }
 

@@ -1034,15 +1034,16 @@ fn kill_9_leaves_nothing_attached() {
     // suite); a leak never goes, so the wait's length only bounds the test.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
+        // Each object still listed, with its name (which one lingers says why).
         let left: Vec<_> = held
             .iter()
-            .filter(|(kind, id)| {
+            .filter_map(|(kind, id)| {
                 let listed = match *kind {
                     "prog_id" => bpf_objects_loaded("prog"),
                     "link_id" => bpf_objects_loaded("link"),
                     _ => bpf_objects_loaded("map"),
                 };
-                listed.contains_key(id)
+                listed.get(id).map(|name| (*kind, *id, name.clone()))
             })
             .collect();
         if left.is_empty() {
@@ -1346,4 +1347,55 @@ fn the_kernel_programs_load_with_room_under_the_verifier_budget() {
         "the largest program took {verified} of the verifier's 1,000,000 instructions: move work out of it (a tail call, as exit_record and exit_chunks) before it grows further ({line})"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A stream paused when the agent stops: its last token events are still in the kernel's batch
+/// (less than the batch span old), and the agent's last drain takes them, so the record of the
+/// unfinished response counts every token the server wrote before the pause.
+#[test]
+fn token_events_still_batched_in_the_kernel_are_counted_when_the_agent_stops() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let port_arg = port.to_string();
+    // Every response pauses 2 s after its 8th token.
+    let server = KillOnDrop(
+        Command::new(SSE_LOAD)
+            .args(["serve", "--port", &port_arg, "--tokens", "16"])
+            .args(["--hold-ms", "2000", "--hold-after", "8"])
+            .spawn()
+            .expect("starting sse_load serve"),
+    );
+    inferscope_integration_tests::wait_until(Duration::from_secs(10), "the server listens", || {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let mut recorder = Recorder::start(dir.path(), &["--port", &port_arg]);
+    recorder.wait_attached(server.0.id(), Duration::from_secs(30));
+    let log = recorder.log.clone();
+    // Two whole responses per connection teach the process's token template.
+    assert_eq!(completed(start_load_n(port, 2, 30, 2)), 4);
+    let streaming = start_load_n(port, 1, 30, 1);
+    // Its first 8 tokens are out, the server is in its pause.
+    thread::sleep(Duration::from_millis(800));
+    let records = recorder.stop();
+    let counters = agent::Counters::beside(&log);
+    let _ = completed(streaming);
+    let unfinished: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["ended_by"] != "complete")
+        .collect();
+    assert_eq!(
+        unfinished.len(),
+        1,
+        "the paused stream is recorded unfinished: {records:#?}"
+    );
+    assert_eq!(
+        unfinished[0]["output_chunks"], 8,
+        "every token written before the pause: {:#}",
+        unfinished[0]
+    );
+    assert_eq!(
+        counters.get("token_events_taken_at_exit"),
+        7,
+        "the first token went out whole, the next 7 waited in the kernel's batch"
+    );
 }

@@ -122,6 +122,8 @@ pub(crate) struct Pipeline {
     steps: Vec<StepRecord>,
     /// Kernel ring-buffer drops seen so far.
     ringbuf_drops: u64,
+    /// The agent is stopping: the drain also takes the token events the kernel still holds.
+    last_drain: bool,
     /// Ring-buffer records read (a plain field: it counts every record).
     records_read: u64,
     /// Ring-buffer bytes those records took, the ring's 8-byte record header and padding
@@ -225,6 +227,7 @@ impl Pipeline {
             records: Vec::new(),
             steps: Vec::new(),
             ringbuf_drops: 0,
+            last_drain: false,
             records_read: 0,
             ring_bytes_read: 0,
             user_probes: None,
@@ -337,6 +340,7 @@ impl Pipeline {
             }
         }
         self.drain_metrics(observer);
+        self.last_drain = true;
         self.drain(observer);
         self.tracker
             .finish_all(monotonic_now_ns(), &mut self.records);
@@ -711,6 +715,7 @@ impl Pipeline {
             records,
             steps,
             ringbuf_drops,
+            last_drain,
             records_read,
             ring_bytes_read,
             engine_metrics,
@@ -760,6 +765,20 @@ impl Pipeline {
                 }
             }
             let Some(item) = probes.events().next() else {
+                if *last_drain {
+                    // The streams' last token events, still waiting in the kernel: they came
+                    // after every record of their connections the ring holds, and took no
+                    // record number.
+                    for bytes in probes.waiting_token_batches() {
+                        if let Ok(CapturedEvent::TokenBatch(batch)) = records::parse(&bytes) {
+                            for mut ev in batch.events() {
+                                ev.conn_seq = None;
+                                stats.bump(Counter::TokenEventsTakenAtExit);
+                                sockets!().on_syscall(&ev);
+                            }
+                        }
+                    }
+                }
                 // Read empty: the closes the ring had no room for come after every record of
                 // their connections that it kept.
                 let lost_closes = probes.take_lost_closes();

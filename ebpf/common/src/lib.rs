@@ -94,11 +94,6 @@ pub const FLAG_COPY_FAILED: u16 = 2;
 pub const FLAG_MORE: u16 = 4;
 /// This record continues the previous syscall record of its thread at byte `chunk_offset`.
 pub const FLAG_CHUNK: u16 = 8;
-/// A [`CompactWriteRecord`] with no payload: the write was one whole token event of the
-/// connection's [`StreamTemplate`] (exactly one chunk holding one server-sent event whose only
-/// difference from the template is its non-empty token text), so user space needs only its
-/// time and size.
-pub const FLAG_TOKEN: u16 = 16;
 /// Most records one syscall of a large-capture process is split into: up to
 /// `MAX_CHUNKS * MAX_CAPTURE_BYTES` (128 KiB) of one send or receive.
 pub const MAX_CHUNKS: usize = 16;
@@ -797,7 +792,8 @@ pub enum Counter {
     GpuNames = 17,
     /// A naming call's return could not read the handle or name it produced.
     GpuNameReadFailed = 18,
-    /// Response writes summarised as a token event ([`FLAG_TOKEN`]).
+    /// Response writes summarised as a token event, counted as they join their connection's
+    /// [`TokenBatch`].
     TokenEvents = 19,
     /// Response writes on a connection with a [`StreamTemplate`] that did not match it (a
     /// different event, or not one whole chunk): captured in full.
@@ -821,14 +817,17 @@ pub enum Counter {
     /// Syscalls (or TLS library calls) whose record was not sent: the tail call to the record
     /// program failed (user space installs it before attaching, so this stays 0).
     RecordsUnsent = 27,
-    /// [`TokenBatchRecord`]s sent (their events are counted in `TokenEvents`).
+    /// [`TokenBatchRecord`]s sent.
     TokenBatches = 28,
+    /// Token events sent in those batches (each also counted in `TokenEvents` when it joined
+    /// its batch): with `RecordsEmitted - TokenBatches`, the syscalls the kernel captured.
+    TokenEventsBatched = 29,
 }
 
-pub const COUNTER_SLOTS: u32 = 29;
+pub const COUNTER_SLOTS: u32 = 30;
 
 impl Counter {
-    pub const ALL: [Counter; 29] = [
+    pub const ALL: [Counter; 30] = [
         Counter::RecordsEmitted,
         Counter::RingbufFull,
         Counter::PayloadTruncated,
@@ -858,6 +857,7 @@ impl Counter {
         Counter::ChunksUnsent,
         Counter::RecordsUnsent,
         Counter::TokenBatches,
+        Counter::TokenEventsBatched,
     ];
 
     pub fn name(self) -> &'static str {
@@ -891,6 +891,7 @@ impl Counter {
             Counter::ChunksUnsent => "chunks_unsent",
             Counter::RecordsUnsent => "records_unsent",
             Counter::TokenBatches => "token_batches",
+            Counter::TokenEventsBatched => "token_events_batched",
         }
     }
 }

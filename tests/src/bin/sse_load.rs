@@ -2,7 +2,9 @@
 //! server answers every chat-completions request with a head, one write per token event, and a
 //! terminator (the syscall pattern of a streaming engine), far faster than a real model.
 //!
-//! sse_load serve --port P [--tokens N] [--hold-ms H] [--write-log FILE]
+//! sse_load serve --port P [--tokens N] [--hold-ms H [--hold-after K]] [--write-log FILE]
+//!                                          (--hold-ms: a pause of H ms after the K-th token,
+//!                                           the first by default)
 //!                                          (--write-log: per response, its X-Request-Id, its
 //!                                           token count and CLOCK_MONOTONIC around its first and
 //!                                           last token write: the server's own clock as truth)
@@ -52,7 +54,14 @@ fn event(i: u64) -> Vec<u8> {
     chunk
 }
 
-fn serve(port: u16, tokens: u64, hold: Duration, log: WriteLog) {
+/// A pause of the stream after its first `after` tokens.
+#[derive(Clone, Copy)]
+struct Hold {
+    pause: Duration,
+    after: usize,
+}
+
+fn serve(port: u16, tokens: u64, hold: Hold, log: WriteLog) {
     let listener = TcpListener::bind(("127.0.0.1", port)).expect("bind");
     let events: Arc<Vec<Vec<u8>>> = Arc::new((0..tokens).map(event).collect());
     for stream in listener.incoming().flatten() {
@@ -64,7 +73,7 @@ fn serve(port: u16, tokens: u64, hold: Duration, log: WriteLog) {
     }
 }
 
-fn serve_connection(stream: TcpStream, events: &[Vec<u8>], hold: Duration, log: WriteLog) {
+fn serve_connection(stream: TcpStream, events: &[Vec<u8>], hold: Hold, log: WriteLog) {
     let _ = stream.set_nodelay(true);
     // Reads and writes on the same fd, as servers do (a dup'd fd would be another connection
     // to the agent, which keys connections by fd).
@@ -103,8 +112,8 @@ fn serve_connection(stream: TcpStream, events: &[Vec<u8>], hold: Duration, log: 
         let mut first = (0, 0);
         let mut last = (0, 0);
         for (i, e) in events.iter().enumerate() {
-            if i == 1 && !hold.is_zero() {
-                std::thread::sleep(hold);
+            if i == hold.after && !hold.pause.is_zero() {
+                std::thread::sleep(hold.pause);
             }
             let before = monotonic_now_ns();
             if writer.write_all(e).is_err() {
@@ -246,7 +255,10 @@ fn main() {
         Some("serve") => serve(
             port,
             arg(&args, "--tokens", 32),
-            Duration::from_millis(arg(&args, "--hold-ms", 0)),
+            Hold {
+                pause: Duration::from_millis(arg(&args, "--hold-ms", 0)),
+                after: arg(&args, "--hold-after", 1) as usize,
+            },
             args.iter()
                 .position(|a| a == "--write-log")
                 .and_then(|i| args.get(i + 1))

@@ -13,7 +13,7 @@ use aya::{
 use aya_log::EbpfLogger;
 use inferscope_common::{
     COUNTER_SLOTS, ConnEntry, Counter, MAX_CAPTURE_BYTES, StreamTemplate, SyscallRecord,
-    UserProbeConfig, fd_key,
+    TOKEN_BATCH_MAX, TokenBatchEntry, TokenBatchRecord, UserProbeConfig, fd_key,
 };
 use tracing::{debug, info, warn};
 
@@ -203,6 +203,8 @@ pub struct SocketProbes {
     process_templates: HashMap<MapData, u32, StreamTemplate>,
     /// Stamped on each installed template, so the kernel can tell a value rewritten under it.
     template_version: u32,
+    /// (tgid, fd) → the connection's template and its token events not yet sent (the kernel's).
+    stream_templates: HashMap<MapData, u64, StreamTemplate>,
     /// (tgid, fd) → connection, written by the kernel at accept; user space adds only the
     /// connections that predate the agent.
     conns: HashMap<MapData, u64, ConnEntry>,
@@ -440,6 +442,8 @@ impl SocketProbes {
             HashMap::try_from(take_map(&mut ebpf, "KEEP_WHOLE")?).map_err(map_err("KEEP_WHOLE"))?;
         let process_templates = HashMap::try_from(take_map(&mut ebpf, "PROCESS_TEMPLATES")?)
             .map_err(map_err("PROCESS_TEMPLATES"))?;
+        let stream_templates = HashMap::try_from(take_map(&mut ebpf, "STREAM_TEMPLATES")?)
+            .map_err(map_err("STREAM_TEMPLATES"))?;
         let large_capture = HashMap::try_from(take_map(&mut ebpf, "LARGE_CAPTURE")?)
             .map_err(map_err("LARGE_CAPTURE"))?;
         let counters =
@@ -465,6 +469,7 @@ impl SocketProbes {
             keep_whole,
             process_templates,
             template_version: 0,
+            stream_templates,
             conns,
             lost_closes,
             unknown_fds,
@@ -504,6 +509,31 @@ impl SocketProbes {
             let _ = self.lost_closes.remove(&id);
         }
         closes
+    }
+
+    /// Token events the kernel still holds in connections' batches (a stream that has not
+    /// written for less than the batch span), as the bytes of the ring records they would have
+    /// gone out in. For the agent's last drain: the kernel may be adding to a batch as it is
+    /// read, so an event being added may be missing or its size or time wrong.
+    pub fn waiting_token_batches(&self) -> Vec<Vec<u8>> {
+        self.stream_templates
+            .iter()
+            .filter_map(Result::ok)
+            .filter_map(|(_, template)| {
+                let batch = template.batch;
+                let count = usize::from(batch.header.count);
+                if count == 0 || count > TOKEN_BATCH_MAX {
+                    return None;
+                }
+                let len = std::mem::size_of::<TokenBatchRecord>()
+                    + count * std::mem::size_of::<TokenBatchEntry>();
+                // SAFETY: TokenBatch is aya::Pod (repr(C), no padding between its header and
+                // entries, asserted in inferscope_common); `len` is within its size.
+                let bytes =
+                    unsafe { std::slice::from_raw_parts((&raw const batch).cast::<u8>(), len) };
+                Some(bytes.to_vec())
+            })
+            .collect()
     }
 
     pub fn events_fd(&self) -> RawFd {

@@ -5,10 +5,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 /// The kind of a captured syscall, for callers outside the agent (fuzz targets, benchmarks).
 pub use inferscope_common::SyscallKind as Kind;
 use inferscope_common::{
-    AdoptRecord, CompactWriteRecord, FLAG_CHUNK, FLAG_COPY_FAILED, FLAG_MORE, FLAG_TOKEN,
-    FLAG_TRUNCATED, RecordType, SchedKind, SchedRecord, SegmentRecord, SockStateRecord,
-    SyscallKind, SyscallRecord, TOKEN_BATCH_MAX, TokenBatchEntry, TokenBatchRecord,
-    USER_FLAG_READ_FAILED, UserProbeRecord,
+    AdoptRecord, CompactWriteRecord, FLAG_CHUNK, FLAG_COPY_FAILED, FLAG_MORE, FLAG_TRUNCATED,
+    RecordType, SchedKind, SchedRecord, SegmentRecord, SockStateRecord, SyscallKind, SyscallRecord,
+    TOKEN_BATCH_MAX, TokenBatchEntry, TokenBatchRecord, USER_FLAG_READ_FAILED, UserProbeRecord,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -177,7 +176,7 @@ pub enum CapturedEvent<'a> {
     UserProbe(UserProbeHit),
     GpuLaunch(crate::capture::gpu::launches::LaunchEvent),
     GpuName(crate::capture::gpu::launches::NameEvent<'a>),
-    /// Consecutive token events of one connection, sent together behind a filling ring.
+    /// Consecutive token events of one connection, sent together.
     TokenBatch(TokenBatch<'a>),
     /// The kernel began tracing `tgid` at an accept on watched port `port` (an engine
     /// restarted on its port before discovery saw it).
@@ -326,13 +325,13 @@ fn compact_write(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
         payload,
         more: false,
         chunk_offset: None,
-        token: flags & FLAG_TOKEN != 0,
+        token: false,
     }))
 }
 
-/// Token events the kernel held back while the ring filled and sent as one record
-/// ([`TokenBatchRecord`]): each is the token event a [`CompactWriteRecord`] flagged
-/// [`FLAG_TOKEN`] would have carried.
+/// Token events of one connection the kernel gathered and sent as one record
+/// ([`TokenBatchRecord`]): each is a write of its own, with its time and size and no payload
+/// (the kernel matched it against the connection's token template).
 #[derive(Debug, Clone, Copy)]
 pub struct TokenBatch<'a> {
     header: TokenBatchRecord,

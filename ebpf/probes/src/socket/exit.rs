@@ -8,8 +8,8 @@ use aya_ebpf::{
 };
 use inferscope_common::{
     CONN_ID_BIT, CONN_INET, CONN_KNOWN, CONN_SHARED, CONN_TLS, CompactWriteRecord, ConnEntry,
-    Counter, FLAG_COPY_FAILED, FLAG_TOKEN, FLAG_TRUNCATED, MAX_CAPTURE_BYTES, RecordType,
-    SyscallKind, SyscallRecord, fd_key,
+    Counter, FLAG_COPY_FAILED, FLAG_TRUNCATED, MAX_CAPTURE_BYTES, RecordType, SyscallKind,
+    SyscallRecord, fd_key,
 };
 
 use super::{
@@ -342,6 +342,11 @@ fn emit_copied(
         p[0] == b'H' && p[1] == b'T' && p[2] == b'T' && p[3] == b'P' && p[4] == b'/'
     };
     let mut arm = false;
+    if kind == SyscallKind::Write as u8 && inflight.conn_id != 0 && ret <= 0 {
+        // A failed write (the client left) may end the response in user space: the token
+        // events before it go first.
+        super::token::flush_connection(fd_key(tgid, fd), inflight.conn_id);
+    }
     if kind == SyscallKind::Write as u8 && inflight.conn_id != 0 && ret > 0 {
         let key = fd_key(tgid, fd);
         if head {
@@ -362,15 +367,7 @@ fn emit_copied(
                         conn_gen: inflight.conn_id,
                         conn_flags: inflight.conn_flags,
                     };
-                    if !super::token::batch(
-                        template,
-                        key,
-                        &writer,
-                        inflight.ts_enter_ns,
-                        ret as u32,
-                    ) {
-                        emit_token(tgid, fd, ret as u32, inflight, scratch);
-                    }
+                    super::token::batch(template, key, &writer, inflight.ts_enter_ns, ret as u32);
                     return Ok(false);
                 }
                 Verdict::Arm => arm = whole,
@@ -441,7 +438,6 @@ const _: () = assert!(
         && PRESSURE_PREFIX <= PRESSURE_WHOLE
         && CONN_SHARED <= u8::MAX as u32
         && FLAG_COPY_FAILED <= u8::MAX as u16
-        && FLAG_TOKEN <= u8::MAX as u16
 );
 
 /// A write behind a filling ring buffer: a [`CompactWriteRecord`] with the write whole if it is
@@ -476,22 +472,6 @@ fn emit_compact(
         inflight,
         scratch,
     )
-}
-
-/// A write the connection's template recognised as one token event: a [`CompactWriteRecord`]
-/// without payload, flagged [`FLAG_TOKEN`].
-#[inline(always)]
-fn emit_token(tgid: u32, fd: i32, ret: u32, inflight: &Inflight, scratch: &mut Scratch) {
-    let _ = emit_compact_record(
-        tgid,
-        fd,
-        ret,
-        0,
-        FLAG_TOKEN,
-        Counter::TokenEvents,
-        inflight,
-        scratch,
-    );
 }
 
 /// Sends a [`CompactWriteRecord`] with the first `keep` bytes of the scratch payload, counting

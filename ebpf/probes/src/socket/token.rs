@@ -2,8 +2,8 @@
 //! full and seen what its token events look like, it installs the process's
 //! [`StreamTemplate`]; each connection of the process takes a copy at its next response head
 //! (so a new connection needs nothing from user space, however far behind it is); a response
-//! write that is exactly one chunk holding one such event then goes out as a payload-free
-//! compact record ([`FLAG_TOKEN`]): its time and size are all user space needs. Every check is
+//! write that is exactly one chunk holding one such event then goes out without its payload,
+//! as its time and size in a batch: all user space needs of it. Every check is
 //! exact (bytes at fixed offsets, the chunk's framing, no `"`, control byte or trailing `\` in
 //! the token text, so the chunk cannot hold a second event); a write that fails any is captured
 //! in full, as before.
@@ -13,9 +13,11 @@
 //! terminator and the next head in one write) are captured whole, never cut, and only once
 //! such a write went out whole is the connection armed for token records.
 //!
-//! Batching: while the ring buffer is past its pressure mark (the agent is behind), a
-//! connection's token events wait in its template entry ([`TokenBatch`], 8 bytes each instead
-//! of a 48-byte record) and go out together, ahead of the connection's next other record.
+//! Batching: a connection's token events wait in its template entry ([`TokenBatch`], 8 bytes
+//! each instead of a 48-byte record each) and go out together: when 32 are waiting, when the
+//! batch spans the agent's poll period (not behind a filling ring), and always ahead of the
+//! connection's next other record. A token write then costs a map store, not a ring-buffer
+//! record and a record number.
 use core::mem::size_of;
 
 use aya_ebpf::{
@@ -29,7 +31,7 @@ use inferscope_common::{
 };
 
 use crate::{
-    counters::bump,
+    counters::{add, bump},
     ringbuf::{output, under_pressure},
 };
 
@@ -281,9 +283,16 @@ pub fn classify(
     Verdict::Miss
 }
 
-/// Where a token event of a connection goes: into the connection's batch while the ring
-/// buffer is filling (true: nothing more to send now), else out as its own token record
-/// (false), after the batch if one is waiting, so the connection's records keep their order.
+/// How long a batch may gather token events before the one that reaches this span sends it:
+/// the agent reads the ring buffer at least this often (its poll timeout), so a steady
+/// stream's events reach it about as soon as they would one record each. Behind a filling ring
+/// the span does not count, only [`TOKEN_BATCH_MAX`].
+const TOKEN_BATCH_SPAN_NS: u64 = 50_000_000;
+
+/// Adds a token event to its connection's batch, which goes out (one ring-buffer record, 8
+/// bytes per event) when full, when its span reaches [`TOKEN_BATCH_SPAN_NS`], or ahead of the
+/// connection's next other record (a write that is not a token event, a head, shutdown,
+/// close: [`flush`], [`flush_connection`]), so the connection's records keep their order.
 #[inline(always)]
 pub fn batch(
     template: &mut StreamTemplate,
@@ -291,20 +300,15 @@ pub fn batch(
     writer: &TokenWriter,
     ts_ns: u64,
     bytes: u32,
-) -> bool {
+) {
     let batch = &mut template.batch;
     let mut count = usize::from(batch.header.count);
-    if !under_pressure() {
-        send(batch, key);
-        return false;
-    }
-    // Full, from another connection of the fd, or too far apart for a 32-bit offset: sent, and
-    // a new batch begins with this event.
-    if count > 0
-        && (count >= TOKEN_BATCH_MAX
-            || batch.header.conn_gen != writer.conn_gen
-            || ts_ns.wrapping_sub(batch.header.first_ts_ns) > u64::from(u32::MAX))
-    {
+    // From another connection of the fd (its close went unseen), or too far apart for a
+    // 32-bit offset: those go first, and this event with them.
+    let stale = count > 0
+        && (batch.header.conn_gen != writer.conn_gen
+            || ts_ns.wrapping_sub(batch.header.first_ts_ns) > u64::from(u32::MAX));
+    if stale || count >= TOKEN_BATCH_MAX {
         send(batch, key);
         count = 0;
     }
@@ -323,17 +327,20 @@ pub fn batch(
             lost_heads: 0,
         };
     }
+    // Writes on one connection enter in order; a racing thread's earlier entry reads as 0.
+    let offset_ns = ts_ns.saturating_sub(batch.header.first_ts_ns);
     batch.entries[count & (TOKEN_BATCH_MAX - 1)] = TokenBatchEntry {
-        // Writes on one connection enter in order; a racing thread's earlier entry reads as 0.
-        offset_ns: ts_ns.saturating_sub(batch.header.first_ts_ns) as u32,
+        offset_ns: offset_ns as u32,
         bytes,
     };
     batch.header.count = (count + 1) as u8;
     bump(Counter::TokenEvents);
-    if count + 1 >= TOKEN_BATCH_MAX {
+    if stale
+        || count + 1 >= TOKEN_BATCH_MAX
+        || (offset_ns >= TOKEN_BATCH_SPAN_NS && !under_pressure())
+    {
         send(batch, key);
     }
-    true
 }
 
 /// Who wrote a token event: what its batch's header names.
@@ -387,6 +394,7 @@ fn send(batch: &mut TokenBatch, key: u64) {
         unsafe { core::slice::from_raw_parts((batch as *const TokenBatch).cast::<u8>(), len) };
     if output::<[u8]>(bytes, Counter::RecordsEmitted) {
         bump(Counter::TokenBatches);
+        add(Counter::TokenEventsBatched, count as u64);
     }
     batch.header.count = 0;
 }
