@@ -342,9 +342,11 @@ fn emit_copied(
         p[0] == b'H' && p[1] == b'T' && p[2] == b'T' && p[3] == b'P' && p[4] == b'/'
     };
     let mut arm = false;
-    if kind == SyscallKind::Write as u8 && inflight.conn_id != 0 && ret <= 0 {
-        // A failed write (the client left) may end the response in user space: the token
-        // events before it go first.
+    if inflight.conn_id != 0
+        && (kind == SyscallKind::Read as u8 || (kind == SyscallKind::Write as u8 && ret <= 0))
+    {
+        // A read (the client's end of file or reset, a pipelined request) or a failed write
+        // may end the response in user space: the token events before it go first.
         super::token::flush_connection(fd_key(tgid, fd), inflight.conn_id);
     }
     if kind == SyscallKind::Write as u8 && inflight.conn_id != 0 && ret > 0 {
