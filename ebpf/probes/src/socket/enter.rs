@@ -361,7 +361,7 @@ pub fn close_fd(tgid: u32, tid: u32, fd: i32) -> Result<(), i32> {
     let was_ignored = ignored(tgid, key, conn.id);
     if conn.id != 0 {
         // Token events still waiting go before the close (and take their record number).
-        super::token::flush_connection(key, conn.id);
+        super::token::forget_connection(key, conn.id);
     }
     // The fd's record numbers end with it, whether or not its connection lives on in a dup.
     let (write_seq, read_seq, lost_heads) = crate::conn_seq::next(key);

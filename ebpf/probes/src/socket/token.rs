@@ -371,6 +371,23 @@ pub fn flush_connection(key: u64, conn_id: u64) {
     }
 }
 
+/// The fd stops naming connection `conn_id` (close): its waiting token events go out, and its
+/// entry goes, so the map holds live connections and a paused stream's waiting events are not
+/// what the LRU pushes out for a new connection.
+#[inline(always)]
+pub fn forget_connection(key: u64, conn_id: u64) {
+    let Some(template) = STREAM_TEMPLATES.get_ptr_mut(key) else {
+        return;
+    };
+    // SAFETY: map value pointer from the lookup (see `lookup`).
+    let template = unsafe { &mut *template };
+    if template.conn_gen != conn_id {
+        return;
+    }
+    send(&mut template.batch, key);
+    let _ = STREAM_TEMPLATES.remove(&key);
+}
+
 #[inline(always)]
 fn send(batch: &mut TokenBatch, key: u64) {
     let count = usize::from(batch.header.count);
