@@ -385,7 +385,7 @@ pub fn forget_connection(key: u64, conn_id: u64) {
         return;
     }
     send(&mut template.batch, key);
-    let _ = STREAM_TEMPLATES.remove(&key);
+    let _ = STREAM_TEMPLATES.remove(key);
 }
 
 #[inline(always)]
