@@ -121,6 +121,8 @@ def main():
     ap.add_argument("--pin", action="store_true",
                     help="engine on the last CPU, client and agent on the others")
     ap.add_argument("--skip-cost", action="store_true", help="only the throughput pairs")
+    ap.add_argument("--baseline", action="store_true",
+                    help="a third variant per round: the bpftrace baseline (scripts/bench/baseline.bt)")
     args = ap.parse_args()
     port = free_port()
     ncpu = os.cpu_count() or 1
@@ -135,7 +137,7 @@ def main():
         wait_ready(port)
         load(port, 2, 2, 8, "warm")
         if args.skip_cost:
-            run_pairs(args, port, others)
+            run_pairs(args, port, others, engine.pid)
             return
         # Kernel cost and agent cost, with bpf_stats on.
         subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=1"], check=True)
@@ -154,7 +156,7 @@ def main():
             if cnt:
                 print(f"| {name} | {cnt} | {ns / cnt:.0f} |")
         print(f"\nagent CPU: {cpu:.3f} s for {n} requests ({cpu / n * 1000:.2f} s per 1,000 requests); peak RSS {hwm / 1024:.1f} MiB")
-        run_pairs(args, port, others)
+        run_pairs(args, port, others, engine.pid)
     finally:
         engine.terminate(); engine.wait()
 
@@ -163,32 +165,57 @@ def summary(name, ratios):
     q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     mean = statistics.fmean(ratios)
     sem = statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else 0.0
-    print(f"{name} ratio (agent on / off): median {statistics.median(ratios):.4f}, "
+    print(f"{name} ratio (traced / untraced): median {statistics.median(ratios):.4f}, "
           f"IQR {q[0]:.4f}–{q[2]:.4f}, mean {mean:.4f} ± {1.96 * sem:.4f} (95 % CI), n={len(ratios)}")
 
 
-def run_pairs(args, port, agent_cpus):
-    """Throughput ratios over alternating pairs, order flipped each pair; both halves of a pair
-    send the same prompts (identical work: see `stream`)."""
-    wall, engine_time = [], []
+def start_baseline(pid, cpus=None):
+    """The bpftrace baseline on the engine's pid, once its probes are attached."""
+    pin = ["taskset", "-c", cpus] if cpus else []
+    out = open("/tmp/inferscope-bench-bpftrace.txt", "w")
+    p = subprocess.Popen(pin + ["bpftrace", os.path.join(ROOT, "scripts/bench/baseline.bt"), str(pid)],
+                         stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while "Attaching" not in open("/tmp/inferscope-bench-bpftrace.txt").read():
+        if time.monotonic() > deadline or p.poll() is not None:
+            raise RuntimeError("bpftrace did not attach (see /tmp/inferscope-bench-bpftrace.txt)")
+        time.sleep(0.1)
+    time.sleep(1)
+    return p
+
+
+def run_pairs(args, port, agent_cpus, engine_pid):
+    """Throughput ratios over alternating rounds (agent off, on, and with --baseline the bpftrace
+    baseline), the order rotated each round; every variant of a round sends the same prompts
+    (identical work: see `stream`)."""
+    modes = ["off", "on"] + (["bpftrace"] if args.baseline else [])
+    wall = {m: [] for m in modes[1:]}
+    engine_time = {m: [] for m in modes[1:]}
     for i in range(args.pairs):
-        order = ["off", "on"] if i % 2 == 0 else ["on", "off"]
+        order = modes[i % len(modes):] + modes[:i % len(modes)]
         t = {}
         for mode in order:
-            agent = start_agent(port, "/tmp/inferscope-bench.jsonl", agent_cpus) if mode == "on" else None
+            tracer = None
+            if mode == "on":
+                tracer = start_agent(port, "/tmp/inferscope-bench.jsonl", agent_cpus)
+            elif mode == "bpftrace":
+                tracer = start_baseline(engine_pid, agent_cpus)
             t[mode] = load(port, args.requests, args.concurrency, args.max_tokens, f"ab{i}")
-            if agent:
-                agent.send_signal(2); agent.wait()
-        wall.append(t["off"][0] / t["on"][0])
-        if t["off"][1] and t["on"][1]:
-            engine_time.append(t["off"][1] / t["on"][1])
-        print(f"pair {i}: off {t['off'][0]:.3f} s (engine {t['off'][1]:.3f} s), on {t['on'][0]:.3f} s "
-              f"(engine {t['on'][1]:.3f} s): wall ratio {wall[-1]:.4f}, engine-time ratio "
-              f"{engine_time[-1] if engine_time else float('nan'):.4f}", flush=True)
+            if tracer:
+                tracer.send_signal(2); tracer.wait()
+        line = f"round {i}: off {t['off'][0]:.3f} s (engine {t['off'][1]:.3f} s)"
+        for mode in modes[1:]:
+            wall[mode].append(t["off"][0] / t[mode][0])
+            if t["off"][1] and t[mode][1]:
+                engine_time[mode].append(t["off"][1] / t[mode][1])
+            line += f", {mode} {t[mode][0]:.3f} s: wall ratio {wall[mode][-1]:.4f}"
+        print(line, flush=True)
     print()
-    summary("wall-clock throughput", wall)
-    if engine_time:
-        summary("engine-time throughput", engine_time)
+    for mode in modes[1:]:
+        label = "inferscope" if mode == "on" else mode
+        summary(f"{label}: wall-clock throughput", wall[mode])
+        if engine_time[mode]:
+            summary(f"{label}: engine-time throughput", engine_time[mode])
 
 
 if __name__ == "__main__":

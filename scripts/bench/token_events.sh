@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Token events summarised in the kernel (issue 26), side by side in one run, as root:
 #   1. ring records and bytes per request for a 24-token and a 1,000-token stream (8 keep-alive
-#      connections), inferscope with token events and with --no-token-events;
+#      connections), inferscope with token events and with --no-token-events; the requests that
+#      teach the templates are measured in a run of their own and taken out;
 #   2. the loopback SSE server (8 keep-alive connections, 24 tokens) at its highest rate (no
 #      pacing): requests/s with no tracer, with inferscope (token events on / off), with the
 #      agent BEFORE token events (env BEFORE=path, optional) and with the bpftrace baseline;
@@ -41,40 +42,59 @@ stop_tracer() {
 }
 
 echo "== 1. ring records and bytes per request"
-for tokens in 24 1000; do
-  n=$([ "$tokens" = 24 ] && echo 500 || echo 20)
-  for variant in tokens full; do
-    port=$(free_port)
-    $B/sse_load serve --port "$port" --tokens "$tokens" & server=$!
-    sleep 0.3
-    start_tracer "$variant" "$server"
-    # Two requests per connection teach the templates (they are counted with the rest).
-    $B/sse_load load --port "$port" --connections $conns --requests 2 >/dev/null
+# One agent run: a fresh server, two requests per connection that teach the templates, then
+# (MEASURED > 0) the measured load, paced so the agent keeps up and no write is cut behind a
+# filling ring. Appends "tokens variant measured records ring_records ring_bytes token_events
+# misses chunks truncated incomplete" to $work/part1.
+part1_run() {  # tokens variant measured-per-connection
+  local tokens=$1 variant=$2 n=$3
+  port=$(free_port)
+  $B/sse_load serve --port "$port" --tokens "$tokens" & server=$!
+  sleep 0.3
+  start_tracer "$variant" "$server"
+  local rate; rate=$([ "$tokens" = 24 ] && echo 2000 || echo 40)
+  $B/sse_load load --port "$port" --connections $conns --requests 2 --rate "$rate" >/dev/null
+  sleep 1
+  if [ "$n" -gt 0 ]; then
+    $B/sse_load load --port "$port" --connections $conns --requests "$n" --rate "$rate" >/dev/null
     sleep 1
-    # Paced, so the agent keeps up and no write is cut behind a filling ring.
-    $B/sse_load load --port "$port" --connections $conns --requests "$n" \
-      --rate "$([ "$tokens" = 24 ] && echo 2000 || echo 40)" >/dev/null
-    sleep 1
-    stop_tracer
-    kill "$server"; wait "$server" 2>/dev/null || true
-    python3 - "$tokens" "$variant" "$((conns * n))" "$work/t.log" "$work/r.jsonl" <<'PY'
+  fi
+  stop_tracer
+  kill "$server"; wait "$server" 2>/dev/null || true
+  python3 - "$tokens" "$variant" "$((conns * n))" "$work/t.log" "$work/r.jsonl" >> "$work/part1" <<'PY'
 import json, re, sys
 tokens, variant, n, log, recs = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 last = {}
 for m in re.finditer(r'counter="([a-z_]+)" value=(\d+)', open(log).read()):
     last[m.group(1)] = int(m.group(2))
 records = [json.loads(l) for l in open(recs)]
-total = len(records)
-chunks = sum(r["output_chunks"] or 0 for r in records)
-print(f"  {tokens:>5} tokens, {variant:6}: {total} requests recorded, "
-      f"{last.get('ringbuf_records', 0) / total:.1f} records and "
-      f"{last.get('ringbuf_bytes', 0) / total / 1024:.2f} KiB of ring per request; "
-      f"token events {last.get('kernel_token_events', 0)}, misses {last.get('kernel_token_template_misses', 0)}, "
-      f"chunks per request {chunks / total:.1f}, truncated {sum(r['capture_truncated'] for r in records)}, "
-      f"incomplete {sum(1 for r in records if r['incomplete'])}")
+print(tokens, variant, n, len(records), last.get("ringbuf_records", 0), last.get("ringbuf_bytes", 0),
+      last.get("kernel_token_events", 0), last.get("kernel_token_template_misses", 0),
+      sum(r["output_chunks"] or 0 for r in records), sum(r["capture_truncated"] for r in records),
+      sum(1 for r in records if r["incomplete"]))
 PY
+}
+: > "$work/part1"
+for tokens in 24 1000; do
+  n=$([ "$tokens" = 24 ] && echo 500 || echo 20)
+  for variant in tokens full; do
+    part1_run "$tokens" "$variant" 0      # the teaching requests alone
+    part1_run "$tokens" "$variant" "$n"   # the same, then the measured ones
   done
 done
+# The measured requests' share: the second run less the first (same teaching load).
+python3 - "$work/part1" <<'PY'
+import sys
+rows = [line.split() for line in open(sys.argv[1])]
+for teach, full in zip(rows[0::2], rows[1::2]):
+    tokens, variant, n = full[0], full[1], int(full[2])
+    t = [int(x) for x in teach[3:]]; f = [int(x) for x in full[3:]]
+    d = [b - a for a, b in zip(t, f)]
+    print(f"  {tokens:>5} tokens, {variant:6}: {n} measured requests ({d[0]} recorded), "
+          f"{d[1] / n:.1f} records and {d[2] / n / 1024:.2f} KiB of ring per request; "
+          f"token events {d[3]}, misses {d[4]}, chunks per request {d[5] / max(d[0], 1):.1f}, "
+          f"truncated {d[6]}, incomplete {d[7]}")
+PY
 
 paced=${PACED:-3000}
 echo "== 2. loopback server: $rounds rounds of $((conns * reqs)) requests, unpaced then at $paced/s"

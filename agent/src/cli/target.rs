@@ -47,8 +47,8 @@ pub(super) struct TargetArgs {
     #[arg(long, default_value_t = crate::pipeline::DEFAULT_LAUNCH_BUDGET_PCT)]
     pub gpu_launch_budget: f64,
     /// Capture every response write in full, instead of letting the kernel send recognised
-    /// token events as 40-byte records (about 7x the ring bytes per streamed token; for
-    /// comparisons and debugging).
+    /// token events in batches of 8 bytes each (about 40x the ring bytes per streamed token;
+    /// for comparisons and debugging).
     #[arg(long)]
     pub no_token_events: bool,
     /// Do not attach the TLS library probes (uprobes on OpenSSL's SSL_read/SSL_write in

@@ -949,9 +949,11 @@ mod tests {
         assert_eq!(core::mem::size_of::<CompactWriteRecord>(), 40);
         assert_eq!(core::mem::size_of::<SegmentRecord>(), 64);
         assert_eq!(core::mem::size_of::<ConnEntry>(), 24);
+        assert_eq!(core::mem::size_of::<TokenBatchRecord>(), 40);
+        assert_eq!(core::mem::size_of::<TokenBatch>(), 40 + 8 * TOKEN_BATCH_MAX);
         assert_eq!(
             core::mem::size_of::<StreamTemplate>(),
-            24 + 4 * TEMPLATE_BYTES
+            24 + 4 * TEMPLATE_BYTES + core::mem::size_of::<TokenBatch>()
         );
         assert_eq!(core::mem::size_of::<SchedRecord>(), 32);
         assert_eq!(core::mem::size_of::<UserProbeRecord>(), 32);

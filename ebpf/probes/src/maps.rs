@@ -228,3 +228,17 @@ pub fn capture_limit() -> usize {
         configured
     }
 }
+
+/// The slot of every tail call (0), read at run time from a map. With a key the verifier
+/// cannot know, the JIT emits an indirect tail call instead of patching a direct jump into the
+/// caller and tracking the caller in the program array: with the direct jumps, a program array
+/// of an agent killed under load (kill -9) sometimes stayed in the kernel, emptied and
+/// referenced by nothing visible, for good (6.18; reproduced by
+/// `reliability::kill_9_leaves_nothing_attached` beside a CPU hog).
+#[map]
+static TAIL_CALL_SLOT: Array<u32> = Array::with_max_entries(1, 0);
+
+#[inline(always)]
+pub fn tail_call_slot() -> u32 {
+    TAIL_CALL_SLOT.get(0).copied().unwrap_or(0)
+}

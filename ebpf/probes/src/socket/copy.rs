@@ -624,7 +624,7 @@ pub static CHUNK_PROGRAM: ProgramArray = ProgramArray::with_max_entries(1, 0);
 #[inline(always)]
 pub fn emit_due_chunks(ctx: &TracePointContext) {
     // SAFETY: a tail call to a program of the same type, with this program's own context.
-    unsafe { CHUNK_PROGRAM.tail_call(ctx, 0) };
+    unsafe { CHUNK_PROGRAM.tail_call(ctx, crate::maps::tail_call_slot()) };
     bump(Counter::ChunksUnsent);
 }
 

@@ -91,7 +91,7 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
     // tail call keeps the CPU).
     unsafe { *pending = PendingRecord::new(inflight, ret, copied, pid_tgid) };
     // SAFETY: a tail call to a program of the same type, with this program's own context.
-    unsafe { RECORD_PROGRAM.tail_call(ctx, 0) };
+    unsafe { RECORD_PROGRAM.tail_call(ctx, crate::maps::tail_call_slot()) };
     bump(Counter::RecordsUnsent);
     Ok(())
 }

@@ -307,7 +307,7 @@ fn try_return(ctx: &RetProbeContext) -> Result<(), i32> {
         *busy = 1;
         let copied = copy_into(&inflight, bytes as i64, &mut (*scratch).payload);
         *pending = PendingRecord::new(inflight, bytes as i64, copied, pid_tgid);
-        TLS_RECORD_PROGRAM.tail_call(ctx, 0);
+        TLS_RECORD_PROGRAM.tail_call(ctx, crate::maps::tail_call_slot());
         *busy = 0;
     }
     bump(Counter::RecordsUnsent);
