@@ -148,12 +148,86 @@ pub fn ignored(tgid: u32, key: u64, id: u64) -> bool {
     }
 }
 
-/// Syscall arguments saved at entry, keyed by pid_tgid, consumed at exit. A thread's entry is
+/// Syscall arguments saved at entry, consumed at exit: for a thread whose slot in
+/// [`INFLIGHT_SLOTS`] another thread's live entry holds, keyed by pid_tgid. A thread's entry is
 /// rewritten in place at each syscall and only marked consumed at exit: a hash update costs
 /// ~170 ns and a delete ~130 ns here, a lookup ~55 ns. Entries go when the thread exits
-/// (`thread_exit`), so the map holds one entry per live thread of the traced processes.
+/// (`thread_exit`).
 #[map]
 pub static INFLIGHT: HashMap<u64, Inflight> = HashMap::with_max_entries(16384, 0);
+
+/// Slots of in-flight syscalls by the low bits of the thread id, each tagged with its thread
+/// (`owner`): an array lookup the verifier inlines, where [`INFLIGHT`]'s hash lookup is a helper
+/// call, twice per syscall. A thread takes its slot when it owns it or the slot holds no live
+/// entry; two threads 65,536 ids apart both mid-syscall put the second in [`INFLIGHT`]. The
+/// entry of a thread is in its slot when the slot names it, else in [`INFLIGHT`].
+#[map]
+pub static INFLIGHT_SLOTS: Array<Inflight> = Array::with_max_entries(INFLIGHT_SLOT_COUNT, 0);
+
+const INFLIGHT_SLOT_COUNT: u32 = 1 << 16;
+
+#[inline(always)]
+fn inflight_slot(pid_tgid: u64) -> Option<*mut Inflight> {
+    INFLIGHT_SLOTS.get_ptr_mut((pid_tgid as u32) & (INFLIGHT_SLOT_COUNT - 1))
+}
+
+/// This thread's in-flight entry (live or consumed), wherever it is.
+#[inline(always)]
+pub fn inflight_entry(pid_tgid: u64) -> Option<*mut Inflight> {
+    if let Some(slot) = inflight_slot(pid_tgid) {
+        // SAFETY: a map value pointer from the lookup; the tag is read once (a colliding
+        // thread rewriting the slot meanwhile leaves a tag that is not ours).
+        if unsafe { core::ptr::read_volatile(&(*slot).owner) } == pid_tgid {
+            return Some(slot);
+        }
+    }
+    INFLIGHT.get_ptr_mut(pid_tgid)
+}
+
+/// Saves this thread's entry at syscall entry: its slot if the slot names it or holds no live
+/// entry, else [`INFLIGHT`]. False when [`INFLIGHT`] is full.
+#[inline(always)]
+pub fn save_inflight(pid_tgid: u64, mut inflight: Inflight) -> bool {
+    inflight.owner = pid_tgid;
+    if let Some(slot) = inflight_slot(pid_tgid) {
+        // SAFETY: a map value pointer from the lookup. Only the owner writes a slot it owns;
+        // two colliding threads taking a free slot at the same instant is the one race (the
+        // later store wins, the other's exit finds neither entry and emits nothing).
+        unsafe {
+            if (*slot).owner == pid_tgid || (*slot).live == 0 {
+                *slot = inflight;
+                return true;
+            }
+        }
+    }
+    if let Some(entry) = INFLIGHT.get_ptr_mut(pid_tgid) {
+        // SAFETY: only this thread reads or writes its entry (entry, exit and thread exit all
+        // run in its context), so a plain store cannot race.
+        unsafe { *entry = inflight };
+        return true;
+    }
+    INFLIGHT.insert(pid_tgid, inflight, 0).is_ok()
+}
+
+/// The thread exited: its slot (if it names it) and its [`INFLIGHT`] entry go.
+#[inline(always)]
+pub fn forget_inflight(pid_tgid: u64) {
+    if let Some(slot) = inflight_slot(pid_tgid) {
+        // SAFETY: a map value pointer from the lookup; only its owner clears it.
+        unsafe {
+            if (*slot).owner == pid_tgid {
+                (*slot).owner = 0;
+                (*slot).live = 0;
+            }
+        }
+    }
+    // Looked up first: most exiting threads never made a traced syscall, and a lookup is
+    // cheaper than a delete that misses.
+    // SAFETY: only whether an entry exists is read, not its value.
+    if unsafe { INFLIGHT.get(pid_tgid) }.is_some() {
+        let _ = INFLIGHT.remove(pid_tgid);
+    }
+}
 
 /// One record being assembled per CPU: header plus room for two capture windows, so the
 /// verifier can prove `offset < MAX` plus `len <= MAX` stays inside.
@@ -200,6 +274,8 @@ pub struct Inflight {
     pub sock: u64,
     pub conn_flags: u32,
     pub _pad1: u32,
+    /// The thread (pid_tgid) whose entry this is: set by [`save_inflight`].
+    pub owner: u64,
 }
 
 #[repr(C)]

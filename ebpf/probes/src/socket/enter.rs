@@ -15,8 +15,9 @@ use crate::{
     counters::bump,
     ctx::field,
     maps::{
-        CONN_REFS, CONNS, FD_VERDICT, INFLIGHT, Inflight, LOST_CLOSES, Shape, captures_unknown_fds,
-        clear_sock_wanted, ignored, sock_wanted_until, trace, traced, want_sock, watched,
+        CONN_REFS, CONNS, FD_VERDICT, Inflight, LOST_CLOSES, Shape, captures_unknown_fds,
+        clear_sock_wanted, forget_inflight, ignored, inflight_entry, save_inflight,
+        sock_wanted_until, trace, traced, want_sock, watched,
     },
     ringbuf::output,
 };
@@ -103,12 +104,9 @@ fn save(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), 
         sock: conn.sock,
         conn_flags: conn.flags,
         _pad1: 0,
+        owner: 0,
     };
-    if let Some(slot) = INFLIGHT.get_ptr_mut(pid_tgid) {
-        // SAFETY: only this thread reads or writes its entry (entry, exit and thread exit all
-        // run in its context), so a plain store cannot race.
-        unsafe { *slot = inflight };
-    } else if INFLIGHT.insert(pid_tgid, inflight, 0).is_err() {
+    if !save_inflight(pid_tgid, inflight) {
         bump(Counter::InflightMapFull);
         warn!(
             ctx,
@@ -157,7 +155,7 @@ pub fn accepted_sock(ctx: FExitContext) -> u32 {
     if !traced((pid_tgid >> 32) as u32) && !adopt_at_accept((pid_tgid >> 32) as u32, sock) {
         return 0;
     }
-    if let Some(slot) = INFLIGHT.get_ptr_mut(pid_tgid) {
+    if let Some(slot) = inflight_entry(pid_tgid) {
         // SAFETY: only this thread touches its entry (see INFLIGHT).
         unsafe {
             if (*slot).live == 1 && (*slot).kind == SyscallKind::Accept as u8 {
@@ -264,7 +262,7 @@ pub fn rcv_space_adjust(ctx: TracePointContext) -> u32 {
     if !traced((pid_tgid >> 32) as u32) {
         return 0;
     }
-    if let Some(slot) = INFLIGHT.get_ptr_mut(pid_tgid) {
+    if let Some(slot) = inflight_entry(pid_tgid) {
         // SAFETY: only this thread touches its entry (see INFLIGHT).
         unsafe {
             if (*slot).live == 1 && (*slot).wants_sock == 1 && (*slot).sock == 0 {
@@ -278,13 +276,7 @@ pub fn rcv_space_adjust(ctx: TracePointContext) -> u32 {
 /// A thread's in-flight entry outlives its syscalls (see INFLIGHT); it goes with the thread.
 #[tracepoint]
 pub fn thread_exit(_ctx: TracePointContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    // Looked up first: most exiting threads never made a traced syscall, and a lookup is
-    // cheaper than a delete that misses.
-    // SAFETY: only whether an entry exists is read, not its value.
-    if unsafe { INFLIGHT.get(pid_tgid) }.is_some() {
-        let _ = INFLIGHT.remove(pid_tgid);
-    }
+    forget_inflight(bpf_get_current_pid_tgid());
     0
 }
 

@@ -20,7 +20,9 @@ use super::{
 use crate::{
     counters::bump,
     ctx::field,
-    maps::{CONN_REFS, CONNS, FD_VERDICT, INFLIGHT, Inflight, SCRATCH, Scratch, Shape, traced},
+    maps::{
+        CONN_REFS, CONNS, FD_VERDICT, Inflight, SCRATCH, Scratch, Shape, inflight_entry, traced,
+    },
     ringbuf::{PRESSURE_PREFIX, PRESSURE_WHOLE, output},
 };
 
@@ -45,7 +47,7 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
     if !traced(tgid) {
         return Ok(());
     }
-    let slot = INFLIGHT.get_ptr_mut(pid_tgid).ok_or(0)?;
+    let slot = inflight_entry(pid_tgid).ok_or(0)?;
     // SAFETY: only this thread touches its entry (see INFLIGHT).
     let mut inflight = unsafe { *slot };
     if inflight.live == 0 {
@@ -216,8 +218,9 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
         sock: 0,
         conn_flags: 0,
         _pad1: 0,
+        owner: 0,
     };
-    if let Some(slot) = INFLIGHT.get_ptr_mut(pid_tgid) {
+    if let Some(slot) = inflight_entry(pid_tgid) {
         // SAFETY: only this thread touches its entry (see INFLIGHT).
         let saved = unsafe { *slot };
         if saved.live == 1 && saved.kind == SyscallKind::Accept as u8 {

@@ -290,6 +290,7 @@ fn try_return(ctx: &RetProbeContext) -> Result<(), i32> {
         sock: conn.sock,
         conn_flags: conn.flags,
         _pad1: 0,
+        owner: 0,
     };
     bump(Counter::TlsRecords);
     let busy = TLS_SCRATCH_BUSY.get_ptr_mut(0).ok_or(0)?;
