@@ -80,7 +80,6 @@ counters! {
     KernelChunksUnsent => "kernel_chunks_unsent": Loss,
     KernelRecordsUnsent => "kernel_records_unsent": Loss,
     KernelTokenBatches => "kernel_token_batches": Total,
-    KernelTokenEventsBatched => "kernel_token_events_batched": Total,
     TlsProbesAttached => "tls_probes_attached": Total,
     TlsConnectionsUndecoded => "tls_connections_undecoded": Loss,
     KernelTracepointsUnattached => "kernel_tracepoints_unattached": Loss,
@@ -387,7 +386,6 @@ pub const fn kernel(c: inferscope_common::Counter) -> Counter {
         K::ChunksUnsent => Counter::KernelChunksUnsent,
         K::RecordsUnsent => Counter::KernelRecordsUnsent,
         K::TokenBatches => Counter::KernelTokenBatches,
-        K::TokenEventsBatched => Counter::KernelTokenEventsBatched,
     }
 }
 

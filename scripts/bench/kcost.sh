@@ -78,7 +78,7 @@ for r in $(seq "$rounds"); do
     # Captured syscalls: the records emitted, with each token batch counted as the writes it
     # holds (binaries without batches print neither counter).
     kc() { { grep -o "counter=\"kernel_$1\" value=[0-9]*" "$work/agent.log" || true; } | tail -1 | grep -o '[0-9]*$' || echo 0; }
-    n=$(( $(kc records_emitted) - $(kc token_batches) + $(kc token_events_batched) ))
+    n=$(( $(kc records_emitted) - $(kc token_batches) + $(kc token_events) ))
     echo "$bin emitted $n $n" >> "$work/samples"
     n=$(grep -o 'counter="kernel_ringbuf_full_drops" value=[0-9]*' "$work/agent.log" | tail -1 | grep -o '[0-9]*$' || true)
     echo "$bin ringbuf_drops ${n:-0} ${n:-0}" >> "$work/samples"

@@ -40,6 +40,11 @@ impl Drop for KillOnDrop {
 
 /// `sse_load serve` on `port` (helper #17's range), ready to accept.
 fn sse_server(port: u16, tokens: u32) -> KillOnDrop {
+    sse_server_with(port, tokens, &[])
+}
+
+/// The same with more of `serve`'s options (`--write-log`, `--hold-ms`).
+fn sse_server_with(port: u16, tokens: u32, extra: &[&std::ffi::OsStr]) -> KillOnDrop {
     let child = Command::new(SSE_LOAD)
         .args([
             "serve",
@@ -48,6 +53,7 @@ fn sse_server(port: u16, tokens: u32) -> KillOnDrop {
             "--tokens",
             &tokens.to_string(),
         ])
+        .args(extra)
         .spawn()
         .expect("starting sse_load serve");
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -84,6 +90,17 @@ fn start_load_n(port: u16, connections: u32, seconds: u32, requests: u32) -> Chi
 
 /// `sse_load load` paced at `rate` requests/s in all over `connections` keep-alive clients.
 fn start_paced_load(port: u16, connections: u32, seconds: u32, rate: u32) -> Child {
+    start_paced_load_with(port, connections, seconds, rate, &[])
+}
+
+/// The same with more of `load`'s options (`--request-ids`).
+fn start_paced_load_with(
+    port: u16,
+    connections: u32,
+    seconds: u32,
+    rate: u32,
+    extra: &[&str],
+) -> Child {
     Command::new(SSE_LOAD)
         .args([
             "load",
@@ -98,6 +115,7 @@ fn start_paced_load(port: u16, connections: u32, seconds: u32, rate: u32) -> Chi
             "--rate",
             &rate.to_string(),
         ])
+        .args(extra)
         .stdout(Stdio::piped())
         .spawn()
         .expect("starting sse_load load")
@@ -452,35 +470,12 @@ fn batched_token_events_keep_each_write_time_to_the_nanosecond() {
     let dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();
     let truth = dir.path().join("server-writes.txt");
-    let server = KillOnDrop(
-        Command::new(SSE_LOAD)
-            .args(["serve", "--port", &port.to_string(), "--tokens", "16"])
-            .arg("--write-log")
-            .arg(&truth)
-            .spawn()
-            .expect("starting sse_load serve"),
-    );
-    inferscope_integration_tests::wait_until(Duration::from_secs(10), "the server listens", || {
-        TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
+    let server = sse_server_with(port, 16, &["--write-log".as_ref(), truth.as_os_str()]);
     let port_arg = port.to_string();
     let mut recorder = Recorder::start(dir.path(), &["--port", &port_arg, "--ring-buffer-mb", "4"]);
     recorder.wait_attached(server.0.id(), Duration::from_secs(30));
     let log = recorder.log.clone();
-    let load = Command::new(SSE_LOAD)
-        .args(["load", "--port", &port_arg, "--connections", "8"])
-        .args([
-            "--requests",
-            "100000000",
-            "--seconds",
-            "5",
-            "--rate",
-            "1000",
-        ])
-        .arg("--request-ids")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("starting sse_load load");
+    let load = start_paced_load_with(port, 8, 5, 1000, &["--request-ids"]);
     thread::sleep(Duration::from_millis(1500));
     signal(recorder.pid(), "-STOP");
     thread::sleep(Duration::from_secs(2));
@@ -1358,16 +1353,8 @@ fn token_events_still_batched_in_the_kernel_are_counted_when_the_agent_stops() {
     let port = free_port();
     let port_arg = port.to_string();
     // Every response pauses 2 s after its 8th token.
-    let server = KillOnDrop(
-        Command::new(SSE_LOAD)
-            .args(["serve", "--port", &port_arg, "--tokens", "16"])
-            .args(["--hold-ms", "2000", "--hold-after", "8"])
-            .spawn()
-            .expect("starting sse_load serve"),
-    );
-    inferscope_integration_tests::wait_until(Duration::from_secs(10), "the server listens", || {
-        TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
+    let hold = ["--hold-ms", "2000", "--hold-after", "8"].map(std::ffi::OsStr::new);
+    let server = sse_server_with(port, 16, &hold);
     let mut recorder = Recorder::start(dir.path(), &["--port", &port_arg]);
     recorder.wait_attached(server.0.id(), Duration::from_secs(30));
     let log = recorder.log.clone();

@@ -43,8 +43,7 @@ pub enum RecordType {
     GpuLaunch = 9,
     /// A [`GpuNameRecord`]: the driver handed out a kernel handle under a name.
     GpuName = 10,
-    /// A [`TokenBatchRecord`]: consecutive token events of one connection, sent as one record
-    /// while the ring buffer fills.
+    /// A [`TokenBatchRecord`]: consecutive token events of one connection, sent as one record.
     TokenBatch = 11,
 }
 
@@ -305,12 +304,12 @@ pub struct StreamTemplate {
 /// Token events a [`TokenBatch`] holds before it is sent.
 pub const TOKEN_BATCH_MAX: usize = 32;
 
-/// Consecutive token events of one connection, written behind a filling ring buffer as one
-/// record instead of one [`CompactWriteRecord`] each: 8 bytes per token instead of 48. Each
-/// event keeps its own time to the nanosecond and its size, which is all user space reads of
-/// a token event; the record goes out before any other record of the connection's writes (a
-/// write that is not a token event, a response head, shutdown, close), when it is full, or
-/// with the first token event after the ring drained below its pressure mark.
+/// Consecutive token events of one connection, written as one record: 8 bytes per token
+/// instead of a 48-byte record each. Each event keeps its own time to the nanosecond and its
+/// size, which is all user space reads of a token event; the record goes out ahead of any other
+/// record of the connection (a write that is not a token event, a failed write, a read, a
+/// response head, shutdown, close), when it is full, or with the event that finds it spanning
+/// the agent's poll period (not while the ring is past its pressure mark).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TokenBatchRecord {
@@ -792,8 +791,8 @@ pub enum Counter {
     GpuNames = 17,
     /// A naming call's return could not read the handle or name it produced.
     GpuNameReadFailed = 18,
-    /// Response writes summarised as a token event, counted as they join their connection's
-    /// [`TokenBatch`].
+    /// Response writes summarised as a token event, counted when their [`TokenBatch`] is sent
+    /// (with `RecordsEmitted - TokenBatches`, the syscalls the kernel captured).
     TokenEvents = 19,
     /// Response writes on a connection with a [`StreamTemplate`] that did not match it (a
     /// different event, or not one whole chunk): captured in full.
@@ -819,15 +818,12 @@ pub enum Counter {
     RecordsUnsent = 27,
     /// [`TokenBatchRecord`]s sent.
     TokenBatches = 28,
-    /// Token events sent in those batches (each also counted in `TokenEvents` when it joined
-    /// its batch): with `RecordsEmitted - TokenBatches`, the syscalls the kernel captured.
-    TokenEventsBatched = 29,
 }
 
-pub const COUNTER_SLOTS: u32 = 30;
+pub const COUNTER_SLOTS: u32 = 29;
 
 impl Counter {
-    pub const ALL: [Counter; 30] = [
+    pub const ALL: [Counter; 29] = [
         Counter::RecordsEmitted,
         Counter::RingbufFull,
         Counter::PayloadTruncated,
@@ -857,7 +853,6 @@ impl Counter {
         Counter::ChunksUnsent,
         Counter::RecordsUnsent,
         Counter::TokenBatches,
-        Counter::TokenEventsBatched,
     ];
 
     pub fn name(self) -> &'static str {
@@ -891,7 +886,6 @@ impl Counter {
             Counter::ChunksUnsent => "chunks_unsent",
             Counter::RecordsUnsent => "records_unsent",
             Counter::TokenBatches => "token_batches",
-            Counter::TokenEventsBatched => "token_events_batched",
         }
     }
 }

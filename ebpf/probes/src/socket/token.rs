@@ -35,9 +35,9 @@ use crate::{
     ringbuf::{output, under_pressure},
 };
 
-/// Per (tgid, fd): the connection's template, valid while the fd holds `conn_gen`. LRU: a
-/// closed connection's entry ages out (a reused fd has another id, so a stale one never
-/// applies).
+/// Per (tgid, fd): the connection's template and its waiting token events, valid while the fd
+/// holds `conn_gen`; removed at close. LRU: an entry whose close went unseen ages out (a reused
+/// fd has another id, so a stale one never applies).
 #[map]
 pub static STREAM_TEMPLATES: LruHashMap<u64, StreamTemplate> =
     LruHashMap::with_max_entries(4096, 0);
@@ -237,7 +237,7 @@ fn chunk_line(payload: &[u8; 2 * MAX_CAPTURE_BYTES]) -> Option<(usize, usize)> {
 pub enum Verdict {
     /// The connection is not armed: capture this write whole (never cut), then [`arm`] it.
     Arm,
-    /// One whole token event of the template: a token record.
+    /// One whole token event of the template: it joins the connection's batch.
     Token,
     /// Not a token event (counted; the connection is disarmed): the write goes as before,
     /// after the connection's waiting token events ([`flush`]).
@@ -334,7 +334,6 @@ pub fn batch(
         bytes,
     };
     batch.header.count = (count + 1) as u8;
-    bump(Counter::TokenEvents);
     if stale
         || count + 1 >= TOKEN_BATCH_MAX
         || (offset_ns >= TOKEN_BATCH_SPAN_NS && !under_pressure())
@@ -411,7 +410,7 @@ fn send(batch: &mut TokenBatch, key: u64) {
         unsafe { core::slice::from_raw_parts((batch as *const TokenBatch).cast::<u8>(), len) };
     if output::<[u8]>(bytes, Counter::RecordsEmitted) {
         bump(Counter::TokenBatches);
-        add(Counter::TokenEventsBatched, count as u64);
+        add(Counter::TokenEvents, count as u64);
     }
     batch.header.count = 0;
 }
