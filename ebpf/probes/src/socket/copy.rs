@@ -127,7 +127,12 @@ fn read_user<T: Copy>(addr: u64) -> Option<T> {
 /// Copies `len` bytes of user memory to `payload[offset..]`. The caller keeps
 /// `offset < MAX_CAPTURE_BYTES` and `len <= MAX_CAPTURE_BYTES`, which fits the 2×MAX buffer.
 #[inline(always)]
-fn copy_at(payload: &mut [u8; 2 * MAX_CAPTURE_BYTES], offset: usize, src: u64, len: usize) -> bool {
+pub(super) fn copy_at(
+    payload: &mut [u8; 2 * MAX_CAPTURE_BYTES],
+    offset: usize,
+    src: u64,
+    len: usize,
+) -> bool {
     if offset >= MAX_CAPTURE_BYTES || len > MAX_CAPTURE_BYTES {
         return false;
     }

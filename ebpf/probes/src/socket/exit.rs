@@ -8,12 +8,12 @@ use aya_ebpf::{
 };
 use inferscope_common::{
     CONN_ID_BIT, CONN_INET, CONN_KNOWN, CONN_SHARED, CONN_TLS, CompactWriteRecord, ConnEntry,
-    Counter, FLAG_COPY_FAILED, FLAG_TRUNCATED, MAX_CAPTURE_BYTES, RecordType, SyscallKind,
-    SyscallRecord, fd_key,
+    Counter, FLAG_COPY_FAILED, FLAG_TRUNCATED, MAX_CAPTURE_BYTES, RecordType, StreamTemplate,
+    SyscallKind, SyscallRecord, TOKEN_WRITE_MAX, fd_key,
 };
 
 use super::{
-    copy::{ScratchOwner, copy_payload},
+    copy::{ScratchOwner, copy_at, copy_payload},
     enter::close_fd,
     token::{TokenWriter, Verdict},
 };
@@ -87,7 +87,27 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
     let scratch = SCRATCH.get_ptr_mut(0).ok_or(0)?;
     // SAFETY: a per-CPU map value, valid for the map's life; syscall programs run with
     // preemption off and do not nest on a CPU, so this reference is the only one to it.
-    let copied = copy_into(&inflight, ret, unsafe { &mut (*scratch).payload });
+    let payload = unsafe { &mut (*scratch).payload };
+    let copied = match token_candidate(tgid, &inflight, ret) {
+        Some(template) => {
+            let copied = copy_whole(&inflight, ret as usize, payload);
+            if copied.1 == 0
+                && super::token::is_token(template, inflight.conn_id, payload, copied.0)
+            {
+                let writer = TokenWriter {
+                    tgid,
+                    fd: inflight.fd,
+                    conn_gen: inflight.conn_id,
+                    conn_flags: inflight.conn_flags,
+                };
+                let key = fd_key(tgid, inflight.fd);
+                super::token::batch(template, key, &writer, inflight.ts_enter_ns, ret as u32);
+                return Ok(());
+            }
+            copied
+        }
+        None => copy_into(&inflight, ret, payload),
+    };
     let pending = PENDING.get_ptr_mut(0).ok_or(0)?;
     // SAFETY: a per-CPU map value; only this run touches it until `exit_record` takes it (the
     // tail call keeps the CPU).
@@ -96,6 +116,50 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
     unsafe { RECORD_PROGRAM.tail_call(ctx, crate::maps::tail_call_slot()) };
     bump(Counter::RecordsUnsent);
     Ok(())
+}
+
+/// The armed template of the connection this write may be a token event of: a write of one
+/// buffer, short enough to be one and to be captured whole. Such writes (most of a stream's)
+/// are classified here, and a token event joins its connection's batch without the tail call
+/// and the hand-over to `exit_record`; anything else (a head, a miss, an unarmed connection)
+/// is `exit_record`'s, which classifies it again and records it as before.
+#[inline(always)]
+fn token_candidate(
+    tgid: u32,
+    inflight: &Inflight,
+    ret: i64,
+) -> Option<&'static mut StreamTemplate> {
+    if inflight.kind != SyscallKind::Write as u8
+        || inflight.shape != Shape::Buffer
+        || inflight.conn_id == 0
+        || ret <= 0
+        || ret > TOKEN_WRITE_MAX as i64
+        || ret as usize > crate::maps::capture_limit()
+    {
+        return None;
+    }
+    let template = super::token::lookup(fd_key(tgid, inflight.fd), inflight.conn_id)?;
+    (template.armed != 0).then_some(template)
+}
+
+/// [`copy_into`] of a one-buffer write of `len` bytes the capture limit holds.
+#[inline(always)]
+fn copy_whole(
+    inflight: &Inflight,
+    len: usize,
+    payload: &mut [u8; 2 * MAX_CAPTURE_BYTES],
+) -> (usize, u16) {
+    let len = if len > TOKEN_WRITE_MAX {
+        TOKEN_WRITE_MAX
+    } else {
+        len
+    };
+    if copy_at(payload, 0, inflight.ptr, len) {
+        return (len, 0);
+    }
+    bump(Counter::PayloadTruncated);
+    bump(Counter::CopyFailed);
+    (0, FLAG_TRUNCATED | FLAG_COPY_FAILED)
 }
 
 /// What `exit_syscall` leaves `exit_record` (and `tls_return` leaves `tls_record`): the call,
