@@ -80,6 +80,8 @@ counters! {
     KernelChunksUnsent => "kernel_chunks_unsent": Loss,
     KernelRecordsUnsent => "kernel_records_unsent": Loss,
     KernelTokenBatches => "kernel_token_batches": Total,
+    // Connections whose template slots were both held by live connections: captured in full.
+    KernelTokenSlotsBusy => "kernel_token_slots_busy": Total,
     TlsProbesAttached => "tls_probes_attached": Total,
     TlsConnectionsUndecoded => "tls_connections_undecoded": Loss,
     KernelTracepointsUnattached => "kernel_tracepoints_unattached": Loss,
@@ -386,6 +388,7 @@ pub const fn kernel(c: inferscope_common::Counter) -> Counter {
         K::ChunksUnsent => Counter::KernelChunksUnsent,
         K::RecordsUnsent => Counter::KernelRecordsUnsent,
         K::TokenBatches => Counter::KernelTokenBatches,
+        K::TokenSlotsBusy => Counter::KernelTokenSlotsBusy,
     }
 }
 

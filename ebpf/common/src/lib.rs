@@ -278,7 +278,8 @@ pub const TOKEN_WRITE_MAX: usize = 2 * TEMPLATE_BYTES + TOKEN_TEXT_MAX + 16;
 /// such events in full first): the chunk's data is `prefix`, then 1 to [`TOKEN_TEXT_MAX`]
 /// bytes of token text without a `"`, then `suffix`. A mask byte of 0xff must match, 0 is free
 /// (bytes that differ between responses: ids, timestamps; and the tail of the last word).
-/// Per (tgid, fd), valid for connection `conn_gen` only.
+/// A connection's copy sits in one of two slots its id picks, valid for connection `conn_gen`
+/// on fd `key` only; the process's (user space's) has both 0.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct StreamTemplate {
@@ -293,6 +294,8 @@ pub struct StreamTemplate {
     /// user space reads once per response).
     pub armed: u8,
     pub _pad: [u8; 7],
+    /// Kernel-owned: the (tgid, fd) ([`fd_key`]) of the connection holding the slot.
+    pub key: u64,
     pub prefix: [u64; TEMPLATE_WORDS],
     pub prefix_mask: [u64; TEMPLATE_WORDS],
     pub suffix: [u64; TEMPLATE_WORDS],
@@ -818,12 +821,15 @@ pub enum Counter {
     RecordsUnsent = 27,
     /// [`TokenBatchRecord`]s sent.
     TokenBatches = 28,
+    /// Response heads whose connection found both its [`StreamTemplate`] slots held by other
+    /// live connections: its writes are captured in full, as without a template.
+    TokenSlotsBusy = 29,
 }
 
-pub const COUNTER_SLOTS: u32 = 29;
+pub const COUNTER_SLOTS: u32 = 30;
 
 impl Counter {
-    pub const ALL: [Counter; 29] = [
+    pub const ALL: [Counter; 30] = [
         Counter::RecordsEmitted,
         Counter::RingbufFull,
         Counter::PayloadTruncated,
@@ -853,6 +859,7 @@ impl Counter {
         Counter::ChunksUnsent,
         Counter::RecordsUnsent,
         Counter::TokenBatches,
+        Counter::TokenSlotsBusy,
     ];
 
     pub fn name(self) -> &'static str {
@@ -886,6 +893,7 @@ impl Counter {
             Counter::ChunksUnsent => "chunks_unsent",
             Counter::RecordsUnsent => "records_unsent",
             Counter::TokenBatches => "token_batches",
+            Counter::TokenSlotsBusy => "token_slots_busy",
         }
     }
 }
@@ -947,7 +955,7 @@ mod tests {
         assert_eq!(core::mem::size_of::<TokenBatch>(), 40 + 8 * TOKEN_BATCH_MAX);
         assert_eq!(
             core::mem::size_of::<StreamTemplate>(),
-            24 + 4 * TEMPLATE_BYTES + core::mem::size_of::<TokenBatch>()
+            32 + 4 * TEMPLATE_BYTES + core::mem::size_of::<TokenBatch>()
         );
         assert_eq!(core::mem::size_of::<SchedRecord>(), 32);
         assert_eq!(core::mem::size_of::<UserProbeRecord>(), 32);

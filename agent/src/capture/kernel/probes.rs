@@ -204,7 +204,7 @@ pub struct SocketProbes {
     /// Stamped on each installed template, so the kernel can tell a value rewritten under it.
     template_version: u32,
     /// (tgid, fd) → the connection's template and its token events not yet sent (the kernel's).
-    stream_templates: HashMap<MapData, u64, StreamTemplate>,
+    stream_templates: Array<MapData, StreamTemplate>,
     /// (tgid, fd) → connection, written by the kernel at accept; user space adds only the
     /// connections that predate the agent.
     conns: HashMap<MapData, u64, ConnEntry>,
@@ -442,7 +442,7 @@ impl SocketProbes {
             HashMap::try_from(take_map(&mut ebpf, "KEEP_WHOLE")?).map_err(map_err("KEEP_WHOLE"))?;
         let process_templates = HashMap::try_from(take_map(&mut ebpf, "PROCESS_TEMPLATES")?)
             .map_err(map_err("PROCESS_TEMPLATES"))?;
-        let stream_templates = HashMap::try_from(take_map(&mut ebpf, "STREAM_TEMPLATES")?)
+        let stream_templates = Array::try_from(take_map(&mut ebpf, "STREAM_TEMPLATES")?)
             .map_err(map_err("STREAM_TEMPLATES"))?;
         let large_capture = HashMap::try_from(take_map(&mut ebpf, "LARGE_CAPTURE")?)
             .map_err(map_err("LARGE_CAPTURE"))?;
@@ -519,7 +519,7 @@ impl SocketProbes {
         self.stream_templates
             .iter()
             .filter_map(Result::ok)
-            .filter_map(|(_, template)| {
+            .filter_map(|template| {
                 let batch = template.batch;
                 let count = usize::from(batch.header.count);
                 if count == 0 || count > TOKEN_BATCH_MAX {

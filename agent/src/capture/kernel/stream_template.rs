@@ -30,6 +30,7 @@ pub(crate) fn kernel_template(
         // Set per install by `SocketProbes::set_process_template`.
         version: 0,
         _pad: [0; 7],
+        key: 0,
         prefix: prefix_words,
         prefix_mask,
         suffix: suffix_words,
@@ -38,8 +39,8 @@ pub(crate) fn kernel_template(
     })
 }
 
-/// Bytes and mask as words; past the side's length the mask is 0 (the kernel compares whole
-/// words whatever the length).
+/// Bytes and mask as words; past the side's length the mask is 0 (the kernel compares the words
+/// the length covers, the last one whole).
 fn pack(side: TemplateSide<'_>) -> Option<([u64; TEMPLATE_WORDS], [u64; TEMPLATE_WORDS])> {
     if side.bytes.len() > TEMPLATE_BYTES || side.mask.len() != side.bytes.len() {
         return None;

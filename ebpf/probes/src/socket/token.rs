@@ -22,7 +22,7 @@ use core::mem::size_of;
 
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, LruHashMap},
+    maps::{Array, HashMap},
 };
 use inferscope_common::{
     Counter, MAX_CAPTURE_BYTES, RecordType, StreamTemplate, TEMPLATE_BYTES, TEMPLATE_WORDS,
@@ -32,15 +32,68 @@ use inferscope_common::{
 
 use crate::{
     counters::{add, bump},
+    maps::CONNS,
     ringbuf::{output, under_pressure},
 };
 
-/// Per (tgid, fd): the connection's template and its waiting token events, valid while the fd
-/// holds `conn_gen`; removed at close. LRU: an entry whose close went unseen ages out (a reused
-/// fd has another id, so a stale one never applies).
+/// Connections' templates and their waiting token events, two slots per connection id (a
+/// pair its id picks): a lookup on every token write is then an array access the verifier
+/// inlines, where a hash lookup is a helper call (~50 ns here). A connection takes a free slot
+/// of its pair at its first response head with a template, or one whose connection has ended
+/// (closed unseen); with both held by live connections it goes without a template (counted),
+/// so no connection's waiting events are ever pushed out. Close frees the slot.
 #[map]
-pub static STREAM_TEMPLATES: LruHashMap<u64, StreamTemplate> =
-    LruHashMap::with_max_entries(4096, 0);
+pub static STREAM_TEMPLATES: Array<StreamTemplate> = Array::with_max_entries(STREAM_SLOTS, 0);
+
+const STREAM_SLOTS: u32 = 4096;
+
+/// The first of the two slots of connection `conn_id` (ids are nanosecond times: the multiply
+/// spreads them over the pairs).
+#[inline(always)]
+fn slot_pair(conn_id: u64) -> u32 {
+    ((conn_id.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as u32) & (STREAM_SLOTS - 2)
+}
+
+/// The slot holding connection `conn_id` on fd `key`, if one does: (index, template).
+#[inline(always)]
+fn find(key: u64, conn_id: u64) -> Option<(u32, &'static mut StreamTemplate)> {
+    let first = slot_pair(conn_id);
+    for index in [first, first + 1] {
+        if let Some(slot) = STREAM_TEMPLATES.get_ptr_mut(index) {
+            // SAFETY: map value pointer from the lookup, valid for the program's run; see
+            // `set_armed` and `classify`'s re-check for a slot reinstalled meanwhile.
+            let slot = unsafe { &mut *slot };
+            if slot.conn_gen == conn_id && slot.key == key {
+                return Some((index, slot));
+            }
+        }
+    }
+    None
+}
+
+/// A slot of `conn_id`'s pair that no live connection holds, its waiting events (a connection
+/// whose close went unseen) sent first.
+#[inline(always)]
+fn free_slot(conn_id: u64) -> Option<u32> {
+    let first = slot_pair(conn_id);
+    for index in [first, first + 1] {
+        let Some(slot) = STREAM_TEMPLATES.get_ptr_mut(index) else {
+            continue;
+        };
+        // SAFETY: map value pointer from the lookup.
+        let slot = unsafe { &mut *slot };
+        if slot.conn_gen == 0 {
+            return Some(index);
+        }
+        // SAFETY: only the id is read, copied out at once.
+        let alive = unsafe { CONNS.get(slot.key) }.is_some_and(|conn| conn.id == slot.conn_gen);
+        if !alive {
+            send(&mut slot.batch, slot.key);
+            return Some(index);
+        }
+    }
+    None
+}
 
 /// Per tgid: the process's template, from user space; `conn_gen` unused, `version` names it.
 #[map]
@@ -60,31 +113,39 @@ pub fn on_head(tgid: u32, key: u64, conn_id: u64) {
     let Some(process) = (unsafe { PROCESS_TEMPLATES.get(tgid) }) else {
         return;
     };
-    if let Some(template) = STREAM_TEMPLATES.get_ptr_mut(key) {
-        // SAFETY: map value pointer from the lookup (see `set_armed`).
-        unsafe {
+    let index = match find(key, conn_id) {
+        Some((index, template)) => {
             // Its events go before the head (they end the response before it), and before a
             // new template would overwrite them.
-            send(&mut (*template).batch, key);
-            if (*template).conn_gen == conn_id && (*template).version == process.version {
-                (*template).armed = 0;
+            send(&mut template.batch, key);
+            if template.version == process.version {
+                template.armed = 0;
                 return;
             }
+            index
         }
-    }
+        None => match free_slot(conn_id) {
+            Some(index) => index,
+            None => {
+                bump(Counter::TokenSlotsBusy);
+                return;
+            }
+        },
+    };
     // The process's template goes in as it is (the map update copies it in the kernel: a copy
     // made here is a 1 KiB byte loop the verifier walks once per path), then becomes this
-    // connection's. Until `conn_gen` is written the entry names no connection (user space's
+    // connection's. Until `conn_gen` is written the slot names no connection (user space's
     // is 0, never a connection id), so a write that reads it meanwhile is captured as before.
     // By reference: by value, the 1 KiB template would be copied onto the 512-byte stack.
-    if STREAM_TEMPLATES.insert(key, process, 0).is_err() {
+    if STREAM_TEMPLATES.set(index, process, 0).is_err() {
         return;
     }
-    if let Some(template) = STREAM_TEMPLATES.get_ptr_mut(key) {
-        // SAFETY: map value pointer from the lookup; `armed` is cleared before `conn_gen`
-        // names the connection (see `classify`'s re-check).
+    if let Some(template) = STREAM_TEMPLATES.get_ptr_mut(index) {
+        // SAFETY: map value pointer from the lookup; `armed` and `key` are written before
+        // `conn_gen` names the connection (see `classify`'s re-check).
         unsafe {
             core::ptr::write_volatile(&mut (*template).armed, 0);
+            core::ptr::write_volatile(&mut (*template).key, key);
             core::ptr::write_volatile(&mut (*template).conn_gen, conn_id);
         }
     }
@@ -99,15 +160,13 @@ pub fn arm(key: u64, conn_id: u64) {
 
 #[inline(always)]
 fn set_armed(key: u64, conn_id: u64, armed: u8) {
-    if let Some(template) = STREAM_TEMPLATES.get_ptr_mut(key) {
-        // SAFETY: map value pointer from the lookup. An element recycled by a racing
-        // user-space update is caught by the connection check in all but a window of a few
-        // instructions; a wrong `armed` then costs one response its id (counted in user space
-        // as a response without one), never a wrong event.
-        unsafe {
-            if (*template).conn_gen == conn_id && (*template).armed != armed {
-                (*template).armed = armed;
-            }
+    if let Some((_, template)) = find(key, conn_id) {
+        // A slot reinstalled by a racing head on another CPU is caught by the connection
+        // check in all but a window of a few instructions; a wrong `armed` then costs one
+        // response its id (counted in user space as a response without one), never a wrong
+        // event.
+        if template.armed != armed {
+            template.armed = armed;
         }
     }
 }
@@ -257,11 +316,7 @@ pub enum Verdict {
 /// The connection's template, if it has one for connection `conn_id`.
 #[inline(always)]
 pub fn lookup(key: u64, conn_id: u64) -> Option<&'static mut StreamTemplate> {
-    let template = STREAM_TEMPLATES.get_ptr_mut(key)?;
-    // SAFETY: map value pointer from the lookup, valid for the program's run; see `set_armed`
-    // and `classify`'s re-check for racing user-space updates.
-    let template = unsafe { &mut *template };
-    (template.conn_gen == conn_id).then_some(template)
+    find(key, conn_id).map(|(_, template)| template)
 }
 
 /// Classifies a response write of `len` bytes (`whole`: captured whole, not cut or failed) on
@@ -383,9 +438,8 @@ pub fn flush(template: &mut StreamTemplate, key: u64) {
 /// not looked at the template.
 #[inline(always)]
 pub fn flush_connection(key: u64, conn_id: u64) {
-    if let Some(template) = STREAM_TEMPLATES.get_ptr_mut(key) {
-        // SAFETY: map value pointer from the lookup (see `lookup`).
-        let batch = unsafe { &mut (*template).batch };
+    if let Some((_, template)) = find(key, conn_id) {
+        let batch = &mut template.batch;
         if batch.header.count > 0 && batch.header.conn_gen == conn_id {
             send(batch, key);
         }
@@ -393,20 +447,15 @@ pub fn flush_connection(key: u64, conn_id: u64) {
 }
 
 /// The fd stops naming connection `conn_id` (close): its waiting token events go out, and its
-/// entry goes, so the map holds live connections and a paused stream's waiting events are not
-/// what the LRU pushes out for a new connection.
+/// slot is freed for the next connection whose id picks it.
 #[inline(always)]
 pub fn forget_connection(key: u64, conn_id: u64) {
-    let Some(template) = STREAM_TEMPLATES.get_ptr_mut(key) else {
+    let Some((_, template)) = find(key, conn_id) else {
         return;
     };
-    // SAFETY: map value pointer from the lookup (see `lookup`).
-    let template = unsafe { &mut *template };
-    if template.conn_gen != conn_id {
-        return;
-    }
     send(&mut template.batch, key);
-    let _ = STREAM_TEMPLATES.remove(key);
+    template.conn_gen = 0;
+    template.key = 0;
 }
 
 #[inline(always)]
