@@ -105,11 +105,99 @@ pub fn sock_wanted_until() -> u64 {
 #[map]
 pub static FD_VERDICT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
 
-/// Per (tgid, fd): the connection the fd holds, from its accept (or dup) on; user space adds
-/// the connections that predate the agent. Removed at close. LRU: a process that exits with
-/// open connections leaves entries the next ones push out.
+/// Per (tgid, fd): the connection the fd holds, from its accept (or dup) on, for an fd whose
+/// slot in [`CONN_SLOTS`] another fd holds; user space adds the connections that predate the
+/// agent here. Removed at close. LRU: a process that exits with open connections leaves
+/// entries the next ones push out.
 #[map]
 pub static CONNS: LruHashMap<u64, ConnEntry> = LruHashMap::with_max_entries(65536, 0);
+
+/// The connections the kernel saw accepted (or dup'd), by a hash of (tgid, fd), each tagged
+/// with its key: every read and write of a traced process asks which connection its fd holds,
+/// and an array access is inlined by the verifier where [`CONNS`]' lookup is a helper call
+/// (~50 ns here). An fd whose slot another fd of a traced process holds goes to [`CONNS`]. A
+/// connection is in its slot when the slot names it, else in [`CONNS`] (or unknown). A slot
+/// of a process no longer traced (it exited: its fds closed without close(2)) is taken over.
+#[map]
+pub static CONN_SLOTS: Array<ConnSlot> = Array::with_max_entries(CONN_SLOT_COUNT, 0);
+
+const CONN_SLOT_COUNT: u32 = 1 << 16;
+
+/// A slot of [`CONN_SLOTS`]: the connection fd `key` ([`inferscope_common::fd_key`]) holds
+/// (0: free).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ConnSlot {
+    key: u64,
+    entry: ConnEntry,
+}
+
+#[inline(always)]
+fn conn_slot(key: u64) -> Option<*mut ConnSlot> {
+    // The top bits of a multiplicative hash: tgid and fd both spread over the slots.
+    let index = (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48) as u32;
+    CONN_SLOTS.get_ptr_mut(index & (CONN_SLOT_COUNT - 1))
+}
+
+/// The connection fd `key` ([`fd_key`]) holds, if the kernel knows one: a pointer into its map
+/// value (valid for the program's run; a racing close or accept on another CPU can only give
+/// the old or the new connection, which verdicts and user space tolerate).
+#[inline(always)]
+pub fn conn(key: u64) -> Option<*mut ConnEntry> {
+    if let Some(slot) = conn_slot(key) {
+        // SAFETY: a map value pointer from the lookup; the tag is read once.
+        unsafe {
+            if core::ptr::read_volatile(&(*slot).key) == key {
+                return Some(&mut (*slot).entry);
+            }
+        }
+    }
+    CONNS.get_ptr_mut(key)
+}
+
+/// Fd `key` now holds connection `entry` (an accept, a dup): its slot if free, already its
+/// own or left by a process no longer traced, else [`CONNS`].
+#[inline(always)]
+pub fn insert_conn(key: u64, entry: ConnEntry) {
+    if let Some(slot) = conn_slot(key) {
+        // SAFETY: a map value pointer from the lookup. The entry is written before the tag,
+        // so a reader that sees the tag reads this entry.
+        unsafe {
+            let held = core::ptr::read_volatile(&(*slot).key);
+            if held == key || held == 0 || !traced((held >> 32) as u32) {
+                (*slot).entry = entry;
+                core::ptr::write_volatile(&mut (*slot).key, key);
+                // Two colliding accepts on two CPUs in the same instant may interleave their
+                // stores: then neither keeps the slot and both go to the hash.
+                if core::ptr::read_volatile(&(*slot).key) == key
+                    && core::ptr::read_volatile(&(*slot).entry.id) == entry.id
+                {
+                    // A registration user space made for this fd (an older connection) goes.
+                    let _ = CONNS.remove(key);
+                    return;
+                }
+                if core::ptr::read_volatile(&(*slot).key) == key {
+                    core::ptr::write_volatile(&mut (*slot).key, 0);
+                }
+            }
+        }
+    }
+    let _ = CONNS.insert(key, entry, 0);
+}
+
+/// Fd `key` holds no connection any more (close).
+#[inline(always)]
+pub fn remove_conn(key: u64) {
+    if let Some(slot) = conn_slot(key) {
+        // SAFETY: a map value pointer from the lookup.
+        unsafe {
+            if core::ptr::read_volatile(&(*slot).key) == key {
+                core::ptr::write_volatile(&mut (*slot).key, 0);
+            }
+        }
+    }
+    let _ = CONNS.remove(key);
+}
 
 /// Close records of known connections that did not fit in the ring buffer, by connection id:
 /// user space takes them once it has read the ring empty, so a connection whose last records

@@ -15,8 +15,8 @@ use crate::{
     counters::bump,
     ctx::field,
     maps::{
-        CONN_REFS, CONNS, FD_VERDICT, Inflight, LOST_CLOSES, Shape, captures_unknown_fds,
-        clear_sock_wanted, forget_inflight, ignored, inflight_entry, save_inflight,
+        CONN_REFS, FD_VERDICT, Inflight, LOST_CLOSES, Shape, captures_unknown_fds,
+        clear_sock_wanted, forget_inflight, ignored, inflight_entry, remove_conn, save_inflight,
         sock_wanted_until, trace, traced, want_sock, watched,
     },
     ringbuf::output,
@@ -49,12 +49,13 @@ fn save(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), 
         // One lookup tells a connection from everything else, whatever the fd number's past.
         // SAFETY: the entry is copied out at once (`*known`); a racing update by another thread
         // can only give the old or the new connection, which verdicts and user space tolerate.
-        match unsafe { CONNS.get(key) } {
+        match crate::maps::conn(key) {
             Some(known) => {
-                if ignored(tgid, key, known.id) {
+                // SAFETY: a map value pointer from the lookup, copied out at once.
+                conn = unsafe { *known };
+                if ignored(tgid, key, conn.id) {
                     return Ok(());
                 }
-                conn = *known;
                 if conn.flags & CONN_TLS != 0 {
                     // Its bytes are ciphertext (not captured past the exit's EOF and error
                     // check); the SSL call or event loop moving them may tie its `SSL*`.
@@ -301,7 +302,8 @@ pub fn enter_shutdown(ctx: TracePointContext) -> u32 {
     // Only known connections: user space holds no state for anything else.
     // SAFETY: the entry is copied out at once; a racing change leaves an old or a new connection,
     // both handled downstream.
-    let Some(conn) = (unsafe { CONNS.get(key) }).copied() else {
+    // SAFETY: a map value pointer from the lookup, copied out at once.
+    let Some(conn) = crate::maps::conn(key).map(|conn| unsafe { *conn }) else {
         return 0;
     };
     if ignored(tgid, key, conn.id) {
@@ -340,8 +342,9 @@ pub fn enter_close(ctx: TracePointContext) -> u32 {
 pub fn close_fd(tgid: u32, tid: u32, fd: i32) -> Result<(), i32> {
     let key = fd_key(tgid, fd);
     // SAFETY: the entry is copied out at once (see `save`).
-    let conn = match unsafe { CONNS.get(key) } {
-        Some(conn) => *conn,
+    let conn = match crate::maps::conn(key) {
+        // SAFETY: a map value pointer from the lookup, copied out at once.
+        Some(conn) => unsafe { *conn },
         None => {
             if !captures_unknown_fds(tgid) {
                 // Not a connection; nothing downstream knows this fd.
@@ -359,7 +362,7 @@ pub fn close_fd(tgid: u32, tid: u32, fd: i32) -> Result<(), i32> {
     let (write_seq, read_seq, lost_heads) = crate::conn_seq::next(key);
     crate::conn_seq::forget(key);
     if conn.id != 0 {
-        let _ = CONNS.remove(key);
+        remove_conn(key);
         if conn.flags & CONN_SHARED != 0
             && let Some(refs) = CONN_REFS.get_ptr_mut(conn.id)
         {

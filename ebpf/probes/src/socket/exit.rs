@@ -21,7 +21,8 @@ use crate::{
     counters::bump,
     ctx::field,
     maps::{
-        CONN_REFS, CONNS, FD_VERDICT, Inflight, SCRATCH, Scratch, Shape, inflight_entry, traced,
+        CONN_REFS, FD_VERDICT, Inflight, SCRATCH, Scratch, Shape, inflight_entry, insert_conn,
+        traced,
     },
     ringbuf::{PRESSURE_PREFIX, PRESSURE_WHOLE, output},
 };
@@ -595,7 +596,7 @@ fn emit_compact_record(
 fn accepted(tgid: u32, tid: u32, fd: i32, inflight: &mut Inflight) {
     let key = fd_key(tgid, fd);
     // SAFETY: only whether an entry exists is read, not the value a racing CPU may change.
-    if unsafe { CONNS.get(key) }.is_some() {
+    if crate::maps::conn(key).is_some() {
         // The old connection left without a close we saw (close_range, io_uring): end it.
         let _ = close_fd(tgid, tid, fd);
     }
@@ -611,7 +612,7 @@ fn accepted(tgid: u32, tid: u32, fd: i32, inflight: &mut Inflight) {
         flags,
         _pad: 0,
     };
-    let _ = CONNS.insert(key, entry, 0);
+    insert_conn(key, entry);
     bump(Counter::ConnsAccepted);
     inflight.conn_id = entry.id;
     inflight.conn_flags = flags;
@@ -622,7 +623,7 @@ fn accepted(tgid: u32, tid: u32, fd: i32, inflight: &mut Inflight) {
 #[inline(always)]
 fn learn_sock(tgid: u32, inflight: &mut Inflight) {
     inflight.conn_flags |= CONN_INET;
-    if let Some(conn) = CONNS.get_ptr_mut(fd_key(tgid, inflight.fd)) {
+    if let Some(conn) = crate::maps::conn(fd_key(tgid, inflight.fd)) {
         // SAFETY: map value pointer from the lookup; only the id check matters for a race
         // with a close on another thread (the entry then belongs to nobody).
         unsafe {
@@ -647,7 +648,7 @@ fn dup(tgid: u32, tid: u32, inflight: &Inflight, newfd: i32) {
         let _ = close_fd(tgid, tid, newfd);
     }
     let old_key = fd_key(tgid, oldfd);
-    let Some(conn) = CONNS.get_ptr_mut(old_key) else {
+    let Some(conn) = crate::maps::conn(old_key) else {
         return;
     };
     // SAFETY: map value pointer from the lookup; a racing close on another thread can only
@@ -664,6 +665,6 @@ fn dup(tgid: u32, tid: u32, inflight: &Inflight, newfd: i32) {
     // SAFETY: the same map value pointer as above.
     unsafe { (*conn).flags = entry.flags };
     let _ = CONN_REFS.insert(entry.id, refs + 1, 0);
-    let _ = CONNS.insert(fd_key(tgid, newfd), entry, 0);
+    insert_conn(fd_key(tgid, newfd), entry);
     bump(Counter::ConnsDuplicated);
 }

@@ -38,7 +38,7 @@ use super::{
 };
 use crate::{
     counters::bump,
-    maps::{CONNS, Inflight, Scratch, Shape, ignored, traced},
+    maps::{Inflight, Scratch, Shape, ignored, traced},
 };
 
 /// Where the TLS probes build their records: apart from the syscall programs' buffer, because
@@ -364,7 +364,7 @@ fn tied(tgid: u32, ssl: u64) -> Option<(i32, ConnEntry)> {
 #[inline(always)]
 fn live_conn(tgid: u32, fd: i32, conn_id: u64) -> Option<ConnEntry> {
     // SAFETY: the entry is copied out at once (see `save` in enter.rs).
-    let conn = unsafe { CONNS.get(fd_key(tgid, fd)) }.copied()?;
+    let conn = unsafe { *crate::maps::conn(fd_key(tgid, fd))? };
     (conn.id == conn_id).then_some(conn)
 }
 
@@ -505,7 +505,7 @@ pub fn may_begin_tls(
 #[inline(always)]
 pub fn detected(pid_tgid: u64, fd: i32, conn_id: u64, write: bool) -> Option<ConnEntry> {
     let tgid = (pid_tgid >> 32) as u32;
-    let entry = CONNS.get_ptr_mut(fd_key(tgid, fd))?;
+    let entry = crate::maps::conn(fd_key(tgid, fd))?;
     // SAFETY: a map value pointer from the lookup; the id check keeps a racing close's new
     // connection unflagged.
     let conn = unsafe {

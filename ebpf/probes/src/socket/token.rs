@@ -32,7 +32,7 @@ use inferscope_common::{
 
 use crate::{
     counters::{add, bump},
-    maps::CONNS,
+    maps::conn,
     ringbuf::{output, under_pressure},
 };
 
@@ -86,7 +86,7 @@ fn free_slot(conn_id: u64) -> Option<u32> {
             return Some(index);
         }
         // SAFETY: only the id is read, copied out at once.
-        let alive = unsafe { CONNS.get(slot.key) }.is_some_and(|conn| conn.id == slot.conn_gen);
+        let alive = conn(slot.key).is_some_and(|conn| unsafe { (*conn).id } == slot.conn_gen);
         if !alive {
             send(&mut slot.batch, slot.key);
             return Some(index);
