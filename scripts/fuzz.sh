@@ -7,7 +7,8 @@
 # connection_tracker (the per-connection tracker under dropped records, truncated captures and
 # stray bytes), pickle_reader (the inert pickle reader and SGLang's IPC decoder), http2_decoder
 # (HTTP/2 framing, HPACK and gRPC messages per stream, fresh and mid-connection; the protobuf
-# reader of engines' gRPC request ids).
+# reader of engines' gRPC request ids), kernel_btf (the kernel BTF reader behind the accept's
+# socket walk).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-30}"

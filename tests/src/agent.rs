@@ -34,9 +34,15 @@ impl Recorder {
     /// `inferscope record <target args> --out DIR/records.jsonl --counters DIR/counters.json`,
     /// logs to DIR/agent.log.
     pub fn start(dir: &Path, target: &[&str]) -> Recorder {
+        Self::start_with_env(dir, target, &[])
+    }
+
+    /// [`Recorder::start`] with extra environment variables.
+    pub fn start_with_env(dir: &Path, target: &[&str], env: &[(&str, &str)]) -> Recorder {
         let out = dir.join("records.jsonl");
         let log = dir.join("agent.log");
         let child = Command::new(binary())
+            .envs(env.iter().copied())
             .arg("record")
             .args(target)
             .arg("--out")

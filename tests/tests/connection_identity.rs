@@ -156,8 +156,37 @@ fn ms(v: &Value) -> f64 {
 
 #[test]
 fn fd_reuse_late_accept_and_server_close_match_the_wire() {
+    fd_reuse_late_accept_and_server_close(
+        "fd-reuse",
+        &[],
+        "an accepted connection's TCP socket is found from its fd at the accept",
+        false,
+    );
+}
+
+/// The same with the socket learnt at each connection's first read (tcp_rcv_space_adjust), as
+/// on a kernel with neither fexit nor BTF.
+#[test]
+fn fd_reuse_late_accept_and_server_close_match_the_wire_with_the_socket_from_the_first_read() {
+    fd_reuse_late_accept_and_server_close(
+        "fd-reuse-first-read",
+        &[("INFERSCOPE_ACCEPT_SOCKET", "first-read")],
+        "is learnt at its first read (tcp:tcp_rcv_space_adjust)",
+        true,
+    );
+}
+
+/// Where fexit is allowed (not on this project's VM) the accept hook names the socket and
+/// neither fallback runs: `mechanism` is then not in the log. `from_read`: each connection's
+/// socket is learnt at its first read (else never there).
+fn fd_reuse_late_accept_and_server_close(
+    name: &str,
+    env: &[(&str, &str)],
+    mechanism: &str,
+    from_read: bool,
+) {
     const PER: usize = 10;
-    let dir = tempdir("fd-reuse");
+    let dir = tempdir(name);
     let port = free_port();
     let mut server = Command::new(engine::python())
         .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("engine/fd_reuse_server.py"))
@@ -176,8 +205,16 @@ fn fd_reuse_late_accept_and_server_close_match_the_wire() {
 
     let pcap_path = dir.join("lo.pcap");
     let dump = tcpdump(&pcap_path, port);
-    let mut recorder = Recorder::start(&dir, &["--port", &port.to_string()]);
+    let mut recorder = Recorder::start_with_env(&dir, &["--port", &port.to_string()], env);
     recorder.wait_attached(pid, Duration::from_secs(30));
+    let fexit = !recorder
+        .log_text()
+        .contains("fexit on inet_csk_accept unavailable");
+    assert!(
+        fexit || recorder.log_text().contains(mechanism),
+        "the socket is not learnt the way this test runs: {}",
+        recorder.log_text()
+    );
 
     let scenarios = [
         "file-before-accept",
@@ -270,6 +307,14 @@ fn fd_reuse_late_accept_and_server_close_match_the_wire() {
         on_wire as u64,
         "{log}"
     );
+    if !fexit {
+        let learnt_at_read = counters.get("kernel_conn_sock_from_read");
+        if from_read {
+            assert!(learnt_at_read >= on_wire as u64, "{log}");
+        } else {
+            assert_eq!(learnt_at_read, 0, "{log}");
+        }
+    }
 }
 
 #[test]

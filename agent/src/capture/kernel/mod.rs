@@ -1,8 +1,10 @@
 //! The kernel side of capture: loading and attaching the eBPF programs and owning their maps
 //! ([`probes`]), turning ring-buffer bytes into typed events ([`records`], with large sends and
 //! receives rejoined from their chunks in [`chunks`]), the tracepoint layouts this kernel uses
-//! ([`tracefs`]), the token-event template the exit program compares ([`stream_template`]), and
-//! what the agent's capabilities allow on this kernel ([`privileges`]).
+//! ([`tracefs`]) and struct member offsets it has ([`btf`]), the token-event template the exit
+//! program compares ([`stream_template`]), and what the agent's capabilities allow on this
+//! kernel ([`privileges`]).
+pub mod btf;
 pub(crate) mod chunks;
 pub(crate) mod privileges;
 pub(crate) mod probes;

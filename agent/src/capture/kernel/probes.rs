@@ -17,7 +17,10 @@ use inferscope_common::{
 };
 use tracing::{debug, info, warn};
 
-use crate::capture::kernel::tracefs::{self, Format, TcpProbeOffsets};
+use crate::capture::kernel::{
+    btf::SocketWalk,
+    tracefs::{self, Format, TcpProbeOffsets},
+};
 
 /// Sizes of the kernel-side buffers.
 #[derive(Debug, Clone, Copy)]
@@ -218,6 +221,8 @@ pub struct SocketProbes {
     sock_hook: bool,
     /// Why fexit on inet_csk_accept could not be attached, when it could not.
     sock_hook_refused: Option<String>,
+    /// The accept's exit finds the new fd's socket (offsets from the kernel's BTF).
+    socket_walk: bool,
     /// Processes whose sends/receives are captured whole, in chunks (see LARGE_CAPTURE).
     large_capture: HashMap<MapData, u32, u32>,
     counters: PerCpuArray<MapData, u64>,
@@ -304,7 +309,25 @@ impl SocketProbes {
                 inferscope_common::MAX_IOV
             );
         }
+        let walk = accept_socket_walk();
+        let w = walk.as_ref().copied().unwrap_or(SocketWalk {
+            task_files: 0,
+            files_fdt: 0,
+            fdt_max_fds: 0,
+            fdt_fd: 0,
+            file_private_data: 0,
+            socket_sk: 0,
+            sock_family: 0,
+        });
         let mut ebpf = EbpfLoader::new()
+            .override_global("SOCK_WALK", &u32::from(walk.is_ok()), true)
+            .override_global("SOCK_WALK_TASK_FILES", &w.task_files, true)
+            .override_global("SOCK_WALK_FILES_FDT", &w.files_fdt, true)
+            .override_global("SOCK_WALK_FDT_MAX_FDS", &w.fdt_max_fds, true)
+            .override_global("SOCK_WALK_FDT_FD", &w.fdt_fd, true)
+            .override_global("SOCK_WALK_FILE_PRIVATE_DATA", &w.file_private_data, true)
+            .override_global("SOCK_WALK_SOCKET_SK", &w.socket_sk, true)
+            .override_global("SOCK_WALK_SOCK_FAMILY", &w.sock_family, true)
             .override_global("BPF_LOOP_IOVECS", &loop_iovecs, true)
             .override_global("SOCK_STATE_SKADDR", &s_skaddr, true)
             .override_global("SOCK_STATE_OLDSTATE", &s_old, true)
@@ -384,14 +407,21 @@ impl SocketProbes {
         let sock_hook_refused = match attach_accept_hook(&mut ebpf) {
             Ok(()) => None,
             Err(e) => {
-                info!(
-                    "fexit on inet_csk_accept unavailable ({e}): an accepted connection's TCP socket is learnt at its first read (tcp:tcp_rcv_space_adjust)"
-                );
-                attach_read_sock_hook(&mut ebpf)?;
+                match &walk {
+                    Ok(_) => info!(
+                        "fexit on inet_csk_accept unavailable ({e}): an accepted connection's TCP socket is found from its fd at the accept (struct offsets from the kernel's BTF)"
+                    ),
+                    Err(why) => {
+                        info!(
+                            "fexit on inet_csk_accept unavailable ({e}), and {why}: an accepted connection's TCP socket is learnt at its first read (tcp:tcp_rcv_space_adjust)"
+                        );
+                        attach_read_sock_hook(&mut ebpf)?;
+                    }
+                }
                 Some(e)
             }
         };
-        let sock_hook = sock_hook_refused.is_none();
+        let sock_hook = sock_hook_refused.is_none() || walk.is_ok();
         // Engine scheduler uprobes are loaded now and attached per process when one is found.
         // tls_record is loaded below, where its failure is named as the record program's.
         for (name, program) in ebpf.programs_mut() {
@@ -476,6 +506,7 @@ impl SocketProbes {
             verdict_pids,
             sock_hook,
             sock_hook_refused,
+            socket_walk: walk.is_ok(),
             large_capture,
             counters,
             unattached,
@@ -588,6 +619,12 @@ impl SocketProbes {
     /// Why fexit on inet_csk_accept is not attached (None: it is).
     pub fn sock_hook_refused(&self) -> Option<&str> {
         self.sock_hook_refused.as_deref()
+    }
+
+    /// Whether the accept's exit finds a new connection's socket from its fd, where fexit is
+    /// refused (else its first read learns it).
+    pub fn socket_walk(&self) -> bool {
+        self.socket_walk
     }
 
     pub fn watch_port(&mut self, port: u16) {
@@ -870,6 +907,19 @@ fn attach_accept_hook(ebpf: &mut Ebpf) -> Result<(), String> {
         .map_err(|e| format!("loading: {e}"))?;
     program.attach().map_err(|e| format!("attaching: {e}"))?;
     Ok(())
+}
+
+/// Set to `first-read`, the accept's exit does not look for a new connection's socket from its
+/// fd: its first read learns it, as on a kernel without BTF (a workaround should the walk
+/// misread an unusual kernel; the tests run both ways).
+const ACCEPT_SOCKET_ENV: &str = "INFERSCOPE_ACCEPT_SOCKET";
+
+/// The offsets for the accept's socket walk, or why it is off.
+fn accept_socket_walk() -> Result<SocketWalk, String> {
+    if std::env::var(ACCEPT_SOCKET_ENV).is_ok_and(|v| v == "first-read") {
+        return Err(format!("{ACCEPT_SOCKET_ENV}=first-read"));
+    }
+    super::btf::socket_walk()
 }
 
 /// Without fexit, tcp:tcp_rcv_space_adjust (in the reading thread, on every TCP read of the

@@ -51,6 +51,15 @@ pub(crate) fn gather(mut probes: Result<&mut SocketProbes, String>, options: &Op
             );
             match probes.sock_hook_refused() {
                 None => report.push(Status::Ok, "fexit", "fexit on inet_csk_accept attached"),
+                Some(why) if probes.socket_walk() => report.push(
+                    Status::Ok,
+                    "fexit",
+                    format!(
+                        "fexit on inet_csk_accept refused ({}): an accepted connection's socket is found from its fd at the accept (struct offsets from the kernel's BTF)",
+                        why.trim_end_matches([' ', ':'])
+                            .trim_end_matches(". Verifier output")
+                    ),
+                ),
                 Some(why) => report.push(
                     Status::Warn,
                     "fexit",

@@ -298,6 +298,10 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
         return Ok(());
     }
     let fd = ret as i32;
+    if inflight.sock == 0 {
+        // No fexit on inet_csk_accept: the socket from the new fd.
+        inflight.sock = super::sock_walk::tcp_socket(fd);
+    }
     accepted(tgid, pid_tgid as u32, fd, &mut inflight);
     let scratch = SCRATCH.get_ptr_mut(0).ok_or(0)?;
     // SAFETY: a per-CPU map value, valid for the map's life; syscall programs run with

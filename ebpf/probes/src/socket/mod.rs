@@ -3,5 +3,6 @@
 mod copy;
 mod enter;
 mod exit;
+mod sock_walk;
 mod tls;
 mod token;

@@ -1,0 +1,375 @@
+//! The few struct member offsets the kernel programs need to find an accepted connection's
+//! socket from its fd (task → files → fd table → file → socket → sock) where fexit is refused,
+//! read from the kernel's own type information (`/sys/kernel/btf/vmlinux`): those structs
+//! change between releases and configurations, so no offset is compiled in. A minimal reader
+//! of the BTF format (header, type section, string section): it walks every type record once
+//! and answers member offsets by struct and member name, through anonymous structs and unions.
+//! The bytes come from a file: every length and offset is checked, nothing panics.
+
+/// The kernel's BTF, as sysfs exposes it.
+pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
+
+const MAGIC: u16 = 0xeb9f;
+const HEADER_LEN: usize = 24;
+
+const KIND_INT: u32 = 1;
+const KIND_ARRAY: u32 = 3;
+const KIND_STRUCT: u32 = 4;
+const KIND_UNION: u32 = 5;
+const KIND_ENUM: u32 = 6;
+const KIND_TYPEDEF: u32 = 8;
+const KIND_VOLATILE: u32 = 9;
+const KIND_CONST: u32 = 10;
+const KIND_RESTRICT: u32 = 11;
+const KIND_FUNC_PROTO: u32 = 13;
+const KIND_VAR: u32 = 14;
+const KIND_DATASEC: u32 = 15;
+const KIND_DECL_TAG: u32 = 17;
+const KIND_TYPE_TAG: u32 = 18;
+const KIND_ENUM64: u32 = 19;
+/// Kinds past this are unknown to this reader (their record length too): it stops there.
+const KIND_MAX: u32 = 19;
+
+/// How deep anonymous members nest before the reader gives up (the kernel's go 3 deep).
+const MAX_NESTING: usize = 8;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BtfError {
+    #[error("not BTF (magic {0:#06x}): the kernel's type information is unreadable")]
+    Magic(u16),
+    #[error("BTF is cut short: its {0} runs past the end of the data")]
+    Truncated(&'static str),
+    #[error("BTF is big-endian or another version than 1")]
+    Unsupported,
+    #[error("BTF has a type of kind {kind} (type {id}) this reader does not know")]
+    UnknownKind { kind: u32, id: usize },
+}
+
+/// One type record: what member lookups need of it.
+#[derive(Debug, Clone, Copy)]
+struct Type {
+    kind: u32,
+    name_off: u32,
+    /// The referenced type (modifiers, typedefs).
+    size_or_type: u32,
+    vlen: u32,
+    kind_flag: bool,
+    /// Offset of the record's extra data (members) in the type section.
+    extra: usize,
+}
+
+/// The parsed type and string sections.
+pub struct Btf<'a> {
+    types_section: &'a [u8],
+    strings: &'a [u8],
+    /// Type id `i` is `types[i - 1]` (id 0 is void).
+    types: Vec<Type>,
+}
+
+fn u16_at(data: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_le_bytes(data.get(at..at + 2)?.try_into().ok()?))
+}
+
+fn u32_at(data: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(data.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn section<'a>(
+    data: &'a [u8],
+    start: usize,
+    len: usize,
+    name: &'static str,
+) -> Result<&'a [u8], BtfError> {
+    start
+        .checked_add(len)
+        .and_then(|end| data.get(start..end))
+        .ok_or(BtfError::Truncated(name))
+}
+
+impl<'a> Btf<'a> {
+    pub fn parse(data: &'a [u8]) -> Result<Self, BtfError> {
+        let magic = u16_at(data, 0).ok_or(BtfError::Truncated("header"))?;
+        if magic != MAGIC {
+            return Err(BtfError::Magic(magic));
+        }
+        if data.get(2) != Some(&1) {
+            return Err(BtfError::Unsupported);
+        }
+        let field = |at| {
+            u32_at(data, at)
+                .map(|v| v as usize)
+                .ok_or(BtfError::Truncated("header"))
+        };
+        let header_len = field(4)?.max(HEADER_LEN);
+        let (type_off, type_len) = (field(8)?, field(12)?);
+        let (str_off, str_len) = (field(16)?, field(20)?);
+        let types_section = section(
+            data,
+            header_len.saturating_add(type_off),
+            type_len,
+            "type section",
+        )?;
+        let strings = section(
+            data,
+            header_len.saturating_add(str_off),
+            str_len,
+            "string section",
+        )?;
+        let mut types = Vec::new();
+        let mut at = 0;
+        while at < types_section.len() {
+            let word = |i: usize| {
+                u32_at(types_section, at + 4 * i).ok_or(BtfError::Truncated("type section"))
+            };
+            let (name_off, info, size_or_type) = (word(0)?, word(1)?, word(2)?);
+            let kind = (info >> 24) & 0x1f;
+            let vlen = info & 0xffff;
+            let extra = at + 12;
+            let extra_len = match kind {
+                KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
+                KIND_ARRAY => 12,
+                KIND_STRUCT | KIND_UNION | KIND_DATASEC | KIND_ENUM64 => 12 * vlen as usize,
+                KIND_ENUM | KIND_FUNC_PROTO => 8 * vlen as usize,
+                k if k > KIND_MAX || k == 0 => {
+                    return Err(BtfError::UnknownKind {
+                        kind: k,
+                        id: types.len() + 1,
+                    });
+                }
+                _ => 0,
+            };
+            types.push(Type {
+                kind,
+                name_off,
+                size_or_type,
+                vlen,
+                kind_flag: info >> 31 == 1,
+                extra,
+            });
+            at = extra + extra_len;
+        }
+        if at > types_section.len() {
+            return Err(BtfError::Truncated("type section"));
+        }
+        Ok(Self {
+            types_section,
+            strings,
+            types,
+        })
+    }
+
+    fn name(&self, off: u32) -> &[u8] {
+        let rest = self.strings.get(off as usize..).unwrap_or_default();
+        let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+        &rest[..end]
+    }
+
+    fn get(&self, id: u32) -> Option<&Type> {
+        self.types.get((id as usize).checked_sub(1)?)
+    }
+
+    /// The struct or union `id` names once typedefs and modifiers are peeled off.
+    fn composite(&self, mut id: u32) -> Option<&Type> {
+        for _ in 0..MAX_NESTING {
+            let ty = self.get(id)?;
+            match ty.kind {
+                KIND_STRUCT | KIND_UNION => return Some(ty),
+                KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => {
+                    id = ty.size_or_type;
+                }
+                _ => return None,
+            }
+        }
+        None
+    }
+
+    /// Byte offset of member `member` of `ty`, looking into anonymous members.
+    fn member_in(&self, ty: &Type, member: &str, depth: usize) -> Option<u32> {
+        if depth > MAX_NESTING {
+            return None;
+        }
+        for i in 0..ty.vlen as usize {
+            let at = ty.extra + 12 * i;
+            let name_off = u32_at(self.types_section, at)?;
+            let member_type = u32_at(self.types_section, at + 4)?;
+            let raw = u32_at(self.types_section, at + 8)?;
+            // With kind_flag the top 8 bits are a bitfield's size and the rest its bit offset.
+            let bits = if ty.kind_flag { raw & 0x00ff_ffff } else { raw };
+            if name_off == 0 {
+                if let Some(inner) = self.composite(member_type)
+                    && let Some(offset) = self.member_in(inner, member, depth + 1)
+                {
+                    return (bits % 8 == 0)
+                        .then(|| (bits / 8).checked_add(offset))
+                        .flatten();
+                }
+            } else if self.name(name_off) == member.as_bytes() {
+                return (bits % 8 == 0).then_some(bits / 8);
+            }
+        }
+        None
+    }
+
+    /// Byte offset of member `member` in `struct name` (its full definition, not a forward
+    /// declaration), or None.
+    pub fn member_offset(&self, name: &str, member: &str) -> Option<u32> {
+        self.types
+            .iter()
+            .filter(|ty| ty.kind == KIND_STRUCT && ty.vlen > 0)
+            .filter(|ty| self.name(ty.name_off) == name.as_bytes())
+            .find_map(|ty| self.member_in(ty, member, 0))
+    }
+}
+
+/// Where each pointer of the walk from the current task to an fd's socket sits, and the
+/// socket's address family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SocketWalk {
+    pub task_files: u32,
+    pub files_fdt: u32,
+    pub fdt_max_fds: u32,
+    pub fdt_fd: u32,
+    pub file_private_data: u32,
+    pub socket_sk: u32,
+    pub sock_family: u32,
+}
+
+impl SocketWalk {
+    /// The offsets from `btf`, or the first (struct, member) it lacks.
+    pub fn from_btf(btf: &Btf<'_>) -> Result<Self, (&'static str, &'static str)> {
+        let offset = |s: &'static str, m: &'static str| btf.member_offset(s, m).ok_or((s, m));
+        Ok(Self {
+            task_files: offset("task_struct", "files")?,
+            files_fdt: offset("files_struct", "fdt")?,
+            fdt_max_fds: offset("fdtable", "max_fds")?,
+            fdt_fd: offset("fdtable", "fd")?,
+            file_private_data: offset("file", "private_data")?,
+            socket_sk: offset("socket", "sk")?,
+            sock_family: offset("sock_common", "skc_family")?,
+        })
+    }
+}
+
+/// The walk's offsets from the running kernel's BTF, or why there are none.
+pub fn socket_walk() -> Result<SocketWalk, String> {
+    let data = std::fs::read(VMLINUX).map_err(|e| format!("no kernel BTF ({VMLINUX}: {e})"))?;
+    let btf = Btf::parse(&data).map_err(|e| e.to_string())?;
+    SocketWalk::from_btf(&btf)
+        .map_err(|(s, m)| format!("the kernel's BTF has no member {m} in struct {s}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A BTF blob: `types` are (name, info, size_or_type, extra words), `strings` the string
+    /// section (offset 0 is the empty name).
+    fn blob(types: &[(u32, u32, u32, Vec<u32>)], strings: &[u8]) -> Vec<u8> {
+        let mut section = Vec::new();
+        for (name, info, size, extra) in types {
+            for w in [*name, *info, *size].iter().chain(extra) {
+                section.extend_from_slice(&w.to_le_bytes());
+            }
+        }
+        let mut out = Vec::new();
+        out.extend_from_slice(&MAGIC.to_le_bytes());
+        out.extend_from_slice(&[1, 0]);
+        for w in [
+            HEADER_LEN as u32,
+            0,
+            section.len() as u32,
+            section.len() as u32,
+            strings.len() as u32,
+        ] {
+            out.extend_from_slice(&w.to_le_bytes());
+        }
+        out.extend_from_slice(&section);
+        out.extend_from_slice(strings);
+        out
+    }
+
+    fn info(kind: u32, vlen: u32) -> u32 {
+        (kind << 24) | vlen
+    }
+
+    #[test]
+    fn finds_members_directly_and_through_anonymous_unions() {
+        // "\0int\0outer\0a\0b\0c\0"
+        let strings = b"\0int\0outer\0a\0b\0c\0";
+        let (int, outer, a, b, c) = (1, 5, 11, 13, 15);
+        let types = [
+            // 1: int
+            (int, info(KIND_INT, 0), 4, vec![32]),
+            // 2: union { int b; int c; }
+            (0, info(KIND_UNION, 2), 4, vec![b, 1, 0, c, 1, 0]),
+            // 3: const union (a modifier in the way)
+            (0, info(KIND_CONST, 0), 2, vec![]),
+            // 4: struct outer { int a; <anonymous const union> at byte 8; }
+            (outer, info(KIND_STRUCT, 2), 16, vec![a, 1, 0, 0, 3, 64]),
+            // 5: a forward declaration of the same name comes first in real BTF sometimes
+            (outer, 7 << 24, 0, vec![]),
+        ];
+        let data = blob(&types, strings);
+        let btf = Btf::parse(&data).unwrap();
+        assert_eq!(btf.member_offset("outer", "a"), Some(0));
+        assert_eq!(btf.member_offset("outer", "b"), Some(8));
+        assert_eq!(btf.member_offset("outer", "c"), Some(8));
+        assert_eq!(btf.member_offset("outer", "d"), None);
+        assert_eq!(btf.member_offset("int", "a"), None);
+    }
+
+    #[test]
+    fn bitfield_offsets_under_kind_flag() {
+        let strings = b"\0s\0x\0y\0";
+        let types = [
+            (0, info(KIND_INT, 0), 4, vec![32]),
+            // kind_flag: member offsets carry a bitfield size in the top byte.
+            (
+                1,
+                info(KIND_STRUCT, 2) | 1 << 31,
+                8,
+                vec![3, 1, (3 << 24) | 5, 5, 1, 32],
+            ),
+        ];
+        let data = blob(&types, strings);
+        let btf = Btf::parse(&data).unwrap();
+        // A bitfield not on a byte boundary has no byte offset.
+        assert_eq!(btf.member_offset("s", "x"), None);
+        assert_eq!(btf.member_offset("s", "y"), Some(4));
+    }
+
+    #[test]
+    fn damaged_blobs_are_errors_not_panics() {
+        let strings = b"\0s\0x\0";
+        let types = [(1, info(KIND_STRUCT, 1), 4, vec![3, 0, 0])];
+        let data = blob(&types, strings);
+        for len in 0..data.len() {
+            let _ = Btf::parse(&data[..len]).map(|btf| btf.member_offset("s", "x"));
+        }
+        let mut bad = data.clone();
+        bad[0] = 0;
+        assert!(matches!(Btf::parse(&bad), Err(BtfError::Magic(_))));
+        let mut unknown = data.clone();
+        unknown[HEADER_LEN + 7] = 30; // kind 30
+        assert!(matches!(
+            Btf::parse(&unknown),
+            Err(BtfError::UnknownKind { kind: 30, id: 1 })
+        ));
+    }
+
+    /// The running kernel's own BTF (every supported kernel has it: the agent needs 5.15+).
+    #[test]
+    fn the_running_kernels_socket_walk_offsets() {
+        let data = std::fs::read(VMLINUX).expect("kernel BTF at /sys/kernel/btf/vmlinux");
+        let btf = Btf::parse(&data).unwrap();
+        let walk = SocketWalk::from_btf(&btf).unwrap();
+        // Stable since 2.6: fdtable opens with max_fds, then the fd array.
+        assert_eq!(walk.fdt_max_fds, 0);
+        assert_eq!(walk.fdt_fd, 8);
+        // struct socket { state; type; flags; file; sk; ... } on 64-bit.
+        assert_eq!(walk.socket_sk, 24);
+        // sock_common: the address pair, the hash, the port pair, then the family.
+        assert_eq!(walk.sock_family, 16);
+        assert!(walk.task_files > 0 && walk.files_fdt > 0 && walk.file_private_data > 0);
+    }
+}

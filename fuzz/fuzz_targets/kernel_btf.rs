@@ -1,0 +1,17 @@
+//! Feeds arbitrary bytes to the kernel BTF reader (the accept's socket walk takes its struct
+//! offsets from /sys/kernel/btf/vmlinux). Beyond "never panics" (nested anonymous members'
+//! offsets add up without overflow): an answer is the same when asked again.
+#![no_main]
+
+use inferscope::capture::kernel::btf::{Btf, SocketWalk};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(btf) = Btf::parse(data) else {
+        return;
+    };
+    for (name, member) in [("task_struct", "files"), ("s", "x"), ("", ""), ("outer", "b")] {
+        assert_eq!(btf.member_offset(name, member), btf.member_offset(name, member));
+    }
+    let _ = SocketWalk::from_btf(&btf);
+});
