@@ -10,8 +10,16 @@ fuzz_target!(|data: &[u8]| {
     let Ok(btf) = Btf::parse(data) else {
         return;
     };
-    for (name, member) in [("task_struct", "files"), ("s", "x"), ("", ""), ("outer", "b")] {
-        assert_eq!(btf.member_offset(name, member), btf.member_offset(name, member));
+    for (name, member) in [
+        ("task_struct", "files"),
+        ("s", "x"),
+        ("", ""),
+        ("outer", "b"),
+    ] {
+        assert_eq!(
+            btf.member_offset(name, member),
+            btf.member_offset(name, member)
+        );
     }
     let _ = SocketWalk::from_btf(&btf);
 });

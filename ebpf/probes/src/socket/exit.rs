@@ -299,7 +299,7 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
     }
     let fd = ret as i32;
     if inflight.sock == 0 {
-        // No fexit on inet_csk_accept: the socket from the new fd.
+        // No socket from fexit on inet_csk_accept (refused, or not a TCP accept): from the fd.
         inflight.sock = super::sock_walk::tcp_socket(fd);
     }
     accepted(tgid, pid_tgid as u32, fd, &mut inflight);
