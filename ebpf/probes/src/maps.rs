@@ -123,7 +123,7 @@ pub static CONN_SLOTS: Array<ConnSlot> = Array::with_max_entries(CONN_SLOT_COUNT
 
 const CONN_SLOT_COUNT: u32 = 1 << 16;
 
-/// A slot of [`CONN_SLOTS`]: the connection fd `key` ([`inferscope_common::fd_key`]) holds
+/// A slot of [`CONN_SLOTS`]: the connection fd `key` (`fd_key`) holds
 /// (0: free).
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -139,9 +139,8 @@ fn conn_slot(key: u64) -> Option<*mut ConnSlot> {
     CONN_SLOTS.get_ptr_mut(index & (CONN_SLOT_COUNT - 1))
 }
 
-/// The connection fd `key` ([`fd_key`]) holds, if the kernel knows one: a pointer into its map
-/// value (valid for the program's run; a racing close or accept on another CPU can only give
-/// the old or the new connection, which verdicts and user space tolerate).
+/// The connection fd `key` (`fd_key`) holds, if the kernel knows one: a pointer into its map
+/// value, valid for the program's run, for changing it in place ([`conn_entry`] copies it).
 #[inline(always)]
 pub fn conn(key: u64) -> Option<*mut ConnEntry> {
     if let Some(slot) = conn_slot(key) {
@@ -153,6 +152,15 @@ pub fn conn(key: u64) -> Option<*mut ConnEntry> {
         }
     }
     CONNS.get_ptr_mut(key)
+}
+
+/// A copy of the connection fd `key` holds, if the kernel knows one (a racing close or accept on
+/// another CPU can only give the old or the new connection, which verdicts and user space
+/// tolerate).
+#[inline(always)]
+pub fn conn_entry(key: u64) -> Option<ConnEntry> {
+    // SAFETY: a map value pointer from the lookup, copied out at once.
+    conn(key).map(|entry| unsafe { *entry })
 }
 
 /// Fd `key` now holds connection `entry` (an accept, a dup): its slot if free, already its

@@ -223,7 +223,7 @@ impl<'a> Btf<'a> {
 
 /// Where each pointer of the walk from the current task to an fd's socket sits, and the
 /// socket's address family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SocketWalk {
     pub task_files: u32,
     pub files_fdt: u32,

@@ -310,15 +310,7 @@ impl SocketProbes {
             );
         }
         let walk = accept_socket_walk();
-        let w = walk.as_ref().copied().unwrap_or(SocketWalk {
-            task_files: 0,
-            files_fdt: 0,
-            fdt_max_fds: 0,
-            fdt_fd: 0,
-            file_private_data: 0,
-            socket_sk: 0,
-            sock_family: 0,
-        });
+        let w = walk.as_ref().copied().unwrap_or_default();
         let mut ebpf = EbpfLoader::new()
             .override_global("SOCK_WALK", &u32::from(walk.is_ok()), true)
             .override_global("SOCK_WALK_TASK_FILES", &w.task_files, true)

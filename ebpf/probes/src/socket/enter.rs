@@ -16,8 +16,8 @@ use crate::{
     ctx::field,
     maps::{
         CONN_REFS, FD_VERDICT, Inflight, LOST_CLOSES, Shape, captures_unknown_fds,
-        clear_sock_wanted, forget_inflight, ignored, inflight_entry, remove_conn, save_inflight,
-        sock_wanted_until, trace, traced, want_sock, watched,
+        clear_sock_wanted, conn_entry, forget_inflight, ignored, inflight_entry, remove_conn,
+        save_inflight, sock_wanted_until, trace, traced, want_sock, watched,
     },
     ringbuf::output,
 };
@@ -47,12 +47,9 @@ fn save(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), 
     if kind == SyscallKind::Read || kind == SyscallKind::Write {
         let key = fd_key(tgid, fd);
         // One lookup tells a connection from everything else, whatever the fd number's past.
-        // SAFETY: the entry is copied out at once (`*known`); a racing update by another thread
-        // can only give the old or the new connection, which verdicts and user space tolerate.
-        match crate::maps::conn(key) {
+        match conn_entry(key) {
             Some(known) => {
-                // SAFETY: a map value pointer from the lookup, copied out at once.
-                conn = unsafe { *known };
+                conn = known;
                 if ignored(tgid, key, conn.id) {
                     return Ok(());
                 }
@@ -300,10 +297,7 @@ pub fn enter_shutdown(ctx: TracePointContext) -> u32 {
     let fd = fd as i32;
     let key = fd_key(tgid, fd);
     // Only known connections: user space holds no state for anything else.
-    // SAFETY: the entry is copied out at once; a racing change leaves an old or a new connection,
-    // both handled downstream.
-    // SAFETY: a map value pointer from the lookup, copied out at once.
-    let Some(conn) = crate::maps::conn(key).map(|conn| unsafe { *conn }) else {
+    let Some(conn) = conn_entry(key) else {
         return 0;
     };
     if ignored(tgid, key, conn.id) {
@@ -341,10 +335,8 @@ pub fn enter_close(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 pub fn close_fd(tgid: u32, tid: u32, fd: i32) -> Result<(), i32> {
     let key = fd_key(tgid, fd);
-    // SAFETY: the entry is copied out at once (see `save`).
-    let conn = match crate::maps::conn(key) {
-        // SAFETY: a map value pointer from the lookup, copied out at once.
-        Some(conn) => unsafe { *conn },
+    let conn = match conn_entry(key) {
+        Some(conn) => conn,
         None => {
             if !captures_unknown_fds(tgid) {
                 // Not a connection; nothing downstream knows this fd.

@@ -90,7 +90,7 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
     // preemption off and do not nest on a CPU, so this reference is the only one to it.
     let payload = unsafe { &mut (*scratch).payload };
     let copied = match token_candidate(tgid, &inflight, ret) {
-        Some(template) => {
+        Some((key, template)) => {
             let copied = copy_whole(&inflight, ret as usize, payload);
             if copied.1 == 0
                 && super::token::is_token(template, inflight.conn_id, payload, copied.0)
@@ -101,7 +101,6 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
                     conn_gen: inflight.conn_id,
                     conn_flags: inflight.conn_flags,
                 };
-                let key = fd_key(tgid, inflight.fd);
                 super::token::batch(template, key, &writer, inflight.ts_enter_ns, ret as u32);
                 return Ok(());
             }
@@ -119,7 +118,8 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
     Ok(())
 }
 
-/// The armed template of the connection this write may be a token event of: a write of one
+/// The fd's key and the armed template of the connection this write may be a token event of:
+/// a write of one
 /// buffer, short enough to be one and to be captured whole. Such writes (most of a stream's)
 /// are classified here, and a token event joins its connection's batch without the tail call
 /// and the hand-over to `exit_record`; anything else (a head, a miss, an unarmed connection)
@@ -129,7 +129,7 @@ fn token_candidate(
     tgid: u32,
     inflight: &Inflight,
     ret: i64,
-) -> Option<&'static mut StreamTemplate> {
+) -> Option<(u64, &'static mut StreamTemplate)> {
     if inflight.kind != SyscallKind::Write as u8
         || inflight.shape != Shape::Buffer
         || inflight.conn_id == 0
@@ -139,8 +139,9 @@ fn token_candidate(
     {
         return None;
     }
-    let template = super::token::lookup(fd_key(tgid, inflight.fd), inflight.conn_id)?;
-    (template.armed != 0).then_some(template)
+    let key = fd_key(tgid, inflight.fd);
+    let template = super::token::lookup(key, inflight.conn_id)?;
+    (template.armed != 0).then_some((key, template))
 }
 
 /// [`copy_into`] of a one-buffer write of `len` bytes the capture limit holds.
@@ -599,7 +600,6 @@ fn emit_compact_record(
 #[inline(always)]
 fn accepted(tgid: u32, tid: u32, fd: i32, inflight: &mut Inflight) {
     let key = fd_key(tgid, fd);
-    // SAFETY: only whether an entry exists is read, not the value a racing CPU may change.
     if crate::maps::conn(key).is_some() {
         // The old connection left without a close we saw (close_range, io_uring): end it.
         let _ = close_fd(tgid, tid, fd);

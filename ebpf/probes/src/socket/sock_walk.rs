@@ -43,7 +43,7 @@ fn read<T: Copy>(address: u64) -> Option<T> {
 
 /// Whether user space found the offsets (else the first-read fallback is attached).
 #[inline(always)]
-pub fn enabled() -> bool {
+fn enabled() -> bool {
     offset(&SOCK_WALK) == 1
 }
 

@@ -363,8 +363,7 @@ fn tied(tgid: u32, ssl: u64) -> Option<(i32, ConnEntry)> {
 /// The connection fd `fd` of `tgid` holds, if it is still `conn_id`.
 #[inline(always)]
 fn live_conn(tgid: u32, fd: i32, conn_id: u64) -> Option<ConnEntry> {
-    // SAFETY: the entry is copied out at once (see `save` in enter.rs).
-    let conn = unsafe { *crate::maps::conn(fd_key(tgid, fd))? };
+    let conn = crate::maps::conn_entry(fd_key(tgid, fd))?;
     (conn.id == conn_id).then_some(conn)
 }
 

@@ -32,7 +32,7 @@ use inferscope_common::{
 
 use crate::{
     counters::{add, bump},
-    maps::conn,
+    maps::conn_entry,
     ringbuf::{output, under_pressure},
 };
 
@@ -85,8 +85,7 @@ fn free_slot(conn_id: u64) -> Option<u32> {
         if slot.conn_gen == 0 {
             return Some(index);
         }
-        // SAFETY: only the id is read, copied out at once.
-        let alive = conn(slot.key).is_some_and(|conn| unsafe { (*conn).id } == slot.conn_gen);
+        let alive = conn_entry(slot.key).is_some_and(|conn| conn.id == slot.conn_gen);
         if !alive {
             send(&mut slot.batch, slot.key);
             return Some(index);
