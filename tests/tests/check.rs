@@ -77,6 +77,13 @@ fn check_tells_the_truth_as_root_against_the_real_engine() {
         "{fexit}"
     );
 
+    // This kernel has BTF and bpf_task_pt_regs: no entry program for reads and writes.
+    let syscalls = line(&report, "syscalls");
+    assert!(
+        syscalls.starts_with("  ok") && syscalls.contains("at their exit"),
+        "{syscalls}"
+    );
+
     let engine_line = line(&report, "engine");
     for needle in [
         format!("llamacpp pid {pid} port {}", engine.port),

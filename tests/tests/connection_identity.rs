@@ -159,7 +159,25 @@ fn fd_reuse_late_accept_and_server_close_match_the_wire() {
     fd_reuse_late_accept_and_server_close(
         "fd-reuse",
         &[],
-        "an accepted connection's TCP socket is found from its fd at the accept",
+        &[
+            "an accepted connection's TCP socket is found from its fd at the accept",
+            "reads and writes take their arguments at their exit",
+        ],
+        false,
+    );
+}
+
+/// The same with entry programs saving every read's and write's arguments, as on a kernel
+/// without `bpf_task_pt_regs` (before 5.15): a write is then stamped at its entry.
+#[test]
+fn fd_reuse_late_accept_and_server_close_match_the_wire_with_arguments_from_the_entry() {
+    fd_reuse_late_accept_and_server_close(
+        "fd-reuse-entry",
+        &[("INFERSCOPE_SYSCALL_ARGS", "entry")],
+        &[
+            "an accepted connection's TCP socket is found from its fd at the accept",
+            "reads and writes take their arguments at their entry (INFERSCOPE_SYSCALL_ARGS=entry)",
+        ],
         false,
     );
 }
@@ -171,18 +189,22 @@ fn fd_reuse_late_accept_and_server_close_match_the_wire_with_the_socket_from_the
     fd_reuse_late_accept_and_server_close(
         "fd-reuse-first-read",
         &[("INFERSCOPE_ACCEPT_SOCKET", "first-read")],
-        "is learnt at its first read (tcp:tcp_rcv_space_adjust)",
+        &[
+            "is learnt at its first read (tcp:tcp_rcv_space_adjust)",
+            "reads and writes take their arguments at their entry",
+        ],
         true,
     );
 }
 
-/// Where fexit is allowed (not on this project's VM) the accept hook names the socket and
-/// neither fallback runs: `mechanism` is then not in the log. `from_read`: each connection's
-/// socket is learnt at its first read (else never there).
+/// `mechanisms`: how the agent says it learns each connection's socket, then where reads and
+/// writes take their arguments. Where fexit is allowed (not on this project's VM) the accept
+/// hook names the socket and neither socket fallback runs: the first is then not in the log.
+/// `from_read`: each connection's socket is learnt at its first read (else never there).
 fn fd_reuse_late_accept_and_server_close(
     name: &str,
     env: &[(&str, &str)],
-    mechanism: &str,
+    [socket_mechanism, args_mechanism]: &[&str; 2],
     from_read: bool,
 ) {
     const PER: usize = 10;
@@ -210,9 +232,12 @@ fn fd_reuse_late_accept_and_server_close(
     let fexit = !recorder
         .log_text()
         .contains("fexit on inet_csk_accept unavailable");
+    // With fexit, no read waits for its socket, so even the first-read run takes the
+    // arguments at the exit.
     assert!(
-        fexit || recorder.log_text().contains(mechanism),
-        "the socket is not learnt the way this test runs: {}",
+        (fexit || recorder.log_text().contains(socket_mechanism))
+            && (fexit && from_read || recorder.log_text().contains(args_mechanism)),
+        "the socket or the arguments are not taken the way this test runs: {}",
         recorder.log_text()
     );
 

@@ -4,7 +4,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use inferscope_common::{
-    COUNTER_SLOTS, ConnEntry, MAX_CAPTURE_BYTES, PORT_WORDS, SyscallRecord, TARGET_WORDS,
+    COUNTER_SLOTS, ConnEntry, MAX_CAPTURE_BYTES, PORT_WORDS, SyscallKind, SyscallRecord,
+    TARGET_WORDS,
 };
 
 /// Processes (tgid) whose socket syscalls are captured, one bit per tgid; written by user-space
@@ -369,9 +370,33 @@ pub struct Inflight {
     pub conn_id: u64,
     pub sock: u64,
     pub conn_flags: u32,
-    pub _pad1: u32,
+    /// 1 when the arguments were taken at the syscall's exit (no entry program ran): then
+    /// `ts_enter_ns` is the exit's time, and the record's exit time too.
+    pub at_exit: u32,
     /// The thread (pid_tgid) whose entry this is: set by [`save_inflight`].
     pub owner: u64,
+}
+
+impl Inflight {
+    /// A live call of `kind` on `fd`, not yet stamped, of no known connection.
+    #[inline(always)]
+    pub fn new(kind: SyscallKind, shape: Shape, fd: i32, ptr: u64, iovcnt: u64) -> Self {
+        Self {
+            ts_enter_ns: 0,
+            ptr,
+            iovcnt,
+            fd,
+            kind: kind as u8,
+            shape,
+            live: 1,
+            wants_sock: 0,
+            conn_id: 0,
+            sock: 0,
+            conn_flags: 0,
+            at_exit: 0,
+            owner: 0,
+        }
+    }
 }
 
 #[repr(C)]

@@ -258,6 +258,68 @@ pub fn socket_walk() -> Result<SocketWalk, String> {
         .map_err(|(s, m)| format!("the kernel's BTF has no member {m} in struct {s}"))
 }
 
+/// Where the current task keeps its ids and its saved user registers keep a syscall's first
+/// three arguments: a read's or write's exit takes its arguments there instead of from an
+/// entry program (see the eBPF crate's `socket/args.rs`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExitArgs {
+    pub task_pid: u32,
+    pub task_tgid: u32,
+    /// Offsets in `struct pt_regs` of arguments 0, 1 and 2 as they stand at the syscall's exit.
+    pub regs: [u32; 3],
+}
+
+impl ExitArgs {
+    /// The offsets from `btf` for this build's architecture, or the first (struct, member) it
+    /// lacks.
+    pub fn from_btf(btf: &Btf<'_>) -> Result<Self, (&'static str, &'static str)> {
+        let offset = |s: &'static str, m: &'static str| btf.member_offset(s, m).ok_or((s, m));
+        Ok(Self {
+            task_pid: offset("task_struct", "pid")?,
+            task_tgid: offset("task_struct", "tgid")?,
+            regs: Self::arg_registers(&offset)?,
+        })
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn arg_registers(
+        offset: &dyn Fn(&'static str, &'static str) -> Result<u32, (&'static str, &'static str)>,
+    ) -> Result<[u32; 3], (&'static str, &'static str)> {
+        Ok([
+            offset("pt_regs", "di")?,
+            offset("pt_regs", "si")?,
+            offset("pt_regs", "dx")?,
+        ])
+    }
+
+    /// x0 holds the return value by the exit; the kernel keeps the first argument in orig_x0.
+    #[cfg(target_arch = "aarch64")]
+    fn arg_registers(
+        offset: &dyn Fn(&'static str, &'static str) -> Result<u32, (&'static str, &'static str)>,
+    ) -> Result<[u32; 3], (&'static str, &'static str)> {
+        let regs = offset("pt_regs", "regs")?;
+        Ok([offset("pt_regs", "orig_x0")?, regs + 8, regs + 16])
+    }
+
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    fn arg_registers(
+        _offset: &dyn Fn(&'static str, &'static str) -> Result<u32, (&'static str, &'static str)>,
+    ) -> Result<[u32; 3], (&'static str, &'static str)> {
+        Err((
+            "pt_regs",
+            "syscall arguments (not known for this architecture)",
+        ))
+    }
+}
+
+/// The exit's argument offsets from the running kernel's BTF, or why there are none.
+pub fn exit_args() -> Result<ExitArgs, String> {
+    let data = std::fs::read(VMLINUX).map_err(|e| format!("no kernel BTF ({VMLINUX}: {e})"))?;
+    let btf = Btf::parse(&data).map_err(|e| e.to_string())?;
+    ExitArgs::from_btf(&btf)
+        .map_err(|(s, m)| format!("the kernel's BTF has no member {m} in struct {s}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -371,5 +433,20 @@ mod tests {
         // sock_common: the address pair, the hash, the port pair, then the family.
         assert_eq!(walk.sock_family, 16);
         assert!(walk.task_files > 0 && walk.files_fdt > 0 && walk.file_private_data > 0);
+    }
+
+    #[test]
+    fn the_running_kernels_exit_argument_offsets() {
+        let data = std::fs::read(VMLINUX).expect("kernel BTF at /sys/kernel/btf/vmlinux");
+        let btf = Btf::parse(&data).unwrap();
+        let args = ExitArgs::from_btf(&btf).unwrap();
+        // pid_t pid; pid_t tgid; side by side in every kernel since 2.6.
+        assert_eq!(args.task_tgid, args.task_pid + 4);
+        // The user register frame is ABI: x86_64's r15 .. di (8 bytes each), arm64's
+        // regs[31], sp, pc, pstate, then orig_x0.
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(args.regs, [14 * 8, 13 * 8, 12 * 8]);
+        #[cfg(target_arch = "aarch64")]
+        assert_eq!(args.regs, [34 * 8, 8, 16]);
     }
 }

@@ -18,7 +18,7 @@ use inferscope_common::{
 use tracing::{debug, info, warn};
 
 use crate::capture::kernel::{
-    btf::SocketWalk,
+    btf::{ExitArgs, SocketWalk},
     tracefs::{self, Format, TcpProbeOffsets},
 };
 
@@ -80,17 +80,8 @@ pub enum CaptureError {
     },
 }
 
-/// (program, tracepoint category, tracepoint name). read/recvfrom and write/sendto share a
-/// program because their first two arguments (fd, buffer) have the same shape.
+/// (program, tracepoint category, tracepoint name), attached always.
 const ATTACHMENTS: &[(&str, &str, &str)] = &[
-    ("enter_read", "syscalls", "sys_enter_read"),
-    ("enter_read", "syscalls", "sys_enter_recvfrom"),
-    ("enter_readv", "syscalls", "sys_enter_readv"),
-    ("enter_recvmsg", "syscalls", "sys_enter_recvmsg"),
-    ("enter_write", "syscalls", "sys_enter_write"),
-    ("enter_write", "syscalls", "sys_enter_sendto"),
-    ("enter_writev", "syscalls", "sys_enter_writev"),
-    ("enter_sendmsg", "syscalls", "sys_enter_sendmsg"),
     ("enter_accept", "syscalls", "sys_enter_accept"),
     ("enter_accept", "syscalls", "sys_enter_accept4"),
     ("enter_close", "syscalls", "sys_enter_close"),
@@ -100,6 +91,37 @@ const ATTACHMENTS: &[(&str, &str, &str)] = &[
     ("enter_dup2", "syscalls", "sys_enter_dup3"),
     ("enter_bind", "syscalls", "sys_enter_bind"),
     ("thread_exit", "sched", "sched_process_exit"),
+    ("exit_accept", "syscalls", "sys_exit_accept"),
+    ("exit_accept", "syscalls", "sys_exit_accept4"),
+    ("exit_syscall", "syscalls", "sys_exit_dup"),
+    ("exit_syscall", "syscalls", "sys_exit_dup2"),
+    ("exit_syscall", "syscalls", "sys_exit_dup3"),
+];
+
+/// Reads and writes, where their exits take the arguments from the thread's saved registers
+/// (one program run per call). read/recvfrom and write/sendto share a program because their
+/// first three arguments (fd, buffer, length) have the same shape.
+const DATA_AT_EXIT: &[(&str, &str, &str)] = &[
+    ("exit_read_args", "syscalls", "sys_exit_read"),
+    ("exit_read_args", "syscalls", "sys_exit_recvfrom"),
+    ("exit_readv_args", "syscalls", "sys_exit_readv"),
+    ("exit_recvmsg_args", "syscalls", "sys_exit_recvmsg"),
+    ("exit_write_args", "syscalls", "sys_exit_write"),
+    ("exit_write_args", "syscalls", "sys_exit_sendto"),
+    ("exit_writev_args", "syscalls", "sys_exit_writev"),
+    ("exit_sendmsg_args", "syscalls", "sys_exit_sendmsg"),
+];
+
+/// Reads and writes elsewhere: an entry program saves the arguments for the shared exit.
+const DATA_AT_ENTRY: &[(&str, &str, &str)] = &[
+    ("enter_read", "syscalls", "sys_enter_read"),
+    ("enter_read", "syscalls", "sys_enter_recvfrom"),
+    ("enter_readv", "syscalls", "sys_enter_readv"),
+    ("enter_recvmsg", "syscalls", "sys_enter_recvmsg"),
+    ("enter_write", "syscalls", "sys_enter_write"),
+    ("enter_write", "syscalls", "sys_enter_sendto"),
+    ("enter_writev", "syscalls", "sys_enter_writev"),
+    ("enter_sendmsg", "syscalls", "sys_enter_sendmsg"),
     ("exit_syscall", "syscalls", "sys_exit_read"),
     ("exit_syscall", "syscalls", "sys_exit_recvfrom"),
     ("exit_syscall", "syscalls", "sys_exit_readv"),
@@ -108,11 +130,6 @@ const ATTACHMENTS: &[(&str, &str, &str)] = &[
     ("exit_syscall", "syscalls", "sys_exit_sendto"),
     ("exit_syscall", "syscalls", "sys_exit_writev"),
     ("exit_syscall", "syscalls", "sys_exit_sendmsg"),
-    ("exit_accept", "syscalls", "sys_exit_accept"),
-    ("exit_accept", "syscalls", "sys_exit_accept4"),
-    ("exit_syscall", "syscalls", "sys_exit_dup"),
-    ("exit_syscall", "syscalls", "sys_exit_dup2"),
-    ("exit_syscall", "syscalls", "sys_exit_dup3"),
 ];
 
 /// The kernel's verifier walks at most this many instructions of one program.
@@ -223,6 +240,8 @@ pub struct SocketProbes {
     sock_hook_refused: Option<String>,
     /// The accept's exit finds the new fd's socket (offsets from the kernel's BTF).
     socket_walk: bool,
+    /// Why reads and writes take their arguments at their entry (None: at their exit).
+    args_at_exit: Option<String>,
     /// Processes whose sends/receives are captured whole, in chunks (see LARGE_CAPTURE).
     large_capture: HashMap<MapData, u32, u32>,
     counters: PerCpuArray<MapData, u64>,
@@ -311,6 +330,8 @@ impl SocketProbes {
         }
         let walk = accept_socket_walk();
         let w = walk.as_ref().copied().unwrap_or_default();
+        let args = syscall_args_at_exit();
+        let a = args.as_ref().copied().unwrap_or_default();
         let mut ebpf = EbpfLoader::new()
             .override_global("SOCK_WALK", &u32::from(walk.is_ok()), true)
             .override_global("SOCK_WALK_TASK_FILES", &w.task_files, true)
@@ -320,6 +341,11 @@ impl SocketProbes {
             .override_global("SOCK_WALK_FILE_PRIVATE_DATA", &w.file_private_data, true)
             .override_global("SOCK_WALK_SOCKET_SK", &w.socket_sk, true)
             .override_global("SOCK_WALK_SOCK_FAMILY", &w.sock_family, true)
+            .override_global("EXIT_ARGS_TASK_PID", &a.task_pid, true)
+            .override_global("EXIT_ARGS_TASK_TGID", &a.task_tgid, true)
+            .override_global("EXIT_ARGS_REG0", &a.regs[0], true)
+            .override_global("EXIT_ARGS_REG1", &a.regs[1], true)
+            .override_global("EXIT_ARGS_REG2", &a.regs[2], true)
             .override_global("BPF_LOOP_IOVECS", &loop_iovecs, true)
             .override_global("SOCK_STATE_SKADDR", &s_skaddr, true)
             .override_global("SOCK_STATE_OLDSTATE", &s_old, true)
@@ -356,35 +382,7 @@ impl SocketProbes {
                 "the chunk program did not load ({e}): sends and receives of engine IPC and HTTP/2 are captured up to one record ({MAX_CAPTURE_BYTES} bytes), counted in kernel_chunks_unsent"
             );
         }
-        let mut loaded: Vec<&str> = Vec::new();
-        for &(program, category, tracepoint) in ATTACHMENTS {
-            let prog: &mut TracePoint = ebpf
-                .program_mut(program)
-                .ok_or(CaptureError::MissingProgram { name: program })?
-                .try_into()
-                .map_err(|source| CaptureError::Attach {
-                    program,
-                    category,
-                    tracepoint,
-                    source: Box::new(source),
-                })?;
-            if !loaded.contains(&program) {
-                prog.load().map_err(|source| CaptureError::Attach {
-                    program,
-                    category,
-                    tracepoint,
-                    source: Box::new(source),
-                })?;
-                loaded.push(program);
-            }
-            prog.attach(category, tracepoint)
-                .map_err(|source| CaptureError::Attach {
-                    program,
-                    category,
-                    tracepoint,
-                    source: Box::new(source),
-                })?;
-        }
+        attach_all(&mut ebpf, ATTACHMENTS)?;
         let mut unattached = 0;
         if tcp_offsets.is_some() {
             attach_tracepoint(&mut ebpf, ("tcp_probe", "tcp", "tcp_probe"))?;
@@ -414,6 +412,25 @@ impl SocketProbes {
             }
         };
         let sock_hook = sock_hook_refused.is_none() || walk.is_ok();
+        // Reads wait at their entry to learn their connection's socket where neither fexit nor
+        // the walk gives it at the accept.
+        let reads_learn_sock = sock_hook_refused.is_some() && walk.is_err();
+        let args_at_exit = match data_at_exit(&mut ebpf, &args, reads_learn_sock) {
+            Ok(()) => {
+                info!(
+                    "reads and writes take their arguments at their exit, from the thread's saved registers"
+                );
+                attach_all(&mut ebpf, DATA_AT_EXIT)?;
+                None
+            }
+            Err(why) => {
+                info!(
+                    "reads and writes take their arguments at their entry ({why}): one more program run per call"
+                );
+                attach_all(&mut ebpf, DATA_AT_ENTRY)?;
+                Some(why)
+            }
+        };
         // Engine scheduler uprobes are loaded now and attached per process when one is found.
         // tls_record is loaded below, where its failure is named as the record program's.
         for (name, program) in ebpf.programs_mut() {
@@ -499,6 +516,7 @@ impl SocketProbes {
             sock_hook,
             sock_hook_refused,
             socket_walk: walk.is_ok(),
+            args_at_exit,
             large_capture,
             counters,
             unattached,
@@ -617,6 +635,12 @@ impl SocketProbes {
     /// refused (else its first read learns it).
     pub fn socket_walk(&self) -> bool {
         self.socket_walk
+    }
+
+    /// Why reads and writes need an entry program here (None: their exits take the arguments
+    /// from the thread's saved registers).
+    pub fn args_at_entry_reason(&self) -> Option<&str> {
+        self.args_at_exit.as_deref()
     }
 
     pub fn watch_port(&mut self, port: u16) {
@@ -919,6 +943,81 @@ fn accept_socket_walk() -> Result<SocketWalk, String> {
 /// run, so it is attached only then.
 fn attach_read_sock_hook(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
     attach_tracepoint(ebpf, ("rcv_space_adjust", "tcp", "tcp_rcv_space_adjust"))
+}
+
+/// Set to `entry` to have entry programs save every read's and write's arguments even where
+/// their exits can take them from the registers (a kernel whose verifier or registers
+/// misbehave; A/B measurements).
+const SYSCALL_ARGS_ENV: &str = "INFERSCOPE_SYSCALL_ARGS";
+
+/// Where a read's or write's exit finds its arguments and thread ids, or why it cannot.
+fn syscall_args_at_exit() -> Result<ExitArgs, String> {
+    if std::env::var(SYSCALL_ARGS_ENV).is_ok_and(|v| v == "entry") {
+        return Err(format!("{SYSCALL_ARGS_ENV}=entry"));
+    }
+    let helper = aya::sys::is_helper_supported(
+        aya::programs::ProgramType::TracePoint,
+        aya::sys::BpfHelper::BPF_FUNC_task_pt_regs,
+    );
+    if !helper.unwrap_or(false) {
+        return Err("this kernel has no bpf_task_pt_regs (5.15+)".to_string());
+    }
+    super::btf::exit_args()
+}
+
+/// Loads the exit programs that take their arguments from the registers, or says why they
+/// cannot be used (then none is attached).
+fn data_at_exit(
+    ebpf: &mut Ebpf,
+    args: &Result<ExitArgs, String>,
+    reads_learn_sock: bool,
+) -> Result<(), String> {
+    if let Err(why) = args {
+        return Err(why.clone());
+    }
+    if reads_learn_sock {
+        return Err("reads learn their connection's socket at their entry".to_string());
+    }
+    let mut loaded: Vec<&str> = Vec::new();
+    for &(program, _, _) in DATA_AT_EXIT {
+        if loaded.contains(&program) {
+            continue;
+        }
+        let prog: &mut TracePoint = ebpf
+            .program_mut(program)
+            .ok_or_else(|| format!("{program} is missing from the object"))?
+            .try_into()
+            .map_err(|e| format!("{program}: {e}"))?;
+        prog.load()
+            .map_err(|e| format!("the kernel refused {program}: {e}"))?;
+        loaded.push(program);
+    }
+    Ok(())
+}
+
+/// Loads (once each) and attaches `attachments`.
+fn attach_all(
+    ebpf: &mut Ebpf,
+    attachments: &[(&'static str, &'static str, &'static str)],
+) -> Result<(), CaptureError> {
+    for &(program, category, tracepoint) in attachments {
+        let attach_err = |source| CaptureError::Attach {
+            program,
+            category,
+            tracepoint,
+            source: Box::new(source),
+        };
+        let prog: &mut TracePoint = ebpf
+            .program_mut(program)
+            .ok_or(CaptureError::MissingProgram { name: program })?
+            .try_into()
+            .map_err(attach_err)?;
+        if prog.fd().is_err() {
+            prog.load().map_err(attach_err)?;
+        }
+        prog.attach(category, tracepoint).map_err(attach_err)?;
+    }
+    Ok(())
 }
 
 fn attach_tracepoint(

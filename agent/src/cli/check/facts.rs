@@ -70,6 +70,20 @@ pub(crate) fn gather(mut probes: Result<&mut SocketProbes, String>, options: &Op
                     ),
                 ),
             }
+            match probes.args_at_entry_reason() {
+                None => report.push(
+                    Status::Ok,
+                    "syscalls",
+                    "reads and writes take their arguments at their exit (one program run per call)",
+                ),
+                Some(why) => report.push(
+                    Status::Ok,
+                    "syscalls",
+                    format!(
+                        "reads and writes take their arguments at their entry ({why}): one more program run per read and write"
+                    ),
+                ),
+            }
             match probes.uprobe_self_test() {
                 Ok(()) => {
                     report.uprobes = true;

@@ -41,69 +41,30 @@ fn save(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), 
     };
     let fd: i64 = field(ctx, ARG0);
     let fd = fd as i32;
-    let mut conn = ConnEntry::default();
-    let mut ptr: u64 = 0;
-    let mut wants_sock = 0u8;
-    if kind == SyscallKind::Read || kind == SyscallKind::Write {
-        let key = fd_key(tgid, fd);
-        // One lookup tells a connection from everything else, whatever the fd number's past.
-        match conn_entry(key) {
-            Some(known) => {
-                conn = known;
-                if ignored(tgid, key, conn.id) {
-                    return Ok(());
-                }
-                if conn.flags & CONN_TLS != 0 {
-                    // Its bytes are ciphertext (not captured past the exit's EOF and error
-                    // check); the SSL call or event loop moving them may tie its `SSL*`.
-                    super::tls::on_socket_io(pid_tgid, fd, &conn, kind == SyscallKind::Write);
-                }
-            }
-            None => {
-                if !captures_unknown_fds(tgid) {
-                    bump(Counter::UnknownFdSkipped);
-                    return Ok(());
-                }
-                if ignored(tgid, key, 0) {
-                    return Ok(());
-                }
-            }
-        }
-        ptr = field(ctx, ARG1);
-        if kind == SyscallKind::Read && conn.id != 0 && conn.flags & CONN_INET == 0 {
-            // A connection accepted without fexit: its first TCP read names its socket.
-            wants_sock = 1;
-        }
-    } else if kind == SyscallKind::Dup {
-        // dup2/dup3 name the new fd; dup returns it (and leaves -1 here).
-        let newfd: i64 = if shape == Shape::Iovec {
-            field(ctx, ARG1)
-        } else {
-            -1
+    let mut inflight = if kind == SyscallKind::Read || kind == SyscallKind::Write {
+        let args = [fd as u64, field(ctx, ARG1), field(ctx, ARG2)];
+        let Some(mut inflight) = admit(pid_tgid, tgid, kind, shape, args) else {
+            return Ok(());
         };
-        ptr = newfd as u64;
-    }
-    let iovcnt: u64 = if shape == Shape::Iovec && kind != SyscallKind::Dup {
-        field(ctx, ARG2)
+        if kind == SyscallKind::Read
+            && inflight.conn_id != 0
+            && inflight.conn_flags & CONN_INET == 0
+        {
+            // A connection accepted without fexit: its first TCP read names its socket.
+            inflight.wants_sock = 1;
+        }
+        inflight
     } else {
-        0
+        // dup2/dup3 name the new fd; dup returns it (and leaves -1 here). Accepts keep nothing.
+        let newfd: i64 = match (kind, shape) {
+            (SyscallKind::Dup, Shape::Iovec) => field(ctx, ARG1),
+            (SyscallKind::Dup, _) => -1,
+            _ => 0,
+        };
+        Inflight::new(kind, shape, fd, newfd as u64, 0)
     };
-    let inflight = Inflight {
-        // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
-        ts_enter_ns: unsafe { bpf_ktime_get_ns() },
-        ptr,
-        iovcnt,
-        fd,
-        kind: kind as u8,
-        shape,
-        live: 1,
-        wants_sock,
-        conn_id: conn.id,
-        sock: conn.sock,
-        conn_flags: conn.flags,
-        _pad1: 0,
-        owner: 0,
-    };
+    // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
+    inflight.ts_enter_ns = unsafe { bpf_ktime_get_ns() };
     if !save_inflight(pid_tgid, inflight) {
         bump(Counter::InflightMapFull);
         warn!(
@@ -112,10 +73,56 @@ fn save(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), 
         );
         return Ok(());
     }
-    if wants_sock == 1 {
+    if inflight.wants_sock == 1 {
         want_sock(inflight.ts_enter_ns);
     }
     Ok(())
+}
+
+/// A read or write of thread `pid_tgid` with arguments `[fd, buffer (or iovec array or
+/// msghdr, per `shape`), count]`: the call to capture, not yet stamped, or None when it is not
+/// captured (not a connection of a process whose connections the kernel knows, or ignored by
+/// user space). Entry and exit programs alike decide here.
+#[inline(always)]
+pub(super) fn admit(
+    pid_tgid: u64,
+    tgid: u32,
+    kind: SyscallKind,
+    shape: Shape,
+    [fd, ptr, count]: [u64; 3],
+) -> Option<Inflight> {
+    let fd = fd as i32;
+    let key = fd_key(tgid, fd);
+    let mut conn = ConnEntry::default();
+    // One lookup tells a connection from everything else, whatever the fd number's past.
+    match conn_entry(key) {
+        Some(known) => {
+            conn = known;
+            if ignored(tgid, key, conn.id) {
+                return None;
+            }
+            if conn.flags & CONN_TLS != 0 {
+                // Its bytes are ciphertext (not captured past the exit's EOF and error check);
+                // the SSL call or event loop moving them may tie its `SSL*`.
+                super::tls::on_socket_io(pid_tgid, fd, &conn, kind == SyscallKind::Write);
+            }
+        }
+        None => {
+            if !captures_unknown_fds(tgid) {
+                bump(Counter::UnknownFdSkipped);
+                return None;
+            }
+            if ignored(tgid, key, 0) {
+                return None;
+            }
+        }
+    }
+    let iovcnt = if shape == Shape::Iovec { count } else { 0 };
+    let mut inflight = Inflight::new(kind, shape, fd, ptr, iovcnt);
+    inflight.conn_id = conn.id;
+    inflight.sock = conn.sock;
+    inflight.conn_flags = conn.flags;
+    Some(inflight)
 }
 
 macro_rules! entry_program {

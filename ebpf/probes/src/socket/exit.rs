@@ -13,6 +13,7 @@ use inferscope_common::{
 };
 
 use super::{
+    args::Task,
     copy::{ScratchOwner, copy_at, copy_payload},
     enter::close_fd,
     token::{TokenWriter, Verdict},
@@ -32,7 +33,8 @@ const RET: usize = 16;
 const EAGAIN: i64 = 11;
 const EINTR: i64 = 4;
 
-/// Shared by every traced syscall's exit: the entry state says what kind of call it was.
+/// Shared by every traced syscall's exit whose entry program saved its arguments: the entry
+/// state says what kind of call it was.
 #[tracepoint]
 pub fn exit_syscall(ctx: TracePointContext) -> u32 {
     let _ = try_exit(&ctx);
@@ -79,6 +81,63 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
     {
         learn_sock(tgid, &mut inflight);
     }
+    finish(ctx, pid_tgid, &inflight, ret)
+}
+
+/// Exits of reads and writes that take their arguments from the thread's saved registers
+/// ([`super::args`]), with no entry program: attached instead of the entry programs and
+/// `exit_syscall` where the kernel's BTF allows it. The call's time is its exit.
+macro_rules! exit_program {
+    ($name:ident, $kind:expr, $shape:expr) => {
+        #[tracepoint]
+        pub fn $name(ctx: TracePointContext) -> u32 {
+            let _ = try_exit_with_args(&ctx, $kind, $shape);
+            0
+        }
+    };
+}
+
+exit_program!(exit_read_args, SyscallKind::Read, Shape::Buffer);
+exit_program!(exit_readv_args, SyscallKind::Read, Shape::Iovec);
+exit_program!(exit_recvmsg_args, SyscallKind::Read, Shape::Msghdr);
+exit_program!(exit_write_args, SyscallKind::Write, Shape::Buffer);
+exit_program!(exit_writev_args, SyscallKind::Write, Shape::Iovec);
+exit_program!(exit_sendmsg_args, SyscallKind::Write, Shape::Msghdr);
+
+#[inline(always)]
+fn try_exit_with_args(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), i32> {
+    let task = Task::current();
+    let pid_tgid = task.pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if !traced(tgid) {
+        return Ok(());
+    }
+    let ret: i64 = field(ctx, RET);
+    // Before the registers are read: a non-blocking server's reads return EAGAIN constantly.
+    // (A TLS connection's socket call that moved nothing ties no SSL call either.)
+    if ret == -EAGAIN || ret == -EINTR {
+        return Ok(());
+    }
+    let Some(mut inflight) = super::enter::admit(pid_tgid, tgid, kind, shape, task.syscall_args())
+    else {
+        return Ok(());
+    };
+    // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
+    inflight.ts_enter_ns = unsafe { bpf_ktime_get_ns() };
+    inflight.at_exit = 1;
+    finish(ctx, pid_tgid, &inflight, ret)
+}
+
+/// A read or write of thread `pid_tgid` returned `ret`: a token event joins its batch here;
+/// anything else is copied into the scratch and handed to `exit_record`.
+#[inline(always)]
+fn finish(
+    ctx: &TracePointContext,
+    pid_tgid: u64,
+    inflight: &Inflight,
+    ret: i64,
+) -> Result<(), i32> {
+    let tgid = (pid_tgid >> 32) as u32;
     if inflight.conn_flags & CONN_TLS != 0 && ret > 0 {
         // Ciphertext: the TLS library probes emit this connection's plaintext. Its EOF and
         // errors still go out (the client's end shows there).
@@ -89,9 +148,9 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
     // SAFETY: a per-CPU map value, valid for the map's life; syscall programs run with
     // preemption off and do not nest on a CPU, so this reference is the only one to it.
     let payload = unsafe { &mut (*scratch).payload };
-    let copied = match token_candidate(tgid, &inflight, ret) {
+    let copied = match token_candidate(tgid, inflight, ret) {
         Some((key, template)) => {
-            let copied = copy_whole(&inflight, ret as usize, payload);
+            let copied = copy_whole(inflight, ret as usize, payload);
             if copied.1 == 0
                 && super::token::is_token(template, inflight.conn_id, payload, copied.0)
             {
@@ -106,12 +165,12 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
             }
             copied
         }
-        None => copy_into(&inflight, ret, payload),
+        None => copy_into(inflight, ret, payload),
     };
     let pending = PENDING.get_ptr_mut(0).ok_or(0)?;
     // SAFETY: a per-CPU map value; only this run touches it until `exit_record` takes it (the
     // tail call keeps the CPU).
-    unsafe { *pending = PendingRecord::new(inflight, ret, copied, pid_tgid) };
+    unsafe { *pending = PendingRecord::new(*inflight, ret, copied, pid_tgid) };
     // SAFETY: a tail call to a program of the same type, with this program's own context.
     unsafe { RECORD_PROGRAM.tail_call(ctx, crate::maps::tail_call_slot()) };
     bump(Counter::RecordsUnsent);
@@ -283,7 +342,7 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
         conn_id: 0,
         sock: 0,
         conn_flags: 0,
-        _pad1: 0,
+        at_exit: 0,
         owner: 0,
     };
     if let Some(slot) = inflight_entry(pid_tgid) {
@@ -464,8 +523,9 @@ fn emit_copied(
         return emit_compact(tgid, fd, ret as u32, captured, flags, inflight, scratch)
             .map(|_| false);
     }
-    // A write's time is its entry (user space reads no other): one clock read fewer.
-    let ts_exit = if kind == SyscallKind::Write as u8 {
+    // A write's time is its entry (user space reads no other): one clock read fewer. A call
+    // whose arguments were taken at its exit was stamped there.
+    let ts_exit = if kind == SyscallKind::Write as u8 || inflight.at_exit != 0 {
         inflight.ts_enter_ns
     } else {
         // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.

@@ -289,7 +289,7 @@ fn try_return(ctx: &RetProbeContext) -> Result<(), i32> {
         conn_id: conn.id,
         sock: conn.sock,
         conn_flags: conn.flags,
-        _pad1: 0,
+        at_exit: 0,
         owner: 0,
     };
     bump(Counter::TlsRecords);

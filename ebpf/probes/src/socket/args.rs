@@ -1,0 +1,75 @@
+//! A read's or write's arguments and thread, taken at the syscall's exit from the current task
+//! (its ids) and the user registers the kernel saved at the syscall's entry (fd, buffer,
+//! count: the syscall ABI preserves them, and the kernel restores them on return). So reads
+//! and writes need no entry program: per captured write that is one program run, one thread-id
+//! call, one clock read and the in-flight slot's store and load fewer (BENCHMARKS §29).
+//!
+//! Loads through the typed pointers `bpf_get_current_task_btf` and `bpf_task_pt_regs` return
+//! (5.15+): the verifier checks each against the kernel's BTF, which needs the offsets to be
+//! constants: they are read-only globals that user space sets from the same BTF at load time
+//! (a frozen map the verifier reads as constants). Where user space finds no such BTF, the
+//! exit programs that use this are neither loaded nor attached, and entry programs save the
+//! arguments as before.
+use aya_ebpf::helpers::generated::{bpf_get_current_task_btf, bpf_task_pt_regs};
+
+/// `task_struct.pid` and `.tgid` (the thread and process ids `bpf_get_current_pid_tgid` gives).
+#[unsafe(no_mangle)]
+static EXIT_ARGS_TASK_PID: u32 = 0;
+#[unsafe(no_mangle)]
+static EXIT_ARGS_TASK_TGID: u32 = 0;
+/// Where `struct pt_regs` keeps the first three syscall arguments at exit (x86_64: di, si,
+/// dx; arm64: orig_x0, since x0 then holds the return value, and regs[1], regs[2]).
+#[unsafe(no_mangle)]
+static EXIT_ARGS_REG0: u32 = 0;
+#[unsafe(no_mangle)]
+static EXIT_ARGS_REG1: u32 = 0;
+#[unsafe(no_mangle)]
+static EXIT_ARGS_REG2: u32 = 0;
+
+#[inline(always)]
+fn offset(global: &u32) -> usize {
+    // SAFETY: a valid, aligned static; the volatile load keeps the value user space set at load
+    // time from being folded to the compiled-in default.
+    (unsafe { core::ptr::read_volatile(global) }) as usize
+}
+
+/// The current thread, as the kernel's typed pointer to its `task_struct`.
+#[derive(Clone, Copy)]
+pub struct Task(*const u8);
+
+impl Task {
+    #[inline(always)]
+    pub fn current() -> Self {
+        // SAFETY: takes no arguments; the result is never null in a syscall's context.
+        Self(unsafe { bpf_get_current_task_btf() } as *const u8)
+    }
+
+    /// (tgid << 32) | tid, as `bpf_get_current_pid_tgid` returns it.
+    #[inline(always)]
+    pub fn pid_tgid(self) -> u64 {
+        // SAFETY: loads of two `pid_t` members through the typed task pointer: the verifier
+        // checks offset and size against the task_struct's BTF.
+        unsafe {
+            let pid =
+                core::ptr::read_volatile(self.0.add(offset(&EXIT_ARGS_TASK_PID)).cast::<u32>());
+            let tgid =
+                core::ptr::read_volatile(self.0.add(offset(&EXIT_ARGS_TASK_TGID)).cast::<u32>());
+            (u64::from(tgid) << 32) | u64::from(pid)
+        }
+    }
+
+    /// The syscall's first three arguments, as the thread passed them.
+    #[inline(always)]
+    pub fn syscall_args(self) -> [u64; 3] {
+        // SAFETY: the helper takes the typed task pointer and returns a typed pointer to the
+        // task's saved user registers; the loads are checked against pt_regs' BTF.
+        unsafe {
+            let regs = bpf_task_pt_regs(self.0 as *mut _) as *const u8;
+            [
+                core::ptr::read_volatile(regs.add(offset(&EXIT_ARGS_REG0)).cast::<u64>()),
+                core::ptr::read_volatile(regs.add(offset(&EXIT_ARGS_REG1)).cast::<u64>()),
+                core::ptr::read_volatile(regs.add(offset(&EXIT_ARGS_REG2)).cast::<u64>()),
+            ]
+        }
+    }
+}
