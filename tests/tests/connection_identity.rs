@@ -161,22 +161,22 @@ fn fd_reuse_late_accept_and_server_close_match_the_wire() {
         &[],
         &[
             "an accepted connection's TCP socket is found from its fd at the accept",
-            "reads and writes take their arguments at their exit",
+            "reads take their arguments at their exit",
         ],
         false,
     );
 }
 
-/// The same with entry programs saving every read's and write's arguments, as on a kernel
-/// without `bpf_task_pt_regs` (before 5.15): a write is then stamped at its entry.
+/// The same with entry programs saving every read's arguments, as on a kernel without
+/// `bpf_task_pt_regs` (before 5.15).
 #[test]
-fn fd_reuse_late_accept_and_server_close_match_the_wire_with_arguments_from_the_entry() {
+fn fd_reuse_late_accept_and_server_close_match_the_wire_with_read_arguments_from_the_entry() {
     fd_reuse_late_accept_and_server_close(
         "fd-reuse-entry",
-        &[("INFERSCOPE_SYSCALL_ARGS", "entry")],
+        &[("INFERSCOPE_READ_ARGS", "entry")],
         &[
             "an accepted connection's TCP socket is found from its fd at the accept",
-            "reads and writes take their arguments at their entry (INFERSCOPE_SYSCALL_ARGS=entry)",
+            "reads take their arguments at their entry (INFERSCOPE_READ_ARGS=entry)",
         ],
         false,
     );
@@ -191,7 +191,7 @@ fn fd_reuse_late_accept_and_server_close_match_the_wire_with_the_socket_from_the
         &[("INFERSCOPE_ACCEPT_SOCKET", "first-read")],
         &[
             "is learnt at its first read (tcp:tcp_rcv_space_adjust)",
-            "reads and writes take their arguments at their entry",
+            "reads take their arguments at their entry",
         ],
         true,
     );

@@ -259,8 +259,8 @@ pub fn socket_walk() -> Result<SocketWalk, String> {
 }
 
 /// Where the current task keeps its ids and its saved user registers keep a syscall's first
-/// three arguments: a read's or write's exit takes its arguments there instead of from an
-/// entry program (see the eBPF crate's `socket/args.rs`).
+/// three arguments: a read's exit takes its arguments there instead of from an entry program
+/// (see the eBPF crate's `socket/args.rs`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ExitArgs {
     pub task_pid: u32,
@@ -281,6 +281,8 @@ impl ExitArgs {
         })
     }
 
+    /// The syscall ABI's argument registers as `struct pt_regs` holds them (the project builds
+    /// for x86_64 only; elsewhere reads keep their entry program).
     #[cfg(target_arch = "x86_64")]
     fn arg_registers(
         offset: &dyn Fn(&'static str, &'static str) -> Result<u32, (&'static str, &'static str)>,
@@ -292,23 +294,11 @@ impl ExitArgs {
         ])
     }
 
-    /// x0 holds the return value by the exit; the kernel keeps the first argument in orig_x0.
-    #[cfg(target_arch = "aarch64")]
-    fn arg_registers(
-        offset: &dyn Fn(&'static str, &'static str) -> Result<u32, (&'static str, &'static str)>,
-    ) -> Result<[u32; 3], (&'static str, &'static str)> {
-        let regs = offset("pt_regs", "regs")?;
-        Ok([offset("pt_regs", "orig_x0")?, regs + 8, regs + 16])
-    }
-
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    #[cfg(not(target_arch = "x86_64"))]
     fn arg_registers(
         _offset: &dyn Fn(&'static str, &'static str) -> Result<u32, (&'static str, &'static str)>,
     ) -> Result<[u32; 3], (&'static str, &'static str)> {
-        Err((
-            "pt_regs",
-            "syscall arguments (not known for this architecture)",
-        ))
+        Err(("pt_regs", "syscall arguments (known for x86_64 only)"))
     }
 }
 
@@ -435,6 +425,7 @@ mod tests {
         assert!(walk.task_files > 0 && walk.files_fdt > 0 && walk.file_private_data > 0);
     }
 
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_running_kernels_exit_argument_offsets() {
         let data = std::fs::read(VMLINUX).expect("kernel BTF at /sys/kernel/btf/vmlinux");
@@ -442,11 +433,7 @@ mod tests {
         let args = ExitArgs::from_btf(&btf).unwrap();
         // pid_t pid; pid_t tgid; side by side in every kernel since 2.6.
         assert_eq!(args.task_tgid, args.task_pid + 4);
-        // The user register frame is ABI: x86_64's r15 .. di (8 bytes each), arm64's
-        // regs[31], sp, pc, pstate, then orig_x0.
-        #[cfg(target_arch = "x86_64")]
+        // The user register frame is ABI: x86_64's r15 .. di, 8 bytes each.
         assert_eq!(args.regs, [14 * 8, 13 * 8, 12 * 8]);
-        #[cfg(target_arch = "aarch64")]
-        assert_eq!(args.regs, [34 * 8, 8, 16]);
     }
 }

@@ -80,8 +80,13 @@ pub enum CaptureError {
     },
 }
 
-/// (program, tracepoint category, tracepoint name), attached always.
+/// (program, tracepoint category, tracepoint name), attached always. write/sendto share a
+/// program because their first three arguments (fd, buffer, length) have the same shape.
 const ATTACHMENTS: &[(&str, &str, &str)] = &[
+    ("enter_write", "syscalls", "sys_enter_write"),
+    ("enter_write", "syscalls", "sys_enter_sendto"),
+    ("enter_writev", "syscalls", "sys_enter_writev"),
+    ("enter_sendmsg", "syscalls", "sys_enter_sendmsg"),
     ("enter_accept", "syscalls", "sys_enter_accept"),
     ("enter_accept", "syscalls", "sys_enter_accept4"),
     ("enter_close", "syscalls", "sys_enter_close"),
@@ -91,6 +96,10 @@ const ATTACHMENTS: &[(&str, &str, &str)] = &[
     ("enter_dup2", "syscalls", "sys_enter_dup3"),
     ("enter_bind", "syscalls", "sys_enter_bind"),
     ("thread_exit", "sched", "sched_process_exit"),
+    ("exit_syscall", "syscalls", "sys_exit_write"),
+    ("exit_syscall", "syscalls", "sys_exit_sendto"),
+    ("exit_syscall", "syscalls", "sys_exit_writev"),
+    ("exit_syscall", "syscalls", "sys_exit_sendmsg"),
     ("exit_accept", "syscalls", "sys_exit_accept"),
     ("exit_accept", "syscalls", "sys_exit_accept4"),
     ("exit_syscall", "syscalls", "sys_exit_dup"),
@@ -98,38 +107,25 @@ const ATTACHMENTS: &[(&str, &str, &str)] = &[
     ("exit_syscall", "syscalls", "sys_exit_dup3"),
 ];
 
-/// Reads and writes, where their exits take the arguments from the thread's saved registers
-/// (one program run per call). read/recvfrom and write/sendto share a program because their
-/// first three arguments (fd, buffer, length) have the same shape.
-const DATA_AT_EXIT: &[(&str, &str, &str)] = &[
+/// Reads, where their exits take the arguments from the thread's saved registers (one program
+/// run per read, on every read of the host).
+const READS_AT_EXIT: &[(&str, &str, &str)] = &[
     ("exit_read_args", "syscalls", "sys_exit_read"),
     ("exit_read_args", "syscalls", "sys_exit_recvfrom"),
     ("exit_readv_args", "syscalls", "sys_exit_readv"),
     ("exit_recvmsg_args", "syscalls", "sys_exit_recvmsg"),
-    ("exit_write_args", "syscalls", "sys_exit_write"),
-    ("exit_write_args", "syscalls", "sys_exit_sendto"),
-    ("exit_writev_args", "syscalls", "sys_exit_writev"),
-    ("exit_sendmsg_args", "syscalls", "sys_exit_sendmsg"),
 ];
 
-/// Reads and writes elsewhere: an entry program saves the arguments for the shared exit.
-const DATA_AT_ENTRY: &[(&str, &str, &str)] = &[
+/// Reads elsewhere: an entry program saves the arguments for the shared exit.
+const READS_AT_ENTRY: &[(&str, &str, &str)] = &[
     ("enter_read", "syscalls", "sys_enter_read"),
     ("enter_read", "syscalls", "sys_enter_recvfrom"),
     ("enter_readv", "syscalls", "sys_enter_readv"),
     ("enter_recvmsg", "syscalls", "sys_enter_recvmsg"),
-    ("enter_write", "syscalls", "sys_enter_write"),
-    ("enter_write", "syscalls", "sys_enter_sendto"),
-    ("enter_writev", "syscalls", "sys_enter_writev"),
-    ("enter_sendmsg", "syscalls", "sys_enter_sendmsg"),
     ("exit_syscall", "syscalls", "sys_exit_read"),
     ("exit_syscall", "syscalls", "sys_exit_recvfrom"),
     ("exit_syscall", "syscalls", "sys_exit_readv"),
     ("exit_syscall", "syscalls", "sys_exit_recvmsg"),
-    ("exit_syscall", "syscalls", "sys_exit_write"),
-    ("exit_syscall", "syscalls", "sys_exit_sendto"),
-    ("exit_syscall", "syscalls", "sys_exit_writev"),
-    ("exit_syscall", "syscalls", "sys_exit_sendmsg"),
 ];
 
 /// The kernel's verifier walks at most this many instructions of one program.
@@ -240,8 +236,8 @@ pub struct SocketProbes {
     sock_hook_refused: Option<String>,
     /// The accept's exit finds the new fd's socket (offsets from the kernel's BTF).
     socket_walk: bool,
-    /// Why reads and writes take their arguments at their entry (None: at their exit).
-    args_at_exit: Option<String>,
+    /// Why reads take their arguments at their entry (None: at their exit).
+    reads_at_entry: Option<String>,
     /// Processes whose sends/receives are captured whole, in chunks (see LARGE_CAPTURE).
     large_capture: HashMap<MapData, u32, u32>,
     counters: PerCpuArray<MapData, u64>,
@@ -415,19 +411,19 @@ impl SocketProbes {
         // Reads wait at their entry to learn their connection's socket where neither fexit nor
         // the walk gives it at the accept.
         let reads_learn_sock = sock_hook_refused.is_some() && walk.is_err();
-        let args_at_exit = match data_at_exit(&mut ebpf, &args, reads_learn_sock) {
+        let reads_at_entry = match reads_at_exit(&mut ebpf, &args, reads_learn_sock) {
             Ok(()) => {
                 info!(
-                    "reads and writes take their arguments at their exit, from the thread's saved registers"
+                    "reads take their arguments at their exit, from the thread's saved registers"
                 );
-                attach_all(&mut ebpf, DATA_AT_EXIT)?;
+                attach_all(&mut ebpf, READS_AT_EXIT)?;
                 None
             }
             Err(why) => {
                 info!(
-                    "reads and writes take their arguments at their entry ({why}): one more program run per call"
+                    "reads take their arguments at their entry ({why}): one more program run per read"
                 );
-                attach_all(&mut ebpf, DATA_AT_ENTRY)?;
+                attach_all(&mut ebpf, READS_AT_ENTRY)?;
                 Some(why)
             }
         };
@@ -516,7 +512,7 @@ impl SocketProbes {
             sock_hook,
             sock_hook_refused,
             socket_walk: walk.is_ok(),
-            args_at_exit,
+            reads_at_entry,
             large_capture,
             counters,
             unattached,
@@ -637,10 +633,10 @@ impl SocketProbes {
         self.socket_walk
     }
 
-    /// Why reads and writes need an entry program here (None: their exits take the arguments
-    /// from the thread's saved registers).
-    pub fn args_at_entry_reason(&self) -> Option<&str> {
-        self.args_at_exit.as_deref()
+    /// Why reads need an entry program here (None: their exits take the arguments from the
+    /// thread's saved registers).
+    pub fn reads_at_entry_reason(&self) -> Option<&str> {
+        self.reads_at_entry.as_deref()
     }
 
     pub fn watch_port(&mut self, port: u16) {
@@ -945,15 +941,15 @@ fn attach_read_sock_hook(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
     attach_tracepoint(ebpf, ("rcv_space_adjust", "tcp", "tcp_rcv_space_adjust"))
 }
 
-/// Set to `entry` to have entry programs save every read's and write's arguments even where
-/// their exits can take them from the registers (a kernel whose verifier or registers
-/// misbehave; A/B measurements).
-const SYSCALL_ARGS_ENV: &str = "INFERSCOPE_SYSCALL_ARGS";
+/// Set to `entry` to have entry programs save every read's arguments even where their exits
+/// can take them from the registers (a kernel whose verifier or registers misbehave; A/B
+/// measurements).
+const READ_ARGS_ENV: &str = "INFERSCOPE_READ_ARGS";
 
-/// Where a read's or write's exit finds its arguments and thread ids, or why it cannot.
+/// Where a read's exit finds its arguments and thread ids, or why it cannot.
 fn syscall_args_at_exit() -> Result<ExitArgs, String> {
-    if std::env::var(SYSCALL_ARGS_ENV).is_ok_and(|v| v == "entry") {
-        return Err(format!("{SYSCALL_ARGS_ENV}=entry"));
+    if std::env::var(READ_ARGS_ENV).is_ok_and(|v| v == "entry") {
+        return Err(format!("{READ_ARGS_ENV}=entry"));
     }
     let helper = aya::sys::is_helper_supported(
         aya::programs::ProgramType::TracePoint,
@@ -965,9 +961,9 @@ fn syscall_args_at_exit() -> Result<ExitArgs, String> {
     super::btf::exit_args()
 }
 
-/// Loads the exit programs that take their arguments from the registers, or says why they
-/// cannot be used (then none is attached).
-fn data_at_exit(
+/// Loads the read exit programs that take their arguments from the registers, or says why
+/// they cannot be used (then none is attached).
+fn reads_at_exit(
     ebpf: &mut Ebpf,
     args: &Result<ExitArgs, String>,
     reads_learn_sock: bool,
@@ -979,7 +975,7 @@ fn data_at_exit(
         return Err("reads learn their connection's socket at their entry".to_string());
     }
     let mut loaded: Vec<&str> = Vec::new();
-    for &(program, _, _) in DATA_AT_EXIT {
+    for &(program, _, _) in READS_AT_EXIT {
         if loaded.contains(&program) {
             continue;
         }

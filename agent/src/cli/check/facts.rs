@@ -70,17 +70,17 @@ pub(crate) fn gather(mut probes: Result<&mut SocketProbes, String>, options: &Op
                     ),
                 ),
             }
-            match probes.args_at_entry_reason() {
+            match probes.reads_at_entry_reason() {
                 None => report.push(
                     Status::Ok,
-                    "syscalls",
-                    "reads and writes take their arguments at their exit (one program run per call)",
+                    "reads",
+                    "reads take their arguments at their exit (one program run per read)",
                 ),
                 Some(why) => report.push(
                     Status::Ok,
-                    "syscalls",
+                    "reads",
                     format!(
-                        "reads and writes take their arguments at their entry ({why}): one more program run per read and write"
+                        "reads take their arguments at their entry ({why}): one more program run per read"
                     ),
                 ),
             }

@@ -1,8 +1,9 @@
-//! A read's or write's arguments and thread, taken at the syscall's exit from the current task
-//! (its ids) and the user registers the kernel saved at the syscall's entry (fd, buffer,
-//! count: the syscall ABI preserves them, and the kernel restores them on return). So reads
-//! and writes need no entry program: per captured write that is one program run, one thread-id
-//! call, one clock read and the in-flight slot's store and load fewer (BENCHMARKS §29).
+//! A read's arguments and thread, taken at the syscall's exit from the current task (its ids)
+//! and the user registers the kernel saved at the syscall's entry (fd, buffer, count: the
+//! syscall ABI preserves them, and the kernel restores them on return). So reads need no entry
+//! program: every read of the host runs one program instead of two, and a captured one saves
+//! the in-flight slot's store and load and a clock read (BENCHMARKS §29). (Writes could be
+//! taken the same way, but their time must be their entry: see `exit.rs`.)
 //!
 //! Loads through the typed pointers `bpf_get_current_task_btf` and `bpf_task_pt_regs` return
 //! (5.15+): the verifier checks each against the kernel's BTF, which needs the offsets to be
@@ -17,8 +18,7 @@ use aya_ebpf::helpers::generated::{bpf_get_current_task_btf, bpf_task_pt_regs};
 static EXIT_ARGS_TASK_PID: u32 = 0;
 #[unsafe(no_mangle)]
 static EXIT_ARGS_TASK_TGID: u32 = 0;
-/// Where `struct pt_regs` keeps the first three syscall arguments at exit (x86_64: di, si,
-/// dx; arm64: orig_x0, since x0 then holds the return value, and regs[1], regs[2]).
+/// Where `struct pt_regs` keeps the first three syscall arguments at exit (x86_64: di, si, dx).
 #[unsafe(no_mangle)]
 static EXIT_ARGS_REG0: u32 = 0;
 #[unsafe(no_mangle)]

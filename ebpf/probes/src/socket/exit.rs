@@ -84,25 +84,24 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
     finish(ctx, pid_tgid, &inflight, ret)
 }
 
-/// Exits of reads and writes that take their arguments from the thread's saved registers
-/// ([`super::args`]), with no entry program: attached instead of the entry programs and
-/// `exit_syscall` where the kernel's BTF allows it. The call's time is its exit.
+/// Exits of reads that take their arguments from the thread's saved registers
+/// ([`super::args`]), with no entry program: attached instead of the read entry programs and
+/// `exit_syscall` where the kernel's BTF allows it. A read's time is its exit either way.
+/// Writes keep their entry program: a write's time is its entry, before its bytes reach the
+/// wire; on loopback its return comes after the reader's own receive (BENCHMARKS §29).
 macro_rules! exit_program {
-    ($name:ident, $kind:expr, $shape:expr) => {
+    ($name:ident, $shape:expr) => {
         #[tracepoint]
         pub fn $name(ctx: TracePointContext) -> u32 {
-            let _ = try_exit_with_args(&ctx, $kind, $shape);
+            let _ = try_exit_with_args(&ctx, SyscallKind::Read, $shape);
             0
         }
     };
 }
 
-exit_program!(exit_read_args, SyscallKind::Read, Shape::Buffer);
-exit_program!(exit_readv_args, SyscallKind::Read, Shape::Iovec);
-exit_program!(exit_recvmsg_args, SyscallKind::Read, Shape::Msghdr);
-exit_program!(exit_write_args, SyscallKind::Write, Shape::Buffer);
-exit_program!(exit_writev_args, SyscallKind::Write, Shape::Iovec);
-exit_program!(exit_sendmsg_args, SyscallKind::Write, Shape::Msghdr);
+exit_program!(exit_read_args, Shape::Buffer);
+exit_program!(exit_readv_args, Shape::Iovec);
+exit_program!(exit_recvmsg_args, Shape::Msghdr);
 
 #[inline(always)]
 fn try_exit_with_args(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), i32> {
@@ -114,7 +113,7 @@ fn try_exit_with_args(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) 
     }
     let ret: i64 = field(ctx, RET);
     // Before the registers are read: a non-blocking server's reads return EAGAIN constantly.
-    // (A TLS connection's socket call that moved nothing ties no SSL call either.)
+    // (A TLS connection's socket read that moved nothing ties no SSL call either.)
     if ret == -EAGAIN || ret == -EINTR {
         return Ok(());
     }
@@ -523,7 +522,7 @@ fn emit_copied(
         return emit_compact(tgid, fd, ret as u32, captured, flags, inflight, scratch)
             .map(|_| false);
     }
-    // A write's time is its entry (user space reads no other): one clock read fewer. A call
+    // A write's time is its entry (user space reads no other): one clock read fewer. A read
     // whose arguments were taken at its exit was stamped there.
     let ts_exit = if kind == SyscallKind::Write as u8 || inflight.at_exit != 0 {
         inflight.ts_enter_ns
