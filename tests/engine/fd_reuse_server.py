@@ -10,6 +10,7 @@ Connection i runs scenario SCENARIOS[i // PER]:
 Usage: fd_reuse_server.py PORT PER
 """
 import os
+import select
 import socket
 import sys
 import time
@@ -65,7 +66,11 @@ def main():
         if scenario == "file-before-accept":
             read_small_file()
         if scenario == "late-accept":
-            # Wait for the client's request to be queued on the not-yet-accepted connection.
+            # Wait for the client's connection (its request follows at once), then 20 ms more
+            # with the request queued on the not-yet-accepted connection: counted from the
+            # connection, not from the previous response (the client's next connect can come
+            # several ms after it on a loaded machine).
+            select.select([listener], [], [])
             time.sleep(0.02)
         conn, _ = listener.accept()
         rid = b"chatcmpl-%s-%d" % (scenario.encode(), i)

@@ -1018,22 +1018,9 @@ fn attach_all(
 
 fn attach_tracepoint(
     ebpf: &mut Ebpf,
-    (program, category, tracepoint): (&'static str, &'static str, &'static str),
+    attachment: (&'static str, &'static str, &'static str),
 ) -> Result<(), CaptureError> {
-    let attach_err = |source| CaptureError::Attach {
-        program,
-        category,
-        tracepoint,
-        source: Box::new(source),
-    };
-    let prog: &mut TracePoint = ebpf
-        .program_mut(program)
-        .ok_or(CaptureError::MissingProgram { name: program })?
-        .try_into()
-        .map_err(attach_err)?;
-    prog.load().map_err(attach_err)?;
-    prog.attach(category, tracepoint).map_err(attach_err)?;
-    Ok(())
+    attach_all(ebpf, &[attachment])
 }
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; raising it is harmless on newer ones.

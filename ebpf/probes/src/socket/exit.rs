@@ -329,21 +329,9 @@ fn try_exit_accept(ctx: &TracePointContext) -> Result<(), i32> {
     let ret: i64 = field(ctx, RET);
     // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
     let now = unsafe { bpf_ktime_get_ns() };
-    let mut inflight = Inflight {
-        ts_enter_ns: now,
-        ptr: 0,
-        iovcnt: 0,
-        fd: -1,
-        kind: SyscallKind::Accept as u8,
-        shape: Shape::None,
-        live: 0,
-        wants_sock: 0,
-        conn_id: 0,
-        sock: 0,
-        conn_flags: 0,
-        at_exit: 0,
-        owner: 0,
-    };
+    let mut inflight = Inflight::new(SyscallKind::Accept, Shape::None, -1, 0, 0);
+    inflight.ts_enter_ns = now;
+    inflight.live = 0;
     if let Some(slot) = inflight_entry(pid_tgid) {
         // SAFETY: only this thread touches its entry (see INFLIGHT).
         let saved = unsafe { *slot };
