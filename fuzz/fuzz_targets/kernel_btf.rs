@@ -1,9 +1,10 @@
-//! Feeds arbitrary bytes to the kernel BTF reader (the accept's socket walk takes its struct
-//! offsets from /sys/kernel/btf/vmlinux). Beyond "never panics" (nested anonymous members'
-//! offsets add up without overflow): an answer is the same when asked again.
+//! Feeds arbitrary bytes to the kernel BTF reader (the accept's socket walk and the reads' exit
+//! programs take their struct offsets from /sys/kernel/btf/vmlinux). Beyond "never panics"
+//! (nested anonymous members' offsets add up without overflow): an answer is the same when
+//! asked again.
 #![no_main]
 
-use inferscope::capture::kernel::btf::{Btf, SocketWalk};
+use inferscope::capture::kernel::btf::{Btf, ExitArgs, SocketWalk};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -22,4 +23,5 @@ fuzz_target!(|data: &[u8]| {
         );
     }
     let _ = SocketWalk::from_btf(&btf);
+    let _ = ExitArgs::from_btf(&btf);
 });

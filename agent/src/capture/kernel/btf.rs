@@ -250,14 +250,6 @@ impl SocketWalk {
     }
 }
 
-/// The walk's offsets from the running kernel's BTF, or why there are none.
-pub fn socket_walk() -> Result<SocketWalk, String> {
-    let data = std::fs::read(VMLINUX).map_err(|e| format!("no kernel BTF ({VMLINUX}: {e})"))?;
-    let btf = Btf::parse(&data).map_err(|e| e.to_string())?;
-    SocketWalk::from_btf(&btf)
-        .map_err(|(s, m)| format!("the kernel's BTF has no member {m} in struct {s}"))
-}
-
 /// Where the current task keeps its ids and its saved user registers keep a syscall's first
 /// three arguments: a read's exit takes its arguments there instead of from an entry program
 /// (see the eBPF crate's `socket/args.rs`).
@@ -302,12 +294,35 @@ impl ExitArgs {
     }
 }
 
-/// The exit's argument offsets from the running kernel's BTF, or why there are none.
-pub fn exit_args() -> Result<ExitArgs, String> {
-    let data = std::fs::read(VMLINUX).map_err(|e| format!("no kernel BTF ({VMLINUX}: {e})"))?;
-    let btf = Btf::parse(&data).map_err(|e| e.to_string())?;
-    ExitArgs::from_btf(&btf)
-        .map_err(|(s, m)| format!("the kernel's BTF has no member {m} in struct {s}"))
+/// Every offset the kernel programs take from the running kernel's BTF, or why each is missing.
+pub struct KernelOffsets {
+    pub socket_walk: Result<SocketWalk, String>,
+    pub exit_args: Result<ExitArgs, String>,
+}
+
+/// Reads and parses `/sys/kernel/btf/vmlinux` (several MB) once for all of [`KernelOffsets`].
+pub fn kernel_offsets() -> KernelOffsets {
+    let missing =
+        |(s, m): (&str, &str)| format!("the kernel's BTF has no member {m} in struct {s}");
+    let parsed = std::fs::read(VMLINUX)
+        .map_err(|e| format!("no kernel BTF ({VMLINUX}: {e})"))
+        .and_then(|data| {
+            let btf = Btf::parse(&data).map_err(|e| e.to_string())?;
+            Ok((
+                SocketWalk::from_btf(&btf).map_err(missing),
+                ExitArgs::from_btf(&btf).map_err(missing),
+            ))
+        });
+    match parsed {
+        Ok((socket_walk, exit_args)) => KernelOffsets {
+            socket_walk,
+            exit_args,
+        },
+        Err(why) => KernelOffsets {
+            socket_walk: Err(why.clone()),
+            exit_args: Err(why),
+        },
+    }
 }
 
 #[cfg(test)]
@@ -412,9 +427,7 @@ mod tests {
     /// The running kernel's own BTF (every supported kernel has it: the agent needs 5.15+).
     #[test]
     fn the_running_kernels_socket_walk_offsets() {
-        let data = std::fs::read(VMLINUX).expect("kernel BTF at /sys/kernel/btf/vmlinux");
-        let btf = Btf::parse(&data).unwrap();
-        let walk = SocketWalk::from_btf(&btf).unwrap();
+        let walk = kernel_offsets().socket_walk.unwrap();
         // Stable since 2.6: fdtable opens with max_fds, then the fd array.
         assert_eq!(walk.fdt_max_fds, 0);
         assert_eq!(walk.fdt_fd, 8);
@@ -428,9 +441,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_running_kernels_exit_argument_offsets() {
-        let data = std::fs::read(VMLINUX).expect("kernel BTF at /sys/kernel/btf/vmlinux");
-        let btf = Btf::parse(&data).unwrap();
-        let args = ExitArgs::from_btf(&btf).unwrap();
+        let args = kernel_offsets().exit_args.unwrap();
         // pid_t pid; pid_t tgid; side by side in every kernel since 2.6.
         assert_eq!(args.task_tgid, args.task_pid + 4);
         // The user register frame is ABI: x86_64's r15 .. di, 8 bytes each.

@@ -324,9 +324,10 @@ impl SocketProbes {
                 inferscope_common::MAX_IOV
             );
         }
-        let walk = accept_socket_walk();
+        let offsets = super::btf::kernel_offsets();
+        let walk = accept_socket_walk(offsets.socket_walk);
         let w = walk.as_ref().copied().unwrap_or_default();
-        let args = syscall_args_at_exit();
+        let args = read_args_at_exit(offsets.exit_args);
         let a = args.as_ref().copied().unwrap_or_default();
         let mut ebpf = EbpfLoader::new()
             .override_global("SOCK_WALK", &u32::from(walk.is_ok()), true)
@@ -926,12 +927,12 @@ fn attach_accept_hook(ebpf: &mut Ebpf) -> Result<(), String> {
 /// misread an unusual kernel; the tests run both ways).
 const ACCEPT_SOCKET_ENV: &str = "INFERSCOPE_ACCEPT_SOCKET";
 
-/// The offsets for the accept's socket walk, or why it is off.
-fn accept_socket_walk() -> Result<SocketWalk, String> {
+/// The offsets for the accept's socket walk (`from_btf`), or why it is off.
+fn accept_socket_walk(from_btf: Result<SocketWalk, String>) -> Result<SocketWalk, String> {
     if std::env::var(ACCEPT_SOCKET_ENV).is_ok_and(|v| v == "first-read") {
         return Err(format!("{ACCEPT_SOCKET_ENV}=first-read"));
     }
-    super::btf::socket_walk()
+    from_btf
 }
 
 /// Without fexit, tcp:tcp_rcv_space_adjust (in the reading thread, on every TCP read of the
@@ -946,8 +947,8 @@ fn attach_read_sock_hook(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
 /// measurements).
 const READ_ARGS_ENV: &str = "INFERSCOPE_READ_ARGS";
 
-/// Where a read's exit finds its arguments and thread ids, or why it cannot.
-fn syscall_args_at_exit() -> Result<ExitArgs, String> {
+/// Where a read's exit finds its arguments and thread ids (`from_btf`), or why it cannot.
+fn read_args_at_exit(from_btf: Result<ExitArgs, String>) -> Result<ExitArgs, String> {
     if std::env::var(READ_ARGS_ENV).is_ok_and(|v| v == "entry") {
         return Err(format!("{READ_ARGS_ENV}=entry"));
     }
@@ -958,7 +959,7 @@ fn syscall_args_at_exit() -> Result<ExitArgs, String> {
     if !helper.unwrap_or(false) {
         return Err("this kernel has no bpf_task_pt_regs (5.15+)".to_string());
     }
-    super::btf::exit_args()
+    from_btf
 }
 
 /// Loads the read exit programs that take their arguments from the registers, or says why
@@ -974,19 +975,16 @@ fn reads_at_exit(
     if reads_learn_sock {
         return Err("reads learn their connection's socket at their entry".to_string());
     }
-    let mut loaded: Vec<&str> = Vec::new();
     for &(program, _, _) in READS_AT_EXIT {
-        if loaded.contains(&program) {
-            continue;
-        }
         let prog: &mut TracePoint = ebpf
             .program_mut(program)
             .ok_or_else(|| format!("{program} is missing from the object"))?
             .try_into()
             .map_err(|e| format!("{program}: {e}"))?;
-        prog.load()
-            .map_err(|e| format!("the kernel refused {program}: {e}"))?;
-        loaded.push(program);
+        if prog.fd().is_err() {
+            prog.load()
+                .map_err(|e| format!("the kernel refused {program}: {e}"))?;
+        }
     }
     Ok(())
 }

@@ -93,7 +93,7 @@ macro_rules! exit_program {
     ($name:ident, $shape:expr) => {
         #[tracepoint]
         pub fn $name(ctx: TracePointContext) -> u32 {
-            let _ = try_exit_with_args(&ctx, SyscallKind::Read, $shape);
+            let _ = try_read_exit(&ctx, $shape);
             0
         }
     };
@@ -104,7 +104,7 @@ exit_program!(exit_readv_args, Shape::Iovec);
 exit_program!(exit_recvmsg_args, Shape::Msghdr);
 
 #[inline(always)]
-fn try_exit_with_args(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), i32> {
+fn try_read_exit(ctx: &TracePointContext, shape: Shape) -> Result<(), i32> {
     let task = Task::current();
     let pid_tgid = task.pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
@@ -117,7 +117,8 @@ fn try_exit_with_args(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) 
     if ret == -EAGAIN || ret == -EINTR {
         return Ok(());
     }
-    let Some(mut inflight) = super::enter::admit(pid_tgid, tgid, kind, shape, task.syscall_args())
+    let args = task.syscall_args();
+    let Some(mut inflight) = super::enter::admit(pid_tgid, tgid, SyscallKind::Read, shape, args)
     else {
         return Ok(());
     };
@@ -177,8 +178,7 @@ fn finish(
 }
 
 /// The fd's key and the armed template of the connection this write may be a token event of:
-/// a write of one
-/// buffer, short enough to be one and to be captured whole. Such writes (most of a stream's)
+/// a write of one buffer, short enough to be one and to be captured whole. Such writes (most of a stream's)
 /// are classified here, and a token event joins its connection's batch without the tail call
 /// and the hand-over to `exit_record`; anything else (a head, a miss, an unarmed connection)
 /// is `exit_record`'s, which classifies it again and records it as before.
