@@ -82,6 +82,8 @@ counters! {
     KernelTokenBatches => "kernel_token_batches": Total,
     // Connections whose template slots were both held by live connections: captured in full.
     KernelTokenSlotsBusy => "kernel_token_slots_busy": Total,
+    // TCP writes stamped at their return: their bytes were still queued then.
+    KernelWritesStampedAtReturn => "kernel_writes_stamped_at_return": Total,
     TlsProbesAttached => "tls_probes_attached": Total,
     TlsConnectionsUndecoded => "tls_connections_undecoded": Loss,
     KernelTracepointsUnattached => "kernel_tracepoints_unattached": Loss,
@@ -389,6 +391,7 @@ pub const fn kernel(c: inferscope_common::Counter) -> Counter {
         K::RecordsUnsent => Counter::KernelRecordsUnsent,
         K::TokenBatches => Counter::KernelTokenBatches,
         K::TokenSlotsBusy => Counter::KernelTokenSlotsBusy,
+        K::WritesStampedAtReturn => Counter::KernelWritesStampedAtReturn,
     }
 }
 

@@ -77,11 +77,16 @@ fn check_tells_the_truth_as_root_against_the_real_engine() {
         "{fexit}"
     );
 
-    // This kernel has BTF and bpf_task_pt_regs: no entry program for reads.
+    // This kernel has BTF and bpf_task_pt_regs: no entry program for reads or writes.
     let reads = line(&report, "reads");
     assert!(
         reads.starts_with("  ok") && reads.contains("at their exit"),
         "{reads}"
+    );
+    let writes = line(&report, "writes");
+    assert!(
+        writes.starts_with("  ok") && writes.contains("transmit stamp"),
+        "{writes}"
     );
 
     let engine_line = line(&report, "engine");

@@ -824,12 +824,16 @@ pub enum Counter {
     /// Response heads whose connection found both its [`StreamTemplate`] slots held by other
     /// live connections: its writes are captured in full, as without a template.
     TokenSlotsBusy = 29,
+    /// TCP writes whose bytes were still queued at their return (cork, autocork, a full
+    /// congestion window), or whose socket could not be read: stamped at their return, not at
+    /// their transmission (see the eBPF crate's `socket/xmit.rs`).
+    WritesStampedAtReturn = 30,
 }
 
-pub const COUNTER_SLOTS: u32 = 30;
+pub const COUNTER_SLOTS: u32 = 31;
 
 impl Counter {
-    pub const ALL: [Counter; 30] = [
+    pub const ALL: [Counter; 31] = [
         Counter::RecordsEmitted,
         Counter::RingbufFull,
         Counter::PayloadTruncated,
@@ -860,6 +864,7 @@ impl Counter {
         Counter::RecordsUnsent,
         Counter::TokenBatches,
         Counter::TokenSlotsBusy,
+        Counter::WritesStampedAtReturn,
     ];
 
     pub fn name(self) -> &'static str {
@@ -894,6 +899,7 @@ impl Counter {
             Counter::RecordsUnsent => "records_unsent",
             Counter::TokenBatches => "token_batches",
             Counter::TokenSlotsBusy => "token_slots_busy",
+            Counter::WritesStampedAtReturn => "writes_stamped_at_return",
         }
     }
 }

@@ -370,8 +370,8 @@ pub struct Inflight {
     pub conn_id: u64,
     pub sock: u64,
     pub conn_flags: u32,
-    /// 1 when a read's arguments were taken at its exit (no entry program ran): then
-    /// `ts_enter_ns` is the exit's time, and the record's exit time too.
+    /// 1 when the arguments were taken at the exit (no entry program ran): then `ts_enter_ns`
+    /// is a read's exit time or a write's transmission (or return), and the record's time.
     pub at_exit: u32,
     /// The thread (pid_tgid) whose entry this is: set by [`save_inflight`].
     pub owner: u64,

@@ -294,10 +294,55 @@ impl ExitArgs {
     }
 }
 
+/// Where a TCP socket keeps what says when a write's bytes were transmitted (see the eBPF
+/// crate's `socket/xmit.rs`): one window of `struct tcp_sock`, read at once, and the members'
+/// offsets inside it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct XmitStamp {
+    /// Offset of the window in `struct tcp_sock` (8-aligned).
+    pub base: u32,
+    pub write_seq: u32,
+    pub snd_nxt: u32,
+    pub wstamp_ns: u32,
+}
+
+impl XmitStamp {
+    /// The window the kernel program reads (`XMIT_WINDOW` there).
+    pub const WINDOW: u32 = 128;
+
+    /// The offsets from `btf`, or the first (struct, member) it lacks (or members that do not
+    /// fit one window).
+    pub fn from_btf(btf: &Btf<'_>) -> Result<Self, (&'static str, &'static str)> {
+        let offset = |m: &'static str| btf.member_offset("tcp_sock", m).ok_or(("tcp_sock", m));
+        let (write_seq, snd_nxt, wstamp_ns) = (
+            offset("write_seq")?,
+            offset("snd_nxt")?,
+            offset("tcp_wstamp_ns")?,
+        );
+        let base = write_seq.min(snd_nxt).min(wstamp_ns) & !7;
+        let end = (write_seq + 4).max(snd_nxt + 4).max(wstamp_ns + 8);
+        let aligned =
+            write_seq.is_multiple_of(4) && snd_nxt.is_multiple_of(4) && wstamp_ns.is_multiple_of(8);
+        if end - base > Self::WINDOW || !aligned {
+            return Err((
+                "tcp_sock",
+                "write_seq, snd_nxt and tcp_wstamp_ns (aligned, within 128 bytes)",
+            ));
+        }
+        Ok(Self {
+            base,
+            write_seq: write_seq - base,
+            snd_nxt: snd_nxt - base,
+            wstamp_ns: wstamp_ns - base,
+        })
+    }
+}
+
 /// Every offset the kernel programs take from the running kernel's BTF, or why each is missing.
 pub struct KernelOffsets {
     pub socket_walk: Result<SocketWalk, String>,
     pub exit_args: Result<ExitArgs, String>,
+    pub xmit_stamp: Result<XmitStamp, String>,
 }
 
 /// Reads and parses `/sys/kernel/btf/vmlinux` (several MB) once for all of [`KernelOffsets`].
@@ -308,21 +353,17 @@ pub fn kernel_offsets() -> KernelOffsets {
         .map_err(|e| format!("no kernel BTF ({VMLINUX}: {e})"))
         .and_then(|data| {
             let btf = Btf::parse(&data).map_err(|e| e.to_string())?;
-            Ok((
-                SocketWalk::from_btf(&btf).map_err(missing),
-                ExitArgs::from_btf(&btf).map_err(missing),
-            ))
+            Ok(KernelOffsets {
+                socket_walk: SocketWalk::from_btf(&btf).map_err(missing),
+                exit_args: ExitArgs::from_btf(&btf).map_err(missing),
+                xmit_stamp: XmitStamp::from_btf(&btf).map_err(missing),
+            })
         });
-    match parsed {
-        Ok((socket_walk, exit_args)) => KernelOffsets {
-            socket_walk,
-            exit_args,
-        },
-        Err(why) => KernelOffsets {
-            socket_walk: Err(why.clone()),
-            exit_args: Err(why),
-        },
-    }
+    parsed.unwrap_or_else(|why| KernelOffsets {
+        socket_walk: Err(why.clone()),
+        exit_args: Err(why.clone()),
+        xmit_stamp: Err(why),
+    })
 }
 
 #[cfg(test)]
@@ -446,5 +487,17 @@ mod tests {
         assert_eq!(args.task_tgid, args.task_pid + 4);
         // The user register frame is ABI: x86_64's r15 .. di, 8 bytes each.
         assert_eq!(args.regs, [14 * 8, 13 * 8, 12 * 8]);
+    }
+
+    #[test]
+    fn the_running_kernels_transmit_stamp_offsets() {
+        let xmit = kernel_offsets().xmit_stamp.unwrap();
+        // Inside the window, aligned for the kernel program's loads, and distinct.
+        let fits = |offset: u32, size: u32| {
+            offset.is_multiple_of(size) && offset + size <= XmitStamp::WINDOW
+        };
+        assert!(fits(xmit.write_seq, 4) && fits(xmit.snd_nxt, 4) && fits(xmit.wstamp_ns, 8));
+        assert_eq!(xmit.base % 8, 0);
+        assert_ne!(xmit.write_seq, xmit.snd_nxt);
     }
 }

@@ -80,13 +80,10 @@ pub enum CaptureError {
     },
 }
 
-/// (program, tracepoint category, tracepoint name), attached always. write/sendto share a
-/// program because their first three arguments (fd, buffer, length) have the same shape.
+/// (program, tracepoint category, tracepoint name), attached always. write/sendto (and
+/// read/recvfrom) share a program because their first three arguments (fd, buffer, length)
+/// have the same shape.
 const ATTACHMENTS: &[(&str, &str, &str)] = &[
-    ("enter_write", "syscalls", "sys_enter_write"),
-    ("enter_write", "syscalls", "sys_enter_sendto"),
-    ("enter_writev", "syscalls", "sys_enter_writev"),
-    ("enter_sendmsg", "syscalls", "sys_enter_sendmsg"),
     ("enter_accept", "syscalls", "sys_enter_accept"),
     ("enter_accept", "syscalls", "sys_enter_accept4"),
     ("enter_close", "syscalls", "sys_enter_close"),
@@ -96,10 +93,6 @@ const ATTACHMENTS: &[(&str, &str, &str)] = &[
     ("enter_dup2", "syscalls", "sys_enter_dup3"),
     ("enter_bind", "syscalls", "sys_enter_bind"),
     ("thread_exit", "sched", "sched_process_exit"),
-    ("exit_syscall", "syscalls", "sys_exit_write"),
-    ("exit_syscall", "syscalls", "sys_exit_sendto"),
-    ("exit_syscall", "syscalls", "sys_exit_writev"),
-    ("exit_syscall", "syscalls", "sys_exit_sendmsg"),
     ("exit_accept", "syscalls", "sys_exit_accept"),
     ("exit_accept", "syscalls", "sys_exit_accept4"),
     ("exit_syscall", "syscalls", "sys_exit_dup"),
@@ -114,6 +107,27 @@ const READS_AT_EXIT: &[(&str, &str, &str)] = &[
     ("exit_read_args", "syscalls", "sys_exit_recvfrom"),
     ("exit_readv_args", "syscalls", "sys_exit_readv"),
     ("exit_recvmsg_args", "syscalls", "sys_exit_recvmsg"),
+];
+
+/// Writes, where their exits take the arguments from the thread's saved registers and the
+/// time from the socket's transmit stamp.
+const WRITES_AT_EXIT: &[(&str, &str, &str)] = &[
+    ("exit_write_args", "syscalls", "sys_exit_write"),
+    ("exit_write_args", "syscalls", "sys_exit_sendto"),
+    ("exit_writev_args", "syscalls", "sys_exit_writev"),
+    ("exit_sendmsg_args", "syscalls", "sys_exit_sendmsg"),
+];
+
+/// Writes elsewhere: an entry program saves the arguments and the time for the shared exit.
+const WRITES_AT_ENTRY: &[(&str, &str, &str)] = &[
+    ("enter_write", "syscalls", "sys_enter_write"),
+    ("enter_write", "syscalls", "sys_enter_sendto"),
+    ("enter_writev", "syscalls", "sys_enter_writev"),
+    ("enter_sendmsg", "syscalls", "sys_enter_sendmsg"),
+    ("exit_syscall", "syscalls", "sys_exit_write"),
+    ("exit_syscall", "syscalls", "sys_exit_sendto"),
+    ("exit_syscall", "syscalls", "sys_exit_writev"),
+    ("exit_syscall", "syscalls", "sys_exit_sendmsg"),
 ];
 
 /// Reads elsewhere: an entry program saves the arguments for the shared exit.
@@ -238,6 +252,8 @@ pub struct SocketProbes {
     socket_walk: bool,
     /// Why reads take their arguments at their entry (None: at their exit).
     reads_at_entry: Option<String>,
+    /// Why writes keep their entry programs, if they do.
+    writes_at_entry: Option<String>,
     /// Processes whose sends/receives are captured whole, in chunks (see LARGE_CAPTURE).
     large_capture: HashMap<MapData, u32, u32>,
     counters: PerCpuArray<MapData, u64>,
@@ -327,8 +343,18 @@ impl SocketProbes {
         let offsets = super::btf::kernel_offsets();
         let walk = accept_socket_walk(offsets.socket_walk);
         let w = walk.as_ref().copied().unwrap_or_default();
-        let args = read_args_at_exit(offsets.exit_args);
-        let a = args.as_ref().copied().unwrap_or_default();
+        let args = args_at_exit(READ_ARGS_ENV, offsets.exit_args.clone());
+        let xmit = args_at_exit(WRITE_ARGS_ENV, offsets.exit_args).and_then(|write_args| {
+            offsets
+                .xmit_stamp
+                .map(|xmit| (write_args, xmit))
+                .map_err(|why| format!("{why}: no transmit stamp"))
+        });
+        let a = (args.as_ref().ok())
+            .or(xmit.as_ref().ok().map(|(write_args, _)| write_args))
+            .copied()
+            .unwrap_or_default();
+        let x = xmit.as_ref().map(|&(_, xmit)| xmit).unwrap_or_default();
         let mut ebpf = EbpfLoader::new()
             .override_global("SOCK_WALK", &u32::from(walk.is_ok()), true)
             .override_global("SOCK_WALK_TASK_FILES", &w.task_files, true)
@@ -343,6 +369,11 @@ impl SocketProbes {
             .override_global("EXIT_ARGS_REG0", &a.regs[0], true)
             .override_global("EXIT_ARGS_REG1", &a.regs[1], true)
             .override_global("EXIT_ARGS_REG2", &a.regs[2], true)
+            .override_global("XMIT_STAMP", &u32::from(xmit.is_ok()), true)
+            .override_global("XMIT_BASE", &x.base, true)
+            .override_global("XMIT_WRITE_SEQ", &x.write_seq, true)
+            .override_global("XMIT_SND_NXT", &x.snd_nxt, true)
+            .override_global("XMIT_WSTAMP", &x.wstamp_ns, true)
             .override_global("BPF_LOOP_IOVECS", &loop_iovecs, true)
             .override_global("SOCK_STATE_SKADDR", &s_skaddr, true)
             .override_global("SOCK_STATE_OLDSTATE", &s_old, true)
@@ -412,7 +443,12 @@ impl SocketProbes {
         // Reads wait at their entry to learn their connection's socket where neither fexit nor
         // the walk gives it at the accept.
         let reads_learn_sock = sock_hook_refused.is_some() && walk.is_err();
-        let reads_at_entry = match reads_at_exit(&mut ebpf, &args, reads_learn_sock) {
+        let reads_at_entry = match args.as_ref().map_err(String::clone).and_then(|_| {
+            if reads_learn_sock {
+                return Err("reads learn their connection's socket at their entry".to_string());
+            }
+            load_all(&mut ebpf, READS_AT_EXIT)
+        }) {
             Ok(()) => {
                 info!(
                     "reads take their arguments at their exit, from the thread's saved registers"
@@ -425,6 +461,22 @@ impl SocketProbes {
                     "reads take their arguments at their entry ({why}): one more program run per read"
                 );
                 attach_all(&mut ebpf, READS_AT_ENTRY)?;
+                Some(why)
+            }
+        };
+        let writes_at_entry = match xmit.and_then(|_| load_all(&mut ebpf, WRITES_AT_EXIT)) {
+            Ok(()) => {
+                info!(
+                    "writes take their arguments at their exit, from the thread's saved registers, and their time from their socket's transmit stamp"
+                );
+                attach_all(&mut ebpf, WRITES_AT_EXIT)?;
+                None
+            }
+            Err(why) => {
+                info!(
+                    "writes take their arguments and time at their entry ({why}): one more program run per write"
+                );
+                attach_all(&mut ebpf, WRITES_AT_ENTRY)?;
                 Some(why)
             }
         };
@@ -514,6 +566,7 @@ impl SocketProbes {
             sock_hook_refused,
             socket_walk: walk.is_ok(),
             reads_at_entry,
+            writes_at_entry,
             large_capture,
             counters,
             unattached,
@@ -638,6 +691,11 @@ impl SocketProbes {
     /// thread's saved registers).
     pub fn reads_at_entry_reason(&self) -> Option<&str> {
         self.reads_at_entry.as_deref()
+    }
+
+    /// Why writes keep their entry programs (None: they take their arguments at their exit).
+    pub fn writes_at_entry_reason(&self) -> Option<&str> {
+        self.writes_at_entry.as_deref()
     }
 
     pub fn watch_port(&mut self, port: u16) {
@@ -947,10 +1005,14 @@ fn attach_read_sock_hook(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
 /// measurements).
 const READ_ARGS_ENV: &str = "INFERSCOPE_READ_ARGS";
 
-/// Where a read's exit finds its arguments and thread ids (`from_btf`), or why it cannot.
-fn read_args_at_exit(from_btf: Result<ExitArgs, String>) -> Result<ExitArgs, String> {
-    if std::env::var(READ_ARGS_ENV).is_ok_and(|v| v == "entry") {
-        return Err(format!("{READ_ARGS_ENV}=entry"));
+/// The same for writes: `entry` stamps every write at its entry again.
+const WRITE_ARGS_ENV: &str = "INFERSCOPE_WRITE_ARGS";
+
+/// Where an exit finds its call's arguments and thread ids (`from_btf`), or why it cannot
+/// (`env` set to `entry`, a kernel without bpf_task_pt_regs or BTF).
+fn args_at_exit(env: &str, from_btf: Result<ExitArgs, String>) -> Result<ExitArgs, String> {
+    if std::env::var(env).is_ok_and(|v| v == "entry") {
+        return Err(format!("{env}=entry"));
     }
     let helper = aya::sys::is_helper_supported(
         aya::programs::ProgramType::TracePoint,
@@ -962,20 +1024,10 @@ fn read_args_at_exit(from_btf: Result<ExitArgs, String>) -> Result<ExitArgs, Str
     from_btf
 }
 
-/// Loads the read exit programs that take their arguments from the registers, or says why
-/// they cannot be used (then none is attached).
-fn reads_at_exit(
-    ebpf: &mut Ebpf,
-    args: &Result<ExitArgs, String>,
-    reads_learn_sock: bool,
-) -> Result<(), String> {
-    if let Err(why) = args {
-        return Err(why.clone());
-    }
-    if reads_learn_sock {
-        return Err("reads learn their connection's socket at their entry".to_string());
-    }
-    for &(program, _, _) in READS_AT_EXIT {
+/// Loads (once each) the exit programs that take their arguments from the registers, or says
+/// why they cannot be used (then none of them is attached).
+fn load_all(ebpf: &mut Ebpf, programs: &[(&str, &str, &str)]) -> Result<(), String> {
+    for &(program, _, _) in programs {
         let prog: &mut TracePoint = ebpf
             .program_mut(program)
             .ok_or_else(|| format!("{program} is missing from the object"))?

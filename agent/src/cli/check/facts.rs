@@ -84,6 +84,20 @@ pub(crate) fn gather(mut probes: Result<&mut SocketProbes, String>, options: &Op
                     ),
                 ),
             }
+            match probes.writes_at_entry_reason() {
+                None => report.push(
+                    Status::Ok,
+                    "writes",
+                    "writes take their arguments at their exit and their time from their socket's transmit stamp (one program run per write)",
+                ),
+                Some(why) => report.push(
+                    Status::Ok,
+                    "writes",
+                    format!(
+                        "writes take their arguments and time at their entry ({why}): one more program run per write"
+                    ),
+                ),
+            }
             match probes.uprobe_self_test() {
                 Ok(()) => {
                     report.uprobes = true;

@@ -1,9 +1,9 @@
-//! A read's arguments and thread, taken at the syscall's exit from the current task (its ids)
-//! and the user registers the kernel saved at the syscall's entry (fd, buffer, count: the
-//! syscall ABI preserves them, and the kernel restores them on return). So reads need no entry
-//! program: every read of the host runs one program instead of two, and a captured one saves
-//! the in-flight slot's store and load and a clock read (BENCHMARKS §29). (Writes could be
-//! taken the same way, but their time must be their entry: see `exit.rs`.)
+//! A read's or write's arguments and thread, taken at the syscall's exit from the current task
+//! (its ids) and the user registers the kernel saved at the syscall's entry (fd, buffer,
+//! count: the syscall ABI preserves them, and the kernel restores them on return). So reads
+//! and writes need no entry program: every read and write of the host runs one program instead
+//! of two, and a captured one saves the in-flight slot's store and load and a clock read
+//! (BENCHMARKS §29, §30). A write's time then comes from its socket ([`super::xmit`]).
 //!
 //! Loads through the typed pointers `bpf_get_current_task_btf` and `bpf_task_pt_regs` return
 //! (5.15+): the verifier checks each against the kernel's BTF, which needs the offsets to be

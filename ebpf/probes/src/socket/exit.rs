@@ -84,27 +84,30 @@ fn try_exit(ctx: &TracePointContext) -> Result<(), i32> {
     finish(ctx, pid_tgid, &inflight, ret)
 }
 
-/// Exits of reads that take their arguments from the thread's saved registers
-/// ([`super::args`]), with no entry program: attached instead of the read entry programs and
-/// `exit_syscall` where the kernel's BTF allows it. A read's time is its exit either way.
-/// Writes keep their entry program: a write's time is its entry, before its bytes reach the
-/// wire; on loopback its return comes after the reader's own receive (BENCHMARKS §29).
+/// Exits of reads and writes that take their arguments from the thread's saved registers
+/// ([`super::args`]), with no entry program: attached instead of the entry programs and
+/// `exit_syscall` where the kernel's BTF allows it. A read's time is its exit either way; a
+/// write's is when its bytes were transmitted ([`super::xmit`]), which its entry only
+/// approximated from before: on loopback its return comes after the reader's own receive.
 macro_rules! exit_program {
-    ($name:ident, $shape:expr) => {
+    ($name:ident, $kind:expr, $shape:expr) => {
         #[tracepoint]
         pub fn $name(ctx: TracePointContext) -> u32 {
-            let _ = try_read_exit(&ctx, $shape);
+            let _ = try_exit_with_args(&ctx, $kind, $shape);
             0
         }
     };
 }
 
-exit_program!(exit_read_args, Shape::Buffer);
-exit_program!(exit_readv_args, Shape::Iovec);
-exit_program!(exit_recvmsg_args, Shape::Msghdr);
+exit_program!(exit_read_args, SyscallKind::Read, Shape::Buffer);
+exit_program!(exit_readv_args, SyscallKind::Read, Shape::Iovec);
+exit_program!(exit_recvmsg_args, SyscallKind::Read, Shape::Msghdr);
+exit_program!(exit_write_args, SyscallKind::Write, Shape::Buffer);
+exit_program!(exit_writev_args, SyscallKind::Write, Shape::Iovec);
+exit_program!(exit_sendmsg_args, SyscallKind::Write, Shape::Msghdr);
 
 #[inline(always)]
-fn try_read_exit(ctx: &TracePointContext, shape: Shape) -> Result<(), i32> {
+fn try_exit_with_args(ctx: &TracePointContext, kind: SyscallKind, shape: Shape) -> Result<(), i32> {
     let task = Task::current();
     let pid_tgid = task.pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
@@ -112,18 +115,29 @@ fn try_read_exit(ctx: &TracePointContext, shape: Shape) -> Result<(), i32> {
         return Ok(());
     }
     let ret: i64 = field(ctx, RET);
-    // Before the registers are read: a non-blocking server's reads return EAGAIN constantly.
-    // (A TLS connection's socket read that moved nothing ties no SSL call either.)
+    // Before the registers are read: a non-blocking server's reads and writes return EAGAIN
+    // constantly. (A TLS connection's socket call that moved nothing ties no SSL call either.)
     if ret == -EAGAIN || ret == -EINTR {
         return Ok(());
     }
     let args = task.syscall_args();
-    let Some(mut inflight) = super::enter::admit(pid_tgid, tgid, SyscallKind::Read, shape, args)
-    else {
+    let Some(mut inflight) = super::enter::admit(pid_tgid, tgid, kind, shape, args) else {
         return Ok(());
     };
-    // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
-    inflight.ts_enter_ns = unsafe { bpf_ktime_get_ns() };
+    if inflight.conn_flags & CONN_TLS != 0 && ret > 0 {
+        // Ciphertext (see `finish`): no time needed.
+        return Ok(());
+    }
+    inflight.ts_enter_ns = if kind == SyscallKind::Write && ret > 0 {
+        super::xmit::write_time(if inflight.conn_flags & CONN_INET != 0 {
+            inflight.sock
+        } else {
+            0
+        })
+    } else {
+        // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
+        unsafe { bpf_ktime_get_ns() }
+    };
     inflight.at_exit = 1;
     finish(ctx, pid_tgid, &inflight, ret)
 }
@@ -510,8 +524,8 @@ fn emit_copied(
         return emit_compact(tgid, fd, ret as u32, captured, flags, inflight, scratch)
             .map(|_| false);
     }
-    // A write's time is its entry (user space reads no other): one clock read fewer. A read
-    // whose arguments were taken at its exit was stamped there.
+    // A write's time is its entry or its transmission (user space reads no other): one clock
+    // read fewer. A read whose arguments were taken at its exit was stamped there.
     let ts_exit = if kind == SyscallKind::Write as u8 || inflight.at_exit != 0 {
         inflight.ts_enter_ns
     } else {

@@ -1,5 +1,5 @@
 //! Socket syscall tracepoints. Entry saves the arguments of traced (process, fd) pairs (or, for
-//! reads on kernels with BTF, the exit takes them from the saved registers); exit,
+//! reads and writes on kernels with BTF, the exit takes them from the saved registers); exit,
 //! which knows how many bytes moved, copies a bounded prefix of them into the ring buffer.
 mod args;
 mod copy;
@@ -8,3 +8,4 @@ mod exit;
 mod sock_walk;
 mod tls;
 mod token;
+mod xmit;
