@@ -1,10 +1,10 @@
-//! Feeds arbitrary bytes to the kernel BTF reader (the accept's socket walk and the reads' exit
-//! programs take their struct offsets from /sys/kernel/btf/vmlinux). Beyond "never panics"
-//! (nested anonymous members' offsets add up without overflow): an answer is the same when
-//! asked again.
+//! Feeds arbitrary bytes to the kernel BTF reader (the accept's socket walk, the exit programs
+//! and the writes' transmit stamp take their struct offsets from /sys/kernel/btf/vmlinux).
+//! Beyond "never panics" (nested anonymous members' offsets add up without overflow): an answer
+//! is the same when asked again.
 #![no_main]
 
-use inferscope::capture::kernel::btf::{Btf, ExitArgs, SocketWalk};
+use inferscope::capture::kernel::btf::{Btf, ExitArgs, SocketWalk, XmitStamp};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -24,4 +24,10 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = SocketWalk::from_btf(&btf);
     let _ = ExitArgs::from_btf(&btf);
+    // Offsets it accepts fit the kernel program's window (a subtraction that wrapped would not).
+    if let Ok(xmit) = XmitStamp::from_btf(&btf) {
+        for (offset, size) in [(xmit.write_seq, 4), (xmit.snd_nxt, 4), (xmit.wstamp_ns, 8)] {
+            assert!(offset + size <= XmitStamp::WINDOW);
+        }
+    }
 });

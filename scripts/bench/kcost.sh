@@ -8,6 +8,7 @@
 # Needs target/release/sse_load (cargo build --release -p inferscope-integration-tests --bin sse_load).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/bench/bpftrace.sh
 rounds=${1:-5}; shift || true
 conns=${CONNS:-8}; reqs=${REQS:-500}
 load=${SSE_LOAD:-target/release/sse_load}
@@ -92,8 +93,8 @@ for r in $(seq "$rounds"); do
   if [ -n "${FLOOR:-}" ]; then
     start_server
     for f in "${floor[@]}"; do
-      bpftrace -e "${f#*|}" > "$work/bt.log" 2>&1 & bt=$!
-      until grep -q Attaching "$work/bt.log" 2>/dev/null; do sleep 0.1; done
+      start_bpftrace "$work/bt.log" "$work/bt.err" -e "${f#*|}"
+      bt=$bpftrace_pid
       sleep 0.5
       one_load "floor:${f%%|*}" $bt
       kill -INT $bt; wait $bt || true

@@ -8,6 +8,7 @@
 # Usage: scripts/bench/loopback.sh [CONNECTIONS] [REQUESTS_PER_CONNECTION] [IN_FLIGHT]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/bench/bpftrace.sh
 conns=${1:-8}; reqs=${2:-1000}; inflight=${3:-10000}
 cargo build --release -q -p inferscope -p inferscope-integration-tests --bin inferscope --bin sse_load
 B=target/release
@@ -63,8 +64,8 @@ echo "  records: $(wc -l < "$work/records.jsonl") (for $((conns * reqs)) request
 grep -o 'counter="[a-z_]*" value=[0-9]*' "$work/agent.log" | sed 's/^/  /'
 
 echo "== bpftrace baseline"
-bpftrace scripts/bench/baseline.bt $server > "$work/bt.txt" 2>"$work/bt.log" & bt=$!
-until grep -q Attaching "$work/bt.txt" "$work/bt.log" 2>/dev/null; do sleep 0.1; done
+start_bpftrace "$work/bt.txt" "$work/bt.log" scripts/bench/baseline.bt "$server"
+bt=$bpftrace_pid
 sleep 1
 measure bpftrace $bt
 prog_delta "$work/before.json" "$work/after.json" 'n.startswith("sys_")'

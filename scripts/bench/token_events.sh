@@ -13,6 +13,7 @@
 # Needs: cargo build --release -p inferscope -p inferscope-integration-tests --bin sse_load
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/bench/bpftrace.sh
 rounds=${1:-5}; reqs=${2:-1000}; conns=8
 B=target/release
 work=$(mktemp -d)
@@ -25,8 +26,8 @@ start_tracer() {  # variant server-pid → sets $tracer ("" for none)
   case $1 in
     none) return ;;
     bpftrace)
-      bpftrace scripts/bench/baseline.bt "$2" > "$work/bt.txt" 2>"$work/t.log" & tracer=$!
-      until grep -q Attaching "$work/bt.txt" "$work/t.log" 2>/dev/null; do sleep 0.1; done
+      start_bpftrace "$work/bt.txt" "$work/t.log" scripts/bench/baseline.bt "$2"
+      tracer=$bpftrace_pid
       sleep 1 ;;
     *)
       local bin=$B/inferscope args=()

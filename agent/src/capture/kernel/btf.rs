@@ -320,10 +320,13 @@ impl XmitStamp {
             offset("tcp_wstamp_ns")?,
         );
         let base = write_seq.min(snd_nxt).min(wstamp_ns) & !7;
-        let end = (write_seq + 4).max(snd_nxt + 4).max(wstamp_ns + 8);
+        // In u64: the offsets are the BTF's, which a damaged blob can put anywhere.
+        let end = (u64::from(write_seq) + 4)
+            .max(u64::from(snd_nxt) + 4)
+            .max(u64::from(wstamp_ns) + 8);
         let aligned =
             write_seq.is_multiple_of(4) && snd_nxt.is_multiple_of(4) && wstamp_ns.is_multiple_of(8);
-        if end - base > Self::WINDOW || !aligned {
+        if end - u64::from(base) > u64::from(Self::WINDOW) || !aligned {
             return Err((
                 "tcp_sock",
                 "write_seq, snd_nxt and tcp_wstamp_ns (aligned, within 128 bytes)",
