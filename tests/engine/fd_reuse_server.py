@@ -7,7 +7,9 @@ Connection i runs scenario SCENARIOS[i // PER]:
   late-accept         accepts 20 ms after the client's bytes arrived
   file-after-close    opens and reads a file right after every close (the connection's number)
   server-closes-first writes two events, then closes mid-stream
-Usage: fd_reuse_server.py PORT PER
+Usage: fd_reuse_server.py PORT PER [mptcp]
+  mptcp: listen with IPPROTO_MPTCP, as Go 1.24's listeners do where the kernel allows it (a
+  plain TCP client's connection is then accepted as plain TCP).
 """
 import os
 import select
@@ -55,7 +57,8 @@ def event(rid, text):
 
 def main():
     port, per = int(sys.argv[1]), int(sys.argv[2])
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    protocol = 262 if sys.argv[3:] == ["mptcp"] else 0  # IPPROTO_MPTCP (Python 3.10+ names it)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM, protocol)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", port))
     listener.listen(64)

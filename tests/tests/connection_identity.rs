@@ -159,6 +159,7 @@ fn fd_reuse_late_accept_and_server_close_match_the_wire() {
     fd_reuse_late_accept_and_server_close(
         "fd-reuse",
         &[],
+        &[],
         &[
             "an accepted connection's TCP socket is found from its fd at the accept",
             "reads take their arguments at their exit",
@@ -174,6 +175,7 @@ fn fd_reuse_late_accept_and_server_close_match_the_wire() {
 fn fd_reuse_late_accept_and_server_close_match_the_wire_with_arguments_from_the_entry() {
     fd_reuse_late_accept_and_server_close(
         "fd-reuse-entry",
+        &[],
         &[
             ("INFERSCOPE_READ_ARGS", "entry"),
             ("INFERSCOPE_WRITE_ARGS", "entry"),
@@ -193,6 +195,7 @@ fn fd_reuse_late_accept_and_server_close_match_the_wire_with_arguments_from_the_
 fn fd_reuse_late_accept_and_server_close_match_the_wire_with_the_socket_from_the_first_read() {
     fd_reuse_late_accept_and_server_close(
         "fd-reuse-first-read",
+        &[],
         &[("INFERSCOPE_ACCEPT_SOCKET", "first-read")],
         &[
             "is learnt at its first read (tcp:tcp_rcv_space_adjust)",
@@ -203,12 +206,31 @@ fn fd_reuse_late_accept_and_server_close_match_the_wire_with_the_socket_from_the
     );
 }
 
+/// The same behind a listener that speaks MPTCP (Go 1.24's default where the kernel allows it):
+/// the agent finds it by its port, and a plain TCP client's connections are plain TCP.
+#[test]
+fn fd_reuse_late_accept_and_server_close_match_the_wire_behind_an_mptcp_listener() {
+    fd_reuse_late_accept_and_server_close(
+        "fd-reuse-mptcp",
+        &["mptcp"],
+        &[],
+        &[
+            "an accepted connection's TCP socket is found from its fd at the accept",
+            "reads take their arguments at their exit",
+            "writes take their arguments at their exit",
+        ],
+        false,
+    );
+}
+
+/// `server_args`: after the server's port and count (`mptcp`: an MPTCP listener).
 /// `mechanisms`: how the agent says it learns each connection's socket, then where reads and
 /// writes take their arguments. Where fexit is allowed (not on this project's VM) the accept
 /// hook names the socket and neither socket fallback runs: the first is then not in the log.
 /// `from_read`: each connection's socket is learnt at its first read (else never there).
 fn fd_reuse_late_accept_and_server_close(
     name: &str,
+    server_args: &[&str],
     env: &[(&str, &str)],
     mechanisms: &[&str],
     from_read: bool,
@@ -219,6 +241,7 @@ fn fd_reuse_late_accept_and_server_close(
     let mut server = Command::new(engine::python())
         .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("engine/fd_reuse_server.py"))
         .args([&port.to_string(), &PER.to_string()])
+        .args(server_args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

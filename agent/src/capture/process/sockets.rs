@@ -123,8 +123,13 @@ fn classify(fd: RawFd) -> FdKind {
     if domain == Some(libc::AF_UNIX) && sockopt_int(fd, libc::SO_TYPE) == Some(libc::SOCK_STREAM) {
         return FdKind::UnixStream;
     }
+    // MPTCP is TCP to the engine and its clients (Go 1.24's listeners use it where the kernel
+    // allows): a client without MPTCP gets a plain TCP connection from its accept.
     if !matches!(domain, Some(libc::AF_INET) | Some(libc::AF_INET6))
-        || sockopt_int(fd, libc::SO_PROTOCOL) != Some(libc::IPPROTO_TCP)
+        || !matches!(
+            sockopt_int(fd, libc::SO_PROTOCOL),
+            Some(libc::IPPROTO_TCP) | Some(libc::IPPROTO_MPTCP)
+        )
     {
         return FdKind::Other;
     }
