@@ -832,6 +832,11 @@ pub enum Counter {
 
 pub const COUNTER_SLOTS: u32 = 31;
 
+/// Bytes of `struct tcp_sock` a write's exit reads at once for its transmit stamp (the eBPF
+/// crate's `socket/xmit.rs`): user space leaves the stamp off where `write_seq`, `snd_nxt` and
+/// `tcp_wstamp_ns` span more.
+pub const XMIT_WINDOW: usize = 128;
+
 impl Counter {
     pub const ALL: [Counter; 31] = [
         Counter::RecordsEmitted,

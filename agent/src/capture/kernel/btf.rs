@@ -307,8 +307,8 @@ pub struct XmitStamp {
 }
 
 impl XmitStamp {
-    /// The window the kernel program reads (`XMIT_WINDOW` there).
-    pub const WINDOW: u32 = 128;
+    /// The window the kernel program reads.
+    pub const WINDOW: u32 = inferscope_common::XMIT_WINDOW as u32;
 
     /// The offsets from `btf`, or the first (struct, member) it lacks (or members that do not
     /// fit one window).
@@ -329,7 +329,7 @@ impl XmitStamp {
         if end - u64::from(base) > u64::from(Self::WINDOW) || !aligned {
             return Err((
                 "tcp_sock",
-                "write_seq, snd_nxt and tcp_wstamp_ns (aligned, within 128 bytes)",
+                "write_seq, snd_nxt and tcp_wstamp_ns (aligned, within one window)",
             ));
         }
         Ok(Self {

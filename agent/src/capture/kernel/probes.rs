@@ -343,18 +343,16 @@ impl SocketProbes {
         let offsets = super::btf::kernel_offsets();
         let walk = accept_socket_walk(offsets.socket_walk);
         let w = walk.as_ref().copied().unwrap_or_default();
+        // Set whenever the BTF has them: programs that read them are attached only where the
+        // reads' or writes' own decision below allows.
+        let a = offsets.exit_args.clone().unwrap_or_default();
         let args = args_at_exit(READ_ARGS_ENV, offsets.exit_args.clone());
-        let xmit = args_at_exit(WRITE_ARGS_ENV, offsets.exit_args).and_then(|write_args| {
+        let xmit = args_at_exit(WRITE_ARGS_ENV, offsets.exit_args).and_then(|_| {
             offsets
                 .xmit_stamp
-                .map(|xmit| (write_args, xmit))
                 .map_err(|why| format!("{why}: no transmit stamp"))
         });
-        let a = (args.as_ref().ok())
-            .or(xmit.as_ref().ok().map(|(write_args, _)| write_args))
-            .copied()
-            .unwrap_or_default();
-        let x = xmit.as_ref().map(|&(_, xmit)| xmit).unwrap_or_default();
+        let x = xmit.as_ref().copied().unwrap_or_default();
         let mut ebpf = EbpfLoader::new()
             .override_global("SOCK_WALK", &u32::from(walk.is_ok()), true)
             .override_global("SOCK_WALK_TASK_FILES", &w.task_files, true)

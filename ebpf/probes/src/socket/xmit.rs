@@ -11,7 +11,7 @@
 //! The member offsets come from the kernel's BTF (user space sets them at load time); the
 //! three members sit within one window of the socket, read with one helper call.
 use aya_ebpf::helpers::{bpf_ktime_get_ns, generated::bpf_probe_read_kernel};
-use inferscope_common::Counter;
+use inferscope_common::{Counter, XMIT_WINDOW};
 
 use crate::counters::bump;
 
@@ -28,9 +28,6 @@ static XMIT_WRITE_SEQ: u32 = 0;
 static XMIT_SND_NXT: u32 = 0;
 #[unsafe(no_mangle)]
 static XMIT_WSTAMP: u32 = 0;
-
-/// The window's size: user space leaves the stamp off if the three members span more.
-pub const XMIT_WINDOW: usize = 128;
 
 #[inline(always)]
 fn global(value: &u32) -> usize {
