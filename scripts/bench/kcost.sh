@@ -3,6 +3,7 @@
 # root. Alternates the tracers in every round, under the same load, and prints medians, so the
 # noise of a shared machine hits every variant alike.
 #   scripts/bench/kcost.sh ROUNDS AGENT_BIN...        inferscope binaries (A/B of kernel programs)
+#   SAMPLES=FILE scripts/bench/kcost.sh ...        also keeps every round's figures in FILE.
 #   FLOOR=1 scripts/bench/kcost.sh ROUNDS [AGENT_BIN...]  also the platform's floor: bpftrace
 #       programs that do nothing, or one helper/map operation, on the same tracepoints.
 # Needs target/release/sse_load (cargo build --release -p inferscope-integration-tests --bin sse_load).
@@ -102,6 +103,8 @@ for r in $(seq "$rounds"); do
     kill $server; wait $server 2>/dev/null || true
   fi
 done
+# SAMPLES=FILE keeps every round's figures ("label program runs ns" per line).
+[ -n "${SAMPLES:-}" ] && cp "$work/samples" "$SAMPLES"
 echo "median over $rounds rounds (ns per program run; runs of the last round)"
 python3 - "$work/samples" <<'PY'
 import sys, statistics, collections

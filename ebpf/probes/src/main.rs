@@ -7,6 +7,8 @@
 // name, and its programs are checked by the verifier's instruction count, not by dead-code
 // analysis, so its helpers and maps keep the visibility they were written with.
 #![allow(unreachable_pub)]
+// Inline assembly for the bpf target (one unaligned load: `socket::token`), as aya-ebpf uses it.
+#![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
 mod conn_seq;
 mod counters;
