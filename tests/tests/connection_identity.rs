@@ -133,7 +133,46 @@ fn stop_tcpdump(mut dump: KillOnDrop, pcap_path: &Path, port: u16, want: usize) 
 
 /// One request on a fresh connection, read until the server closes it.
 fn post_and_read_to_close(port: u16, n: usize) -> Vec<u8> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connecting to the server");
+    let s = TcpStream::connect(("127.0.0.1", port)).expect("connecting to the server");
+    post_and_read_to_close_on(s, n)
+}
+
+/// A client socket that speaks MPTCP (IPPROTO_MPTCP), connected to 127.0.0.1:`port`.
+fn mptcp_connect(port: u16) -> TcpStream {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket(2)/connect(2) calls on a fresh fd this function owns; the address
+    // is a valid sockaddr_in for the length passed.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_MPTCP);
+        assert!(
+            fd >= 0,
+            "an MPTCP socket: {}",
+            std::io::Error::last_os_error()
+        );
+        let addr = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let connected = libc::connect(
+            fd,
+            (&addr as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        );
+        assert_eq!(
+            connected,
+            0,
+            "connecting: {}",
+            std::io::Error::last_os_error()
+        );
+        TcpStream::from_raw_fd(fd)
+    }
+}
+
+fn post_and_read_to_close_on(mut s: TcpStream, n: usize) -> Vec<u8> {
     s.set_nodelay(true).expect("TCP_NODELAY");
     s.set_read_timeout(Some(Duration::from_secs(10)))
         .expect("read timeout");
@@ -223,6 +262,34 @@ fn fd_reuse_late_accept_and_server_close_match_the_wire_behind_an_mptcp_listener
     );
 }
 
+/// The same with a client that speaks MPTCP too (`IPPROTO_MPTCP`): the accepted fd then holds
+/// an `mptcp_sock`, whose bytes travel on TCP subflows. The kernel programs join its arrivals and
+/// stamp its writes by its first subflow; the `mptcp_sock` itself, taken for a TCP socket,
+/// would lose every wire arrival and give writes its unrelated memory for a transmit stamp (a
+/// mismatch stamps the write at its return, counted; a chance match, a wrong time).
+#[test]
+fn fd_reuse_late_accept_and_server_close_match_the_wire_from_an_mptcp_client() {
+    fd_reuse_late_accept_and_server_close_with(
+        "fd-reuse-mptcp-client",
+        &["mptcp"],
+        &[],
+        &[
+            "an accepted connection's TCP socket is found from its fd at the accept",
+            "reads take their arguments at their exit",
+            "writes take their arguments at their exit",
+        ],
+        false,
+        ClientSocket::Mptcp,
+    );
+}
+
+/// How the test's client connects.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ClientSocket {
+    Tcp,
+    Mptcp,
+}
+
 /// `server_args`: after the server's port and count (`mptcp`: an MPTCP listener).
 /// `mechanisms`: how the agent says it learns each connection's socket, then where reads and
 /// writes take their arguments. Where fexit is allowed (not on this project's VM) the accept
@@ -234,6 +301,24 @@ fn fd_reuse_late_accept_and_server_close(
     env: &[(&str, &str)],
     mechanisms: &[&str],
     from_read: bool,
+) {
+    fd_reuse_late_accept_and_server_close_with(
+        name,
+        server_args,
+        env,
+        mechanisms,
+        from_read,
+        ClientSocket::Tcp,
+    );
+}
+
+fn fd_reuse_late_accept_and_server_close_with(
+    name: &str,
+    server_args: &[&str],
+    env: &[(&str, &str)],
+    mechanisms: &[&str],
+    from_read: bool,
+    client: ClientSocket,
 ) {
     const PER: usize = 10;
     let dir = tempdir(name);
@@ -280,7 +365,10 @@ fn fd_reuse_late_accept_and_server_close(
         "server-closes-first",
     ];
     for n in 0..PER * scenarios.len() {
-        let raw = post_and_read_to_close(port, n);
+        let raw = match client {
+            ClientSocket::Tcp => post_and_read_to_close(port, n),
+            ClientSocket::Mptcp => post_and_read_to_close_on(mptcp_connect(port), n),
+        };
         assert!(raw.starts_with(b"HTTP/1.1 200"), "request {n}: {raw:?}");
     }
     recorder.wait_records(Duration::from_secs(30), "a record per request", |records| {
@@ -374,6 +462,11 @@ fn fd_reuse_late_accept_and_server_close(
         on_wire as u64,
         "{log}"
     );
+    if client == ClientSocket::Mptcp {
+        // Every write of this test is transmitted before it returns (the server waits between
+        // its events): one stamped at its return read a socket that was not the subflow.
+        assert_eq!(counters.get("kernel_writes_stamped_at_return"), 0, "{log}");
+    }
     if !fexit {
         let learnt_at_read = counters.get("kernel_conn_sock_from_read");
         if from_read {

@@ -232,12 +232,21 @@ pub struct SocketWalk {
     pub file_private_data: u32,
     pub socket_sk: u32,
     pub sock_family: u32,
+    /// `sock.sk_protocol` and `mptcp_sock.first` (an MPTCP connection's first subflow), or 0
+    /// where the kernel has no MPTCP (every IPv4/IPv6 stream socket is then TCP; before 5.6,
+    /// which has no MPTCP, `sk_protocol` was a bitfield).
+    pub sock_protocol: u32,
+    pub mptcp_first: u32,
 }
 
 impl SocketWalk {
     /// The offsets from `btf`, or the first (struct, member) it lacks.
     pub fn from_btf(btf: &Btf<'_>) -> Result<Self, (&'static str, &'static str)> {
         let offset = |s: &'static str, m: &'static str| btf.member_offset(s, m).ok_or((s, m));
+        let mptcp = match btf.member_offset("mptcp_sock", "first") {
+            Some(first) => Some((offset("sock", "sk_protocol")?, first)),
+            None => None,
+        };
         Ok(Self {
             task_files: offset("task_struct", "files")?,
             files_fdt: offset("files_struct", "fdt")?,
@@ -246,6 +255,8 @@ impl SocketWalk {
             file_private_data: offset("file", "private_data")?,
             socket_sk: offset("socket", "sk")?,
             sock_family: offset("sock_common", "skc_family")?,
+            sock_protocol: mptcp.map_or(0, |(protocol, _)| protocol),
+            mptcp_first: mptcp.map_or(0, |(_, first)| first),
         })
     }
 }
@@ -479,6 +490,10 @@ mod tests {
         assert_eq!(walk.socket_sk, 24);
         // sock_common: the address pair, the hash, the port pair, then the family.
         assert_eq!(walk.sock_family, 16);
+        // This kernel has MPTCP (the connection_identity tests use it), so the walk looks at
+        // the protocol: after sock_common, and in struct mptcp_sock after its struct sock.
+        assert!(walk.sock_protocol > walk.sock_family);
+        assert!(walk.mptcp_first > walk.sock_protocol);
         assert!(walk.task_files > 0 && walk.files_fdt > 0 && walk.file_private_data > 0);
     }
 

@@ -362,6 +362,8 @@ impl SocketProbes {
             .override_global("SOCK_WALK_FILE_PRIVATE_DATA", &w.file_private_data, true)
             .override_global("SOCK_WALK_SOCKET_SK", &w.socket_sk, true)
             .override_global("SOCK_WALK_SOCK_FAMILY", &w.sock_family, true)
+            .override_global("SOCK_WALK_SOCK_PROTOCOL", &w.sock_protocol, true)
+            .override_global("SOCK_WALK_MPTCP_FIRST", &w.mptcp_first, true)
             .override_global("EXIT_ARGS_TASK_PID", &a.task_pid, true)
             .override_global("EXIT_ARGS_TASK_TGID", &a.task_tgid, true)
             .override_global("EXIT_ARGS_REG0", &a.regs[0], true)

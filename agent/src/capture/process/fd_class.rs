@@ -43,7 +43,8 @@ pub struct FdClassifier {
     /// Connections the kernel knows (accepted) just found carrying IPC, as (tgid, fd, id): the
     /// caller tells the kernel not to cut their writes under back-pressure, then clears it.
     pub new_ipc: Vec<(u32, i32, u64)>,
-    /// The kernel's accept hook runs: an accepted socket without a socket address is not TCP.
+    /// The kernel's accept hook runs: an accepted connection without a socket is then most
+    /// likely a Unix one, so one whose fd is gone when it is classified is not taken for TCP.
     pub sock_hook: bool,
     pub lookups: u64,
 }
@@ -146,18 +147,17 @@ impl FdClassifier {
                 // Accepted TCP: the kernel joins its arrivals by socket; no lookup needed.
                 return server(None, None);
             }
-            if self.sock_hook {
-                // Accepted, but not through TCP's accept: a Unix socket.
-                return if ipc { FdClass::Ipc } else { FdClass::Other };
-            }
-            // No accept hook: ask the process what the accepted fd is. Whatever it holds now
+            // Accepted, and the kernel named no TCP socket: with the accept hook, most likely a
+            // Unix socket, but also a TCP one whose socket the hook could not read. Without
+            // it, anything. Either way the process says what the fd is; whatever it holds now
             // was accepted, so a TCP connection there is this one or a later accepted one.
             self.lookups += 1;
             return match sockets::tcp_connection(ev.tgid, ev.fd) {
                 FdNow::TcpConnection { local, peer } => server(Some(local.port()), Some(peer)),
                 FdNow::UnixStream if ipc => FdClass::Ipc,
-                FdNow::Gone => server(None, None),
-                FdNow::UnixStream | FdNow::Other => FdClass::Other,
+                FdNow::Gone if !self.sock_hook => server(None, None),
+                FdNow::Gone if ipc => FdClass::Ipc,
+                FdNow::Gone | FdNow::UnixStream | FdNow::Other => FdClass::Other,
             };
         }
         // An fd the kernel never saw accepted (captured only for engines with IPC decoding): an
@@ -228,7 +228,8 @@ mod tests {
         assert_eq!(c.classify(&ev(fd, 0, 0), &[port], None), FdClass::Other);
         assert_eq!(c.lookups, 1);
         // Accepted, not TCP (Unix): IPC for engines that decode it, else nothing.
-        let unix = ev(5, id + 1, CONN_KNOWN);
+        let (unix_fd, _unix_peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let unix = ev(unix_fd.as_raw_fd(), id + 1, CONN_KNOWN);
         assert_eq!(
             FdClassifier::new(true).classify(&unix, &[port], Some(false)),
             FdClass::Ipc
@@ -237,11 +238,14 @@ mod tests {
             FdClassifier::new(true).classify(&unix, &[port], None),
             FdClass::Other
         );
-        // Without the accept hook, the accepted fd is looked at.
-        assert!(matches!(
-            FdClassifier::new(false).classify(&ev(fd, id + 2, CONN_KNOWN), &[port], None),
-            FdClass::Server { local_port: Some(p), .. } if p == port
-        ));
+        // Without the accept hook, or with it but no socket named (a read of the walk failed),
+        // the accepted fd is looked at.
+        for hook in [false, true] {
+            assert!(matches!(
+                FdClassifier::new(hook).classify(&ev(fd, id + 2, CONN_KNOWN), &[port], None),
+                FdClass::Server { local_port: Some(p), .. } if p == port
+            ));
+        }
         // Pre-existing: the addresses registered at attach.
         let peer: SocketAddr = "127.0.0.1:4000".parse().unwrap();
         c.add_preexisting(std::process::id(), id + 3, 8080, peer);

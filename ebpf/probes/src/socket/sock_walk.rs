@@ -23,9 +23,17 @@ static SOCK_WALK_FILE_PRIVATE_DATA: u32 = 0;
 static SOCK_WALK_SOCKET_SK: u32 = 0;
 #[unsafe(no_mangle)]
 static SOCK_WALK_SOCK_FAMILY: u32 = 0;
+/// `sock.sk_protocol` (a u16 since 5.6) and `mptcp_sock.first`; both 0 on a kernel without
+/// MPTCP, where every IPv4/IPv6 stream socket is TCP.
+#[unsafe(no_mangle)]
+static SOCK_WALK_SOCK_PROTOCOL: u32 = 0;
+#[unsafe(no_mangle)]
+static SOCK_WALK_MPTCP_FIRST: u32 = 0;
 
 const AF_INET: u16 = 2;
 const AF_INET6: u16 = 10;
+const IPPROTO_TCP: u16 = 6;
+const IPPROTO_MPTCP: u16 = 262;
 
 #[inline(always)]
 fn offset(global: &u32) -> u64 {
@@ -47,7 +55,8 @@ fn enabled() -> bool {
     offset(&SOCK_WALK) == 1
 }
 
-/// The TCP socket (IPv4 or IPv6) `fd` of the current process holds, or 0: not a TCP socket, or
+/// The TCP socket (IPv4 or IPv6) `fd` of the current process holds (an MPTCP connection's
+/// first subflow), or 0: not a TCP socket, or
 /// a read failed (the fd closed by another thread meanwhile, an offset wrong for this kernel:
 /// then nothing is learnt, as without the walk).
 #[inline(always)]
@@ -74,5 +83,23 @@ fn walk(fd: u64) -> Option<u64> {
     let socket: u64 = read(file + offset(&SOCK_WALK_FILE_PRIVATE_DATA))?;
     let sock: u64 = read(socket + offset(&SOCK_WALK_SOCKET_SK))?;
     let family: u16 = read(sock + offset(&SOCK_WALK_SOCK_FAMILY))?;
-    (family == AF_INET || family == AF_INET6).then_some(sock)
+    if family != AF_INET && family != AF_INET6 {
+        return None;
+    }
+    let protocol_at = offset(&SOCK_WALK_SOCK_PROTOCOL);
+    if protocol_at == 0 {
+        return Some(sock);
+    }
+    match read::<u16>(sock + protocol_at)? {
+        IPPROTO_TCP => Some(sock),
+        // The fd of a connection from a client that speaks MPTCP holds its `mptcp_sock`; its
+        // bytes travel on TCP subflows, whose segments tcp_probe sees and whose transmissions
+        // stamp writes. The first subflow: the one fexit on inet_csk_accept is handed, and
+        // the only one of a client with one address.
+        IPPROTO_MPTCP => {
+            let first: u64 = read(sock + offset(&SOCK_WALK_MPTCP_FIRST))?;
+            (first != 0 && read::<u16>(first + protocol_at)? == IPPROTO_TCP).then_some(first)
+        }
+        _ => None,
+    }
 }
