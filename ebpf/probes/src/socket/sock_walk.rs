@@ -56,9 +56,8 @@ fn enabled() -> bool {
 }
 
 /// The TCP socket (IPv4 or IPv6) `fd` of the current process holds (an MPTCP connection's
-/// first subflow), or 0: not a TCP socket, or
-/// a read failed (the fd closed by another thread meanwhile, an offset wrong for this kernel:
-/// then nothing is learnt, as without the walk).
+/// first subflow), or 0: not a TCP socket, or a read failed (the fd closed by another thread
+/// meanwhile, an offset wrong for this kernel: then nothing is learnt, as without the walk).
 #[inline(always)]
 pub fn tcp_socket(fd: i32) -> u64 {
     if !enabled() || fd < 0 {

@@ -170,13 +170,13 @@ fn set_armed(key: u64, conn_id: u64, armed: u8) {
     }
 }
 
-/// The payload's 8-byte word at any byte offset, in one load. The BPF backend splits an
-/// unaligned 8-byte load it can see into eight byte loads (it assumes strict alignment), which
-/// made every word of a template compare two aligned loads joined by shifts (~20 instructions
-/// a word with their stack spills; one load: ~12, and ~20 ns less per token write, BENCHMARKS
-/// §31); the kernel itself allows a misaligned map-value
-/// load wherever the architecture does (`CONFIG_HAVE_EFFICIENT_UNALIGNED_ACCESS`, x86-64: the
-/// only architecture the agent builds for), so the load is written out.
+/// The payload's 8-byte word at any byte offset, in one load. The BPF backend splits an 8-byte
+/// load it cannot prove aligned into eight byte loads, which made every word of a template
+/// compare two aligned loads joined by shifts (~20 instructions a word with their stack spills;
+/// one load: ~12, and ~20 ns less per token write, BENCHMARKS §31). The kernel allows a
+/// misaligned map-value load wherever the architecture does
+/// (`CONFIG_HAVE_EFFICIENT_UNALIGNED_ACCESS`: x86-64, the only architecture the agent builds
+/// for), so the load is written out.
 #[inline(always)]
 fn word_at(payload: &[u8; 2 * MAX_CAPTURE_BYTES], offset: usize) -> u64 {
     let offset = offset & OFFSET_MASK;
