@@ -199,12 +199,9 @@ fn fd_reuse_late_accept_and_server_close_match_the_wire() {
         "fd-reuse",
         &[],
         &[],
-        &[
-            "an accepted connection's TCP socket is found from its fd at the accept",
-            "reads take their arguments at their exit",
-            "writes take their arguments at their exit",
-        ],
+        &DEFAULT_MECHANISMS,
         false,
+        ClientSocket::Tcp,
     );
 }
 
@@ -225,6 +222,7 @@ fn fd_reuse_late_accept_and_server_close_match_the_wire_with_arguments_from_the_
             "writes take their arguments and time at their entry (INFERSCOPE_WRITE_ARGS=entry)",
         ],
         false,
+        ClientSocket::Tcp,
     );
 }
 
@@ -242,6 +240,7 @@ fn fd_reuse_late_accept_and_server_close_match_the_wire_with_the_socket_from_the
             "writes take their arguments at their exit",
         ],
         true,
+        ClientSocket::Tcp,
     );
 }
 
@@ -253,12 +252,9 @@ fn fd_reuse_late_accept_and_server_close_match_the_wire_behind_an_mptcp_listener
         "fd-reuse-mptcp",
         &["mptcp"],
         &[],
-        &[
-            "an accepted connection's TCP socket is found from its fd at the accept",
-            "reads take their arguments at their exit",
-            "writes take their arguments at their exit",
-        ],
+        &DEFAULT_MECHANISMS,
         false,
+        ClientSocket::Tcp,
     );
 }
 
@@ -269,19 +265,23 @@ fn fd_reuse_late_accept_and_server_close_match_the_wire_behind_an_mptcp_listener
 /// mismatch stamps the write at its return, counted; a chance match, a wrong time).
 #[test]
 fn fd_reuse_late_accept_and_server_close_match_the_wire_from_an_mptcp_client() {
-    fd_reuse_late_accept_and_server_close_with(
+    fd_reuse_late_accept_and_server_close(
         "fd-reuse-mptcp-client",
         &["mptcp"],
         &[],
-        &[
-            "an accepted connection's TCP socket is found from its fd at the accept",
-            "reads take their arguments at their exit",
-            "writes take their arguments at their exit",
-        ],
+        &DEFAULT_MECHANISMS,
         false,
         ClientSocket::Mptcp,
     );
 }
+
+/// How the agent says it learns each connection's socket and where reads and writes take their
+/// arguments, on this project's VM with nothing overridden.
+const DEFAULT_MECHANISMS: [&str; 3] = [
+    "an accepted connection's TCP socket is found from its fd at the accept",
+    "reads take their arguments at their exit",
+    "writes take their arguments at their exit",
+];
 
 /// How the test's client connects.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -295,24 +295,8 @@ enum ClientSocket {
 /// writes take their arguments. Where fexit is allowed (not on this project's VM) the accept
 /// hook names the socket and neither socket fallback runs: the first is then not in the log.
 /// `from_read`: each connection's socket is learnt at its first read (else never there).
+/// `client`: a plain TCP client, or one that speaks MPTCP.
 fn fd_reuse_late_accept_and_server_close(
-    name: &str,
-    server_args: &[&str],
-    env: &[(&str, &str)],
-    mechanisms: &[&str],
-    from_read: bool,
-) {
-    fd_reuse_late_accept_and_server_close_with(
-        name,
-        server_args,
-        env,
-        mechanisms,
-        from_read,
-        ClientSocket::Tcp,
-    );
-}
-
-fn fd_reuse_late_accept_and_server_close_with(
     name: &str,
     server_args: &[&str],
     env: &[(&str, &str)],
