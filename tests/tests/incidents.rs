@@ -207,9 +207,11 @@ fn prompt_growth_prompts_several_times_longer() {
     let d = &o.diagnosis;
     assert_eq!(d["cause"], "prompt_growth", "{}", o.report);
     // Prefill grew (queue wait may grow too: longer prefills also keep the slots busy longer).
+    // Less than the prompts did (x2.5 in tokens): each prefill has a fixed cost too, and a P99
+    // of 12 requests moves with the machine's phases (x1.9 to x2.5 seen on the project's VM).
     let p = &d["prefill_p99_ms"];
     assert!(
-        p["window"].as_f64().unwrap() > 2.0 * p["baseline"].as_f64().unwrap(),
+        p["window"].as_f64().unwrap() > 1.5 * p["baseline"].as_f64().unwrap(),
         "{}",
         o.report
     );
