@@ -193,9 +193,9 @@ fn finish(
 
 /// The fd's key and the armed template of the connection this write may be a token event of:
 /// a write of one buffer, short enough to be one and to be captured whole. Such writes (most of
-/// a stream's) are classified here, and a token event joins its connection's batch without the tail call
-/// and the hand-over to `exit_record`; anything else (a head, a miss, an unarmed connection)
-/// is `exit_record`'s, which classifies it again and records it as before.
+/// a stream's) are classified here, and a token event joins its connection's batch without the
+/// tail call and the hand-over to `exit_record`; anything else (a head, a miss, an unarmed
+/// connection) is `exit_record`'s, which classifies it again and records it as before.
 #[inline(always)]
 fn token_candidate(
     tgid: u32,
