@@ -22,6 +22,7 @@ floor=(
   "noop|$EXITS { }"
   "pid_hash_lookup|BEGIN { @t[0] = 1 } $EXITS { if (@t[pid]) { } }"
   "ktime|$EXITS { \$t = nsecs; }"
+  "current_task|$EXITS { \$t = curtask; }"
   "hash_update|$EXITS { @m[tid] = 1; }"
   "hash_update_delete|$EXITS { @m[tid] = 1; delete(@m[tid]); }"
   "probe_read_user_16|tracepoint:syscalls:sys_enter_sendto { \$b = buf(args->buff, 16); }"

@@ -226,6 +226,25 @@ fn fd_reuse_late_accept_and_server_close_match_the_wire_with_arguments_from_the_
     );
 }
 
+/// The same with the saved registers and the transmit stamp read with helper calls, as on a
+/// kernel without `bpf_rdonly_cast` (before 6.2), where the exits cannot load them through
+/// typed pointers.
+#[test]
+fn fd_reuse_late_accept_and_server_close_match_the_wire_with_helper_reads() {
+    fd_reuse_late_accept_and_server_close(
+        "fd-reuse-helpers",
+        &[],
+        &[("INFERSCOPE_KFUNCS", "off")],
+        &[
+            "an accepted connection's TCP socket is found from its fd at the accept",
+            "reads take their arguments at their exit, from the thread's saved registers (read with helper calls: INFERSCOPE_KFUNCS=off)",
+            "and their time from their socket's transmit stamp (read with helper calls: INFERSCOPE_KFUNCS=off)",
+        ],
+        false,
+        ClientSocket::Tcp,
+    );
+}
+
 /// The same with the socket learnt at each connection's first read (tcp_rcv_space_adjust), as
 /// on a kernel with neither fexit nor BTF.
 #[test]
@@ -279,8 +298,8 @@ fn fd_reuse_late_accept_and_server_close_match_the_wire_from_an_mptcp_client() {
 /// arguments, on this project's VM with nothing overridden.
 const DEFAULT_MECHANISMS: [&str; 3] = [
     "an accepted connection's TCP socket is found from its fd at the accept",
-    "reads take their arguments at their exit",
-    "writes take their arguments at their exit",
+    "reads take their arguments at their exit, from the thread's saved registers (loaded through typed pointers (bpf_rdonly_cast))",
+    "and their time from their socket's transmit stamp (loaded through typed pointers (bpf_rdonly_cast))",
 ];
 
 /// How the test's client connects.

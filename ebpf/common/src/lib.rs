@@ -837,6 +837,12 @@ pub const COUNTER_SLOTS: u32 = 31;
 /// `tcp_wstamp_ns` span more.
 pub const XMIT_WINDOW: usize = 128;
 
+/// The immediate of a `bpf_rdonly_cast` kfunc call as the eBPF object holds it: aya 0.14
+/// resolves no kfunc calls, so the programs emit the call with this marker and user space
+/// writes the kernel's BTF id of `bpf_rdonly_cast` over it before loading (or, where the kernel
+/// has none, a register move: the programs then never take that path).
+pub const KFUNC_RDONLY_CAST_MARKER: u32 = 0x6b66_7263;
+
 impl Counter {
     pub const ALL: [Counter; 31] = [
         Counter::RecordsEmitted,

@@ -7,7 +7,8 @@
 // name, and its programs are checked by the verifier's instruction count, not by dead-code
 // analysis, so its helpers and maps keep the visibility they were written with.
 #![allow(unreachable_pub)]
-// Inline assembly for the bpf target (one unaligned load: `socket::token`), as aya-ebpf uses it.
+// Inline assembly for the bpf target (one unaligned load: `socket::token`; kfunc calls:
+// `kfunc`), as aya-ebpf uses it.
 #![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
 mod conn_seq;
@@ -15,6 +16,7 @@ mod counters;
 mod ctx;
 mod engines;
 mod gpu;
+mod kfunc;
 mod maps;
 mod ringbuf;
 mod sock_state;

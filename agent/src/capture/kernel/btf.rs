@@ -21,6 +21,7 @@ const KIND_TYPEDEF: u32 = 8;
 const KIND_VOLATILE: u32 = 9;
 const KIND_CONST: u32 = 10;
 const KIND_RESTRICT: u32 = 11;
+const KIND_FUNC: u32 = 12;
 const KIND_FUNC_PROTO: u32 = 13;
 const KIND_VAR: u32 = 14;
 const KIND_DATASEC: u32 = 15;
@@ -219,6 +220,24 @@ impl<'a> Btf<'a> {
             .filter(|ty| self.name(ty.name_off) == name.as_bytes())
             .find_map(|ty| self.member_in(ty, member, 0))
     }
+
+    /// The type id of `struct name` (its full definition, not a forward declaration).
+    pub fn struct_id(&self, name: &str) -> Option<u32> {
+        self.id_of(name, |ty| ty.kind == KIND_STRUCT && ty.vlen > 0)
+    }
+
+    /// The type id of function `name` (a kernel function the BTF describes, kfuncs among them).
+    pub fn func_id(&self, name: &str) -> Option<u32> {
+        self.id_of(name, |ty| ty.kind == KIND_FUNC)
+    }
+
+    fn id_of(&self, name: &str, wanted: impl Fn(&Type) -> bool) -> Option<u32> {
+        let index = self
+            .types
+            .iter()
+            .position(|ty| wanted(ty) && self.name(ty.name_off) == name.as_bytes())?;
+        u32::try_from(index + 1).ok()
+    }
 }
 
 /// Where each pointer of the walk from the current task to an fd's socket sits, and the
@@ -270,6 +289,11 @@ pub struct ExitArgs {
     pub task_tgid: u32,
     /// Offsets in `struct pt_regs` of arguments 0, 1 and 2 as they stand at the syscall's exit.
     pub regs: [u32; 3],
+    /// `task_struct.stack` (the kernel stack, whose top holds the saved user registers) and the
+    /// type id of `struct pt_regs`: where the kernel has `bpf_rdonly_cast`, the registers are
+    /// found from the stack without a helper call (0 where the BTF lacks either).
+    pub task_stack: u32,
+    pub pt_regs_type: u32,
 }
 
 impl ExitArgs {
@@ -281,6 +305,8 @@ impl ExitArgs {
             task_pid: offset("task_struct", "pid")?,
             task_tgid: offset("task_struct", "tgid")?,
             regs: Self::arg_registers(&offset)?,
+            task_stack: btf.member_offset("task_struct", "stack").unwrap_or(0),
+            pt_regs_type: btf.struct_id("pt_regs").unwrap_or(0),
         })
     }
 
@@ -315,6 +341,9 @@ pub struct XmitStamp {
     pub write_seq: u32,
     pub snd_nxt: u32,
     pub wstamp_ns: u32,
+    /// The type id of `struct tcp_sock`, for loads through a typed pointer where the kernel has
+    /// `bpf_rdonly_cast` ([`KernelOffsets::rdonly_cast`]; 0: the window is read instead).
+    pub tcp_sock_type: u32,
 }
 
 impl XmitStamp {
@@ -348,6 +377,8 @@ impl XmitStamp {
             write_seq: write_seq - base,
             snd_nxt: snd_nxt - base,
             wstamp_ns: wstamp_ns - base,
+            // Found, as the members were; 0 would only mean the window is read instead.
+            tcp_sock_type: btf.struct_id("tcp_sock").unwrap_or(0),
         })
     }
 }
@@ -357,6 +388,8 @@ pub struct KernelOffsets {
     pub socket_walk: Result<SocketWalk, String>,
     pub exit_args: Result<ExitArgs, String>,
     pub xmit_stamp: Result<XmitStamp, String>,
+    /// The BTF id of the kfunc `bpf_rdonly_cast` (6.2+), if the kernel has it.
+    pub rdonly_cast: Option<u32>,
 }
 
 /// Reads and parses `/sys/kernel/btf/vmlinux` (several MB) once for all of [`KernelOffsets`].
@@ -371,12 +404,14 @@ pub fn kernel_offsets() -> KernelOffsets {
                 socket_walk: SocketWalk::from_btf(&btf).map_err(missing),
                 exit_args: ExitArgs::from_btf(&btf).map_err(missing),
                 xmit_stamp: XmitStamp::from_btf(&btf).map_err(missing),
+                rdonly_cast: btf.func_id("bpf_rdonly_cast"),
             })
         });
     parsed.unwrap_or_else(|why| KernelOffsets {
         socket_walk: Err(why.clone()),
         exit_args: Err(why.clone()),
         xmit_stamp: Err(why),
+        rdonly_cast: None,
     })
 }
 
@@ -505,6 +540,7 @@ mod tests {
         assert_eq!(args.task_tgid, args.task_pid + 4);
         // The user register frame is ABI: x86_64's r15 .. di, 8 bytes each.
         assert_eq!(args.regs, [14 * 8, 13 * 8, 12 * 8]);
+        assert!(args.task_stack > 0 && args.pt_regs_type > 0);
     }
 
     #[test]
@@ -517,5 +553,34 @@ mod tests {
         assert!(fits(xmit.write_seq, 4) && fits(xmit.snd_nxt, 4) && fits(xmit.wstamp_ns, 8));
         assert_eq!(xmit.base % 8, 0);
         assert_ne!(xmit.write_seq, xmit.snd_nxt);
+        assert!(xmit.tcp_sock_type > 0);
+    }
+
+    #[test]
+    fn type_ids_by_kind_and_name() {
+        // 1: struct a (one member), 2: int, 3: func_proto, 4: func a, 5: fwd-declared b.
+        let strings = b"\0a\0x\0int\0b\0";
+        let data = blob(
+            &[
+                (1, info(KIND_STRUCT, 1), 4, vec![3, 2, 0]),
+                (5, info(KIND_INT, 0), 4, vec![32]),
+                (0, info(KIND_FUNC_PROTO, 0), 0, vec![]),
+                (1, info(KIND_FUNC, 0), 3, vec![]),
+                (9, info(KIND_STRUCT, 0), 0, vec![]),
+            ],
+            strings,
+        );
+        let btf = Btf::parse(&data).unwrap();
+        assert_eq!(btf.struct_id("a"), Some(1));
+        assert_eq!(btf.func_id("a"), Some(4));
+        assert_eq!(btf.struct_id("b"), None, "a declaration is no definition");
+        assert_eq!(btf.func_id("x"), None);
+    }
+
+    #[test]
+    fn the_running_kernel_names_bpf_rdonly_cast_where_it_has_it() {
+        let offsets = kernel_offsets();
+        // 6.2 added it; every kernel the tests run on since has it.
+        assert!(offsets.rdonly_cast.is_some_and(|id| id > 0));
     }
 }

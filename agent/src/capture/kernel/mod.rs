@@ -6,6 +6,7 @@
 //! kernel ([`privileges`]).
 pub mod btf;
 pub(crate) mod chunks;
+pub mod kfunc;
 pub(crate) mod privileges;
 pub(crate) mod probes;
 pub mod records;

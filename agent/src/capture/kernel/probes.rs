@@ -51,6 +51,8 @@ pub enum CaptureError {
         caps = crate::capture::kernel::privileges::capabilities_needed()
     )]
     Load(#[source] Box<aya::EbpfError>),
+    #[error("the embedded eBPF object could not be prepared for this kernel: {0}")]
+    Object(#[from] super::kfunc::KfuncError),
     #[error("eBPF program {name} is missing from the embedded object (a build problem)")]
     MissingProgram { name: &'static str },
     #[error("eBPF map {name} is missing or has the wrong type: {source}")]
@@ -213,6 +215,12 @@ const TLS_RECORD_PROGRAM: &str = "tls_record";
 
 static PROGRAM_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/inferscope"));
 
+/// The eBPF object as built, before its kfunc calls are patched ([`super::kfunc`]).
+#[cfg(test)]
+pub(super) fn program_object() -> &'static [u8] {
+    PROGRAM_OBJECT
+}
+
 pub struct SocketProbes {
     // Keeps programs and links alive; dropping it detaches everything.
     ebpf: Ebpf,
@@ -353,6 +361,29 @@ impl SocketProbes {
                 .map_err(|why| format!("{why}: no transmit stamp"))
         });
         let x = xmit.as_ref().copied().unwrap_or_default();
+        let rdonly_cast = match std::env::var(KFUNCS_ENV) {
+            Ok(v) if v == "off" => Err(format!("{KFUNCS_ENV}=off")),
+            _ => offsets
+                .rdonly_cast
+                .ok_or_else(|| "this kernel has no bpf_rdonly_cast (6.2+)".to_string()),
+        };
+        // How exits find the saved registers and a write's transmit stamp, for the log.
+        let loads = match &rdonly_cast {
+            Ok(_) => "loaded through typed pointers (bpf_rdonly_cast)".to_string(),
+            Err(why) => format!("read with helper calls: {why}"),
+        };
+        let object = super::kfunc::patch(PROGRAM_OBJECT, rdonly_cast.as_ref().ok().copied())?;
+        // Writes read their transmit stamp through a typed pointer where the kernel can cast
+        // one (bpf_rdonly_cast), else with one helper read of a window of the socket.
+        let (tcp_sock_type, pt_regs_type) = if rdonly_cast.is_ok() {
+            let stack_known = a.task_stack != 0;
+            (
+                x.tcp_sock_type,
+                if stack_known { a.pt_regs_type } else { 0 },
+            )
+        } else {
+            (0, 0)
+        };
         let mut ebpf = EbpfLoader::new()
             .override_global("SOCK_WALK", &u32::from(walk.is_ok()), true)
             .override_global("SOCK_WALK_TASK_FILES", &w.task_files, true)
@@ -369,11 +400,14 @@ impl SocketProbes {
             .override_global("EXIT_ARGS_REG0", &a.regs[0], true)
             .override_global("EXIT_ARGS_REG1", &a.regs[1], true)
             .override_global("EXIT_ARGS_REG2", &a.regs[2], true)
+            .override_global("EXIT_ARGS_TASK_STACK", &a.task_stack, true)
+            .override_global("EXIT_ARGS_PT_REGS_TYPE", &pt_regs_type, true)
             .override_global("XMIT_STAMP", &u32::from(xmit.is_ok()), true)
             .override_global("XMIT_BASE", &x.base, true)
             .override_global("XMIT_WRITE_SEQ", &x.write_seq, true)
             .override_global("XMIT_SND_NXT", &x.snd_nxt, true)
             .override_global("XMIT_WSTAMP", &x.wstamp_ns, true)
+            .override_global("XMIT_TCP_SOCK_TYPE", &tcp_sock_type, true)
             .override_global("BPF_LOOP_IOVECS", &loop_iovecs, true)
             .override_global("SOCK_STATE_SKADDR", &s_skaddr, true)
             .override_global("SOCK_STATE_OLDSTATE", &s_old, true)
@@ -391,7 +425,7 @@ impl SocketProbes {
             .override_global("TCP_PROBE_SKADDR", &t.skaddr, true)
             .override_global("TCP_PROBE_IN_PLACE", &u32::from(t.in_place()), true)
             .map_max_entries("EVENTS", config.ring_buffer_bytes)
-            .load(PROGRAM_OBJECT)
+            .load(object.bytes())
             .map_err(|e| CaptureError::Load(Box::new(e)))?;
 
         // Both before exit_syscall is attached, so that no syscall finds a slot empty. The
@@ -451,7 +485,7 @@ impl SocketProbes {
         }) {
             Ok(()) => {
                 info!(
-                    "reads take their arguments at their exit, from the thread's saved registers"
+                    "reads take their arguments at their exit, from the thread's saved registers ({loads})"
                 );
                 attach_all(&mut ebpf, READS_AT_EXIT)?;
                 None
@@ -467,7 +501,7 @@ impl SocketProbes {
         let writes_at_entry = match xmit.and_then(|_| load_all(&mut ebpf, WRITES_AT_EXIT)) {
             Ok(()) => {
                 info!(
-                    "writes take their arguments at their exit, from the thread's saved registers, and their time from their socket's transmit stamp"
+                    "writes take their arguments at their exit, from the thread's saved registers, and their time from their socket's transmit stamp ({loads})"
                 );
                 attach_all(&mut ebpf, WRITES_AT_EXIT)?;
                 None
@@ -1007,6 +1041,11 @@ const READ_ARGS_ENV: &str = "INFERSCOPE_READ_ARGS";
 
 /// The same for writes: `entry` stamps every write at its entry again.
 const WRITE_ARGS_ENV: &str = "INFERSCOPE_WRITE_ARGS";
+
+/// Set to `off` to have exits read the saved registers and the transmit stamp with helper
+/// calls, as on a kernel without `bpf_rdonly_cast` (before 6.2), instead of loading them through
+/// typed pointers (a verifier that refuses the kfunc; A/B measurements).
+const KFUNCS_ENV: &str = "INFERSCOPE_KFUNCS";
 
 /// Where an exit finds its call's arguments and thread ids (`from_btf`), or why it cannot
 /// (`env` set to `entry`, a kernel without bpf_task_pt_regs or BTF).
