@@ -3,10 +3,15 @@
 //! request it will never see). Reads and writes are numbered apart: a connection read by one
 //! thread while another writes it (HTTP/2, TLS) numbers each direction in its own order, so the
 //! two never race on one counter or reach the ring out of their numbers' order.
+//!
+//! An fd whose connection holds its slot in `CONN_SLOTS` (almost every accepted connection)
+//! keeps its numbers there; any other in [`CONN_SEQ`].
 use aya_ebpf::{macros::map, maps::LruHashMap};
 
+use crate::maps::slot_seq;
+
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub struct ConnSeq {
     /// Number of the next write record on this fd.
     pub next_write: u32,
@@ -26,7 +31,7 @@ pub static CONN_SEQ: LruHashMap<u64, ConnSeq> = LruHashMap::with_max_entries(655
 /// counter is enough; a rare race shows in user space as a spurious gap, never as a missed one.
 #[inline(always)]
 pub fn take(key: u64, write: bool) -> (u32, u32) {
-    if let Some(slot) = CONN_SEQ.get_ptr_mut(key) {
+    if let Some(slot) = slot_seq(key).or_else(|| CONN_SEQ.get_ptr_mut(key)) {
         // SAFETY: a valid map value pointer from the lookup; each direction's counter has one
         // writer at a time (see the doc), and a race only numbers a record twice.
         unsafe {
@@ -52,6 +57,11 @@ pub fn take(key: u64, write: bool) -> (u32, u32) {
 /// A new connection on this fd (accept): both directions number from 0.
 #[inline(always)]
 pub fn reset(key: u64) {
+    if let Some(slot) = slot_seq(key) {
+        // SAFETY: a valid map value pointer from the lookup.
+        unsafe { *slot = ConnSeq::default() };
+        return;
+    }
     let fresh = ConnSeq {
         next_write: 0,
         lost_heads: 0,
@@ -64,9 +74,9 @@ pub fn reset(key: u64) {
 /// The fd's next write and read numbers and its lost-head count, for its close record.
 #[inline(always)]
 pub fn next(key: u64) -> (u32, u32, u32) {
-    // SAFETY: the value is copied out at once.
-    match unsafe { CONN_SEQ.get(key) } {
-        Some(seq) => (seq.next_write, seq.next_read, seq.lost_heads),
+    // SAFETY: map value pointers from the lookups; the value is copied out at once.
+    match slot_seq(key).or_else(|| CONN_SEQ.get_ptr_mut(key)) {
+        Some(seq) => unsafe { ((*seq).next_write, (*seq).next_read, (*seq).lost_heads) },
         None => (0, 0, 0),
     }
 }
@@ -77,13 +87,14 @@ pub fn lost(key: u64, head: bool) {
     if !head {
         return;
     }
-    if let Some(slot) = CONN_SEQ.get_ptr_mut(key) {
+    if let Some(slot) = slot_seq(key).or_else(|| CONN_SEQ.get_ptr_mut(key)) {
         // SAFETY: as in `take`.
         unsafe { (*slot).lost_heads = (*slot).lost_heads.wrapping_add(1) };
     }
 }
 
-/// The fd closed: its next connection starts numbering afresh even without an accept.
+/// The fd closed: its next connection starts numbering afresh even without an accept (one in
+/// the slot: the slot's next holder starts at 0).
 #[inline(always)]
 pub fn forget(key: u64) {
     let _ = CONN_SEQ.remove(key);

@@ -8,6 +8,8 @@ use inferscope_common::{
     TARGET_WORDS,
 };
 
+use crate::conn_seq::ConnSeq;
+
 /// Processes (tgid) whose socket syscalls are captured, one bit per tgid; written by user-space
 /// discovery. Every syscall of every process asks it, and an array lookup is inlined by the
 /// verifier where a hash lookup is a helper call (~55 ns here).
@@ -131,6 +133,9 @@ const CONN_SLOT_COUNT: u32 = 1 << 16;
 pub struct ConnSlot {
     key: u64,
     entry: ConnEntry,
+    /// The fd's record numbers ([`crate::conn_seq`]), here while the slot names the fd: one
+    /// lookup the verifier inlines per record instead of a hash lookup.
+    seq: ConnSeq,
 }
 
 #[inline(always)]
@@ -138,6 +143,14 @@ fn conn_slot(key: u64) -> Option<*mut ConnSlot> {
     // The top bits of a multiplicative hash: tgid and fd both spread over the slots.
     let index = (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48) as u32;
     CONN_SLOTS.get_ptr_mut(index & (CONN_SLOT_COUNT - 1))
+}
+
+/// The record numbers of fd `key` if its slot names it ([`ConnSlot::seq`]).
+#[inline(always)]
+pub fn slot_seq(key: u64) -> Option<*mut ConnSeq> {
+    let slot = conn_slot(key)?;
+    // SAFETY: a map value pointer from the lookup; the tag is read once.
+    unsafe { (core::ptr::read_volatile(&(*slot).key) == key).then(|| &mut (*slot).seq as *mut _) }
 }
 
 /// The connection fd `key` (`fd_key`) holds, if the kernel knows one: a pointer into its map
@@ -175,6 +188,8 @@ pub fn insert_conn(key: u64, entry: ConnEntry) {
             let held = core::ptr::read_volatile(&(*slot).key);
             if held == key || held == 0 || !traced((held >> 32) as u32) {
                 (*slot).entry = entry;
+                // A new connection on the fd (accept) or a new fd (dup) numbers from 0.
+                (*slot).seq = ConnSeq::default();
                 core::ptr::write_volatile(&mut (*slot).key, key);
                 // Two colliding accepts on two CPUs in the same instant may interleave their
                 // stores: then neither keeps the slot and both go to the hash.
