@@ -74,8 +74,8 @@ pub fn reset(key: u64) {
 /// The fd's next write and read numbers and its lost-head count, for its close record.
 #[inline(always)]
 pub fn next(key: u64) -> (u32, u32, u32) {
-    // SAFETY: map value pointers from the lookups; the value is copied out at once.
     match slot_seq(key).or_else(|| CONN_SEQ.get_ptr_mut(key)) {
+        // SAFETY: a map value pointer from the lookups; the value is copied out at once.
         Some(seq) => unsafe { ((*seq).next_write, (*seq).next_read, (*seq).lost_heads) },
         None => (0, 0, 0),
     }
