@@ -262,6 +262,8 @@ pub struct SocketProbes {
     reads_at_entry: Option<String>,
     /// Why writes keep their entry programs, if they do.
     writes_at_entry: Option<String>,
+    /// How exits load the saved registers and the transmit stamp (typed pointers or helpers).
+    exit_loads: String,
     /// Processes whose sends/receives are captured whole, in chunks (see LARGE_CAPTURE).
     large_capture: HashMap<MapData, u32, u32>,
     counters: PerCpuArray<MapData, u64>,
@@ -601,6 +603,7 @@ impl SocketProbes {
             socket_walk: walk.is_ok(),
             reads_at_entry,
             writes_at_entry,
+            exit_loads: loads,
             large_capture,
             counters,
             unattached,
@@ -730,6 +733,12 @@ impl SocketProbes {
     /// Why writes keep their entry programs (None: they take their arguments at their exit).
     pub fn writes_at_entry_reason(&self) -> Option<&str> {
         self.writes_at_entry.as_deref()
+    }
+
+    /// How exits that take their arguments load the saved registers and the transmit stamp:
+    /// through typed pointers (`bpf_rdonly_cast`) or with helper calls, and why.
+    pub fn exit_loads(&self) -> &str {
+        &self.exit_loads
     }
 
     pub fn watch_port(&mut self, port: u16) {

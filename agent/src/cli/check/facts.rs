@@ -74,7 +74,10 @@ pub(crate) fn gather(mut probes: Result<&mut SocketProbes, String>, options: &Op
                 None => report.push(
                     Status::Ok,
                     "reads",
-                    "reads take their arguments at their exit (one program run per read)",
+                    format!(
+                        "reads take their arguments at their exit (one program run per read; registers {})",
+                        probes.exit_loads()
+                    ),
                 ),
                 Some(why) => report.push(
                     Status::Ok,
@@ -88,7 +91,10 @@ pub(crate) fn gather(mut probes: Result<&mut SocketProbes, String>, options: &Op
                 None => report.push(
                     Status::Ok,
                     "writes",
-                    "writes take their arguments at their exit and their time from their socket's transmit stamp (one program run per write)",
+                    format!(
+                        "writes take their arguments at their exit and their time from their socket's transmit stamp (one program run per write; registers and stamp {})",
+                        probes.exit_loads()
+                    ),
                 ),
                 Some(why) => report.push(
                     Status::Ok,
