@@ -1,5 +1,6 @@
 //! Feeds arbitrary bytes to the kernel BTF reader (the accept's socket walk, the exit programs
-//! and the writes' transmit stamp take their struct offsets from /sys/kernel/btf/vmlinux).
+//! and the writes' transmit stamp take their struct offsets from /sys/kernel/btf/vmlinux, and
+//! the typed loads their type ids and `bpf_rdonly_cast`'s).
 //! Beyond "never panics" (nested anonymous members' offsets add up without overflow): an answer
 //! is the same when asked again.
 #![no_main]
@@ -21,6 +22,10 @@ fuzz_target!(|data: &[u8]| {
             btf.member_offset(name, member),
             btf.member_offset(name, member)
         );
+        // A type id it gives names a type (ids start at 1).
+        for id in [btf.struct_id(name), btf.func_id(member)].into_iter().flatten() {
+            assert!(id > 0);
+        }
     }
     let _ = SocketWalk::from_btf(&btf);
     let _ = ExitArgs::from_btf(&btf);
