@@ -23,7 +23,10 @@ fuzz_target!(|data: &[u8]| {
             btf.member_offset(name, member)
         );
         // A type id it gives names a type (ids start at 1).
-        for id in [btf.struct_id(name), btf.func_id(member)].into_iter().flatten() {
+        for id in [btf.struct_id(name), btf.func_id(member)]
+            .into_iter()
+            .flatten()
+        {
             assert!(id > 0);
         }
     }

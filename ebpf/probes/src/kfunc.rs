@@ -3,6 +3,7 @@
 //! space patches the marker before loading (`agent/src/capture/kernel/kfunc.rs`): with the
 //! running kernel's id, or, where the kernel lacks the function, with a register move that a
 //! load-time flag keeps the programs from reaching.
+
 /// `call` with `src_reg` BPF_PSEUDO_KFUNC_CALL (2) and the marker as its immediate.
 #[cfg(target_arch = "bpf")]
 const RDONLY_CAST_CALL: u64 =
