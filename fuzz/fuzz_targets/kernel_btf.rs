@@ -31,7 +31,10 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let _ = SocketWalk::from_btf(&btf);
-    let _ = ExitArgs::from_btf(&btf);
+    // The registers are found from the stack only with both its offset and pt_regs' id.
+    if let Ok(args) = ExitArgs::from_btf(&btf) {
+        assert_eq!(args.task_stack == 0, args.pt_regs_type == 0);
+    }
     // Offsets it accepts fit the kernel program's window (a subtraction that wrapped would not).
     if let Ok(xmit) = XmitStamp::from_btf(&btf) {
         for (offset, size) in [(xmit.write_seq, 4), (xmit.snd_nxt, 4), (xmit.wstamp_ns, 8)] {

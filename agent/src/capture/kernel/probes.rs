@@ -375,14 +375,9 @@ impl SocketProbes {
             Err(why) => format!("read with helper calls: {why}"),
         };
         let object = super::kfunc::patch(PROGRAM_OBJECT, rdonly_cast.as_ref().ok().copied())?;
-        // Writes read their transmit stamp through a typed pointer where the kernel can cast
-        // one (bpf_rdonly_cast), else with one helper read of a window of the socket.
+        // The type ids tell the programs to load through typed pointers (0: the helpers).
         let (tcp_sock_type, pt_regs_type) = if rdonly_cast.is_ok() {
-            let stack_known = a.task_stack != 0;
-            (
-                x.tcp_sock_type,
-                if stack_known { a.pt_regs_type } else { 0 },
-            )
+            (x.tcp_sock_type, a.pt_regs_type)
         } else {
             (0, 0)
         };
