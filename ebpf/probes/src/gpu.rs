@@ -8,10 +8,7 @@
 use aya_ebpf::{
     EbpfContext,
     bindings::pt_regs,
-    helpers::{
-        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
-        bpf_probe_read_user_str_bytes,
-    },
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user_str_bytes},
     macros::{map, uprobe, uretprobe},
     maps::{LruHashMap, LruPerCpuHashMap, PerCpuArray},
     programs::{ProbeContext, RetProbeContext},
@@ -85,14 +82,14 @@ pub fn cuda_launch_ex(ctx: ProbeContext) -> u32 {
     let regs = regs(&ctx);
     record.handle = regs.rsi;
     // SAFETY: the helper checks the user address and fails instead of faulting.
-    match unsafe { bpf_probe_read_user(regs.rdi as *const LaunchConfig) } {
-        Ok(c) => {
+    match crate::read::user::<LaunchConfig>(regs.rdi) {
+        Some(c) => {
             record.grid = [c.grid[0], c.grid[1], c.grid[2]];
             record.block = [c.block[0], c.block[1], c.block[2]];
             record.shared_mem = c.shared_mem;
             record.stream = c.stream;
         }
-        Err(_) => record.flags |= LAUNCH_FLAG_READ_FAILED,
+        None => record.flags |= LAUNCH_FLAG_READ_FAILED,
     }
     finish(&record);
     0
@@ -188,7 +185,7 @@ pub fn cuda_name_return(ctx: RetProbeContext) -> u32 {
     // SAFETY: per-CPU scratch, used by one program at a time on this CPU.
     let record = unsafe { &mut *record };
     // SAFETY: the helper checks the user address and fails instead of faulting.
-    let Ok(handle) = (unsafe { bpf_probe_read_user(call.out as *const u64) }) else {
+    let Some(handle) = crate::read::user::<u64>(call.out) else {
         bump(Counter::GpuNameReadFailed);
         return 0;
     };
@@ -230,8 +227,7 @@ fn by_alias(api: u8) -> bool {
 
 #[inline(always)]
 fn cookie(ctx: *mut core::ffi::c_void) -> u8 {
-    // SAFETY: the context is the uprobe's own, as the helper requires.
-    unsafe { bpf_get_attach_cookie(ctx) as u8 }
+    crate::cookie::get(ctx) as u8
 }
 
 #[inline(always)]
@@ -244,7 +240,7 @@ fn regs(ctx: &ProbeContext) -> pt_regs {
 #[inline(always)]
 fn read_u64(addr: u64) -> Option<u64> {
     // SAFETY: the helper checks the user address and fails instead of faulting.
-    unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
+    crate::read::user::<u64>(addr)
 }
 
 /// A launch record, or None when the process is over its launch-rate cap and this launch is not

@@ -8,16 +8,19 @@
 // analysis, so its helpers and maps keep the visibility they were written with.
 #![allow(unreachable_pub)]
 // Inline assembly for the bpf target (one unaligned load: `socket::token`; kfunc calls:
-// `kfunc`), as aya-ebpf uses it.
+// `kfunc`; clamps older verifiers see: `bound`), as aya-ebpf uses it.
 #![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
+mod bound;
 mod conn_seq;
+mod cookie;
 mod counters;
 mod ctx;
 mod engines;
 mod gpu;
 mod kfunc;
 mod maps;
+mod read;
 mod ringbuf;
 mod sock_state;
 mod socket;

@@ -74,7 +74,24 @@ pub fn under_pressure() -> bool {
 #[inline(always)]
 pub fn output<T: ?Sized>(record: &T, counter: Counter) -> bool {
     let size = core::mem::size_of_val(record) as u64;
-    match EVENTS.output::<T>(record, wakeup_flag(size)) {
+    send(record, wakeup_flag(size), counter)
+}
+
+/// [`output`] for a record of variable length, at most `MAX` bytes (the map value holding it
+/// must have `MAX` bytes from where it starts). The length is restated after the ring query,
+/// where older verifiers have lost its bounds ([`crate::bound`]).
+#[inline(always)]
+pub fn output_bytes<const MAX: u32>(bytes: &[u8], counter: Counter) -> bool {
+    let flags = wakeup_flag(bytes.len() as u64);
+    let len = crate::bound::at_most::<MAX>(bytes.len());
+    // SAFETY: `len` is at most `bytes.len()`, so the slice lies inside the caller's.
+    let bytes = unsafe { core::slice::from_raw_parts(bytes.as_ptr(), len) };
+    send(bytes, flags, counter)
+}
+
+#[inline(always)]
+fn send<T: ?Sized>(record: &T, flags: u64, counter: Counter) -> bool {
+    match EVENTS.output::<T>(record, flags) {
         Ok(()) => {
             bump(counter);
             true

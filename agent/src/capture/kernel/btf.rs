@@ -231,6 +231,12 @@ impl<'a> Btf<'a> {
         self.id_of(name, |ty| ty.kind == KIND_FUNC)
     }
 
+    /// How many parameters kernel function `name` takes (from its prototype).
+    pub fn func_params(&self, name: &str) -> Option<u32> {
+        let proto = self.get(self.get(self.func_id(name)?)?.size_or_type)?;
+        (proto.kind == KIND_FUNC_PROTO).then_some(proto.vlen)
+    }
+
     fn id_of(&self, name: &str, wanted: impl Fn(&Type) -> bool) -> Option<u32> {
         let index = self
             .types
@@ -394,6 +400,9 @@ pub struct KernelOffsets {
     pub xmit_stamp: Result<XmitStamp, String>,
     /// The BTF id of the kfunc `bpf_rdonly_cast` (6.2+), if the kernel has it.
     pub rdonly_cast: Option<u32>,
+    /// How many parameters `inet_csk_accept` takes: its return value follows them in a fexit
+    /// program's context (4 before 6.10: sk, flags, err, kern; 2 since: sk, arg).
+    pub accept_params: Option<u32>,
 }
 
 /// Reads and parses `/sys/kernel/btf/vmlinux` (several MB) once for all of [`KernelOffsets`].
@@ -409,6 +418,7 @@ pub fn kernel_offsets() -> KernelOffsets {
                 exit_args: ExitArgs::from_btf(&btf).map_err(missing),
                 xmit_stamp: XmitStamp::from_btf(&btf).map_err(missing),
                 rdonly_cast: btf.func_id("bpf_rdonly_cast"),
+                accept_params: btf.func_params("inet_csk_accept"),
             })
         });
     parsed.unwrap_or_else(|why| KernelOffsets {
@@ -416,6 +426,7 @@ pub fn kernel_offsets() -> KernelOffsets {
         exit_args: Err(why.clone()),
         xmit_stamp: Err(why),
         rdonly_cast: None,
+        accept_params: None,
     })
 }
 
@@ -586,5 +597,12 @@ mod tests {
         let offsets = kernel_offsets();
         // 6.2 added it; the project's test machines run 6.18.
         assert!(offsets.rdonly_cast.is_some_and(|id| id > 0));
+    }
+
+    #[test]
+    fn the_running_kernels_accept_takes_two_parameters() {
+        // inet_csk_accept(struct sock *sk, struct proto_accept_arg *arg) since 6.10; the kernel
+        // matrix (scripts/kernels.sh) runs the four-parameter form of 5.10 to 6.6.
+        assert_eq!(kernel_offsets().accept_params, Some(2));
     }
 }

@@ -2,8 +2,8 @@
 //! ([`probes`]), turning ring-buffer bytes into typed events ([`records`], with large sends and
 //! receives rejoined from their chunks in [`chunks`]), the tracepoint layouts this kernel uses
 //! ([`tracefs`]) and struct member offsets it has ([`btf`]), the token-event template the exit
-//! program compares ([`stream_template`]), and what the agent's capabilities allow on this
-//! kernel ([`privileges`]).
+//! program compares ([`stream_template`]), what the agent's capabilities allow on this
+//! kernel ([`privileges`]), and what its verifier made of each program ([`verifier`]).
 pub mod btf;
 pub(crate) mod chunks;
 pub mod kfunc;
@@ -12,3 +12,4 @@ pub(crate) mod probes;
 pub mod records;
 pub(crate) mod stream_template;
 pub(crate) mod tracefs;
+pub mod verifier;

@@ -144,41 +144,6 @@ const READS_AT_ENTRY: &[(&str, &str, &str)] = &[
     ("exit_syscall", "syscalls", "sys_exit_recvmsg"),
 ];
 
-/// The kernel's verifier walks at most this many instructions of one program.
-const VERIFIER_BUDGET: u32 = 1_000_000;
-
-/// Logs how much of the verifier's budget each loaded program took. `exit_syscall` has come
-/// within a few percent of it (any growth of the record path must be load-tested), and the
-/// count differs between kernels: this says how close a user's kernel came.
-fn log_verifier_headroom(ebpf: &Ebpf) {
-    let mut largest: Option<(&str, u32)> = None;
-    for (name, program) in ebpf.programs() {
-        let Some(verified) = program
-            .info()
-            .ok()
-            .and_then(|info| info.verified_instruction_count())
-        else {
-            continue;
-        };
-        debug!(program = name, verified, "instructions the verifier walked");
-        if largest.is_none_or(|(_, most)| verified > most) {
-            largest = Some((name, verified));
-        }
-    }
-    if let Some((name, verified)) = largest {
-        let share = f64::from(verified) / f64::from(VERIFIER_BUDGET) * 100.0;
-        if share >= 90.0 {
-            warn!(
-                "largest eBPF program {name}: {verified} instructions verified ({share:.0}% of the verifier's budget of {VERIFIER_BUDGET}): a kernel whose verifier prunes less may refuse it"
-            );
-        } else {
-            info!(
-                "largest eBPF program {name}: {verified} instructions verified ({share:.0}% of the verifier's budget)"
-            );
-        }
-    }
-}
-
 /// Loads `program` (a tracepoint or uprobe program that is tail-called, never attached) into
 /// slot 0 of the program array `slots`.
 fn install_tail_call(
@@ -214,6 +179,12 @@ fn install_tail_call(
 const TLS_RECORD_PROGRAM: &str = "tls_record";
 
 static PROGRAM_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/inferscope"));
+
+/// The same programs built for kernels without `bpf_loop` (before 5.17; the eBPF crate's
+/// feature `legacy`): no program names a `bpf_loop` callback, which kernels before 5.13 refuse,
+/// and sends and receives past one record are not captured in chunk series.
+static LEGACY_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/legacy/inferscope"));
 
 /// The eBPF object as built, before its kfunc calls are patched ([`super::kfunc`]).
 #[cfg(test)]
@@ -267,6 +238,11 @@ pub struct SocketProbes {
     /// Processes whose sends/receives are captured whole, in chunks (see LARGE_CAPTURE).
     large_capture: HashMap<MapData, u32, u32>,
     counters: PerCpuArray<MapData, u64>,
+    /// Programs this kernel refused (each with a fallback, logged at load).
+    refused: Vec<&'static str>,
+    /// The programs built for kernels with `bpf_loop` and attach cookies are loaded (false:
+    /// those for older kernels, which read no attach cookie).
+    cookies: bool,
     /// Tracepoint programs left unattached because this kernel's record layout lacks a field
     /// they read (exported as a counter; each was logged at load).
     unattached: u64,
@@ -336,20 +312,23 @@ impl SocketProbes {
         let launch_cap = config.gpu_launch_cap.div_ceil(windows_per_s);
         // Iovecs past the first eight need bpf_loop (5.17+): a write of more of them (gRPC's C
         // core, a frame header and its payload per iovec) is otherwise cut after the eighth.
-        let loop_iovecs = u32::from(
-            aya::sys::is_helper_supported(
-                aya::programs::ProgramType::TracePoint,
-                aya::sys::BpfHelper::BPF_FUNC_loop,
-            )
-            .unwrap_or(false),
-        );
-        if loop_iovecs == 0 {
+        let loop_iovecs = aya::sys::is_helper_supported(
+            aya::programs::ProgramType::TracePoint,
+            aya::sys::BpfHelper::BPF_FUNC_loop,
+        )
+        .unwrap_or(false);
+        if !loop_iovecs {
             warn!(
-                "this kernel has no bpf_loop (5.17+): a sendmsg/writev of more than {} iovecs is captured up to the {}th (counted in kernel_payload_truncated)",
+                "this kernel has no bpf_loop (5.17+): the programs built for older kernels are loaded; a sendmsg/writev of more than {} iovecs is captured up to the {}th (counted in kernel_payload_truncated), and an engine's IPC message or a TLS plaintext larger than one record ({MAX_CAPTURE_BYTES} bytes) is captured up to one record (counted in kernel_chunks_unsent)",
                 inferscope_common::MAX_IOV,
                 inferscope_common::MAX_IOV
             );
         }
+        let embedded = if loop_iovecs {
+            PROGRAM_OBJECT
+        } else {
+            LEGACY_OBJECT
+        };
         let offsets = super::btf::kernel_offsets();
         let walk = accept_socket_walk(offsets.socket_walk);
         let w = walk.as_ref().copied().unwrap_or_default();
@@ -374,7 +353,7 @@ impl SocketProbes {
             Ok(_) => "loaded through typed pointers (bpf_rdonly_cast)".to_string(),
             Err(why) => format!("read with helper calls: {why}"),
         };
-        let object = super::kfunc::patch(PROGRAM_OBJECT, rdonly_cast.as_ref().ok().copied())?;
+        let object = super::kfunc::patch(embedded, rdonly_cast.as_ref().ok().copied())?;
         // The type ids tell the programs to load through typed pointers (0: the helpers).
         let (tcp_sock_type, pt_regs_type) = if rdonly_cast.is_ok() {
             (x.tcp_sock_type, a.pt_regs_type)
@@ -405,12 +384,12 @@ impl SocketProbes {
             .override_global("XMIT_SND_NXT", &x.snd_nxt, true)
             .override_global("XMIT_WSTAMP", &x.wstamp_ns, true)
             .override_global("XMIT_TCP_SOCK_TYPE", &tcp_sock_type, true)
-            .override_global("BPF_LOOP_IOVECS", &loop_iovecs, true)
             .override_global("SOCK_STATE_SKADDR", &s_skaddr, true)
             .override_global("SOCK_STATE_OLDSTATE", &s_old, true)
             .override_global("SOCK_STATE_NEWSTATE", &s_new, true)
             .override_global("SOCK_STATE_SPORT", &s_sport, true)
             .override_global("SOCK_STATE_PROTOCOL", &s_protocol, true)
+            .override_global("ACCEPT_PARAMS", &offsets.accept_params.unwrap_or(2), true)
             .override_global("CAPTURE_BYTES", &config.capture_bytes, true)
             .override_global("PRESSURE_BYTES", &pressure_bytes, true)
             .override_global("LAUNCH_CAP_PER_WINDOW", &launch_cap, true)
@@ -434,9 +413,11 @@ impl SocketProbes {
                 reason,
             }
         })?;
-        if loop_iovecs != 0
-            && let Err(e) = install_tail_call(&mut ebpf, "exit_chunks", "CHUNK_PROGRAM")
+        // Programs this kernel refused (the fallbacks taken are logged where each is decided).
+        let mut refused: Vec<&'static str> = Vec::new();
+        if loop_iovecs && let Err(e) = install_tail_call(&mut ebpf, "exit_chunks", "CHUNK_PROGRAM")
         {
+            refused.push("exit_chunks");
             warn!(
                 "the chunk program did not load ({e}): sends and receives of engine IPC and HTTP/2 are captured up to one record ({MAX_CAPTURE_BYTES} bytes), counted in kernel_chunks_unsent"
             );
@@ -453,9 +434,12 @@ impl SocketProbes {
         } else {
             unattached += 1;
         }
-        let sock_hook_refused = match attach_accept_hook(&mut ebpf) {
+        let sock_hook_refused = match attach_accept_hook(&mut ebpf, offsets.accept_params) {
             Ok(()) => None,
             Err(e) => {
+                if e.starts_with("loading") {
+                    refused.push("accepted_sock");
+                }
                 match &walk {
                     Ok(_) => info!(
                         "fexit on inet_csk_accept unavailable ({e}): an accepted connection's TCP socket is found from its fd at the accept (struct offsets from the kernel's BTF)"
@@ -478,7 +462,7 @@ impl SocketProbes {
             if reads_learn_sock {
                 return Err("reads learn their connection's socket at their entry".to_string());
             }
-            load_all(&mut ebpf, READS_AT_EXIT)
+            load_all(&mut ebpf, READS_AT_EXIT, &mut refused)
         }) {
             Ok(()) => {
                 info!(
@@ -495,7 +479,9 @@ impl SocketProbes {
                 Some(why)
             }
         };
-        let writes_at_entry = match xmit.and_then(|_| load_all(&mut ebpf, WRITES_AT_EXIT)) {
+        let writes_at_entry = match xmit
+            .and_then(|_| load_all(&mut ebpf, WRITES_AT_EXIT, &mut refused))
+        {
             Ok(()) => {
                 info!(
                     "writes take their arguments at their exit, from the thread's saved registers, and their time from their socket's transmit stamp ({loads})"
@@ -534,7 +520,7 @@ impl SocketProbes {
                 reason,
             },
         )?;
-        log_verifier_headroom(&ebpf);
+        super::verifier::log_headroom(&super::verifier::program_states(&ebpf, &refused));
         // Must come after loading (it looks up the programs' log map).
         let logger = match EbpfLogger::init(&mut ebpf) {
             Ok(logger) => Some(logger),
@@ -601,6 +587,8 @@ impl SocketProbes {
             exit_loads: loads,
             large_capture,
             counters,
+            refused,
+            cookies: loop_iovecs,
             unattached,
             logger,
         })
@@ -730,6 +718,12 @@ impl SocketProbes {
         self.writes_at_entry.as_deref()
     }
 
+    /// Every program of the object on this kernel: loaded, refused or unused, and the
+    /// instructions its verifier walked.
+    pub fn programs(&self) -> Vec<super::verifier::ProgramState> {
+        super::verifier::program_states(&self.ebpf, &self.refused)
+    }
+
     /// How exits that take their arguments load the saved registers and the transmit stamp:
     /// through typed pointers (`bpf_rdonly_cast`) or with helper calls, and why.
     pub fn exit_loads(&self) -> &str {
@@ -810,11 +804,8 @@ impl SocketProbes {
         tgid: u32,
         cookie: u64,
     ) -> Result<(), String> {
-        let link = self.link_uprobe(program, object, file_offset, tgid, cookie)?;
-        self.uprobe_links
-            .entry(tgid)
-            .or_default()
-            .push((program.to_owned(), link));
+        let attached = self.link_uprobe(program, object, file_offset, tgid, cookie)?;
+        self.uprobe_links.entry(tgid).or_default().push(attached);
         Ok(())
     }
 
@@ -829,16 +820,20 @@ impl SocketProbes {
         tgid: u32,
         cookie: u64,
     ) -> Result<(), String> {
-        let ret_link = self.link_uprobe(ret, object, file_offset, tgid, cookie)?;
+        let (ret_name, ret_link) = self.link_uprobe(ret, object, file_offset, tgid, cookie)?;
         match self.link_uprobe(entry, object, file_offset, tgid, cookie) {
-            Ok(entry_link) => {
+            Ok(entry_attached) => {
                 let links = self.uprobe_links.entry(tgid).or_default();
-                links.push((ret.to_owned(), ret_link));
-                links.push((entry.to_owned(), entry_link));
+                links.push((ret_name, ret_link));
+                links.push(entry_attached);
                 Ok(())
             }
             Err(e) => {
-                if let Some(Ok(uprobe)) = self.ebpf.program_mut(ret).map(<&mut UProbe>::try_from) {
+                if let Some(Ok(uprobe)) = self
+                    .ebpf
+                    .program_mut(&ret_name)
+                    .map(<&mut UProbe>::try_from)
+                {
                     let _ = uprobe.detach(ret_link);
                 }
                 Err(e)
@@ -846,7 +841,11 @@ impl SocketProbes {
         }
     }
 
-    /// Attaches `program` at `file_offset` of `object` for process `tgid` only, with `cookie`.
+    /// Attaches `program` at `file_offset` of `object` for process `tgid` only, with `cookie`;
+    /// returns the program attached and its link. Where the programs built for kernels
+    /// without attach cookies run (before 5.15), a program built once per cookie
+    /// (`<program>_c<cookie>`) is attached instead, and one that would read a non-zero cookie is
+    /// refused (it would read 0).
     fn link_uprobe(
         &mut self,
         program: &str,
@@ -854,24 +853,35 @@ impl SocketProbes {
         file_offset: u64,
         tgid: u32,
         cookie: u64,
-    ) -> Result<UProbeLinkId, String> {
+    ) -> Result<(String, UProbeLinkId), String> {
         let pid = std::num::NonZeroU32::new(tgid).ok_or("pid 0")?;
+        let per_cookie = format!("{program}_c{cookie}");
+        let (name, cookie) = if !self.cookies && self.ebpf.program(&per_cookie).is_some() {
+            (per_cookie, None)
+        } else if !self.cookies && cookie != 0 {
+            return Err(format!(
+                "{program} needs an attach cookie ({cookie}), which this kernel does not have (5.15+)"
+            ));
+        } else {
+            (program.to_owned(), self.cookies.then_some(cookie))
+        };
         let uprobe: &mut UProbe = self
             .ebpf
-            .program_mut(program)
-            .ok_or_else(|| format!("no eBPF program {program}"))?
+            .program_mut(&name)
+            .ok_or_else(|| format!("no eBPF program {name}"))?
             .try_into()
-            .map_err(|e| format!("{program} is not a uprobe: {e}"))?;
-        uprobe
+            .map_err(|e| format!("{name} is not a uprobe: {e}"))?;
+        let link = uprobe
             .attach(
                 UProbeAttachPoint {
                     location: UProbeAttachLocation::AbsoluteOffset(file_offset),
-                    cookie: Some(cookie),
+                    cookie,
                 },
                 object,
                 UProbeScope::OneProcess(pid),
             )
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        Ok((name, link))
     }
 
     /// Tells the user-defined probe program how probe `index` reads its value.
@@ -896,7 +906,7 @@ impl SocketProbes {
         } else {
             "user_probe"
         };
-        let link = self.link_uprobe(program, object, file_offset, tgid, u64::from(index))?;
+        let (_, link) = self.link_uprobe(program, object, file_offset, tgid, u64::from(index))?;
         self.user_links
             .entry((tgid, index))
             .or_default()
@@ -978,7 +988,8 @@ impl SocketProbes {
             })
             .map(|(name, _)| name.to_owned())
             .ok_or("no uprobe program in the embedded object")?;
-        let link = self.link_uprobe(&program, std::path::Path::new(&libc_path), offset, own, 0)?;
+        let (program, link) =
+            self.link_uprobe(&program, std::path::Path::new(&libc_path), offset, own, 0)?;
         if let Some(Ok(uprobe)) = self.ebpf.program_mut(&program).map(<&mut UProbe>::try_from) {
             let _ = uprobe.detach(link);
         }
@@ -1004,7 +1015,13 @@ impl SocketProbes {
 const _: () = assert!(COUNTER_SLOTS as usize >= Counter::ALL.len());
 
 /// Loads and attaches fexit on inet_csk_accept (needs BTF and BPF trampolines).
-fn attach_accept_hook(ebpf: &mut Ebpf) -> Result<(), String> {
+fn attach_accept_hook(ebpf: &mut Ebpf, params: Option<u32>) -> Result<(), String> {
+    if !matches!(params, Some(2 | 4)) {
+        return Err(format!(
+            "inet_csk_accept takes {} parameters here, where the program knows 2 or 4",
+            params.map_or("unknown".to_string(), |n| n.to_string())
+        ));
+    }
     let btf = Btf::from_sys_fs().map_err(|e| format!("kernel BTF: {e}"))?;
     let program: &mut FExit = ebpf
         .program_mut("accepted_sock")
@@ -1069,7 +1086,11 @@ fn args_at_exit(env: &str, from_btf: Result<ExitArgs, String>) -> Result<ExitArg
 
 /// Loads (once each) the exit programs that take their arguments from the registers, or says
 /// why they cannot be used (then none of them is attached).
-fn load_all(ebpf: &mut Ebpf, programs: &[(&str, &str, &str)]) -> Result<(), String> {
+fn load_all(
+    ebpf: &mut Ebpf,
+    programs: &[(&'static str, &str, &str)],
+    refused: &mut Vec<&'static str>,
+) -> Result<(), String> {
     for &(program, _, _) in programs {
         let prog: &mut TracePoint = ebpf
             .program_mut(program)
@@ -1077,8 +1098,10 @@ fn load_all(ebpf: &mut Ebpf, programs: &[(&str, &str, &str)]) -> Result<(), Stri
             .try_into()
             .map_err(|e| format!("{program}: {e}"))?;
         if prog.fd().is_err() {
-            prog.load()
-                .map_err(|e| format!("the kernel refused {program}: {e}"))?;
+            prog.load().map_err(|e| {
+                refused.push(program);
+                format!("the kernel refused {program}: {e}")
+            })?;
         }
     }
     Ok(())

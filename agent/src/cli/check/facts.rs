@@ -34,6 +34,44 @@ pub(crate) struct Options {
 const RECORD_HEADER_BYTES: u64 = 80 + 8;
 const LOOP_PERIOD_MS: u64 = 50;
 
+/// The largest program's share of the verifier's budget on this kernel, and the programs it
+/// refused (each has a fallback, named on its own line).
+fn verifier(report: &mut Report, probes: &SocketProbes) {
+    use crate::capture::kernel::verifier::{ProgramLoad, VERIFIER_BUDGET};
+    let programs = probes.programs();
+    let refused: Vec<&str> = programs
+        .iter()
+        .filter(|p| p.load == ProgramLoad::Refused)
+        .map(|p| p.name.as_str())
+        .collect();
+    let largest = programs
+        .iter()
+        .filter_map(|p| Some((p, p.verified?, p.budget_share()?)))
+        .max_by_key(|(_, verified, _)| *verified);
+    let refused_text = if refused.is_empty() {
+        String::new()
+    } else {
+        format!("; refused here: {}", refused.join(", "))
+    };
+    match largest {
+        Some((program, verified, share)) => report.push(
+            if share >= 75.0 { Status::Warn } else { Status::Ok },
+            "verifier",
+            format!(
+                "largest program {}: {verified} instructions verified ({share:.0}% of the budget of {VERIFIER_BUDGET}){refused_text}",
+                program.name
+            ),
+        ),
+        None => report.push(
+            Status::Info,
+            "verifier",
+            format!(
+                "this kernel does not report verified instruction counts (5.16+){refused_text}"
+            ),
+        ),
+    }
+}
+
 /// Gathers the report. `probes`: the loaded kernel programs, or why they did not load.
 pub(crate) fn gather(mut probes: Result<&mut SocketProbes, String>, options: &Options) -> Report {
     let mut report = Report::default();
@@ -104,6 +142,7 @@ pub(crate) fn gather(mut probes: Result<&mut SocketProbes, String>, options: &Op
                     ),
                 ),
             }
+            verifier(&mut report, probes);
             match probes.uprobe_self_test() {
                 Ok(()) => {
                     report.uprobes = true;

@@ -18,6 +18,10 @@ pub(super) struct CheckArgs {
     /// The CUPTI shim's socket to look for (as `run --shim-socket` sets it).
     #[arg(long, env = "INFERSCOPE_SHIM_SOCKET", default_value = crate::capture::gpu::DEFAULT_SHIM_SOCKET)]
     pub shim_socket: PathBuf,
+    /// Also list every eBPF program: loaded, refused (a fallback was taken) or unused on this
+    /// kernel, and the instructions its verifier walked (kernels since 5.16 report it).
+    #[arg(long)]
+    pub programs: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,6 +169,20 @@ pub(super) fn main(args: CheckArgs) -> ExitCode {
         println!("{item}");
     }
     println!("{}", report.verdict());
+    if args.programs
+        && let Ok(probes) = &probes
+    {
+        for program in probes.programs() {
+            let verified = match (program.verified, program.budget_share()) {
+                (Some(n), Some(share)) => format!("{n:>9} ({share:.1}% of the verifier's budget)"),
+                _ => format!("{:>9}", "-"),
+            };
+            println!(
+                "  program {:<24} {:<8} {verified}",
+                program.name, program.load
+            );
+        }
+    }
     if report.traceable() {
         ExitCode::SUCCESS
     } else {

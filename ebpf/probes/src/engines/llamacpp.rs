@@ -5,9 +5,7 @@
 //! agree, and reports when they do not.
 use aya_ebpf::{
     EbpfContext,
-    helpers::{
-        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
-    },
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{map, uprobe, uretprobe},
     maps::LruHashMap,
     programs::{ProbeContext, RetProbeContext},
@@ -29,13 +27,13 @@ pub fn llamacpp_post_tasks(ctx: ProbeContext) -> u32 {
     // SysV: rdi = this, rsi = the vector (begin pointer first).
     if let Some(vector) = ctx.arg::<u64>(1) {
         // SAFETY: the helper checks the user address and fails instead of faulting.
-        match unsafe { bpf_probe_read_user(vector as *const u64) } {
-            Ok(begin) => {
+        match crate::read::user::<u64>(vector) {
+            Some(begin) => {
                 if let Some(task) = read_id(begin, task_offset(&ctx)) {
                     emit(SchedKind::TaskPosted, task, -1);
                 }
             }
-            Err(_) => bump(Counter::SchedReadFailed),
+            None => bump(Counter::SchedReadFailed),
         }
     }
     0
@@ -126,9 +124,9 @@ pub fn llamacpp_decode_begin(ctx: ProbeContext) -> u32 {
     // (x86_64 only: the agent refuses to build elsewhere).
     let sp = unsafe { (*ctx.regs).rsp };
     // SAFETY: the helper checks the user address and fails instead of faulting.
-    let tokens = match unsafe { bpf_probe_read_user((sp + 8) as *const i32) } {
-        Ok(n) => n as i64,
-        Err(_) => -1,
+    let tokens = match crate::read::user::<i32>(sp + 8) {
+        Some(n) => n as i64,
+        None => -1,
     };
     emit(SchedKind::StepBegin, tokens, -1);
     0
@@ -161,16 +159,12 @@ fn slot_event(ctx: &ProbeContext, arg: usize, kind: SchedKind) {
 
 #[inline(always)]
 fn task_offset(ctx: &ProbeContext) -> u64 {
-    // SAFETY: the context is the uprobe's own, as the helper requires.
-    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-    cookie & 0xffff_ffff
+    crate::cookie::get(ctx.as_ptr()) & 0xffff_ffff
 }
 
 #[inline(always)]
 fn slot_offset(ctx: &ProbeContext) -> u64 {
-    // SAFETY: the context is the uprobe's own, as the helper requires.
-    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-    cookie >> 32
+    crate::cookie::get(ctx.as_ptr()) >> 32
 }
 
 #[inline(always)]
@@ -182,9 +176,9 @@ fn slot_key(tgid: u32, slot_id: i64) -> u64 {
 #[inline(always)]
 fn read_id(address: u64, offset: u64) -> Option<i64> {
     // SAFETY: the helper checks the user address and fails instead of faulting.
-    match unsafe { bpf_probe_read_user((address + offset) as *const i32) } {
-        Ok(id) => Some(id as i64),
-        Err(_) => {
+    match crate::read::user::<i32>(address + offset) {
+        Some(id) => Some(id as i64),
+        None => {
             bump(Counter::SchedReadFailed);
             None
         }

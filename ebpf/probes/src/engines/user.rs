@@ -6,10 +6,7 @@
 use aya_ebpf::{
     EbpfContext,
     bindings::pt_regs,
-    helpers::{
-        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
-        bpf_probe_read_user_str_bytes,
-    },
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user_str_bytes},
     macros::{map, uprobe, uretprobe},
     maps::{Array, PerCpuArray},
     programs::{ProbeContext, RetProbeContext},
@@ -49,8 +46,7 @@ fn hit(ctx: *mut core::ffi::c_void, regs: *mut pt_regs) {
     if !traced(tgid) {
         return;
     }
-    // SAFETY: the context is the uprobe's own, as the helper requires.
-    let probe = unsafe { bpf_get_attach_cookie(ctx) } as u32;
+    let probe = crate::cookie::get(ctx) as u32;
     let Some(config) = USER_PROBES.get(probe) else {
         return;
     };
@@ -106,7 +102,7 @@ fn read_value(config: &UserProbeConfig, regs: *mut pt_regs) -> Option<Option<i64
         }
         let addr = base.wrapping_add(config.derefs[i] as i64 as u64);
         // SAFETY: the helper checks the user address and fails instead of faulting.
-        base = unsafe { bpf_probe_read_user(addr as *const u64) }.ok()?;
+        base = crate::read::user::<u64>(addr)?;
     }
     if config.final_read == 0 {
         let value = match config.width {
@@ -120,13 +116,13 @@ fn read_value(config: &UserProbeConfig, regs: *mut pt_regs) -> Option<Option<i64
     let addr = base.wrapping_add(config.offset as i64 as u64);
     let value = match config.width {
         // SAFETY: the helper checks the user address and fails instead of faulting.
-        1 => unsafe { bpf_probe_read_user(addr as *const u8) }.ok()? as i64,
+        1 => crate::read::user::<u8>(addr)? as i64,
         // SAFETY: as above.
-        2 => unsafe { bpf_probe_read_user(addr as *const u16) }.ok()? as i64,
+        2 => crate::read::user::<u16>(addr)? as i64,
         // SAFETY: as above.
-        4 => unsafe { bpf_probe_read_user(addr as *const u32) }.ok()? as i64,
+        4 => crate::read::user::<u32>(addr)? as i64,
         // SAFETY: as above.
-        8 => unsafe { bpf_probe_read_user(addr as *const u64) }.ok()? as i64,
+        8 => crate::read::user::<u64>(addr)? as i64,
         0 => read_string_hash(addr, config.string_len as usize)?,
         _ => return None,
     };

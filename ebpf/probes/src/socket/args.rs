@@ -102,8 +102,14 @@ impl Task {
                 }
                 // SAFETY: the helper takes the typed task pointer.
                 let regs = bpf_task_pt_regs(self.0 as *mut _) as *const u8;
-                // Every CPU's first call writes the same number.
-                *above = (regs as u64).wrapping_sub(stack);
+                // The pointer goes through the map value to become a number: verifiers before
+                // 7.x refuse a typed pointer minus a number they cannot bound ("math between
+                // ptr_ pointer and register with unbounded min value"), and a privileged
+                // program may store a pointer in a map. Every CPU's first call writes the
+                // same number.
+                core::ptr::write_volatile(above, regs as u64);
+                let address = core::ptr::read_volatile(above);
+                core::ptr::write_volatile(above, address.wrapping_sub(stack));
                 return regs;
             }
         }

@@ -1,10 +1,12 @@
+#[cfg(not(feature = "legacy"))]
+use aya_ebpf::macros::tracepoint;
 use aya_ebpf::{
     cty::c_void,
     helpers::{
         bpf_get_current_pid_tgid,
         generated::{bpf_loop, bpf_probe_read_user},
     },
-    macros::{map, tracepoint},
+    macros::map,
     maps::{HashMap, PerCpuArray, ProgramArray},
     programs::TracePointContext,
 };
@@ -14,19 +16,22 @@ use inferscope_common::{
 };
 
 use crate::{
+    bound::at_most,
     counters::bump,
     maps::{Inflight, SCRATCH, Scratch, Shape, capture_limit},
-    ringbuf::output,
+    ringbuf::output_bytes,
 };
 
-/// Set by user space where the kernel has `bpf_loop` (5.17+): iovec arrays are then walked in
-/// it, so every iovec is copied, not only the first [`MAX_IOV`] (gRPC's C core writes a frame
-/// header and its payload as two iovecs, so one write of a few frames has more than eight), and
-/// a large-capture process's readv/recvmsg is captured in chunks like its plain reads (grpcio
-/// reads up to 64 KiB at once). A constant at load time: the verifier walks only the branch
-/// taken.
-#[unsafe(no_mangle)]
-static BPF_LOOP_IOVECS: u32 = 0;
+/// Whether this build walks in `bpf_loop` (5.17+): iovec arrays are then walked in it, so every
+/// iovec is copied, not only the first [`MAX_IOV`] (gRPC's C core writes a frame header and its
+/// payload as two iovecs, so one write of a few frames has more than eight), and a
+/// large-capture process's sends and receives past one record are captured in chunk series
+/// (grpcio reads up to 64 KiB at once). The build for older kernels (feature `legacy`) has no
+/// `bpf_loop` call at all: a program that names a `bpf_loop` callback is refused by kernels
+/// before 5.13 (they do not know a function's address as an instruction operand), and an
+/// unrolled chunk series took 5.10's verifier past its budget. The agent picks the build by
+/// whether the kernel has `bpf_loop`.
+const LOOPS: bool = cfg!(not(feature = "legacy"));
 
 /// Iovecs copied at most through `bpf_loop` (Linux's UIO_MAXIOV).
 const MAX_LOOP_IOV: u64 = 1024;
@@ -71,9 +76,7 @@ fn chunkable(shape: Shape) -> bool {
 
 #[inline(always)]
 fn looping_iovecs() -> bool {
-    // SAFETY: a valid, aligned static; the volatile load keeps the value user space set at
-    // load time from being folded to the compiled-in default.
-    unsafe { core::ptr::read_volatile(&BPF_LOOP_IOVECS) != 0 }
+    LOOPS
 }
 
 /// Which per-CPU scratch buffer a record is built in: the syscall programs' (`SCRATCH`) or the
@@ -103,27 +106,6 @@ struct Iovec {
 const MSG_IOV: u64 = 16;
 const MSG_IOVLEN: u64 = 24;
 
-#[inline(always)]
-fn read_user<T: Copy>(addr: u64) -> Option<T> {
-    let mut value = core::mem::MaybeUninit::<T>::uninit();
-    // SAFETY: the destination is `size_of::<T>()` writable bytes; the helper checks the user
-    // address and fails (rc != 0) instead of faulting.
-    let rc = unsafe {
-        bpf_probe_read_user(
-            value.as_mut_ptr().cast(),
-            core::mem::size_of::<T>() as u32,
-            addr as *const _,
-        )
-    };
-    if rc == 0 {
-        // SAFETY: the helper filled all of it, and T is only ever a plain-integer type (u64,
-        // Iovec) for which any bytes are a valid value.
-        Some(unsafe { value.assume_init() })
-    } else {
-        None
-    }
-}
-
 /// Copies `len` bytes of user memory to `payload[offset..]`. The caller keeps
 /// `offset < MAX_CAPTURE_BYTES` and `len <= MAX_CAPTURE_BYTES`, which fits the 2×MAX buffer.
 #[inline(always)]
@@ -136,6 +118,12 @@ pub(super) fn copy_at(
     if offset >= MAX_CAPTURE_BYTES || len > MAX_CAPTURE_BYTES {
         return false;
     }
+    // Restated at the call for 5.10's and 6.1's verifiers, which lose the bounds checked above
+    // when the compiler keeps the values on the stack (`crate::bound`); no value changes.
+    let (offset, len) = (
+        at_most::<{ MAX_CAPTURE_BYTES as u32 - 1 }>(offset),
+        at_most::<{ MAX_CAPTURE_BYTES as u32 }>(len),
+    );
     // SAFETY: offset < MAX and len <= MAX (checked above) keep the destination inside the 2×MAX
     // buffer; the helper checks the user address and fails instead of faulting.
     let rc = unsafe {
@@ -184,12 +172,12 @@ pub fn copy_payload(
         }
         Shape::Iovec => (inflight.ptr, inflight.iovcnt),
         Shape::Msghdr => {
-            let Some(iov) = read_user::<u64>(inflight.ptr + MSG_IOV) else {
+            let Some(iov) = crate::read::user::<u64>(inflight.ptr + MSG_IOV) else {
                 out.failed = true;
                 out.truncated = true;
                 return out;
             };
-            let Some(cnt) = read_user::<u64>(inflight.ptr + MSG_IOVLEN) else {
+            let Some(cnt) = crate::read::user::<u64>(inflight.ptr + MSG_IOVLEN) else {
                 out.failed = true;
                 out.truncated = true;
                 return out;
@@ -205,7 +193,7 @@ pub fn copy_payload(
         if i as u64 >= iovcnt || remaining == 0 || offset >= limit {
             break;
         }
-        let Some(iov) = read_user::<Iovec>(iov_addr + (i as u64) * 16) else {
+        let Some(iov) = crate::read::user::<Iovec>(iov_addr + (i as u64) * 16) else {
             out.failed = true;
             break;
         };
@@ -231,10 +219,7 @@ pub fn copy_payload(
             iov.len
         };
     }
-    // SAFETY: a valid, aligned static; the volatile load keeps the value user space set at
-    // load time from being folded to the compiled-in default.
-    let looping = unsafe { core::ptr::read_volatile(&BPF_LOOP_IOVECS) } != 0;
-    if looping && iovcnt > MAX_IOV as u64 && remaining > 0 && offset < limit && !out.failed {
+    if LOOPS && iovcnt > MAX_IOV as u64 && remaining > 0 && offset < limit && !out.failed {
         let mut state = IovLoop {
             iov_addr,
             buf: 0,
@@ -298,7 +283,7 @@ extern "C" fn copy_iov_step(i: u32, ctx: *mut c_void) -> i64 {
     if index >= state.iovcnt || state.remaining == 0 || state.offset >= state.limit {
         return 1;
     }
-    let Some(iov) = read_user::<Iovec>(state.iov_addr + index * 16) else {
+    let Some(iov) = crate::read::user::<Iovec>(state.iov_addr + index * 16) else {
         state.failed = 1;
         return 1;
     };
@@ -336,6 +321,7 @@ extern "C" fn copy_iov_step(i: u32, ctx: *mut c_void) -> i64 {
 
 /// The `i`-th iovec of a chunk's walk (a plain buffer is one iovec): its part past `skip`, up
 /// to the chunk's limit; 1 stops the loop.
+#[cfg(not(feature = "legacy"))]
 #[inline(never)]
 extern "C" fn walk_iov_step(i: u32, ctx: *mut c_void) -> i64 {
     // SAFETY: `bpf_loop` passes back the context `chunk_series_step` gave it: an `IovLoop` on
@@ -351,7 +337,7 @@ extern "C" fn walk_iov_step(i: u32, ctx: *mut c_void) -> i64 {
             len: state.remaining,
         }
     } else {
-        let Some(iov) = read_user::<Iovec>(state.iov_addr + index * 16) else {
+        let Some(iov) = crate::read::user::<Iovec>(state.iov_addr + index * 16) else {
             state.failed = 1;
             return 1;
         };
@@ -374,6 +360,7 @@ extern "C" fn walk_iov_step(i: u32, ctx: *mut c_void) -> i64 {
 /// Copies up to `len` bytes at `base` (as many as the walk's limit leaves room for) into the
 /// syscall programs' scratch payload after the bytes already copied; false (flagged failed)
 /// when the read fails.
+#[cfg(not(feature = "legacy"))]
 #[inline(always)]
 fn copy_part(state: &mut IovLoop, base: u64, len: u64) -> bool {
     let room = state.limit - state.offset;
@@ -411,7 +398,10 @@ pub fn emit(scratch: &Scratch, captured: usize) -> bool {
     // value, which `scratch` borrows for the slice's whole life.
     let bytes =
         unsafe { core::slice::from_raw_parts((scratch as *const Scratch).cast::<u8>(), size) };
-    output::<[u8]>(bytes, Counter::RecordsEmitted)
+    output_bytes::<{ (size_of::<SyscallRecord>() + MAX_CAPTURE_BYTES) as u32 }>(
+        bytes,
+        Counter::RecordsEmitted,
+    )
 }
 
 /// Emits the syscall record in `scratch` and, for a large-capture process whose send/recv moved
@@ -451,41 +441,35 @@ pub fn emit_chunks(
     if total <= captured as u64 {
         return Sent::whole(emit(scratch, captured));
     }
+    if !LOOPS {
+        // The build for kernels without `bpf_loop`: the first record only, counted.
+        bump(Counter::ChunksUnsent);
+        return Sent::whole(emit(scratch, captured));
+    }
     scratch.header.flags = h.flags | FLAG_MORE;
     let first = emit(scratch, captured);
-    if looping_iovecs() {
-        if owner == ScratchOwner::Syscall {
-            return Sent {
-                first,
-                chunks_due: defer_chunks(inflight, captured as u64, total, moved),
-            };
-        }
-        // TLS plaintext (one buffer) is sent here, its chunks walked in `bpf_loop`: unrolled,
-        // the walk took the TLS record program to two thirds of the verifier's budget.
-        let mut series = BufferChunks {
-            buf: inflight.ptr,
-            total,
-            moved,
+    if owner == ScratchOwner::Syscall {
+        return Sent {
+            first,
+            chunks_due: defer_chunks(inflight, captured as u64, total, moved),
         };
-        // SAFETY: the callback is a static function of the program; its context is `series`,
-        // on this stack frame for the whole call.
-        unsafe {
-            bpf_loop(
-                (MAX_CHUNKS - 1) as u32,
-                tls_chunk_step as *mut c_void,
-                (&mut series as *mut BufferChunks).cast(),
-                0,
-            );
-        }
-        return Sent::whole(first);
     }
-    let mut offset = MAX_CAPTURE_BYTES as u64;
-    for _ in 1..MAX_CHUNKS {
-        if offset >= total || send_buffer_chunk(scratch, inflight.ptr, offset, total, moved) {
-            break;
-        }
-        // Every chunk but the last is a record's worth.
-        offset += MAX_CAPTURE_BYTES as u64;
+    // TLS plaintext (one buffer) is sent here, its chunks walked in `bpf_loop`: unrolled, the
+    // walk took the TLS record program to two thirds of the verifier's budget.
+    let mut series = BufferChunks {
+        buf: inflight.ptr,
+        total,
+        moved,
+    };
+    // SAFETY: the callback is a static function of the program; its context is `series`, on
+    // this stack frame for the whole call.
+    unsafe {
+        bpf_loop(
+            (MAX_CHUNKS - 1) as u32,
+            tls_chunk_step as *mut c_void,
+            (&mut series as *mut BufferChunks).cast(),
+            0,
+        );
     }
     Sent::whole(first)
 }
@@ -586,8 +570,8 @@ fn defer_chunks(inflight: &Inflight, captured: u64, total: u64, moved: u64) -> b
         Shape::Buffer => (0, 1),
         Shape::Iovec => (inflight.ptr, inflight.iovcnt),
         Shape::Msghdr => match (
-            read_user::<u64>(inflight.ptr + MSG_IOV),
-            read_user::<u64>(inflight.ptr + MSG_IOVLEN),
+            crate::read::user::<u64>(inflight.ptr + MSG_IOV),
+            crate::read::user::<u64>(inflight.ptr + MSG_IOVLEN),
         ) {
             (Some(iov), Some(cnt)) => (iov, cnt),
             // Nothing to walk: the series ends at once, cut.
@@ -634,7 +618,9 @@ pub fn emit_due_chunks(ctx: &TracePointContext) {
 }
 
 /// Sends the chunk series left due (a tail call from `exit_syscall`) into the syscall programs'
-/// scratch, whose header the first record left in place. Loaded, never attached.
+/// scratch, whose header the first record left in place. Loaded, never attached. Not in the
+/// build for kernels without `bpf_loop` ([`LOOPS`]).
+#[cfg(not(feature = "legacy"))]
 #[tracepoint]
 pub fn exit_chunks(_ctx: TracePointContext) -> u32 {
     let Some(due) = CHUNKS_DUE.get_ptr_mut(0) else {
@@ -673,6 +659,7 @@ struct ChunkSeries {
 
 /// One chunk: a walk of the iovecs (in a nested `bpf_loop`) that copies the next record's
 /// worth into the syscall programs' scratch, then the record; 1 ends the series.
+#[cfg(not(feature = "legacy"))]
 #[inline(never)]
 extern "C" fn chunk_series_step(_: u32, ctx: *mut c_void) -> i64 {
     // SAFETY: `bpf_loop` passes back the context `emit_due_chunks` gave it: a `ChunkSeries` on

@@ -1,7 +1,5 @@
 use aya_ebpf::{
-    helpers::{
-        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
-    },
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{fexit, tracepoint},
     programs::{FExitContext, TracePointContext},
 };
@@ -151,12 +149,52 @@ entry_program!(enter_dup2, SyscallKind::Dup, Shape::Iovec);
 /// keeps its address for the syscall's exit, which learns the fd it gets. An accept of any
 /// other kind of socket (Unix) never passes here and leaves 0. Where BPF trampolines are not
 /// allowed, a connection's socket is learnt at its first read instead (`rcv_space_adjust`).
+/// Word `N` of a fexit program's context, loaded at a fixed offset: the compiler would fold two
+/// `ctx.arg` loads under a branch into one load at a computed offset, which the verifier
+/// refuses ("dereference of modified ctx ptr").
+#[inline(always)]
+fn fexit_arg<const N: usize>(ctx: &FExitContext) -> u64 {
+    #[cfg(target_arch = "bpf")]
+    {
+        let value: u64;
+        // SAFETY: an 8-byte load from the program's context at a constant offset, which the
+        // verifier checks against the traced function's BTF.
+        unsafe {
+            core::arch::asm!(
+                "{value} = *(u64 *)({ctx} + {offset})",
+                ctx = in(reg) aya_ebpf::EbpfContext::as_ptr(ctx),
+                offset = const N * 8,
+                value = lateout(reg) value,
+                options(pure, readonly, nostack, preserves_flags),
+            );
+        }
+        value
+    }
+    #[cfg(not(target_arch = "bpf"))]
+    {
+        ctx.arg::<u64>(N)
+    }
+}
+
+/// How many parameters the kernel's `inet_csk_accept` takes (2 or 4; user space reads it from
+/// the BTF at load time and attaches this program only for those two).
+#[unsafe(no_mangle)]
+static ACCEPT_PARAMS: u32 = 2;
+
 #[fexit(function = "inet_csk_accept")]
 pub fn accepted_sock(ctx: FExitContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
-    // inet_csk_accept(struct sock *sk, struct proto_accept_arg *arg): the return value follows
-    // the two arguments.
-    let sock: u64 = ctx.arg(2);
+    // The return value follows the arguments: inet_csk_accept(struct sock *sk, struct
+    // proto_accept_arg *arg) since 6.10, (sk, flags, err, kern) before. A constant to the
+    // verifier, which walks only the branch taken (it checks each context load against the
+    // function's BTF).
+    // SAFETY: a valid, aligned static; the volatile load keeps the value user space set at load
+    // time from being folded to the compiled-in default.
+    let sock = if unsafe { core::ptr::read_volatile(&ACCEPT_PARAMS) } == 4 {
+        fexit_arg::<4>(&ctx)
+    } else {
+        fexit_arg::<2>(&ctx)
+    };
     if !traced((pid_tgid >> 32) as u32) && !adopt_at_accept((pid_tgid >> 32) as u32, sock) {
         return 0;
     }
@@ -183,9 +221,9 @@ fn adopt_at_accept(tgid: u32, sock: u64) -> bool {
         return false;
     }
     // SAFETY: the helper checks the kernel address and fails instead of faulting.
-    match unsafe { bpf_probe_read_kernel((sock + SKC_NUM) as *const u16) } {
-        Ok(port) => adopt(tgid, port),
-        Err(_) => false,
+    match crate::read::kernel::<u16>(sock + SKC_NUM) {
+        Some(port) => adopt(tgid, port),
+        None => false,
     }
 }
 
@@ -207,14 +245,14 @@ pub fn enter_bind(ctx: TracePointContext) -> u32 {
     // sockaddr_in and sockaddr_in6 both hold the family first and the port (network order) at
     // offset 2.
     // SAFETY: the helper checks the user address and fails instead of faulting.
-    let Ok(family) = (unsafe { bpf_probe_read_user(addr as *const u16) }) else {
+    let Some(family) = crate::read::user::<u16>(addr) else {
         return 0;
     };
     if family != AF_INET && family != AF_INET6 {
         return 0;
     }
     // SAFETY: as above.
-    if let Ok(port) = unsafe { bpf_probe_read_user((addr + 2) as *const u16) } {
+    if let Some(port) = crate::read::user::<u16>(addr + 2) {
         adopt(tgid, u16::from_be(port));
     }
     0

@@ -25,7 +25,7 @@ use crate::{
         CONN_REFS, FD_VERDICT, Inflight, SCRATCH, Scratch, Shape, inflight_entry, insert_conn,
         traced,
     },
-    ringbuf::{PRESSURE_PREFIX, PRESSURE_WHOLE, output},
+    ringbuf::{PRESSURE_PREFIX, PRESSURE_WHOLE, output_bytes},
 };
 
 // syscalls:sys_exit_* layout: 8 bytes of common fields, the syscall number, then `long ret`.
@@ -650,7 +650,10 @@ fn emit_compact_record(
         core::ptr::write_unaligned(base.cast::<CompactWriteRecord>(), header);
         core::slice::from_raw_parts(base, size_of::<CompactWriteRecord>() + keep)
     };
-    if output::<[u8]>(bytes, Counter::RecordsEmitted) {
+    if output_bytes::<{ (size_of::<CompactWriteRecord>() + PRESSURE_WHOLE) as u32 }>(
+        bytes,
+        Counter::RecordsEmitted,
+    ) {
         bump(counter);
     }
     Ok(())

@@ -3,7 +3,7 @@
 //! kernel read at an offset user space took from the kernel's BTF (those structs change
 //! between releases and configurations). Without it the socket is learnt at the connection's
 //! first read, which costs every TCP read of the host a program run (`rcv_space_adjust`).
-use aya_ebpf::helpers::{bpf_probe_read_kernel, generated::bpf_get_current_task};
+use aya_ebpf::helpers::generated::bpf_get_current_task;
 
 // Member offsets from the kernel's BTF; `SOCK_WALK` is 1 once user space has set them all (an
 // offset may be 0).
@@ -46,7 +46,7 @@ fn offset(global: &u32) -> u64 {
 fn read<T: Copy>(address: u64) -> Option<T> {
     // SAFETY: the helper checks the kernel address and fails instead of faulting; T is an
     // integer or a pointer-sized integer, valid for any bytes.
-    unsafe { bpf_probe_read_kernel(address as *const T) }.ok()
+    crate::read::kernel::<T>(address)
 }
 
 /// Whether user space found the offsets (else the first-read fallback is attached).

@@ -18,11 +18,10 @@
 //!
 //! A tie names (fd, connection id) and is checked against the fd's connection at each use, so a
 //! freed `SSL*` whose address comes back for a new connection is tied again, never misrouted.
+#[cfg(not(feature = "legacy"))]
+use aya_ebpf::EbpfContext;
 use aya_ebpf::{
-    EbpfContext,
-    helpers::{
-        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
-    },
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{map, uprobe, uretprobe},
     maps::{LruHashMap, PerCpuArray, ProgramArray},
     programs::{ProbeContext, RetProbeContext},
@@ -146,20 +145,63 @@ fn now() -> u64 {
     unsafe { bpf_ktime_get_ns() }
 }
 
+#[cfg(not(feature = "legacy"))]
 #[inline(always)]
 fn api(ctx: &impl EbpfContext) -> u8 {
-    // SAFETY: reads the attach cookie of the running program; no memory is touched.
-    unsafe { bpf_get_attach_cookie(ctx.as_ptr()) as u8 }
+    crate::cookie::get(ctx.as_ptr()) as u8
 }
 
-/// Entry of every hooked SSL function: saves its arguments for the return.
+/// Entry of every hooked SSL function: saves its arguments for the return. The attach cookie
+/// names the function ([`TlsApi`]).
+#[cfg(not(feature = "legacy"))]
 #[uprobe]
 pub fn tls_call(ctx: ProbeContext) -> u32 {
+    on_call(&ctx, api(&ctx))
+}
+
+/// Return of every hooked SSL function: ties the `SSL*` if it is not yet, and emits the
+/// plaintext it moved as a read or write of its connection.
+#[cfg(not(feature = "legacy"))]
+#[uretprobe]
+pub fn tls_return(ctx: RetProbeContext) -> u32 {
+    let _ = try_return(&ctx, api(&ctx));
+    0
+}
+
+/// Kernels without attach cookies (before 5.15; the build for them, feature `legacy`): the entry
+/// and return programs once per hooked function, named `tls_call_c<api>` and
+/// `tls_return_c<api>` (user space attaches the one for the cookie it would have passed).
+macro_rules! per_function {
+    ($($api:expr => $call:ident, $ret:ident;)*) => {$(
+        #[cfg(feature = "legacy")]
+        #[uprobe]
+        pub fn $call(ctx: ProbeContext) -> u32 {
+            on_call(&ctx, $api as u8)
+        }
+
+        #[cfg(feature = "legacy")]
+        #[uretprobe]
+        pub fn $ret(ctx: RetProbeContext) -> u32 {
+            let _ = try_return(&ctx, $api as u8);
+            0
+        }
+    )*};
+}
+
+per_function! {
+    TlsApi::Read => tls_call_c0, tls_return_c0;
+    TlsApi::ReadEx => tls_call_c1, tls_return_c1;
+    TlsApi::Write => tls_call_c2, tls_return_c2;
+    TlsApi::WriteEx => tls_call_c3, tls_return_c3;
+    TlsApi::Handshake => tls_call_c4, tls_return_c4;
+}
+
+#[inline(always)]
+fn on_call(ctx: &ProbeContext, api: u8) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     if !traced((pid_tgid >> 32) as u32) {
         return 0;
     }
-    let api = api(&ctx);
     let Some(state) = thread_state(pid_tgid) else {
         return 0;
     };
@@ -185,22 +227,13 @@ pub fn tls_call(ctx: ProbeContext) -> u32 {
     0
 }
 
-/// Return of every hooked SSL function: ties the `SSL*` if it is not yet, and emits the
-/// plaintext it moved as a read or write of its connection.
-#[uretprobe]
-pub fn tls_return(ctx: RetProbeContext) -> u32 {
-    let _ = try_return(&ctx);
-    0
-}
-
 #[inline(always)]
-fn try_return(ctx: &RetProbeContext) -> Result<(), i32> {
+fn try_return(ctx: &RetProbeContext, api: u8) -> Result<(), i32> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     if !traced(tgid) {
         return Ok(());
     }
-    let api = api(ctx);
     let state = TLS_THREADS.get_ptr_mut(pid_tgid).ok_or(0)?;
     // SAFETY: this thread's own entry (see `tls_call`).
     let state = unsafe { &mut *state };
@@ -215,7 +248,7 @@ fn try_return(ctx: &RetProbeContext) -> Result<(), i32> {
         if rc > 0 { rc as u64 } else { 0 }
     } else if (api == TlsApi::ReadEx as u8 || api == TlsApi::WriteEx as u8) && rc == 1 {
         // SAFETY: the helper checks the user address and fails instead of faulting.
-        unsafe { bpf_probe_read_user(state.out as *const u64) }.unwrap_or(0)
+        crate::read::user::<u64>(state.out).unwrap_or(0)
     } else {
         0
     };

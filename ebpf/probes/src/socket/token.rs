@@ -31,9 +31,10 @@ use inferscope_common::{
 };
 
 use crate::{
+    bound::at_most,
     counters::{add, bump},
     maps::conn_entry,
-    ringbuf::{output, under_pressure},
+    ringbuf::{output_bytes, under_pressure},
 };
 
 /// Connections' templates and their waiting token events, two slots per connection id (a
@@ -179,17 +180,21 @@ fn set_armed(key: u64, conn_id: u64, armed: u8) {
 /// for), so the load is written out.
 #[inline(always)]
 fn word_at(payload: &[u8; 2 * MAX_CAPTURE_BYTES], offset: usize) -> u64 {
-    let offset = offset & OFFSET_MASK;
-    // SAFETY: offset < MAX_CAPTURE_BYTES, so the 8 bytes read lie inside the 2×MAX buffer.
-    let at = unsafe { payload.as_ptr().add(offset) };
     #[cfg(target_arch = "bpf")]
     {
         let word: u64;
-        // SAFETY: the 8 bytes at `at` are the payload's (above); the load only reads.
+        // SAFETY: the offset is masked below MAX_CAPTURE_BYTES in the assembly itself, so the 8
+        // bytes read lie inside the 2×MAX buffer; the load only reads. The mask is written out
+        // with the load: the compiler drops a mask it can prove redundant, and a 6.1 verifier
+        // cannot prove it, so the load's offset must be masked where the verifier sees it.
         unsafe {
             core::arch::asm!(
+                "{offset} &= {mask}",
+                "{at} += {offset}",
                 "{word} = *(u64 *)({at} + 0)",
-                at = in(reg) at,
+                at = inout(reg) payload.as_ptr() => _,
+                offset = inout(reg) offset => _,
+                mask = const OFFSET_MASK,
                 word = lateout(reg) word,
                 options(pure, readonly, nostack, preserves_flags),
             );
@@ -198,9 +203,9 @@ fn word_at(payload: &[u8; 2 * MAX_CAPTURE_BYTES], offset: usize) -> u64 {
     }
     // Host builds (clippy, unit tests) have unaligned loads of their own.
     #[cfg(not(target_arch = "bpf"))]
-    // SAFETY: as above.
+    // SAFETY: offset < MAX_CAPTURE_BYTES, so the 8 bytes read lie inside the 2×MAX buffer.
     unsafe {
-        core::ptr::read_unaligned(at.cast::<u64>())
+        core::ptr::read_unaligned(payload.as_ptr().add(offset & OFFSET_MASK).cast::<u64>())
     }
 }
 
@@ -221,7 +226,9 @@ fn masked_diff(
     words: &[u64; TEMPLATE_WORDS],
     mask: &[u64; TEMPLATE_WORDS],
 ) -> u64 {
-    let count = len.div_ceil(8);
+    // Opaque to the compiler, so it keeps the loop's own bound, which 5.10's verifier needs
+    // (it loses `len`'s bounds on the stack): `crate::bound`.
+    let count = at_most::<{ TEMPLATE_WORDS as u32 }>(len.div_ceil(8));
     let mut diff = 0u64;
     for i in 0..TEMPLATE_WORDS {
         if i >= count {
@@ -242,7 +249,7 @@ fn has_quote_or_control(payload: &[u8; 2 * MAX_CAPTURE_BYTES], start: usize, len
     const QUOTES: u64 = 0x2222_2222_2222_2222;
     const SPACES: u64 = 0x2020_2020_2020_2020;
     const FILLER: u64 = 0x4141_4141_4141_4141;
-    let count = len.div_ceil(8);
+    let count = at_most::<{ (TOKEN_TEXT_MAX / 8) as u32 }>(len.div_ceil(8));
     let mut found = 0u64;
     for i in 0..TOKEN_TEXT_MAX / 8 {
         if i >= count {
@@ -467,7 +474,7 @@ fn send(batch: &mut TokenBatch, key: u64) {
     // (asserted in inferscope_common); `len` is at most the batch's size.
     let bytes =
         unsafe { core::slice::from_raw_parts((batch as *const TokenBatch).cast::<u8>(), len) };
-    if output::<[u8]>(bytes, Counter::RecordsEmitted) {
+    if output_bytes::<{ size_of::<TokenBatch>() as u32 }>(bytes, Counter::RecordsEmitted) {
         bump(Counter::TokenBatches);
         add(Counter::TokenEvents, count as u64);
     }
