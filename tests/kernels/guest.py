@@ -2,8 +2,12 @@
 the real agent binary, against real processes. Prints one line per check ("ok NAME ..." or
 "FAIL NAME ...") and closes with "kernel: N passed, M failed".
 
-  guest.py suite EXPECT            the whole suite (EXPECT: the paths this kernel must take,
+  guest.py suite EXPECT CERT KEY   the whole suite (EXPECT: the paths this kernel must take,
                                    "fexit=attached,loads=typed,reads=exit,writes=exit")
+  guest.py suite EXPECT CERT KEY [LLAMA_SERVER MODEL]
+                                   with LLAMA_SERVER and MODEL, also the scheduler uprobes on
+                                   llama.cpp's standalone server: two concurrent streams on one
+                                   slot, each split into queue wait and prefill
   guest.py serve PORT LOG [CERT KEY]
                                    an HTTP/1.1 server streaming OpenAI-style SSE (chunked), over
                                    TLS through OpenSSL when CERT and KEY are given; LOG gets one
@@ -337,6 +341,126 @@ def sse_workload(suite, name, port, tls, cert, key):
     suite.check(f"{name}-nothing-lost", not lost, json.dumps(lost))
 
 
+def llama_stream(port, prompt, tokens, out):
+    """One streamed chat completion to llama.cpp's server; appends {"start_ns", "first_ns",
+    "end_ns", "events", "id", "prompt_ms"} (prompt_ms: the engine's own prefill time)."""
+    body = json.dumps({"messages": [{"role": "user", "content": prompt}], "stream": True,
+                       "max_tokens": tokens, "stream_options": {"include_usage": True}}).encode()
+    sock = socket.create_connection(("127.0.0.1", port))
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+               b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    start = time.monotonic_ns()
+    sock.sendall(request)
+    buf, first = b"", None
+    while b"data: [DONE]" not in buf:
+        data = sock.recv(65536)
+        if not data:
+            break
+        if first is None and b'"content"' in buf + data:
+            first = time.monotonic_ns()
+        buf += data
+    end = time.monotonic_ns()
+    sock.close()
+    rid, events, prompt_ms = None, 0, None
+    for line in buf.split(b"\n"):
+        if not line.startswith(b"data: {"):
+            continue
+        chunk = json.loads(line[6:])
+        rid = chunk.get("id", rid)
+        if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
+            events += 1
+        if chunk.get("timings"):
+            prompt_ms = chunk["timings"].get("prompt_ms")
+    out.append({"id": rid, "events": events, "start_ns": start, "first_ns": first, "end_ns": end,
+                "prompt_ms": prompt_ms})
+
+
+def llama_workload(suite, server, model):
+    """The scheduler uprobes on llama.cpp's standalone server: two concurrent streams on one
+    slot, so one waits for the other; each record must carry a queue wait and a prefill that
+    add up to its TTFT, with as many chunks as the client counted."""
+    port = 8089
+    engine_log = open("/tmp/llama-engine.log", "w")
+    engine = subprocess.Popen([server, "--model", model, "--host", "127.0.0.1", "--port", str(port),
+                               "--parallel", "1", "--ctx-size", "512", "--threads", "1"],
+                              stdout=subprocess.DEVNULL, stderr=engine_log)
+    ready = False
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and engine.poll() is None:
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            ready = b" 200 " in s.recv(4096)
+            s.close()
+        except OSError:
+            pass
+        if ready:
+            break
+        time.sleep(1)
+    if not suite.check("llama-server-ready", ready, open("/tmp/llama-engine.log").read()[-1500:] if not ready else ""):
+        engine.kill()
+        return
+    agent_log = "/tmp/llama-agent.log"
+    records = "/tmp/llama-records.jsonl"
+    agent = subprocess.Popen([AGENT, "record", "--port", str(port), "--out", records],
+                             stdout=open(agent_log, "w"), stderr=subprocess.STDOUT,
+                             env={**os.environ, "INFERSCOPE_LOG": "info"})
+    attached = wait_for(agent_log, rf"attached pid={engine.pid}\b", 300, agent)
+    hooks = re.findall(r"(\d+) of (\d+) scheduler hooks attached", ANSI.sub("", open(agent_log).read()))
+    suite.check("llama-scheduler-hooks-attached", attached and bool(hooks) and hooks[-1][0] == hooks[-1][1],
+                f"{hooks[-1][0]} of {hooks[-1][1]}" if hooks else ANSI.sub("", open(agent_log).read())[-1500:])
+    calls = []
+    threads = [threading.Thread(target=llama_stream, args=(port, f"Name a colour number {i}.", 3, calls))
+               for i in range(2)]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)
+    for t in threads:
+        t.join(timeout=600)
+    ids = [c["id"] for c in calls if c["id"]]
+    wait_for(records, "(?s)" + ".*".join(re.escape(i) for i in ids), 120)
+    time.sleep(1)
+    agent.send_signal(signal.SIGINT)
+    try:
+        agent.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        agent.kill()
+    engine.kill()
+    got = {}
+    for line in open(records) if os.path.exists(records) else []:
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if r.get("response_id"):
+            got[r["response_id"]] = r
+    suite.check("llama-every-stream-recorded", len(calls) == 2 and all(i in got for i in ids),
+                f"{sum(i in got for i in ids)} of {len(calls)}")
+    split = waited = chunks = 0
+    for c in calls:
+        r = got.get(c["id"])
+        if not r:
+            continue
+        q, p, ttft = r.get("queue_wait_ms"), r.get("prefill_ms"), r.get("ttft_ms")
+        if q is not None and p is not None and ttft is not None and abs(q + p - ttft) < 0.01 \
+                and c["first_ns"] and ttft <= (c["first_ns"] - c["start_ns"]) / 1e6 + 1e-6:
+            split += 1
+        else:
+            print(f"   {c['id']}: queue {q} + prefill {p} vs ttft {ttft}; client {(c['first_ns'] or 0) - c['start_ns']} ns", flush=True)
+        # One slot: a stream sent while the other ran waits until the other is nearly done
+        # (its slot is released just before its last write).
+        other = next((o for o in calls if o is not c), None)
+        if q is not None and other and other["start_ns"] < c["start_ns"] < other["end_ns"] \
+                and q >= 0.5 * (other["end_ns"] - c["start_ns"]) / 1e6:
+            waited += 1
+        if r.get("output_chunks") == c["events"]:
+            chunks += 1
+        print(f"   {c['id']}: queue {q} ms, prefill {p} ms (engine's prompt_ms {c['prompt_ms']}), ttft {ttft} ms", flush=True)
+    suite.check("llama-queue-wait-plus-prefill-is-ttft", split == 2, f"{split} of 2")
+    suite.check("llama-one-stream-waited-for-the-slot", waited >= 1, f"{waited} of 2")
+    suite.check("llama-chunks-exact", chunks == 2, f"{chunks} of 2")
+
+
 def main():
     if sys.argv[1] == "serve":
         serve(int(sys.argv[2]), sys.argv[3], *(sys.argv[4:6] or [None, None]))
@@ -348,6 +472,8 @@ def main():
     if lines.get("ebpf", ("",))[0] == "ok":
         sse_workload(suite, "sse", 8090, False, cert, key)
         sse_workload(suite, "tls", 8443, True, cert, key)
+        if len(sys.argv) > 6:
+            llama_workload(suite, sys.argv[5], sys.argv[6])
     print(f"kernel {os.uname().release}: {suite.passed} passed, {suite.failed} failed", flush=True)
 
 

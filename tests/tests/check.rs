@@ -174,3 +174,67 @@ fn check_tells_the_truth_as_root_against_the_real_engine() {
     drop(engine);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `check --programs` against what this kernel is known to do: every program of the build for
+/// kernels with `bpf_loop` (this one has it) loaded with the instructions its verifier walked,
+/// well under the budget; the entry programs unused (reads and writes take their arguments at
+/// their exit here); fexit's program refused (this VM refuses BPF trampolines) and named so.
+#[test]
+fn check_programs_lists_every_program_with_its_verifier_count() {
+    let (report, _) = check(&["--programs"]);
+    eprintln!("{report}");
+    let programs: Vec<(&str, &str, Option<u64>)> = report
+        .lines()
+        .filter_map(|l| l.strip_prefix("  program "))
+        .map(|l| {
+            let mut words = l.split_whitespace();
+            let name = words.next().unwrap();
+            let state = words.next().unwrap();
+            (name, state, words.next().and_then(|n| n.parse().ok()))
+        })
+        .collect();
+    assert!(programs.len() >= 40, "{report}");
+    let state = |name: &str| {
+        programs
+            .iter()
+            .find(|p| p.0 == name)
+            .unwrap_or_else(|| panic!("no program {name} in\n{report}"))
+            .1
+    };
+    for name in [
+        "exit_syscall",
+        "exit_record",
+        "exit_chunks",
+        "tls_call",
+        "tls_record",
+    ] {
+        assert_eq!(state(name), "loaded", "{report}");
+    }
+    for name in ["enter_read", "enter_write"] {
+        assert_eq!(state(name), "unused", "{report}");
+    }
+    assert!(
+        !programs.iter().any(|p| p.0.starts_with("tls_call_c")),
+        "the per-function TLS programs belong to the build for kernels before 5.17: {report}"
+    );
+    let fexit_refused = line(&report, "fexit").contains("refused (");
+    assert_eq!(
+        state("accepted_sock") == "refused",
+        fexit_refused,
+        "{report}"
+    );
+    for (name, state, verified) in &programs {
+        if *state == "loaded" {
+            let verified = verified.unwrap_or_else(|| panic!("{name}: no count in\n{report}"));
+            assert!(
+                verified > 0 && verified < 750_000,
+                "{name}: {verified} instructions verified (the matrix's bar is 75 %)"
+            );
+        }
+    }
+    let verifier = line(&report, "verifier");
+    assert!(
+        verifier.starts_with("  ok") && verifier.contains("largest program exit_"),
+        "{verifier}"
+    );
+}

@@ -593,6 +593,30 @@ mod tests {
     }
 
     #[test]
+    fn a_functions_parameters_are_counted_from_its_prototype() {
+        // inet_csk_accept before 6.10: (sk, flags, err, kern); since: (sk, arg). 1: int,
+        // 2: proto of four int parameters, 3: func a, 4: proto of two, 5: func b, 6: func c whose
+        // "prototype" is an int (a damaged BTF).
+        let strings = b"\0a\0b\0c\0int\0";
+        let data = blob(
+            &[
+                (7, info(KIND_INT, 0), 4, vec![32]),
+                (0, info(KIND_FUNC_PROTO, 4), 1, vec![0, 1, 0, 1, 0, 1, 0, 1]),
+                (1, info(KIND_FUNC, 0), 2, vec![]),
+                (0, info(KIND_FUNC_PROTO, 2), 1, vec![0, 1, 0, 1]),
+                (3, info(KIND_FUNC, 0), 4, vec![]),
+                (5, info(KIND_FUNC, 0), 1, vec![]),
+            ],
+            strings,
+        );
+        let btf = Btf::parse(&data).unwrap();
+        assert_eq!(btf.func_params("a"), Some(4));
+        assert_eq!(btf.func_params("b"), Some(2));
+        assert_eq!(btf.func_params("c"), None);
+        assert_eq!(btf.func_params("missing"), None);
+    }
+
+    #[test]
     fn the_running_kernel_has_bpf_rdonly_cast() {
         let offsets = kernel_offsets();
         // 6.2 added it; the project's test machines run 6.18.

@@ -22,6 +22,10 @@ use crate::capture::kernel::{
     tracefs::{self, Format, TcpProbeOffsets},
 };
 
+/// The kernels `scripts/kernels.sh` boots and runs the in-guest suite on (CI runs it on each
+/// submission): Debian's 5.10, 6.1, 6.12 and 7.3.
+pub(crate) const TESTED_KERNELS: &str = "5.10, 6.1, 6.12 and 7.3";
+
 /// Sizes of the kernel-side buffers.
 #[derive(Debug, Clone, Copy)]
 pub struct CaptureConfig {
@@ -73,6 +77,11 @@ pub enum CaptureError {
     },
     #[error("invalid capture configuration: {0}")]
     Config(String),
+    #[error(
+        "Linux {release} is older than inferscope supports: it needs the BPF ring buffer (Linux 5.8 or newer). Tested kernels: {tested} (docs/src/kernels.md)",
+        tested = TESTED_KERNELS
+    )]
+    KernelTooOld { release: String },
     #[error(
         "the record program {program} (the second half of a capture, tail-called) did not load: {reason}. It needs a kernel with BPF tail calls (4.2+); a verifier refusal names the instruction it stopped at: please report it with `uname -r`"
     )]
@@ -282,6 +291,18 @@ impl SocketProbes {
             )));
         }
         raise_memlock_limit();
+        // Everything the agent captures leaves the kernel through the ring buffer (5.8): below
+        // it nothing would load, so say so before the verifier says something less clear.
+        if matches!(
+            aya::sys::is_map_supported(aya::maps::MapType::RingBuf),
+            Ok(false)
+        ) {
+            return Err(CaptureError::KernelTooOld {
+                release: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                    .map(|s| s.trim().to_owned())
+                    .unwrap_or_else(|_| "(unknown release)".into()),
+            });
+        }
         let tcp_offsets = Format::read("tcp", "tcp_probe")
             .and_then(|format| TcpProbeOffsets::from_format(&format))
             .inspect_err(|e| {

@@ -198,23 +198,30 @@ fn kernel(report: &mut Report, privileges: &Privileges) {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_owned())
         .unwrap_or_else(|_| "unknown".into());
-    let status = match privileges.kernel {
-        Some(k) if k >= (5, 8) => Status::Ok,
-        Some(_) => Status::Warn,
-        None => Status::Info,
+    let tested = crate::capture::kernel::probes::TESTED_KERNELS;
+    let (status, note) = match privileges.kernel {
+        Some(k) if k >= (5, 10) => (
+            Status::Ok,
+            format!("tested kernels: {tested}; the oldest supported is 5.8"),
+        ),
+        Some(k) if k >= (5, 8) => (
+            Status::Warn,
+            format!(
+                "older than every tested kernel ({tested}); 5.8 is the oldest that has what the agent needs"
+            ),
+        ),
+        Some(_) => (
+            Status::Fail,
+            format!(
+                "older than 5.8, which brought the BPF ring buffer every capture needs: the agent does not run here (tested kernels: {tested})"
+            ),
+        ),
+        None => (Status::Info, format!("tested kernels: {tested}")),
     };
     report.push(
         status,
         "kernel",
-        format!(
-            "Linux {release} ({}){}",
-            std::env::consts::ARCH,
-            if status == Status::Warn {
-                ": older than 5.8, CAP_BPF/CAP_PERFMON unknown (CAP_SYS_ADMIN stands for them)"
-            } else {
-                ""
-            }
-        ),
+        format!("Linux {release} ({}): {note}", std::env::consts::ARCH),
     );
     if privileges.btf {
         report.push(Status::Ok, "btf", "/sys/kernel/btf/vmlinux present");
