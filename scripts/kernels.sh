@@ -257,6 +257,25 @@ if [ -n "$over" ]; then
   echo "$over" >&2
   failed=1
 fi
+# Each program's verified instructions per kernel, as a table (BENCHMARKS quotes it).
+awk -F'\t' 'NR > 1 { kernels[$1] = 1; programs[$2] = 1; count[$2, $1] = ($4 ~ /^[0-9]+$/) ? $4 : $3 }
+  END {
+    n = 0; for (k in kernels) order[++n] = k
+    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++)
+      if (order[j] + 0 < order[i] + 0 || (order[j] + 0 == order[i] + 0 && order[j] < order[i])) {
+        t = order[i]; order[i] = order[j]; order[j] = t }
+    header = "| program |"; rule = "| --- |"
+    for (i = 1; i <= n; i++) { header = header " " order[i] " |"; rule = rule " ---: |" }
+    print header; print rule
+    m = 0; for (p in programs) names[++m] = p
+    for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++)
+      if (names[j] < names[i]) { t = names[i]; names[i] = names[j]; names[j] = t }
+    for (i = 1; i <= m; i++) {
+      row = "| " names[i] " |"
+      for (k = 1; k <= n; k++) row = row " " (((names[i], order[k]) in count) ? count[names[i], order[k]] : "—") " |"
+      print row
+    }
+  }' "$programs" >"$OUT/programs.md"
 cat "$summary"
-log "per-program instruction counts: $programs; console logs: $OUT/<kernel>.log"
+log "per-program instruction counts: $programs ($OUT/programs.md as a table); console logs: $OUT/<kernel>.log"
 exit "$failed"

@@ -825,8 +825,9 @@ pub enum Counter {
     /// live connections: its writes are captured in full, as without a template.
     TokenSlotsBusy = 29,
     /// TCP writes whose bytes were still queued at their return (cork, autocork, a full
-    /// congestion window), or whose socket could not be read: stamped at their return, not at
-    /// their transmission (see the eBPF crate's `socket/xmit.rs`).
+    /// congestion window), or whose socket could not be read, or whose paced socket (BBR, fq)
+    /// had set its next departure after the return: stamped at their return, not at their
+    /// transmission (see the eBPF crate's `socket/xmit.rs`).
     WritesStampedAtReturn = 30,
 }
 
