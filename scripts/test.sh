@@ -28,6 +28,8 @@ cargo clippy --workspace --exclude inferscope-ebpf --all-targets -q -- -D warnin
 # toolchain here; a no_std binary checks only with panic=abort) --------------------------------
 echo "== clippy (eBPF programs)"
 cargo clippy -p inferscope-ebpf -q --config 'profile.dev.panic="abort"' -- -D warnings
+# ... and the build for kernels without bpf_loop (issue 44), which compiles other code.
+cargo clippy -p inferscope-ebpf -q --features legacy --config 'profile.dev.panic="abort"' -- -D warnings
 # --- end issue 16a ---------------------------------------------------------------------------
 # --- spelling (typos.toml) and the dependency tree (deny.toml); both tools from scripts/setup.sh
 echo "== typos"
