@@ -240,6 +240,9 @@ for version in "${versions[@]}"; do
   elif [[ "$result" != *" 0 failed" ]]; then
     failed=1
   fi
+  # A workload that failed once and passed when run again is named, never hidden.
+  retried=$(grep -aoE '^retry [a-z]+' "$console" | cut -d' ' -f2 | paste -sd, - || true)
+  [ -z "$retried" ] || result="$result (retried once: $retried)"
   grep -aE '^\s*program ' "$console" | awk -v k="$version" '{print k "\t" $2 "\t" $3 "\t" $4}' >>"$programs"
   largest=$(awk -F'\t' -v k="$version" '$1 == k && $4 ~ /^[0-9]+$/ {print $4 "\t" $2}' "$programs" \
     | sort -n | tail -1)
