@@ -193,7 +193,7 @@ boot() {
   local console="$OUT/$version.log"
   local started=$SECONDS
   timeout "$BOOT_TIMEOUT" qemu-system-x86_64 -accel tcg -cpu max -machine q35 -m 2048 -smp 1 \
-    -nographic -no-reboot -kernel "$vmlinuz" -initrd "$initrd" \
+    -nographic -no-reboot -nic none -kernel "$vmlinuz" -initrd "$initrd" \
     -append "console=ttyS0 rdinit=/init panic=-1 quiet inferscope.expect=${EXPECT[$version]}" \
     </dev/null >"$console" 2>&1 || echo "qemu exited with $? after $((SECONDS - started)) s" >>"$console"
   echo "== host: $((SECONDS - started)) s" >>"$console"
