@@ -24,32 +24,34 @@ fn main() -> anyhow::Result<()> {
     }
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../ebpf/probes");
     let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR").context("OUT_DIR unset")?);
-    // The programs for kernels without bpf_loop (before 5.17) first, into a directory of their
-    // own (aya-build keeps its cargo target directory under OUT_DIR, so each build stays cached),
-    // then the programs for every newer kernel. The agent loads the one the kernel takes.
-    let legacy_dir = out_dir.join("legacy");
-    std::fs::create_dir_all(&legacy_dir).context("creating OUT_DIR/legacy")?;
-    // SAFETY: build scripts are single-threaded; aya-build reads OUT_DIR for where to build.
-    unsafe { std::env::set_var("OUT_DIR", &legacy_dir) };
-    aya_build::build_ebpf(
-        [Package {
-            name: "inferscope-ebpf",
-            root_dir: root,
-            features: &["legacy"],
-            ..Default::default()
-        }],
-        Toolchain::Custom(&toolchain),
-    )
-    .context("building the eBPF programs for kernels before 5.17 failed; run scripts/setup.sh (bpf-linker, rust-src)")?;
-    // SAFETY: as above.
-    unsafe { std::env::set_var("OUT_DIR", &out_dir) };
-    aya_build::build_ebpf(
-        [Package {
-            name: "inferscope-ebpf",
-            root_dir: root,
-            ..Default::default()
-        }],
-        Toolchain::Custom(&toolchain),
-    )
-    .context("building the eBPF programs failed; run scripts/setup.sh (bpf-linker, rust-src)")
+    // The programs for kernels without bpf_loop (before 5.17) into OUT_DIR/legacy, then those for
+    // every newer kernel into OUT_DIR; aya-build keeps its cargo target directory under the
+    // OUT_DIR it is given, so each build stays cached. The agent loads the one the kernel takes.
+    for (dir, features, which) in [
+        (
+            out_dir.join("legacy"),
+            &["legacy"][..],
+            "for kernels before 5.17 ",
+        ),
+        (out_dir.clone(), &[][..], ""),
+    ] {
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        // SAFETY: build scripts are single-threaded; aya-build reads OUT_DIR for where to build.
+        unsafe { std::env::set_var("OUT_DIR", &dir) };
+        aya_build::build_ebpf(
+            [Package {
+                name: "inferscope-ebpf",
+                root_dir: root,
+                features,
+                ..Default::default()
+            }],
+            Toolchain::Custom(&toolchain),
+        )
+        .with_context(|| {
+            format!(
+                "building the eBPF programs {which}failed; run scripts/setup.sh (bpf-linker, rust-src)"
+            )
+        })?;
+    }
+    Ok(())
 }

@@ -43,7 +43,8 @@ declare -A EXPECT=(
   [7.3]="fexit=attached,loads=typed,reads=exit,writes=exit"
 )
 # A program past this share of the verifier's 1,000,000-instruction budget fails the matrix:
-# growth is caught before a kernel whose verifier prunes less refuses it.
+# growth is caught before a kernel whose verifier prunes less refuses it (the agent's
+# verifier::AT_RISK_SHARE, at which `inferscope check` warns).
 VERIFIER_SHARE_MAX=75
 
 CACHE=${INFERSCOPE_KERNEL_CACHE:-/var/cache/inferscope/kernels}

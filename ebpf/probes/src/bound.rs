@@ -1,9 +1,9 @@
 //! Lengths restated for older verifiers. A length the compiler kept on the stack across a helper
-//! call comes back to a 5.10 verifier as an unbounded scalar (it tracks a spilled scalar only
-//! when it is a constant), and on some paths 5.10 reaches a helper call with a length whose
-//! bounds contradict each other (a path that never runs: two compares it does not relate). A
-//! helper that takes a size then refuses the program ("R3 min value is negative"). 6.1 and later
-//! keep the bounds, so the same program loads there without this.
+//! call comes back to 5.10's and 6.1's verifiers as an unbounded scalar (5.10 tracks a spilled
+//! scalar only when it is a constant; 6.1 loses it where the backend spills narrower), and on
+//! some paths 5.10 reaches a helper call with a length whose bounds contradict each other (a
+//! path that never runs: two compares it does not relate). A helper that takes a size then
+//! refuses the program ("R3 min value is negative"). 6.12 and later keep the bounds.
 //!
 //! The clamp is written out in assembly at the call that needs it: the compiler drops a clamp in
 //! Rust that it can prove redundant, or moves it before the spill.

@@ -37,7 +37,7 @@ const LOOP_PERIOD_MS: u64 = 50;
 /// The largest program's share of the verifier's budget on this kernel, and the programs it
 /// refused (each has a fallback, named on its own line).
 fn verifier(report: &mut Report, probes: &SocketProbes) {
-    use crate::capture::kernel::verifier::{ProgramLoad, VERIFIER_BUDGET};
+    use crate::capture::kernel::verifier::{AT_RISK_SHARE, ProgramLoad, VERIFIER_BUDGET};
     let programs = probes.programs();
     let refused: Vec<&str> = programs
         .iter()
@@ -55,7 +55,11 @@ fn verifier(report: &mut Report, probes: &SocketProbes) {
     };
     match largest {
         Some((program, verified, share)) => report.push(
-            if share >= 75.0 { Status::Warn } else { Status::Ok },
+            if share >= AT_RISK_SHARE {
+                Status::Warn
+            } else {
+                Status::Ok
+            },
             "verifier",
             format!(
                 "largest program {}: {verified} instructions verified ({share:.0}% of the budget of {VERIFIER_BUDGET}){refused_text}",
