@@ -46,6 +46,9 @@ struct Scan {
     mods: Vec<Vec<String>>,
     /// Stages (or `*`) whose items lib.rs's own `use` declarations bring into the root.
     used_from_root: Vec<String>,
+    /// Every path that starts at `crate`, `super` or `self`, made absolute (from the crate root),
+    /// for the graph of which file names which.
+    absolute: Vec<Vec<String>>,
 }
 
 /// Whether an item is test code: `#[cfg(test)]`.
@@ -58,8 +61,8 @@ fn is_test(attrs: &[Attribute]) -> bool {
 }
 
 struct Scanner {
-    /// Levels below the crate root of the file (0: lib.rs).
-    depth: usize,
+    /// The file's module path below the crate root (empty: lib.rs).
+    module: Vec<String>,
     /// Inline `mod name { … }` blocks around the current item.
     inline: Vec<String>,
     /// Whether `#[cfg(test)]` items are read too.
@@ -71,7 +74,7 @@ impl Scanner {
     /// A path that starts with `segments` (then, for a `use` group, its several `heads`) names
     /// a top-level module when its `crate`/`super` chain reaches the root.
     fn path(&mut self, segments: &[String], heads: Vec<String>) {
-        let here = self.depth + self.inline.len();
+        let here = self.module.len() + self.inline.len();
         let mut up = 0usize;
         let mut root = false;
         let mut at = 0;
@@ -86,6 +89,24 @@ impl Scanner {
         }
         if at == 0 {
             return;
+        }
+        if root || up <= here {
+            let mut base: Vec<String> = if root {
+                Vec::new()
+            } else {
+                self.module.iter().chain(&self.inline).cloned().collect()
+            };
+            base.truncate(base.len().saturating_sub(if root { 0 } else { up }));
+            let rest = &segments[at..];
+            if rest.is_empty() {
+                for head in heads.iter().filter(|h| *h != "*") {
+                    self.scan
+                        .absolute
+                        .push([base.clone(), vec![head.clone()]].concat());
+                }
+            } else {
+                self.scan.absolute.push([base, rest.to_vec()].concat());
+            }
         }
         if root || up >= here {
             let names = match segments.get(at) {
@@ -300,9 +321,15 @@ fn group_heads(tokens: TokenStream) -> Vec<String> {
 /// Scans the code of a module `depth` levels below the crate root (0: lib.rs): its production
 /// code, or with `with_tests` its test code too.
 fn scan(code: &str, depth: usize, with_tests: bool) -> Scan {
+    scan_module(code, &vec![String::from("m"); depth], with_tests)
+}
+
+/// Scans the code of the module at `module` below the crate root.
+fn scan_module(code: &str, module: &[String], with_tests: bool) -> Scan {
+    let depth = module.len();
     let file = syn::parse_file(code).expect("a source file that parses");
     let mut scanner = Scanner {
-        depth,
+        module: module.to_vec(),
         inline: Vec::new(),
         with_tests,
         scan: Scan::default(),
@@ -331,7 +358,7 @@ fn scan(code: &str, depth: usize, with_tests: bool) -> Scan {
 fn module_file(file: &Path, path: &[String]) -> Option<PathBuf> {
     let stem = file.file_stem()?.to_str()?;
     let mut dir = file.parent()?.to_path_buf();
-    if stem != "lib" && stem != "mod" {
+    if !["lib", "main", "mod"].contains(&stem) {
         dir.push(stem);
     }
     let (name, inline) = path.split_last()?;
@@ -397,6 +424,175 @@ fn violations(src: &Path) -> (Vec<String>, BTreeSet<PathBuf>) {
     found.sort();
     found.dedup();
     (found, reached)
+}
+
+/// The production modules of a crate, found from its root file (lib.rs or main.rs) through
+/// non-test `mod` declarations: each module path with its file and what it names.
+fn crate_modules(root: &Path) -> Vec<(Vec<String>, Scan)> {
+    let mut modules = Vec::new();
+    let mut queue = vec![(root.to_path_buf(), Vec::<String>::new())];
+    while let Some((file, module)) = queue.pop() {
+        let text = fs::read_to_string(&file).expect("reading a source file");
+        let scan = scan_module(&text, &module, false);
+        for path in &scan.mods {
+            if let Some(child) = module_file(&file, path) {
+                queue.push((child, [module.clone(), path.clone()].concat()));
+            }
+        }
+        modules.push((module, scan));
+    }
+    modules
+}
+
+/// The circles of the graph of which module names which: each named path goes to the deepest
+/// module file it reaches; naming a module's own ancestors (its room's front door, `super::X`)
+/// is no edge, since a parent holds its children. Each circle as `a → b → … → a`.
+fn circles(modules: &[(Vec<String>, Scan)]) -> Vec<String> {
+    let names: Vec<String> = modules
+        .iter()
+        .map(|(m, _)| {
+            if m.is_empty() {
+                "(root)".into()
+            } else {
+                m.join("::")
+            }
+        })
+        .collect();
+    let index = |path: &[String]| {
+        (0..=path.len())
+            .rev()
+            .find_map(|n| modules.iter().position(|(m, _)| m.as_slice() == &path[..n]))
+    };
+    let edges: Vec<BTreeSet<usize>> = modules
+        .iter()
+        .map(|(module, scan)| {
+            scan.absolute
+                .iter()
+                .filter_map(|path| index(path))
+                .filter(|&to| !module.starts_with(&modules[to].0))
+                .collect()
+        })
+        .collect();
+    // Tarjan's strongly connected components; a component of two or more modules is a circle.
+    struct Walk<'a> {
+        edges: &'a [BTreeSet<usize>],
+        order: Vec<Option<usize>>,
+        low: Vec<usize>,
+        stack: Vec<usize>,
+        on_stack: Vec<bool>,
+        next: usize,
+        found: Vec<Vec<usize>>,
+    }
+    fn strong(w: &mut Walk<'_>, v: usize) {
+        w.order[v] = Some(w.next);
+        w.low[v] = w.next;
+        w.next += 1;
+        w.stack.push(v);
+        w.on_stack[v] = true;
+        for &to in &w.edges[v] {
+            match w.order[to] {
+                None => {
+                    strong(w, to);
+                    w.low[v] = w.low[v].min(w.low[to]);
+                }
+                Some(order) if w.on_stack[to] => w.low[v] = w.low[v].min(order),
+                Some(_) => {}
+            }
+        }
+        if Some(w.low[v]) == w.order[v] {
+            let mut component = Vec::new();
+            while let Some(top) = w.stack.pop() {
+                w.on_stack[top] = false;
+                component.push(top);
+                if top == v {
+                    break;
+                }
+            }
+            if component.len() > 1 {
+                w.found.push(component);
+            }
+        }
+    }
+    let mut walk = Walk {
+        edges: &edges,
+        order: vec![None; modules.len()],
+        low: vec![0; modules.len()],
+        stack: Vec::new(),
+        on_stack: vec![false; modules.len()],
+        next: 0,
+        found: Vec::new(),
+    };
+    for v in 0..modules.len() {
+        if walk.order[v].is_none() {
+            strong(&mut walk, v);
+        }
+    }
+    let mut found: Vec<String> = walk
+        .found
+        .iter()
+        .map(|component| {
+            let mut members: Vec<&str> = component.iter().map(|&i| names[i].as_str()).collect();
+            members.sort_unstable();
+            format!("{{{}}}", members.join(", "))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+#[test]
+fn no_module_circles_in_any_crate() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut found = Vec::new();
+    for root in [
+        "agent/src/lib.rs",
+        "model/src/lib.rs",
+        "decode/src/lib.rs",
+        "ebpf/common/src/lib.rs",
+        "ebpf/probes/src/main.rs",
+        "cupti-shim/src/lib.rs",
+    ] {
+        let modules = crate_modules(&workspace.join(root));
+        assert!(!modules.is_empty(), "{root}: no modules found");
+        for circle in circles(&modules) {
+            found.push(format!("{root}: {circle}"));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "modules that name each other in a circle (move the shared types down a level):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_checker_finds_circles_but_not_parents() {
+    let module = |path: &str, code: &str| {
+        let path: Vec<String> = path
+            .split('/')
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect();
+        let scan = scan_module(code, &path, false);
+        (path, scan)
+    };
+    let modules = [
+        module("", "mod capture;"),
+        module("capture", "pub use kernel::X; mod kernel; mod gpu;"),
+        module("capture/kernel", "use super::gpu::L; use super::Config;"),
+        module("capture/gpu", "use crate::capture::{kernel::records, Y};"),
+    ];
+    assert_eq!(circles(&modules), ["{capture::gpu, capture::kernel}"]);
+    // Naming the parent (the room's door) is no circle.
+    let modules = [
+        module("", "mod capture;"),
+        module("capture", "pub use kernel::X; mod kernel;"),
+        module(
+            "capture/kernel",
+            "use super::Config; use crate::capture::Y;",
+        ),
+    ];
+    assert!(circles(&modules).is_empty());
 }
 
 fn visit(dir: &Path, files: &mut Vec<PathBuf>) {

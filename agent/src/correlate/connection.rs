@@ -17,7 +17,7 @@ use super::{
     Peer, RequestRecord, Stats, TemplateUpdate, Work,
     arrivals::{ArrivalIndex, Pick},
     h2_connection::H2Connection,
-    loss::{self, Reason},
+    loss::{self, Ending, Reason},
     peer_close::PeerEnd,
     request::{RecordContext, RequestProgress},
 };
@@ -36,16 +36,6 @@ const MAX_HUNT_READS_BEFORE_HTTP: u32 = 16;
 /// never tracked (it closed before the agent attached to its server) stay indexed under it:
 /// older segments are not this connection's.
 const MAX_ACCEPT_DELAY_NS: u64 = 2_000_000_000;
-
-/// How a connection's tracking ends, which decides what its open requests become.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Ending {
-    /// The connection ended (`by` the server, or the process or agent stopping): unanswered
-    /// requests end cut by that side.
-    Closed(EndedBy),
-    /// Tracking stopped for another reason: open requests are `incomplete` with it.
-    Incomplete(Reason),
-}
 
 pub(super) struct Connection {
     pub id: u64,

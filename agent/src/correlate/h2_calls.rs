@@ -249,10 +249,10 @@ fn record(
     p.request_bytes = call.request_bytes;
     p.response_bytes = call.response.bytes;
     p.incomplete = end.incomplete;
-    super::h2_connection::tokens_from(&mut p, &call.response);
+    super::h2_fields::tokens_from(&mut p, &call.response);
     p.summary = Some(inferscope_decode::http::RequestSummary {
-        method: super::h2_connection::text(&stream.head.method),
-        path: super::h2_connection::text(&stream.head.path),
+        method: super::h2_fields::text(&stream.head.method),
+        path: super::h2_fields::text(&stream.head.path),
         ts_ns: call.request_end_ns,
         ..Default::default()
     });
@@ -264,7 +264,7 @@ fn record(
     record.rpc_request_id = call.id;
     record.http2 = Some(Box::new(Http2Info {
         stream_id,
-        content_type: super::h2_connection::content_type(&stream.head.content_type),
+        content_type: super::h2_fields::content_type(&stream.head.content_type),
         grpc_status,
         request_messages: 1,
         request_message_bytes: call.request_bytes,

@@ -10,19 +10,16 @@ use std::collections::VecDeque;
 
 use inferscope_decode::{
     http::Chunk,
-    http2::{
-        self, EndedBy as WireEnd, Http2Connection, MessageId, Messages, Side, Start, StreamSummary,
-        Value,
-    },
+    http2::{self, EndedBy as WireEnd, Http2Connection, MessageId, Side, Start, StreamSummary},
 };
 use inferscope_model::{Counter, EndedBy, Http2Info, RequestRecord};
 
 use super::{
     Peer, Stats, Work,
     arrivals::{Arrival, ArrivalIndex},
-    connection::Ending,
     h2_calls::{CallStreams, StreamEnd},
-    loss::{self, Reason},
+    h2_fields::{content_type, text, tokens_from},
+    loss::{self, Ending, Reason},
     request::{RecordContext, RequestProgress},
     segment_positions::SegmentPositions,
 };
@@ -515,16 +512,6 @@ fn stream_ending(s: &StreamSummary, closing: Option<Ending>) -> StreamEnd {
     }
 }
 
-/// A record's tokens from the gRPC response messages of its stream or call: first and last
-/// message, their count and the gaps between them.
-pub(super) fn tokens_from(p: &mut RequestProgress, response: &Messages) {
-    p.first_token_ns = response.first_ts_ns;
-    p.last_token_ns = response.last_ts_ns;
-    p.output_chunks = u64::from(response.count);
-    p.gaps_ns = response.gaps_ns.iter().map(|&g| u64::from(g)).collect();
-    p.gaps_dropped = response.gaps_dropped;
-}
-
 /// A stream's record. `closing`: how the connection ended, for streams it cut.
 fn emit(
     s: StreamSummary,
@@ -591,24 +578,6 @@ fn side_ended(side: Side) -> EndedBy {
     match side {
         Side::Client => EndedBy::Client,
         Side::Server => EndedBy::Server,
-    }
-}
-
-/// The content-type for the record: `unknown` when it came from an HPACK entry never seen.
-pub(super) fn content_type(v: &Value<String>) -> Option<String> {
-    match v {
-        Value::Known(v) => Some(v.clone()),
-        Value::Unknown => Some("unknown".to_owned()),
-        Value::Absent => None,
-    }
-}
-
-/// A header for the record: `unknown` when it came from an HPACK entry never seen.
-pub(super) fn text(v: &Value<String>) -> String {
-    match v {
-        Value::Known(s) => s.clone(),
-        Value::Unknown => "unknown".to_owned(),
-        Value::Absent => String::new(),
     }
 }
 

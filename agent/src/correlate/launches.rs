@@ -12,7 +12,7 @@ use inferscope_model::{
 };
 use rustc_hash::FxHashMap;
 
-use crate::capture::gpu::launches::{LaunchEvent, NameEvent};
+use crate::capture::kernel::gpu_records::{LaunchEvent, NameEvent};
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct LaunchLimits {

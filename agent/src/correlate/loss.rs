@@ -2,7 +2,7 @@
 //! still recorded, with `incomplete` naming why; an answered request it never saw at all is
 //! counted as lost. Records plus `requests_lost` add up to the requests the server answered.
 use inferscope_decode::http::ParseError;
-use inferscope_model::Counter;
+use inferscope_model::{Counter, EndedBy};
 
 /// Counter of answered requests without a record, all reasons together.
 pub(crate) const LOST_TOTAL: Counter = Counter::RequestsLost;
@@ -108,6 +108,16 @@ pub fn starts_request(payload: &[u8]) -> bool {
 /// Whether a write starts a response head.
 pub fn starts_response(payload: &[u8]) -> bool {
     payload.starts_with(b"HTTP/1.")
+}
+
+/// How a connection's tracking ends, which decides what its open requests become.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// The connection ended (`by` the server, or the process or agent stopping): unanswered
+    /// requests end cut by that side.
+    Closed(EndedBy),
+    /// Tracking stopped for another reason: open requests are `incomplete` with it.
+    Incomplete(Reason),
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ pub(crate) mod disagg;
 pub(crate) mod engine_metrics;
 mod h2_calls;
 mod h2_connection;
+mod h2_fields;
 pub(crate) mod launch_merge;
 pub(crate) mod launches;
 pub mod loss;
@@ -24,11 +25,12 @@ use std::{
 };
 
 pub use arrivals::ArrivalIndex;
-use connection::{Connection, Ending};
+use connection::Connection;
 pub use engine_metrics::{EngineMetrics, EngineMetricsRecord};
 use inferscope_common::SchedKind;
 use inferscope_decode::http::{Limits, RequestEvent, ResponseEvent};
 pub use inferscope_model::{EndedBy, RequestRecord, Stats, StepMember, StepRecord, StepRef};
+use loss::Ending;
 use peer_close::PeerCloses;
 use rustc_hash::{FxHashMap, FxHashSet};
 

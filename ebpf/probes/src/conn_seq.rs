@@ -8,19 +8,7 @@
 //! keeps its numbers there; any other in [`CONN_SEQ`].
 use aya_ebpf::{macros::map, maps::LruHashMap};
 
-use crate::maps::slot_seq;
-
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-pub struct ConnSeq {
-    /// Number of the next write record on this fd.
-    pub next_write: u32,
-    /// Records lost on this fd whose payload began with `HTTP/` (a response head).
-    pub lost_heads: u32,
-    /// Number of the next read record on this fd.
-    pub next_read: u32,
-    pub _pad: u32,
-}
+use crate::maps::{ConnSeq, slot_seq};
 
 /// Per (tgid, fd). LRU: an entry of a closed fd ages out; a new connection resets it at accept.
 #[map]

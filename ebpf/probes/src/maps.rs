@@ -8,8 +8,6 @@ use inferscope_common::{
     TARGET_WORDS,
 };
 
-use crate::conn_seq::ConnSeq;
-
 /// Processes (tgid) whose socket syscalls are captured, one bit per tgid; written by user-space
 /// discovery. Every syscall of every process asks it, and an array lookup is inlined by the
 /// verifier where a hash lookup is a helper call (~55 ns here).
@@ -143,6 +141,20 @@ fn conn_slot(key: u64) -> Option<*mut ConnSlot> {
     // The top bits of a multiplicative hash: tgid and fd both spread over the slots.
     let index = (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48) as u32;
     CONN_SLOTS.get_ptr_mut(index & (CONN_SLOT_COUNT - 1))
+}
+
+/// An fd's record numbers (see [`crate::conn_seq`]): kept here, in the map values that hold
+/// them, so the maps need nothing from the numbering.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ConnSeq {
+    /// Number of the next write record on this fd.
+    pub next_write: u32,
+    /// Records lost on this fd whose payload began with `HTTP/` (a response head).
+    pub lost_heads: u32,
+    /// Number of the next read record on this fd.
+    pub next_read: u32,
+    pub _pad: u32,
 }
 
 /// The record numbers of fd `key` if its slot names it ([`ConnSlot::seq`]).

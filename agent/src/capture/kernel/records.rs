@@ -174,8 +174,8 @@ pub enum CapturedEvent<'a> {
     SockState(SockState),
     Sched(SchedEvent),
     UserProbe(UserProbeHit),
-    GpuLaunch(crate::capture::gpu::launches::LaunchEvent),
-    GpuName(crate::capture::gpu::launches::NameEvent<'a>),
+    GpuLaunch(super::gpu_records::LaunchEvent),
+    GpuName(super::gpu_records::NameEvent<'a>),
     /// Consecutive token events of one connection, sent together.
     TokenBatch(TokenBatch<'a>),
     /// The kernel began tracing `tgid` at an accept on watched port `port` (an engine
@@ -231,14 +231,14 @@ pub fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
     } else if record_type == RecordType::GpuLaunch as u8 {
         let record: inferscope_common::GpuLaunchRecord =
             read_struct(bytes).ok_or(RecordError::Short)?;
-        crate::capture::gpu::launches::LaunchEvent::from_record(&record)
+        super::gpu_records::LaunchEvent::from_record(&record)
             .map(CapturedEvent::GpuLaunch)
             .ok_or(RecordError::UnknownKind)
     } else if record_type == RecordType::GpuName as u8 {
         if bytes.len() < std::mem::size_of::<inferscope_common::GpuNameRecord>() {
             return Err(RecordError::Short);
         }
-        crate::capture::gpu::launches::NameEvent::parse(bytes)
+        super::gpu_records::NameEvent::parse(bytes)
             .map(CapturedEvent::GpuName)
             .ok_or(RecordError::UnknownKind)
     } else if record_type == RecordType::CompactWrite as u8 {

@@ -42,6 +42,12 @@ const MAX_LOOP_IOV: u64 = 1024;
 /// and sends a large message whole: for these processes a syscall is captured in
 /// `MAX_CAPTURE_BYTES` records (the first flagged [`FLAG_MORE`], the rest [`FLAG_CHUNK`]) that
 /// user space joins again. Looked up only for a syscall that moved more than the capture limit.
+/// Where the TLS probes build their records: apart from the syscall programs' buffer, because
+/// a uprobe program runs with only migration disabled and may be preempted (PREEMPT kernels)
+/// by a task whose syscall programs then use the CPU's buffer.
+#[map]
+pub(super) static TLS_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
 #[map]
 pub static LARGE_CAPTURE: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
 
@@ -499,7 +505,7 @@ extern "C" fn tls_chunk_step(i: u32, ctx: *mut c_void) -> i64 {
     if offset >= series.total {
         return 1;
     }
-    let Some(scratch) = super::tls::TLS_SCRATCH.get_ptr_mut(0) else {
+    let Some(scratch) = TLS_SCRATCH.get_ptr_mut(0) else {
         return 1;
     };
     // SAFETY: the TLS scratch, which the calling probe holds (its busy flag) for this run.

@@ -6,9 +6,10 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use inferscope_common::{
     AdoptRecord, CONN_INET, CONN_SHARED, CONN_TLS, ConnEntry, Counter, RecordType, SyscallKind,
-    SyscallRecord, fd_key,
+    fd_key,
 };
 
+use super::emit::emit_control;
 use crate::{
     counters::bump,
     ctx::field,
@@ -102,7 +103,7 @@ pub(super) fn admit(
             if conn.flags & CONN_TLS != 0 {
                 // Its bytes are ciphertext (not captured past the exit's EOF and error check);
                 // the SSL call or event loop moving them may tie its `SSL*`.
-                super::tls::on_socket_io(pid_tgid, fd, &conn, kind == SyscallKind::Write);
+                super::tls_ties::on_socket_io(pid_tgid, fd, &conn, kind == SyscallKind::Write);
             }
         }
         None => {
@@ -417,7 +418,7 @@ pub fn close_fd(tgid: u32, tid: u32, fd: i32) -> Result<(), i32> {
     }
     let _ = FD_VERDICT.remove(key);
     if conn.flags & CONN_TLS != 0 {
-        super::tls::forget_conn(tgid, conn.id);
+        super::tls_ties::forget_conn(tgid, conn.id);
     }
     // A known connection's end is always told (user space holds state for it, ignored or not).
     if was_ignored && conn.id == 0 {
@@ -440,42 +441,4 @@ pub fn close_fd(tgid: u32, tid: u32, fd: i32) -> Result<(), i32> {
         let _ = LOST_CLOSES.insert(conn.id, record, 0);
     }
     Ok(())
-}
-
-/// A record about a connection that moves no bytes (close, shutdown), stamped now; the record
-/// back when the ring buffer had no room for it.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub(super) fn emit_control(
-    kind: SyscallKind,
-    tgid: u32,
-    tid: u32,
-    fd: i32,
-    ret: i64,
-    conn: ConnEntry,
-    (conn_seq, read_seq): (u32, u32),
-    lost_heads: u32,
-) -> Option<SyscallRecord> {
-    // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory.
-    let ts = unsafe { bpf_ktime_get_ns() };
-    let record = SyscallRecord {
-        record_type: RecordType::Syscall as u8,
-        kind: kind as u8,
-        flags: 0,
-        tgid,
-        tid,
-        fd,
-        ts_enter_ns: ts,
-        ts_exit_ns: ts,
-        ret,
-        captured: 0,
-        conn_flags: conn.flags,
-        conn_gen: conn.id,
-        sock: conn.sock,
-        conn_seq,
-        lost_heads,
-        chunk_offset: 0,
-        read_seq,
-    };
-    (!output::<SyscallRecord>(&record, Counter::RecordsEmitted)).then_some(record)
 }

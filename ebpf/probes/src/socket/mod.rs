@@ -3,9 +3,11 @@
 //! which knows how many bytes moved, copies a bounded prefix of them into the ring buffer.
 mod args;
 mod copy;
+mod emit;
 mod enter;
 mod exit;
 mod sock_walk;
 mod tls;
+mod tls_ties;
 mod token;
 mod xmit;
