@@ -4,8 +4,9 @@
 //! shares (`inferscope-model`: records, clocks, counters; `inferscope-decode`: the decoders of
 //! untrusted bytes): [`capture`] (eBPF, process discovery, ELF and uprobes, the CUPTI shim,
 //! scraping) → [`identity`] (containers, pods) → [`engines`] (one plugin per engine: discovery,
-//! hooks, IPC decoders, metric names) → [`correlate`] (connections, requests, steps, timelines) →
-//! [`diagnose`] → `export` (OTLP, Prometheus, gRPC, JSONL) → `pipeline` (the stages wired on one
+//! hooks, IPC decoders, metric names) → [`correlate`] (connections, requests, steps) → `join`
+//! (what waits for more about a finished request: engine IPC, P/D legs, engine metrics, kernels;
+//! timelines) → [`diagnose`] → `export` (OTLP, Prometheus, gRPC, JSONL) → `pipeline` (the stages wired on one
 //! thread) → `daemon` (the `run` daemon's fan-out) → [`cli`] (the commands). A module never names
 //! a later stage (`tests/architecture.rs` checks it); the picture, with one record's path from the
 //! ring buffer to an OTLP span, is `docs/src/architecture.md`.
@@ -20,4 +21,5 @@ pub mod diagnose;
 pub mod engines;
 pub(crate) mod export;
 pub mod identity;
+pub(crate) mod join;
 pub(crate) mod pipeline;

@@ -26,6 +26,7 @@ const STAGES: &[&str] = &[
     "identity",
     "engines",
     "correlate",
+    "join",
     "diagnose",
     "export",
     "pipeline",

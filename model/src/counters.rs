@@ -176,16 +176,14 @@ counters! {
     SglangVersionFromPackage => "sglang_version_from_package": Total,
     SglangVersionUnsupported => "sglang_version_unsupported": Loss,
     VllmVersionFromPackage => "vllm_version_from_package": Total,
-    // Disaggregated serving: prefill and decode legs of one request joined (correlate::disagg).
+    // Disaggregated serving: prefill and decode legs of one request joined (join::disagg).
     DisaggLegsJoined => "disagg_legs_joined": Total,
     DisaggLegsUnjoined => "disagg_legs_unjoined": Total,
     DisaggPrefillLegsEvicted => "disagg_prefill_legs_evicted": Loss,
     DisaggProxyJoined => "disagg_proxy_records_joined": Total,
     DisaggProxyUnjoined => "disagg_proxy_records_unjoined": Loss,
-    DisaggProxyHeldOverflow => "disagg_proxy_records_held_overflow": Loss,
     DisaggLegsWithoutProxy => "disagg_legs_without_proxy": Loss,
     DisaggDecodeLegsEvicted => "disagg_decode_legs_evicted": Loss,
-    DisaggProxyHeldNow => "disagg_proxy_records_held": Gauge,
     VllmVersionUnsupported => "vllm_version_unsupported": Loss,
     SglangIpcLayoutMismatch => "sglang_ipc_layout_mismatch": Loss,
     SglangIpcNotPickle => "sglang_ipc_not_pickle": Loss,
@@ -244,7 +242,9 @@ counters! {
     RequestsUnfinished => "requests_unfinished": Total,
     RecordsHeldForEngine => "records_held_for_engine": Total,
     RecordsHeldForEngineUntold => "records_held_for_engine_untold": Total,
-    RecordsHeldForEngineOverflow => "records_held_for_engine_overflow": Loss,
+    // Join: finished records waiting for what they still lack (engine word, decode leg, kernels).
+    JoinRecordsReleasedEarly => "join_records_released_early": Loss,
+    JoinRecordsWaiting => "join_records_waiting": Gauge,
     ClosesRecovered => "closes_recovered": Total,
     TokenEventsTakenAtExit => "token_events_taken_at_exit": Total,
     ArrivalWireUnknown => "arrival_wire_unknown": Loss,
@@ -303,7 +303,6 @@ counters! {
     SchedSlotUnknown => "sched_slot_unknown": Loss,
     UserProbeThreadReadNoRequest => "user_probe_thread_read_no_request": Loss,
     UserProbeUnknownId => "user_probe_unknown_id": Loss,
-    TimelineClosedEarly => "timeline_closed_early": Loss,
     TimelineKernelsEvicted => "timeline_kernels_evicted": Loss,
     TimelineKernelsNotKept => "timeline_kernels_not_kept": Loss,
     TimelineStepsEvicted => "timeline_steps_evicted": Loss,
@@ -333,7 +332,6 @@ counters! {
     MetricsScrapeRequestsHidden => "metrics_scrape_requests_hidden": Total,
     OpenConnections => "open_connections": Gauge,
     OpenRequests => "open_requests": Gauge,
-    RecordsHeldForEngineNow => "records_awaiting_engine": Gauge,
     // Engine processes being traced (0 with an engine on the node: the agent is detached).
     EngineProcessesTraced => "engine_processes_traced": Gauge,
     // Identity: container and Kubernetes pod names.

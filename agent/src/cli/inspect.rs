@@ -797,7 +797,7 @@ mod tests {
     fn draws_vllm_steps_joined_by_engine_id() {
         use inferscope_model::{RequestRecord, StepMember as Member, StepRecord, StepRef};
 
-        use crate::correlate::timeline::{KernelRecord, TimelineBuilder, TimelineLimits};
+        use crate::join::timeline::{KernelRecord, TimelineLimits};
         let step = |start: u64, end: u64, ids: &[&str]| StepRecord {
             pid: 9,
             engine: "vllm".into(),
@@ -817,7 +817,7 @@ mod tests {
             start_from: Some("previous_step"),
             ..StepRecord::default()
         };
-        let mut b = TimelineBuilder::new(TimelineLimits::default());
+        let mut b = crate::join::testing::Driver::new(TimelineLimits::default());
         let engine_id = "chatcmpl-x-abcdef12";
         // A prefill chunk with no output (not listed by vLLM), its first token, a decode step.
         b.on_step(step(10_000_000, 20_000_000, &[]));
@@ -911,8 +911,8 @@ mod tests {
     fn draws_the_sglang_prefill_step_with_the_scheduler_kernels() {
         use inferscope_model::{RequestRecord, StepMember as Member, StepRecord, StepRef};
 
-        use crate::correlate::timeline::{KernelRecord, TimelineBuilder, TimelineLimits};
-        let mut b = TimelineBuilder::new(TimelineLimits::default());
+        use crate::join::timeline::{KernelRecord, TimelineLimits};
+        let mut b = crate::join::testing::Driver::new(TimelineLimits::default());
         b.on_step(StepRecord {
             pid: 20,
             engine: "sglang".into(),

@@ -7,15 +7,15 @@ use std::{
 
 use anyhow::Context as _;
 use clap::Args;
-use inferscope_model::{LaunchRecord, RequestRecord, StepRecord, clock::monotonic_now_ns};
+use inferscope_model::{LaunchRecord, StepRecord, clock::monotonic_now_ns};
 use tracing::info;
 
 use super::{shutdown, target::TargetArgs};
 use crate::{
     capture::{DiscoveryChange, elf::user_probes::ProbeSpec, metrics::ScrapeConfig},
-    correlate::EngineMetricsRecord,
     diagnose::EngineConfigSample,
     export::{counters_file, jsonl::JsonlWriter, live},
+    join::{EngineMetricsRecord, RequestTimeline},
     pipeline::{Observer, Pipeline},
 };
 
@@ -67,16 +67,16 @@ struct RecordObserver {
 }
 
 impl Observer for RecordObserver {
-    fn on_record(&mut self, record: RequestRecord) {
+    fn on_timeline(&mut self, timeline: RequestTimeline) {
         if self.live {
-            println!("{}", live::line(&record));
+            println!("{}", live::line(&timeline.request));
         }
-        self.writer.write_or_report(&record, "a record");
+        self.writer.write_or_report(&timeline.request, "a record");
     }
 
-    fn on_step(&mut self, step: StepRecord) {
+    fn on_step(&mut self, step: &StepRecord) {
         if let Some(w) = self.steps.as_mut() {
-            w.write_or_report(&step, "a step record");
+            w.write_or_report(step, "a step record");
         }
     }
 

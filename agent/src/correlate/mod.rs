@@ -5,8 +5,6 @@
 use inferscope_model::{Counter, PerProcess, clock::ns_to_ms};
 mod arrivals;
 mod connection;
-pub(crate) mod disagg;
-pub(crate) mod engine_metrics;
 mod h2_calls;
 mod h2_connection;
 mod h2_fields;
@@ -17,7 +15,6 @@ mod peer_close;
 mod request;
 mod sched;
 mod segment_positions;
-pub(crate) mod timeline;
 
 use std::{
     collections::{HashMap, hash_map::Entry},
@@ -26,7 +23,6 @@ use std::{
 
 pub use arrivals::ArrivalIndex;
 use connection::Connection;
-pub use engine_metrics::{EngineMetrics, EngineMetricsRecord};
 use inferscope_common::SchedKind;
 use inferscope_decode::http::{Limits, RequestEvent, ResponseEvent};
 pub use inferscope_model::{EndedBy, RequestRecord, Stats, StepMember, StepRecord, StepRef};

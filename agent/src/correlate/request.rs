@@ -255,7 +255,7 @@ impl RequestProgress {
             engine_unknown: Vec::new(),
             engine_steps: Vec::new(),
             disagg_hints: (!hints.is_empty()).then(|| Box::new(hints)),
-            // Stitched by the pipeline (correlate::disagg) when the record is emitted.
+            // Stitched by the pipeline (join::disagg) when the record is emitted.
             disagg: None,
             http2: None,
         }

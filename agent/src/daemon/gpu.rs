@@ -7,7 +7,7 @@ use std::{
 use tracing::{info, warn};
 
 use crate::capture::{
-    gpu::{GpuSample, KernelRecord, ListenerConfig, ListenerError, NvmlSampler, ShimListener},
+    gpu::{GpuSample, KernelFeed, ListenerConfig, ListenerError, NvmlSampler, ShimListener},
     process::sockpath::ClaimError,
 };
 
@@ -17,7 +17,7 @@ use crate::capture::{
 pub(crate) struct ShimSocketInUse(ClaimError);
 
 pub(crate) struct GpuInputs {
-    shim: Option<ShimListener>,
+    shim: KernelFeed,
     nvml: Option<NvmlSampler>,
     nvml_interval: Duration,
     last_sample: Option<Instant>,
@@ -31,20 +31,11 @@ impl GpuInputs {
         shim_socket: Option<&Path>,
         nvml_interval: Option<Duration>,
     ) -> Result<Self, ShimSocketInUse> {
-        let mut shim = None;
-        if let Some(path) = shim_socket {
-            match ShimListener::bind(ListenerConfig::new(path)) {
-                Ok(listener) => {
-                    info!(socket = %path.display(), "listening for CUPTI shims (CUDA_INJECTION64_PATH=libinferscope_cupti.so)");
-                    shim = Some(listener);
-                }
-                Err(ListenerError::Claim(e @ ClaimError::InUse(_))) => {
-                    return Err(ShimSocketInUse(e));
-                }
-                Err(e) => {
-                    warn!("GPU kernel records are off: {e}; pass --shim-socket PATH (or off)");
-                }
-            }
+        let shim = KernelFeed::default();
+        if let Some(path) = shim_socket
+            && let Some(listener) = bind_shim(path)?
+        {
+            shim.set(listener);
         }
         let nvml = nvml_interval.and_then(|interval| match NvmlSampler::start(interval) {
             Ok(sampler) => {
@@ -67,17 +58,15 @@ impl GpuInputs {
     /// Starts listening for shims late: a successor agent, once the previous one has let go of
     /// the socket (a surge roll's takeover).
     pub(crate) fn listen(&mut self, path: &Path) -> Result<(), ShimSocketInUse> {
-        let nvml = self.nvml.take();
-        let started = Self::start(Some(path), None)?;
-        self.shim = started.shim;
-        self.nvml = nvml;
+        if let Some(listener) = bind_shim(path)? {
+            self.shim.set(listener);
+        }
         Ok(())
     }
 
-    pub(crate) fn drain_kernels(&self, out: &mut Vec<KernelRecord>) {
-        if let Some(shim) = &self.shim {
-            shim.drain(out);
-        }
+    /// Where the pipeline reads the shims' kernel records (it joins them to the requests).
+    pub(crate) fn kernel_feed(&self) -> KernelFeed {
+        self.shim.clone()
     }
 
     /// The newest NVML samples, at most once per interval.
@@ -95,6 +84,22 @@ impl GpuInputs {
     }
 
     pub(crate) fn counters(&self) -> Vec<(inferscope_model::Counter, u64)> {
-        self.shim.as_ref().map(|s| s.counters()).unwrap_or_default()
+        self.shim.counters()
+    }
+}
+
+/// Listens for shims at `path`; None (logged) where the socket cannot be made, an error where
+/// another live agent holds it.
+fn bind_shim(path: &Path) -> Result<Option<ShimListener>, ShimSocketInUse> {
+    match ShimListener::bind(ListenerConfig::new(path)) {
+        Ok(listener) => {
+            info!(socket = %path.display(), "listening for CUPTI shims (CUDA_INJECTION64_PATH=libinferscope_cupti.so)");
+            Ok(Some(listener))
+        }
+        Err(ListenerError::Claim(e @ ClaimError::InUse(_))) => Err(ShimSocketInUse(e)),
+        Err(e) => {
+            warn!("GPU kernel records are off: {e}; pass --shim-socket PATH (or off)");
+            Ok(None)
+        }
     }
 }

@@ -1,16 +1,12 @@
-//! The daemon's pipeline observer: closes request timelines and hands them to every exporter.
+//! The daemon's pipeline observer: hands closed request timelines to every exporter.
 use std::sync::{Arc, Mutex, atomic::Ordering};
 
-use inferscope_model::{Counter, PerProcess, RequestRecord, StepRecord, clock::monotonic_now_ns};
+use inferscope_model::{Counter, PerProcess, StepRecord, clock::monotonic_now_ns};
 use tracing::{info, warn};
 
 use super::{gpu::GpuInputs, handover::Gate, sampler::Sampler};
 use crate::{
     capture::DiscoveryChange,
-    correlate::{
-        EngineMetricsRecord,
-        timeline::{KernelRecord, RequestTimeline, TimelineBuilder},
-    },
     diagnose::{
         DeviceSample, EngineConfigSample, EngineSample, RequestSample, StepSample,
         history::History, watch::Watch,
@@ -22,6 +18,7 @@ use crate::{
         metrics::Metrics,
         otlp::{DiagnosisEvents, ExportCounters, TraceExporter},
     },
+    join::{EngineMetricsRecord, KernelRecord, RequestTimeline},
     pipeline::Observer,
 };
 
@@ -58,7 +55,6 @@ pub(crate) struct Outputs {
 }
 
 pub(crate) struct DaemonObserver {
-    pub timelines: TimelineBuilder,
     pub hub: Arc<Hub>,
     pub metrics: Arc<Metrics>,
     pub traces: Option<TraceExporter>,
@@ -67,8 +63,6 @@ pub(crate) struct DaemonObserver {
     pub records: Option<JsonlWriter>,
     pub sampled_out: u64,
     gpu: GpuInputs,
-    kernels: Vec<KernelRecord>,
-    closed: Vec<RequestTimeline>,
     diagnosis: Option<Diagnosis>,
     /// The last full list handed to the exporters (pipeline's and the daemon's own counters).
     counters: Vec<(Counter, u64)>,
@@ -79,14 +73,8 @@ pub(crate) struct DaemonObserver {
 }
 
 impl DaemonObserver {
-    pub(crate) fn new(
-        timelines: TimelineBuilder,
-        outputs: Outputs,
-        gpu: GpuInputs,
-        diagnosis: Option<Diagnosis>,
-    ) -> Self {
+    pub(crate) fn new(outputs: Outputs, gpu: GpuInputs, diagnosis: Option<Diagnosis>) -> Self {
         Self {
-            timelines,
             hub: outputs.hub,
             metrics: outputs.metrics,
             traces: outputs.traces,
@@ -95,8 +83,6 @@ impl DaemonObserver {
             records: outputs.records,
             sampled_out: 0,
             gpu,
-            kernels: Vec::new(),
-            closed: Vec::new(),
             diagnosis,
             counters: Vec::new(),
             gate: Gate::sole(),
@@ -218,29 +204,23 @@ impl DaemonObserver {
         self.hub.publish(HubEvent::Diagnosis(Arc::new(message)));
     }
 
-    fn publish_closed(&mut self) {
-        if self.diagnosis.is_some() && !self.closed.is_empty() {
-            let samples: Vec<RequestSample> = self
-                .closed
-                .iter()
-                .map(|t| RequestSample::from(&t.request))
-                .collect();
-            self.remember(|h| samples.into_iter().for_each(|s| h.push_request(s)));
+    fn publish(&mut self, timeline: RequestTimeline) {
+        if self.diagnosis.is_some() {
+            let sample = RequestSample::from(&timeline.request);
+            self.remember(|h| h.push_request(sample));
         }
-        for timeline in self.closed.drain(..) {
-            self.metrics.record_request(&timeline);
-            if let Some(traces) = self.traces.as_mut() {
-                if self.sampler.keep(&timeline.request) {
-                    traces.export(&timeline);
-                } else {
-                    self.sampled_out += 1;
-                }
+        self.metrics.record_request(&timeline);
+        if let Some(traces) = self.traces.as_mut() {
+            if self.sampler.keep(&timeline.request) {
+                traces.export(&timeline);
+            } else {
+                self.sampled_out += 1;
             }
-            if let Some(w) = self.records.as_mut() {
-                w.write_or_report(&timeline.request, "a record");
-            }
-            self.hub.publish_request(timeline);
         }
+        if let Some(w) = self.records.as_mut() {
+            w.write_or_report(&timeline.request, "a record");
+        }
+        self.hub.publish_request(timeline);
     }
 
     /// Every counter, as last exported (see [`Observer::on_counters`]).
@@ -249,8 +229,6 @@ impl DaemonObserver {
     }
 
     pub(crate) fn finish(&mut self) {
-        self.timelines.flush(monotonic_now_ns(), &mut self.closed);
-        self.publish_closed();
         if let Some(traces) = self.traces.as_mut() {
             traces.shutdown();
         }
@@ -271,25 +249,27 @@ impl PerProcess for DaemonObserver {
 }
 
 impl Observer for DaemonObserver {
-    fn on_record(&mut self, record: RequestRecord) {
-        if !self.gate.admits(&record) {
-            return;
+    fn on_timeline(&mut self, timeline: RequestTimeline) {
+        if self.gate.admits(&timeline.request) {
+            self.publish(timeline);
         }
-        self.timelines
-            .on_request(record, monotonic_now_ns(), &mut self.closed);
-        self.publish_closed();
     }
 
-    fn on_step(&mut self, step: StepRecord) {
-        if !self.gate.admits_step(&step) {
+    fn on_step(&mut self, step: &StepRecord) {
+        if !self.gate.admits_step(step) {
             return;
         }
-        self.metrics.record_step(&step);
-        self.remember(|h| h.push_step(StepSample::from(&step)));
+        self.metrics.record_step(step);
+        self.remember(|h| h.push_step(StepSample::from(step)));
         if self.hub.has_subscribers() {
             self.hub.publish(HubEvent::Step(Arc::new(step.clone())));
         }
-        self.timelines.on_step(step);
+    }
+
+    fn on_kernel(&mut self, kernel: &KernelRecord) {
+        if self.hub.has_subscribers() {
+            self.hub.publish(HubEvent::Kernel(Arc::new(kernel.clone())));
+        }
     }
 
     fn on_engine_metrics(&mut self, record: EngineMetricsRecord) {
@@ -328,14 +308,7 @@ impl Observer for DaemonObserver {
         }
         self.poll_standby();
         let now = monotonic_now_ns();
-        self.gpu.drain_kernels(&mut self.kernels);
         let subscribers = self.hub.has_subscribers();
-        for kernel in self.kernels.drain(..) {
-            if subscribers {
-                self.hub.publish(HubEvent::Kernel(Arc::new(kernel.clone())));
-            }
-            self.timelines.on_kernel(kernel, now);
-        }
         if let Some(samples) = self.gpu.samples_due() {
             if let Some(traces) = self.traces.as_mut() {
                 traces.set_gpu_uuids(samples.iter().map(|g| g.uuid.clone()).collect());
@@ -358,15 +331,12 @@ impl Observer for DaemonObserver {
                 }
             }
         }
-        self.timelines.poll(now, &mut self.closed);
-        self.publish_closed();
         self.watch(now);
     }
 
     fn on_counters(&mut self, mut counters: Vec<(Counter, u64)>) {
         counters.extend(self.gpu.counters());
         counters.extend(self.gate.counters());
-        counters.extend(self.timelines.stats().iter());
         let c = &self.export_counters;
         counters.extend([
             (

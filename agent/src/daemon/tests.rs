@@ -10,7 +10,6 @@ use inferscope_model::{
 
 use super::*;
 use crate::{
-    correlate::timeline::{TimelineBuilder, TimelineLimits},
     diagnose::{
         history::{History, HistoryLimits},
         watch::{Watch, WatchConfig},
@@ -21,6 +20,7 @@ use crate::{
         metrics::Metrics,
         otlp::ExportCounters,
     },
+    join::{TimelineLimits, testing::Driver},
     pipeline::Observer,
 };
 
@@ -71,7 +71,6 @@ fn daemon(name: &str) -> Daemon {
     let metrics = Arc::new(Metrics::new(None));
     let history = Arc::new(Mutex::new(History::new(HistoryLimits::default())));
     let observer = DaemonObserver::new(
-        TimelineBuilder::new(TimelineLimits::default()),
         Outputs {
             hub: hub.clone(),
             metrics: metrics.clone(),
@@ -115,8 +114,13 @@ fn a_finished_request_reaches_every_output_with_its_steps() {
     let mut events = d.hub.subscribe();
     let now = monotonic_now_ns();
     let step_end = now - 50_000_000;
-    d.observer.on_step(step(7, step_end, "7-1-0"));
-    d.observer.on_record(RequestRecord {
+    // The pipeline hands the step to the observer and the join; the join closes the
+    // request's timeline with it.
+    let mut join = Driver::new(TimelineLimits::default());
+    let s = step(7, step_end, "7-1-0");
+    d.observer.on_step(&s);
+    join.on_step(s);
+    let record = RequestRecord {
         request_id: "7-1-0".into(),
         pid: 7,
         engine: "vllm".into(),
@@ -133,7 +137,13 @@ fn a_finished_request_reaches_every_output_with_its_steps() {
             phase: "prefill",
         }],
         ..Default::default()
-    });
+    };
+    let mut closed = Vec::new();
+    join.on_request(record, now, &mut closed);
+    assert_eq!(closed.len(), 1, "no shim: closed at once");
+    for timeline in closed {
+        d.observer.on_timeline(timeline);
+    }
     d.observer.on_tick();
     d.observer.on_counters(vec![(Counter::RequestsLost, 2)]);
     d.observer.finish();
@@ -182,12 +192,12 @@ fn a_finished_request_reaches_every_output_with_its_steps() {
 fn a_detached_process_leaves_no_state_in_the_outputs() {
     let mut d = daemon("detach");
     // A step with the engine's KV use sets the process's gauge (labels engine, pid).
-    d.observer.on_step(step(9, monotonic_now_ns(), "9-1-0"));
+    d.observer.on_step(&step(9, monotonic_now_ns(), "9-1-0"));
     let gauge = "pid=\"9\"";
     let before = d.metrics.encode().unwrap();
     assert!(before.contains(gauge), "{before}");
     // Another process keeps its gauge.
-    d.observer.on_step(step(10, monotonic_now_ns(), "10-1-0"));
+    d.observer.on_step(&step(10, monotonic_now_ns(), "10-1-0"));
     // The pipeline forgets a process the same way whether discovery detached it or it was
     // adopted and given up (pipeline::lifecycle).
     d.observer.on_process_gone(9);

@@ -16,6 +16,7 @@ mod vllm;
 
 pub use inferscope_model::metric_names::{MetricSource, MetricsEndpoint, Signal};
 use inferscope_model::{Counter, RequestRecord, StepRecord};
+pub(crate) use ipc_router::EngineWord;
 pub use ipc_router::IpcRouter;
 
 pub use crate::capture::{
@@ -279,7 +280,7 @@ pub(crate) fn identify(process: &ProcessInfo, user_patterns: &[String]) -> Optio
 pub(crate) fn fixture_signals(engine: &str, fixture: &[u8]) -> Vec<(Signal, Option<f64>)> {
     use inferscope_decode::prometheus::Limits;
 
-    use crate::correlate::engine_metrics::snapshot;
+    use crate::join::engine_metrics::snapshot;
     let endpoint = by_name(engine)
         .and_then(|e| e.metrics())
         .expect("engine has a metrics table");

@@ -1,7 +1,7 @@
 //! Proxies (routers) in front of disaggregated prefill/decode servers: the process a client
 //! talks to, which sends the request to a prefill server, then to a decode server, and relays
 //! the decode server's stream. Traced as an HTTP server (its client-facing side); the stitcher
-//! (`correlate::disagg`) joins its record to the decode leg whose stream it relayed.
+//! (`join::disagg`) joins its record to the decode leg whose stream it relayed.
 use super::{Engine, ProcessInfo};
 
 pub(super) struct PdProxy;

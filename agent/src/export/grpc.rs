@@ -16,8 +16,8 @@ use super::{
     proto_conv,
 };
 use crate::{
-    correlate::timeline::RequestTimeline,
     diagnose::{self, Timeline, history::History, parse_window},
+    join::timeline::RequestTimeline,
 };
 
 /// Events queued per subscriber stream on the server side (the broadcast buffer is in front).

@@ -14,7 +14,7 @@ use inferscope_model::StepRecord;
 use inferscope_proto::v1::agent::{Diagnosis, GpuSample};
 use tokio::sync::broadcast;
 
-use crate::correlate::timeline::{KernelRecord, RequestTimeline};
+use crate::join::timeline::{KernelRecord, RequestTimeline};
 
 #[derive(Debug, Clone)]
 pub(crate) enum HubEvent {

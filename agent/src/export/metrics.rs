@@ -19,7 +19,7 @@ use prometheus_client::{
 
 use crate::{
     capture::gpu::GpuSample,
-    correlate::{engine_metrics::EngineMetricsRecord, timeline::RequestTimeline},
+    join::{EngineMetricsRecord, RequestTimeline},
 };
 
 const TTFT_BUCKETS: [f64; 16] = [

@@ -4,7 +4,7 @@
 use inferscope_model::RequestRecord;
 use opentelemetry::KeyValue;
 
-use crate::correlate::timeline::RequestTimeline;
+use crate::join::timeline::RequestTimeline;
 
 /// `gen_ai.operation.name` from the endpoint, where it is one of the OpenAI-compatible ones.
 pub(crate) fn operation_name(path: &str) -> Option<&'static str> {

@@ -4,7 +4,7 @@ use inferscope_proto::v1::{agent as pb, shim};
 
 use crate::{
     capture::gpu::GpuSample,
-    correlate::timeline::{GpuPhase, KernelRecord, RequestTimeline, union_ns},
+    join::timeline::{GpuPhase, KernelRecord, RequestTimeline, union_ns},
 };
 
 pub(crate) fn kernel(k: &KernelRecord) -> shim::Kernel {

@@ -10,9 +10,9 @@ use crate::{
         FdClassifier,
         process::{adopt::Adoption, late_attach::LateAttach},
     },
-    correlate::{EngineMetrics, Tracker},
+    correlate::Tracker,
     engines::IpcRouter,
-    identity::Identities,
+    join::Join,
 };
 
 /// Listening ports per traced process.
@@ -38,9 +38,9 @@ pub(super) struct Processes<'a> {
     pub ports: &'a mut Ports,
     pub adoption: &'a mut Adoption,
     pub tracker: &'a mut Tracker,
-    pub engine_metrics: &'a mut EngineMetrics,
-    pub stitcher: &'a mut crate::correlate::disagg::Stitcher,
-    pub identities: &'a mut Identities,
+    /// The join stage: the state the process's records are joined with (its engine metrics,
+    /// its container and pod).
+    pub join: &'a mut Join,
     pub records: &'a mut Vec<RequestRecord>,
 }
 
@@ -67,20 +67,8 @@ impl Processes<'_> {
             state.process_gone(tgid);
         }
         self.tracker.take_ended(self.records);
-        emit(
-            self.engine_metrics,
-            self.stitcher,
-            self.ipc,
-            self.identities,
-            self.records,
-            observer,
-            false,
-        );
-        let joined_to_records: [&mut dyn PerProcess; 2] =
-            [&mut *self.engine_metrics, &mut *self.identities];
-        for state in joined_to_records {
-            state.process_gone(tgid);
-        }
+        emit(self.join, self.ipc, self.records, observer, false);
+        self.join.process_gone(tgid);
         observer.on_process_gone(tgid);
     }
 }
@@ -91,7 +79,7 @@ mod tests {
 
     use bytes::Bytes;
     use inferscope_common::SyscallKind;
-    use inferscope_decode::{http::Limits, prometheus};
+    use inferscope_decode::http::Limits;
 
     use super::*;
     use crate::{
@@ -123,8 +111,8 @@ mod tests {
     }
 
     impl Observer for Seen {
-        fn on_record(&mut self, record: RequestRecord) {
-            self.records.push(record);
+        fn on_timeline(&mut self, timeline: crate::join::RequestTimeline) {
+            self.records.push(timeline.request);
         }
         fn on_process_gone(&mut self, tgid: u32) {
             self.gone.push(tgid);
@@ -145,9 +133,7 @@ mod tests {
         ports: Ports,
         adoption: Adoption,
         tracker: Tracker,
-        engine_metrics: EngineMetrics,
-        stitcher: crate::correlate::disagg::Stitcher,
-        identities: Identities,
+        join: Join,
         records: Vec<RequestRecord>,
     }
 
@@ -166,9 +152,7 @@ mod tests {
                 ports: Ports::default(),
                 adoption: Adoption::default(),
                 tracker: Tracker::new(Limits::default()),
-                engine_metrics: EngineMetrics::new(prometheus::Limits::default(), 0),
-                stitcher: Default::default(),
-                identities: Identities::default(),
+                join: Join::new(crate::join::TimelineLimits::default()),
                 records: Vec::new(),
             }
         }
@@ -187,9 +171,7 @@ mod tests {
                 ports: &mut self.ports,
                 adoption: &mut self.adoption,
                 tracker: &mut self.tracker,
-                engine_metrics: &mut self.engine_metrics,
-                stitcher: &mut self.stitcher,
-                identities: &mut self.identities,
+                join: &mut self.join,
                 records: &mut self.records,
             }
         }
@@ -214,7 +196,7 @@ mod tests {
             let Some(endpoint) = engines::by_name(engine).and_then(|e| e.metrics()) else {
                 panic!("vllm has a metrics endpoint");
             };
-            self.engine_metrics.on_scrape(&Scrape {
+            self.join.on_scrape(&Scrape {
                 pid: tgid,
                 engine,
                 endpoint,
@@ -224,7 +206,7 @@ mod tests {
                 body: Bytes::from_static(b"vllm:num_requests_running 1\n"),
                 failures_since_last: 0,
             });
-            self.identities.of(tgid);
+            self.join.identify(tgid);
             // A request read, not answered yet: open when the process goes.
             let mut out = Vec::new();
             let read = SyscallEvent {
@@ -267,13 +249,12 @@ mod tests {
                 ("ports", self.ports.contains_key(&tgid)),
                 ("adoption", self.adoption.is_pending(tgid)),
                 ("tracker", self.tracker.knows_process(tgid)),
-                ("engine_metrics", self.engine_metrics.knows(tgid)),
-                ("identities", self.identities.knows(tgid)),
             ] {
                 if holds {
                     holding.push(name);
                 }
             }
+            holding.extend(self.join.holding(tgid));
             holding
         }
     }
@@ -294,7 +275,7 @@ mod tests {
         assert!(parts.records.is_empty());
         // The other process is untouched.
         assert!(parts.tracker.knows_process(41) && parts.ipc.wants(41));
-        assert!(parts.engine_metrics.knows(41) && parts.identities.knows(41));
+        assert_eq!(parts.join.holding(41), ["engine_metrics", "identities"]);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::{
 };
 
 use inferscope_common::Counter as KernelCounter;
-use inferscope_decode::{http::Limits, prometheus};
+use inferscope_decode::http::Limits;
 use inferscope_model::{
     Counter, LaunchRecord, RequestRecord, Stats, StepRecord, clock::monotonic_now_ns,
 };
@@ -25,7 +25,10 @@ use crate::{
             sched_hooks, tls as tls_probes,
             user_probes::{ProbeSpec, UserProbes},
         },
-        gpu::launches::{self as gpu_launches, LaunchBudget, StubNames},
+        gpu::{
+            KernelFeed,
+            launches::{self as gpu_launches, LaunchBudget, StubNames},
+        },
         kernel::{
             chunks::{Chunks, Joined},
             privileges::Privileges,
@@ -39,11 +42,9 @@ use crate::{
             preexisting,
         },
     },
-    correlate::{
-        EngineMetrics, EngineMetricsRecord, Tracker, disagg::Stitcher, launches::Launches,
-    },
+    correlate::{Tracker, launches::Launches},
     engines::{self, IpcRouter},
-    identity::Identities,
+    join::{EngineMetricsRecord, Join, KernelRecord, RequestTimeline, TimelineLimits},
 };
 
 #[derive(Debug, Clone)]
@@ -89,9 +90,12 @@ impl PipelineConfig {
 
 /// What the pipeline reports as it runs.
 pub(crate) trait Observer {
-    fn on_record(&mut self, record: RequestRecord);
+    /// A finished request, joined with everything the join stage waited for.
+    fn on_timeline(&mut self, timeline: RequestTimeline);
     /// An engine step finished (scheduler hooks).
-    fn on_step(&mut self, _step: StepRecord) {}
+    fn on_step(&mut self, _step: &StepRecord) {}
+    /// A GPU kernel record from a CUPTI shim (with [`Pipeline::use_kernel_feed`]).
+    fn on_kernel(&mut self, _kernel: &KernelRecord) {}
     /// A GPU kernel or graph launch (launch uprobes on the CUDA driver and runtime).
     fn on_launch(&mut self, _launch: LaunchRecord) {}
     /// A scrape of an engine's metrics endpoint (after [`Pipeline::scrape_engine_metrics`]).
@@ -129,19 +133,18 @@ pub(crate) struct Pipeline {
     /// Ring-buffer bytes those records took, the ring's 8-byte record header and padding
     /// included: what sizing the ring is about.
     ring_bytes_read: u64,
-    /// Engine metrics scraping and the arrival join (after [`Pipeline::scrape_engine_metrics`]).
+    /// Engine metrics scraping (after [`Pipeline::scrape_engine_metrics`]).
     scraper: Option<MetricsScraper>,
-    engine_metrics: EngineMetrics,
-    /// Joins the prefill and decode legs of disaggregated requests.
-    stitcher: Stitcher,
+    /// Kernel records from CUPTI shims (after [`Pipeline::use_kernel_feed`]).
+    kernel_feed: Option<KernelFeed>,
+    /// Finished records wait here for what they lack, and leave as timelines.
+    join: Join,
     /// User-defined probes (with [`Pipeline::use_probe_spec`]).
     user_probes: Option<UserProbes>,
     /// Processes with hooks whose function was not mapped yet.
     late: LateAttach,
     /// Processes with TLS library probes, and what their undecodable TLS costs.
     tls: route::TlsProcesses,
-    /// Container and pod of each engine process, stamped on its records.
-    identities: Identities,
     /// Large sends/receives of engine IPC, captured in chunks, joined again.
     chunks: Chunks,
     /// Engines restarted on their port: kept ports and processes the kernel adopted.
@@ -214,8 +217,8 @@ impl Pipeline {
         tracker.set_learn_templates(config.token_events);
         Ok(Self {
             scraper: None,
-            engine_metrics: EngineMetrics::new(prometheus::Limits::default(), 0),
-            stitcher: Stitcher::default(),
+            kernel_feed: None,
+            join: Join::new(TimelineLimits::default()),
             discovery: Discovery::new(config.selector.clone(), engines::identify),
             tracker,
             config,
@@ -233,7 +236,6 @@ impl Pipeline {
             user_probes: None,
             late: LateAttach::default(),
             tls: route::TlsProcesses::default(),
-            identities: Identities::default(),
             chunks: Chunks::default(),
             adoption: Adoption::default(),
             launches: Launches::default(),
@@ -246,7 +248,13 @@ impl Pipeline {
     /// Names records' pods from this cache of the Kubernetes API (`identity::kube::start`);
     /// without it records carry container ids only.
     pub(crate) fn use_pod_store(&mut self, pods: std::sync::Arc<crate::identity::pods::PodStore>) {
-        self.identities = Identities::new(Some(pods));
+        self.join.use_pod_store(pods);
+    }
+
+    /// Also joins the kernel records of CUPTI shims to the requests' steps (call before
+    /// [`Pipeline::run`]).
+    pub(crate) fn use_kernel_feed(&mut self, feed: KernelFeed) {
+        self.kernel_feed = Some(feed);
     }
 
     /// Also scrapes every engine discovery finds at its own metrics endpoint (call before
@@ -257,7 +265,7 @@ impl Pipeline {
         // A request joins a scrape within two intervals of its arrival: scrapes land an
         // interval plus their own duration apart, and one may fail.
         let join_gap = 2 * config.interval.as_nanos() as u64;
-        self.engine_metrics = EngineMetrics::new(prometheus::Limits::default(), join_gap);
+        self.join.scrape_engine_metrics(join_gap);
         // Engines already attached (a call after run) are picked up too.
         let traced: Vec<_> = self
             .discovery
@@ -319,6 +327,7 @@ impl Pipeline {
             }
             wait_readable(self.probes.events_fd(), Duration::from_millis(50))?;
             self.drain_metrics(observer);
+            self.drain_kernels(observer);
             if self.drain(observer) {
                 // The kernel adopted a process: attach it before reading its records.
                 last_scan = None;
@@ -340,15 +349,14 @@ impl Pipeline {
             }
         }
         self.drain_metrics(observer);
+        self.drain_kernels(observer);
         self.last_drain = true;
         self.drain(observer);
         self.tracker
             .finish_all(monotonic_now_ns(), &mut self.records);
         emit(
-            &mut self.engine_metrics,
-            &mut self.stitcher,
+            &mut self.join,
             &mut self.ipc,
-            &mut self.identities,
             &mut self.records,
             observer,
             true,
@@ -371,8 +379,22 @@ impl Pipeline {
             let Some(s) = scraper.try_next() else {
                 break;
             };
-            let record = self.engine_metrics.on_scrape(&s);
+            let record = self.join.on_scrape(&s);
             observer.on_engine_metrics(record);
+        }
+    }
+
+    /// Kernel records the shims sent since the last pass, to the observer and the join.
+    fn drain_kernels(&mut self, observer: &mut dyn Observer) {
+        let Some(feed) = &self.kernel_feed else {
+            return;
+        };
+        let mut kernels = Vec::new();
+        feed.drain(&mut kernels);
+        let now = monotonic_now_ns();
+        for kernel in kernels {
+            observer.on_kernel(&kernel);
+            self.join.on_kernel(kernel, now);
         }
     }
 
@@ -487,10 +509,8 @@ impl Pipeline {
             observer.on_discovery(change);
         }
         emit(
-            &mut self.engine_metrics,
-            &mut self.stitcher,
+            &mut self.join,
             &mut self.ipc,
-            &mut self.identities,
             &mut self.records,
             observer,
             false,
@@ -533,9 +553,7 @@ impl Pipeline {
             ports: &mut self.ports,
             adoption: &mut self.adoption,
             tracker: &mut self.tracker,
-            engine_metrics: &mut self.engine_metrics,
-            stitcher: &mut self.stitcher,
-            identities: &mut self.identities,
+            join: &mut self.join,
             records: &mut self.records,
         }
     }
@@ -718,11 +736,9 @@ impl Pipeline {
             last_drain,
             records_read,
             ring_bytes_read,
-            engine_metrics,
-            stitcher,
+            join,
             ipc,
             user_probes,
-            identities,
             chunks,
             adoption,
             discovery,
@@ -887,17 +903,10 @@ impl Pipeline {
         // output and the HTTP response's end are seen together).
         for mut step in steps.drain(..) {
             launches.annotate(&mut step);
-            observer.on_step(step);
+            observer.on_step(&step);
+            join.on_step(step);
         }
-        emit(
-            engine_metrics,
-            stitcher,
-            ipc,
-            identities,
-            records,
-            observer,
-            false,
-        );
+        emit(join, ipc, records, observer, false);
         adopted
     }
 
@@ -907,7 +916,7 @@ impl Pipeline {
         all.extend(self.stats.iter());
         all.extend(self.tracker.stats().iter());
         all.extend(self.ipc.counters());
-        all.extend(self.stitcher.counters());
+        all.extend(self.join.counters());
         all.extend(self.chunks.stats.iter());
         all.extend(self.launches.stats().iter());
         if let Some(user) = &self.user_probes {
@@ -917,13 +926,8 @@ impl Pipeline {
         all.push((Counter::RingbufBytes, self.ring_bytes_read));
         if let Some(scraper) = &self.scraper {
             all.extend(scraper.counters());
-            all.push((
-                Counter::MetricsScrapeRequestsHidden,
-                self.engine_metrics.scrape_requests_hidden,
-            ));
         }
         all.push((Counter::FdLookups, self.classifier.lookups));
-        all.extend(self.identities.counters());
         all.push((
             Counter::OpenConnections,
             self.tracker.open_connections() as u64,
@@ -951,39 +955,27 @@ impl Pipeline {
     }
 }
 
-/// Hands finished requests to the observer, with what their engine's IPC knows added and
-/// joined to the engine metrics sampled at their arrival; the agent's own scrapes (seen by the
-/// socket probes) are not requests. Records whose engine may still tell about them are held
-/// back briefly (all handed over with `flush`).
+/// Hands finished requests to the join stage, and the timelines it closes to the observer (all
+/// of them with `flush`, when the agent stops).
 fn emit(
-    engine_metrics: &mut EngineMetrics,
-    stitcher: &mut Stitcher,
+    join: &mut Join,
     ipc: &mut IpcRouter,
-    identities: &mut Identities,
     records: &mut Vec<RequestRecord>,
     observer: &mut dyn Observer,
     flush: bool,
 ) {
-    let mut ready = Vec::with_capacity(records.len());
-    let finished = records
-        .drain(..)
-        .filter(|r| !engine_metrics.is_own_scrape(r))
-        .map(|mut record| {
-            record.identity = identities.of(record.pid);
-            record
-        });
-    let now = Instant::now();
-    ipc.ready_for_join(finished, now, flush, &mut ready);
-    for record in &mut ready {
-        ipc.enrich(record);
+    let now = monotonic_now_ns();
+    for record in records.drain(..) {
+        join.push(record, now);
     }
-    // After the IPC join: a leg's phases come from its engine's stamps. A P/D proxy's record
-    // may be held for the decode leg it relayed.
-    let mut stitched = Vec::with_capacity(ready.len());
-    stitcher.stitch_batch(ready, now, flush, &mut stitched);
-    for mut record in stitched {
-        engine_metrics.annotate(&mut record);
-        observer.on_record(record);
+    let mut closed = Vec::new();
+    if flush {
+        join.flush(now, ipc, &mut closed);
+    } else {
+        join.poll(now, ipc, &mut closed);
+    }
+    for timeline in closed {
+        observer.on_timeline(timeline);
     }
 }
 

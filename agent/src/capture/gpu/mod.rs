@@ -7,12 +7,14 @@
 //!   restart): host-side launches and the kernel names the driver hands out.
 //! - [`NvmlSampler`]: samples every GPU on an interval (utilisation, memory, clocks, power,
 //!   throttle reasons, GPM tensor/DRAM/occupancy on Hopper+) and flags outlier cards.
+mod feed;
 pub(crate) mod launches;
 mod listener;
 mod nvml;
 mod outliers;
 mod record;
 
+pub(crate) use feed::KernelFeed;
 pub(crate) use listener::{ListenerConfig, ListenerError, ShimListener};
 pub(crate) use nvml::{GpuSample, NvmlSampler};
 pub(crate) use record::KernelRecord;

@@ -46,7 +46,7 @@ const RETRY_INTERVALS: u32 = 5;
 
 /// One successful scrape.
 #[derive(Debug)]
-pub struct Scrape {
+pub(crate) struct Scrape {
     pub pid: u32,
     pub engine: &'static str,
     pub endpoint: &'static MetricsEndpoint,

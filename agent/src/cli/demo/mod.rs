@@ -20,6 +20,7 @@ use super::shutdown;
 use crate::{
     capture::{DiscoveryChange, TargetSelector},
     export::{jsonl::JsonlWriter, live, summary},
+    join::RequestTimeline,
     pipeline::{Observer, Pipeline, PipelineConfig},
 };
 
@@ -58,7 +59,8 @@ struct DemoObserver {
 }
 
 impl Observer for DemoObserver {
-    fn on_record(&mut self, record: RequestRecord) {
+    fn on_timeline(&mut self, timeline: RequestTimeline) {
+        let record = timeline.request;
         println!("{}", live::line(&record));
         if let Some(w) = self.writer.as_mut() {
             w.write_or_report(&record, "a record");

@@ -22,7 +22,6 @@ use crate::{
         CaptureConfig, CaptureError, TargetSelector, metrics::ScrapeConfig,
         process::sockpath::Bound,
     },
-    correlate::timeline::{TimelineBuilder, TimelineLimits},
     daemon::{
         DaemonObserver, Diagnosis, GpuInputs, Outputs, Sampler, Standby,
         handover::{Drain, DrainStep, Gate, HandoverDir},
@@ -271,8 +270,8 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<()> {
         None
     };
 
+    pipeline.use_kernel_feed(gpu.kernel_feed());
     let mut observer = DaemonObserver::new(
-        TimelineBuilder::new(TimelineLimits::default()),
         Outputs {
             hub,
             metrics,

@@ -10,8 +10,8 @@ use super::{
 };
 use crate::{
     capture::gpu::KernelRecord,
-    correlate::timeline::{TimelineBuilder, TimelineLimits},
     engines::{EngineIpc, IpcBytes, IpcDirection},
+    join::timeline::TimelineLimits,
 };
 
 const DIR: &str = concat!(
@@ -283,7 +283,7 @@ fn the_prefill_step_joins_the_scheduler_kernels_into_the_request_timeline() {
     };
     ipc.enrich(&mut record);
     let now = 102_000_000_000;
-    let mut b = TimelineBuilder::new(TimelineLimits::default());
+    let mut b = crate::join::testing::Driver::new(TimelineLimits::default());
     b.on_step(steps[0].clone());
     // In the step: the scheduler's; not: the server's own, and one launched before it.
     b.on_kernel(kernel(30, 100_500_000_000), now);

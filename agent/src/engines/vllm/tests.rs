@@ -415,8 +415,8 @@ fn counter(ipc: &VllmIpc, name: &str) -> u64 {
 }
 
 /// A kernel launched by process `pid` at `launch` (running 10 µs from 5 µs later).
-fn kernel(pid: u32, launch: u64) -> crate::correlate::timeline::KernelRecord {
-    crate::correlate::timeline::KernelRecord {
+fn kernel(pid: u32, launch: u64) -> crate::join::timeline::KernelRecord {
+    crate::join::timeline::KernelRecord {
         pid,
         name: format!("k{launch}"),
         device_id: 0,
@@ -444,7 +444,7 @@ fn kernel(pid: u32, launch: u64) -> crate::correlate::timeline::KernelRecord {
 /// decode, as llama.cpp's hook steps do.
 #[test]
 fn replayed_steps_give_http_requests_their_steps_and_kernels() {
-    use crate::correlate::timeline::{TimelineBuilder, TimelineLimits};
+    use crate::join::timeline::TimelineLimits;
     let want = expected();
     let (engine_core, api_server) = (200, 100);
     let mut ipc = VllmIpc::default();
@@ -452,7 +452,7 @@ fn replayed_steps_give_http_requests_their_steps_and_kernels() {
     let (mut ipc, steps) = api_server_view_with("ipc", 4096, ipc);
     assert!(steps.iter().all(|s| s.pid == api_server));
     assert!(steps.iter().all(|s| s.gpu_pid() == engine_core));
-    let mut timeline = TimelineBuilder::new(TimelineLimits::default());
+    let mut timeline = crate::join::testing::Driver::new(TimelineLimits::default());
     let mut launches = Vec::new();
     for step in &steps {
         // Two kernels inside each step's window (none in a step after an idle gap: its start

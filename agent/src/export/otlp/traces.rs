@@ -26,7 +26,7 @@ use super::{
     OtlpConfig, OtlpError,
     counting::{CountingExporter, ExportCounters},
 };
-use crate::{correlate::timeline::RequestTimeline, export::names, identity::ProcessIdentity};
+use crate::{export::names, identity::ProcessIdentity, join::timeline::RequestTimeline};
 
 /// Engine processes with a tracer at once (each has its own resource and batch queue).
 const MAX_PROCESSES: usize = 64;

@@ -18,7 +18,7 @@ const HISTORY: usize = 512;
 
 /// One scrape of one engine's metrics endpoint, normalised. What `--metrics` writes.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct EngineMetricsRecord {
+pub(crate) struct EngineMetricsRecord {
     pub pid: u32,
     pub engine: String,
     pub port: u16,
@@ -137,7 +137,7 @@ struct EngineState {
 }
 
 /// Per-engine state: counters for rates, recent samples for the arrival join.
-pub struct EngineMetrics {
+pub(crate) struct EngineMetrics {
     limits: Limits,
     unix_offset_ns: u64,
     /// Largest distance between an arrival and the sample joined to it.
@@ -148,7 +148,7 @@ pub struct EngineMetrics {
 }
 
 impl EngineMetrics {
-    pub fn new(limits: Limits, max_join_gap_ns: u64) -> Self {
+    pub(crate) fn new(limits: Limits, max_join_gap_ns: u64) -> Self {
         Self {
             limits,
             unix_offset_ns: inferscope_model::clock::unix_offset_ns(),
@@ -158,16 +158,17 @@ impl EngineMetrics {
         }
     }
 
-    pub fn forget(&mut self, pid: u32) {
+    pub(crate) fn forget(&mut self, pid: u32) {
         self.engines.remove(&pid);
     }
 
     /// Whether scrapes of `pid` are kept for the arrival join.
-    pub fn knows(&self, pid: u32) -> bool {
+    #[cfg(test)]
+    pub(crate) fn knows(&self, pid: u32) -> bool {
         self.engines.contains_key(&pid)
     }
 
-    pub fn on_scrape(&mut self, scrape: &Scrape) -> EngineMetricsRecord {
+    pub(crate) fn on_scrape(&mut self, scrape: &Scrape) -> EngineMetricsRecord {
         let (snap, stats) = snapshot(&scrape.body, scrape.endpoint, &self.limits);
         let mono_ns = scrape.start_mono_ns + (scrape.end_mono_ns - scrape.start_mono_ns) / 2;
         let state = self
@@ -237,7 +238,7 @@ impl EngineMetrics {
     }
 
     /// Whether `record` is one of the agent's own scrapes of a watched engine.
-    pub fn is_own_scrape(&mut self, record: &RequestRecord) -> bool {
+    pub(crate) fn is_own_scrape(&mut self, record: &RequestRecord) -> bool {
         let own = record.method == "GET"
             && self
                 .engines
@@ -250,7 +251,7 @@ impl EngineMetrics {
     /// Fills the request's `*_at_arrival` fields: from the last sample taken before the
     /// arrival (the state the request found; a later one already counts the request itself),
     /// else from the first one after it; only within the join gap.
-    pub fn annotate(&self, record: &mut RequestRecord) {
+    pub(crate) fn annotate(&self, record: &mut RequestRecord) {
         let Some(state) = self.engines.get(&record.pid) else {
             return;
         };

@@ -5,7 +5,7 @@
 //! and each decode leg looks its prefill leg up when it ends. A decode leg is joined only to a
 //! prefill leg that returned exactly the hand-off it was sent, before it arrived, and only
 //! once; otherwise it stays separate and says why.
-use std::{collections::VecDeque, time::Instant};
+use std::collections::VecDeque;
 
 use inferscope_model::{
     Counter, DisaggInfo, DisaggLeg, DisaggRole, LegParse, RequestRecord, Stats, clock::ns_to_ms,
@@ -64,33 +64,31 @@ fn engine_phases(r: &RequestRecord) -> (Option<f64>, Option<f64>) {
 }
 
 impl Stitcher {
-    /// Stitches finished `records` and hands them on in `out`: legs at once, a P/D proxy's
-    /// record once its decode leg was seen or it waited [`proxy::HOLD`] (all with `flush`,
-    /// when the agent stops). Call it on every pass of the loop, records or none.
-    pub(crate) fn stitch_batch(
-        &mut self,
-        records: impl IntoIterator<Item = RequestRecord>,
-        now: Instant,
-        flush: bool,
-        out: &mut Vec<RequestRecord>,
-    ) {
-        for mut record in records {
-            self.stitch(&mut record);
-            if record.disagg.is_some() {
-                // A proxy record held for this decode leg follows it.
-                let at = out.len();
-                self.proxy.decode_leg(&record, &mut self.stats, out);
-                out.insert(at, record);
-            } else {
-                self.proxy.proxy_record(record, now, &mut self.stats, out);
-            }
+    /// Stitches one finished record: a leg at once (a decode leg is remembered for its
+    /// proxy's record); a P/D proxy's record once its decode leg was seen. False: the record
+    /// waits for its decode leg (try it again with [`Self::retry_proxy`]).
+    pub(crate) fn stitch_record(&mut self, record: &mut RequestRecord) -> bool {
+        self.stitch(record);
+        if record.disagg.is_some() {
+            self.proxy.decode_leg(record, &mut self.stats);
+            return true;
         }
+        self.proxy.proxy_record(record, &mut self.stats)
+    }
+
+    /// A proxy record that waits for its decode leg, tried again: true once it is done (with
+    /// `give_up`, its wait is over and it goes unjoined if the leg is still unseen).
+    pub(crate) fn retry_proxy(&mut self, record: &mut RequestRecord, give_up: bool) -> bool {
+        self.proxy.retry(record, give_up, &mut self.stats)
+    }
+
+    /// Forgets decode legs no proxy record claimed in time (by the newest record's end).
+    pub(crate) fn expire_decode_legs(&mut self) {
         self.proxy.expire(self.newest_end, &mut self.stats);
-        self.proxy.release(now, flush, &mut self.stats, out);
     }
 
     /// Reads `record`'s leg (if it is one) and fills its `disagg` view.
-    pub(crate) fn stitch(&mut self, record: &mut RequestRecord) {
+    fn stitch(&mut self, record: &mut RequestRecord) {
         self.newest_end = self.newest_end.max(record.end_mono_ns);
         self.expire();
         let Some(hints) = record.disagg_hints.take() else {
@@ -263,9 +261,7 @@ impl Stitcher {
     }
 
     pub(crate) fn counters(&self) -> Vec<(Counter, u64)> {
-        let mut all: Vec<(Counter, u64)> = self.stats.iter().collect();
-        all.push((Counter::DisaggProxyHeldNow, self.proxy.held() as u64));
-        all
+        self.stats.iter().collect()
     }
 }
 

@@ -1,5 +1,3 @@
-use std::time::Instant;
-
 use inferscope_model::{DisaggHints, HandoffParams, HandoffValue};
 
 use super::*;
@@ -269,35 +267,79 @@ fn proxy_record(id: &str, at: u64, first: u64, end: u64, stream: Option<&str>) -
     }
 }
 
-/// A P leg at `p_at` and its D leg at `p_at + 14` (first token on D's wire at +40), D's
-/// stream `stream`; both stitched through `s`, returned as handed on.
-fn legs(s: &mut Stitcher, n: &str, p_at: u64, stream: &str, now: Instant) -> Vec<RequestRecord> {
-    let key = format!("cmpl-{n}-0000abcd");
-    let p = prefill(&format!("1-{n}-0"), p_at, Some(handoff(&key, 1)));
-    let mut d = decode(&format!("2-{n}-0"), p_at + 14, handoff(&key, 1));
-    d.response_id = Some(stream.into());
-    let mut out = Vec::new();
-    s.stitch_batch([p, d], now, false, &mut out);
-    out
+/// The join stage, driven as the pipeline drives it (no engine IPC, no GPU shim): what it
+/// hands on, as records.
+struct Harness {
+    join: crate::join::Join,
+    engine: crate::engines::IpcRouter,
 }
 
-fn batch(s: &mut Stitcher, r: RequestRecord, now: Instant) -> Vec<RequestRecord> {
-    let mut out = Vec::new();
-    s.stitch_batch([r], now, false, &mut out);
-    out
+/// When the harness's records come (monotonic ns): apart from the records' own times.
+const T0: u64 = 10_000 * MS;
+
+impl Harness {
+    fn new() -> Self {
+        Self {
+            join: crate::join::Join::new(crate::join::TimelineLimits::default()),
+            engine: crate::engines::IpcRouter::default(),
+        }
+    }
+
+    /// How long a record waits in the join at most.
+    fn wait(&self) -> u64 {
+        crate::join::TimelineLimits::default().settle_ns
+    }
+
+    fn batch(
+        &mut self,
+        records: impl IntoIterator<Item = RequestRecord>,
+        now: u64,
+        flush: bool,
+    ) -> Vec<RequestRecord> {
+        for r in records {
+            self.join.push(r, now);
+        }
+        let mut out = Vec::new();
+        if flush {
+            self.join.flush(now, &mut self.engine, &mut out);
+        } else {
+            self.join.poll(now, &mut self.engine, &mut out);
+        }
+        out.into_iter().map(|t| t.request).collect()
+    }
+
+    fn one(&mut self, r: RequestRecord) -> Vec<RequestRecord> {
+        self.batch([r], T0, false)
+    }
+
+    fn stats(&self) -> &Stats {
+        &self.join.stitcher.stats
+    }
+
+    fn waiting(&self) -> usize {
+        self.join.waiting.len()
+    }
+
+    /// A P leg at `p_at` and its D leg at `p_at + 14` (first token on D's wire at +40), D's
+    /// stream `stream`, as handed on.
+    fn legs(&mut self, n: &str, p_at: u64, stream: &str, now: u64) -> Vec<RequestRecord> {
+        let key = format!("cmpl-{n}-0000abcd");
+        let p = prefill(&format!("1-{n}-0"), p_at, Some(handoff(&key, 1)));
+        let mut d = decode(&format!("2-{n}-0"), p_at + 14, handoff(&key, 1));
+        d.response_id = Some(stream.into());
+        self.batch([p, d], now, false)
+    }
 }
 
 #[test]
 fn the_proxy_record_carries_its_hops_and_the_stitched_request() {
-    let mut s = Stitcher::default();
-    let now = Instant::now();
-    assert_eq!(legs(&mut s, "a", 1000, "cmpl-a", now).len(), 2);
+    let mut s = Harness::new();
+    assert_eq!(s.legs("a", 1000, "cmpl-a", T0).len(), 2);
     // The client's request reached the proxy 3 ms before P's; D's first token was relayed
     // 0.5 ms after D wrote it (D's first token at 1040).
-    let mut out = Vec::new();
     let mut r = proxy_record("3-1-0", 997, 0, 1200, Some("cmpl-a"));
     r.first_token_mono_ns = Some(1040 * MS + MS / 2);
-    s.stitch_batch([r], now, false, &mut out);
+    let out = s.one(r);
     assert_eq!(out.len(), 1);
     let d = info(&out[0]);
     assert_eq!(d.role, Some(DisaggRole::Proxy));
@@ -314,219 +356,158 @@ fn the_proxy_record_carries_its_hops_and_the_stitched_request() {
     assert_eq!(d.ttft_ms, Some(40.0));
     assert_eq!(d.kv_transfer_wait_ms, Some(20.0));
     assert_eq!(d.decode_arrival_mono_ns, Some(1014 * MS));
-    assert_eq!(s.stats.get(Counter::DisaggProxyJoined), 1);
-    assert_eq!(s.stats.get(Counter::DisaggProxyUnjoined), 0);
+    assert_eq!(s.stats().get(Counter::DisaggProxyJoined), 1);
+    assert_eq!(s.stats().get(Counter::DisaggProxyUnjoined), 0);
 }
 
 #[test]
 fn a_proxy_record_that_comes_first_waits_for_its_decode_leg() {
-    let mut s = Stitcher::default();
-    let t0 = Instant::now();
+    let mut s = Harness::new();
     // The decode leg is still held for its engine's word: the proxy's record waits.
     assert!(
-        batch(
-            &mut s,
-            proxy_record("3-1-0", 997, 1041, 1200, Some("cmpl-b")),
-            t0
-        )
-        .is_empty()
+        s.one(proxy_record("3-1-0", 997, 1041, 1200, Some("cmpl-b")))
+            .is_empty()
     );
-    assert_eq!(s.proxy.held(), 1);
-    let out = legs(&mut s, "b", 1000, "cmpl-b", t0 + proxy::HOLD / 2);
-    // The P leg, the D leg, then the proxy's record it released.
+    assert_eq!(s.waiting(), 1);
+    let out = s.legs("b", 1000, "cmpl-b", T0 + s.wait() / 2);
+    // The P leg, the D leg, then the proxy's record that waited for it.
     assert_eq!(out.len(), 3);
     assert_eq!(info(&out[1]).role, Some(DisaggRole::Decode));
     assert_eq!(info(&out[2]).role, Some(DisaggRole::Proxy));
     assert_eq!(info(&out[2]).peer_request_id.as_deref(), Some("2-b-0"));
-    assert_eq!(s.proxy.held(), 0);
+    assert_eq!(s.waiting(), 0);
 }
 
 #[test]
 fn a_proxy_record_whose_decode_leg_never_comes_is_handed_on_in_bounded_time() {
-    let mut s = Stitcher::default();
-    let t0 = Instant::now();
-    // A stream id no leg has: held, then handed on unjoined once the hold is over, with no
+    let mut s = Harness::new();
+    let t0 = T0;
+    // A stream id no leg has: waits, then handed on unjoined once its wait is over, with no
     // record at all coming in the meantime.
     let r = proxy_record("3-1-0", 10, 20, 30, Some("cmpl-nobody"));
-    assert!(batch(&mut s, r, t0).is_empty());
-    let mut out = Vec::new();
-    s.stitch_batch([], t0 + proxy::HOLD / 2, false, &mut out);
-    assert!(out.is_empty());
-    s.stitch_batch([], t0 + proxy::HOLD, false, &mut out);
+    assert!(s.one(r).is_empty());
+    assert!(s.batch([], t0 + s.wait() / 2, false).is_empty());
+    let out = s.batch([], t0 + s.wait(), false);
     assert_eq!(out.len(), 1);
     assert_eq!(info(&out[0]).role, Some(DisaggRole::Proxy));
     assert_eq!(info(&out[0]).unjoined, Some("decode_leg_not_seen"));
     assert_eq!(info(&out[0]).id, None);
-    assert_eq!(s.stats.get(Counter::DisaggProxyUnjoined), 1);
+    assert_eq!(s.stats().get(Counter::DisaggProxyUnjoined), 1);
     // The agent stopping: a proxy record and its decode leg in the last batch still join;
-    // whatever is held after it is handed on.
+    // whatever waits after it is handed on.
     let key = "cmpl-last-0000abcd";
     let p = prefill("1-last-0", 1000, Some(handoff(key, 1)));
     let mut d = decode("2-last-0", 1014, handoff(key, 1));
     d.response_id = Some("cmpl-last".into());
-    let mut out = Vec::new();
     let last = proxy_record("3-last-0", 990, 1041, 1200, Some("cmpl-last"));
-    s.stitch_batch([p, last, d], t0, true, &mut out);
+    let out = s.batch([p, last, d], t0, true);
     assert_eq!(out.len(), 3);
     assert_eq!(info(&out[2]).peer_request_id.as_deref(), Some("2-last-0"));
-    assert!(batch(&mut s, proxy_record("3-2-0", 10, 20, 30, Some("x")), t0).is_empty());
-    let mut out = Vec::new();
-    s.stitch_batch([], t0, true, &mut out);
-    assert_eq!(out.len(), 1);
+    assert!(
+        s.one(proxy_record("3-2-0", 10, 20, 30, Some("x")))
+            .is_empty()
+    );
+    assert_eq!(s.batch([], t0, true).len(), 1);
     // No stream id at all (an error answer): unjoined at once.
-    let out = batch(&mut s, proxy_record("3-3-0", 10, 20, 30, None), t0);
+    let out = s.one(proxy_record("3-3-0", 10, 20, 30, None));
     assert_eq!(info(&out[0]).unjoined, Some("no_stream_id"));
     // A proxy's health check is no client request of a P/D pair.
     let mut get = proxy_record("3-4-0", 10, 20, 30, None);
     get.method = "GET".into();
-    let out = batch(&mut s, get, t0);
+    let out = s.one(get);
     assert!(out[0].disagg.is_none());
 }
 
 #[test]
-fn held_proxy_records_are_bounded() {
-    let mut s = Stitcher::default();
-    let t0 = Instant::now();
-    for i in 0..proxy::MAX_HELD + 2 {
-        let r = proxy_record(&format!("3-{i}-0"), 10, 20, 30, Some("cmpl-none"));
-        let out = batch(&mut s, r, t0);
-        assert_eq!(out.len(), usize::from(i >= proxy::MAX_HELD));
-    }
-    assert_eq!(s.proxy.held(), proxy::MAX_HELD);
-    assert_eq!(s.stats.get(Counter::DisaggProxyHeldOverflow), 2);
-}
-
-#[test]
 fn two_decode_legs_with_one_stream_id_are_ambiguous() {
-    let mut s = Stitcher::default();
-    let now = Instant::now();
+    let mut s = Harness::new();
     // A proxy that retried D (or two requests a server gave one id): both legs stream
     // `cmpl-dup` within the proxy's request, which cannot tell which it relayed.
-    legs(&mut s, "c", 1000, "cmpl-dup", now);
-    legs(&mut s, "d", 1002, "cmpl-dup", now);
-    let out = batch(
-        &mut s,
-        proxy_record("3-1-0", 990, 1050, 1300, Some("cmpl-dup")),
-        now,
-    );
+    s.legs("c", 1000, "cmpl-dup", T0);
+    s.legs("d", 1002, "cmpl-dup", T0);
+    let out = s.one(proxy_record("3-1-0", 990, 1050, 1300, Some("cmpl-dup")));
     assert_eq!(info(&out[0]).unjoined, Some("decode_leg_ambiguous"));
     assert_eq!(info(&out[0]).id, None);
     // A later proxy request with the same stream id sees only the legs within its own
     // time: the second of two requests, one after the other, joins its own leg.
-    legs(&mut s, "e", 2000, "cmpl-again", now);
-    legs(&mut s, "f", 3000, "cmpl-again", now);
-    let first = batch(
-        &mut s,
-        proxy_record("3-2-0", 1999, 2050, 2200, Some("cmpl-again")),
-        now,
-    );
+    s.legs("e", 2000, "cmpl-again", T0);
+    s.legs("f", 3000, "cmpl-again", T0);
+    let first = s.one(proxy_record("3-2-0", 1999, 2050, 2200, Some("cmpl-again")));
     assert_eq!(info(&first[0]).peer_request_id.as_deref(), Some("2-e-0"));
-    let second = batch(
-        &mut s,
-        proxy_record("3-3-0", 2999, 3050, 3200, Some("cmpl-again")),
-        now,
-    );
+    let second = s.one(proxy_record("3-3-0", 2999, 3050, 3200, Some("cmpl-again")));
     assert_eq!(info(&second[0]).peer_request_id.as_deref(), Some("2-f-0"));
     // A replayed proxy record claims no leg twice.
-    let replay = batch(
-        &mut s,
-        proxy_record("3-4-0", 2999, 3050, 3200, Some("cmpl-again")),
-        now,
-    );
+    let replay = s.one(proxy_record("3-4-0", 2999, 3050, 3200, Some("cmpl-again")));
     assert_eq!(info(&replay[0]).unjoined, Some("decode_leg_already_joined"));
 }
 
 #[test]
 fn a_decode_leg_outside_the_proxy_request_is_not_its() {
-    let mut s = Stitcher::default();
-    let now = Instant::now();
-    legs(&mut s, "g", 1000, "cmpl-g", now);
+    let mut s = Harness::new();
+    s.legs("g", 1000, "cmpl-g", T0);
     // The proxy's request came after P's leg arrived: that P leg was not sent by it.
     let late = proxy_record("3-1-0", 1005, 1050, 1200, Some("cmpl-g"));
-    assert!(
-        batch(&mut s, late, now).is_empty(),
-        "held: its own leg may still come"
-    );
-    let mut out = Vec::new();
-    s.stitch_batch([], now + proxy::HOLD, false, &mut out);
+    assert!(s.one(late).is_empty(), "waits: its own leg may still come");
+    let out = s.batch([], T0 + s.wait(), false);
     assert_eq!(info(&out[0]).unjoined, Some("decode_leg_not_seen"));
 }
 
 #[test]
 fn user_claimed_processes_are_proxies_only_where_they_relayed_a_leg() {
-    let mut s = Stitcher::default();
-    let now = Instant::now();
-    legs(&mut s, "h", 1000, "cmpl-h", now);
+    let mut s = Harness::new();
+    s.legs("h", 1000, "cmpl-h", T0);
     let mut custom = proxy_record("3-1-0", 990, 1050, 1200, Some("cmpl-h"));
     custom.engine = "custom".into();
-    let out = batch(&mut s, custom, now);
+    let out = s.one(custom);
     assert_eq!(info(&out[0]).role, Some(DisaggRole::Proxy));
     assert_eq!(info(&out[0]).peer_request_id.as_deref(), Some("2-h-0"));
     // Another user-claimed server's ordinary request is left alone, at once.
     let mut other = proxy_record("3-2-0", 990, 1050, 1200, Some("cmpl-unrelated"));
     other.engine = "custom".into();
-    let out = batch(&mut s, other, now);
+    let out = s.one(other);
     assert!(out[0].disagg.is_none());
-    assert_eq!(s.proxy.held(), 0);
+    assert_eq!(s.waiting(), 0);
 }
 
 #[test]
 fn decode_legs_no_proxy_claims_are_counted_where_a_proxy_is_traced() {
-    let now = Instant::now();
+    let late = || {
+        record(
+            "9-9-0",
+            0,
+            1000 + proxy::DECODE_WAIT_NS / MS + 200,
+            DisaggHints::default(),
+        )
+    };
     // No proxy traced: decode legs that nobody claims are no loss.
-    let mut s = Stitcher::default();
-    legs(&mut s, "i", 1000, "cmpl-i", now);
-    let late = record(
-        "9-9-0",
-        0,
-        1000 + proxy::DECODE_WAIT_NS / MS + 200,
-        DisaggHints::default(),
-    );
-    batch(&mut s, late, now);
-    assert_eq!(s.stats.get(Counter::DisaggLegsWithoutProxy), 0);
+    let mut s = Harness::new();
+    s.legs("i", 1000, "cmpl-i", T0);
+    s.one(late());
+    assert_eq!(s.stats().get(Counter::DisaggLegsWithoutProxy), 0);
     // A proxy traced: the decode leg sent past it is counted once it has waited long enough.
-    let mut s = Stitcher::default();
-    legs(&mut s, "j", 1000, "cmpl-j", now);
-    legs(&mut s, "k", 1100, "cmpl-k", now);
-    batch(
-        &mut s,
-        proxy_record("3-1-0", 1099, 1150, 1300, Some("cmpl-k")),
-        now,
-    );
-    let late = record(
-        "9-9-0",
-        0,
-        1000 + proxy::DECODE_WAIT_NS / MS + 200,
-        DisaggHints::default(),
-    );
-    batch(&mut s, late, now);
-    assert_eq!(s.stats.get(Counter::DisaggLegsWithoutProxy), 1);
-    assert_eq!(s.stats.get(Counter::DisaggProxyJoined), 1);
+    let mut s = Harness::new();
+    s.legs("j", 1000, "cmpl-j", T0);
+    s.legs("k", 1100, "cmpl-k", T0);
+    s.one(proxy_record("3-1-0", 1099, 1150, 1300, Some("cmpl-k")));
+    s.one(late());
+    assert_eq!(s.stats().get(Counter::DisaggLegsWithoutProxy), 1);
+    assert_eq!(s.stats().get(Counter::DisaggProxyJoined), 1);
 }
 
 #[test]
 fn remembered_decode_legs_are_bounded() {
-    let mut s = Stitcher::default();
-    let now = Instant::now();
+    let mut s = Harness::new();
     // A proxy is traced, so a decode leg forgotten unclaimed is a loss.
-    batch(&mut s, proxy_record("3-0-0", 0, 1, 2, None), now);
+    s.one(proxy_record("3-0-0", 0, 1, 2, None));
     for i in 0..proxy::MAX_DECODE_LEGS + 2 {
-        legs(&mut s, &i.to_string(), 10, &format!("cmpl-{i}"), now);
+        s.legs(&i.to_string(), 10, &format!("cmpl-{i}"), T0);
     }
-    assert_eq!(s.stats.get(Counter::DisaggDecodeLegsEvicted), 2);
-    // The first leg was forgotten: its proxy record is held, then handed on unjoined.
+    assert_eq!(s.stats().get(Counter::DisaggDecodeLegsEvicted), 2);
+    // The first leg was forgotten: its proxy record waits, then is handed on unjoined.
     assert!(
-        batch(
-            &mut s,
-            proxy_record("3-1-0", 5, 60, 200, Some("cmpl-0")),
-            now
-        )
-        .is_empty()
+        s.one(proxy_record("3-1-0", 5, 60, 200, Some("cmpl-0")))
+            .is_empty()
     );
-    let last = batch(
-        &mut s,
-        proxy_record("3-2-0", 5, 60, 200, Some("cmpl-16385")),
-        now,
-    );
+    let last = s.one(proxy_record("3-2-0", 5, 60, 200, Some("cmpl-16385")));
     assert_eq!(info(&last[0]).peer_request_id.as_deref(), Some("2-16385-0"));
 }

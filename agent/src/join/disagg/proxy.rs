@@ -5,12 +5,9 @@
 //! request reached the proxy, before the proxy's answer ended), and its prefill leg after the
 //! client's request reached the proxy. The proxy's record ends after the decode leg's (it
 //! relays D's last bytes), so decode legs are remembered for it; a proxy record that comes
-//! first (its decode leg held back for its engine's word) is held until the leg comes, or
-//! briefly.
-use std::{
-    collections::VecDeque,
-    time::{Duration, Instant},
-};
+//! first (its decode leg held back for its engine's word) waits in the join's queue
+//! (`join::waiting`) and is tried again until the leg comes or its wait ends.
+use std::collections::VecDeque;
 
 use inferscope_model::{Counter, DisaggInfo, DisaggRole, RequestRecord, Stats};
 use rustc_hash::FxHashMap;
@@ -22,11 +19,6 @@ pub(super) const MAX_DECODE_LEGS: usize = 16_384;
 /// How long (by the newest record's end) a decode leg waits for its proxy's record, which ends
 /// just after it (the proxy relays D's last bytes, then ends its own answer).
 pub(super) const DECODE_WAIT_NS: u64 = 30 * 1_000_000_000;
-/// Proxy records held for their decode leg at once; beyond this one is emitted unjoined.
-pub(super) const MAX_HELD: usize = 4096;
-/// How long a proxy record waits for its decode leg: longer than a decode leg may be held
-/// for its engine's word before the stitcher sees it (`engines::ipc_router`, 2 s).
-pub(super) const HOLD: Duration = Duration::from_secs(3);
 
 /// What a proxy record needs of a joined decode leg.
 #[derive(Debug, Clone)]
@@ -46,15 +38,13 @@ pub(super) struct ProxyJoin {
     /// Stream ids in the order their legs were remembered, with the leg's end.
     order: VecDeque<(u64, String)>,
     count: usize,
-    /// Proxy records waiting for their decode leg, oldest first, with when they came.
-    held: VecDeque<(Instant, RequestRecord)>,
     /// A P/D proxy's record was seen: decode legs no proxy record claims are then counted.
     proxy_seen: bool,
 }
 
 /// What became of a proxy record's join.
 #[derive(Debug, PartialEq, Eq)]
-enum Outcome {
+pub(super) enum Outcome {
     Joined,
     Unjoined(&'static str),
     /// No decode leg with its stream id yet.
@@ -68,15 +58,9 @@ fn proxy_kind(record: &RequestRecord) -> bool {
 }
 
 impl ProxyJoin {
-    /// Remembers a decode leg that was joined to its prefill leg, and releases the held proxy
-    /// records it answers into `out` (legs no proxy claimed are forgotten by [`Self::expire`],
-    /// once per batch).
-    pub(super) fn decode_leg(
-        &mut self,
-        record: &RequestRecord,
-        stats: &mut Stats,
-        out: &mut Vec<RequestRecord>,
-    ) {
+    /// Remembers a decode leg that was joined to its prefill leg, for the proxy record that
+    /// relayed it (legs no proxy claimed are forgotten by [`Self::expire`]).
+    pub(super) fn decode_leg(&mut self, record: &RequestRecord, stats: &mut Stats) {
         let (Some(info), Some(stream)) = (record.disagg.as_deref(), &record.response_id) else {
             return;
         };
@@ -105,86 +89,53 @@ impl ProxyJoin {
                 claimed: false,
             });
         self.count += 1;
-        let mut i = 0;
-        while i < self.held.len() {
-            if self.held[i].1.response_id.as_deref() != Some(stream.as_str()) {
-                i += 1;
-                continue;
-            }
-            let outcome = join(&mut self.legs, &mut self.held[i].1);
-            if outcome == Outcome::NotYet {
-                i += 1;
-            } else if let Some((_, mut proxy)) = self.held.remove(i) {
-                self.count_outcome(outcome, &mut proxy, stats);
-                out.push(proxy);
-            }
-        }
     }
 
-    /// A record that may be a proxy's: joined and pushed to `out`, or held for its decode leg.
-    /// Records of other engines that relayed no decode leg pass unchanged.
-    pub(super) fn proxy_record(
-        &mut self,
-        mut record: RequestRecord,
-        now: Instant,
-        stats: &mut Stats,
-        out: &mut Vec<RequestRecord>,
-    ) {
-        let kind = proxy_kind(&record);
+    /// A record that may be a proxy's: joined (true), or waiting for its decode leg (false,
+    /// to be tried again with [`Self::retry`]). Records of other engines that relayed no
+    /// decode leg pass unchanged.
+    pub(super) fn proxy_record(&mut self, record: &mut RequestRecord, stats: &mut Stats) -> bool {
+        let kind = proxy_kind(record);
         // A proxy's health checks and model lists are no client requests of a P/D pair.
         if record.method != "POST" || (!kind && record.engine != "custom") {
-            out.push(record);
-            return;
+            return true;
         }
-        let outcome = join(&mut self.legs, &mut record);
+        let outcome = join(&mut self.legs, record);
         if !kind {
             // A user-claimed process is a proxy only where it relayed a decode leg.
             if outcome == Outcome::Joined {
                 self.proxy_seen = true;
                 stats.bump(Counter::DisaggProxyJoined);
             }
-            out.push(record);
-            return;
+            return true;
         }
         self.proxy_seen = true;
-        match outcome {
-            Outcome::NotYet if self.held.len() >= MAX_HELD => {
-                stats.bump(Counter::DisaggProxyHeldOverflow);
-                self.unjoined(&mut record, "decode_leg_not_seen", stats);
-            }
-            // Held even when the agent stops: its decode leg may come later in the same batch,
-            // and the batch's end hands on what is still held.
-            Outcome::NotYet => {
-                self.held.push_back((now, record));
-                return;
-            }
-            outcome => self.count_outcome(outcome, &mut record, stats),
+        if outcome == Outcome::NotYet {
+            return false;
         }
-        out.push(record);
+        self.count_outcome(outcome, record, stats);
+        true
     }
 
-    /// Releases the held proxy records whose decode leg did not come in time (all with
-    /// `flush`) into `out`, unjoined.
-    pub(super) fn release(
+    /// Tries a waiting proxy record again: true once it is done (joined, or unjoined for good;
+    /// with `give_up`, its decode leg is taken as never seen).
+    pub(super) fn retry(
         &mut self,
-        now: Instant,
-        flush: bool,
+        record: &mut RequestRecord,
+        give_up: bool,
         stats: &mut Stats,
-        out: &mut Vec<RequestRecord>,
-    ) {
-        while let Some((since, _)) = self.held.front() {
-            if !flush && now.duration_since(*since) < HOLD {
-                break;
+    ) -> bool {
+        match join(&mut self.legs, record) {
+            Outcome::NotYet if !give_up => false,
+            Outcome::NotYet => {
+                self.unjoined(record, "decode_leg_not_seen", stats);
+                true
             }
-            if let Some((_, mut record)) = self.held.pop_front() {
-                self.unjoined(&mut record, "decode_leg_not_seen", stats);
-                out.push(record);
+            outcome => {
+                self.count_outcome(outcome, record, stats);
+                true
             }
         }
-    }
-
-    pub(super) fn held(&self) -> usize {
-        self.held.len()
     }
 
     fn count_outcome(&mut self, outcome: Outcome, record: &mut RequestRecord, stats: &mut Stats) {

@@ -8,11 +8,12 @@
 //! attributing kernels by time alone, which would guess wrong under batching.
 use std::collections::VecDeque;
 
-use inferscope_model::{Counter, StepLaunches, clock::ns_to_ms};
+use inferscope_model::{
+    Counter, RequestRecord, Stats, StepLaunches, StepMember, StepRecord, clock::ns_to_ms,
+};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
-use super::{RequestRecord, Stats, StepMember, StepRecord};
 pub(crate) use crate::capture::gpu::KernelRecord;
 
 /// GPU work in one phase of a request (its prefill steps or its decode steps).
@@ -80,9 +81,11 @@ pub(crate) struct TimelineLimits {
     pub kernels_per_process: usize,
     /// Kernels kept on one request's timeline (all are still counted in its GPU phases).
     pub kernels_per_request: usize,
-    /// Requests waiting for their kernels to arrive.
-    pub pending_requests: usize,
-    /// How long a finished request waits for kernel records of its steps.
+    /// Finished records waiting in the join (for their engine's word, their decode leg, their
+    /// kernels) at once.
+    pub waiting_records: usize,
+    /// How long a finished record waits in the join for what it still lacks (its engine's word,
+    /// its decode leg, the kernel records of its steps), and a step for its kernel records.
     pub settle_ns: u64,
     /// A process counts as having the shim if a kernel arrived from it this recently.
     pub shim_recent_ns: u64,
@@ -94,7 +97,7 @@ impl Default for TimelineLimits {
             steps: 1 << 16,
             kernels_per_process: 1 << 18,
             kernels_per_request: 4096,
-            pending_requests: 8192,
+            waiting_records: 8192,
             settle_ns: 2_000_000_000,
             shim_recent_ns: 60_000_000_000,
         }
@@ -109,9 +112,6 @@ pub(crate) struct TimelineBuilder {
     kernels: FxHashMap<u32, VecDeque<KernelRecord>>,
     /// Per process: when its last kernel arrived, and the latest launch time seen.
     shim_seen: FxHashMap<u32, (u64, u64)>,
-    /// Finished requests waiting for kernels, oldest first, with the time they become ready
-    /// and the process whose kernels they wait for.
-    pending: VecDeque<(u64, u32, RequestRecord)>,
     /// Steps (from the front of `steps`) whose launches were merged with the shim's records.
     settled: usize,
     stats: Stats,
@@ -124,7 +124,6 @@ impl TimelineBuilder {
             steps: VecDeque::new(),
             kernels: FxHashMap::default(),
             shim_seen: FxHashMap::default(),
-            pending: VecDeque::new(),
             settled: 0,
             stats: Stats::default(),
         }
@@ -165,61 +164,25 @@ impl TimelineBuilder {
         ring.insert(at, event);
     }
 
-    /// A request finished; its timeline is closed by [`Self::poll`] once its kernels can have
-    /// arrived.
-    pub(crate) fn on_request(
-        &mut self,
-        request: RequestRecord,
+    /// Whether a finished request still waits for kernel records: its process has the shim
+    /// and its kernels were not yet seen past the request's end.
+    pub(crate) fn awaits_kernels(
+        &self,
+        gpu_pid: u32,
+        request: &RequestRecord,
         now_ns: u64,
-        out: &mut Vec<RequestTimeline>,
-    ) {
-        let gpu_pid = self.gpu_pid_of(&request);
-        let ready_at = if self.has_recent_shim(gpu_pid, now_ns) {
-            now_ns.max(request.end_mono_ns) + self.limits.settle_ns
-        } else {
-            now_ns
-        };
-        if self.pending.len() >= self.limits.pending_requests
-            && let Some((_, _, oldest)) = self.pending.pop_front()
-        {
-            self.stats.bump(Counter::TimelineClosedEarly);
-            out.push(self.build(oldest, now_ns));
-        }
-        self.pending.push_back((ready_at, gpu_pid, request));
-        self.poll(now_ns, out);
-    }
-
-    /// Closes the timelines whose settle time has passed or whose process's kernels have been
-    /// seen past the request's end.
-    pub(crate) fn poll(&mut self, now_ns: u64, out: &mut Vec<RequestTimeline>) {
-        self.settle_steps(now_ns, false);
-        while let Some((ready_at, gpu_pid, request)) = self.pending.front() {
-            let watermark_passed = self
-                .shim_seen
-                .get(gpu_pid)
-                .is_some_and(|&(_, latest)| latest > request.end_mono_ns);
-            if *ready_at > now_ns && !watermark_passed {
-                break;
-            }
-            let Some((_, _, request)) = self.pending.pop_front() else {
-                break;
-            };
-            out.push(self.build(request, now_ns));
-        }
-    }
-
-    /// Closes every pending timeline now (shutdown).
-    pub(crate) fn flush(&mut self, now_ns: u64, out: &mut Vec<RequestTimeline>) {
-        self.settle_steps(now_ns, true);
-        while let Some((_, _, request)) = self.pending.pop_front() {
-            out.push(self.build(request, now_ns));
-        }
+    ) -> bool {
+        let watermark_passed = self
+            .shim_seen
+            .get(&gpu_pid)
+            .is_some_and(|&(_, latest)| latest > request.end_mono_ns);
+        self.has_recent_shim(gpu_pid, now_ns) && !watermark_passed
     }
 
     /// Merges the launch uprobes' launches of each step whose shim records can have arrived
     /// (the settle time passed, or the process's kernels were seen past the step's end) with
     /// those records, once, in arrival order; `all`: every step now (shutdown).
-    fn settle_steps(&mut self, now_ns: u64, all: bool) {
+    pub(crate) fn settle_steps(&mut self, now_ns: u64, all: bool) {
         while let Some(step) = self.steps.get(self.settled) {
             let pid = step.gpu_pid();
             let watermark_passed = self
@@ -260,7 +223,7 @@ impl TimelineBuilder {
         match (&step.launch_list, kernels.is_empty()) {
             (_, true) => None,
             (None, false) if step.gpu_launches.is_some() => None,
-            (launches, false) => Some(super::launch_merge::merge_step(
+            (launches, false) => Some(crate::correlate::launch_merge::merge_step(
                 step,
                 launches.as_deref().unwrap_or(&[]),
                 &kernels,
@@ -270,7 +233,7 @@ impl TimelineBuilder {
 
     /// The process whose kernels `request` ran: its own, or that of its last step where its
     /// engine listed the steps (vLLM: the EngineCore, not the API server that answered).
-    fn gpu_pid_of(&self, request: &RequestRecord) -> u32 {
+    pub(crate) fn gpu_pid_of(&self, request: &RequestRecord) -> u32 {
         let Some(last) = request.engine_steps.last() else {
             return request.pid;
         };
@@ -289,7 +252,7 @@ impl TimelineBuilder {
             .is_some_and(|&(seen, _)| now_ns.saturating_sub(seen) <= self.limits.shim_recent_ns)
     }
 
-    fn build(&mut self, request: RequestRecord, now_ns: u64) -> RequestTimeline {
+    pub(crate) fn build(&mut self, request: RequestRecord, now_ns: u64) -> RequestTimeline {
         let start = request.admitted_mono_ns.unwrap_or(request.arrival_mono_ns);
         let recent = self
             .steps
@@ -457,6 +420,17 @@ pub(crate) fn union_ns(intervals: &mut [(u64, u64)]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::join::testing::Driver as B;
+
+    trait Steps {
+        fn steps(&self) -> &VecDeque<StepRecord>;
+    }
+
+    impl Steps for B {
+        fn steps(&self) -> &VecDeque<StepRecord> {
+            &self.join.timelines.steps
+        }
+    }
 
     fn request(id: &str, arrival: u64, admitted: Option<u64>, end: u64) -> RequestRecord {
         RequestRecord {
@@ -515,7 +489,7 @@ mod tests {
 
     #[test]
     fn kernels_join_through_steps_into_phases() {
-        let mut b = TimelineBuilder::new(TimelineLimits::default());
+        let mut b = B::new(TimelineLimits::default());
         b.on_step(step(100, 200, &[("a", "prefill")]));
         b.on_step(step(200, 300, &[("a", "decode"), ("b", "prefill")]));
         b.on_step(step(300, 400, &[("b", "decode")]));
@@ -546,7 +520,7 @@ mod tests {
     #[test]
     fn a_step_s_launches_merge_with_its_shim_kernels_once_they_settle() {
         use inferscope_model::LaunchRecord;
-        let mut b = TimelineBuilder::new(TimelineLimits::default());
+        let mut b = B::new(TimelineLimits::default());
         let uprobe = |ts: u64, name: &str| LaunchRecord {
             pid: 7,
             tid: 70,
@@ -590,7 +564,7 @@ mod tests {
         let sources = l.sources.as_ref().unwrap();
         assert_eq!((sources.both, sources.named_by_shim), (2, 1));
         // Merged once, then the launch records are dropped.
-        assert!(b.steps[0].launch_list.is_none());
+        assert!(b.steps()[0].launch_list.is_none());
         assert!(t.steps[0].launch_list.is_none());
         // A process without the shim keeps its uprobes' summary, and drops its records too.
         let mut other = step(300, 400, &[("c", "decode")]);
@@ -601,14 +575,14 @@ mod tests {
         other.launch_list = Some(launches.into());
         b.on_step(other);
         b.poll(3_000_000_000, &mut out);
-        assert_eq!(b.steps[1].gpu_launches.as_ref().unwrap().source, "uprobe");
-        assert!(b.steps[1].launch_list.is_none());
+        assert_eq!(b.steps()[1].gpu_launches.as_ref().unwrap().source, "uprobe");
+        assert!(b.steps()[1].launch_list.is_none());
     }
 
     #[test]
     fn engine_listed_steps_join_kernels_of_their_engine_process() {
         use crate::correlate::StepRef;
-        let mut b = TimelineBuilder::new(TimelineLimits::default());
+        let mut b = B::new(TimelineLimits::default());
         // Steps seen in process 7 (vLLM's API server) list engine ids; process 8 (its
         // EngineCore) launched their kernels. The second step's start is unknown (after an idle
         // gap) but its kernels are those since the engine's previous step.
@@ -657,7 +631,7 @@ mod tests {
 
     #[test]
     fn missing_layers_are_named_not_guessed() {
-        let mut b = TimelineBuilder::new(TimelineLimits::default());
+        let mut b = B::new(TimelineLimits::default());
         let mut out = Vec::new();
         b.on_request(request("x", 10, None, 20), 1000, &mut out);
         assert_eq!(out.len(), 1, "no shim: closed at once");
@@ -667,7 +641,7 @@ mod tests {
 
     #[test]
     fn later_kernels_close_the_timeline_early() {
-        let mut b = TimelineBuilder::new(TimelineLimits::default());
+        let mut b = B::new(TimelineLimits::default());
         b.on_step(step(100, 200, &[("a", "prefill")]));
         b.on_kernel(kernel(110, 120, 130, false, 0), 1000);
         let mut out = Vec::new();
@@ -677,22 +651,6 @@ mod tests {
         b.poll(1001, &mut out);
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].prefill_gpu.as_ref().unwrap().kernels, 1);
-    }
-
-    #[test]
-    fn pending_requests_are_bounded() {
-        let limits = TimelineLimits {
-            pending_requests: 2,
-            ..Default::default()
-        };
-        let mut b = TimelineBuilder::new(limits);
-        b.on_kernel(kernel(1, 1, 2, false, 0), 10);
-        let mut out = Vec::new();
-        for i in 0..5 {
-            b.on_request(request(&format!("r{i}"), 0, None, 100), 10, &mut out);
-        }
-        assert_eq!(out.len(), 3);
-        assert_eq!(b.stats().get(Counter::TimelineClosedEarly), 3);
     }
 
     #[test]
