@@ -131,7 +131,8 @@ fn current_api(root: &Path, toolchain: &str, krate: &str) -> Result<String> {
         .with_context(|| format!("cannot run `rustup run {toolchain} cargo rustdoc`"))?;
     if !output.status.success() {
         bail!(
-            "`rustup run {toolchain} cargo rustdoc -p {krate}` failed ({}):\n{}",
+            "`rustup run {toolchain} cargo rustdoc -p {krate}` failed ({}): fix the error below, \
+             or name a nightly with --toolchain (PUBLIC_API_TOOLCHAIN)\n{}",
             output.status,
             String::from_utf8_lossy(&output.stderr)
         );
