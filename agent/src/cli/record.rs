@@ -16,7 +16,7 @@ use crate::{
     diagnose::EngineConfigSample,
     export::{counters_file, jsonl::JsonlWriter, live},
     join::{EngineMetricsRecord, RequestTimeline},
-    pipeline::{Observer, Pipeline},
+    pipeline::{Pipeline, Sink},
 };
 
 #[derive(Args, Debug)]
@@ -66,7 +66,7 @@ struct RecordObserver {
     live: bool,
 }
 
-impl Observer for RecordObserver {
+impl Sink for RecordObserver {
     fn on_timeline(&mut self, timeline: RequestTimeline) {
         if self.live {
             println!("{}", live::line(&timeline.request));

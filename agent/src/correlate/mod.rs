@@ -30,7 +30,13 @@ use loss::Ending;
 use peer_close::PeerCloses;
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::capture::{SchedEvent, Segment, SockState, SyscallEvent};
+use crate::capture::{
+    SchedEvent, Segment, SockState, SyscallEvent,
+    kernel::{
+        commands::{KernelCommand, LARGE_CAPTURE_BYTES},
+        stream_template::{TemplateSide, kernel_template},
+    },
+};
 
 /// Requests listed per step record (a step's batch is bounded by the engine's slots anyway).
 const MAX_STEP_MEMBERS: usize = 1024;
@@ -507,15 +513,45 @@ impl Tracker {
         self.learn_templates = learn;
     }
 
-    /// Process templates that changed since the last call, for capture to install (the
-    /// latest per process wins).
-    pub fn take_templates(&mut self) -> Vec<TemplateUpdate> {
+    /// What correlate wants of the kernel since the last call: processes newly seen serving
+    /// HTTP/2 have their sends and receives taken whole (a read cut short loses the framing and
+    /// header state of the rest of its connection), and processes whose token template changed
+    /// get it (the latest per process wins; one the kernel cannot hold is counted). Empty with
+    /// --no-token-events for templates: the tracker learns none then.
+    pub(crate) fn kernel_commands(&mut self) -> Vec<KernelCommand> {
+        let mut commands: Vec<KernelCommand> = self
+            .take_http2_servers()
+            .into_iter()
+            .map(|tgid| KernelCommand::CaptureLarge {
+                tgid,
+                bytes: LARGE_CAPTURE_BYTES,
+            })
+            .collect();
+        for update in self.take_templates() {
+            let template = &update.template;
+            let side = |bytes, mask| TemplateSide { bytes, mask };
+            match kernel_template(
+                0,
+                side(&template.prefix, &template.prefix_mask),
+                side(&template.suffix, &template.suffix_mask),
+            ) {
+                Some(template) => commands.push(KernelCommand::SetTemplate {
+                    tgid: update.tgid,
+                    template: Box::new(template),
+                }),
+                None => self.stats.bump(Counter::TokenTemplatesRefused),
+            }
+        }
+        commands
+    }
+
+    /// Process templates that changed since the last call (the latest per process wins).
+    fn take_templates(&mut self) -> Vec<TemplateUpdate> {
         std::mem::take(&mut self.templates_due)
     }
 
-    /// Processes newly seen serving HTTP/2, for capture to take their sends and receives whole
-    /// (a read cut short loses the framing and header state of the rest of its connection).
-    pub fn take_http2_servers(&mut self) -> Vec<u32> {
+    /// Processes newly seen serving HTTP/2.
+    fn take_http2_servers(&mut self) -> Vec<u32> {
         std::mem::take(&mut self.http2_servers_due)
     }
 

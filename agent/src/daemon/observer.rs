@@ -19,7 +19,7 @@ use crate::{
         otlp::{DiagnosisEvents, ExportCounters, TraceExporter},
     },
     join::{EngineMetricsRecord, KernelRecord, RequestTimeline},
-    pipeline::Observer,
+    pipeline::Sink,
 };
 
 /// A successor agent waiting for the previous one to exit (daemon::handover): it polls the
@@ -248,7 +248,7 @@ impl PerProcess for DaemonObserver {
     }
 }
 
-impl Observer for DaemonObserver {
+impl Sink for DaemonObserver {
     fn on_timeline(&mut self, timeline: RequestTimeline) {
         if self.gate.admits(&timeline.request) {
             self.publish(timeline);

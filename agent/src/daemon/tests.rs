@@ -21,7 +21,7 @@ use crate::{
         otlp::ExportCounters,
     },
     join::{TimelineLimits, testing::Driver},
-    pipeline::Observer,
+    pipeline::Sink,
 };
 
 fn step(pid: u32, end_mono_ns: u64, request_id: &str) -> StepRecord {

@@ -2,9 +2,8 @@
 //! adopted it and discovery never attached it: every component with state per process is
 //! listed here, in the order it must forget.
 use inferscope_model::{PerProcess, RequestRecord};
-use rustc_hash::FxHashMap;
 
-use super::{Observer, emit};
+use super::{Sink, close, route::Ports};
 use crate::{
     capture::{
         FdClassifier,
@@ -14,9 +13,6 @@ use crate::{
     engines::IpcRouter,
     join::Join,
 };
-
-/// Listening ports per traced process.
-pub(super) type Ports = FxHashMap<u32, Vec<u16>>;
 
 /// Every per-process component of the pipeline, borrowed for [`Processes::forget`].
 pub(super) struct Processes<'a> {
@@ -46,9 +42,9 @@ pub(super) struct Processes<'a> {
 
 impl Processes<'_> {
     /// Forgets `tgid` everywhere: capture and routing state first, then the tracker, whose open
-    /// requests of the process end (cut by the server) and are handed to `observer`; the state
-    /// those last records are joined with after that; the observer's own state last.
-    pub(super) fn forget(&mut self, tgid: u32, observer: &mut dyn Observer) {
+    /// requests of the process end (cut by the server) and are handed to `sink`; the state
+    /// those last records are joined with after that; the sink's own state last.
+    pub(super) fn forget(&mut self, tgid: u32, sink: &mut dyn Sink) {
         let first: [&mut dyn PerProcess; 12] = [
             &mut *self.probes,
             &mut *self.tls,
@@ -67,9 +63,9 @@ impl Processes<'_> {
             state.process_gone(tgid);
         }
         self.tracker.take_ended(self.records);
-        emit(self.join, self.ipc, self.records, observer, false);
+        close(self.join, self.ipc, self.records, sink, false);
         self.join.process_gone(tgid);
-        observer.on_process_gone(tgid);
+        sink.on_process_gone(tgid);
     }
 }
 
@@ -110,7 +106,7 @@ mod tests {
         gone: Vec<u32>,
     }
 
-    impl Observer for Seen {
+    impl Sink for Seen {
         fn on_timeline(&mut self, timeline: crate::join::RequestTimeline) {
             self.records.push(timeline.request);
         }

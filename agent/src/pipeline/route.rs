@@ -4,28 +4,39 @@
 //! the drain loop in `mod.rs` only reads records and hands them on.
 use inferscope_common::{CONN_PREEXISTING, CONN_TLS, SyscallKind};
 use inferscope_decode::zmtp;
-use inferscope_model::{Counter, RequestRecord, Stats, StepRecord};
+use inferscope_model::{Counter, Stats};
 use rustc_hash::{FxHashMap, FxHashSet};
 use tracing::warn;
 
+use super::Correlated;
 use crate::{
-    capture::{FdClass, FdClassifier, SyscallEvent, process::adopt::Adoption},
-    correlate::{Peer, Tracker},
-    engines::{IpcBytes, IpcDirection, IpcRouter, IpcVerdict},
+    capture::{
+        FdClass, FdClassifier, SyscallEvent, kernel::commands::KernelCommand,
+        process::adopt::Adoption,
+    },
+    correlate::Peer,
+    engines::{IpcBytes, IpcDirection, IpcVerdict},
 };
+
+/// Listening ports per traced process.
+pub(super) type Ports = FxHashMap<u32, Vec<u16>>;
+
+/// What decides where a record goes: the traced processes' listening ports, each fd's class,
+/// the ports the kernel adopted for a restarted engine, and which processes' TLS is decoded.
+pub(super) struct Routes {
+    pub ports: Ports,
+    pub classifier: FdClassifier,
+    pub adoption: Adoption,
+    pub tls: TlsProcesses,
+}
 
 /// What one syscall record is handed to: the drain's state, borrowed.
 pub(super) struct Sockets<'p> {
-    pub ports: &'p FxHashMap<u32, Vec<u16>>,
-    pub classifier: &'p mut FdClassifier,
-    pub tracker: &'p mut Tracker,
-    pub ipc: &'p mut IpcRouter,
+    pub routes: &'p mut Routes,
+    pub correlated: &'p mut Correlated,
     pub stats: &'p mut Stats,
-    pub records: &'p mut Vec<RequestRecord>,
-    pub steps: &'p mut Vec<StepRecord>,
+    /// Connections whose capture should stop (applied as kernel commands after the drain).
     pub ignore: &'p mut Vec<(u32, i32, u64)>,
-    pub adoption: &'p Adoption,
-    pub tls: &'p mut TlsProcesses,
 }
 
 /// `ret` of a [`SyscallKind::Tls`] record that tells a finished handshake (0: TLS seen).
@@ -91,31 +102,33 @@ impl inferscope_model::PerProcess for TlsProcesses {
 
 impl Sockets<'_> {
     pub(super) fn on_syscall(&mut self, ev: &SyscallEvent<'_>) {
-        let Some(listening) = self.ports.get(&ev.tgid) else {
+        let Some(listening) = self.routes.ports.get(&ev.tgid) else {
             // A record from a process detached a moment ago.
             self.stats.bump(Counter::RecordsUntracedProcess);
             return;
         };
-        let records = &mut *self.records;
+        let records = &mut self.correlated.records;
         match ev.kind {
             SyscallKind::Accept => {
-                self.classifier.on_close(ev.tgid, ev.conn_key());
+                self.routes.classifier.on_close(ev.tgid, ev.conn_key());
                 let peer = Peer {
                     sock: ev.sock,
                     ..Peer::default()
                 };
-                self.tracker.on_accept(ev, peer, records);
+                self.correlated.tracker.on_accept(ev, peer, records);
             }
             SyscallKind::Close => {
-                self.ipc.on_close(ev.tgid, ev.fd);
-                self.tracker.on_close(ev, records);
-                self.classifier.on_close(ev.tgid, ev.conn_key());
+                self.correlated.ipc.on_close(ev.tgid, ev.fd);
+                self.correlated.tracker.on_close(ev, records);
+                self.routes.classifier.on_close(ev.tgid, ev.conn_key());
             }
-            SyscallKind::Shutdown => self.tracker.on_shutdown(ev),
+            SyscallKind::Shutdown => self.correlated.tracker.on_shutdown(ev),
             // The TLS library finished the server's handshake (see `wire_arrival`).
-            SyscallKind::Tls if ev.ret == TLS_HANDSHAKE_DONE => self.tracker.on_tls_handshake(ev),
+            SyscallKind::Tls if ev.ret == TLS_HANDSHAKE_DONE => {
+                self.correlated.tracker.on_tls_handshake(ev)
+            }
             SyscallKind::Tls => {
-                if !self.tls.decodes(ev.tgid) {
+                if !self.routes.tls.decodes(ev.tgid) {
                     self.stats.bump(Counter::TlsConnectionsUndecoded);
                     // Nothing of it can be decoded: its EOF and errors need not come either.
                     self.ignore.push((ev.tgid, ev.fd, ev.conn_gen));
@@ -125,15 +138,17 @@ impl Sockets<'_> {
             SyscallKind::Dup => self.stats.bump(Counter::RecordUnexpectedKind),
             SyscallKind::Read | SyscallKind::Write => {
                 let wants_ipc = self
+                    .correlated
                     .ipc
                     .wants(ev.tgid)
                     .then(|| zmtp::looks_like_zmtp(ev.payload) && ev.lost_bytes() == 0);
-                match self.classifier.classify(ev, listening, wants_ipc) {
+                match self.routes.classifier.classify(ev, listening, wants_ipc) {
                     FdClass::Ipc if ev.ret > 0 => {
-                        if self
-                            .ipc
-                            .on_bytes(&ipc_bytes(ev), ev.ts_enter_ns, self.steps)
-                            == IpcVerdict::NotIpc
+                        if self.correlated.ipc.on_bytes(
+                            &ipc_bytes(ev),
+                            ev.ts_enter_ns,
+                            &mut self.correlated.steps,
+                        ) == IpcVerdict::NotIpc
                         {
                             self.stats.bump(Counter::RecordsNotEngineIpc);
                             self.ignore.push((ev.tgid, ev.fd, ev.conn_gen));
@@ -141,11 +156,11 @@ impl Sockets<'_> {
                     }
                     // EOF or an error: nothing to decode.
                     FdClass::Ipc => {}
-                    FdClass::Other if self.adoption.is_pending(ev.tgid) => {
+                    FdClass::Other if self.routes.adoption.is_pending(ev.tgid) => {
                         // Adopted by the kernel, not attached yet: its engine plugin has not
                         // said whether it decodes IPC on fds like this one (vLLM binds its
                         // HTTP port before its engine core connects), so no verdict yet.
-                        self.classifier.forget_class(ev.tgid, ev.conn_key());
+                        self.routes.classifier.forget_class(ev.tgid, ev.conn_key());
                         self.stats.bump(Counter::RecordsBeforeAttach);
                     }
                     FdClass::Other => {
@@ -161,9 +176,9 @@ impl Sockets<'_> {
                             tls: ev.conn_flags & CONN_TLS != 0,
                         };
                         if ev.kind == SyscallKind::Read {
-                            self.tracker.on_read(ev, peer, records);
+                            self.correlated.tracker.on_read(ev, peer, records);
                         } else {
-                            self.tracker.on_write(ev, peer, records);
+                            self.correlated.tracker.on_write(ev, peer, records);
                         }
                     }
                 }
@@ -174,29 +189,41 @@ impl Sockets<'_> {
 
 /// Connections the tracker gave up on as not HTTP: on an engine whose IPC is decoded, a ZeroMQ
 /// tcp:// connection joined after its greeting goes to the IPC decoder (which looks for a frame
-/// boundary); the rest are ignored in the kernel (`ignore`).
-pub(super) fn reroute_non_http(
-    tracker: &mut Tracker,
-    ipc: &IpcRouter,
-    classifier: &mut FdClassifier,
+/// boundary); the rest, and `ignore`, are to be ignored in the kernel. With the IPC connections
+/// the classifier noted, what this drain's routing wants of the kernel.
+pub(super) fn kernel_commands(
+    routes: &mut Routes,
+    correlated: &mut Correlated,
     stats: &mut Stats,
-    ignore: &mut Vec<(u32, i32, u64)>,
-) {
-    for (tgid, fd, conn_gen) in tracker.take_ignored() {
+    ignore: Vec<(u32, i32, u64)>,
+) -> Vec<KernelCommand> {
+    let classifier = &mut routes.classifier;
+    let mut commands: Vec<KernelCommand> = ignore
+        .into_iter()
+        .map(|(tgid, fd, conn_gen)| KernelCommand::Ignore { tgid, fd, conn_gen })
+        .collect();
+    for (tgid, fd, conn_gen) in correlated.tracker.take_ignored() {
         let key = if conn_gen != 0 {
             conn_gen
         } else {
             u64::from(fd as u32)
         };
-        if ipc.wants(tgid) && classifier.reroute_to_ipc(tgid, key) {
+        if correlated.ipc.wants(tgid) && classifier.reroute_to_ipc(tgid, key) {
             stats.bump(Counter::ConnectionsReroutedToIpc);
             if conn_gen != 0 {
                 classifier.new_ipc.push((tgid, fd, conn_gen));
             }
         } else {
-            ignore.push((tgid, fd, conn_gen));
+            commands.push(KernelCommand::Ignore { tgid, fd, conn_gen });
         }
     }
+    commands.extend(
+        classifier
+            .new_ipc
+            .drain(..)
+            .map(|(tgid, fd, conn_gen)| KernelCommand::KeepWhole { tgid, fd, conn_gen }),
+    );
+    commands
 }
 
 /// One captured syscall as the engines' IPC decoders see it.

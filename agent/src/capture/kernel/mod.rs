@@ -6,6 +6,7 @@
 //! kernel ([`privileges`]), and what its verifier made of each program ([`verifier`]).
 pub mod btf;
 pub(crate) mod chunks;
+pub(crate) mod commands;
 pub mod gpu_records;
 pub mod kfunc;
 pub(crate) mod privileges;

@@ -21,7 +21,7 @@ use crate::{
     capture::{DiscoveryChange, TargetSelector},
     export::{jsonl::JsonlWriter, live, summary},
     join::RequestTimeline,
-    pipeline::{Observer, Pipeline, PipelineConfig},
+    pipeline::{Pipeline, PipelineConfig, Sink},
 };
 
 #[derive(Args, Debug)]
@@ -58,7 +58,7 @@ struct DemoObserver {
     writer: Option<JsonlWriter>,
 }
 
-impl Observer for DemoObserver {
+impl Sink for DemoObserver {
     fn on_timeline(&mut self, timeline: RequestTimeline) {
         let record = timeline.request;
         println!("{}", live::line(&record));

@@ -37,7 +37,7 @@ use crate::{
         names,
         otlp::{DiagnosisEvents, ExportCounters, OtlpConfig, TraceExporter},
     },
-    pipeline::{Observer as _, Pipeline, PipelineConfig},
+    pipeline::{Pipeline, PipelineConfig, Sink as _},
 };
 
 pub(super) fn run(args: RunArgs) -> anyhow::Result<()> {
