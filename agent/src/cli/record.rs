@@ -2,6 +2,7 @@
 use std::{
     io::IsTerminal,
     path::PathBuf,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -67,7 +68,7 @@ struct RecordObserver {
 }
 
 impl Sink for RecordObserver {
-    fn on_timeline(&mut self, timeline: RequestTimeline) {
+    fn on_timeline(&mut self, timeline: &Arc<RequestTimeline>) {
         if self.live {
             println!("{}", live::line(&timeline.request));
         }
@@ -80,15 +81,15 @@ impl Sink for RecordObserver {
         }
     }
 
-    fn on_launch(&mut self, launch: LaunchRecord) {
+    fn on_launch(&mut self, launch: &LaunchRecord) {
         if let Some(w) = self.launches.as_mut() {
-            w.write_or_report(&launch, "a launch record");
+            w.write_or_report(launch, "a launch record");
         }
     }
 
-    fn on_engine_metrics(&mut self, record: EngineMetricsRecord) {
+    fn on_engine_metrics(&mut self, record: &EngineMetricsRecord) {
         if let Some(w) = self.metrics.as_mut() {
-            w.write_or_report(&record, "an engine metrics record");
+            w.write_or_report(record, "an engine metrics record");
         }
     }
 

@@ -1,4 +1,4 @@
-//! The daemon path in-process: what the pipeline hands the observer reaches every output.
+//! The daemon path in-process: what the pipeline hands the sink reaches every output.
 use std::{
     sync::{Arc, Mutex},
     time::Duration,
@@ -47,7 +47,7 @@ fn step(pid: u32, end_mono_ns: u64, request_id: &str) -> StepRecord {
 }
 
 struct Daemon {
-    observer: DaemonObserver,
+    sink: FanOut,
     hub: Arc<Hub>,
     metrics: Arc<Metrics>,
     history: Arc<Mutex<History>>,
@@ -70,7 +70,7 @@ fn daemon(name: &str) -> Daemon {
     let hub = Arc::new(Hub::new(HubLimits::default()));
     let metrics = Arc::new(Metrics::new(None));
     let history = Arc::new(Mutex::new(History::new(HistoryLimits::default())));
-    let observer = DaemonObserver::new(
+    let sink = FanOut::new(
         Outputs {
             hub: hub.clone(),
             metrics: metrics.clone(),
@@ -99,7 +99,7 @@ fn daemon(name: &str) -> Daemon {
         }),
     );
     Daemon {
-        observer,
+        sink,
         hub,
         metrics,
         history,
@@ -114,11 +114,11 @@ fn a_finished_request_reaches_every_output_with_its_steps() {
     let mut events = d.hub.subscribe();
     let now = monotonic_now_ns();
     let step_end = now - 50_000_000;
-    // The pipeline hands the step to the observer and the join; the join closes the
+    // The pipeline hands the step to the sink and the join; the join closes the
     // request's timeline with it.
     let mut join = Driver::new(TimelineLimits::default());
     let s = step(7, step_end, "7-1-0");
-    d.observer.on_step(&s);
+    d.sink.on_step(&s);
     join.on_step(s);
     let record = RequestRecord {
         request_id: "7-1-0".into(),
@@ -142,11 +142,11 @@ fn a_finished_request_reaches_every_output_with_its_steps() {
     join.on_request(record, now, &mut closed);
     assert_eq!(closed.len(), 1, "no shim: closed at once");
     for timeline in closed {
-        d.observer.on_timeline(timeline);
+        d.sink.on_timeline(&std::sync::Arc::new(timeline));
     }
-    d.observer.on_tick();
-    d.observer.on_counters(vec![(Counter::RequestsLost, 2)]);
-    d.observer.finish();
+    d.sink.on_tick();
+    d.sink.on_counters(&[(Counter::RequestsLost, 2)]);
+    d.sink.finish();
 
     // JSONL: the record, once.
     let lines = std::fs::read_to_string(&d.records).unwrap();
@@ -192,15 +192,15 @@ fn a_finished_request_reaches_every_output_with_its_steps() {
 fn a_detached_process_leaves_no_state_in_the_outputs() {
     let mut d = daemon("detach");
     // A step with the engine's KV use sets the process's gauge (labels engine, pid).
-    d.observer.on_step(&step(9, monotonic_now_ns(), "9-1-0"));
+    d.sink.on_step(&step(9, monotonic_now_ns(), "9-1-0"));
     let gauge = "pid=\"9\"";
     let before = d.metrics.encode().unwrap();
     assert!(before.contains(gauge), "{before}");
     // Another process keeps its gauge.
-    d.observer.on_step(&step(10, monotonic_now_ns(), "10-1-0"));
+    d.sink.on_step(&step(10, monotonic_now_ns(), "10-1-0"));
     // The pipeline forgets a process the same way whether discovery detached it or it was
     // adopted and given up (pipeline::lifecycle).
-    d.observer.on_process_gone(9);
+    d.sink.on_process_gone(9);
     let after = d.metrics.encode().unwrap();
     assert!(!after.contains(gauge), "{after}");
     assert!(after.contains("pid=\"10\""), "{after}");

@@ -64,8 +64,7 @@ impl Hub {
         }
     }
 
-    pub(crate) fn publish_request(&self, timeline: RequestTimeline) {
-        let timeline = Arc::new(timeline);
+    pub(crate) fn publish_request(&self, timeline: Arc<RequestTimeline>) {
         if let Ok(mut recent) = self.recent.lock() {
             if recent.len() >= self.limits.recent_requests {
                 recent.pop_front();
@@ -151,7 +150,7 @@ mod tests {
             subscriber_buffer: 4,
         });
         for i in 0..5 {
-            hub.publish_request(timeline(&i.to_string()));
+            hub.publish_request(Arc::new(timeline(&i.to_string())));
         }
         let ids: Vec<_> = hub
             .recent(|_| true, 10)
@@ -171,7 +170,7 @@ mod tests {
         });
         let mut rx = hub.subscribe();
         for i in 0..10 {
-            hub.publish_request(timeline(&i.to_string()));
+            hub.publish_request(Arc::new(timeline(&i.to_string())));
         }
         match rx.try_recv() {
             Err(broadcast::error::TryRecvError::Lagged(n)) => assert_eq!(n, 6),

@@ -107,8 +107,8 @@ mod tests {
     }
 
     impl Sink for Seen {
-        fn on_timeline(&mut self, timeline: crate::join::RequestTimeline) {
-            self.records.push(timeline.request);
+        fn on_timeline(&mut self, timeline: &std::sync::Arc<crate::join::RequestTimeline>) {
+            self.records.push(timeline.request.clone());
         }
         fn on_process_gone(&mut self, tgid: u32) {
             self.gone.push(tgid);

@@ -21,7 +21,10 @@ mod lifecycle;
 mod ring;
 mod route;
 use std::{
-    sync::atomic::{AtomicBool, Ordering},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -44,7 +47,7 @@ use crate::{
         SocketProbes, TargetSelector,
         elf::user_probes::{ProbeSpec, UserProbes},
         gpu::{
-            KernelFeed,
+            GpuSample, KernelFeed,
             launches::{LaunchBudget, StubNames},
         },
         kernel::{commands::KernelCommand, privileges::Privileges},
@@ -102,15 +105,17 @@ impl PipelineConfig {
 /// every exporter (`daemon::FanOut`); `record` and `demo` write or print it.
 pub(crate) trait Sink {
     /// A finished request, joined with everything the join stage waited for.
-    fn on_timeline(&mut self, timeline: RequestTimeline);
+    fn on_timeline(&mut self, timeline: &Arc<RequestTimeline>);
     /// An engine step finished (scheduler hooks).
     fn on_step(&mut self, _step: &StepRecord) {}
     /// A GPU kernel record from a CUPTI shim (with [`Pipeline::use_kernel_feed`]).
     fn on_kernel(&mut self, _kernel: &KernelRecord) {}
     /// A GPU kernel or graph launch (launch uprobes on the CUDA driver and runtime).
-    fn on_launch(&mut self, _launch: LaunchRecord) {}
+    fn on_launch(&mut self, _launch: &LaunchRecord) {}
     /// A scrape of an engine's metrics endpoint (with [`Pipeline::scrape_engine_metrics`]).
-    fn on_engine_metrics(&mut self, _record: EngineMetricsRecord) {}
+    fn on_engine_metrics(&mut self, _record: &EngineMetricsRecord) {}
+    /// NVML's newest samples of every GPU (the daemon's own input, not the pipeline's).
+    fn on_gpu(&mut self, _samples: &[GpuSample]) {}
     /// Discovery attached to or detached from processes.
     fn on_discovery(&mut self, _change: &DiscoveryChange) {}
     /// The pipeline forgot process `tgid` (detached, or adopted and given up) after handing
@@ -118,8 +123,14 @@ pub(crate) trait Sink {
     fn on_process_gone(&mut self, _tgid: u32) {}
     /// Called on every pass of the loop (at least every 50 ms): time-driven work goes here.
     fn on_tick(&mut self) {}
-    /// The pipeline's counters (see [`Pipeline::counters`]), about once a second.
-    fn on_counters(&mut self, _counters: Vec<(Counter, u64)>) {}
+    /// Every counter of the agent (see [`Pipeline::counters`]), about once a second.
+    fn on_counters(&mut self, _counters: &[(Counter, u64)]) {}
+    /// The sink's own counters, exported beside the pipeline's.
+    fn counters(&self) -> Vec<(Counter, u64)> {
+        Vec::new()
+    }
+    /// The agent stops: flush what is buffered.
+    fn finish(&mut self) {}
 }
 
 pub(crate) struct Pipeline {
@@ -285,7 +296,7 @@ impl Pipeline {
                 self.ring.probes.flush_logs();
                 self.correlated.tracker.sweep(monotonic_now_ns());
                 last_sweep = Instant::now();
-                sink.on_counters(self.counters());
+                sink.on_counters(&self.counters());
             }
         }
         self.drain_metrics(sink);
@@ -315,7 +326,7 @@ impl Pipeline {
                 break;
             };
             let record = self.join.on_scrape(&s);
-            sink.on_engine_metrics(record);
+            sink.on_engine_metrics(&record);
         }
     }
 
@@ -481,7 +492,7 @@ fn on_event(
             if let Some(record) =
                 launches.on_launch(&launch, |tgid, stub| stub_names.name(tgid, stub))
             {
-                sink.on_launch(record);
+                sink.on_launch(&record);
             }
         }
         CapturedEvent::GpuName(name) => {
@@ -539,7 +550,7 @@ fn close(
         join.poll(now, ipc, &mut closed);
     }
     for timeline in closed {
-        sink.on_timeline(timeline);
+        sink.on_timeline(&Arc::new(timeline));
     }
 }
 

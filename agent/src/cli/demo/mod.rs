@@ -59,8 +59,8 @@ struct DemoObserver {
 }
 
 impl Sink for DemoObserver {
-    fn on_timeline(&mut self, timeline: RequestTimeline) {
-        let record = timeline.request;
+    fn on_timeline(&mut self, timeline: &Arc<RequestTimeline>) {
+        let record = timeline.request.clone();
         println!("{}", live::line(&record));
         if let Some(w) = self.writer.as_mut() {
             w.write_or_report(&record, "a record");

@@ -23,7 +23,7 @@ use crate::{
         process::sockpath::Bound,
     },
     daemon::{
-        DaemonObserver, Diagnosis, GpuInputs, Outputs, Sampler, Standby,
+        Diagnosis, FanOut, GpuInputs, Outputs, Sampler, Standby,
         handover::{Drain, DrainStep, Gate, HandoverDir},
     },
     diagnose::{
@@ -271,7 +271,7 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<()> {
     };
 
     pipeline.use_kernel_feed(gpu.kernel_feed());
-    let mut observer = DaemonObserver::new(
+    let mut sink = FanOut::new(
         Outputs {
             hub,
             metrics,
@@ -297,9 +297,9 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<()> {
     .with_handover(gate, standby)
     .with_health(health);
     info!("running; stop with SIGINT or SIGTERM");
-    let mut drain = Drain::new(handover_dir, config.drain_timeout, observer.gate());
+    let mut drain = Drain::new(handover_dir, config.drain_timeout, sink.gate());
     let deadline = config.duration.map(|d| Instant::now() + d);
-    let result = pipeline.run_until(&mut observer, &mut |pipeline| {
+    let result = pipeline.run_until(&mut sink, &mut |pipeline| {
         let stopping = shutdown::STOP.load(std::sync::atomic::Ordering::Relaxed)
             || deadline.is_some_and(|d| Instant::now() >= d);
         matches!(
@@ -307,11 +307,11 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<()> {
             DrainStep::Stop
         )
     });
-    observer.finish();
+    sink.finish();
     pipeline.log_counters();
     if let Some(path) = &config.counters {
-        observer.on_counters(pipeline.counters());
-        crate::export::counters_file::write(path, observer.counters())
+        sink.on_counters(&pipeline.counters());
+        crate::export::counters_file::write(path, sink.counters())
             .with_context(|| format!("writing the counters to {}", path.display()))?;
     }
     if let Some(provider) = meter_provider
@@ -324,7 +324,7 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<()> {
         socket.remove();
     }
     result.context("the capture loop failed")?;
-    if observer.records.as_ref().is_some_and(|w| w.failed > 0) {
+    if sink.records_failed() > 0 {
         anyhow::bail!("some records could not be written");
     }
     Ok(())
