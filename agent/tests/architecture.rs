@@ -815,3 +815,102 @@ fn the_checker_finds_files_through_mod_declarations_only() {
     );
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// The stages the architecture page's two pictures name, in their order: the stage list under
+/// "Crates and stages" (every `name/` line of the agent crate's block), and the record's path
+/// (the first line of the block after the `record-path` marker: the stage names on it, left to
+/// right).
+fn drawn_stages(page: &str) -> (Vec<String>, Vec<String>) {
+    let list: Vec<String> = page
+        .lines()
+        .skip_while(|l| !l.contains("crate inferscope (agent/src/)"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("```"))
+        .filter_map(|l| {
+            let word = l.trim_start_matches([' ', '│']).split_whitespace().next()?;
+            let name = word.strip_suffix('/')?;
+            name.chars()
+                .all(|c| c.is_ascii_lowercase() || c == '_')
+                .then(|| name.to_string())
+        })
+        .collect();
+    let path_line = page
+        .lines()
+        .skip_while(|l| !l.contains("<!-- record-path"))
+        .skip_while(|l| !l.starts_with("```"))
+        .nth(1)
+        .unwrap_or_default();
+    let path: Vec<String> = path_line
+        .split(|c: char| !c.is_ascii_lowercase())
+        .filter(|w| rank(w).is_some())
+        .map(str::to_string)
+        .collect();
+    (list, path)
+}
+
+/// Backticked paths of the page's record-path section that name a source file or folder
+/// (`pipeline/ring.rs`, `daemon/sinks/`): relative to agent/src, or to the workspace.
+fn drawn_files(page: &str) -> Vec<String> {
+    let section: String = page
+        .lines()
+        .skip_while(|l| !l.starts_with("## One record's path"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("## "))
+        .collect::<Vec<_>>()
+        .join("\n");
+    section
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|s| (s.ends_with(".rs") || s.ends_with('/')) && !s.contains(' '))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn the_architecture_page_draws_the_stages_that_exist_in_order() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let page = fs::read_to_string(workspace.join("docs/src/architecture.md")).unwrap();
+    let (list, path) = drawn_stages(&page);
+    assert_eq!(
+        list, STAGES,
+        "docs/src/architecture.md's stage list must name the agent's stages in the order data flows (tests/architecture.rs STAGES)"
+    );
+    let src = workspace.join("agent/src");
+    let lib = fs::read_to_string(src.join("lib.rs")).unwrap();
+    for stage in STAGES {
+        assert!(
+            src.join(stage).join("mod.rs").is_file() || src.join(format!("{stage}.rs")).is_file(),
+            "stage {stage} has no module"
+        );
+        assert!(
+            lib.lines()
+                .any(|l| l.trim_end_matches(';').ends_with(&format!("mod {stage}"))),
+            "lib.rs does not declare stage {stage}"
+        );
+    }
+    assert!(
+        path.len() >= 4,
+        "the record's path names too few stages: {path:?}"
+    );
+    let ranks: Vec<usize> = path.iter().filter_map(|s| rank(s)).collect();
+    assert!(
+        ranks.windows(2).all(|w| w[0] < w[1]),
+        "the record's path must name each stage once, in STAGES order: {path:?}"
+    );
+    for file in drawn_files(&page) {
+        assert!(
+            src.join(&file).exists() || workspace.join(&file).exists(),
+            "docs/src/architecture.md names {file}, which does not exist"
+        );
+    }
+}
+
+#[test]
+fn the_page_checker_reads_both_pictures() {
+    let page = "## Crates and stages\n```\n  crate inferscope (agent/src/), stages:\n        capture/    a\n        │           · b\n        join/       c\n```\n## One record's path\n<!-- record-path -->\n```text\n kernel ──▶ capture ──X──▶ join ──▶ export\n (ebpf/)\n```\nsee `pipeline/ring.rs` and `not a path.rs`\n## Next\n`ignored.rs`\n";
+    let (list, path) = drawn_stages(page);
+    assert_eq!(list, ["capture", "join"]);
+    assert_eq!(path, ["capture", "join", "export"]);
+    assert_eq!(drawn_files(page), ["pipeline/ring.rs"]);
+}
