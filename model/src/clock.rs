@@ -1,30 +1,30 @@
 //! The agent's clocks: records keep CLOCK_MONOTONIC nanoseconds (what bpf_ktime_get_ns reads and
 //! the CUPTI shim aligns GPU times to) and turn them into wall time only at the export edge.
 
-/// CLOCK_REALTIME − CLOCK_MONOTONIC: records keep monotonic times (the eBPF clock) and convert
-/// to wall time only at the edge.
-pub fn unix_offset_ns() -> u64 {
-    let read = |clock| {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: valid pointer to a timespec.
-        unsafe { libc::clock_gettime(clock, &mut ts) };
-        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-    };
-    read(libc::CLOCK_REALTIME).saturating_sub(read(libc::CLOCK_MONOTONIC))
-}
-
-/// CLOCK_MONOTONIC now, in ns (the clock bpf_ktime_get_ns reads).
-pub fn monotonic_now_ns() -> u64 {
+/// `clock` now, in ns. Every reading of a clock in inferscope (agent and CUPTI shim) goes through
+/// here, so the conversion from a timespec is written once.
+#[inline]
+fn now_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: valid pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // SAFETY: valid pointer to a timespec; both clocks read here always exist on Linux.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// CLOCK_REALTIME − CLOCK_MONOTONIC: records keep monotonic times (the eBPF clock) and convert
+/// to wall time only at the edge.
+pub fn unix_offset_ns() -> u64 {
+    now_ns(libc::CLOCK_REALTIME).saturating_sub(now_ns(libc::CLOCK_MONOTONIC))
+}
+
+/// CLOCK_MONOTONIC now, in ns (the clock bpf_ktime_get_ns reads). Inlined across crates: the
+/// CUPTI shim calls it for every GPU timestamp CUPTI takes.
+#[inline]
+pub fn monotonic_now_ns() -> u64 {
+    now_ns(libc::CLOCK_MONOTONIC)
 }
 
 /// Nanoseconds as milliseconds: records keep ns, people read ms.
