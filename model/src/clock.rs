@@ -27,6 +27,14 @@ pub fn monotonic_now_ns() -> u64 {
     now_ns(libc::CLOCK_MONOTONIC)
 }
 
+/// A Python engine's CLOCK_MONOTONIC seconds (`time.monotonic()`, `time.perf_counter()`: vLLM's
+/// and SGLang's IPC stamps) → nanoseconds, rounded; None for values no clock reads (negative,
+/// NaN, more than ~300 years), since they come from decoded, untrusted bytes.
+pub fn mono_seconds_to_ns(seconds: f64) -> Option<u64> {
+    (seconds.is_finite() && (0.0..1e10).contains(&seconds))
+        .then(|| (seconds * 1e9 + 0.5).floor() as u64)
+}
+
 /// Nanoseconds as milliseconds: records keep ns, people read ms.
 pub fn ns_to_ms(ns: u64) -> f64 {
     ns as f64 / 1e6
@@ -41,4 +49,17 @@ pub fn ms_text(v: Option<f64>, decimals: usize, unknown: &str) -> String {
 /// A duration in ms for a table whose header names the unit: `decimals` places, or `unknown`.
 pub fn ms_number(v: Option<f64>, decimals: usize, unknown: &str) -> String {
     v.map_or_else(|| unknown.to_owned(), |v| format!("{v:.decimals$}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mono_seconds_to_ns;
+
+    #[test]
+    fn clock_values_outside_any_clock_are_refused() {
+        assert_eq!(mono_seconds_to_ns(1.5), Some(1_500_000_000));
+        for bad in [f64::NAN, f64::INFINITY, -1.0, 1e12] {
+            assert_eq!(mono_seconds_to_ns(bad), None);
+        }
+    }
 }
