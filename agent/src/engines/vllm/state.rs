@@ -703,12 +703,7 @@ impl IpcState {
             }
             return;
         };
-        record.admitted_mono_ns = Some(admitted);
-        record.queue_wait_ms = Some(ns_to_ms(admitted.saturating_sub(record.arrival_mono_ns)));
-        record.prefill_ms = record
-            .first_token_mono_ns
-            .filter(|t| *t >= admitted)
-            .map(|t| ns_to_ms(t - admitted));
+        record.set_admitted(admitted);
         let aborted = record.aborted || states.iter().any(|s| s.aborted);
         record.preemptions = if aborted {
             self.stats.bump(Counter::VllmPreemptionsUnknownAborted);
