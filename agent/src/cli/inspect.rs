@@ -238,7 +238,7 @@ pub(super) fn render(t: &RequestTimeline, width: usize, max_steps: usize) -> Str
         "length"
     );
     let lanes = Lanes {
-        origin: origin,
+        origin,
         span,
         width,
     };

@@ -488,33 +488,31 @@ impl SocketProbes {
         let reads_at_entry = attach_at_exit_or_entry(
             &mut ebpf,
             reads_exit,
-            (
-                READS_AT_EXIT,
-                format!(
-                    "reads take their arguments at their exit, from the thread's saved registers ({loads})"
-                ),
+            READS_AT_EXIT,
+            format!(
+                "reads take their arguments at their exit, from the thread's saved registers ({loads})"
             ),
-            (READS_AT_ENTRY, &|why| {
+            READS_AT_ENTRY,
+            &|why| {
                 format!(
                     "reads take their arguments at their entry ({why}): one more program run per read"
                 )
-            }),
+            },
         )?;
         let writes_exit = xmit.and_then(|_| load_all(&mut ebpf, WRITES_AT_EXIT, &mut refused));
         let writes_at_entry = attach_at_exit_or_entry(
             &mut ebpf,
             writes_exit,
-            (
-                WRITES_AT_EXIT,
-                format!(
-                    "writes take their arguments at their exit, from the thread's saved registers, and their time from their socket's transmit stamp ({loads})"
-                ),
+            WRITES_AT_EXIT,
+            format!(
+                "writes take their arguments at their exit, from the thread's saved registers, and their time from their socket's transmit stamp ({loads})"
             ),
-            (WRITES_AT_ENTRY, &|why| {
+            WRITES_AT_ENTRY,
+            &|why| {
                 format!(
                     "writes take their arguments and time at their entry ({why}): one more program run per write"
                 )
-            }),
+            },
         )?;
         // Engine scheduler uprobes are loaded now and attached per process when one is found.
         // tls_record is loaded below, where its failure is named as the record program's.
@@ -1151,27 +1149,29 @@ fn attach_all(
     Ok(())
 }
 
-/// A syscall's programs at its exit (`at_exit`, with the line that says so) where `exit_loaded`
-/// (its exit programs loaded, else why not) allows, else at its entry (`at_entry`, with the line
-/// that says why): returns why not at the exit, for `check` and the counters.
+/// Tracepoint attachments: (program, category, tracepoint).
+type Attachments = [(&'static str, &'static str, &'static str)];
+
+/// A syscall's programs at its exit (`at_exit`, logging `exit_line`) where `exit_loaded` (its
+/// exit programs loaded, else why not) allows, else at its entry (`at_entry`, logging
+/// `entry_line` of why not): returns why not at the exit, for `check` and the counters.
 fn attach_at_exit_or_entry(
     ebpf: &mut Ebpf,
     exit_loaded: Result<(), String>,
-    at_exit: (&[(&'static str, &'static str, &'static str)], String),
-    at_entry: (
-        &[(&'static str, &'static str, &'static str)],
-        &dyn Fn(&str) -> String,
-    ),
+    at_exit: &Attachments,
+    exit_line: String,
+    at_entry: &Attachments,
+    entry_line: &dyn Fn(&str) -> String,
 ) -> Result<Option<String>, CaptureError> {
     match exit_loaded {
         Ok(()) => {
-            info!("{}", at_exit.1);
-            attach_all(ebpf, at_exit.0)?;
+            info!("{exit_line}");
+            attach_all(ebpf, at_exit)?;
             Ok(None)
         }
         Err(why) => {
-            info!("{}", (at_entry.1)(&why));
-            attach_all(ebpf, at_entry.0)?;
+            info!("{}", entry_line(&why));
+            attach_all(ebpf, at_entry)?;
             Ok(Some(why))
         }
     }
