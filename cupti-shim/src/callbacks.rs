@@ -3,8 +3,9 @@
 use std::cell::Cell;
 
 use cudarc::cupti::sys::{self, CUpti_CallbackDomain as Domain};
+use inferscope_model::clock::monotonic_now_ns;
 
-use crate::{clock::monotonic_ns, launches::Launch, state::state};
+use crate::{launches::Launch, state::state};
 
 /// (domain, callback id, index into `launches::API_NAMES`).
 pub(crate) const LAUNCH_CALLBACKS: &[(Domain, u32, u8)] = &[
@@ -83,7 +84,7 @@ pub(crate) unsafe extern "C" fn on_callback(
         // The driver launch inside a runtime launch: same launch, so keep the outer API and time.
         // Recording under the driver's id too means the join works whichever id the kernel carries.
         (false, Some(outer)) => outer,
-        _ => (api, monotonic_ns()),
+        _ => (api, monotonic_now_ns()),
     };
     if runtime {
         OUTER.with(|o| o.set(Some((api, mono_ns))));

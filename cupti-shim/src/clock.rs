@@ -1,6 +1,6 @@
 //! Puts CUPTI's GPU timestamps on CLOCK_MONOTONIC, the clock eBPF's `bpf_ktime_get_ns` uses.
 //!
-//! Preferred: CUPTI calls [`monotonic_ns`] for every timestamp it takes (registered with
+//! Preferred: CUPTI calls [`monotonic_now_ns`] for every timestamp it takes (registered with
 //! `cuptiActivityRegisterTimestampCallback` before any activity is enabled), so no conversion is
 //! needed. Where CUPTI refuses the callback, the offset between `cuptiGetTimestamp` and
 //! CLOCK_MONOTONIC is measured (bracketed by two monotonic reads, the tightest of several tries
@@ -8,20 +8,11 @@
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use cudarc::cupti::sys;
-
-pub(crate) fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer to a timespec; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
-}
+use inferscope_model::clock::monotonic_now_ns;
 
 /// The callback CUPTI calls for every timestamp. Safe: it takes nothing and reads a clock.
 pub(crate) extern "C" fn timestamp_callback() -> u64 {
-    monotonic_ns()
+    monotonic_now_ns()
 }
 
 pub(crate) struct Clock {
@@ -67,11 +58,11 @@ impl Clock {
         }
         let mut best: Option<(u64, i64)> = None;
         for _ in 0..5 {
-            let before = monotonic_ns();
+            let before = monotonic_now_ns();
             let mut gpu = 0u64;
             // SAFETY: valid out-pointer.
             let rc = unsafe { sys::cuptiGetTimestamp(&mut gpu) };
-            let after = monotonic_ns();
+            let after = monotonic_now_ns();
             if rc != sys::CUptiResult::CUPTI_SUCCESS {
                 return;
             }

@@ -235,6 +235,15 @@ impl<'a> Machine<'a> {
         usize::try_from(n).map_err(|_| PickleError::TooLong)
     }
 
+    /// A memo opcode's index argument: one byte, or four (`wide`, the LONG_ forms).
+    fn memo_index(&mut self, wide: bool) -> Result<usize, PickleError> {
+        Ok(if wide {
+            self.u32()? as usize
+        } else {
+            usize::from(self.u8()?)
+        })
+    }
+
     fn memo_put(&mut self, index: usize) -> Result<(), PickleError> {
         if index >= self.limits.max_memo {
             return Err(PickleError::Memo);
@@ -265,6 +274,8 @@ impl<'a> Machine<'a> {
         self.push(copy)
     }
 
+    /// The depth of a container holding `items` (or gaining them): one more than its deepest
+    /// item, refused past the limit.
     fn container_depth(&self, items: &[Value]) -> Result<u16, PickleError> {
         let d = items.iter().map(Value::depth).max().unwrap_or(0) + 1;
         if d > self.limits.max_depth {
@@ -288,12 +299,8 @@ impl<'a> Machine<'a> {
 
     /// Appends to the list or set on top of the stack (APPEND, APPENDS, ADDITEMS).
     fn extend_top(&mut self, items: Vec<Value>) -> Result<(), PickleError> {
-        let max_depth = self.limits.max_depth;
         let max_items = self.limits.max_items;
-        let add = items.iter().map(Value::depth).max().unwrap_or(0) + 1;
-        if add > max_depth {
-            return Err(PickleError::TooDeep);
-        }
+        let add = self.container_depth(&items)?;
         match self.top()? {
             Value::List(v, d) | Value::Set(v, d) => {
                 if v.len() + items.len() > max_items {
@@ -311,12 +318,8 @@ impl<'a> Machine<'a> {
         if !items.len().is_multiple_of(2) {
             return Err(PickleError::Stack);
         }
-        let max_depth = self.limits.max_depth;
         let max_items = self.limits.max_items;
-        let add = items.iter().map(Value::depth).max().unwrap_or(0) + 1;
-        if add > max_depth {
-            return Err(PickleError::TooDeep);
-        }
+        let add = self.container_depth(&items)?;
         match self.top()? {
             Value::Dict(entries, d) => {
                 if entries.len() + items.len() / 2 > max_items {
@@ -485,20 +488,13 @@ impl<'a> Machine<'a> {
                     let index = self.memo.len();
                     self.memo_put(index)?
                 }
-                b'q' => {
-                    let i = usize::from(self.u8()?);
+                // BINPUT, LONG_BINPUT; BINGET, LONG_BINGET.
+                b'q' | b'r' => {
+                    let i = self.memo_index(op == b'r')?;
                     self.memo_put(i)?
                 }
-                b'r' => {
-                    let i = self.u32()? as usize;
-                    self.memo_put(i)?
-                }
-                b'h' => {
-                    let i = usize::from(self.u8()?);
-                    self.memo_get(i)?
-                }
-                b'j' => {
-                    let i = self.u32()? as usize;
+                b'h' | b'j' => {
+                    let i = self.memo_index(op == b'j')?;
                     self.memo_get(i)?
                 }
                 b'c' => {

@@ -157,6 +157,21 @@ pub struct RequestRecord {
     pub identity: Option<super::ProcessIdentity>,
 }
 
+impl RequestRecord {
+    /// Stamps the engine's admission of the request and the two phases it bounds: the queue
+    /// wait since arrival, and prefill up to the first token (where that came after it).
+    pub fn set_admitted(&mut self, admitted_mono_ns: u64) {
+        self.admitted_mono_ns = Some(admitted_mono_ns);
+        self.queue_wait_ms = Some(crate::clock::ns_to_ms(
+            admitted_mono_ns.saturating_sub(self.arrival_mono_ns),
+        ));
+        self.prefill_ms = self
+            .first_token_mono_ns
+            .filter(|t| *t >= admitted_mono_ns)
+            .map(|t| crate::clock::ns_to_ms(t - admitted_mono_ns));
+    }
+}
+
 /// What an HTTP/2 (h2c) stream adds to its record: its id, content-type, gRPC status and the
 /// messages each way (sizes and counts only).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]

@@ -31,6 +31,7 @@ use inferscope_integration_tests::{
     otlp::Rotel,
     vllm::{VllmOptions, VllmServer, ns, vllm_python},
 };
+use inferscope_model::clock::{monotonic_now_ns, unix_offset_ns};
 use serde_json::Value;
 
 const CONCURRENCY: usize = 8;
@@ -91,16 +92,6 @@ struct ClientTtft {
     /// first event's arrival (the kernel's stamp less the REALTIME − MONOTONIC offset).
     sent_mono_ns: u64,
     received_mono_ns: u64,
-}
-
-fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid clock id and a live timespec.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// One `recv` on `s` with the kernel's receive stamp (CLOCK_REALTIME) of the bytes it returned
@@ -170,9 +161,9 @@ fn complete(port: u16, i: usize) -> (String, Option<ClientTtft>) {
     };
     assert_eq!(rc, 0, "SO_TIMESTAMPNS: {}", std::io::Error::last_os_error());
     // One write: the request reaches the proxy's socket in it.
-    let offset = clock_ns(libc::CLOCK_REALTIME) - clock_ns(libc::CLOCK_MONOTONIC);
+    let offset = unix_offset_ns();
     let (sent, sent_at) = (Instant::now(), std::time::SystemTime::now());
-    let sent_mono_ns = clock_ns(libc::CLOCK_MONOTONIC);
+    let sent_mono_ns = monotonic_now_ns();
     s.write_all(request.as_bytes()).unwrap();
     let (mut out, mut buf, mut ttft) = (Vec::new(), vec![0u8; 65536], None);
     loop {

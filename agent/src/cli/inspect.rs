@@ -73,6 +73,27 @@ fn bar(origin: u64, span: u64, from: u64, to: u64, width: usize, fill: char) -> 
     s
 }
 
+/// The time axis that a section's rows share: `span` ns from `origin`, drawn `width` columns wide.
+struct Lanes {
+    origin: u64,
+    span: u64,
+    width: usize,
+}
+
+impl Lanes {
+    /// One row: its name, `[from, to)` as a bar, and its start (from the origin) and length.
+    fn row(&self, out: &mut String, name: &str, from: u64, to: u64, fill: char) {
+        let _ = writeln!(
+            out,
+            "{:<10}{}  {:>8.1}ms {:>8.1}ms",
+            name,
+            bar(self.origin, self.span, from, to, self.width, fill),
+            ns_to_ms(from.saturating_sub(self.origin)),
+            ns_to_ms(to.saturating_sub(from))
+        );
+    }
+}
+
 /// One step's launches: counts, the host time before the first, the largest gap, top names.
 fn launches_line(l: &inferscope_proto::v1::agent::StepLaunches) -> String {
     let names: Vec<String> = l
@@ -216,16 +237,13 @@ pub(super) fn render(t: &RequestTimeline, width: usize, max_steps: usize) -> Str
         "start",
         "length"
     );
-    let mut row = |name: &str, from: u64, to: u64, fill: char| {
-        let _ = writeln!(
-            out,
-            "{:<10}{}  {:>8.1}ms {:>8.1}ms",
-            name,
-            bar(origin, span, from, to, width, fill),
-            ns_to_ms(from.saturating_sub(origin)),
-            ns_to_ms(to.saturating_sub(from))
-        );
+    let lanes = Lanes {
+        origin,
+        span,
+        width,
     };
+    let mut row =
+        |name: &str, from: u64, to: u64, fill: char| lanes.row(&mut out, name, from, to, fill);
     let admitted = (r.admitted_mono_ns != 0).then_some(r.admitted_mono_ns);
     // Prefill ends at the engine's own first token where a hook saw it, as in the record.
     let first = r
@@ -400,16 +418,13 @@ fn disagg_section(record_json: &str, width: usize) -> String {
     let ns = |ms: f64| (ms * 1e6).round() as u64;
     let end = d_end.max(p_arrival);
     let span = end - p_arrival;
-    let mut row = |name: &str, from: u64, to: u64, fill: char| {
-        let _ = writeln!(
-            out,
-            "{:<10}{}  {:>8.1}ms {:>8.1}ms",
-            name,
-            bar(p_arrival, span, from, to, width, fill),
-            ns_to_ms(from.saturating_sub(p_arrival)),
-            ns_to_ms(to.saturating_sub(from))
-        );
+    let lanes = Lanes {
+        origin: p_arrival,
+        span,
+        width,
     };
+    let mut row =
+        |name: &str, from: u64, to: u64, fill: char| lanes.row(&mut out, name, from, to, fill);
     let p_end = num(d, "handoff_ms").map(|h| d_arrival.saturating_sub(ns(h)));
     if let Some(p_end) = p_end {
         row("P leg", p_arrival, p_end, '█');
@@ -482,16 +497,12 @@ fn proxy_section(
     };
     let end = end.max(start);
     let span = end - start;
-    let mut row = |name: &str, from: u64, to: u64, fill: char| {
-        let _ = writeln!(
-            out,
-            "{:<10}{}  {:>8.1}ms {:>8.1}ms",
-            name,
-            bar(start, span, from, to, width, fill),
-            ns_to_ms(from.saturating_sub(start)),
-            ns_to_ms(to.saturating_sub(from))
-        );
+    let lanes = Lanes {
+        origin: start,
+        span,
+        width,
     };
+    let mut row = |name: &str, from: u64, to: u64, fill: char| lanes.row(out, name, from, to, fill);
     let p_arrival = int(d, "prefill_arrival_mono_ns");
     let d_arrival = int(d, "decode_arrival_mono_ns");
     if let Some(p) = p_arrival {

@@ -13,6 +13,7 @@ mod sglang;
 mod tensorrt_llm;
 mod triton;
 mod vllm;
+mod zmq_reader;
 
 pub use inferscope_model::metric_names::{MetricSource, MetricsEndpoint, Signal};
 use inferscope_model::{Counter, RequestRecord, StepRecord};

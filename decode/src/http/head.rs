@@ -76,6 +76,14 @@ impl HeadBuf {
     }
 }
 
+/// The CRs and LFs that `data` starts with: stray line ends between keep-alive messages, which
+/// are not the start of one.
+pub(crate) fn blank_lines(data: &[u8]) -> usize {
+    data.iter()
+        .take_while(|&&b| b == b'\r' || b == b'\n')
+        .count()
+}
+
 /// Maps httparse errors: too many headers is a size problem, the rest mean
 /// the stream is not HTTP.
 pub(crate) fn map_httparse_err(e: httparse::Error) -> ParseError {

@@ -12,6 +12,7 @@
 
 mod chunked;
 mod counts;
+mod framing;
 mod handoff;
 mod head;
 mod json;

@@ -4,10 +4,11 @@
 
 use super::{
     Chunk, Limits, MAX_FIELD_BYTES, ParseError,
-    chunked::ChunkedDecoder,
-    collect_body, contains_ignore_case,
-    head::{HeadBuf, HeadProgress, MAX_HEADERS, ParseResult, map_httparse_err},
-    json, parse_content_length, truncated_str, truncated_string, wipe,
+    chunked::Advance,
+    collect_body,
+    framing::{BodyHeaders, Framing, Skipped},
+    head::{HeadBuf, HeadProgress, MAX_HEADERS, ParseResult, blank_lines, map_httparse_err},
+    json, truncated_str, truncated_string, wipe,
 };
 
 /// What the request side of a connection reports, in stream order.
@@ -75,9 +76,7 @@ struct Head {
     path: String,
     x_request_id: Option<String>,
     traceparent: Option<String>,
-    content_length: Option<u64>,
-    chunked: bool,
-    json_body: bool,
+    body: BodyHeaders,
 }
 
 fn parse_head(buf: &[u8]) -> ParseResult<Head> {
@@ -92,35 +91,18 @@ fn parse_head(buf: &[u8]) -> ParseResult<Head> {
         path: truncated_str(req.path.unwrap_or_default(), MAX_FIELD_BYTES).to_owned(),
         x_request_id: None,
         traceparent: None,
-        content_length: None,
-        chunked: false,
-        json_body: true,
+        body: BodyHeaders::default(),
     };
     for h in req.headers.iter() {
         let name = h.name.as_bytes();
-        if name.eq_ignore_ascii_case(b"content-length") {
-            let len = parse_content_length(h.value).ok_or(ParseError::NotHttp)?;
-            if head.content_length.is_some_and(|prev| prev != len) {
-                return Err(ParseError::NotHttp);
-            }
-            head.content_length = Some(len);
-        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            head.chunked |= contains_ignore_case(h.value, b"chunked");
-        } else if name.eq_ignore_ascii_case(b"content-type") {
-            head.json_body = contains_ignore_case(h.value, b"json");
-        } else if name.eq_ignore_ascii_case(b"x-request-id") {
+        head.body.read(name, h.value)?;
+        if name.eq_ignore_ascii_case(b"x-request-id") {
             head.x_request_id = Some(truncated_string(h.value, MAX_FIELD_BYTES));
         } else if name.eq_ignore_ascii_case(b"traceparent") {
             head.traceparent = Some(truncated_string(h.value, MAX_FIELD_BYTES));
         }
     }
     Ok(Some((n, head)))
-}
-
-#[derive(Debug)]
-enum Framing {
-    Length { remaining: u64 },
-    Chunked(ChunkedDecoder),
 }
 
 #[derive(Debug)]
@@ -202,10 +184,7 @@ impl RequestDecoder {
             State::Head => {
                 if !self.started {
                     // Stray CRLFs between keep-alive requests are not a request.
-                    let blank = data
-                        .iter()
-                        .take_while(|&&b| b == b'\r' || b == b'\n')
-                        .count();
+                    let blank = blank_lines(data);
                     if blank > 0 {
                         return Ok(blank);
                     }
@@ -228,18 +207,11 @@ impl RequestDecoder {
                 }
             }
             State::Body(inflight) => {
-                let (consumed, payload, done) = match &mut inflight.framing {
-                    Framing::Length { remaining } => {
-                        let take =
-                            usize::try_from(*remaining).map_or(data.len(), |r| r.min(data.len()));
-                        *remaining -= take as u64;
-                        (take, 0..take, *remaining == 0)
-                    }
-                    Framing::Chunked(dec) => {
-                        let adv = dec.advance(data)?;
-                        (adv.consumed, adv.payload, adv.done)
-                    }
-                };
+                let Advance {
+                    consumed,
+                    payload,
+                    done,
+                } = inflight.framing.advance(data)?;
                 let payload = data.get(payload).unwrap_or_default();
                 let first_and_last =
                     done && inflight.summary.body_bytes == 0 && self.body.is_empty();
@@ -270,24 +242,17 @@ impl RequestDecoder {
             path: head.path,
             x_request_id: head.x_request_id,
             traceparent: head.traceparent,
-            content_length: head.content_length,
+            content_length: head.body.content_length,
             head_bytes: head_len as u64,
             ..RequestSummary::default()
         };
-        let framing = if head.chunked {
-            Framing::Chunked(ChunkedDecoder::new(self.limits.max_head_bytes))
-        } else {
-            match head.content_length {
-                Some(n) if n > 0 => Framing::Length { remaining: n },
-                // Requests without a length have no body (RFC 9112 §6.3).
-                _ => Framing::Length { remaining: 0 },
-            }
-        };
-        let empty = matches!(framing, Framing::Length { remaining: 0 });
+        // Requests without a length have no body (RFC 9112 §6.3).
+        let framing = head.body.framing(self.limits.max_head_bytes, false);
+        let empty = framing.is_empty();
         self.state = State::Body(Box::new(InFlight {
             summary,
             framing,
-            json_body: head.json_body,
+            json_body: head.body.json_body,
         }));
         if empty {
             self.complete(None, ts, out);
@@ -347,17 +312,11 @@ impl RequestDecoder {
                     _ => Err(ParseError::HeadLost),
                 };
             };
-            let (skipped, done) = match &mut inflight.framing {
-                Framing::Length { remaining } => {
-                    let k = lost.min(*remaining);
-                    *remaining -= k;
-                    (k, *remaining == 0)
-                }
-                Framing::Chunked(dec) => {
-                    dec.skip_lost(lost)?;
-                    (lost, false)
-                }
-            };
+            let Skipped {
+                bytes: skipped,
+                done,
+                ..
+            } = inflight.framing.skip_lost(lost)?;
             inflight.summary.body_bytes = inflight.summary.body_bytes.saturating_add(skipped);
             inflight.summary.body_truncated = true;
             wipe(&mut self.body);

@@ -4,11 +4,12 @@
 
 use super::{
     Chunk, Limits, MAX_NAME_BYTES, ParseError,
-    chunked::ChunkedDecoder,
+    chunked::Advance,
     collect_body, contains_ignore_case,
     counts::{Timings, Usage},
-    head::{HeadBuf, HeadProgress, MAX_HEADERS, ParseResult, map_httparse_err},
-    json, parse_content_length,
+    framing::{BodyHeaders, Framing, Skipped},
+    head::{HeadBuf, HeadProgress, MAX_HEADERS, ParseResult, blank_lines, map_httparse_err},
+    json,
     sse::{RawEvent, SseFramer},
     template::TokenTemplate,
     truncated_str, wipe,
@@ -101,9 +102,7 @@ pub struct BodySummary {
 struct Head {
     status: u16,
     event_stream: bool,
-    chunked: bool,
-    content_length: Option<u64>,
-    json_body: bool,
+    body: BodyHeaders,
 }
 
 fn parse_head(buf: &[u8]) -> ParseResult<Head> {
@@ -116,33 +115,16 @@ fn parse_head(buf: &[u8]) -> ParseResult<Head> {
     let mut head = Head {
         status: resp.code.unwrap_or_default(),
         event_stream: false,
-        chunked: false,
-        content_length: None,
-        json_body: true,
+        body: BodyHeaders::default(),
     };
     for h in resp.headers.iter() {
         let name = h.name.as_bytes();
-        if name.eq_ignore_ascii_case(b"content-length") {
-            let len = parse_content_length(h.value).ok_or(ParseError::NotHttp)?;
-            if head.content_length.is_some_and(|prev| prev != len) {
-                return Err(ParseError::NotHttp);
-            }
-            head.content_length = Some(len);
-        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            head.chunked |= contains_ignore_case(h.value, b"chunked");
-        } else if name.eq_ignore_ascii_case(b"content-type") {
+        head.body.read(name, h.value)?;
+        if name.eq_ignore_ascii_case(b"content-type") {
             head.event_stream = contains_ignore_case(h.value, b"text/event-stream");
-            head.json_body = contains_ignore_case(h.value, b"json");
         }
     }
     Ok(Some((n, head)))
-}
-
-#[derive(Debug)]
-enum Framing {
-    Length { remaining: u64 },
-    Chunked(ChunkedDecoder),
-    UntilClose,
 }
 
 #[derive(Debug)]
@@ -340,10 +322,7 @@ impl ResponseDecoder {
             State::Failed | State::Upgraded => Ok(data.len()),
             State::Head => {
                 if self.head.is_empty() {
-                    let blank = data
-                        .iter()
-                        .take_while(|&&b| b == b'\r' || b == b'\n')
-                        .count();
+                    let blank = blank_lines(data);
                     if blank > 0 {
                         return Ok(blank);
                     }
@@ -362,19 +341,11 @@ impl ResponseDecoder {
                 }
             }
             State::Body(inflight) => {
-                let (consumed, payload, done) = match &mut inflight.framing {
-                    Framing::Length { remaining } => {
-                        let take =
-                            usize::try_from(*remaining).map_or(data.len(), |r| r.min(data.len()));
-                        *remaining -= take as u64;
-                        (take, 0..take, *remaining == 0)
-                    }
-                    Framing::Chunked(dec) => {
-                        let adv = dec.advance(data)?;
-                        (adv.consumed, adv.payload, adv.done)
-                    }
-                    Framing::UntilClose => (data.len(), 0..data.len(), false),
-                };
+                let Advance {
+                    consumed,
+                    payload,
+                    done,
+                } = inflight.framing.advance(data)?;
                 let payload = data.get(payload).unwrap_or_default();
                 inflight.wire_bytes = inflight.wire_bytes.saturating_add(consumed as u64);
                 let first_and_last = done && inflight.payload_bytes == 0;
@@ -420,25 +391,20 @@ impl ResponseDecoder {
             ts_ns: ts,
             status: head.status,
             event_stream: head.event_stream,
-            chunked: head.chunked,
-            content_length: head.content_length,
+            chunked: head.body.chunked,
+            content_length: head.body.content_length,
         });
         let no_body = std::mem::take(&mut self.next_is_head_reply);
         let framing = if no_body || head.status == 204 || head.status == 304 {
             Framing::Length { remaining: 0 }
-        } else if head.chunked {
-            Framing::Chunked(ChunkedDecoder::new(self.limits.max_head_bytes))
         } else {
-            match head.content_length {
-                Some(n) => Framing::Length { remaining: n },
-                None => Framing::UntilClose,
-            }
+            head.body.framing(self.limits.max_head_bytes, true)
         };
-        let empty = matches!(framing, Framing::Length { remaining: 0 });
+        let empty = framing.is_empty();
         self.state = State::Body(Box::new(InFlight {
             framing,
             event_stream: head.event_stream,
-            json_body: head.json_body,
+            json_body: head.body.json_body,
             wire_bytes: 0,
             payload_bytes: 0,
             truncated: false,
@@ -500,15 +466,11 @@ impl ResponseDecoder {
                     _ => Err(ParseError::HeadLost),
                 };
             };
-            let (skipped, done, at_chunk_end) = match &mut inflight.framing {
-                Framing::Length { remaining } => {
-                    let k = lost.min(*remaining);
-                    *remaining -= k;
-                    (k, *remaining == 0, false)
-                }
-                Framing::Chunked(dec) => (lost, false, dec.skip_lost(lost)?),
-                Framing::UntilClose => (lost, false, false),
-            };
+            let Skipped {
+                bytes: skipped,
+                done,
+                at_chunk_end,
+            } = inflight.framing.skip_lost(lost)?;
             inflight.wire_bytes = inflight.wire_bytes.saturating_add(skipped);
             inflight.payload_bytes = inflight.payload_bytes.saturating_add(skipped);
             if inflight.event_stream {

@@ -12,6 +12,7 @@ use std::{
     time::Duration,
 };
 
+use inferscope_model::clock::monotonic_now_ns;
 use nvml_wrapper::{
     Device, Nvml,
     enum_wrappers::device::Clock,
@@ -97,16 +98,6 @@ impl Drop for NvmlSampler {
     }
 }
 
-fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid timespec pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 const GPM_METRICS: [GpmMetricId; 3] = [
     GpmMetricId::AnyTensorUtil,
     GpmMetricId::DramBwUtil,
@@ -168,7 +159,7 @@ fn basic_sample(index: u32, dev: &Device<'_>) -> GpuSample {
         index,
         uuid: dev.uuid().unwrap_or_default(),
         name: dev.name().unwrap_or_default(),
-        mono_ns: mono_ns(),
+        mono_ns: monotonic_now_ns(),
         gpu_util_pct: util.as_ref().map(|u| u.gpu),
         mem_util_pct: util.as_ref().map(|u| u.memory),
         mem_used_bytes: mem.as_ref().map(|m| m.used),

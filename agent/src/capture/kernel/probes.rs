@@ -479,45 +479,41 @@ impl SocketProbes {
         // Reads wait at their entry to learn their connection's socket where neither fexit nor
         // the walk gives it at the accept.
         let reads_learn_sock = sock_hook_refused.is_some() && walk.is_err();
-        let reads_at_entry = match args.as_ref().map_err(String::clone).and_then(|_| {
+        let reads_exit = args.as_ref().map_err(String::clone).and_then(|_| {
             if reads_learn_sock {
                 return Err("reads learn their connection's socket at their entry".to_string());
             }
             load_all(&mut ebpf, READS_AT_EXIT, &mut refused)
-        }) {
-            Ok(()) => {
-                info!(
-                    "reads take their arguments at their exit, from the thread's saved registers ({loads})"
-                );
-                attach_all(&mut ebpf, READS_AT_EXIT)?;
-                None
-            }
-            Err(why) => {
-                info!(
+        });
+        let reads_at_entry = attach_at_exit_or_entry(
+            &mut ebpf,
+            reads_exit,
+            READS_AT_EXIT,
+            format!(
+                "reads take their arguments at their exit, from the thread's saved registers ({loads})"
+            ),
+            READS_AT_ENTRY,
+            &|why| {
+                format!(
                     "reads take their arguments at their entry ({why}): one more program run per read"
-                );
-                attach_all(&mut ebpf, READS_AT_ENTRY)?;
-                Some(why)
-            }
-        };
-        let writes_at_entry = match xmit
-            .and_then(|_| load_all(&mut ebpf, WRITES_AT_EXIT, &mut refused))
-        {
-            Ok(()) => {
-                info!(
-                    "writes take their arguments at their exit, from the thread's saved registers, and their time from their socket's transmit stamp ({loads})"
-                );
-                attach_all(&mut ebpf, WRITES_AT_EXIT)?;
-                None
-            }
-            Err(why) => {
-                info!(
+                )
+            },
+        )?;
+        let writes_exit = xmit.and_then(|_| load_all(&mut ebpf, WRITES_AT_EXIT, &mut refused));
+        let writes_at_entry = attach_at_exit_or_entry(
+            &mut ebpf,
+            writes_exit,
+            WRITES_AT_EXIT,
+            format!(
+                "writes take their arguments at their exit, from the thread's saved registers, and their time from their socket's transmit stamp ({loads})"
+            ),
+            WRITES_AT_ENTRY,
+            &|why| {
+                format!(
                     "writes take their arguments and time at their entry ({why}): one more program run per write"
-                );
-                attach_all(&mut ebpf, WRITES_AT_ENTRY)?;
-                Some(why)
-            }
-        };
+                )
+            },
+        )?;
         // Engine scheduler uprobes are loaded now and attached per process when one is found.
         // tls_record is loaded below, where its failure is named as the record program's.
         for (name, program) in ebpf.programs_mut() {
@@ -1151,6 +1147,34 @@ fn attach_all(
         prog.attach(category, tracepoint).map_err(attach_err)?;
     }
     Ok(())
+}
+
+/// Tracepoint attachments: (program, category, tracepoint).
+type Attachments = [(&'static str, &'static str, &'static str)];
+
+/// A syscall's programs at its exit (`at_exit`, logging `exit_line`) where `exit_loaded` (its
+/// exit programs loaded, else why not) allows, else at its entry (`at_entry`, logging
+/// `entry_line` of why not): returns why not at the exit, for `check` and the counters.
+fn attach_at_exit_or_entry(
+    ebpf: &mut Ebpf,
+    exit_loaded: Result<(), String>,
+    at_exit: &Attachments,
+    exit_line: String,
+    at_entry: &Attachments,
+    entry_line: &dyn Fn(&str) -> String,
+) -> Result<Option<String>, CaptureError> {
+    match exit_loaded {
+        Ok(()) => {
+            info!("{exit_line}");
+            attach_all(ebpf, at_exit)?;
+            Ok(None)
+        }
+        Err(why) => {
+            info!("{}", entry_line(&why));
+            attach_all(ebpf, at_entry)?;
+            Ok(Some(why))
+        }
+    }
 }
 
 fn attach_tracepoint(

@@ -3,7 +3,7 @@
 //! each process's installed package (read at discovery) and picks the pinned layout; an
 //! unsupported version is refused (logged once, counted per message) and decoded no further.
 //! When the version is unknown the newest layout is used, every class and field checked.
-use inferscope_decode::zmtp::{Message, ZmtpError, ZmtpLimits, ZmtpStream};
+use inferscope_decode::zmtp::Message;
 use inferscope_model::{Counter, RequestRecord, Stats, StepRecord};
 use rustc_hash::{FxHashMap, FxHashSet};
 use tracing::warn;
@@ -14,16 +14,7 @@ use super::{
     scheduler::Schedulers,
     state::{IpcState, Sighting},
 };
-use crate::engines::{EngineIpc, IpcBytes, IpcDirection, IpcVerdict, package};
-
-/// Sockets followed at once; beyond this the table is cleared (counted).
-const MAX_SOCKETS: usize = 4096;
-
-struct Socket {
-    conn_gen: u64,
-    read: ZmtpStream,
-    write: ZmtpStream,
-}
+use crate::engines::{EngineIpc, IpcBytes, IpcVerdict, package, zmq_reader::ZmqSockets};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Version {
@@ -33,7 +24,7 @@ enum Version {
 
 #[derive(Default)]
 pub(crate) struct SglangIpc {
-    sockets: FxHashMap<(u32, i32), Socket>,
+    sockets: ZmqSockets,
     versions: FxHashMap<u32, Version>,
     /// Versions already warned about.
     warned: FxHashSet<String>,
@@ -41,7 +32,6 @@ pub(crate) struct SglangIpc {
     schedulers: Schedulers,
     stats: Stats,
     messages: Vec<Message>,
-    limits: ZmtpLimits,
 }
 
 impl SglangIpc {
@@ -142,48 +132,13 @@ impl SglangIpc {
         at_ns: Option<u64>,
         steps: &mut Vec<StepRecord>,
     ) -> IpcVerdict {
-        let key = (b.tgid, b.fd);
-        if self
-            .sockets
-            .get(&key)
-            .is_some_and(|s| s.conn_gen != b.conn_gen)
-        {
-            self.sockets.remove(&key);
-        }
-        if !self.sockets.contains_key(&key) && self.sockets.len() >= MAX_SOCKETS {
-            self.sockets.clear();
-            self.stats.bump(Counter::SglangIpcSocketTableFull);
-        }
-        let limits = self.limits;
-        let socket = self.sockets.entry(key).or_insert_with(|| Socket {
-            conn_gen: b.conn_gen,
-            read: ZmtpStream::new(limits),
-            write: ZmtpStream::new(limits),
-        });
-        let stream = match b.direction {
-            IpcDirection::Read => &mut socket.read,
-            IpcDirection::Write => &mut socket.write,
-        };
         let mut messages = std::mem::take(&mut self.messages);
-        let fed = stream.feed(b.data, b.lost, &mut messages);
-        self.stats
-            .add(Counter::ZmtpFramesIncomplete, fed.frames_incomplete);
-        self.stats
-            .add(Counter::ZmtpFramesDropped, fed.frames_dropped);
-        self.stats.add(Counter::ZmtpHuntSkipped, fed.hunt_skipped);
-        let verdict = match stream.failed() {
-            Some(ZmtpError::Desync) => {
-                self.stats.bump(ZmtpError::Desync.counter());
-                *stream = ZmtpStream::mid_stream(limits);
-                IpcVerdict::Keep
-            }
-            Some(e) => {
-                self.stats.bump(e.counter());
-                self.sockets.remove(&key);
-                IpcVerdict::NotIpc
-            }
-            None => IpcVerdict::Keep,
-        };
+        let verdict = self.sockets.feed(
+            b,
+            &mut self.stats,
+            Counter::SglangIpcSocketTableFull,
+            &mut messages,
+        );
         for message in messages.drain(..) {
             self.on_message(&message, b, at_ns, steps);
         }
@@ -223,11 +178,11 @@ impl EngineIpc for SglangIpc {
     }
 
     fn on_close(&mut self, tgid: u32, fd: i32) {
-        self.sockets.remove(&(tgid, fd));
+        self.sockets.close(tgid, fd);
     }
 
     fn forget_process(&mut self, tgid: u32) {
-        self.sockets.retain(|(t, _), _| *t != tgid);
+        self.sockets.forget_process(tgid);
         self.versions.remove(&tgid);
         self.schedulers.forget(tgid);
     }

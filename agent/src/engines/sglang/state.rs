@@ -5,7 +5,8 @@
 use std::collections::VecDeque;
 
 use inferscope_model::{
-    Counter, RequestRecord, Stats, StepMember, StepRecord, StepRef, clock::ns_to_ms,
+    Counter, RequestRecord, Stats, StepMember, StepRecord, StepRef,
+    clock::{mono_seconds_to_ns, ns_to_ms},
 };
 use rustc_hash::FxHashMap;
 
@@ -13,13 +14,6 @@ use super::messages::{AddRequest, IpcMessage, Output};
 
 /// Requests remembered at once; the oldest is forgotten (counted) beyond this.
 const MAX_REQUESTS: usize = 16_384;
-
-/// perf_counter() seconds (CLOCK_MONOTONIC, the eBPF clock) → nanoseconds; None for values no
-/// clock reads.
-pub(super) fn mono_ns(seconds: f64) -> Option<u64> {
-    (seconds.is_finite() && (0.0..1e10).contains(&seconds))
-        .then(|| (seconds * 1e9 + 0.5).floor() as u64)
-}
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(super) struct RequestState {
@@ -194,7 +188,8 @@ impl IpcState {
             let (had_output, before_tokens, before_retractions) =
                 (r.outputs > 0, r.output_tokens, r.retractions_at_token);
             r.outputs += 1;
-            let mut first = |slot: &mut Option<u64>, t: Option<f64>| match t.map(mono_ns) {
+            let mut first = |slot: &mut Option<u64>, t: Option<f64>| match t.map(mono_seconds_to_ns)
+            {
                 Some(Some(ns)) => {
                     let new = slot.is_none();
                     *slot = Some(slot.map_or(ns, |s| s.min(ns)));
@@ -426,12 +421,7 @@ impl IpcState {
             }
             return;
         };
-        record.admitted_mono_ns = Some(admitted);
-        record.queue_wait_ms = Some(ns_to_ms(admitted.saturating_sub(record.arrival_mono_ns)));
-        record.prefill_ms = record
-            .first_token_mono_ns
-            .filter(|t| *t >= admitted)
-            .map(|t| ns_to_ms(t - admitted));
+        record.set_admitted(admitted);
     }
 }
 

@@ -8,7 +8,7 @@
 //! Several vLLM servers (and data-parallel engine cores) may run on one node: each server is
 //! named by its API server's pid (an EngineCore process by its parent's), so steps are chained
 //! per (server, engine index).
-use inferscope_decode::zmtp::{Message, ZmtpError, ZmtpLimits, ZmtpStream};
+use inferscope_decode::zmtp::Message;
 use inferscope_model::{Counter, RequestRecord, Stats, StepRecord};
 use rustc_hash::FxHashMap;
 use tracing::warn;
@@ -18,17 +18,7 @@ use super::{
     messages::{self, IpcMessage},
     state::IpcState,
 };
-use crate::engines::{EngineIpc, IpcBytes, IpcDirection, IpcVerdict, package};
-
-/// Sockets followed at once; beyond this the table is cleared (counted) and streams restart
-/// mid-stream.
-const MAX_SOCKETS: usize = 4096;
-
-struct Socket {
-    conn_gen: u64,
-    read: ZmtpStream,
-    write: ZmtpStream,
-}
+use crate::engines::{EngineIpc, IpcBytes, IpcVerdict, package, zmq_reader::ZmqSockets};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Version {
@@ -38,7 +28,7 @@ enum Version {
 
 #[derive(Default)]
 pub(crate) struct VllmIpc {
-    sockets: FxHashMap<(u32, i32), Socket>,
+    sockets: ZmqSockets,
     /// Per process: the version its package or its engine reported.
     versions: FxHashMap<u32, Version>,
     /// Per process: its parent, when that is a vLLM process too (EngineCore → API server).
@@ -48,7 +38,6 @@ pub(crate) struct VllmIpc {
     state: IpcState,
     stats: Stats,
     messages: Vec<Message>,
-    limits: ZmtpLimits,
     /// Per server: when its EngineCore processes were last looked for in /proc.
     engine_lookups: FxHashMap<u32, std::time::Instant>,
 }
@@ -215,49 +204,13 @@ impl EngineIpc for VllmIpc {
     }
 
     fn on_bytes(&mut self, b: &IpcBytes<'_>, steps: &mut Vec<StepRecord>) -> IpcVerdict {
-        let key = (b.tgid, b.fd);
-        if self
-            .sockets
-            .get(&key)
-            .is_some_and(|s| s.conn_gen != b.conn_gen)
-        {
-            self.sockets.remove(&key);
-        }
-        if !self.sockets.contains_key(&key) && self.sockets.len() >= MAX_SOCKETS {
-            self.sockets.clear();
-            self.stats.bump(Counter::VllmIpcSocketTableFull);
-        }
-        let limits = self.limits;
-        let socket = self.sockets.entry(key).or_insert_with(|| Socket {
-            conn_gen: b.conn_gen,
-            read: ZmtpStream::new(limits),
-            write: ZmtpStream::new(limits),
-        });
-        let stream = match b.direction {
-            IpcDirection::Read => &mut socket.read,
-            IpcDirection::Write => &mut socket.write,
-        };
         let mut messages = std::mem::take(&mut self.messages);
-        let fed = stream.feed(b.data, b.lost, &mut messages);
-        self.stats
-            .add(Counter::ZmtpFramesIncomplete, fed.frames_incomplete);
-        self.stats
-            .add(Counter::ZmtpFramesDropped, fed.frames_dropped);
-        self.stats.add(Counter::ZmtpHuntSkipped, fed.hunt_skipped);
-        let verdict = match stream.failed() {
-            Some(ZmtpError::Desync) => {
-                // Lost across a frame header: look for the next frame boundary.
-                self.stats.bump(ZmtpError::Desync.counter());
-                *stream = ZmtpStream::mid_stream(limits);
-                IpcVerdict::Keep
-            }
-            Some(e) => {
-                self.stats.bump(e.counter());
-                self.sockets.remove(&key);
-                IpcVerdict::NotIpc
-            }
-            None => IpcVerdict::Keep,
-        };
+        let verdict = self.sockets.feed(
+            b,
+            &mut self.stats,
+            Counter::VllmIpcSocketTableFull,
+            &mut messages,
+        );
         for message in messages.drain(..) {
             self.on_message(&message, b.tgid, b.tid, steps);
         }
@@ -266,11 +219,11 @@ impl EngineIpc for VllmIpc {
     }
 
     fn on_close(&mut self, tgid: u32, fd: i32) {
-        self.sockets.remove(&(tgid, fd));
+        self.sockets.close(tgid, fd);
     }
 
     fn forget_process(&mut self, tgid: u32) {
-        self.sockets.retain(|(t, _), _| *t != tgid);
+        self.sockets.forget_process(tgid);
         self.versions.remove(&tgid);
         self.parents.remove(&tgid);
         self.engine_lookups.remove(&tgid);

@@ -1,9 +1,9 @@
 //! The vLLM 0.33.0 fixtures (tests/fixtures/vllm: real ZMTP streams of messages encoded with the
 //! wheel's own classes) replayed through the decoder, compared with the values they encode.
-use inferscope_model::{Counter, RequestRecord, StepRecord};
+use inferscope_model::{Counter, RequestRecord, StepRecord, clock::mono_seconds_to_ns};
 use serde_json::Value;
 
-use super::{VllmIpc, state::mono_ns};
+use super::VllmIpc;
 use crate::engines::{EngineIpc, IpcBytes, IpcDirection, IpcVerdict};
 
 fn fixture(name: &str) -> Vec<u8> {
@@ -19,7 +19,7 @@ fn expected() -> Value {
 }
 
 fn ns(v: &Value) -> Option<u64> {
-    v.as_f64().and_then(mono_ns)
+    v.as_f64().and_then(mono_seconds_to_ns)
 }
 
 /// Feeds one fixture stream as syscalls of `chunk` bytes on (tgid, fd).
