@@ -31,6 +31,11 @@ cargo clippy -p inferscope-ebpf -q --config 'profile.dev.panic="abort"' -- -D wa
 # ... and the build for kernels without bpf_loop (issue 44), which compiles other code.
 cargo clippy -p inferscope-ebpf -q --features legacy --config 'profile.dev.panic="abort"' -- -D warnings
 # --- end issue 16a ---------------------------------------------------------------------------
+# --- issue 48: the eBPF objects shipped for builds without the eBPF toolchain (ebpf/prebuilt)
+# are byte for byte a fresh build of these sources, and their manifest names these sources -----
+echo "== eBPF objects shipped (scripts/ebpf-prebuilt.sh --check)"
+scripts/ebpf-prebuilt.sh --check
+# --- end issue 48 ----------------------------------------------------------------------------
 # --- spelling (typos.toml) and the dependency tree (deny.toml); both tools from scripts/setup.sh
 echo "== typos"
 .venv/bin/typos
