@@ -101,9 +101,14 @@ fn probes_line(probes: &ProbeTally) -> Option<String> {
     if total == 0 {
         return None;
     }
-    // The most frequent answer first (503 while the model loads), then by status.
+    // The most frequent answer first (503 while the model loads), then by status, no response
+    // last.
     let mut answers: Vec<(Option<u16>, usize)> = probes.iter().map(|(s, n)| (*s, *n)).collect();
-    answers.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    answers.sort_by(|a, b| {
+        (b.1.cmp(&a.1))
+            .then(a.0.is_none().cmp(&b.0.is_none()))
+            .then(a.0.cmp(&b.0))
+    });
     let answers: Vec<String> = answers
         .iter()
         .map(|(status, n)| match status {
