@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what inferscope needs on Debian 12, as root, by purpose:
 #
-#   scripts/setup.sh demo     toolchain, bpf-linker, the llama.cpp engine venv (scripts/demo.sh)
+#   scripts/setup.sh demo     Rust, the llama.cpp engine venv (scripts/demo.sh); the eBPF
+#                             toolchain only when ebpf/prebuilt does not match the eBPF sources
+#   scripts/setup.sh ebpf     the eBPF toolchain: the core library's source, LLVM 22, bpf-linker
 #   scripts/setup.sh image    demo + podman/buildah/runc (scripts/build-image.sh)
 #   scripts/setup.sh vllm     the vLLM test engine venv (.venv-vllm, ~7.4 GB)
 #   scripts/setup.sh sglang   the SGLang test engine venv (.venv-sglang, needs vllm's)
@@ -17,16 +19,18 @@ log() { printf '\033[1msetup:\033[0m %s\n' "$*" >&2; }
 
 profiles=("$@")
 ((${#profiles[@]})) || profiles=(test)
-want_demo=0 want_image=0 want_vllm=0 want_sglang=0 want_test=0
+want_demo=0 want_ebpf=0 want_image=0 want_vllm=0 want_sglang=0 want_test=0
 for profile in "${profiles[@]}"; do
   case "$profile" in
     demo) want_demo=1 ;;
+    ebpf) want_ebpf=1 ;;
     image) want_demo=1 want_image=1 ;;
     vllm) want_vllm=1 ;;
     sglang) want_vllm=1 want_sglang=1 ;;
-    test) want_demo=1 want_image=1 want_vllm=1 want_sglang=1 want_test=1 ;;
+    # The test suite builds the eBPF programs from source and checks ebpf/prebuilt against them.
+    test) want_demo=1 want_ebpf=1 want_image=1 want_vllm=1 want_sglang=1 want_test=1 ;;
     *)
-      echo "setup.sh: unknown profile '$profile' (demo, image, vllm, sglang, test)" >&2
+      echo "setup.sh: unknown profile '$profile' (demo, ebpf, image, vllm, sglang, test)" >&2
       exit 2
       ;;
   esac
@@ -45,28 +49,38 @@ apt_install() {
   fi
 }
 
+# Where ebpf/prebuilt's objects were built from the eBPF sources in this checkout, the agent's
+# build takes them and needs no eBPF toolchain.
+if ((want_demo && !want_ebpf)) && ! scripts/ebpf-prebuilt.sh --matches; then
+  log "ebpf/prebuilt does not match the eBPF sources here: installing the eBPF toolchain to build them"
+  want_ebpf=1
+fi
+
 # --- Debian packages -----------------------------------------------------------------------
-# rustc-web/cargo-web/rust-web-src: a compiler with the core library's source, to build the eBPF
-# programs for the bpf target (rustup cannot download rust-src here). llvm-22: bpf-linker's LLVM.
-# build-essential: the C compiler some crates' build scripts use (ring).
-build_packages=(rustc-web cargo-web rust-web-src llvm-22-dev libpolly-22-dev build-essential
-                pkg-config python3-venv curl ca-certificates)
+# rustc-web/cargo-web: Rust for hosts without rustup. build-essential: the C compiler some
+# crates' build scripts use (ring).
+build_packages=(rustc-web cargo-web build-essential pkg-config python3-venv curl ca-certificates)
+# The eBPF toolchain (builds ebpf/probes for the bpf target): rust-web-src, the core library's
+# source (rustup cannot download rust-src here); llvm-22: bpf-linker's LLVM.
+ebpf_packages=(rustc-web rust-web-src llvm-22-dev libpolly-22-dev)
 # tcpdump: the wire reference in the tests. bpftool/bpftrace: benchmarks. prometheus: a real
 # Prometheus server and promtool for the exporter, dashboard and alert-rule tests. cmake:
 # scripts/build-llama-server.sh. clang: the native test engines.
 test_packages=(clang tcpdump bpftool bpftrace prometheus openssl cmake)
 packages=()
-((want_demo || want_test)) && packages+=("${build_packages[@]}")
+((want_demo || want_ebpf || want_test)) && packages+=("${build_packages[@]}")
+((want_ebpf)) && packages+=("${ebpf_packages[@]}")
 ((want_test)) && packages+=("${test_packages[@]}")
 ((want_vllm)) && packages+=(python3-venv)
 ((${#packages[@]})) && apt_install "${packages[@]}"
 
-# --- Rust toolchains and bpf-linker (demo) -------------------------------------------------
+# --- The eBPF toolchain: the bpf rustup toolchain and bpf-linker (ebpf) ----------------------
 export PATH="$HOME/.cargo/bin:$PATH"
-if ((want_demo)); then
+BPF_LINKER_VERSION=0.13.0
+if ((want_ebpf)); then
   # rustup's proxies (when present) come before Debian's cargo/rustc.
   if ! command -v rustup >/dev/null; then
-    log "rustup not found: using Debian's cargo and rustc as the host toolchain"
+    log "rustup not found: using Debian's cargo and rustc as the host and eBPF toolchain"
   elif ! rustup toolchain list | grep -q '^bpf'; then
     # The eBPF build runs `rustup run bpf cargo build -Z build-std=core`: link Debian's
     # compiler (which ships its library source) under that name.
@@ -75,14 +89,20 @@ if ((want_demo)); then
   fi
   # No registry reached from here carries a prebuilt bpf-linker (crates.io has the source only,
   # cargo-binstall would download from GitHub, Debian 12 and PyPI have none): it is built once.
+  # Pinned: ebpf/prebuilt is checked byte for byte against a build with it (its version is in
+  # ebpf/prebuilt/MANIFEST).
   if ! command -v bpf-linker >/dev/null; then
-    log "building bpf-linker against LLVM 22 (once; about 2 minutes on 2 cores)"
+    log "building bpf-linker $BPF_LINKER_VERSION against LLVM 22 (once; about 2 minutes on 2 cores)"
     PATH=/usr/lib/llvm-22/bin:$PATH LLVM_SYS_221_PREFIX=/usr/lib/llvm-22 \
-      cargo install --locked bpf-linker --no-default-features --features llvm-22 -q \
+      cargo install --locked bpf-linker --version "$BPF_LINKER_VERSION" \
+        --no-default-features --features llvm-22 -q \
       || PATH=/usr/lib/llvm-22/bin:$PATH LLVM_SYS_221_PREFIX=/usr/lib/llvm-22 \
-        cargo install bpf-linker --no-default-features --features llvm-22 -q
+        cargo install bpf-linker --version "$BPF_LINKER_VERSION" \
+          --no-default-features --features llvm-22 -q
   fi
+fi
 
+if ((want_demo)); then
   # --- Kernel interfaces -------------------------------------------------------------------
   mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
   mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf 2>/dev/null || true

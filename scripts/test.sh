@@ -39,6 +39,10 @@ cargo xtask public-api
 if [ "${CI:-}" = true ]; then
   rm -rf target/public-api
 fi
+# --- issue 48: the eBPF objects shipped for builds without the eBPF toolchain (ebpf/prebuilt)
+# are byte for byte a fresh build of these sources, and their manifest names these sources -----
+echo "== eBPF objects shipped (scripts/ebpf-prebuilt.sh --check)"
+scripts/ebpf-prebuilt.sh --check
 # --- end issue 48 ----------------------------------------------------------------------------
 # --- spelling (typos.toml) and the dependency tree (deny.toml); both tools from scripts/setup.sh
 echo "== typos"

@@ -57,6 +57,27 @@ fn the_demo_records_every_stream_its_clients_read() {
         .filter(|r| r["path"] == "/v1/chat/completions")
         .collect();
     assert_eq!(chats.len(), 6, "{records:#?}");
+    // The demo's readiness probes (GET /health, 503 while the model loads) are recorded, but the
+    // table and the summary hold the 6 requests alone, and one line counts the probes.
+    let probes = records.iter().filter(|r| r["path"] == "/health").count();
+    assert_eq!(probes + 6, records.len(), "{records:#?}");
+    let table_rows = stdout.lines().filter(|l| l.contains("chatcmpl-")).count();
+    assert_eq!(table_rows, 6, "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .all(|l| l.contains("readiness probe") || !l.contains(" 503 ")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("\n6 requests (0 aborted)"), "{stdout}");
+    let probes_line = stdout.lines().find(|l| l.contains("readiness probe"));
+    match probes {
+        0 => assert_eq!(probes_line, None, "{stdout}"),
+        n => assert!(
+            probes_line.is_some_and(|l| l.starts_with(&format!("+ {n} readiness probe"))),
+            "{n} probes recorded:\n{stdout}"
+        ),
+    }
     for r in chats {
         assert_eq!(r["status"], 200, "{r:#}");
         assert_eq!(r["output_chunks"], 12, "{r:#}");

@@ -12,6 +12,10 @@ use anyhow::{Context as _, bail};
 
 const LAUNCHER: &str = include_str!("../../../../tests/engine/llamacpp_server.py");
 
+/// What the demo polls until the model is loaded (llama.cpp answers 503 until then): the agent
+/// records these requests too, and the demo keeps them out of its table.
+pub(super) const HEALTH_PATH: &str = "/health";
+
 pub(super) struct Engine {
     child: Child,
     pub port: u16,
@@ -87,7 +91,8 @@ fn health_ok(port: u16) -> bool {
         return false;
     };
     let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    let request = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    let request =
+        format!("GET {HEALTH_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
     if stream.write_all(request.as_bytes()).is_err() {
         return false;
     }

@@ -3,6 +3,7 @@ mod engine;
 mod load;
 
 use std::{
+    collections::BTreeMap,
     path::PathBuf,
     sync::{
         Arc, Mutex,
@@ -52,19 +53,28 @@ pub(super) struct DemoArgs {
     pub verbose: bool,
 }
 
-struct DemoObserver {
+struct DemoSink {
     records: Arc<Mutex<Vec<RequestRecord>>>,
+    probes: Arc<Mutex<ProbeTally>>,
     attached: Arc<AtomicBool>,
     writer: Option<JsonlWriter>,
 }
 
-impl Sink for DemoObserver {
+impl Sink for DemoSink {
     fn on_timeline(&mut self, timeline: &Arc<RequestTimeline>) {
         let record = timeline.request.clone();
-        println!("{}", live::line(&record));
         if let Some(w) = self.writer.as_mut() {
             w.write_or_report(&record, "a record");
         }
+        // The demo's own readiness probes are recorded like any request, but the table and the
+        // summary are about the load: they are counted, and named in one line after the table.
+        if is_readiness_probe(&record) {
+            if let Ok(mut probes) = self.probes.lock() {
+                *probes.entry(record.status).or_default() += 1;
+            }
+            return;
+        }
+        println!("{}", live::line(&record));
         if let Ok(mut all) = self.records.lock() {
             all.push(record);
         }
@@ -77,10 +87,50 @@ impl Sink for DemoObserver {
     }
 }
 
+/// Readiness probes by the status the engine answered (None: no response recorded).
+type ProbeTally = BTreeMap<Option<u16>, usize>;
+
+/// Whether the agent's record is one of the demo's own polls of the engine's health endpoint.
+fn is_readiness_probe(record: &RequestRecord) -> bool {
+    record.method == "GET" && record.path == engine::HEALTH_PATH
+}
+
+/// The line that accounts for the readiness probes left out of the table, e.g. "+ 9 readiness
+/// probes not shown (the demo's GET /health until the model was loaded: 503 ×8, 200 ×1)"; None
+/// when there were none.
+fn probes_line(probes: &ProbeTally) -> Option<String> {
+    let total: usize = probes.values().sum();
+    if total == 0 {
+        return None;
+    }
+    // The most frequent answer first (503 while the model loads), then by status, no response
+    // last.
+    let mut answers: Vec<(Option<u16>, usize)> = probes.iter().map(|(s, n)| (*s, *n)).collect();
+    answers.sort_by(|a, b| {
+        (b.1.cmp(&a.1))
+            .then(a.0.is_none().cmp(&b.0.is_none()))
+            .then(a.0.cmp(&b.0))
+    });
+    let answers: Vec<String> = answers
+        .iter()
+        .map(|(status, n)| match status {
+            Some(status) => format!("{status} ×{n}"),
+            None => format!("no response ×{n}"),
+        })
+        .collect();
+    Some(format!(
+        "+ {total} readiness probe{} not shown (the demo's GET {} until the model was loaded: {})",
+        if total == 1 { "" } else { "s" },
+        engine::HEALTH_PATH,
+        answers.join(", ")
+    ))
+}
+
 pub(super) fn run(args: DemoArgs) -> anyhow::Result<()> {
     shutdown::install();
     let python = engine::find_python(args.python.as_deref())?;
     let records = Arc::new(Mutex::new(Vec::new()));
+    let probes = Arc::new(Mutex::new(ProbeTally::new()));
     let attached = Arc::new(AtomicBool::new(false));
     let writer = match &args.out {
         Some(path) => Some(
@@ -93,8 +143,9 @@ pub(super) fn run(args: DemoArgs) -> anyhow::Result<()> {
     // The agent starts first and picks the engine up when it appears, as it would in production.
     let (ready_tx, ready_rx) = mpsc::channel();
     let agent = {
-        let mut observer = DemoObserver {
+        let mut observer = DemoSink {
             records: Arc::clone(&records),
+            probes: Arc::clone(&probes),
             attached: Arc::clone(&attached),
             writer,
         };
@@ -124,7 +175,6 @@ pub(super) fn run(args: DemoArgs) -> anyhow::Result<()> {
         "starting llama.cpp server (SmolLM2-135M) on 127.0.0.1:{} with {} slots",
         args.port, args.slots
     );
-    println!("{}", live::header());
     let mut engine = engine::Engine::start(&python, args.port, args.slots)?;
     engine.wait_ready(Duration::from_secs(120))?;
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -144,6 +194,7 @@ pub(super) fn run(args: DemoArgs) -> anyhow::Result<()> {
         args.requests,
         args.concurrency
     );
+    println!("{}", live::header());
     let spec = load::LoadSpec {
         port: args.port,
         requests: args.requests,
@@ -160,6 +211,10 @@ pub(super) fn run(args: DemoArgs) -> anyhow::Result<()> {
     drop(engine);
 
     let records = records.lock().map(|r| r.clone()).unwrap_or_default();
+    let probes = probes.lock().map(|p| p.clone()).unwrap_or_default();
+    if let Some(line) = probes_line(&probes) {
+        println!("{line}");
+    }
     println!("\n{}", summary::render(&records));
     let matched = client
         .iter()
@@ -190,4 +245,45 @@ pub(super) fn run(args: DemoArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(method: &str, path: &str, status: u16) -> RequestRecord {
+        RequestRecord {
+            method: method.into(),
+            path: path.into(),
+            status: Some(status),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_the_demos_health_polls_are_readiness_probes() {
+        assert!(is_readiness_probe(&record("GET", "/health", 503)));
+        assert!(!is_readiness_probe(&record(
+            "POST",
+            "/v1/chat/completions",
+            200
+        )));
+        assert!(!is_readiness_probe(&record("POST", "/health", 200)));
+        assert!(!is_readiness_probe(&record("GET", "/metrics", 200)));
+    }
+
+    #[test]
+    fn the_probes_line_counts_each_answer() {
+        assert_eq!(probes_line(&ProbeTally::new()), None);
+        let probes = ProbeTally::from([(Some(503), 8), (Some(200), 1), (None, 1)]);
+        assert_eq!(
+            probes_line(&probes).as_deref(),
+            Some(
+                "+ 10 readiness probes not shown (the demo's GET /health until the model was \
+                 loaded: 503 ×8, 200 ×1, no response ×1)"
+            )
+        );
+        let one = ProbeTally::from([(Some(200), 1)]);
+        assert!(probes_line(&one).is_some_and(|l| l.starts_with("+ 1 readiness probe not shown")));
+    }
 }
