@@ -9,10 +9,7 @@
 
 use std::time::Instant;
 
-use inferscope::{
-    capture::SyscallEvent,
-    correlate::{Peer, Tracker},
-};
+use inferscope::testing::{Peer, SyscallEvent, Tracker};
 use inferscope_common::SyscallKind;
 use inferscope_decode::http::Limits;
 

@@ -11,7 +11,7 @@
 
 use std::time::Instant;
 
-use inferscope::engines::{self, IpcBytes, IpcDirection};
+use inferscope::testing::{IpcBytes, IpcDirection, engine};
 
 fn main() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/vllm/0.33.0");
@@ -25,7 +25,7 @@ fn main() {
     let bytes: usize = streams.iter().map(|s| s.0.len()).sum();
     // 1 start-up message, 5 inputs, 6 outputs per round.
     let messages_per_round = 12u64;
-    let vllm = engines::by_name("vllm").expect("vllm engine");
+    let vllm = engine("vllm").expect("vllm engine");
     let rounds = 20_000u64;
     let mut steps = Vec::new();
     let start = Instant::now();

@@ -11,15 +11,16 @@
 //! a later stage (`tests/architecture.rs` checks it); the picture, with one record's path from the
 //! ring buffer to an OTLP span, is `docs/src/architecture.md`.
 //!
-//! Only what another crate uses is public: [`cli::main`] for the binary, and the parts the fuzz
-//! targets, benchmarks and integration tests drive directly.
-pub mod capture;
+//! Only what another crate uses is public: [`cli::main`] for the binary, and [`testing`], the
+//! narrow surface the fuzz targets, benchmarks and integration tests drive directly.
+pub(crate) mod capture;
 pub mod cli;
-pub mod correlate;
+pub(crate) mod correlate;
 pub(crate) mod daemon;
-pub mod diagnose;
-pub mod engines;
+pub(crate) mod diagnose;
+pub(crate) mod engines;
 pub(crate) mod export;
-pub mod identity;
+pub(crate) mod identity;
 pub(crate) mod join;
 pub(crate) mod pipeline;
+pub mod testing;

@@ -7,10 +7,7 @@
 //! Input layout: one op per byte (low 3 bits: what; high bits: a parameter); `raw` ops take
 //! their bytes from the input that follows.
 #![no_main]
-use inferscope::{
-    capture::kernel::records::{Kind as SyscallKind, SyscallEvent},
-    correlate::{Peer, Tracker, loss},
-};
+use inferscope::testing::{LOST_REQUEST_NOT_CAPTURED, Peer, SyscallEvent, SyscallKind, Tracker};
 use inferscope_decode::http::Limits;
 use libfuzzer_sys::fuzz_target;
 
@@ -149,7 +146,7 @@ fuzz_target!(|data: &[u8]| {
     }
     f.t.finish_all(f.ts + 1, &mut f.out);
     let answered = f.out.iter().filter(|r| r.status.is_some()).count() as u64
-        + f.t.stats().get(loss::LOST_REQUEST_NOT_CAPTURED);
+        + f.t.stats().get(LOST_REQUEST_NOT_CAPTURED);
     assert!(
         answered <= f.heads_shown,
         "{answered} answered requests reported, {} response heads shown",

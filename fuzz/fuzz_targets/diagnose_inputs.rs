@@ -6,7 +6,7 @@
 //! text (`BASELINE|WINDOW`), the rest the file.
 #![no_main]
 
-use inferscope::diagnose::{
+use inferscope::testing::diagnose::{
     self, DeviceSample, EngineConfigSample, EngineSample, Inputs, RequestSample, Timeline,
     parse_window, read_jsonl, read_steps,
 };

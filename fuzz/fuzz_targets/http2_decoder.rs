@@ -17,7 +17,7 @@
 //! whose low 15 bits are the length, then that many bytes (fewer at the end of the input).
 #![no_main]
 
-use inferscope::engines;
+use inferscope::testing::call_stream;
 use inferscope_decode::{
     http::Chunk,
     http2::{
@@ -96,7 +96,7 @@ fuzz_target!(|data: &[u8]| {
         |path| path.len() % 2 == 0,
         |_, _, head| head.first() == Some(&0x1a),
     );
-    let calls = engines::call_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+    let calls = call_stream("/inference.GRPCInferenceService/ModelStreamInfer")
         .expect("Triton declares its call stream");
     let mut stats = Stats::default();
     let mut out = Vec::new();

@@ -5,7 +5,7 @@
 //! is the same when asked again.
 #![no_main]
 
-use inferscope::capture::kernel::btf::{Btf, ExitArgs, SocketWalk, XmitStamp};
+use inferscope::testing::{Btf, ExitArgs, SocketWalk, XmitStamp};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

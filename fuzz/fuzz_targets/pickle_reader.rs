@@ -6,7 +6,7 @@
 //! Input layout: byte 0 picks the limits and the syscall size; the rest is one pickle.
 #![no_main]
 
-use inferscope::engines::{self, IpcBytes, IpcDirection};
+use inferscope::testing::{IpcBytes, IpcDirection, engine};
 use inferscope_decode::pickle::{self, MAX_KEPT_STR, PickleLimits, Value};
 use libfuzzer_sys::fuzz_target;
 
@@ -68,7 +68,7 @@ fuzz_target!(|data: &[u8]| {
             check(&v, &limits, 0);
         }
     }
-    let Some(mut ipc) = engines::by_name("sglang").and_then(|e| e.ipc()) else {
+    let Some(mut ipc) = engine("sglang").and_then(|e| e.ipc()) else {
         return;
     };
     let stream = zmtp(body);

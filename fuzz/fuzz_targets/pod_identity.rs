@@ -4,11 +4,7 @@
 //! pod the cache holds.
 #![no_main]
 
-use inferscope::identity::{
-    container,
-    kube::apply_watch_line,
-    pods::{MAX_PODS, PodStore},
-};
+use inferscope::testing::{MAX_PODS, PodStore, apply_watch_line, container};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

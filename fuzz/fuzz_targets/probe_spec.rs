@@ -2,7 +2,7 @@
 //! panics, and whatever it accepts stays inside the limits the kernel program relies on.
 #![no_main]
 
-use inferscope::capture::elf::user_probes::ProbeSpec;
+use inferscope::testing::ProbeSpec;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -9,7 +9,7 @@
 //! drive the syscall sizes and losses; the rest is the byte stream.
 #![no_main]
 
-use inferscope::engines::{self, IpcBytes, IpcDirection};
+use inferscope::testing::{IpcBytes, IpcDirection, engine};
 use inferscope_decode::{
     msgpack::Reader,
     zmtp::{ZmtpLimits, ZmtpStream},
@@ -49,7 +49,7 @@ fuzz_target!(|data: &[u8]| {
     };
 
     let mut zmtp = ZmtpStream::new(limits);
-    let Some(vllm) = engines::by_name("vllm") else {
+    let Some(vllm) = engine("vllm") else {
         return;
     };
     let Some(mut ipc) = vllm.ipc() else {

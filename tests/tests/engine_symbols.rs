@@ -6,7 +6,7 @@
 
 use std::{path::PathBuf, process::Command, time::Instant};
 
-use inferscope::capture::elf::symbols::ElfSymbols;
+use inferscope::testing::ElfSymbols;
 use inferscope_integration_tests::engine;
 
 fn xllamacpp_library() -> PathBuf {

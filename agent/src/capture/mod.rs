@@ -11,17 +11,17 @@
 //! - [`metrics`]: the engines' own metrics endpoints, scraped.
 //!
 //! The stages and what each may import: `docs/src/architecture.md`.
-pub mod elf;
+pub(crate) mod elf;
 pub(crate) mod gpu;
-pub mod kernel;
+pub(crate) mod kernel;
 pub(crate) mod metrics;
 pub(crate) mod process;
 
-pub use kernel::{
+pub(crate) use kernel::{
     probes::{CaptureConfig, CaptureError, SocketProbes},
-    records::{CapturedEvent, RecordError, SchedEvent, Segment, SockState, SyscallEvent},
+    records::{CapturedEvent, SchedEvent, Segment, SockState, SyscallEvent},
 };
-pub use process::{
+pub(crate) use process::{
     discovery::{Discovery, DiscoveryChange, TargetSelector, TracedProcess},
     fd_class::{FdClass, FdClassifier},
 };

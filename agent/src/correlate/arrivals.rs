@@ -22,13 +22,13 @@ type PeerKey = (u16, IpAddr, u16);
 
 /// One segment: when it arrived, and its payload bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Arrival {
+pub(crate) struct Arrival {
     pub ts_ns: u64,
     pub len: u32,
 }
 
 #[derive(Default)]
-pub struct ArrivalIndex {
+pub(crate) struct ArrivalIndex {
     by_peer: HashMap<PeerKey, VecDeque<Arrival>>,
     by_sock: HashMap<u64, VecDeque<Arrival>>,
     /// Also index segments by address: some connections join that way (they predate the
@@ -88,7 +88,7 @@ fn take_all(times: &mut VecDeque<Arrival>, after_ns: u64, upto_ns: u64) -> Vec<A
 
 /// Which segment of a window is the request's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Pick {
+pub(crate) enum Pick {
     First,
     /// The last one: a window that ends where the request's bytes may already have been
     /// consumed with the segment before them (a TLS handshake's end).
@@ -96,7 +96,7 @@ pub enum Pick {
 }
 
 impl ArrivalIndex {
-    pub fn on_segment(&mut self, segment: &Segment) {
+    pub(crate) fn on_segment(&mut self, segment: &Segment) {
         let arrival = Arrival {
             ts_ns: segment.ts_ns,
             len: segment.data_len,
@@ -112,13 +112,19 @@ impl ArrivalIndex {
 
     /// The first segment received by socket `sock` in `(after_ns, upto_ns]`; segments up to
     /// `upto_ns` are consumed.
-    pub fn first_arrival_on(&mut self, sock: u64, after_ns: u64, upto_ns: u64) -> Option<u64> {
+    #[cfg(test)]
+    pub(crate) fn first_arrival_on(
+        &mut self,
+        sock: u64,
+        after_ns: u64,
+        upto_ns: u64,
+    ) -> Option<u64> {
         self.arrival_on(sock, after_ns, upto_ns, Pick::First)
     }
 
     /// The first (or last) segment received by socket `sock` in `(after_ns, upto_ns]`;
     /// segments up to `upto_ns` are consumed.
-    pub fn arrival_on(
+    pub(crate) fn arrival_on(
         &mut self,
         sock: u64,
         after_ns: u64,
@@ -136,7 +142,7 @@ impl ArrivalIndex {
     /// Every segment received by socket `sock` in `(after_ns, upto_ns]` (at most
     /// [`MAX_PER_PEER`]), oldest first, with its size; segments up to `upto_ns` are consumed.
     /// For a read that may carry several requests (HTTP/2 streams).
-    pub fn all_on(&mut self, sock: u64, after_ns: u64, upto_ns: u64) -> Vec<Arrival> {
+    pub(crate) fn all_on(&mut self, sock: u64, after_ns: u64, upto_ns: u64) -> Vec<Arrival> {
         let Some(times) = self.by_sock.get_mut(&sock) else {
             return Vec::new();
         };
@@ -148,7 +154,7 @@ impl ArrivalIndex {
     }
 
     /// [`ArrivalIndex::all_on`] by peer address.
-    pub fn all_from(
+    pub(crate) fn all_from(
         &mut self,
         local_port: u16,
         remote: SocketAddr,
@@ -166,13 +172,14 @@ impl ArrivalIndex {
     }
 
     /// The socket's connection ended: its address may be reused by the next one.
-    pub fn forget_sock(&mut self, sock: u64) {
+    pub(crate) fn forget_sock(&mut self, sock: u64) {
         self.by_sock.remove(&sock);
     }
 
     /// The first segment from `remote` to `local_port` that arrived in `(after_ns, upto_ns]`;
     /// segments up to `upto_ns` are consumed.
-    pub fn first_arrival(
+    #[cfg(test)]
+    pub(crate) fn first_arrival(
         &mut self,
         local_port: u16,
         remote: SocketAddr,
@@ -184,7 +191,7 @@ impl ArrivalIndex {
 
     /// The first (or last) segment from `remote` to `local_port` in `(after_ns, upto_ns]`;
     /// segments up to `upto_ns` are consumed.
-    pub fn arrival(
+    pub(crate) fn arrival(
         &mut self,
         local_port: u16,
         remote: SocketAddr,
@@ -201,12 +208,12 @@ impl ArrivalIndex {
         found
     }
 
-    pub fn forget_peer(&mut self, local_port: u16, remote: SocketAddr) {
+    pub(crate) fn forget_peer(&mut self, local_port: u16, remote: SocketAddr) {
         self.by_peer
             .remove(&(local_port, remote.ip(), remote.port()));
     }
 
-    pub fn sweep(&mut self, now_ns: u64) {
+    pub(crate) fn sweep(&mut self, now_ns: u64) {
         let cutoff = now_ns.saturating_sub(MAX_AGE_NS);
         let keep = |times: &mut VecDeque<Arrival>| {
             while times.front().is_some_and(|a| a.ts_ns < cutoff) {
@@ -218,12 +225,14 @@ impl ArrivalIndex {
         self.by_sock.retain(|_, times| keep(times));
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.by_peer.values().map(VecDeque::len).sum::<usize>()
             + self.by_sock.values().map(VecDeque::len).sum::<usize>()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.by_peer.is_empty() && self.by_sock.is_empty()
     }
 }

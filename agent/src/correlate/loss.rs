@@ -16,11 +16,11 @@ pub(crate) const LOST_WAITING_OVER_LIMIT: Counter = Counter::RequestsLostWaiting
 /// An answer was written on a connection the agent could not track (its table was full).
 pub(crate) const LOST_CONNECTIONS_OVER_LIMIT: Counter = Counter::RequestsLostConnectionsOverLimit;
 /// Records emitted with `incomplete` set, all reasons together.
-pub const INCOMPLETE_TOTAL: Counter = Counter::RequestsIncomplete;
+pub(crate) const INCOMPLETE_TOTAL: Counter = Counter::RequestsIncomplete;
 
 /// Why a record is incomplete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
+pub(crate) enum Reason {
     /// The ring buffer dropped events of this connection while the request was open.
     EventsLost,
     /// The request or response head was larger than the decoder accepts.
@@ -43,7 +43,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Reason::EventsLost => "events_lost",
             Reason::HeadTooLarge => "head_too_large",
@@ -58,7 +58,7 @@ impl Reason {
     }
 
     /// The per-reason counter of incomplete records.
-    pub fn counter(self) -> Counter {
+    pub(crate) fn counter(self) -> Counter {
         match self {
             Reason::EventsLost => Counter::RequestsIncompleteEventsLost,
             Reason::HeadTooLarge => Counter::RequestsIncompleteHeadTooLarge,
@@ -89,7 +89,7 @@ impl From<ParseError> for Reason {
 
 /// Whether a read can be proven to start a request: an HTTP method token, a space, and (when
 /// the line is captured whole) an `HTTP/1.x` version at its end.
-pub fn starts_request(payload: &[u8]) -> bool {
+pub(crate) fn starts_request(payload: &[u8]) -> bool {
     let method_len = payload
         .iter()
         .take(17)
@@ -106,7 +106,7 @@ pub fn starts_request(payload: &[u8]) -> bool {
 }
 
 /// Whether a write starts a response head.
-pub fn starts_response(payload: &[u8]) -> bool {
+pub(crate) fn starts_response(payload: &[u8]) -> bool {
     payload.starts_with(b"HTTP/1.")
 }
 

@@ -10,7 +10,7 @@ mod h2_connection;
 mod h2_fields;
 pub(crate) mod launch_merge;
 pub(crate) mod launches;
-pub mod loss;
+pub(crate) mod loss;
 mod peer_close;
 mod request;
 mod sched;
@@ -21,11 +21,11 @@ use std::{
     net::SocketAddr,
 };
 
-pub use arrivals::ArrivalIndex;
+pub(crate) use arrivals::ArrivalIndex;
 use connection::Connection;
 use inferscope_common::SchedKind;
 use inferscope_decode::http::{Limits, RequestEvent, ResponseEvent};
-pub use inferscope_model::{EndedBy, RequestRecord, Stats, StepMember, StepRecord, StepRef};
+pub(crate) use inferscope_model::{EndedBy, RequestRecord, Stats, StepMember, StepRecord};
 use loss::Ending;
 use peer_close::PeerCloses;
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -61,7 +61,7 @@ pub struct Peer {
 /// merged and due for capture, which summarises writes that match it (see
 /// `docs/src/token-events.md`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TemplateUpdate {
+pub(crate) struct TemplateUpdate {
     pub tgid: u32,
     pub template: inferscope_decode::http::TokenTemplate,
 }

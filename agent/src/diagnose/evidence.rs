@@ -7,7 +7,7 @@ use super::{Inputs, TimeWindow};
 
 /// Everything measured over one window; `None` where the inputs lack the data.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct WindowSignals {
+pub(crate) struct WindowSignals {
     /// Requests that arrived in the window with a TTFT.
     pub requests: usize,
     pub ttft_ms: Vec<f64>,

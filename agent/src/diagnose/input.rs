@@ -193,9 +193,9 @@ pub struct Inputs {
 }
 
 /// Lines longer than this are skipped (a record is well under 4 KiB).
-pub const MAX_LINE_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_LINE_BYTES: usize = 64 * 1024;
 /// Lines read from one file at most; the rest are counted as dropped.
-pub const MAX_LINES: usize = 5_000_000;
+pub(crate) const MAX_LINES: usize = 5_000_000;
 
 /// What reading a JSONL file kept and what it skipped.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -12,22 +12,21 @@
 mod decide;
 mod evidence;
 pub(crate) mod history;
-mod input;
-mod report;
+pub(crate) mod input;
+pub(crate) mod report;
 #[cfg(test)]
 mod tests;
 pub(crate) mod watch;
-mod window;
+pub(crate) mod window;
 
-pub use evidence::WindowSignals;
-pub use input::{
-    DeviceSample, EngineConfigSample, EngineSample, InputError, Inputs, MAX_LINE_BYTES, MAX_LINES,
-    ReadStats, RequestSample, StepSample, read_jsonl, read_steps,
+pub(crate) use evidence::WindowSignals;
+pub(crate) use input::{
+    DeviceSample, EngineConfigSample, EngineSample, Inputs, ReadStats, RequestSample, StepSample,
+    read_jsonl, read_steps,
 };
-pub use report::render;
+pub(crate) use report::render;
 use serde::Serialize;
-pub(crate) use window::human_ns;
-pub use window::{Bound, TimeWindow, Timeline, WindowError, WindowSpec, parse_window};
+pub(crate) use window::{TimeWindow, Timeline, human_ns, parse_window};
 
 /// The phase of TTFT that grew the most.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

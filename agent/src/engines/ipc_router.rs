@@ -20,13 +20,13 @@ pub(crate) trait EngineWord {
 }
 
 #[derive(Default)]
-pub struct IpcRouter {
+pub(crate) struct IpcRouter {
     decoders: FxHashMap<&'static str, Box<dyn EngineIpc>>,
     engine_of: FxHashMap<u32, &'static str>,
 }
 
 impl IpcRouter {
-    pub fn add_process(&mut self, tgid: u32, engine: &'static str) {
+    pub(crate) fn add_process(&mut self, tgid: u32, engine: &'static str) {
         self.engine_of.insert(tgid, engine);
         if !self.decoders.contains_key(engine)
             && let Some(decoder) = by_name(engine).and_then(|e| e.ipc())
@@ -38,7 +38,7 @@ impl IpcRouter {
         }
     }
 
-    pub fn forget_process(&mut self, tgid: u32) {
+    pub(crate) fn forget_process(&mut self, tgid: u32) {
         if let Some(engine) = self.engine_of.remove(&tgid)
             && let Some(decoder) = self.decoders.get_mut(engine)
         {
@@ -47,7 +47,7 @@ impl IpcRouter {
     }
 
     /// Whether `tgid`'s engine decodes IPC sockets.
-    pub fn wants(&self, tgid: u32) -> bool {
+    pub(crate) fn wants(&self, tgid: u32) -> bool {
         self.engine_of
             .get(&tgid)
             .is_some_and(|e| self.decoders.contains_key(e))
@@ -59,7 +59,7 @@ impl IpcRouter {
     }
 
     /// One captured syscall, which entered the kernel at `at_ns`.
-    pub fn on_bytes(
+    pub(crate) fn on_bytes(
         &mut self,
         bytes: &IpcBytes<'_>,
         at_ns: u64,
@@ -71,13 +71,13 @@ impl IpcRouter {
         }
     }
 
-    pub fn on_close(&mut self, tgid: u32, fd: i32) {
+    pub(crate) fn on_close(&mut self, tgid: u32, fd: i32) {
         if let Some(decoder) = self.decoder(tgid) {
             decoder.on_close(tgid, fd);
         }
     }
 
-    pub fn counters(&self) -> Vec<(Counter, u64)> {
+    pub(crate) fn counters(&self) -> Vec<(Counter, u64)> {
         self.decoders.values().flat_map(|d| d.counters()).collect()
     }
 }

@@ -15,12 +15,11 @@ mod triton;
 mod vllm;
 mod zmq_reader;
 
-pub use inferscope_model::metric_names::{MetricSource, MetricsEndpoint, Signal};
+pub(crate) use inferscope_model::metric_names::{MetricSource, MetricsEndpoint, Signal};
 use inferscope_model::{Counter, RequestRecord, StepRecord};
-pub(crate) use ipc_router::EngineWord;
-pub use ipc_router::IpcRouter;
+pub(crate) use ipc_router::{EngineWord, IpcRouter};
 
-pub use crate::capture::{
+pub(crate) use crate::capture::{
     elf::sched_hooks::{HookLayout, HookSet, SchedulerHook, StructMember},
     process::discovery::ProcessInfo,
 };
@@ -241,7 +240,7 @@ pub(crate) fn decodes_ipc(engine: &str) -> bool {
 
 /// The scheduler settings of `engine`'s process from its arguments (empty for engines without
 /// a flag table, or none of those flags given: the engine's defaults).
-pub fn scheduler_config<S: AsRef<str>>(
+pub(crate) fn scheduler_config<S: AsRef<str>>(
     engine: &str,
     args: &[S],
 ) -> std::collections::BTreeMap<String, String> {

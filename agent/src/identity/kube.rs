@@ -28,7 +28,7 @@ const MAX_EVENT_BYTES: usize = 4 << 20;
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone)]
-pub struct KubeConfig {
+pub(crate) struct KubeConfig {
     pub tls: bool,
     pub host: String,
     pub port: u16,
@@ -67,7 +67,7 @@ impl KubeConfig {
     /// CA, the node from NODE_NAME (the DaemonSet sets it from spec.nodeName).
     /// INFERSCOPE_KUBE_API=http(s)://host:port points elsewhere (`kubectl proxy`, tests).
     /// `None` outside Kubernetes: the agent then names processes by container id and pid.
-    pub fn from_env() -> Option<KubeConfig> {
+    pub(crate) fn from_env() -> Option<KubeConfig> {
         let node_name = std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty())?;
         let sa = PathBuf::from(SERVICE_ACCOUNT);
         let existing = |name: &str| Some(sa.join(name)).filter(|p| p.exists());
@@ -129,7 +129,7 @@ trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 /// Starts the watcher on `runtime`; returns the store the pipeline reads.
-pub fn start(config: KubeConfig, runtime: &tokio::runtime::Handle) -> Arc<PodStore> {
+pub(crate) fn start(config: KubeConfig, runtime: &tokio::runtime::Handle) -> Arc<PodStore> {
     let store = Arc::new(PodStore::default());
     info!(
         node = config.node_name,
@@ -141,7 +141,7 @@ pub fn start(config: KubeConfig, runtime: &tokio::runtime::Handle) -> Arc<PodSto
 }
 
 /// List, then watch from the list's resourceVersion; on any failure count it, wait, re-list.
-pub async fn watch_pods(config: KubeConfig, store: Arc<PodStore>) {
+pub(crate) async fn watch_pods(config: KubeConfig, store: Arc<PodStore>) {
     let mut backoff = config.backoff;
     let mut failing = false;
     loop {

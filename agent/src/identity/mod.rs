@@ -10,8 +10,8 @@
 //!
 //! Where this stage sits and what it may import: `docs/src/architecture.md`.
 pub mod container;
-pub mod kube;
-pub mod pods;
+pub(crate) mod kube;
+pub(crate) mod pods;
 
 use std::sync::Arc;
 
@@ -23,7 +23,7 @@ use rustc_hash::FxHashMap;
 /// Processes whose identity is kept at once (engines on one node: a few dozen).
 const MAX_PROCESSES: usize = 4096;
 
-pub use inferscope_model::ProcessIdentity;
+pub(crate) use inferscope_model::ProcessIdentity;
 
 struct Entry {
     container: Option<ContainerId>,
@@ -36,7 +36,7 @@ struct Entry {
 
 /// Per-process identities, resolved on first use and refreshed when the pod cache changes.
 #[derive(Default)]
-pub struct Identities {
+pub(crate) struct Identities {
     pods: Option<Arc<PodStore>>,
     procs: FxHashMap<u32, Entry>,
     /// Records of a containerised process whose pod the API has not described.
@@ -47,7 +47,7 @@ pub struct Identities {
 
 impl Identities {
     /// `pods`: the Kubernetes pod cache, where the agent runs in Kubernetes.
-    pub fn new(pods: Option<Arc<PodStore>>) -> Self {
+    pub(crate) fn new(pods: Option<Arc<PodStore>>) -> Self {
         Identities {
             pods,
             ..Default::default()
@@ -55,7 +55,7 @@ impl Identities {
     }
 
     /// The identity of `pid` for a record now finished; `None` for a process on the host.
-    pub fn of(&mut self, pid: u32) -> Option<ProcessIdentity> {
+    pub(crate) fn of(&mut self, pid: u32) -> Option<ProcessIdentity> {
         if !self.procs.contains_key(&pid) {
             let entry = Entry {
                 container: container::of_process(pid),
@@ -120,17 +120,18 @@ impl Identities {
     }
 
     /// The process exited.
-    pub fn forget(&mut self, pid: u32) {
+    pub(crate) fn forget(&mut self, pid: u32) {
         self.procs.remove(&pid);
     }
 
     /// Whether `pid`'s identity is kept.
-    pub fn knows(&self, pid: u32) -> bool {
+    #[cfg(test)]
+    pub(crate) fn knows(&self, pid: u32) -> bool {
         self.procs.contains_key(&pid)
     }
 
     /// The agent's own counters for the identity layer (`inferscope_agent_events_total`).
-    pub fn counters(&self) -> Vec<(Counter, u64)> {
+    pub(crate) fn counters(&self) -> Vec<(Counter, u64)> {
         let mut out = vec![
             (Counter::IdentityPodUnknown, self.pod_unknown),
             (Counter::IdentityTableFull, self.table_full),

@@ -581,7 +581,7 @@ mod tests {
 
     #[test]
     fn engine_listed_steps_join_kernels_of_their_engine_process() {
-        use crate::correlate::StepRef;
+        use inferscope_model::StepRef;
         let mut b = B::new(TimelineLimits::default());
         // Steps seen in process 7 (vLLM's API server) list engine ids; process 8 (its
         // EngineCore) launched their kernels. The second step's start is unknown (after an idle

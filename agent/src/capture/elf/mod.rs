@@ -4,6 +4,6 @@
 //! file ([`user_probes`]), and OpenSSL's read and write functions for HTTPS ([`tls`]).
 pub(crate) mod dwarf;
 pub(crate) mod sched_hooks;
-pub mod symbols;
+pub(crate) mod symbols;
 pub(crate) mod tls;
-pub mod user_probes;
+pub(crate) mod user_probes;

@@ -16,7 +16,7 @@ use crate::capture::{
 
 /// What one attach pass did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct HookOutcome {
+pub(crate) struct HookOutcome {
     pub live: usize,
     /// Indices (in the engine's hook list) of hooks whose function was not found: worth trying
     /// again once the process maps more of the engine.
@@ -57,7 +57,7 @@ pub struct HookLayout {
 
 /// What an engine plugin asks capture to hook in its processes (see `engines::Engine`).
 #[derive(Debug, Clone, Copy)]
-pub struct HookSet {
+pub(crate) struct HookSet {
     pub hooks: &'static [SchedulerHook],
     /// Which mapped files (by file-name substring) hold those functions.
     pub objects: &'static [&'static str],

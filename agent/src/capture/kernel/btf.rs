@@ -7,7 +7,7 @@
 //! The bytes come from a file: every length and offset is checked, nothing panics.
 
 /// The kernel's BTF, as sysfs exposes it.
-pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
+pub(crate) const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 
 const MAGIC: u16 = 0xeb9f;
 const HEADER_LEN: usize = 24;
@@ -394,7 +394,7 @@ impl XmitStamp {
 }
 
 /// Every offset the kernel programs take from the running kernel's BTF, or why each is missing.
-pub struct KernelOffsets {
+pub(crate) struct KernelOffsets {
     pub socket_walk: Result<SocketWalk, String>,
     pub exit_args: Result<ExitArgs, String>,
     pub xmit_stamp: Result<XmitStamp, String>,
@@ -406,7 +406,7 @@ pub struct KernelOffsets {
 }
 
 /// Reads and parses `/sys/kernel/btf/vmlinux` (several MB) once for all of [`KernelOffsets`].
-pub fn kernel_offsets() -> KernelOffsets {
+pub(crate) fn kernel_offsets() -> KernelOffsets {
     let missing =
         |(s, m): (&str, &str)| format!("the kernel's BTF has no member {m} in struct {s}");
     let parsed = std::fs::read(VMLINUX)

@@ -8,7 +8,7 @@ use inferscope_common::{
 
 /// A kernel or graph launch, as the uprobe saw it at the call's entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LaunchEvent {
+pub(crate) struct LaunchEvent {
     pub api: GpuApi,
     pub tgid: u32,
     pub tid: u32,
@@ -26,7 +26,7 @@ pub struct LaunchEvent {
 }
 
 impl LaunchEvent {
-    pub fn from_record(r: &GpuLaunchRecord) -> Option<Self> {
+    pub(crate) fn from_record(r: &GpuLaunchRecord) -> Option<Self> {
         Some(Self {
             api: GpuApi::from_u8(r.api)?,
             tgid: r.tgid,
@@ -47,7 +47,7 @@ impl LaunchEvent {
 /// A kernel handle named by the driver (or, for `cuKernelGetFunction`, a function handle that is
 /// the kernel `alias`; for `cudaGetKernel`, a kernel handle of host stub `alias`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NameEvent<'a> {
+pub(crate) struct NameEvent<'a> {
     pub api: GpuApi,
     pub tgid: u32,
     pub handle: u64,
@@ -60,7 +60,7 @@ pub struct NameEvent<'a> {
 
 impl<'a> NameEvent<'a> {
     /// The event in `bytes`, a [`GpuNameRecord`] the kernel wrote.
-    pub fn parse(bytes: &'a [u8]) -> Option<Self> {
+    pub(crate) fn parse(bytes: &'a [u8]) -> Option<Self> {
         let size = std::mem::size_of::<GpuNameRecord>();
         let raw = bytes.get(..size)?;
         // SAFETY: length checked above; GpuNameRecord is Pod (every bit pattern is a value) and

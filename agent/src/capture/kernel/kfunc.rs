@@ -14,7 +14,7 @@ const MOVE_R1_TO_R0: [u8; 8] = [0xbf, 0x10, 0, 0, 0, 0, 0, 0];
 const INSN: usize = 8;
 
 #[derive(Debug, thiserror::Error)]
-pub enum KfuncError {
+pub(crate) enum KfuncError {
     #[error("the eBPF object is not a readable ELF file ({0}): rebuild the agent")]
     Object(#[from] object::Error),
     #[error("the eBPF object has no bpf_rdonly_cast call to patch: rebuild the agent")]
@@ -22,7 +22,7 @@ pub enum KfuncError {
 }
 
 /// An eBPF object with its kfunc calls patched, 8-byte aligned as the ELF reader needs it.
-pub struct PatchedObject {
+pub(crate) struct PatchedObject {
     words: Vec<u64>,
     len: usize,
     /// How many calls were patched.
@@ -30,7 +30,7 @@ pub struct PatchedObject {
 }
 
 impl PatchedObject {
-    pub fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         // SAFETY: `words` holds at least `len` initialised bytes (see `patch`), and u8 has no
         // alignment or validity requirements.
         unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), self.len) }
@@ -44,7 +44,7 @@ impl PatchedObject {
 
 /// `object` with every `bpf_rdonly_cast` call given `rdonly_cast`, the kernel's BTF id of the
 /// function, or a register move where that is None.
-pub fn patch(object: &[u8], rdonly_cast: Option<u32>) -> Result<PatchedObject, KfuncError> {
+pub(crate) fn patch(object: &[u8], rdonly_cast: Option<u32>) -> Result<PatchedObject, KfuncError> {
     let mut patched = PatchedObject {
         words: vec![0; object.len().div_ceil(INSN)],
         len: object.len(),

@@ -4,14 +4,14 @@
 //! ([`tracefs`]) and struct member offsets it has ([`btf`]), the token-event template the exit
 //! program compares ([`stream_template`]), what the agent's capabilities allow on this
 //! kernel ([`privileges`]), and what its verifier made of each program ([`verifier`]).
-pub mod btf;
+pub(crate) mod btf;
 pub(crate) mod chunks;
 pub(crate) mod commands;
-pub mod gpu_records;
-pub mod kfunc;
+pub(crate) mod gpu_records;
+pub(crate) mod kfunc;
 pub(crate) mod privileges;
 pub(crate) mod probes;
-pub mod records;
+pub(crate) mod records;
 pub(crate) mod stream_template;
 pub(crate) mod tracefs;
-pub mod verifier;
+pub(crate) mod verifier;

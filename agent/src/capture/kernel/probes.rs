@@ -28,7 +28,7 @@ pub(crate) const TESTED_KERNELS: &str = "5.10, 6.1, 6.12 and 7.3";
 
 /// Sizes of the kernel-side buffers.
 #[derive(Debug, Clone, Copy)]
-pub struct CaptureConfig {
+pub(crate) struct CaptureConfig {
     /// Payload prefix copied per syscall (at most [`MAX_CAPTURE_BYTES`]).
     pub capture_bytes: u32,
     /// Ring buffer size in bytes (a power of two, at least one page).
@@ -49,7 +49,7 @@ impl Default for CaptureConfig {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum CaptureError {
+pub(crate) enum CaptureError {
     #[error(
         "loading the eBPF programs failed: {0}. inferscope needs root (or {caps}) and a kernel with BTF",
         caps = crate::capture::kernel::privileges::capabilities_needed()
@@ -201,7 +201,7 @@ pub(super) fn program_object() -> &'static [u8] {
     PROGRAM_OBJECT
 }
 
-pub struct SocketProbes {
+pub(crate) struct SocketProbes {
     // Keeps programs and links alive; dropping it detaches everything.
     ebpf: Ebpf,
     /// Scheduler uprobes attached per process, to detach when it goes.
@@ -277,7 +277,7 @@ fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, Captu
 }
 
 impl SocketProbes {
-    pub fn load(config: CaptureConfig) -> Result<Self, CaptureError> {
+    pub(crate) fn load(config: CaptureConfig) -> Result<Self, CaptureError> {
         if config.capture_bytes as usize > MAX_CAPTURE_BYTES {
             return Err(CaptureError::Config(format!(
                 "capture size {} exceeds the maximum of {MAX_CAPTURE_BYTES} bytes",
@@ -611,14 +611,14 @@ impl SocketProbes {
         })
     }
 
-    pub fn events(&mut self) -> &mut RingBuf<MapData> {
+    pub(crate) fn events(&mut self) -> &mut RingBuf<MapData> {
         &mut self.events
     }
 
     /// Close records the ring buffer had no room for, taken out of the kernel's map (as the
     /// bytes of a ring record). Read them only once the ring is read empty: every record of
     /// their connection the kernel kept came before them.
-    pub fn take_lost_closes(&mut self) -> Vec<Vec<u8>> {
+    pub(crate) fn take_lost_closes(&mut self) -> Vec<Vec<u8>> {
         let ids: Vec<u64> = self.lost_closes.keys().filter_map(Result::ok).collect();
         let mut closes = Vec::with_capacity(ids.len());
         for id in ids {
@@ -643,7 +643,7 @@ impl SocketProbes {
     /// written for less than the batch span), as the bytes of the ring records they would have
     /// gone out in. For the agent's last drain: the kernel may be adding to a batch as it is
     /// read, so an event being added may be missing or its size or time wrong.
-    pub fn waiting_token_batches(&self) -> Vec<Vec<u8>> {
+    pub(crate) fn waiting_token_batches(&self) -> Vec<Vec<u8>> {
         self.stream_templates
             .iter()
             .filter_map(Result::ok)
@@ -664,17 +664,17 @@ impl SocketProbes {
             .collect()
     }
 
-    pub fn events_fd(&self) -> RawFd {
+    pub(crate) fn events_fd(&self) -> RawFd {
         self.events.as_fd().as_raw_fd()
     }
 
-    pub fn trace_process(&mut self, tgid: u32) {
+    pub(crate) fn trace_process(&mut self, tgid: u32) {
         if let Err(e) = set_bit(&mut self.targets, tgid, true) {
             warn!("cannot trace pid {tgid}: {e}");
         }
     }
 
-    pub fn untrace_process(&mut self, tgid: u32) {
+    pub(crate) fn untrace_process(&mut self, tgid: u32) {
         let _ = set_bit(&mut self.targets, tgid, false);
         let _ = set_bit(&mut self.unknown_fds, tgid, false);
         let _ = set_bit(&mut self.verdict_pids, tgid, false);
@@ -685,7 +685,7 @@ impl SocketProbes {
 
     /// Whether fds of `tgid` the kernel does not know as connections are captured too (for
     /// engines whose IPC the agent decodes).
-    pub fn capture_unknown_fds(&mut self, tgid: u32, on: bool) {
+    pub(crate) fn capture_unknown_fds(&mut self, tgid: u32, on: bool) {
         if let Err(e) = set_bit(&mut self.unknown_fds, tgid, on) {
             warn!("cannot set IPC capture for pid {tgid}: {e}");
         }
@@ -693,7 +693,7 @@ impl SocketProbes {
 
     /// Registers a connection that predates the agent on `fd`, unless the kernel already knows
     /// what the fd holds (an accept seen meanwhile wins). Whether it was added.
-    pub fn register_preexisting(&mut self, tgid: u32, fd: i32, entry: ConnEntry) -> bool {
+    pub(crate) fn register_preexisting(&mut self, tgid: u32, fd: i32, entry: ConnEntry) -> bool {
         const BPF_NOEXIST: u64 = 1;
         self.conns
             .insert(fd_key(tgid, fd), entry, BPF_NOEXIST)
@@ -701,7 +701,7 @@ impl SocketProbes {
     }
 
     /// Drops a registration made by [`Self::register_preexisting`] if it still holds `id`.
-    pub fn unregister_preexisting(&mut self, tgid: u32, fd: i32, id: u64) {
+    pub(crate) fn unregister_preexisting(&mut self, tgid: u32, fd: i32, id: u64) {
         let key = fd_key(tgid, fd);
         if self.conns.get(&key, 0).is_ok_and(|e| e.id == id) {
             let _ = self.conns.remove(&key);
@@ -709,57 +709,57 @@ impl SocketProbes {
     }
 
     /// fexit on inet_csk_accept is attached: accepted fds are known TCP or known not.
-    pub fn sock_hook(&self) -> bool {
+    pub(crate) fn sock_hook(&self) -> bool {
         self.sock_hook
     }
 
     /// Why fexit on inet_csk_accept is not attached (None: it is).
-    pub fn sock_hook_refused(&self) -> Option<&str> {
+    pub(crate) fn sock_hook_refused(&self) -> Option<&str> {
         self.sock_hook_refused.as_deref()
     }
 
     /// Whether the accept's exit finds a new connection's socket from its fd, where fexit is
     /// refused (else its first read learns it).
-    pub fn socket_walk(&self) -> bool {
+    pub(crate) fn socket_walk(&self) -> bool {
         self.socket_walk
     }
 
     /// Why reads need an entry program here (None: their exits take the arguments from the
     /// thread's saved registers).
-    pub fn reads_at_entry_reason(&self) -> Option<&str> {
+    pub(crate) fn reads_at_entry_reason(&self) -> Option<&str> {
         self.reads_at_entry.as_deref()
     }
 
     /// Why writes keep their entry programs (None: they take their arguments at their exit).
-    pub fn writes_at_entry_reason(&self) -> Option<&str> {
+    pub(crate) fn writes_at_entry_reason(&self) -> Option<&str> {
         self.writes_at_entry.as_deref()
     }
 
     /// Every program of the object on this kernel: loaded, refused or unused, and the
     /// instructions its verifier walked.
-    pub fn programs(&self) -> Vec<super::verifier::ProgramState> {
+    pub(crate) fn programs(&self) -> Vec<super::verifier::ProgramState> {
         super::verifier::program_states(&self.ebpf, &self.refused)
     }
 
     /// How exits that take their arguments load the saved registers and the transmit stamp:
     /// through typed pointers (`bpf_rdonly_cast`) or with helper calls, and why.
-    pub fn exit_loads(&self) -> &str {
+    pub(crate) fn exit_loads(&self) -> &str {
         &self.exit_loads
     }
 
-    pub fn watch_port(&mut self, port: u16) {
+    pub(crate) fn watch_port(&mut self, port: u16) {
         if let Err(e) = set_bit(&mut self.ports, u32::from(port), true) {
             warn!("cannot watch port {port}: {e}");
         }
     }
 
-    pub fn unwatch_port(&mut self, port: u16) {
+    pub(crate) fn unwatch_port(&mut self, port: u16) {
         let _ = set_bit(&mut self.ports, u32::from(port), false);
     }
 
     /// Captures up to `bytes` of each send/receive of `tgid` (in chunk records beyond one
     /// record's worth), for engines whose IPC messages are decoded whole; 0 stops it.
-    pub fn capture_large(&mut self, tgid: u32, bytes: u32) {
+    pub(crate) fn capture_large(&mut self, tgid: u32, bytes: u32) {
         if bytes == 0 {
             let _ = self.large_capture.remove(&tgid);
         } else if let Err(e) = self.large_capture.insert(tgid, bytes, 0) {
@@ -769,7 +769,7 @@ impl SocketProbes {
 
     /// Stops payload capture for the connection generation `conn_gen` of one fd; a connection
     /// that reuses the fd number later is captured again.
-    pub fn ignore_connection(&mut self, tgid: u32, fd: i32, conn_gen: u64) {
+    pub(crate) fn ignore_connection(&mut self, tgid: u32, fd: i32, conn_gen: u64) {
         let _ = self.fd_verdicts.insert(fd_key(tgid, fd), conn_gen, 0);
         // After the verdict: the kernel looks for verdicts of this process from now on.
         if let Err(e) = set_bit(&mut self.verdict_pids, tgid, true) {
@@ -779,7 +779,7 @@ impl SocketProbes {
 
     /// The connection `conn_gen` on `fd` carries engine IPC: the kernel's adaptive capture must
     /// not cut its writes behind a filling ring buffer (a cut message is a lost message).
-    pub fn keep_whole(&mut self, tgid: u32, fd: i32, conn_gen: u64) {
+    pub(crate) fn keep_whole(&mut self, tgid: u32, fd: i32, conn_gen: u64) {
         if let Err(e) = self.keep_whole.insert(fd_key(tgid, fd), conn_gen, 0) {
             warn!("pid {tgid}: cannot exempt IPC connection on fd {fd} from cut captures: {e}");
         }
@@ -788,7 +788,7 @@ impl SocketProbes {
     /// Installs process `tgid`'s token event template: each of its connections takes it at
     /// its next response head, and then sends writes that are one whole token event of it as
     /// payload-free token records.
-    pub fn set_process_template(&mut self, tgid: u32, template: &StreamTemplate) {
+    pub(crate) fn set_process_template(&mut self, tgid: u32, template: &StreamTemplate) {
         self.template_version = self.template_version.wrapping_add(1);
         let template = StreamTemplate {
             version: self.template_version,
@@ -800,7 +800,7 @@ impl SocketProbes {
     }
 
     /// Kernel-side counters summed over CPUs, and the programs this kernel could not take.
-    pub fn counters(&self) -> Vec<(inferscope_model::Counter, u64)> {
+    pub(crate) fn counters(&self) -> Vec<(inferscope_model::Counter, u64)> {
         Counter::ALL
             .iter()
             .map(|&c| (inferscope_model::counters::kernel(c), self.counter(c)))
@@ -813,7 +813,7 @@ impl SocketProbes {
 
     /// Attaches the engine uprobe `program` at `file_offset` of `object`, for process `tgid`
     /// only, with `cookie` for the program to read.
-    pub fn attach_uprobe(
+    pub(crate) fn attach_uprobe(
         &mut self,
         program: &str,
         object: &std::path::Path,
@@ -829,7 +829,7 @@ impl SocketProbes {
     /// Attaches a return program and its entry program at one function, the return first: an
     /// entry whose return never runs would leave call state behind on every call. Neither
     /// stays attached if the other fails.
-    pub fn attach_uprobe_pair(
+    pub(crate) fn attach_uprobe_pair(
         &mut self,
         (entry, ret): (&str, &str),
         object: &std::path::Path,
@@ -902,7 +902,11 @@ impl SocketProbes {
     }
 
     /// Tells the user-defined probe program how probe `index` reads its value.
-    pub fn set_user_probe(&mut self, index: u32, config: UserProbeConfig) -> Result<(), String> {
+    pub(crate) fn set_user_probe(
+        &mut self,
+        index: u32,
+        config: UserProbeConfig,
+    ) -> Result<(), String> {
         self.user_configs
             .set(index, config, 0)
             .map_err(|e| format!("writing probe configuration {index}: {e}"))
@@ -910,7 +914,7 @@ impl SocketProbes {
 
     /// Attaches user-defined probe `index` (its attach cookie) at `file_offset` of `object`, for
     /// process `tgid` only; `at_return` picks the return-probe program.
-    pub fn attach_user_probe(
+    pub(crate) fn attach_user_probe(
         &mut self,
         index: u32,
         at_return: bool,
@@ -932,7 +936,7 @@ impl SocketProbes {
     }
 
     /// Detaches user-defined probe `index` from `tgid` (it keeps failing).
-    pub fn detach_user_probe(&mut self, tgid: u32, index: u32) {
+    pub(crate) fn detach_user_probe(&mut self, tgid: u32, index: u32) {
         for (program, link) in self.user_links.remove(&(tgid, index)).unwrap_or_default() {
             if let Some(Ok(uprobe)) = self.ebpf.program_mut(program).map(<&mut UProbe>::try_from) {
                 let _ = uprobe.detach(link);
@@ -941,7 +945,7 @@ impl SocketProbes {
     }
 
     /// Removes the uprobes of `programs` attached for `tgid`, keeping its others.
-    pub fn detach_uprobe_programs(&mut self, tgid: u32, programs: &[&str]) {
+    pub(crate) fn detach_uprobe_programs(&mut self, tgid: u32, programs: &[&str]) {
         let Some(links) = self.uprobe_links.get_mut(&tgid) else {
             return;
         };
@@ -957,7 +961,7 @@ impl SocketProbes {
     }
 
     /// Removes every uprobe attached for `tgid` (the process went away or is no longer traced).
-    pub fn detach_uprobes(&mut self, tgid: u32) {
+    pub(crate) fn detach_uprobes(&mut self, tgid: u32) {
         let user: Vec<u32> = self
             .user_links
             .keys()
@@ -977,7 +981,7 @@ impl SocketProbes {
     /// Whether this kernel lets the agent attach a uprobe (the `uprobe` PMU wants
     /// CAP_SYS_ADMIN): one of the loaded uprobe programs is attached to libc's `getpid` in this
     /// process only, and detached at once. Err says why not.
-    pub fn uprobe_self_test(&mut self) -> Result<(), String> {
+    pub(crate) fn uprobe_self_test(&mut self) -> Result<(), String> {
         let own = std::process::id();
         let libc_path = crate::capture::process::procfs::mapped_files(own)
             .into_iter()
@@ -1014,7 +1018,7 @@ impl SocketProbes {
     }
 
     /// One kernel counter, summed over CPUs.
-    pub fn counter(&self, counter: Counter) -> u64 {
+    pub(crate) fn counter(&self, counter: Counter) -> u64 {
         self.counters
             .get(&(counter as u32), 0)
             .map(|per_cpu| per_cpu.iter().sum())
@@ -1022,7 +1026,7 @@ impl SocketProbes {
     }
 
     /// Forwards eBPF-side log lines into the agent's log.
-    pub fn flush_logs(&mut self) {
+    pub(crate) fn flush_logs(&mut self) {
         if let Some(logger) = self.logger.as_mut() {
             logger.flush();
         }

@@ -11,7 +11,7 @@ use inferscope_common::{
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum RecordError {
+pub(crate) enum RecordError {
     #[error("ring-buffer record shorter than its header")]
     Short,
     #[error("unknown ring-buffer record type")]
@@ -23,17 +23,8 @@ pub enum RecordError {
 }
 
 impl RecordError {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            RecordError::Short => "record_short",
-            RecordError::UnknownType => "record_unknown_type",
-            RecordError::UnknownKind => "record_unknown_kind",
-            RecordError::BadLength => "record_bad_length",
-        }
-    }
-
     /// The agent counter this failure is counted in.
-    pub fn counter(&self) -> inferscope_model::Counter {
+    pub(crate) fn counter(&self) -> inferscope_model::Counter {
         use inferscope_model::Counter;
 
         match self {
@@ -156,7 +147,7 @@ pub struct UserJoin {
 
 /// One hit of a user-defined probe, before the spec says what it means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct UserProbeHit {
+pub(crate) struct UserProbeHit {
     pub probe: u32,
     pub kind: SchedKind,
     pub tgid: u32,
@@ -168,7 +159,7 @@ pub struct UserProbeHit {
 }
 
 #[derive(Debug, Clone, Copy)]
-pub enum CapturedEvent<'a> {
+pub(crate) enum CapturedEvent<'a> {
     Syscall(SyscallEvent<'a>),
     Segment(Segment),
     SockState(SockState),
@@ -197,7 +188,7 @@ fn read_struct<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
     Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
 }
 
-pub fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
+pub(crate) fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
     let record_type = *bytes.first().ok_or(RecordError::Short)?;
     if record_type == RecordType::Syscall as u8 {
         let header: SyscallRecord = read_struct(bytes).ok_or(RecordError::Short)?;
@@ -333,7 +324,7 @@ fn compact_write(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
 /// ([`TokenBatchRecord`]): each is a write of its own, with its time and size and no payload
 /// (the kernel matched it against the connection's token template).
 #[derive(Debug, Clone, Copy)]
-pub struct TokenBatch<'a> {
+pub(crate) struct TokenBatch<'a> {
     header: TokenBatchRecord,
     entries: &'a [u8],
 }
@@ -354,7 +345,7 @@ impl<'a> TokenBatch<'a> {
 
     /// The batch's token events in the order they were written. The first carries the batch's
     /// record number, the others none (they took no number of their own).
-    pub fn events(&self) -> impl Iterator<Item = SyscallEvent<'static>> + '_ {
+    pub(crate) fn events(&self) -> impl Iterator<Item = SyscallEvent<'static>> + '_ {
         let header = self.header;
         self.entries
             .chunks_exact(std::mem::size_of::<TokenBatchEntry>())

@@ -17,7 +17,7 @@ pub(crate) const AT_RISK_SHARE: f64 = 75.0;
 
 /// Whether this kernel runs a program of the object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProgramLoad {
+pub(crate) enum ProgramLoad {
     Loaded,
     /// The kernel refused it; the agent took the fallback the load log names.
     Refused,
@@ -38,7 +38,7 @@ impl fmt::Display for ProgramLoad {
 
 /// One program of the object on this kernel.
 #[derive(Debug, Clone)]
-pub struct ProgramState {
+pub(crate) struct ProgramState {
     pub name: String,
     pub load: ProgramLoad,
     /// Instructions the verifier walked (kernels since 5.16 report it).
@@ -47,7 +47,7 @@ pub struct ProgramState {
 
 impl ProgramState {
     /// Percent of the verifier's budget the program took.
-    pub fn budget_share(&self) -> Option<f64> {
+    pub(crate) fn budget_share(&self) -> Option<f64> {
         self.verified
             .map(|v| f64::from(v) / f64::from(VERIFIER_BUDGET) * 100.0)
     }

@@ -32,7 +32,7 @@ impl ProcessInfo {
 pub(crate) type ClaimFn = fn(&ProcessInfo, &[String]) -> Option<&'static str>;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TargetSelector {
+pub(crate) enum TargetSelector {
     /// Exactly this process, whatever it runs.
     Pid(u32),
     /// Whichever process listens on this TCP port.
@@ -43,7 +43,7 @@ pub enum TargetSelector {
 
 /// A process being traced.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TracedProcess {
+pub(crate) struct TracedProcess {
     pub tgid: u32,
     pub start_time: u64,
     pub engine: &'static str,
@@ -51,7 +51,7 @@ pub struct TracedProcess {
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct DiscoveryChange {
+pub(crate) struct DiscoveryChange {
     pub added: Vec<TracedProcess>,
     pub removed: Vec<TracedProcess>,
     /// Processes whose listening ports changed: (process as it is now, ports before).
@@ -62,7 +62,7 @@ pub struct DiscoveryChange {
 /// engine library well after it started.
 const RECHECK_UNCLAIMED_EVERY: u64 = 5;
 
-pub struct Discovery {
+pub(crate) struct Discovery {
     selector: TargetSelector,
     claim: ClaimFn,
     own_tgid: u32,
@@ -73,7 +73,7 @@ pub struct Discovery {
 }
 
 impl Discovery {
-    pub fn new(selector: TargetSelector, claim: ClaimFn) -> Self {
+    pub(crate) fn new(selector: TargetSelector, claim: ClaimFn) -> Self {
         Self {
             selector,
             claim,
@@ -84,16 +84,16 @@ impl Discovery {
         }
     }
 
-    pub fn traced(&self) -> impl Iterator<Item = &TracedProcess> {
+    pub(crate) fn traced(&self) -> impl Iterator<Item = &TracedProcess> {
         self.traced.values()
     }
 
-    pub fn engine_of(&self, tgid: u32) -> Option<&'static str> {
+    pub(crate) fn engine_of(&self, tgid: u32) -> Option<&'static str> {
         self.traced.get(&tgid).map(|p| p.engine)
     }
 
     /// One pass over /proc; returns what changed since the last pass.
-    pub fn scan(&mut self) -> DiscoveryChange {
+    pub(crate) fn scan(&mut self) -> DiscoveryChange {
         self.scans += 1;
         let mut seen: HashSet<u32> = HashSet::new();
         let mut change = DiscoveryChange::default();

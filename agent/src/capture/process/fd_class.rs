@@ -15,7 +15,7 @@ use crate::capture::{
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FdClass {
+pub(crate) enum FdClass {
     /// A TCP connection accepted on one of the process's listening ports. `remote` is None when
     /// the kernel joins its arrivals by socket, or the connection was gone before it was read.
     Server {
@@ -34,7 +34,7 @@ const MAX_CACHED: usize = 65536;
 const MAX_NEW_IPC: usize = 1024;
 
 #[derive(Default)]
-pub struct FdClassifier {
+pub(crate) struct FdClassifier {
     /// By (tgid, connection key: the kernel's id, else the fd); looked up once per captured
     /// syscall, hence FxHash.
     cache: FxHashMap<(u32, u64), FdClass>,
@@ -50,7 +50,7 @@ pub struct FdClassifier {
 }
 
 impl FdClassifier {
-    pub fn new(sock_hook: bool) -> Self {
+    pub(crate) fn new(sock_hook: bool) -> Self {
         Self {
             sock_hook,
             ..Self::default()
@@ -58,25 +58,31 @@ impl FdClassifier {
     }
 
     /// A connection found open at attach and registered with the kernel under `id`.
-    pub fn add_preexisting(&mut self, tgid: u32, id: u64, local_port: u16, peer: SocketAddr) {
+    pub(crate) fn add_preexisting(
+        &mut self,
+        tgid: u32,
+        id: u64,
+        local_port: u16,
+        peer: SocketAddr,
+    ) {
         if self.preexisting.len() < MAX_CACHED {
             self.preexisting.insert((tgid, id), (local_port, peer));
         }
     }
 
     /// Drops the class decided for a connection, to be decided again at its next record.
-    pub fn forget_class(&mut self, tgid: u32, key: u64) {
+    pub(crate) fn forget_class(&mut self, tgid: u32, key: u64) {
         self.cache.remove(&(tgid, key));
     }
 
-    pub fn on_close(&mut self, tgid: u32, key: u64) {
+    pub(crate) fn on_close(&mut self, tgid: u32, key: u64) {
         self.cache.remove(&(tgid, key));
         self.preexisting.remove(&(tgid, key));
     }
 
     /// A server connection that turned out not to be HTTP becomes an IPC candidate (once: a
     /// connection already rerouted is not rerouted again). Whether it was.
-    pub fn reroute_to_ipc(&mut self, tgid: u32, key: u64) -> bool {
+    pub(crate) fn reroute_to_ipc(&mut self, tgid: u32, key: u64) -> bool {
         match self.cache.get_mut(&(tgid, key)) {
             Some(class @ FdClass::Server { .. }) => {
                 *class = FdClass::Ipc;
@@ -86,13 +92,14 @@ impl FdClassifier {
         }
     }
 
-    pub fn forget_process(&mut self, tgid: u32) {
+    pub(crate) fn forget_process(&mut self, tgid: u32) {
         self.cache.retain(|(t, _), _| *t != tgid);
         self.preexisting.retain(|(t, _), _| *t != tgid);
     }
 
     /// Whether a connection of `tgid` is classified or registered.
-    pub fn knows_process(&self, tgid: u32) -> bool {
+    #[cfg(test)]
+    pub(crate) fn knows_process(&self, tgid: u32) -> bool {
         self.cache.keys().any(|(t, _)| *t == tgid)
             || self.preexisting.keys().any(|(t, _)| *t == tgid)
     }
@@ -102,7 +109,7 @@ impl FdClassifier {
     /// decode stage says: for ZeroMQ, a greeting or whole frames, which HTTP bytes never are).
     /// A connection accepted on a listening port is IPC when they do: ZeroMQ's tcp:// binds
     /// listen too.
-    pub fn classify(
+    pub(crate) fn classify(
         &mut self,
         ev: &SyscallEvent<'_>,
         listening_ports: &[u16],

@@ -11,8 +11,8 @@ use std::path::PathBuf;
 
 use inferscope_model::Stats;
 use rustc_hash::FxHashMap;
+pub(crate) use spec::ProbeSpec;
 use spec::{At, Join};
-pub use spec::{ProbeSpec, SpecError};
 use tracing::{info, warn};
 
 use crate::capture::{
@@ -25,7 +25,7 @@ use crate::capture::{
 /// Processes whose probe health is tracked at once (bounded like every map).
 const MAX_PROCESSES: usize = 1024;
 
-pub struct UserProbes {
+pub(crate) struct UserProbes {
     spec: ProbeSpec,
     /// (tgid, probe) → consecutive failed reads.
     failures: FxHashMap<(u32, u32), u32>,
@@ -36,7 +36,7 @@ pub struct UserProbes {
 
 impl UserProbes {
     /// Hands the kernel program every probe's read configuration.
-    pub fn new(spec: ProbeSpec, probes: &mut SocketProbes) -> Result<Self, String> {
+    pub(crate) fn new(spec: ProbeSpec, probes: &mut SocketProbes) -> Result<Self, String> {
         for (index, probe) in spec.probes.iter().enumerate() {
             probes.set_user_probe(index as u32, probe.config)?;
         }
@@ -48,7 +48,7 @@ impl UserProbes {
         })
     }
 
-    pub fn stats(&self) -> &Stats {
+    pub(crate) fn stats(&self) -> &Stats {
         &self.stats
     }
 
@@ -56,7 +56,7 @@ impl UserProbes {
     /// a retry does quietly. A probe that cannot be attached is reported and skipped; those
     /// whose object or function was not found come back in `not_found`, to be tried again when
     /// the process maps more objects.
-    pub fn attach(
+    pub(crate) fn attach(
         &mut self,
         probes: &mut SocketProbes,
         tgid: u32,
@@ -151,7 +151,7 @@ impl UserProbes {
     }
 
     /// Whether a mapped file could hold one of the spec's probes.
-    pub fn wants_object(&self, mapped: &str) -> bool {
+    pub(crate) fn wants_object(&self, mapped: &str) -> bool {
         self.spec
             .probes
             .iter()
@@ -160,7 +160,7 @@ impl UserProbes {
 
     /// A probe fired: the scheduler event it stands for, or None when its read failed (after
     /// `max_failures` failures in a row the probe is queued for [`UserProbes::detach_failed`]).
-    pub fn on_hit(&mut self, hit: &UserProbeHit) -> Option<SchedEvent> {
+    pub(crate) fn on_hit(&mut self, hit: &UserProbeHit) -> Option<SchedEvent> {
         let Some(probe) = self.spec.probes.get(hit.probe as usize) else {
             self.stats.bump(Counter::UserProbeUnknownIndex);
             return None;
@@ -203,13 +203,13 @@ impl UserProbes {
     }
 
     /// Detaches the probes whose reads kept failing.
-    pub fn detach_failed(&mut self, probes: &mut SocketProbes) {
+    pub(crate) fn detach_failed(&mut self, probes: &mut SocketProbes) {
         for (tgid, index) in self.to_detach.drain(..) {
             probes.detach_user_probe(tgid, index);
         }
     }
 
-    pub fn forget_process(&mut self, tgid: u32) {
+    pub(crate) fn forget_process(&mut self, tgid: u32) {
         self.failures.retain(|(t, _), _| *t != tgid);
     }
 }
