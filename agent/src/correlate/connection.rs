@@ -420,6 +420,23 @@ impl Connection {
         self.hunt_request = true;
     }
 
+    /// Hunting for a request's start after lost bytes: whether this read starts one (else its
+    /// bytes are skipped, and a connection that never spoke HTTP is given up after a while).
+    fn found_request_start(&mut self, ev: &SyscallEvent<'_>, work: &mut Work<'_>) -> bool {
+        if !loss::starts_request(ev.payload) {
+            work.stats.add(Counter::ResyncBytesSkipped, ev.ret as u64);
+            self.hunted_reads = self.hunted_reads.saturating_add(1);
+            if !self.spoke_http && self.hunted_reads >= MAX_HUNT_READS_BEFORE_HTTP {
+                work.stats.bump(Counter::ConnectionsNeverHttp);
+                self.fail(ev, work.to_ignore);
+            }
+            return false;
+        }
+        self.hunt_request = false;
+        work.stats.bump(Counter::ConnectionResyncs);
+        true
+    }
+
     pub(super) fn on_read(
         &mut self,
         ev: &SyscallEvent<'_>,
@@ -449,18 +466,8 @@ impl Connection {
         if self.failed || self.requests_failed {
             return;
         }
-        if self.hunt_request {
-            if !loss::starts_request(ev.payload) {
-                work.stats.add(Counter::ResyncBytesSkipped, ev.ret as u64);
-                self.hunted_reads = self.hunted_reads.saturating_add(1);
-                if !self.spoke_http && self.hunted_reads >= MAX_HUNT_READS_BEFORE_HTTP {
-                    work.stats.bump(Counter::ConnectionsNeverHttp);
-                    self.fail(ev, work.to_ignore);
-                }
-                return;
-            }
-            self.hunt_request = false;
-            work.stats.bump(Counter::ConnectionResyncs);
+        if self.hunt_request && !self.found_request_start(ev, work) {
+            return;
         }
         let chunk = Chunk {
             bytes: ev.payload,
@@ -470,70 +477,86 @@ impl Connection {
         let mut events = std::mem::take(work.request_events);
         self.requests.feed(chunk, &mut events);
         for event in events.drain(..) {
-            match event {
-                RequestEvent::Started { ts_ns } => {
-                    let wire_ns = self.wire_arrival(arrivals, ts_ns);
-                    if wire_ns.is_none() {
-                        work.stats.bump(Counter::ArrivalWireUnknown);
-                    }
-                    let mut progress =
-                        Box::new(RequestProgress::new(self.next_seq, ev.tid, ts_ns, wire_ns));
-                    self.next_seq += 1;
-                    progress.truncated = ev.truncated && ev.lost_bytes() > 0;
-                    if let Some(old) = self.reading.replace(progress) {
-                        drop(old);
-                        work.stats.bump(Counter::RequestsUnread);
-                    }
-                }
-                RequestEvent::Complete(summary) => {
-                    self.spoke_http = true;
-                    let Some(mut progress) = self.reading.take() else {
-                        work.stats.bump(Counter::RequestCompleteWithoutStart);
-                        continue;
-                    };
-                    progress.request_bytes = summary.head_bytes + summary.body_bytes;
-                    progress.truncated |= summary.body_truncated;
-                    if summary.body_json_error {
-                        work.stats.bump(Counter::RequestBodyJsonError);
-                    }
-                    progress.summary = Some(summary);
-                    if self.server_shut_ns.is_some() {
-                        // Sent after the server said it would answer no more: drained.
-                        work.stats.bump(Counter::RequestsAfterServerShutdown);
-                    }
-                    work.read_complete.push((ev.tid, progress.seq));
-                    self.enqueue(progress, work.stats);
-                }
-                RequestEvent::Error(e) => {
-                    work.stats.bump(e.counter());
-                    if e == ParseError::NotHttp && !self.spoke_http {
-                        match self.reading.take() {
-                            // Kept for the server's answer (a record if it answers, else
-                            // nothing); no more requests are decoded on this connection.
-                            Some(mut progress) if self.waiting.len() < MAX_WAITING => {
-                                work.stats.bump(Counter::RequestsUnparsed);
-                                progress.unparsed = true;
-                                progress.truncated |= ev.truncated;
-                                self.enqueue(progress, work.stats);
-                                self.requests_failed = true;
-                            }
-                            Some(_) => {
-                                work.stats.bump(Counter::RequestsUnparsed);
-                                self.fail(ev, work.to_ignore);
-                            }
-                            // Never HTTP: stop capturing it.
-                            None => self.fail(ev, work.to_ignore),
-                        }
-                    } else {
-                        self.gap(Reason::from(e), 0, ctx, work.stats, work.out);
-                    }
-                    // The rest of this batch came from bytes the decoder no longer trusts.
-                    break;
-                }
+            if !self.apply_request_event(event, ev, arrivals, ctx, work) {
+                break;
             }
         }
         events.clear();
         *work.request_events = events;
+    }
+
+    /// Applies one request event; false when the decoder lost the connection's framing and
+    /// the rest of the batch must be dropped.
+    fn apply_request_event(
+        &mut self,
+        event: RequestEvent,
+        ev: &SyscallEvent<'_>,
+        arrivals: &mut ArrivalIndex,
+        ctx: RecordContext<'_>,
+        work: &mut Work<'_>,
+    ) -> bool {
+        match event {
+            RequestEvent::Started { ts_ns } => {
+                let wire_ns = self.wire_arrival(arrivals, ts_ns);
+                if wire_ns.is_none() {
+                    work.stats.bump(Counter::ArrivalWireUnknown);
+                }
+                let mut progress =
+                    Box::new(RequestProgress::new(self.next_seq, ev.tid, ts_ns, wire_ns));
+                self.next_seq += 1;
+                progress.truncated = ev.truncated && ev.lost_bytes() > 0;
+                if let Some(old) = self.reading.replace(progress) {
+                    drop(old);
+                    work.stats.bump(Counter::RequestsUnread);
+                }
+            }
+            RequestEvent::Complete(summary) => {
+                self.spoke_http = true;
+                let Some(mut progress) = self.reading.take() else {
+                    work.stats.bump(Counter::RequestCompleteWithoutStart);
+                    return true;
+                };
+                progress.request_bytes = summary.head_bytes + summary.body_bytes;
+                progress.truncated |= summary.body_truncated;
+                if summary.body_json_error {
+                    work.stats.bump(Counter::RequestBodyJsonError);
+                }
+                progress.summary = Some(summary);
+                if self.server_shut_ns.is_some() {
+                    // Sent after the server said it would answer no more: drained.
+                    work.stats.bump(Counter::RequestsAfterServerShutdown);
+                }
+                work.read_complete.push((ev.tid, progress.seq));
+                self.enqueue(progress, work.stats);
+            }
+            RequestEvent::Error(e) => {
+                work.stats.bump(e.counter());
+                if e == ParseError::NotHttp && !self.spoke_http {
+                    match self.reading.take() {
+                        // Kept for the server's answer (a record if it answers, else
+                        // nothing); no more requests are decoded on this connection.
+                        Some(mut progress) if self.waiting.len() < MAX_WAITING => {
+                            work.stats.bump(Counter::RequestsUnparsed);
+                            progress.unparsed = true;
+                            progress.truncated |= ev.truncated;
+                            self.enqueue(progress, work.stats);
+                            self.requests_failed = true;
+                        }
+                        Some(_) => {
+                            work.stats.bump(Counter::RequestsUnparsed);
+                            self.fail(ev, work.to_ignore);
+                        }
+                        // Never HTTP: stop capturing it.
+                        None => self.fail(ev, work.to_ignore),
+                    }
+                } else {
+                    self.gap(Reason::from(e), 0, ctx, work.stats, work.out);
+                }
+                // The rest of this batch came from bytes the decoder no longer trusts.
+                return false;
+            }
+        }
+        true
     }
 
     pub(super) fn on_write(
@@ -560,42 +583,7 @@ impl Connection {
             return;
         }
         let head = loss::starts_response(ev.payload);
-        if self.requests_failed
-            && !self.spoke_http
-            && !head
-            && self
-                .waiting
-                .front()
-                .is_some_and(|p| p.unparsed && !p.response_started())
-        {
-            // Neither side speaks HTTP (TLS, another protocol): stop capturing it.
-            work.stats.bump(Counter::RequestsUnparsedUnanswered);
-            self.take_waiting();
-            self.fail(ev, work.to_ignore);
-            return;
-        }
-        if head && self.reading.is_none() && self.waiting.is_empty() {
-            // An answer to no request this side holds (one whose bytes were never captured):
-            // the segments before it were that request's, not the next one's. (Bytes after a
-            // response's end, such as a chunked terminator, may follow the next request's
-            // arrival: a client may send it once it has the last event.)
-            self.last_response_end_ns = self.last_response_end_ns.max(ev.ts_enter_ns);
-        }
-        if self.hunt_response {
-            if !head {
-                work.stats
-                    .add(Counter::ResyncBytesSkipped, ev.ret.max(0) as u64);
-                return;
-            }
-            self.hunt_response = false;
-        }
-        if head && self.take_dropped_answer() {
-            // The answer to a request dropped at the waiting limit: counted, its body skipped
-            // up to the next response head.
-            work.stats.bump(loss::LOST_WAITING_OVER_LIMIT);
-            work.stats.bump(loss::LOST_TOTAL);
-            self.responses.reset();
-            self.hunt_response = true;
+        if self.write_skipped(ev, head, work) {
             return;
         }
         let Some(target) = self.waiting.front_mut().or(self.reading.as_mut()) else {
@@ -627,6 +615,62 @@ impl Connection {
         }
         let is_head = target.summary.as_ref().is_some_and(|s| s.method == "HEAD");
         self.responses.set_next_is_head_reply(is_head);
+        self.feed_response(ev, ctx, work);
+    }
+
+    /// Writes that feed no response: neither side speaks HTTP, bytes skipped while hunting for
+    /// a response head after lost bytes, the answer to a request dropped at the waiting limit.
+    /// Whether `ev` was one (handled here).
+    fn write_skipped(&mut self, ev: &SyscallEvent<'_>, head: bool, work: &mut Work<'_>) -> bool {
+        if self.requests_failed
+            && !self.spoke_http
+            && !head
+            && self
+                .waiting
+                .front()
+                .is_some_and(|p| p.unparsed && !p.response_started())
+        {
+            // Neither side speaks HTTP (TLS, another protocol): stop capturing it.
+            work.stats.bump(Counter::RequestsUnparsedUnanswered);
+            self.take_waiting();
+            self.fail(ev, work.to_ignore);
+            return true;
+        }
+        if head && self.reading.is_none() && self.waiting.is_empty() {
+            // An answer to no request this side holds (one whose bytes were never captured):
+            // the segments before it were that request's, not the next one's. (Bytes after a
+            // response's end, such as a chunked terminator, may follow the next request's
+            // arrival: a client may send it once it has the last event.)
+            self.last_response_end_ns = self.last_response_end_ns.max(ev.ts_enter_ns);
+        }
+        if self.hunt_response {
+            if !head {
+                work.stats
+                    .add(Counter::ResyncBytesSkipped, ev.ret.max(0) as u64);
+                return true;
+            }
+            self.hunt_response = false;
+        }
+        if head && self.take_dropped_answer() {
+            // The answer to a request dropped at the waiting limit: counted, its body skipped
+            // up to the next response head.
+            work.stats.bump(loss::LOST_WAITING_OVER_LIMIT);
+            work.stats.bump(loss::LOST_TOTAL);
+            self.responses.reset();
+            self.hunt_response = true;
+            return true;
+        }
+        false
+    }
+
+    /// Feeds a response write to the decoder (a token write as the token event it stands for),
+    /// and applies what it yields.
+    fn feed_response(
+        &mut self,
+        ev: &SyscallEvent<'_>,
+        ctx: RecordContext<'_>,
+        work: &mut Work<'_>,
+    ) {
         let chunk = Chunk {
             bytes: ev.payload,
             lost: ev.lost_bytes(),

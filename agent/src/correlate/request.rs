@@ -153,19 +153,17 @@ impl RequestProgress {
         };
         let completion_tokens = self.usage.as_ref().and_then(|u| u.completion_tokens);
         let prompt_tokens = self.usage.as_ref().and_then(|u| u.prompt_tokens);
-        // TPOT over tokens where the engine reports them: one SSE event may carry several.
-        let tokens = completion_tokens.unwrap_or(self.output_chunks);
-        let tpot_ms = match (self.first_token_ns, self.last_token_ns) {
-            (Some(first), Some(last)) if tokens > 1 => Some(ms(first, last) / (tokens - 1) as f64),
-            _ => None,
-        };
+        let tpot_ms = self.tpot_ms(completion_tokens);
+        let prefill_ms = self.prefill_ms();
         let mut gaps: Vec<f64> = self.gaps_ns.iter().map(|&g| ns_to_ms(g)).collect();
         gaps.sort_unstable_by(f64::total_cmp);
+        // Left at their defaults: what the join adds later (the engine's IPC stamps and steps,
+        // the engine metrics at arrival, the process's identity, the P/D stitch) and what only
+        // HTTP/2 and gRPC records carry.
         RequestRecord {
             request_id: self.request_id(base),
             response_id: self.response_id,
             x_request_id: summary.x_request_id,
-            rpc_request_id: None,
             traceparent: summary.traceparent,
             pid: base.pid,
             engine: base.engine.to_string(),
@@ -190,15 +188,7 @@ impl RequestProgress {
             engine_task_id: self.task_id,
             admitted_mono_ns: self.admitted_ns,
             queue_wait_ms: self.admitted_ns.map(|a| ms(arrival, a)),
-            prefill_ms: match (
-                self.admitted_ns,
-                self.engine_first_token_ns.or(self.first_token_ns),
-            ) {
-                (Some(a), Some(t)) => Some(ms(a, t)),
-                // Not streamed: no token is seen leaving, but the engine's own prefill time is.
-                (Some(_), None) => self.timings.as_ref().and_then(|t| t.prompt_ms),
-                _ => None,
-            },
+            prefill_ms,
             first_token_handoff_ms: match (
                 self.admitted_ns,
                 self.engine_first_token_ns,
@@ -211,9 +201,6 @@ impl RequestProgress {
             deferred_mono_ns: self.deferred_ns,
             requeued_mono_ns: self.requeued_ns,
             engine_first_token_mono_ns: self.engine_first_token_ns,
-            engine_queued_mono_ns: None,
-            engine_first_output_mono_ns: None,
-            engine_kv_transfer_ms: None,
             engine_finished_mono_ns: self.engine_finished_ns,
             slot_released_mono_ns: self.slot_released_ns,
             prefill_steps: self.admitted_ns.map(|_| self.prefill_steps),
@@ -228,7 +215,6 @@ impl RequestProgress {
             output_chunks: self.output_chunks,
             prompt_tokens,
             completion_tokens,
-            cached_tokens: None,
             engine_prompt_ms: self.timings.as_ref().and_then(|t| t.prompt_ms),
             engine_predicted_ms: self.timings.as_ref().and_then(|t| t.predicted_ms),
             request_bytes: self.request_bytes,
@@ -246,18 +232,33 @@ impl RequestProgress {
             connection_id: base.connection_id,
             seq_on_connection: self.seq,
             reader_tid: self.reader_tid,
-            // Joined later, from engine metrics (see `EngineMetrics::annotate`).
-            kv_cache_usage_at_arrival: None,
-            requests_waiting_at_arrival: None,
-            engine_metrics_offset_ms: None,
-            // Stamped by the pipeline (identity::Identities) when the record is emitted.
-            identity: None,
-            engine_unknown: Vec::new(),
-            engine_steps: Vec::new(),
             disagg_hints: (!hints.is_empty()).then(|| Box::new(hints)),
-            // Stitched by the pipeline (join::disagg) when the record is emitted.
-            disagg: None,
-            http2: None,
+            ..RequestRecord::default()
+        }
+    }
+
+    /// Time per output token, over tokens where the engine reports them (one SSE event may
+    /// carry several), else over events.
+    fn tpot_ms(&self, completion_tokens: Option<u64>) -> Option<f64> {
+        let tokens = completion_tokens.unwrap_or(self.output_chunks);
+        match (self.first_token_ns, self.last_token_ns) {
+            (Some(first), Some(last)) if tokens > 1 => {
+                Some(ns_to_ms(last.saturating_sub(first)) / (tokens - 1) as f64)
+            }
+            _ => None,
+        }
+    }
+
+    /// Admission to the first token (the engine's, else the wire's); not streamed, no token is
+    /// seen leaving, but the engine's own prefill time is.
+    fn prefill_ms(&self) -> Option<f64> {
+        match (
+            self.admitted_ns,
+            self.engine_first_token_ns.or(self.first_token_ns),
+        ) {
+            (Some(a), Some(t)) => Some(ns_to_ms(t.saturating_sub(a))),
+            (Some(_), None) => self.timings.as_ref().and_then(|t| t.prompt_ms),
+            _ => None,
         }
     }
 }

@@ -168,6 +168,43 @@ struct OtelInstruments {
     preemptions: OtelCounter<u64>,
 }
 
+impl OtelInstruments {
+    /// One finished request into the OTLP instruments (the Prometheus ones' twins).
+    fn record_request(
+        &self,
+        r: &inferscope_model::RequestRecord,
+        outcome: &'static str,
+        attrs: &[KeyValue],
+    ) {
+        let secs = |ms: f64| ms / 1000.0;
+        self.duration.record(secs(r.e2e_ms), attrs);
+        if let Some(ttft) = r.ttft_ms {
+            self.ttft.record(secs(ttft), attrs);
+        }
+        if let Some(tpot) = r.tpot_ms {
+            self.tpot.record(secs(tpot), attrs);
+        }
+        if let Some(q) = r.queue_wait_ms {
+            self.queue_wait.record(secs(q), attrs);
+        }
+        if let Some(p) = r.prefill_ms {
+            self.prefill.record(secs(p), attrs);
+        }
+        if let Some(tokens) = r.prompt_tokens {
+            self.prompt_tokens.record(tokens, attrs);
+        }
+        let mut outcome_attrs = attrs.to_vec();
+        outcome_attrs.push(KeyValue::new("inferscope.outcome", outcome));
+        self.requests.add(1, &outcome_attrs);
+        if r.admitted_mono_ns.is_some() {
+            self.admitted.add(1, &attrs[..1]);
+        }
+        if let Some(p) = r.preemptions.filter(|p| *p > 0) {
+            self.preemptions.add(p, &attrs[..1]);
+        }
+    }
+}
+
 pub(crate) struct Metrics {
     registry: Registry,
     ttft: HistFamily<RequestLabels>,
@@ -440,11 +477,6 @@ impl Metrics {
         let engine = EngineLabels {
             engine: r.engine.clone(),
         };
-        let mut attrs = vec![
-            KeyValue::new("inferscope.engine", labels.engine.clone()),
-            KeyValue::new("gen_ai.request.model", labels.model.clone()),
-        ];
-        attrs.extend(labels.pod.otel());
         let secs = |ms: f64| ms / 1000.0;
         self.duration.get_or_create(&labels).observe(secs(r.e2e_ms));
         if let Some(ttft) = r.ttft_ms {
@@ -478,31 +510,12 @@ impl Metrics {
         }
         drop(preemptions);
         if let Some(o) = &self.otel {
-            o.duration.record(secs(r.e2e_ms), &attrs);
-            if let Some(ttft) = r.ttft_ms {
-                o.ttft.record(secs(ttft), &attrs);
-            }
-            if let Some(tpot) = r.tpot_ms {
-                o.tpot.record(secs(tpot), &attrs);
-            }
-            if let Some(q) = r.queue_wait_ms {
-                o.queue_wait.record(secs(q), &attrs);
-            }
-            if let Some(p) = r.prefill_ms {
-                o.prefill.record(secs(p), &attrs);
-            }
-            if let Some(tokens) = r.prompt_tokens {
-                o.prompt_tokens.record(tokens, &attrs);
-            }
-            let mut outcome_attrs = attrs.clone();
-            outcome_attrs.push(KeyValue::new("inferscope.outcome", outcome));
-            o.requests.add(1, &outcome_attrs);
-            if r.admitted_mono_ns.is_some() {
-                o.admitted.add(1, &attrs[..1]);
-            }
-            if let Some(p) = r.preemptions.filter(|p| *p > 0) {
-                o.preemptions.add(p, &attrs[..1]);
-            }
+            let mut attrs = vec![
+                KeyValue::new("inferscope.engine", labels.engine.clone()),
+                KeyValue::new("gen_ai.request.model", labels.model.clone()),
+            ];
+            attrs.extend(labels.pod.otel());
+            o.record_request(r, outcome, &attrs);
         }
     }
 

@@ -59,6 +59,40 @@ pub(crate) fn request_attributes(timeline: &RequestTimeline) -> Vec<KeyValue> {
             if r.http2.is_some() { "2" } else { "1.1" },
         ),
     ];
+    http2_attributes(r, &mut a);
+    if let Some(reason) = &r.incomplete {
+        a.push(KeyValue::new("inferscope.incomplete", reason.clone()));
+    }
+    if let Some(op) = operation_name(&r.path) {
+        a.push(KeyValue::new("gen_ai.operation.name", op));
+    }
+    if !r.engine_unknown.is_empty() {
+        a.push(KeyValue::new(
+            "inferscope.engine_unknown",
+            r.engine_unknown.join(","),
+        ));
+    }
+    optional_attributes(r, &mut a);
+    if let Some(stream) = r.stream {
+        a.push(KeyValue::new("inferscope.stream", stream));
+    }
+    if r.admitted_mono_ns.is_some() {
+        a.push(KeyValue::new(
+            "inferscope.deferred",
+            r.deferred_mono_ns.is_some(),
+        ));
+    }
+    if !timeline.unknown.is_empty() {
+        a.push(KeyValue::new(
+            "inferscope.unknown",
+            timeline.unknown.join(","),
+        ));
+    }
+    a
+}
+
+/// An HTTP/2 stream's own attributes (gRPC's status among them).
+fn http2_attributes(r: &RequestRecord, a: &mut Vec<KeyValue>) {
     if let Some(h2) = &r.http2 {
         a.push(KeyValue::new(
             "inferscope.http2.stream_id",
@@ -75,18 +109,11 @@ pub(crate) fn request_attributes(timeline: &RequestTimeline) -> Vec<KeyValue> {
             ));
         }
     }
-    if let Some(reason) = &r.incomplete {
-        a.push(KeyValue::new("inferscope.incomplete", reason.clone()));
-    }
-    if let Some(op) = operation_name(&r.path) {
-        a.push(KeyValue::new("gen_ai.operation.name", op));
-    }
-    if !r.engine_unknown.is_empty() {
-        a.push(KeyValue::new(
-            "inferscope.engine_unknown",
-            r.engine_unknown.join(","),
-        ));
-    }
+}
+
+/// The attributes a request has only when its record holds them (model, ids, token counts,
+/// the scheduler layer's phases).
+fn optional_attributes(r: &RequestRecord, a: &mut Vec<KeyValue>) {
     let mut opt_str = |key: &'static str, v: &Option<String>| {
         if let Some(v) = v {
             a.push(KeyValue::new(key, v.clone()));
@@ -130,22 +157,6 @@ pub(crate) fn request_attributes(timeline: &RequestTimeline) -> Vec<KeyValue> {
     opt_f("inferscope.tpot_ms", r.tpot_ms);
     opt_f("inferscope.itl_p99_ms", r.itl_p99_ms);
     opt_f("inferscope.read_delay_ms", r.read_delay_ms);
-    if let Some(stream) = r.stream {
-        a.push(KeyValue::new("inferscope.stream", stream));
-    }
-    if r.admitted_mono_ns.is_some() {
-        a.push(KeyValue::new(
-            "inferscope.deferred",
-            r.deferred_mono_ns.is_some(),
-        ));
-    }
-    if !timeline.unknown.is_empty() {
-        a.push(KeyValue::new(
-            "inferscope.unknown",
-            timeline.unknown.join(","),
-        ));
-    }
-    a
 }
 
 pub(crate) fn host_name() -> String {

@@ -316,9 +316,17 @@ impl TimelineBuilder {
             timeline.steps = steps;
             return timeline;
         }
+        self.join_kernels(&mut timeline, &steps);
+        timeline.steps = steps;
+        timeline
+    }
+
+    /// The kernels `steps` launched, onto the request's timeline: counted in its prefill or
+    /// decode phase by the request's phase in each step, kept up to the limit.
+    fn join_kernels(&mut self, timeline: &mut RequestTimeline, steps: &[StepRecord]) {
         let mut prefill = PhaseAccumulator::default();
         let mut decode = PhaseAccumulator::default();
-        for step in &steps {
+        for step in steps {
             let phase = step
                 .requests
                 .iter()
@@ -349,8 +357,6 @@ impl TimelineBuilder {
         }
         timeline.prefill_gpu = Some(prefill.finish());
         timeline.decode_gpu = Some(decode.finish());
-        timeline.steps = steps;
-        timeline
     }
 }
 

@@ -191,34 +191,7 @@ fn read_struct<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
 pub(crate) fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
     let record_type = *bytes.first().ok_or(RecordError::Short)?;
     if record_type == RecordType::Syscall as u8 {
-        let header: SyscallRecord = read_struct(bytes).ok_or(RecordError::Short)?;
-        let kind = SyscallKind::from_u8(header.kind).ok_or(RecordError::UnknownKind)?;
-        let start = std::mem::size_of::<SyscallRecord>();
-        let end = start
-            .checked_add(header.captured as usize)
-            .ok_or(RecordError::BadLength)?;
-        let payload = bytes.get(start..end).ok_or(RecordError::BadLength)?;
-        Ok(CapturedEvent::Syscall(SyscallEvent {
-            kind,
-            tgid: header.tgid,
-            tid: header.tid,
-            fd: header.fd,
-            ts_enter_ns: header.ts_enter_ns,
-            ts_exit_ns: header.ts_exit_ns,
-            ret: header.ret,
-            truncated: header.flags & FLAG_TRUNCATED != 0,
-            copy_failed: header.flags & FLAG_COPY_FAILED != 0,
-            conn_gen: header.conn_gen,
-            conn_flags: header.conn_flags,
-            sock: header.sock,
-            conn_seq: Some(header.conn_seq),
-            read_seq: (kind == SyscallKind::Close).then_some(header.read_seq),
-            lost_heads: header.lost_heads,
-            payload,
-            more: header.flags & FLAG_MORE != 0,
-            chunk_offset: (header.flags & FLAG_CHUNK != 0).then_some(header.chunk_offset),
-            token: false,
-        }))
+        syscall(bytes)
     } else if record_type == RecordType::GpuLaunch as u8 {
         let record: inferscope_common::GpuLaunchRecord =
             read_struct(bytes).ok_or(RecordError::Short)?;
@@ -242,25 +215,9 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
             tgid: record.tgid,
             port: record.local_port,
         })
-    } else if record_type == RecordType::Segment as u8 {
-        let record: SegmentRecord = read_struct(bytes).ok_or(RecordError::Short)?;
-        Ok(CapturedEvent::Segment(Segment {
-            ts_ns: record.ts_ns,
-            local_port: record.local_port,
-            remote: sockaddr_ip(record.family, &record.remote_sockaddr),
-            remote_port: record.remote_port,
-            data_len: record.data_len,
-            sock: record.sock,
-        }))
-    } else if record_type == RecordType::SockState as u8 {
-        let record: SockStateRecord = read_struct(bytes).ok_or(RecordError::Short)?;
-        Ok(CapturedEvent::SockState(SockState {
-            ts_ns: record.ts_ns,
-            sock: record.sock,
-            local_port: record.local_port,
-            old_state: record.old_state,
-            new_state: record.new_state,
-        }))
+    } else if record_type == RecordType::Segment as u8 || record_type == RecordType::SockState as u8
+    {
+        tcp(record_type, bytes)
     } else if record_type == RecordType::Sched as u8 {
         let record: SchedRecord = read_struct(bytes).ok_or(RecordError::Short)?;
         Ok(CapturedEvent::Sched(SchedEvent {
@@ -286,6 +243,64 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
     } else {
         Err(RecordError::UnknownType)
     }
+}
+
+/// The TCP layer's records: a received segment (for arrival times), a socket state change.
+fn tcp(record_type: u8, bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
+    if record_type == RecordType::Segment as u8 {
+        let record: SegmentRecord = read_struct(bytes).ok_or(RecordError::Short)?;
+        Ok(CapturedEvent::Segment(Segment {
+            ts_ns: record.ts_ns,
+            local_port: record.local_port,
+            remote: sockaddr_ip(record.family, &record.remote_sockaddr),
+            remote_port: record.remote_port,
+            data_len: record.data_len,
+            sock: record.sock,
+        }))
+    } else if record_type == RecordType::SockState as u8 {
+        let record: SockStateRecord = read_struct(bytes).ok_or(RecordError::Short)?;
+        Ok(CapturedEvent::SockState(SockState {
+            ts_ns: record.ts_ns,
+            sock: record.sock,
+            local_port: record.local_port,
+            old_state: record.old_state,
+            new_state: record.new_state,
+        }))
+    } else {
+        Err(RecordError::UnknownType)
+    }
+}
+
+/// A socket syscall's full record: its header and the payload bytes captured with it.
+fn syscall(bytes: &[u8]) -> Result<CapturedEvent<'_>, RecordError> {
+    let header: SyscallRecord = read_struct(bytes).ok_or(RecordError::Short)?;
+    let kind = SyscallKind::from_u8(header.kind).ok_or(RecordError::UnknownKind)?;
+    let start = std::mem::size_of::<SyscallRecord>();
+    let end = start
+        .checked_add(header.captured as usize)
+        .ok_or(RecordError::BadLength)?;
+    let payload = bytes.get(start..end).ok_or(RecordError::BadLength)?;
+    Ok(CapturedEvent::Syscall(SyscallEvent {
+        kind,
+        tgid: header.tgid,
+        tid: header.tid,
+        fd: header.fd,
+        ts_enter_ns: header.ts_enter_ns,
+        ts_exit_ns: header.ts_exit_ns,
+        ret: header.ret,
+        truncated: header.flags & FLAG_TRUNCATED != 0,
+        copy_failed: header.flags & FLAG_COPY_FAILED != 0,
+        conn_gen: header.conn_gen,
+        conn_flags: header.conn_flags,
+        sock: header.sock,
+        conn_seq: Some(header.conn_seq),
+        read_seq: (kind == SyscallKind::Close).then_some(header.read_seq),
+        lost_heads: header.lost_heads,
+        payload,
+        more: header.flags & FLAG_MORE != 0,
+        chunk_offset: (header.flags & FLAG_CHUNK != 0).then_some(header.chunk_offset),
+        token: false,
+    }))
 }
 
 /// A write the kernel captured behind a filling ring buffer: the same event as a full record,

@@ -15,6 +15,19 @@ use super::messages::{AddRequest, IpcMessage, Output};
 /// Requests remembered at once; the oldest is forgotten (counted) beyond this.
 const MAX_REQUESTS: usize = 16_384;
 
+/// What one outputs message's requests tell of its step, beside their membership.
+#[derive(Default)]
+struct Batch {
+    /// Requests whose prefill ended in it, and the span of their admissions to prefill ends.
+    prefilling: Vec<String>,
+    start: u64,
+    end: u64,
+    prefilled: u64,
+    /// Tokens the step computed (None once one member's share is unknown).
+    tokens: Option<u64>,
+    /// Stamps that were no time.
+    bad_time: u64,
+}
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(super) struct RequestState {
     pub prompt_tokens: Option<u64>,
@@ -178,90 +191,25 @@ impl IpcState {
         // Where the scheduler's outputs are seen, the detokenizer's forwards only repeat them
         // (or, split per tokenizer worker, parts of them).
         let may_step = seen.scheduler_class || !self.scheduler_outputs_seen;
+        let mut batch = Batch {
+            start: u64::MAX,
+            tokens: Some(0),
+            ..Batch::default()
+        };
         let mut members = Vec::with_capacity(outputs.len());
-        let mut prefilling: Vec<String> = Vec::new();
-        let (mut start, mut end, mut prefilled) = (u64::MAX, 0u64, 0u64);
-        let mut tokens = Some(0u64);
-        let mut bad_time = 0;
         for out in outputs {
-            let r = self.entry(&out.rid);
-            let (had_output, before_tokens, before_retractions) =
-                (r.outputs > 0, r.output_tokens, r.retractions_at_token);
-            r.outputs += 1;
-            let mut first = |slot: &mut Option<u64>, t: Option<f64>| match t.map(mono_seconds_to_ns)
-            {
-                Some(Some(ns)) => {
-                    let new = slot.is_none();
-                    *slot = Some(slot.map_or(ns, |s| s.min(ns)));
-                    new
-                }
-                Some(None) => {
-                    bad_time += 1;
-                    false
-                }
-                None => false,
-            };
-            first(&mut r.queued_ns, out.wait_queue_entry);
-            first(&mut r.admitted_ns, out.forward_entry);
-            let new_prefill = first(&mut r.prefill_finished_ns, out.prefill_finished);
-            r.prompt_tokens = r.prompt_tokens.or(out.prompt_tokens);
-            r.output_tokens = r.output_tokens.max(out.completion_tokens.unwrap_or(0));
-            r.retractions = r.retractions.max(out.retractions.unwrap_or(0));
-            if out.cached_tokens.is_some() {
-                r.cached_tokens = r.cached_tokens.max(out.cached_tokens);
+            if let Some(member) = self.on_output(out, first_sighting, &mut batch) {
+                members.push(member);
             }
-            if out.finish_reason.is_some() {
-                r.finish_reason = out.finish_reason;
-                r.aborted |= out.finish_reason == Some("abort");
-            }
-            if new_prefill && let (Some(a), Some(p)) = (r.admitted_ns, r.prefill_finished_ns) {
-                prefilled += 1;
-                start = start.min(a);
-                end = end.max(p);
-                prefilling.push(out.rid.clone());
-            }
-            if !first_sighting {
-                continue;
-            }
-            // Its share of the batch, from the counts it reported before this output.
-            let completion = out.completion_tokens;
-            let gained = completion
-                .filter(|_| had_output)
-                .map(|c| c.saturating_sub(before_tokens));
-            // Its first token: a first prefill (with SGLang's times, when they first show a
-            // prefill end; without, its first output holding one token).
-            let first_prefill = new_prefill
-                || (out.prefill_finished.is_none() && !had_output && completion == Some(1));
-            // Retracted since its last tokens and one token more: the step re-prefilled it.
-            let reprefill = !first_prefill
-                && had_output
-                && out.retractions.unwrap_or(0) > before_retractions
-                && gained == Some(1);
-            if !had_output || gained.is_some_and(|g| g > 0) {
-                r.retractions_at_token = out.retractions.unwrap_or(0).max(before_retractions);
-            }
-            let share = if first_prefill {
-                // The prompt its prefill computed (all its chunks): what the cache did not hold.
-                let prompt = out.prompt_tokens.or(r.prompt_tokens);
-                prompt
-                    .zip(out.cached_tokens)
-                    .map(|(p, c)| p.saturating_sub(c))
-            } else if reprefill {
-                // What it recomputed depends on the cache after its retraction: unknown.
-                None
-            } else {
-                gained
-            };
-            tokens = tokens.zip(share).map(|(t, s)| t.saturating_add(s));
-            members.push(StepMember {
-                request_id: out.rid,
-                phase: if first_prefill || reprefill {
-                    "prefill"
-                } else {
-                    "decode"
-                },
-            });
         }
+        let Batch {
+            prefilling,
+            start,
+            end,
+            prefilled,
+            tokens,
+            bad_time,
+        } = batch;
         self.stats.add(Counter::SglangBadTimestamp, bad_time);
         let pending = if first_sighting {
             let step = PendingStep {
@@ -299,6 +247,92 @@ impl IpcState {
             }
         };
         self.remember(key, pending);
+    }
+
+    /// One request's output in a batch: its times, tokens, retractions and finish; with the
+    /// batch's first sighting, its membership of the step and its share of the step's tokens.
+    fn on_output(
+        &mut self,
+        out: Output,
+        first_sighting: bool,
+        batch: &mut Batch,
+    ) -> Option<StepMember> {
+        let r = self.entry(&out.rid);
+        let (had_output, before_tokens, before_retractions) =
+            (r.outputs > 0, r.output_tokens, r.retractions_at_token);
+        r.outputs += 1;
+        let mut first = |slot: &mut Option<u64>, t: Option<f64>| match t.map(mono_seconds_to_ns) {
+            Some(Some(ns)) => {
+                let new = slot.is_none();
+                *slot = Some(slot.map_or(ns, |s| s.min(ns)));
+                new
+            }
+            Some(None) => {
+                batch.bad_time += 1;
+                false
+            }
+            None => false,
+        };
+        first(&mut r.queued_ns, out.wait_queue_entry);
+        first(&mut r.admitted_ns, out.forward_entry);
+        let new_prefill = first(&mut r.prefill_finished_ns, out.prefill_finished);
+        r.prompt_tokens = r.prompt_tokens.or(out.prompt_tokens);
+        r.output_tokens = r.output_tokens.max(out.completion_tokens.unwrap_or(0));
+        r.retractions = r.retractions.max(out.retractions.unwrap_or(0));
+        if out.cached_tokens.is_some() {
+            r.cached_tokens = r.cached_tokens.max(out.cached_tokens);
+        }
+        if out.finish_reason.is_some() {
+            r.finish_reason = out.finish_reason;
+            r.aborted |= out.finish_reason == Some("abort");
+        }
+        if new_prefill && let (Some(a), Some(p)) = (r.admitted_ns, r.prefill_finished_ns) {
+            batch.prefilled += 1;
+            batch.start = batch.start.min(a);
+            batch.end = batch.end.max(p);
+            batch.prefilling.push(out.rid.clone());
+        }
+        if !first_sighting {
+            return None;
+        }
+        // Its share of the batch, from the counts it reported before this output.
+        let completion = out.completion_tokens;
+        let gained = completion
+            .filter(|_| had_output)
+            .map(|c| c.saturating_sub(before_tokens));
+        // Its first token: a first prefill (with SGLang's times, when they first show a
+        // prefill end; without, its first output holding one token).
+        let first_prefill =
+            new_prefill || (out.prefill_finished.is_none() && !had_output && completion == Some(1));
+        // Retracted since its last tokens and one token more: the step re-prefilled it.
+        let reprefill = !first_prefill
+            && had_output
+            && out.retractions.unwrap_or(0) > before_retractions
+            && gained == Some(1);
+        if !had_output || gained.is_some_and(|g| g > 0) {
+            r.retractions_at_token = out.retractions.unwrap_or(0).max(before_retractions);
+        }
+        let share = if first_prefill {
+            // The prompt its prefill computed (all its chunks): what the cache did not hold.
+            let prompt = out.prompt_tokens.or(r.prompt_tokens);
+            prompt
+                .zip(out.cached_tokens)
+                .map(|(p, c)| p.saturating_sub(c))
+        } else if reprefill {
+            // What it recomputed depends on the cache after its retraction: unknown.
+            None
+        } else {
+            gained
+        };
+        batch.tokens = batch.tokens.zip(share).map(|(t, s)| t.saturating_add(s));
+        Some(StepMember {
+            request_id: out.rid,
+            phase: if first_prefill || reprefill {
+                "prefill"
+            } else {
+                "decode"
+            },
+        })
     }
 
     /// Keeps `key`'s batch (and its step while it waits for a capture time), forgetting the

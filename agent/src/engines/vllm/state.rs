@@ -10,7 +10,7 @@ use inferscope_model::{
 };
 use rustc_hash::FxHashMap;
 
-use super::messages::{AddRequest, EventKind, IpcMessage, KvTransfers, Outputs};
+use super::messages::{AddRequest, EventKind, IpcMessage, KvTransfers, Output, Outputs};
 
 /// Requests remembered at once; the oldest is forgotten (counted) beyond this.
 const MAX_REQUESTS: usize = 16_384;
@@ -30,6 +30,15 @@ const STEP_ENGINES: usize = 64;
 /// a step with more attributes none.
 const MAX_HELD: usize = 64;
 
+/// What one outputs message's requests tell of its step, beside their membership.
+#[derive(Default)]
+struct Batch {
+    /// SCHEDULED / PREEMPTED stamps carried by the message: the scheduler's clock at some
+    /// step's schedule().
+    sched_stamps: Vec<u64>,
+    /// Requests first admitted per the message: (SCHEDULED, QUEUED, id).
+    admitted: Vec<(u64, u64, String)>,
+}
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(super) struct RequestState {
     pub request_id: String,
@@ -257,154 +266,36 @@ impl IpcState {
         steps: &mut Vec<StepRecord>,
     ) {
         let ts_ns = outputs.timestamp.and_then(mono_seconds_to_ns);
-        if let Some(ts) = ts_ns {
-            if self.seen_outputs.contains(&ts) {
-                self.stats.bump(Counter::VllmOutputsSeenTwice);
-                return;
-            }
-            if self.seen_outputs.len() >= SEEN_OUTPUTS {
-                self.seen_outputs.pop_front();
-            }
-            self.seen_outputs.push_back(ts);
+        if ts_ns.is_some_and(|ts| self.seen_twice(ts)) {
+            self.stats.bump(Counter::VllmOutputsSeenTwice);
+            return;
         }
         if outputs.partial {
             self.stats.bump(Counter::VllmOutputsPartial);
         }
-        let mut members = Vec::with_capacity(outputs.outputs.len());
-        // SCHEDULED / PREEMPTED stamps carried by this message: the scheduler's clock at some
-        // step's schedule().
-        let mut sched_stamps: Vec<u64> = Vec::new();
-        // Requests first admitted per this message: (SCHEDULED, QUEUED, id).
-        let mut admitted: Vec<(u64, u64, String)> = Vec::new();
-        let engine_key = (server, outputs.engine_index.unwrap_or(0));
-        for out in outputs.outputs {
-            let room = self.output_steps_total < OUTPUT_STEPS_TOTAL;
-            let mut kept = false;
-            let r = self.entry(&out.request_id);
-            let was_admitted = r.scheduled_ns.is_some();
-            let mut bad_time = 0;
-            for ev in &out.events {
-                let Some(ns) = mono_seconds_to_ns(ev.timestamp) else {
-                    bad_time += 1;
-                    continue;
-                };
-                if r.events.contains(&(ev.kind, ns)) {
-                    continue;
-                }
-                if r.events.len() < MAX_EVENTS {
-                    r.events.push((ev.kind, ns));
-                } else {
-                    r.steps_overflow = true;
-                }
-                if ev.kind != EventKind::Queued && sched_stamps.len() < MAX_EVENTS {
-                    sched_stamps.push(ns);
-                }
-                match ev.kind {
-                    EventKind::Queued => r.queued_ns = Some(r.queued_ns.map_or(ns, |q| q.min(ns))),
-                    EventKind::Scheduled => {
-                        r.scheduled_ns = Some(r.scheduled_ns.map_or(ns, |s| s.min(ns)))
-                    }
-                    EventKind::Preempted => r.preemptions += 1,
-                }
-            }
-            if !was_admitted && let (Some(sched), Some(queued)) = (r.scheduled_ns, r.queued_ns) {
-                admitted.push((sched, queued, out.request_id.clone()));
-            }
-            let first = r.first_output_ns.is_none() && out.new_tokens > 0;
-            if out.new_tokens > 0 && ts_ns.is_some() {
-                r.first_output_ns = r.first_output_ns.or(ts_ns);
-            }
-            r.output_tokens += out.new_tokens as u64;
-            r.engine = Some(engine_key);
-            if let Some(ts) = ts_ns
-                && (out.new_tokens > 0 || out.finish_reason.is_some())
-                && r.output_steps.last().is_none_or(|&l| l < ts)
-            {
-                if room && r.output_steps.len() < OUTPUT_STEPS {
-                    r.output_steps.push(ts);
-                    kept = true;
-                } else {
-                    r.steps_overflow = true;
-                }
-            }
-            if out.finish_reason.is_some() {
-                r.finish_reason = out.finish_reason;
-                r.aborted |= out.finish_reason == Some("abort");
-            }
-            self.output_steps_total += usize::from(kept);
-            members.push(StepMember {
-                request_id: out.request_id,
-                phase: if first { "prefill" } else { "decode" },
-            });
-            self.stats.add(Counter::VllmEventBadTimestamp, bad_time);
-        }
+        let engine = (server, outputs.engine_index.unwrap_or(0));
+        let mut batch = Batch::default();
+        let members: Vec<StepMember> = outputs
+            .outputs
+            .into_iter()
+            .map(|out| self.on_output(out, ts_ns, engine, &mut batch))
+            .collect();
         let (Some(end), Some(stats)) = (ts_ns, outputs.stats) else {
             return;
         };
-        // A SCHEDULED or PREEMPTED stamp after the previous step's end was taken in this
-        // step's schedule(): its start, on the scheduler's own clock. Otherwise, while requests
-        // run, vLLM steps back to back: the previous step's end (the engine's work between
-        // steps, such as reading new requests, counts in). After an idle gap the start is
-        // unknown and reported as the end.
-        let engine = (server, outputs.engine_index.unwrap_or(0));
-        // After an idle gap the engine ran nothing since its previous step: the kernels
-        // launched since then are this step's, though its start is unknown.
-        let (start, start_from, kernels_from) = match self.last_step.get(&engine) {
-            Some(&(prev, running)) if prev <= end => {
-                match sched_stamps.iter().filter(|&&t| t > prev && t <= end).min() {
-                    Some(&t) => (t, "scheduled", None),
-                    None if running => (prev, "previous_step", None),
-                    None => (end, "unknown", Some(prev + 1)),
-                }
-            }
-            _ => (end, "unknown", None),
-        };
-        if self.last_step.len() >= MAX_ENGINES && !self.last_step.contains_key(&engine) {
-            self.last_step.clear();
-            self.stats.bump(Counter::VllmEngineTableFull);
-        }
-        self.last_step
-            .insert(engine, (end, stats.running.unwrap_or(0) > 0));
-        if self.engine_steps.len() >= STEP_ENGINES && !self.engine_steps.contains_key(&engine) {
-            self.engine_steps.clear();
-            self.stats.bump(Counter::VllmStepEnginesReset);
-        }
-        let ring = self.engine_steps.entry(engine).or_default();
-        if ring.len() >= STEPS_PER_ENGINE {
-            ring.pop_front();
-        }
-        // One engine's outputs come in step order; a late one is put in its place.
-        let at = ring.partition_point(|s| s.end < end);
-        if ring.get(at).is_none_or(|s| s.end != end) {
-            ring.insert(
-                at,
-                EngineStep {
-                    end,
-                    tgid,
-                    transfers: stats.kv_transfers.clone(),
-                    held: Vec::new(),
-                    held_overflow: false,
-                },
-            );
-        }
-        // Each newly admitted request to the step its SCHEDULED stamp fell in (the first whose
-        // end is not before it), when it was queued before the step ahead of that one ended.
-        for (sched, queued, id) in admitted {
-            let a = ring.partition_point(|s| s.end < sched);
-            let Some(before) = a.checked_sub(1).and_then(|i| ring.get(i)).map(|s| s.end) else {
-                continue;
-            };
-            if queued >= before {
-                continue;
-            }
-            if let Some(step) = ring.get_mut(a) {
-                if step.held.len() < MAX_HELD {
-                    step.held.push((queued, id));
-                } else {
-                    step.held_overflow = true;
-                }
-            }
-        }
+        let (start, start_from, kernels_from) = self.step_start(
+            engine,
+            end,
+            &batch.sched_stamps,
+            stats.running.unwrap_or(0) > 0,
+        );
+        self.remember_step(
+            engine,
+            end,
+            tgid,
+            stats.kv_transfers.clone(),
+            batch.admitted,
+        );
         steps.push(StepRecord {
             pid: tgid,
             engine: "vllm".into(),
@@ -428,6 +319,171 @@ impl IpcState {
                 .filter(|&p| p != tgid),
             ..StepRecord::default()
         });
+    }
+
+    /// Whether an outputs message stamped `ts` was seen already (the API server and the
+    /// engine core's sides of one socket both captured); remembers it.
+    fn seen_twice(&mut self, ts: u64) -> bool {
+        if self.seen_outputs.contains(&ts) {
+            return true;
+        }
+        if self.seen_outputs.len() >= SEEN_OUTPUTS {
+            self.seen_outputs.pop_front();
+        }
+        self.seen_outputs.push_back(ts);
+        false
+    }
+
+    /// One request's output in a step: its scheduler events, tokens, finish; its membership
+    /// of the step (prefill for the step of its first token).
+    fn on_output(
+        &mut self,
+        out: Output,
+        ts_ns: Option<u64>,
+        engine_key: (u32, i64),
+        batch: &mut Batch,
+    ) -> StepMember {
+        let room = self.output_steps_total < OUTPUT_STEPS_TOTAL;
+        let mut kept = false;
+        let r = self.entry(&out.request_id);
+        let was_admitted = r.scheduled_ns.is_some();
+        let mut bad_time = 0;
+        for ev in &out.events {
+            let Some(ns) = mono_seconds_to_ns(ev.timestamp) else {
+                bad_time += 1;
+                continue;
+            };
+            if r.events.contains(&(ev.kind, ns)) {
+                continue;
+            }
+            if r.events.len() < MAX_EVENTS {
+                r.events.push((ev.kind, ns));
+            } else {
+                r.steps_overflow = true;
+            }
+            if ev.kind != EventKind::Queued && batch.sched_stamps.len() < MAX_EVENTS {
+                batch.sched_stamps.push(ns);
+            }
+            match ev.kind {
+                EventKind::Queued => r.queued_ns = Some(r.queued_ns.map_or(ns, |q| q.min(ns))),
+                EventKind::Scheduled => {
+                    r.scheduled_ns = Some(r.scheduled_ns.map_or(ns, |s| s.min(ns)))
+                }
+                EventKind::Preempted => r.preemptions += 1,
+            }
+        }
+        if !was_admitted && let (Some(sched), Some(queued)) = (r.scheduled_ns, r.queued_ns) {
+            batch.admitted.push((sched, queued, out.request_id.clone()));
+        }
+        let first = r.first_output_ns.is_none() && out.new_tokens > 0;
+        if out.new_tokens > 0 && ts_ns.is_some() {
+            r.first_output_ns = r.first_output_ns.or(ts_ns);
+        }
+        r.output_tokens += out.new_tokens as u64;
+        r.engine = Some(engine_key);
+        if let Some(ts) = ts_ns
+            && (out.new_tokens > 0 || out.finish_reason.is_some())
+            && r.output_steps.last().is_none_or(|&l| l < ts)
+        {
+            if room && r.output_steps.len() < OUTPUT_STEPS {
+                r.output_steps.push(ts);
+                kept = true;
+            } else {
+                r.steps_overflow = true;
+            }
+        }
+        if out.finish_reason.is_some() {
+            r.finish_reason = out.finish_reason;
+            r.aborted |= out.finish_reason == Some("abort");
+        }
+        self.output_steps_total += usize::from(kept);
+        self.stats.add(Counter::VllmEventBadTimestamp, bad_time);
+        StepMember {
+            request_id: out.request_id,
+            phase: if first { "prefill" } else { "decode" },
+        }
+    }
+
+    /// Where the step that ended at `end` started. A SCHEDULED or PREEMPTED stamp after the
+    /// previous step's end was taken in this step's schedule(): its start, on the scheduler's
+    /// own clock. Otherwise, while requests run, vLLM steps back to back: the previous step's
+    /// end (the engine's work between steps, such as reading new requests, counts in). After
+    /// an idle gap the start is unknown and reported as the end; the engine ran nothing since
+    /// its previous step, so the kernels launched since then are this step's.
+    fn step_start(
+        &mut self,
+        engine: (u32, i64),
+        end: u64,
+        sched_stamps: &[u64],
+        running: bool,
+    ) -> (u64, &'static str, Option<u64>) {
+        let found = match self.last_step.get(&engine) {
+            Some(&(prev, was_running)) if prev <= end => {
+                match sched_stamps.iter().filter(|&&t| t > prev && t <= end).min() {
+                    Some(&t) => (t, "scheduled", None),
+                    None if was_running => (prev, "previous_step", None),
+                    None => (end, "unknown", Some(prev + 1)),
+                }
+            }
+            _ => (end, "unknown", None),
+        };
+        if self.last_step.len() >= MAX_ENGINES && !self.last_step.contains_key(&engine) {
+            self.last_step.clear();
+            self.stats.bump(Counter::VllmEngineTableFull);
+        }
+        self.last_step.insert(engine, (end, running));
+        found
+    }
+
+    /// Keeps the step in its engine's ring (one engine's outputs come in step order; a late
+    /// one is put in its place), with each request it first admitted: to the step its
+    /// SCHEDULED stamp fell in (the first whose end is not before it), when it was queued
+    /// before the step ahead of that one ended.
+    fn remember_step(
+        &mut self,
+        engine: (u32, i64),
+        end: u64,
+        tgid: u32,
+        transfers: KvTransfers,
+        admitted: Vec<(u64, u64, String)>,
+    ) {
+        if self.engine_steps.len() >= STEP_ENGINES && !self.engine_steps.contains_key(&engine) {
+            self.engine_steps.clear();
+            self.stats.bump(Counter::VllmStepEnginesReset);
+        }
+        let ring = self.engine_steps.entry(engine).or_default();
+        if ring.len() >= STEPS_PER_ENGINE {
+            ring.pop_front();
+        }
+        let at = ring.partition_point(|s| s.end < end);
+        if ring.get(at).is_none_or(|s| s.end != end) {
+            ring.insert(
+                at,
+                EngineStep {
+                    end,
+                    tgid,
+                    transfers,
+                    held: Vec::new(),
+                    held_overflow: false,
+                },
+            );
+        }
+        for (sched, queued, id) in admitted {
+            let a = ring.partition_point(|s| s.end < sched);
+            let Some(before) = a.checked_sub(1).and_then(|i| ring.get(i)).map(|s| s.end) else {
+                continue;
+            };
+            if queued >= before {
+                continue;
+            }
+            if let Some(step) = ring.get_mut(a) {
+                if step.held.len() < MAX_HELD {
+                    step.held.push((queued, id));
+                } else {
+                    step.held_overflow = true;
+                }
+            }
+        }
     }
 
     /// Engine ids that belong to `record`: those whose external id is one of its ids (the

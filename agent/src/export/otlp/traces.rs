@@ -8,7 +8,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use inferscope_model::StepRecord;
+use inferscope_model::{RequestRecord, StepRecord};
 use opentelemetry::{
     Context, KeyValue,
     propagation::TextMapPropagator,
@@ -148,7 +148,6 @@ impl TraceExporter {
     }
 
     pub(crate) fn export(&mut self, timeline: &RequestTimeline) {
-        let kernel_spans = self.config.kernel_spans;
         let request = &timeline.request;
         let parent = match (&request.traceparent, super::disagg::parent_context(request)) {
             // A disaggregated request's legs share one parent span, unless the proxy sent a
@@ -182,105 +181,82 @@ impl TraceExporter {
             .with_attributes(attributes)
             .start_with_context(&tracer, &parent);
         spans += 1;
-        let server_closed = request.ended_by == crate::correlate::EndedBy::Server;
-        let is_error = request.aborted || server_closed || request.status.is_some_and(|s| s >= 500);
         let root_cx = parent.with_span(root);
-        if is_error {
-            root_cx.span().set_status(Status::error(if request.aborted {
-                "client aborted"
-            } else if server_closed {
-                "server closed the connection before the response ended"
-            } else {
-                "server error"
-            }));
+        if let Some(why) = error_status(request) {
+            root_cx.span().set_status(Status::error(why));
         }
-
+        for (name, start, stop) in phases(request) {
+            spans += self.phase_span(&tracer, &root_cx, timeline, name, (start, stop), &at);
+        }
         let end = request.end_mono_ns;
-        // Prefill ends where the record's does: at the engine's own first token when a hook saw
-        // it (the socket write follows within the decode span).
-        let first_token = request
-            .engine_first_token_mono_ns
-            .or(request.first_token_mono_ns);
-        let mut phases: Vec<(&'static str, u64, u64)> = Vec::new();
-        match (request.admitted_mono_ns, first_token) {
-            (Some(admitted), Some(first)) => {
-                phases.push(("queue", request.arrival_mono_ns, admitted));
-                phases.push(("prefill", admitted, first));
-                phases.push(("decode", first, end));
-            }
-            (Some(admitted), None) => {
-                phases.push(("queue", request.arrival_mono_ns, admitted));
-                phases.push(("prefill", admitted, end));
-            }
-            // Without the scheduler layer the split is unknown: one span says so.
-            (None, Some(first)) => {
-                phases.push(("time_to_first_token", request.arrival_mono_ns, first));
-                phases.push(("decode", first, end));
-            }
-            (None, None) => {}
-        }
-        // A disaggregated request's decode leg: inside its queue, the wait for the prefill
-        // server's KV cache (its scheduler's QUEUED → first SCHEDULED).
-        if let Some((queued, admitted)) = super::disagg::kv_wait(request) {
-            phases.push(("kv_transfer_wait", queued, admitted));
-        }
-        for (name, start, stop) in phases {
-            let mut span = tracer
-                .span_builder(name)
-                .with_kind(SpanKind::Internal)
-                .with_start_time(at(start))
-                .start_with_context(&tracer, &root_cx);
-            spans += 1;
-            if name == "queue" {
-                // Where the engine parked the request for want of a slot, and took it back.
-                for (event, ts) in [
-                    ("deferred", request.deferred_mono_ns),
-                    ("requeued", request.requeued_mono_ns),
-                ] {
-                    if let Some(ts) = ts {
-                        span.add_event_with_timestamp(event, at(ts), Vec::new());
-                    }
-                }
-            }
-            let phase = match name {
-                "prefill" => Some("prefill"),
-                "decode" => Some("decode"),
-                _ => None,
-            };
-            if let Some(phase) = phase {
-                for step in steps_in_phase(&timeline.steps, &request.request_id, phase) {
-                    span.add_event_with_timestamp(
-                        "step",
-                        at(step.start_mono_ns),
-                        step_attributes(step),
-                    );
-                }
-                let gpu = if phase == "prefill" {
-                    &timeline.prefill_gpu
-                } else {
-                    &timeline.decode_gpu
-                };
-                if let Some(gpu) = gpu {
-                    span.set_attribute(KeyValue::new("inferscope.gpu.kernels", gpu.kernels as i64));
-                    span.set_attribute(KeyValue::new("inferscope.gpu.busy_ms", gpu.busy_ms));
-                    span.set_attribute(KeyValue::new(
-                        "inferscope.gpu.tensor_core_share",
-                        gpu.tensor_core_share,
-                    ));
-                }
-                if kernel_spans {
-                    let phase_cx = root_cx.with_span(span);
-                    spans += self.kernel_spans(&tracer, &phase_cx, timeline, phase, &at);
-                    phase_cx.span().end_with_timestamp(at(stop.max(start)));
-                    continue;
-                }
-            }
-            span.end_with_timestamp(at(stop.max(start)));
-        }
         root_cx
             .span()
             .end_with_timestamp(at(end.max(request.arrival_mono_ns)));
         self.counters.submitted.fetch_add(spans, Ordering::Relaxed);
+    }
+
+    /// One phase's span under the request's (`span` from `start` to `stop`): the queue's
+    /// deferral events; prefill's and decode's steps, GPU figures and (with kernel spans) the
+    /// kernels. How many spans it made.
+    fn phase_span(
+        &self,
+        tracer: &SdkTracer,
+        root_cx: &Context,
+        timeline: &RequestTimeline,
+        name: &'static str,
+        (start, stop): (u64, u64),
+        at: &dyn Fn(u64) -> SystemTime,
+    ) -> u64 {
+        let request = &timeline.request;
+        let mut span = tracer
+            .span_builder(name)
+            .with_kind(SpanKind::Internal)
+            .with_start_time(at(start))
+            .start_with_context(tracer, root_cx);
+        let mut spans = 1;
+        if name == "queue" {
+            // Where the engine parked the request for want of a slot, and took it back.
+            for (event, ts) in [
+                ("deferred", request.deferred_mono_ns),
+                ("requeued", request.requeued_mono_ns),
+            ] {
+                if let Some(ts) = ts {
+                    span.add_event_with_timestamp(event, at(ts), Vec::new());
+                }
+            }
+        }
+        let phase = match name {
+            "prefill" => "prefill",
+            "decode" => "decode",
+            _ => {
+                span.end_with_timestamp(at(stop.max(start)));
+                return spans;
+            }
+        };
+        for step in steps_in_phase(&timeline.steps, &request.request_id, phase) {
+            span.add_event_with_timestamp("step", at(step.start_mono_ns), step_attributes(step));
+        }
+        let gpu = if phase == "prefill" {
+            &timeline.prefill_gpu
+        } else {
+            &timeline.decode_gpu
+        };
+        if let Some(gpu) = gpu {
+            span.set_attribute(KeyValue::new("inferscope.gpu.kernels", gpu.kernels as i64));
+            span.set_attribute(KeyValue::new("inferscope.gpu.busy_ms", gpu.busy_ms));
+            span.set_attribute(KeyValue::new(
+                "inferscope.gpu.tensor_core_share",
+                gpu.tensor_core_share,
+            ));
+        }
+        if self.config.kernel_spans {
+            let phase_cx = root_cx.with_span(span);
+            spans += self.kernel_spans(tracer, &phase_cx, timeline, phase, at);
+            phase_cx.span().end_with_timestamp(at(stop.max(start)));
+        } else {
+            span.end_with_timestamp(at(stop.max(start)));
+        }
+        spans
     }
 
     fn kernel_spans(
@@ -329,6 +305,53 @@ impl TraceExporter {
         self.propagator
             .extract_with_context(&Context::new(), &carrier)
     }
+}
+
+/// Why the request's span is an error, if it is one.
+fn error_status(request: &RequestRecord) -> Option<&'static str> {
+    let server_closed = request.ended_by == crate::correlate::EndedBy::Server;
+    if request.aborted {
+        Some("client aborted")
+    } else if server_closed {
+        Some("server closed the connection before the response ended")
+    } else if request.status.is_some_and(|s| s >= 500) {
+        Some("server error")
+    } else {
+        None
+    }
+}
+
+/// The request's phases as spans under its own: queue, prefill and decode where the scheduler
+/// layer saw its admission (prefill ends at the engine's own first token when a hook saw it;
+/// the socket write follows within decode), else time to first token and decode; a
+/// disaggregated decode leg's wait for the prefill server's KV cache, inside its queue.
+fn phases(request: &RequestRecord) -> Vec<(&'static str, u64, u64)> {
+    let end = request.end_mono_ns;
+    let first_token = request
+        .engine_first_token_mono_ns
+        .or(request.first_token_mono_ns);
+    let mut phases: Vec<(&'static str, u64, u64)> = Vec::new();
+    match (request.admitted_mono_ns, first_token) {
+        (Some(admitted), Some(first)) => {
+            phases.push(("queue", request.arrival_mono_ns, admitted));
+            phases.push(("prefill", admitted, first));
+            phases.push(("decode", first, end));
+        }
+        (Some(admitted), None) => {
+            phases.push(("queue", request.arrival_mono_ns, admitted));
+            phases.push(("prefill", admitted, end));
+        }
+        // Without the scheduler layer the split is unknown: one span says so.
+        (None, Some(first)) => {
+            phases.push(("time_to_first_token", request.arrival_mono_ns, first));
+            phases.push(("decode", first, end));
+        }
+        (None, None) => {}
+    }
+    if let Some((queued, admitted)) = super::disagg::kv_wait(request) {
+        phases.push(("kv_transfer_wait", queued, admitted));
+    }
+    phases
 }
 
 fn steps_in_phase<'a>(
