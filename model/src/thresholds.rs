@@ -26,6 +26,14 @@ pub const ARRIVAL_RATE_RATIO: f64 = 1.5;
 /// signal crossed: a traffic spike (the closed-loop form: more clients, each waiting for its
 /// answer, raise concurrency while the arrival rate stays capped by the service rate).
 pub const IN_SYSTEM_RATIO: f64 = 1.5;
+/// ...and only while demand rose: the arrival rate crossed ARRIVAL_RATE_RATIO, or the client
+/// connections (where connections carry CONNECTION_REUSE_MIN requests each, so that they stand
+/// for clients) grew by this ratio. More requests in the system at an unchanged demand is what
+/// any slowdown produces (L = arrival rate x time in system), not more clients.
+pub const CLIENTS_RATIO: f64 = 1.5;
+/// Requests per client connection, in both windows, for connections to count clients
+/// (keep-alive clients reuse theirs; a connection per request tracks the arrival rate instead).
+pub const CONNECTION_REUSE_MIN: f64 = 1.5;
 /// ...and only while the system was not still filling up through the window (requests in the
 /// system in its second half at most this ratio of its first half): a system that keeps filling
 /// is arrivals outrunning service (an open-loop overload, whose cause is the rate or the heavier

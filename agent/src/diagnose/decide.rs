@@ -132,9 +132,33 @@ fn evidence(b: &WindowSignals, w: &WindowSignals) -> Vec<Evidence> {
     );
     admission.detail = ratio(w.arrival_rate_per_s, w.admission_rate_per_s)
         .map(|r| format!("admitted / arrived in the incident window: {r:.2}"));
+    let mut clients = line(
+        "client_connections",
+        "conn",
+        b.clients_mean,
+        w.clients_mean,
+        Test::Context,
+        None,
+        Cause::None,
+    );
+    clients.detail = Some(
+        match (b.requests_per_connection, w.requests_per_connection) {
+            (Some(rb), Some(rw)) if b.clients_mean.is_some() && w.clients_mean.is_some() => {
+                format!(
+                    "client connections open, time-averaged: the closed loop's demand ({rb:.1} -> {rw:.1} requests per connection)"
+                )
+            }
+            (Some(rb), Some(rw)) => format!(
+                "not counted as clients: {rb:.1} -> {rw:.1} requests per connection (needs {} in both windows: a connection per request counts requests, not clients)",
+                t::CONNECTION_REUSE_MIN
+            ),
+            _ => "no connection ids in the records".to_owned(),
+        },
+    );
     let mut ev = vec![
         arrivals,
         in_system_line(b, w),
+        clients,
         admission,
         line(
             "queue_wait_share",
@@ -338,11 +362,43 @@ fn queue_grew(b: &WindowSignals, w: &WindowSignals) -> bool {
     }
 }
 
+/// Whether demand rose, the cause the closed-loop form needs (more requests in the system alone
+/// is what any slowdown produces): the arrival rate crossed, or the clients grew, counted as
+/// client connections where connections carry several requests each. Where connections cannot
+/// count clients (a connection per request, or no connection ids) the test is left to the
+/// requests in the system scaled by the engine's own time per request: a closed loop's arrival
+/// rate cannot stand for its clients (it falls with heavier requests however many clients
+/// there are). Returns the verdict (None: clients not countable) and its words.
+fn demand_rose(b: &WindowSignals, w: &WindowSignals) -> (Option<bool>, String) {
+    let rate = ratio(b.arrival_rate_per_s, w.arrival_rate_per_s);
+    let clients = ratio(b.clients_mean, w.clients_mean);
+    let rate_crossed = rate.is_some_and(|r| r >= t::ARRIVAL_RATE_RATIO);
+    match clients {
+        Some(c) => (
+            Some(rate_crossed || c >= t::CLIENTS_RATIO),
+            format!(
+                "client connections x{c:.2} (needs x{}), arrival rate x{}",
+                t::CLIENTS_RATIO,
+                fmt_num(rate)
+            ),
+        ),
+        None => (
+            None,
+            format!(
+                "client connections not countable (a connection per request, or no ids), arrival rate x{}",
+                fmt_num(rate)
+            ),
+        ),
+    }
+}
+
 /// The closed-loop form of demand: requests in the system by Little's law (arrival rate x mean
-/// time in system), scaled to the baseline's work per request (the growth of engine time per
-/// request, or of prompt tokens where prompts grew and that is smaller), so that heavier
-/// requests do not pass for more clients; and counted only while the system stayed full rather
-/// than still filling up (see IN_SYSTEM_TREND_MAX).
+/// time in system), scaled to the baseline's work per request, measured by the engine's own time
+/// per request (admission to end; the prompt-token growth only where that is unknown), so that
+/// heavier or slower requests do not pass for more clients (token counts alone understate a
+/// request that also got slower per token); counted only while demand rose (more clients or
+/// more arrivals: see `demand_rose`) and while the system stayed full rather than still filling
+/// up (see IN_SYSTEM_TREND_MAX).
 fn in_system_line(b: &WindowSignals, w: &WindowSignals) -> Evidence {
     let mut e = line(
         "requests_in_system",
@@ -353,34 +409,38 @@ fn in_system_line(b: &WindowSignals, w: &WindowSignals) -> Evidence {
         Some(t::IN_SYSTEM_RATIO),
         Cause::TrafficSpike,
     );
-    let engine = ratio(b.engine_time_mean_ms, w.engine_time_mean_ms).unwrap_or(1.0);
-    let prompts = ratio(b.prompt_tokens_p99, w.prompt_tokens_p99)
-        .or_else(|| ratio(b.prompt_bytes_p99, w.prompt_bytes_p99))
-        .unwrap_or(1.0);
-    let work = if prompts >= t::PROMPT_GROWTH_RATIO {
-        engine.min(prompts)
-    } else {
-        engine
-    }
-    .max(1.0);
+    let work = ratio(b.engine_time_mean_ms, w.engine_time_mean_ms)
+        .or_else(|| {
+            ratio(b.prompt_tokens_p99, w.prompt_tokens_p99)
+                .or_else(|| ratio(b.prompt_bytes_p99, w.prompt_bytes_p99))
+        })
+        .unwrap_or(1.0)
+        .max(1.0);
     let raw = e.ratio;
     e.ratio = raw.map(|r| r / work);
     let filling = w
         .in_system_trend
         .is_some_and(|x| x > t::IN_SYSTEM_TREND_MAX);
-    e.crossed = e.ratio.is_some_and(|r| r >= t::IN_SYSTEM_RATIO) && queue_grew(b, w) && !filling;
+    let (demand, demand_words) = demand_rose(b, w);
+    let grew = e.ratio.is_some_and(|r| r >= t::IN_SYSTEM_RATIO) && queue_grew(b, w);
+    e.crossed = grew && !filling && demand != Some(false);
     let little = match (w.arrival_rate_per_s, w.time_in_system_mean_s) {
         (Some(l), Some(s)) => format!("{l:.2}/s x {s:.2} s = {}", fmt_num(w.in_system_littles)),
         _ => "?".to_owned(),
     };
     e.detail = Some(format!(
-        "closed-loop form, Little's law L = arrival rate x time in system: {little} (time-averaged {} -> {}); x{} raw, / x{work:.2} work per request; late/early in the window x{}{}",
+        "closed-loop form, Little's law L = arrival rate x time in system: {little} (time-averaged {} -> {}); x{} raw, / x{work:.2} work per request; late/early in the window x{}; demand: {demand_words}{}{}",
         fmt_num(b.in_system_mean),
         fmt_num(w.in_system_mean),
         fmt_num(raw),
         fmt_num(w.in_system_trend),
         if filling {
             "; not counted: still filling up (arrivals outrunning service)"
+        } else {
+            ""
+        },
+        if grew && !filling && demand == Some(false) {
+            "; not counted: demand did not rise (more requests in the system at the same demand is a slowdown, not more clients)"
         } else {
             ""
         }

@@ -1,7 +1,7 @@
 //! The measured signals of one window.
 use std::collections::BTreeMap;
 
-use inferscope_model::{clock::ns_to_ms, quantile::percentile};
+use inferscope_model::{clock::ns_to_ms, quantile::percentile, thresholds as t};
 
 use super::{Inputs, TimeWindow};
 
@@ -30,6 +30,14 @@ pub(crate) struct WindowSignals {
     /// filling (arrivals outrunning service, an open-loop overload); about 1 when it stays full
     /// (a closed loop: each client has one request in the system).
     pub in_system_trend: Option<f64>,
+    /// Client connections open over the window, time-averaged (a connection is open from its
+    /// first request's arrival to its last request's end): the clients of a closed loop whose
+    /// clients keep their connections. None where the window's connections carried fewer than
+    /// CONNECTION_REUSE_MIN requests each (a connection per request makes this the requests in
+    /// the system, not the clients) or are unknown.
+    pub clients_mean: Option<f64>,
+    /// The window's load requests per distinct client connection (None: no connection ids).
+    pub requests_per_connection: Option<f64>,
     /// Mean time in the engine (admission to end) per request: the service time.
     pub engine_time_mean_ms: Option<f64>,
     /// Mean queue wait over mean TTFT of the window's requests.
@@ -173,6 +181,7 @@ pub(super) fn measure(inputs: &Inputs, w: &TimeWindow) -> WindowSignals {
         s.time_in_system_mean_s = mean(&times);
         s.in_system_trend = trend(inputs, w, &is_load);
         s.in_system_littles = s.time_in_system_mean_s.map(|w| arrivals as f64 / dur_s * w);
+        (s.requests_per_connection, s.clients_mean) = clients(inputs, w, &is_load);
         // Preemptions: the engine's counter when scraped, else the per-request counts.
         s.preemptions_per_s = counter_rate(inputs, w).or_else(|| {
             let counts: Vec<u64> = served.iter().filter_map(|r| r.preemptions).collect();
@@ -298,6 +307,46 @@ fn trend(inputs: &Inputs, w: &TimeWindow, is_load: &dyn Fn(&str) -> bool) -> Opt
     let early: f64 = (4..8).map(at).sum();
     let late: f64 = (12..16).map(at).sum();
     (early > 0.0).then(|| late / early)
+}
+
+/// The window's requests per client connection, and the client connections open over the
+/// window, time-averaged (only where connections carried at least CONNECTION_REUSE_MIN requests
+/// each: a connection per request counts requests, not clients). A connection is open from its
+/// first request's arrival to its last request's end, over every request of the inputs, so that a
+/// keep-alive client counts over the whole window whatever the window's length.
+fn clients(
+    inputs: &Inputs,
+    w: &TimeWindow,
+    is_load: &dyn Fn(&str) -> bool,
+) -> (Option<f64>, Option<f64>) {
+    let dur_s = w.duration_s();
+    let mut spans: std::collections::HashMap<(u32, u64), (u64, u64, usize)> = Default::default();
+    for r in inputs
+        .requests
+        .iter()
+        .filter(|r| r.connection_id != 0 && is_load(&r.method))
+    {
+        let e = spans
+            .entry((r.pid, r.connection_id))
+            .or_insert((u64::MAX, 0, 0));
+        e.0 = e.0.min(r.arrival_mono_ns);
+        e.1 = e.1.max(r.end_mono_ns);
+        e.2 += usize::from(w.contains(r.arrival_mono_ns));
+    }
+    let (conns, requests) = spans
+        .values()
+        .filter(|s| s.2 > 0)
+        .fold((0usize, 0usize), |(c, n), s| (c + 1, n + s.2));
+    if conns == 0 || dur_s <= 0.0 {
+        return (None, None);
+    }
+    let per_connection = requests as f64 / conns as f64;
+    let open_ns: u128 = spans
+        .values()
+        .map(|s| u128::from(w.overlap_ns(s.0, s.1)))
+        .sum();
+    let clients = (per_connection >= t::CONNECTION_REUSE_MIN).then(|| open_ns as f64 / 1e9 / dur_s);
+    (Some(per_connection), clients)
 }
 
 /// Preemptions per second from the engine's cumulative counter (resets count from zero).

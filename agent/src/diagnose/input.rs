@@ -34,6 +34,9 @@ pub struct RequestSample {
     pub first_token_mono_ns: Option<u64>,
     /// The decode leg of a disaggregated request: its wait for the prefill server's KV cache.
     pub disagg: Option<DisaggSample>,
+    /// The client connection that carried it, unique per engine process (0: unknown, as in
+    /// records written without it): the clients of a closed loop that keep their connections.
+    pub connection_id: u64,
 }
 
 /// What the diagnosis reads of a record's `disagg` view.
@@ -67,6 +70,7 @@ impl From<&RequestRecord> for RequestSample {
                 role: d.role.map(|r| r.as_str().to_owned()),
                 kv_transfer_wait_ms: d.kv_transfer_wait_ms,
             }),
+            connection_id: r.connection_id,
         }
     }
 }

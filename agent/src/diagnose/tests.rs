@@ -18,6 +18,9 @@ struct Load {
     /// Disaggregated serving: the decode legs' wait for the remote KV cache (part of their
     /// queue wait).
     kv_wait_ms: Option<f64>,
+    /// Clients keeping their connections: request i on connection i % clients; 0: a connection
+    /// per request.
+    clients: u64,
 }
 
 impl Default for Load {
@@ -32,6 +35,7 @@ impl Default for Load {
             preemptions: 0,
             batch: 2,
             kv_wait_ms: None,
+            clients: 2,
         }
     }
 }
@@ -64,6 +68,11 @@ fn add(inputs: &mut Inputs, t0: u64, load: Load) {
                 role: Some("decode".into()),
                 kv_transfer_wait_ms: Some(k + jitter),
             }),
+            connection_id: 1 + if load.clients == 0 {
+                i
+            } else {
+                i % load.clients
+            },
         });
     }
     for i in 0..200 {
@@ -499,6 +508,7 @@ fn more_clients_in_a_closed_loop_is_a_traffic_spike_by_concurrency() {
     let d = run(Load {
         n: 44,
         queue_ms: 1200.0,
+        clients: 8,
         ..Default::default()
     });
     assert_eq!(d.cause, Cause::TrafficSpike, "{}", render(&d));
@@ -521,6 +531,7 @@ fn more_in_the_system_because_steps_slowed_is_the_device_not_demand() {
         n: 44,
         queue_ms: 1200.0,
         step_ms: 60.0,
+        clients: 8,
         ..Default::default()
     });
     assert_eq!(d.cause, Cause::DegradedDevice, "{}", render(&d));
@@ -600,6 +611,7 @@ fn more_clients_with_longer_prompts_ranks_both_causes() {
         queue_ms: 3000.0,
         prefill_ms: 500.0,
         prompt_tokens: 150,
+        clients: 8,
         ..Default::default()
     });
     assert_eq!(d.cause, Cause::TrafficSpike, "{}", render(&d));
@@ -734,6 +746,7 @@ fn without_steps_or_engine_metrics_it_says_what_is_missing() {
         Load {
             n: 44,
             queue_ms: 1200.0,
+            clients: 8,
             ..Default::default()
         },
     );
@@ -916,4 +929,196 @@ fn prefill_steps_from_the_engine_steps_where_records_have_none() {
         "{}",
         render(&d)
     );
+}
+
+/// Issue #46's case: an open loop at an unchanged arrival rate (a connection per request),
+/// prompts x2.54, and the engine's time per request x6.6 on a slow phase of the machine, so
+/// requests in the system rose x4.8 by Little's law. Scaled by the prompts' growth alone that
+/// looked like x1.9 the clients; scaled by the engine's own time per request it is x0.73: the
+/// slower service, not more clients. It is prompt growth.
+fn slower_service_at_the_same_rate(clients: u64) -> Diagnosis {
+    let mut inputs = Inputs::default();
+    add(
+        &mut inputs,
+        100 * S,
+        Load {
+            queue_ms: 200.0,
+            clients,
+            ..Default::default()
+        },
+    );
+    add(
+        &mut inputs,
+        200 * S,
+        Load {
+            queue_ms: 349.0,
+            prefill_ms: 100.0,
+            prompt_tokens: 136,
+            clients,
+            ..Default::default()
+        },
+    );
+    // Engine time per request 344 ms -> 2270 ms (the decode after the first token slowed).
+    for r in inputs
+        .requests
+        .iter_mut()
+        .filter(|r| r.arrival_mono_ns >= 200 * S)
+    {
+        r.end_mono_ns = r.admitted_mono_ns.unwrap() + 2_270_000_000;
+    }
+    let (b, w) = windows();
+    diagnose(&inputs, b, w)
+}
+
+#[test]
+fn more_in_the_system_at_an_unchanged_arrival_rate_is_not_more_clients() {
+    let d = slower_service_at_the_same_rate(0);
+    let r = |s: &str| evidence(&d, s).ratio.unwrap();
+    // The reported figures.
+    assert!(
+        (r("arrival_rate_per_s") - 1.0).abs() < 0.01,
+        "{}",
+        render(&d)
+    );
+    assert!(
+        (r("prompt_tokens_p99") - 2.54).abs() < 0.02,
+        "{}",
+        render(&d)
+    );
+    assert!(
+        (r("engine_time_per_request_ms") - 6.6).abs() < 0.05,
+        "{}",
+        render(&d)
+    );
+    let e = evidence(&d, "requests_in_system");
+    let detail = e.detail.as_deref().unwrap();
+    assert!(detail.contains("x4.8"), "{detail}");
+    // x4.8 / x2.54 (the prompts) passed for more clients; x4.8 / x6.6 (the engine) does not.
+    assert!((e.ratio.unwrap() - 4.82 / 6.64).abs() < 0.02, "{e:?}");
+    assert!(!e.crossed, "{e:?}");
+    assert!(detail.contains("/ x6.6"), "{detail}");
+    assert!(detail.contains("arrival rate x1.00"), "{detail}");
+    assert_eq!(d.dominant_phase, Phase::Queue, "{}", render(&d));
+    assert_eq!(d.cause, Cause::PromptGrowth, "{}", render(&d));
+    assert!(
+        !d.also_crossed.contains(&Cause::TrafficSpike),
+        "{}",
+        render(&d)
+    );
+    assert_eq!(d.traffic_form, None);
+    // Connections carried one request each: they count requests, not clients (no line).
+    assert!(
+        d.evidence.iter().all(|e| e.signal != "client_connections"),
+        "{}",
+        render(&d)
+    );
+}
+
+/// The same slowdown with clients that keep their connections: the same two clients in both
+/// windows, so not more demand either.
+#[test]
+fn the_same_keep_alive_clients_with_slower_service_are_not_more_clients() {
+    let d = slower_service_at_the_same_rate(2);
+    let c = evidence(&d, "client_connections");
+    assert!((c.ratio.unwrap() - 1.0).abs() < 0.05, "{c:?}");
+    assert!((c.window.unwrap() - 2.0).abs() < 0.2, "{c:?}");
+    let e = evidence(&d, "requests_in_system");
+    assert!(!e.crossed, "{e:?}");
+    assert!(
+        e.detail
+            .as_deref()
+            .unwrap()
+            .contains("client connections x1.0"),
+        "{e:?}"
+    );
+    assert_eq!(d.cause, Cause::PromptGrowth, "{}", render(&d));
+    assert!(
+        !d.also_crossed.contains(&Cause::TrafficSpike),
+        "{}",
+        render(&d)
+    );
+}
+
+/// More requests in the system and a longer queue at the same rate and the same work, from the
+/// same two keep-alive clients: no rise in clients or arrivals, so no traffic spike (no signal
+/// names a cause).
+#[test]
+fn a_longer_queue_at_the_same_demand_is_not_a_traffic_spike() {
+    let d = run(Load {
+        queue_ms: 1200.0,
+        ..Default::default()
+    });
+    let e = evidence(&d, "requests_in_system");
+    assert!(e.ratio.unwrap() > 3.0 && !e.crossed, "{e:?}");
+    assert!(
+        e.detail
+            .as_deref()
+            .unwrap()
+            .contains("not counted: demand did not rise"),
+        "{e:?}"
+    );
+    assert_ne!(d.cause, Cause::TrafficSpike, "{}", render(&d));
+}
+
+/// The suite's mixed scenario as it ran live: 2 -> 10 closed-loop clients that open a connection
+/// per request, prompts x1.7. Heavier requests lower the service rate, so the arrival rate fell
+/// (x0.75) however many more clients there were, and connections cannot count them; the
+/// requests in the system at the engine's own time per request (x8 / x2.3) show them.
+#[test]
+fn more_clients_opening_a_connection_per_request_with_longer_prompts_rank_both_causes() {
+    let d = run_from(
+        Load {
+            clients: 0,
+            ..Default::default()
+        },
+        Load {
+            n: 30,
+            queue_ms: 3000.0,
+            prefill_ms: 500.0,
+            prompt_tokens: 150,
+            clients: 0,
+            ..Default::default()
+        },
+    );
+    assert!((evidence(&d, "arrival_rate_per_s").ratio.unwrap() - 0.75).abs() < 0.01);
+    assert_eq!(d.cause, Cause::TrafficSpike, "{}", render(&d));
+    assert_eq!(d.secondary_cause, Cause::PromptGrowth, "{}", render(&d));
+    assert_eq!(d.traffic_form, Some(LoadForm::Concurrency));
+    let e = evidence(&d, "requests_in_system");
+    assert!(e.crossed, "{e:?}");
+    assert!(
+        e.detail.as_deref().unwrap().contains("not countable"),
+        "{e:?}"
+    );
+}
+
+/// Keep-alive clients are counted whatever the window's length: two clients over 10 s and
+/// eight over 10 s read 2 and 8, and the headline closed-loop case crosses by them.
+#[test]
+fn client_connections_count_keep_alive_clients() {
+    let d = run(Load {
+        n: 44,
+        queue_ms: 1200.0,
+        clients: 8,
+        ..Default::default()
+    });
+    let c = evidence(&d, "client_connections");
+    assert!((c.baseline.unwrap() - 2.0).abs() < 0.2, "{c:?}");
+    assert!((c.window.unwrap() - 8.0).abs() < 0.8, "{c:?}");
+    assert!(
+        evidence(&d, "requests_in_system")
+            .detail
+            .as_deref()
+            .unwrap()
+            .contains("client connections x3.7"),
+        "{}",
+        render(&d)
+    );
+}
+
+#[test]
+fn records_without_a_connection_id_read_as_unknown() {
+    let (v, _): (Vec<RequestSample>, _) =
+        input::read_jsonl(&br#"{"arrival_mono_ns":5,"end_mono_ns":9}"#[..]).unwrap();
+    assert_eq!(v[0].connection_id, 0);
 }
