@@ -125,6 +125,12 @@ if ((want_test)); then
   fi
   # The Debian package starts a Prometheus service; the tests run their own.
   systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || true
+  # ASGI servers that speak HTTP/2 (h2c and TLS) and an HTTP/2 client that multiplexes streams:
+  # the token-streams-in-HTTP/2 test (tests/engine/h2_sse.py).
+  if ! .venv/bin/python3 -c 'import importlib.metadata as m; assert m.version("hypercorn") == "0.18.0" and m.version("granian") == "2.8.7" and m.version("h2")' 2>/dev/null; then
+    log "installing hypercorn, granian and httpx[http2] into .venv"
+    .venv/bin/pip install -q --disable-pip-version-check hypercorn==0.18.0 granian==2.8.7 'httpx[http2]==0.29.0'
+  fi
   # pyzmq: the vLLM IPC replay test (tests/engine/vllm_ipc_replay.py) speaks real ZeroMQ.
   if ! .venv/bin/python3 -c 'import zmq' 2>/dev/null; then
     log "installing pyzmq into .venv"

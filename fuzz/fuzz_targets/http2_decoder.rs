@@ -3,7 +3,8 @@
 //! to an HPACK decoder. Beyond "never panics": streams followed stay under their limit, kept
 //! header values stay short, the kept dynamic table stays under its cap, closing the
 //! connection ends every stream, and the id read out of a request's first message (streams
-//! whose path length is a multiple of 3 ask for field 7) is non-empty and bounded. Streams whose path has an
+//! whose path length is a multiple of 3 ask for field 7) is non-empty and bounded, and a plain
+//! stream's bodies (SSE, JSON lines, JSON) give no more token events than bytes and bounded ids. Streams whose path has an
 //! even length are followed as call streams (taken up again after a loss at a message whose
 //! head opens with field 3's key): each message handed over keeps a bounded head,
 //! at most a bounded number wait at once, and every head reads as KServe's request and stream
@@ -154,9 +155,24 @@ fuzz_target!(|data: &[u8]| {
         ] {
             assert!(v.known().is_none_or(|v| v.len() <= 256));
         }
-        // Every message counted took at least its 5-byte prefix from the DATA counted.
-        for m in [&s.request, &s.response] {
-            assert!(u64::from(m.count) * 5 <= m.data_bytes);
+        // Every message counted took at least its 5-byte prefix from the DATA counted; a plain
+        // stream's token events (SSE or JSON lines) at least a byte each, captured or lost.
+        match &s.exchange {
+            None => {
+                for m in [&s.request, &s.response] {
+                    assert!(u64::from(m.count) * 5 <= m.data_bytes);
+                }
+            }
+            Some(exchange) => {
+                assert!(u64::from(s.response.count) <= s.response.data_bytes);
+                assert!(
+                    exchange
+                        .response
+                        .id
+                        .as_ref()
+                        .is_none_or(|id| id.len() <= 128)
+                );
+            }
         }
         if let MessageId::Found(id) = &s.request_id {
             assert!(!id.is_empty() && id.len() <= MAX_ID_BYTES);

@@ -9,8 +9,10 @@
 use std::collections::VecDeque;
 
 use inferscope_decode::{
-    http::Chunk,
-    http2::{self, EndedBy as WireEnd, Http2Connection, MessageId, Side, Start, StreamSummary},
+    http::{Chunk, RequestSummary},
+    http2::{
+        self, EndedBy as WireEnd, Exchange, Http2Connection, MessageId, Side, Start, StreamSummary,
+    },
 };
 use inferscope_model::{Counter, EndedBy, Http2Info, RequestRecord};
 
@@ -538,13 +540,17 @@ fn emit(
     p.truncated = s.request.data_lost || s.response.data_lost;
     p.incomplete = incomplete;
     tokens_from(&mut p, &s.response);
-    let summary = inferscope_decode::http::RequestSummary {
-        method: text(&s.method),
-        path: text(&s.path),
-        x_request_id: s.x_request_id.known().cloned(),
-        ts_ns: s.request_end_ts_ns.unwrap_or(0),
-        ..Default::default()
+    // A plain response's token events are no gRPC messages.
+    let grpc_response = !s.exchange.as_ref().is_some_and(|e| e.response_plain);
+    let mut summary = match s.exchange {
+        Some(exchange) => plain_bodies(&mut p, *exchange, stats),
+        None => RequestSummary::default(),
     };
+    summary.method = text(&s.method);
+    summary.path = text(&s.path);
+    summary.x_request_id = s.x_request_id.known().cloned();
+    summary.traceparent = s.traceparent.known().cloned();
+    summary.ts_ns = s.request_end_ts_ns.unwrap_or(0);
     p.summary = Some(summary);
     let end_ns = s.end_ts_ns;
     if let Some(reason) = p.incomplete {
@@ -566,12 +572,37 @@ fn emit(
         grpc_status: s.grpc_status.known().copied(),
         request_messages: s.request.count,
         request_message_bytes: s.request.bytes,
-        response_messages: s.response.count,
+        response_messages: if grpc_response { s.response.count } else { 0 },
         response_message_bytes: s.response.bytes,
         stream_end,
         error_code,
     }));
     out.push(record);
+}
+
+/// What a plain stream's bodies add to its record (as an HTTP/1 request's would): the request's
+/// completion parameters, and the response's id, token counts and server timings.
+fn plain_bodies(p: &mut RequestProgress, exchange: Exchange, stats: &mut Stats) -> RequestSummary {
+    let Exchange {
+        request,
+        response,
+        events_unparsed,
+        events_cut,
+        event_too_large,
+        ..
+    } = exchange;
+    if request.body_json_error {
+        stats.bump(Counter::RequestBodyJsonError);
+    }
+    stats.add(Counter::SseJsonError, u64::from(events_unparsed));
+    stats.add(Counter::SseEventsCut, u64::from(events_cut));
+    if event_too_large {
+        stats.bump(Counter::SseEventTooLarge);
+        p.incomplete.get_or_insert(Reason::SseEventTooLarge);
+    }
+    p.truncated |= response.truncated;
+    p.on_body(response, stats);
+    request
 }
 
 fn side_ended(side: Side) -> EndedBy {
@@ -619,6 +650,66 @@ mod tests {
             chunk_offset: None,
             token: false,
         }
+    }
+
+    /// An OpenAI-style streaming request on h2c (as an ASGI server on HTTP/2 answers it): its
+    /// record has the request body's parameters, the SSE events as tokens, the completion id
+    /// and the usage, as an HTTP/1.1 record would.
+    #[test]
+    fn an_sse_stream_inside_http2_is_a_record_with_its_tokens() {
+        let mut t = Tracker::new(Limits::default());
+        let peer = Peer {
+            sock: 0x78,
+            ..Peer::default()
+        };
+        let mut out = Vec::new();
+        let mut block = vec![0x83, 0x86];
+        block.extend(indexed_name(4, "/v1/chat/completions"));
+        block.extend(indexed_name(31, "application/json"));
+        block.extend(literal("x-request-id", "req-7"));
+        let mut read = PREFACE.to_vec();
+        read.extend(settings(None));
+        read.extend(frame(kind::HEADERS, END_HEADERS, 1, &block));
+        let body = br#"{"model":"m7","stream":true,"max_tokens":3,"messages":[{"role":"user","content":"hey"}]}"#;
+        read.extend(frame(kind::DATA, END_STREAM, 1, body));
+        t.on_read(&ev(SyscallKind::Read, 10 * MS, &read), peer, &mut out);
+        let mut head = settings(None);
+        let mut response = vec![0x88];
+        response.extend(indexed_name(31, "text/event-stream"));
+        head.extend(frame(kind::HEADERS, END_HEADERS, 1, &response));
+        t.on_write(&ev(SyscallKind::Write, 11 * MS, &head), peer, &mut out);
+        for (ts, text) in [(15, "a"), (19, "b"), (27, "c")] {
+            let event = format!(
+                "data: {{\"id\":\"cmpl-7\",\"choices\":[{{\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n"
+            );
+            let data = frame(kind::DATA, 0, 1, event.as_bytes());
+            t.on_write(&ev(SyscallKind::Write, ts * MS, &data), peer, &mut out);
+        }
+        let usage = br#"data: {"id":"cmpl-7","choices":[],"usage":{"prompt_tokens":4,"completion_tokens":3}}
+
+data: [DONE]
+
+"#;
+        let end = frame(kind::DATA, END_STREAM, 1, usage);
+        t.on_write(&ev(SyscallKind::Write, 30 * MS, &end), peer, &mut out);
+
+        assert_eq!(out.len(), 1);
+        let r = &out[0];
+        assert_eq!(r.path, "/v1/chat/completions");
+        assert_eq!(r.x_request_id.as_deref(), Some("req-7"));
+        assert_eq!(r.response_id.as_deref(), Some("cmpl-7"));
+        assert_eq!(r.model.as_deref(), Some("m7"));
+        assert_eq!((r.stream, r.max_tokens), (Some(true), Some(3)));
+        assert_eq!(r.prompt_bytes, Some(3));
+        assert_eq!((r.prompt_tokens, r.completion_tokens), (Some(4), Some(3)));
+        assert_eq!(r.output_chunks, 3);
+        assert_eq!(r.ttft_ms, Some(5.0));
+        assert_eq!(r.itl_max_ms, Some(8.0));
+        assert_eq!(r.tpot_ms, Some(6.0));
+        assert_eq!(r.incomplete, None);
+        assert!(!r.capture_truncated);
+        assert_eq!(r.http2.as_ref().map(|h| h.response_messages), Some(0));
+        assert_eq!(t.stats.get(Counter::SseJsonError), 0);
     }
 
     /// An h2c connection: two gRPC calls, one server-streaming to its end, one reset by the

@@ -562,6 +562,22 @@ struct CompletionWire<'a> {
     /// A vLLM prefill server's hand-off for the decode server.
     #[serde(default)]
     kv_transfer_params: super::handoff::Handoff,
+    /// Ollama's NDJSON lines: `{"response": "…", "done": false}` (/api/generate) or
+    /// `{"message": {"content": "…"}}` (/api/chat) per token; `done: true` with the token
+    /// counts and durations (ns) on the last line.
+    #[serde(default)]
+    response: NonEmpty,
+    message: Option<Delta>,
+    #[serde(default)]
+    done: Option<bool>,
+    #[serde(default)]
+    prompt_eval_count: LenientU64,
+    #[serde(default)]
+    eval_count: LenientU64,
+    #[serde(default)]
+    prompt_eval_duration: LenientU64,
+    #[serde(default)]
+    eval_duration: LenientU64,
 }
 
 /// What one completion document (SSE event data or whole body) reports.
@@ -586,23 +602,43 @@ pub(crate) fn parse_completion(data: &[u8]) -> Option<CompletionFields<'_>> {
             prompt_tokens: w.tokens_evaluated.0,
             completion_tokens: w.tokens_predicted.0,
         });
+    let ollama_usage =
+        (w.eval_count.0.is_some() || w.prompt_eval_count.0.is_some()).then_some(Usage {
+            prompt_tokens: w.prompt_eval_count.0,
+            completion_tokens: w.eval_count.0,
+        });
+    let ns_to_ms = |ns: Option<u64>| ns.map(|ns| ns as f64 / 1e6);
+    let ollama_timings = (w.eval_duration.0.is_some() || w.prompt_eval_duration.0.is_some())
+        .then_some(Timings {
+            prompt_n: w.prompt_eval_count.0,
+            prompt_ms: ns_to_ms(w.prompt_eval_duration.0),
+            predicted_n: w.eval_count.0,
+            predicted_ms: ns_to_ms(w.eval_duration.0),
+        });
     Some(CompletionFields {
         id: w.id.0,
-        content: choices.content || w.content.0,
-        finish: choices.finish || w.stop == Some(true),
+        content: choices.content
+            || w.content.0
+            || w.response.0
+            || w.message.as_ref().is_some_and(Delta::has_content),
+        finish: choices.finish || w.stop == Some(true) || w.done == Some(true),
         usage: w
             .usage
             .map(|u| Usage {
                 prompt_tokens: u.prompt_tokens.0,
                 completion_tokens: u.completion_tokens.0,
             })
-            .or(native_usage),
-        timings: w.timings.map(|t| Timings {
-            prompt_n: t.prompt_n.0,
-            prompt_ms: t.prompt_ms.0,
-            predicted_n: t.predicted_n.0,
-            predicted_ms: t.predicted_ms.0,
-        }),
+            .or(native_usage)
+            .or(ollama_usage),
+        timings: w
+            .timings
+            .map(|t| Timings {
+                prompt_n: t.prompt_n.0,
+                prompt_ms: t.prompt_ms.0,
+                predicted_n: t.predicted_n.0,
+                predicted_ms: t.predicted_ms.0,
+            })
+            .or(ollama_timings),
         kv_transfer_params: w.kv_transfer_params.0,
     })
 }
@@ -748,5 +784,31 @@ mod tests {
         // Not an object: no hand-off, the rest of the request still reads.
         let f = parse_request(br#"{"prompt":"x","kv_transfer_params":null}"#).unwrap();
         assert_eq!((f.prompt_bytes, f.kv_transfer_params), (Some(1), None));
+    }
+
+    #[test]
+    fn ollama_lines() {
+        let token = parse_completion(br#"{"model":"m","response":"Hi","done":false}"#).unwrap();
+        assert!(token.content && !token.finish && token.usage.is_none());
+        let chat =
+            parse_completion(br#"{"message":{"role":"assistant","content":"x"},"done":false}"#)
+                .unwrap();
+        assert!(chat.content);
+        let last = parse_completion(
+            br#"{"response":"","done":true,"prompt_eval_count":26,"eval_count":290,
+                "prompt_eval_duration":130079000,"eval_duration":4232710000}"#,
+        )
+        .unwrap();
+        assert!(!last.content && last.finish);
+        assert_eq!(
+            last.usage,
+            Some(Usage {
+                prompt_tokens: Some(26),
+                completion_tokens: Some(290)
+            })
+        );
+        let t = last.timings.unwrap();
+        assert_eq!((t.prompt_n, t.predicted_n), (Some(26), Some(290)));
+        assert!((t.prompt_ms.unwrap() - 130.079).abs() < 1e-9);
     }
 }

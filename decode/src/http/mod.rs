@@ -15,10 +15,10 @@ mod counts;
 mod framing;
 mod handoff;
 mod head;
-mod json;
+pub(crate) mod json;
 mod request;
-mod response;
-mod sse;
+pub(crate) mod response;
+pub(crate) mod sse;
 mod template;
 
 pub use counts::{Timings, Usage};

@@ -105,6 +105,33 @@ fn parse_head(buf: &[u8]) -> ParseResult<Head> {
     Ok(Some((n, head)))
 }
 
+impl RequestSummary {
+    /// The completion parameters of a whole request body; `json_body`: its Content-Type said
+    /// JSON. Servers such as llama.cpp take JSON whatever the Content-Type says (curl -d sends
+    /// form-urlencoded), so a body that opens like a JSON object is parsed as one.
+    pub(crate) fn read_body(&mut self, body: &[u8], json_body: bool) {
+        let looks_json = body
+            .iter()
+            .find(|b| !b.is_ascii_whitespace())
+            .is_some_and(|&b| b == b'{');
+        if !(json_body || looks_json) || self.body_truncated || body.is_empty() {
+            return;
+        }
+        match json::parse_request(body) {
+            Some(f) => {
+                self.model = f.model;
+                // Absent means false, as in the OpenAI API and llama.cpp's own endpoints.
+                self.stream = Some(f.stream.unwrap_or(false));
+                self.max_tokens = f.max_tokens;
+                self.prompt_bytes = f.prompt_bytes;
+                self.include_usage = f.include_usage;
+                self.kv_transfer_params = f.kv_transfer_params.map(Box::new);
+            }
+            None => self.body_json_error = true,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct InFlight {
     summary: RequestSummary,
@@ -272,26 +299,7 @@ impl RequestDecoder {
         } = *inflight;
         summary.ts_ns = ts;
         let body = whole_body.unwrap_or(&self.body);
-        // Servers such as llama.cpp take JSON whatever the Content-Type says (curl -d sends
-        // form-urlencoded), so a body that opens like a JSON object is parsed as one.
-        let looks_json = body
-            .iter()
-            .find(|b| !b.is_ascii_whitespace())
-            .is_some_and(|&b| b == b'{');
-        if (json_body || looks_json) && !summary.body_truncated && !body.is_empty() {
-            match json::parse_request(body) {
-                Some(f) => {
-                    summary.model = f.model;
-                    // Absent means false, as in the OpenAI API and llama.cpp's own endpoints.
-                    summary.stream = Some(f.stream.unwrap_or(false));
-                    summary.max_tokens = f.max_tokens;
-                    summary.prompt_bytes = f.prompt_bytes;
-                    summary.include_usage = f.include_usage;
-                    summary.kv_transfer_params = f.kv_transfer_params.map(Box::new);
-                }
-                None => summary.body_json_error = true,
-            }
-        }
+        summary.read_body(body, json_body);
         wipe(&mut self.body);
         self.started = false;
         out.push(RequestEvent::Complete(summary));

@@ -5,12 +5,12 @@
 use super::{
     Chunk, Limits, MAX_NAME_BYTES, ParseError,
     chunked::Advance,
-    collect_body, contains_ignore_case,
+    collect_body,
     counts::{Timings, Usage},
     framing::{BodyHeaders, Framing, Skipped},
     head::{HeadBuf, HeadProgress, MAX_HEADERS, ParseResult, blank_lines, map_httparse_err},
     json,
-    sse::{RawEvent, SseFramer},
+    sse::{EventFormat, EventFramer, RawEvent},
     template::TokenTemplate,
     truncated_str, wipe,
 };
@@ -24,7 +24,7 @@ pub enum ResponseEvent {
         ts_ns: u64,
         /// Status code.
         status: u16,
-        /// `Content-Type: text/event-stream`: a token stream follows.
+        /// `Content-Type: text/event-stream` (or a JSON-lines type): a token stream follows.
         event_stream: bool,
         /// `Transfer-Encoding: chunked`.
         chunked: bool,
@@ -101,7 +101,7 @@ pub struct BodySummary {
 #[derive(Debug)]
 struct Head {
     status: u16,
-    event_stream: bool,
+    events: Option<EventFormat>,
     body: BodyHeaders,
 }
 
@@ -114,14 +114,14 @@ fn parse_head(buf: &[u8]) -> ParseResult<Head> {
     };
     let mut head = Head {
         status: resp.code.unwrap_or_default(),
-        event_stream: false,
+        events: None,
         body: BodyHeaders::default(),
     };
     for h in resp.headers.iter() {
         let name = h.name.as_bytes();
         head.body.read(name, h.value)?;
         if name.eq_ignore_ascii_case(b"content-type") {
-            head.event_stream = contains_ignore_case(h.value, b"text/event-stream");
+            head.events = EventFormat::of_content_type(h.value);
         }
     }
     Ok(Some((n, head)))
@@ -130,7 +130,8 @@ fn parse_head(buf: &[u8]) -> ParseResult<Head> {
 #[derive(Debug)]
 struct InFlight {
     framing: Framing,
-    event_stream: bool,
+    /// The body is a token stream of this format.
+    events: Option<EventFormat>,
     json_body: bool,
     /// Body wire bytes so far.
     wire_bytes: u64,
@@ -139,6 +140,13 @@ struct InFlight {
     truncated: bool,
     /// An id was already reported for this response.
     id_reported: bool,
+}
+
+impl InFlight {
+    /// A server-sent event stream: the only body whose token events capture recognises.
+    fn sse(&self) -> bool {
+        self.events == Some(EventFormat::Sse)
+    }
 }
 
 #[derive(Debug)]
@@ -156,7 +164,7 @@ pub struct ResponseDecoder {
     limits: Limits,
     state: State,
     head: HeadBuf,
-    sse: SseFramer,
+    sse: EventFramer,
     /// Non-streaming body kept for JSON parsing, wiped after.
     body: Vec<u8>,
     /// The next response answers a HEAD request: it has no body whatever its headers say.
@@ -174,7 +182,7 @@ impl ResponseDecoder {
             limits,
             state: State::Head,
             head: HeadBuf::default(),
-            sse: SseFramer::default(),
+            sse: EventFramer::default(),
             body: Vec::new(),
             next_is_head_reply: false,
             learn_templates: false,
@@ -196,7 +204,7 @@ impl ResponseDecoder {
     /// is one whole chunk holding one event begins, so a token record decodes as one.
     pub fn at_token_boundary(&self) -> bool {
         matches!(&self.state, State::Body(inflight)
-            if inflight.event_stream
+            if inflight.sse()
                 && matches!(&inflight.framing, Framing::Chunked(dec) if dec.at_chunk_start()))
             && self.sse.is_idle()
     }
@@ -209,7 +217,7 @@ impl ResponseDecoder {
     /// [`Self::at_token_boundary`] held.
     pub fn feed_token(&mut self, ts_ns: u64, len: u64, out: &mut Vec<ResponseEvent>) {
         let at_chunk = matches!(&self.state, State::Body(inflight)
-            if inflight.event_stream
+            if inflight.sse()
                 && matches!(&inflight.framing, Framing::Chunked(dec) if dec.at_chunk_start()));
         if !at_chunk {
             self.feed(
@@ -351,7 +359,7 @@ impl ResponseDecoder {
                 let first_and_last = done && inflight.payload_bytes == 0;
                 inflight.payload_bytes =
                     inflight.payload_bytes.saturating_add(payload.len() as u64);
-                if inflight.event_stream {
+                if inflight.events.is_some() {
                     let id_reported = &mut inflight.id_reported;
                     self.sse
                         .feed(payload, self.limits.max_sse_event_bytes, |raw| {
@@ -390,7 +398,7 @@ impl ResponseDecoder {
         out.push(ResponseEvent::Head {
             ts_ns: ts,
             status: head.status,
-            event_stream: head.event_stream,
+            event_stream: head.events.is_some(),
             chunked: head.body.chunked,
             content_length: head.body.content_length,
         });
@@ -401,9 +409,12 @@ impl ResponseDecoder {
             head.body.framing(self.limits.max_head_bytes, true)
         };
         let empty = framing.is_empty();
+        if let Some(format) = head.events {
+            self.sse.start(format);
+        }
         self.state = State::Body(Box::new(InFlight {
             framing,
-            event_stream: head.event_stream,
+            events: head.events,
             json_body: head.body.json_body,
             wire_bytes: 0,
             payload_bytes: 0,
@@ -421,9 +432,11 @@ impl ResponseDecoder {
         let State::Body(inflight) = std::mem::replace(&mut self.state, State::Head) else {
             return;
         };
-        if inflight.event_stream {
-            // A trailing event without its blank line is not dispatched.
-            self.sse.clear();
+        if inflight.events.is_some() {
+            let mut id_reported = inflight.id_reported;
+            self.sse.end(self.limits.max_sse_event_bytes, |raw| {
+                out.push(ResponseEvent::Sse(sse_event(raw, ts, &mut id_reported)));
+            });
         } else if inflight.payload_bytes > 0 {
             let mut summary = BodySummary {
                 ts_ns: ts,
@@ -473,7 +486,7 @@ impl ResponseDecoder {
             } = inflight.framing.skip_lost(lost)?;
             inflight.wire_bytes = inflight.wire_bytes.saturating_add(skipped);
             inflight.payload_bytes = inflight.payload_bytes.saturating_add(skipped);
-            if inflight.event_stream {
+            if inflight.events.is_some() {
                 if at_chunk_end {
                     let id_reported = &mut inflight.id_reported;
                     self.sse.lost_at_boundary(|raw| {
@@ -528,7 +541,7 @@ fn chunk_data_len(len: u64) -> u64 {
 }
 
 /// Reduces one SSE event to flags; allocates only for the first id.
-fn sse_event(raw: RawEvent<'_>, ts_ns: u64, id_reported: &mut bool) -> SseEvent {
+pub(crate) fn sse_event(raw: RawEvent<'_>, ts_ns: u64, id_reported: &mut bool) -> SseEvent {
     let data = match raw {
         RawEvent::Corrupt => {
             return SseEvent {
@@ -641,6 +654,53 @@ mod tests {
                 e => e,
             })
             .collect()
+    }
+
+    /// Ollama's streaming shape over HTTP/1.1: one JSON document per line, chunked; the last
+    /// line (its counts) needs no newline before the body ends.
+    #[test]
+    fn json_lines_are_token_events() {
+        let head = b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let mut parts: Vec<Vec<u8>> = vec![head.to_vec()];
+        for word in ["a", "b", "c"] {
+            let line = format!("{{\"model\":\"m\",\"response\":\"{word}\",\"done\":false}}\n");
+            parts.push(format!("{:x}\r\n{line}\r\n", line.len()).into_bytes());
+        }
+        let last = r#"{"done":true,"prompt_eval_count":2,"eval_count":3}"#;
+        parts.push(format!("{:x}\r\n{last}\r\n0\r\n\r\n", last.len()).into_bytes());
+        let chunks: Vec<Chunk<'_>> = parts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Chunk {
+                bytes: p,
+                lost: 0,
+                ts_ns: i as u64,
+            })
+            .collect();
+        let out = feed_all(&chunks);
+        assert!(matches!(
+            out[0],
+            ResponseEvent::Head {
+                event_stream: true,
+                ..
+            }
+        ));
+        let events = sse(&out);
+        assert_eq!(events.len(), 4);
+        assert!(events[..3].iter().all(|e| e.content && !e.json_error));
+        assert_eq!(
+            events.iter().map(|e| e.ts_ns).collect::<Vec<_>>(),
+            [1, 2, 3, 4]
+        );
+        assert!(events[3].finish && !events[3].content);
+        assert_eq!(
+            events[3].usage,
+            Some(Usage {
+                prompt_tokens: Some(2),
+                completion_tokens: Some(3)
+            })
+        );
+        assert!(matches!(out.last(), Some(ResponseEvent::End { .. })));
     }
 
     fn sse(events: &[ResponseEvent]) -> Vec<&SseEvent> {

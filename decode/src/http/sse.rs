@@ -1,8 +1,40 @@
-//! Server-sent-events framing: splits a body into events at blank lines and
-//! extracts the joined `data:` field, buffering only an event that spans
-//! several writes.
+//! Token-stream framing: server-sent events (split at blank lines, the joined `data:` field)
+//! or newline-delimited JSON (one document per line, as Ollama and other NDJSON servers stream),
+//! buffering only an event that spans several writes.
 
-use super::{ParseError, wipe};
+use super::{ParseError, contains_ignore_case, wipe};
+
+/// How a streamed body delimits its events.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum EventFormat {
+    /// `text/event-stream`.
+    #[default]
+    Sse,
+    /// One JSON document per line: `application/x-ndjson`, `application/jsonl` and kin.
+    Lines,
+}
+
+impl EventFormat {
+    /// The format a `Content-Type` value names, if it names a token stream.
+    pub(crate) fn of_content_type(value: &[u8]) -> Option<Self> {
+        if contains_ignore_case(value, b"text/event-stream") {
+            Some(Self::Sse)
+        } else if [
+            &b"ndjson"[..],
+            b"jsonl",
+            b"json-lines",
+            b"jsonlines",
+            b"json-seq",
+        ]
+        .iter()
+        .any(|kind| contains_ignore_case(value, kind))
+        {
+            Some(Self::Lines)
+        } else {
+            None
+        }
+    }
+}
 
 /// One dispatched event's data field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -13,9 +45,10 @@ pub(crate) enum RawEvent<'a> {
     Corrupt,
 }
 
-/// Incremental SSE splitter; one per response.
+/// Incremental event splitter; one per response.
 #[derive(Debug, Default)]
-pub(crate) struct SseFramer {
+pub(crate) struct EventFramer {
+    format: EventFormat,
     /// Bytes of the current event that arrived in earlier writes.
     pending: Vec<u8>,
     /// Scratch for joining multiple data lines.
@@ -27,7 +60,25 @@ pub(crate) struct SseFramer {
     corrupt: bool,
 }
 
-impl SseFramer {
+impl EventFramer {
+    pub(crate) fn new(format: EventFormat) -> Self {
+        Self {
+            format,
+            ..Self::default()
+        }
+    }
+
+    /// Starts a body of `format`, forgetting any partial event.
+    pub(crate) fn start(&mut self, format: EventFormat) {
+        self.clear();
+        self.format = format;
+    }
+
+    /// Bytes of an unfinished event held.
+    pub(crate) fn held(&self) -> usize {
+        self.pending.len()
+    }
+
     /// Forgets any partial event (wiping its bytes).
     pub(crate) fn clear(&mut self) {
         wipe(&mut self.pending);
@@ -39,6 +90,21 @@ impl SseFramer {
     /// Between events: nothing of a next one seen yet.
     pub(crate) fn is_idle(&self) -> bool {
         self.pending.is_empty() && !self.line_nonempty && !self.corrupt
+    }
+
+    /// The body ended: a JSON line without its newline is still a whole document (an SSE
+    /// event without its blank line is not dispatched, per the spec). Starts clean.
+    pub(crate) fn end(&mut self, max_event: usize, mut emit: impl FnMut(RawEvent<'_>)) {
+        if self.format == EventFormat::Lines && !self.is_idle() {
+            // An overlong line was counted by `feed`; nothing more to report here.
+            let _ = self.end_line(&[], max_event, &mut emit);
+        }
+        self.clear();
+    }
+
+    /// Bytes of the current event were lost and not yet reported.
+    pub(crate) fn is_corrupt(&self) -> bool {
+        self.corrupt
     }
 
     /// Marks the current event as damaged by lost bytes.
@@ -70,9 +136,17 @@ impl SseFramer {
         let mut pos = 0;
         // Start of the current event's bytes not yet copied into `pending`.
         let mut ev_start = 0;
+        let lines = self.format == EventFormat::Lines;
         while let Some(i) = data.get(pos..).and_then(|rest| memchr::memchr(b'\n', rest)) {
             let nl = pos + i;
             let line = data.get(pos..nl).unwrap_or_default();
+            if lines {
+                let rest = data.get(ev_start..nl).unwrap_or_default();
+                self.end_line(rest, max_event, &mut emit)?;
+                ev_start = nl + 1;
+                pos = nl + 1;
+                continue;
+            }
             let blank = !self.line_nonempty && line.iter().all(|&b| b == b'\r');
             self.line_nonempty = false;
             let ev_len = self.pending.len() + (nl + 1 - ev_start);
@@ -115,6 +189,41 @@ impl SseFramer {
             }
             self.pending.extend_from_slice(rest);
         }
+        Ok(())
+    }
+}
+
+impl EventFramer {
+    /// A newline ended the line whose bytes are `pending` then `rest` (a JSON-lines body): one
+    /// event, unless the line is blank.
+    fn end_line(
+        &mut self,
+        rest: &[u8],
+        max_event: usize,
+        emit: &mut impl FnMut(RawEvent<'_>),
+    ) -> Result<(), ParseError> {
+        self.line_nonempty = false;
+        if self.corrupt {
+            self.corrupt = false;
+            wipe(&mut self.pending);
+            emit(RawEvent::Corrupt);
+            return Ok(());
+        }
+        if self.pending.len() + rest.len() > max_event {
+            self.clear();
+            return Err(ParseError::SseEventTooLarge);
+        }
+        let line = if self.pending.is_empty() {
+            rest
+        } else {
+            self.pending.extend_from_slice(rest);
+            &self.pending
+        };
+        let line = line.trim_ascii();
+        if !line.is_empty() {
+            emit(RawEvent::Data(line));
+        }
+        wipe(&mut self.pending);
         Ok(())
     }
 }
@@ -165,7 +274,7 @@ mod tests {
     use super::*;
 
     fn collect(parts: &[&[u8]], max: usize) -> (Vec<Option<Vec<u8>>>, Result<(), ParseError>) {
-        let mut f = SseFramer::default();
+        let mut f = EventFramer::default();
         let mut out = Vec::new();
         for p in parts {
             let r = f.feed(p, max, |e| {
@@ -212,7 +321,7 @@ mod tests {
 
     #[test]
     fn lost_bytes_corrupt_one_event() {
-        let mut f = SseFramer::default();
+        let mut f = EventFramer::default();
         let mut out = Vec::new();
         f.feed(b"data: {\"a\"", 100, |e| out.push(format!("{e:?}")))
             .unwrap();
@@ -225,5 +334,60 @@ mod tests {
         f.feed(b"data: d\n\n", 100, |e| out.push(format!("{e:?}")))
             .unwrap();
         assert_eq!(out[2..], ["Corrupt".to_string(), "Data([100])".to_string()]);
+    }
+
+    #[test]
+    fn json_lines_are_one_event_each_however_split() {
+        const BODY: &[u8] = b"{\"response\":\"a\"}\n\n{\"response\":\"b\"}\r\n{\"done\":true}\n";
+        let expect: Vec<Option<Vec<u8>>> = vec![
+            Some(br#"{"response":"a"}"#.to_vec()),
+            Some(br#"{"response":"b"}"#.to_vec()),
+            Some(br#"{"done":true}"#.to_vec()),
+        ];
+        for size in [1, 2, 5, BODY.len()] {
+            let mut f = EventFramer::new(EventFormat::Lines);
+            let mut out = Vec::new();
+            for part in BODY.chunks(size) {
+                f.feed(part, 1024, |e| {
+                    out.push(match e {
+                        RawEvent::Data(d) => Some(d.to_vec()),
+                        RawEvent::Corrupt => None,
+                    })
+                })
+                .unwrap();
+            }
+            assert_eq!(out, expect, "split every {size} bytes");
+            assert!(f.is_idle());
+        }
+    }
+
+    #[test]
+    fn a_json_line_with_lost_bytes_is_one_corrupt_event() {
+        let mut f = EventFramer::new(EventFormat::Lines);
+        let mut out = Vec::new();
+        f.feed(b"{\"response\":", 100, |e| out.push(format!("{e:?}")))
+            .unwrap();
+        f.lost();
+        f.feed(b"\"x\"}\n{}\n", 100, |e| out.push(format!("{e:?}")))
+            .unwrap();
+        assert_eq!(out, ["Corrupt".to_string(), "Data([123, 125])".to_string()]);
+        let too_long = [b'x'; 60];
+        assert_eq!(
+            f.feed(&too_long, 50, |_| {}),
+            Err(ParseError::SseEventTooLarge)
+        );
+    }
+
+    #[test]
+    fn content_types_name_their_format() {
+        let of = EventFormat::of_content_type;
+        assert_eq!(
+            of(b"text/event-stream; charset=utf-8"),
+            Some(EventFormat::Sse)
+        );
+        assert_eq!(of(b"application/x-ndjson"), Some(EventFormat::Lines));
+        assert_eq!(of(b"application/jsonl"), Some(EventFormat::Lines));
+        assert_eq!(of(b"application/json"), None);
+        assert_eq!(of(b"application/grpc"), None);
     }
 }

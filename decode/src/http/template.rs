@@ -5,7 +5,7 @@
 //! the end of the event. Bytes that differ between responses (ids, timestamps) are left free by
 //! the mask; everything else must match exactly.
 
-use super::sse::{RawEvent, SseFramer};
+use super::sse::{EventFramer, RawEvent};
 
 /// Longest prefix or suffix a template may have (the kernel's `TEMPLATE_BYTES`).
 pub const TEMPLATE_SIDE_MAX: usize = 256;
@@ -127,7 +127,7 @@ impl TokenTemplate {
         data.extend_from_slice(&self.prefix);
         data.extend_from_slice(text);
         data.extend_from_slice(&self.suffix);
-        let mut framer = SseFramer::default();
+        let mut framer = EventFramer::default();
         let mut events = 0;
         let mut token = false;
         let fed = framer.feed(&data, data.len() + 1, |raw| {

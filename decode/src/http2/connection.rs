@@ -6,6 +6,7 @@ use rustc_hash::FxHashMap;
 
 use super::{
     Limits, Side, Start,
+    body::Held,
     frame::{BlockLoss, Frame, FrameDecoder},
     hpack::{self, Field},
     stream::{EndedBy, Fields, NamesACall, Piece, Stream, StreamMessage, StreamSummary},
@@ -32,6 +33,8 @@ pub struct Http2Connection {
     id_field_of: Option<fn(&str) -> Option<u32>>,
     /// Messages of paired streams that ended, until taken.
     paired: Vec<StreamMessage>,
+    /// Body bytes its plain streams hold (see [`super::body::MAX_HELD_BYTES`]).
+    held: Held,
 }
 
 /// Which `:path`s carry one call per request message (see [`Stream::pair_messages`]), and how
@@ -55,6 +58,7 @@ struct Handler<'a> {
     streams: &'a mut FxHashMap<u32, Stream>,
     max_client_stream: &'a mut u32,
     opened: &'a mut u32,
+    held: &'a Held,
     goaway: &'a mut Option<EndedBy>,
     pairing: Option<Pairing>,
     id_field_of: Option<fn(&str) -> Option<u32>>,
@@ -87,6 +91,7 @@ impl Http2Connection {
             pairing: None,
             id_field_of: None,
             paired: Vec::new(),
+            held: Held::default(),
         }
     }
 
@@ -154,6 +159,7 @@ impl Http2Connection {
             streams: &mut self.streams,
             max_client_stream: &mut self.max_client_stream,
             opened: &mut self.opened,
+            held: &self.held,
             goaway: &mut self.goaway,
             pairing: self.pairing,
             id_field_of: self.id_field_of,
@@ -167,6 +173,12 @@ impl Http2Connection {
             Side::Server => &mut self.server,
         };
         frames.feed(chunk.bytes, chunk.lost, &mut |f| h.frame(f));
+    }
+
+    /// Body bytes its plain streams hold now.
+    #[cfg(test)]
+    pub(super) fn held_bytes(&self) -> usize {
+        self.held.bytes()
     }
 
     /// The connection closed (or the agent stops): open streams end here.
@@ -227,10 +239,11 @@ impl Handler<'_> {
                 end_stream,
             } => match self.streams.get_mut(&stream_id) {
                 Some(s) if end_stream => {
+                    s.data_frame_end(side, ts);
                     s.end(side, ts);
                     self.finish_if_done(stream_id);
                 }
-                Some(_) => {}
+                Some(s) => s.data_frame_end(side, ts),
                 None => self.stats.bump(Counter::H2FramesUntracked),
             },
             Frame::HeaderBlock {
@@ -418,7 +431,7 @@ impl Handler<'_> {
             .id_field_of
             .zip(fields.path.known())
             .and_then(|(id_field_of, path)| id_field_of(path));
-        let mut s = Stream::open(stream_id, fields, end_stream, ts);
+        let mut s = Stream::open(stream_id, fields, end_stream, ts, self.held.clone());
         if pairs {
             s.pair_messages();
         }

@@ -19,10 +19,13 @@
 //! Memory per connection is bounded by [`Limits`]: two dynamic tables, one header block being
 //! gathered per direction, and at most [`Limits::max_streams`] streams of fixed size.
 
+mod body;
 mod connection;
 pub mod frame;
 pub mod grpc;
 pub mod hpack;
+#[cfg(test)]
+mod plain_tests;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -30,6 +33,7 @@ mod tests;
 #[cfg(any(test, feature = "test-support"))]
 pub mod testwire;
 
+pub use body::{Exchange, MAX_HELD_BYTES};
 pub use connection::{Http2Connection, MAX_PAIRED_MESSAGES};
 pub use frame::{PREFACE, whole_frames};
 pub use stream::{

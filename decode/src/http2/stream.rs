@@ -4,6 +4,7 @@
 
 use super::{
     Side, Value,
+    body::{Exchange, Held, PlainBodies},
     grpc::{Message, MessageReader},
 };
 
@@ -38,19 +39,29 @@ pub(super) const MAX_GAPS: usize = 16 * 1024;
 impl Messages {
     /// One more message that ended.
     pub fn add(&mut self, m: &Message) {
-        self.count = self.count.saturating_add(1);
         self.bytes = self.bytes.saturating_add(u64::from(m.len));
         self.max_bytes = self.max_bytes.max(m.len);
-        self.first_ts_ns.get_or_insert(m.first_ts_ns);
+        self.stamp(m.first_ts_ns, m.last_ts_ns);
+    }
+
+    /// One more token event of a plain stream's token stream (SSE or JSON lines), whole at
+    /// `ts_ns`.
+    pub(super) fn add_event(&mut self, ts_ns: u64) {
+        self.stamp(ts_ns, ts_ns);
+    }
+
+    fn stamp(&mut self, first_ts_ns: u64, last_ts_ns: u64) {
+        self.count = self.count.saturating_add(1);
+        self.first_ts_ns.get_or_insert(first_ts_ns);
         if let Some(previous) = self.last_ts_ns {
             if self.gaps_ns.len() < MAX_GAPS {
-                let gap = m.last_ts_ns.saturating_sub(previous);
+                let gap = last_ts_ns.saturating_sub(previous);
                 self.gaps_ns.push(u32::try_from(gap).unwrap_or(u32::MAX));
             } else {
                 self.gaps_dropped += 1;
             }
         }
-        self.last_ts_ns = Some(m.last_ts_ns);
+        self.last_ts_ns = Some(last_ts_ns);
     }
 }
 
@@ -77,13 +88,15 @@ pub enum EndedBy {
 }
 
 /// A stream, summarised once it ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StreamSummary {
     pub stream_id: u32,
     pub method: Value<String>,
     pub path: Value<String>,
     pub content_type: Value<String>,
     pub x_request_id: Value<String>,
+    /// The request's W3C `traceparent`, as a caller or router propagated it.
+    pub traceparent: Value<String>,
     pub status: Value<u16>,
     pub grpc_status: Value<u32>,
     pub grpc_message: Value<String>,
@@ -111,6 +124,9 @@ pub struct StreamSummary {
     /// The stream carries many calls, one per request message (see [`StreamMessage`]): its
     /// messages were handed over one by one as they ended.
     pub paired: bool,
+    /// A plain stream's bodies (not gRPC): an OpenAI-style request and its token stream, whose
+    /// content events are `response`'s messages.
+    pub exchange: Option<Box<Exchange>>,
 }
 
 /// One message of a stream whose messages pair into calls (a bidirectional stream that carries
@@ -176,6 +192,7 @@ pub(super) struct Fields {
     pub path: Value<String>,
     pub content_type: Value<String>,
     pub x_request_id: Value<String>,
+    pub traceparent: Value<String>,
     pub status: Value<u16>,
     pub grpc_status: Value<u32>,
     pub grpc_message: Value<String>,
@@ -191,6 +208,7 @@ impl Fields {
             path: Value::Unknown,
             content_type: Value::Unknown,
             x_request_id: Value::Unknown,
+            traceparent: Value::Unknown,
             status: Value::Unknown,
             grpc_status: Value::Unknown,
             grpc_message: Value::Unknown,
@@ -221,6 +239,7 @@ impl Fields {
             b":path" => self.path = text(value),
             b"content-type" => self.content_type = text(value),
             b"x-request-id" => self.x_request_id = text(value),
+            b"traceparent" => self.traceparent = text(value),
             b":status" => self.status = number(value).map(|s: u32| s.min(999) as u16),
             b"grpc-status" => self.grpc_status = number(value),
             b"grpc-message" => self.grpc_message = text(value),
@@ -239,6 +258,7 @@ impl Fields {
             &mut self.path,
             &mut self.content_type,
             &mut self.x_request_id,
+            &mut self.traceparent,
             &mut self.grpc_message,
         ] {
             v.absent_is_unknown();
@@ -262,25 +282,58 @@ pub(super) struct Stream {
     pub response_reader: MessageReader,
     pub request_ended: bool,
     pub response_ended: bool,
-    /// Whether DATA is split into gRPC messages: not when the request says another
-    /// content-type (a plain HTTP/2 request's body has no message framing).
-    grpc: bool,
+    /// How each side's DATA is framed: gRPC messages, or not when its content-type says
+    /// another (a plain HTTP/2 body has no message framing). A request without one (a GET) is
+    /// taken for gRPC until its response's head says otherwise.
+    request_framing: BodyFraming,
+    response_framing: BodyFraming,
+    /// The bodies of a side that is not gRPC.
+    plain: Option<Box<PlainBodies>>,
+    held: Held,
     /// The stream's `:path` still to be handed over with its first paired message.
     path_untold: bool,
 }
 
+/// How a side's DATA is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BodyFraming {
+    Grpc,
+    Plain,
+    /// Its content-type came from an HPACK entry never seen (a connection joined mid-way): its
+    /// first DATA byte decides (a gRPC message begins with a 0 or 1 flag byte, JSON and
+    /// server-sent events with text).
+    Sniff,
+}
+
+impl BodyFraming {
+    fn of(content_type: &Value<String>) -> Self {
+        match content_type {
+            Value::Known(ct) if ct.starts_with("application/grpc") => Self::Grpc,
+            Value::Known(_) => Self::Plain,
+            Value::Unknown => Self::Sniff,
+            Value::Absent => Self::Grpc,
+        }
+    }
+}
+
 impl Stream {
-    pub(super) fn open(stream_id: u32, fields: Fields, end_stream: bool, ts_ns: u64) -> Self {
-        let grpc = match &fields.content_type {
-            Value::Known(ct) => ct.starts_with("application/grpc"),
-            Value::Absent | Value::Unknown => true,
-        };
+    pub(super) fn open(
+        stream_id: u32,
+        fields: Fields,
+        end_stream: bool,
+        ts_ns: u64,
+        held: Held,
+    ) -> Self {
+        let framing = BodyFraming::of(&fields.content_type);
+        let plain = (framing == BodyFraming::Plain)
+            .then(|| Box::new(PlainBodies::new(&fields.content_type, held.clone())));
         let summary = StreamSummary {
             stream_id,
             method: fields.method,
             path: fields.path,
             content_type: fields.content_type,
             x_request_id: fields.x_request_id,
+            traceparent: fields.traceparent,
             status: Value::Absent,
             grpc_status: Value::Absent,
             grpc_message: Value::Absent,
@@ -297,23 +350,32 @@ impl Stream {
             request_at: None,
             request_id: MessageId::NotAsked,
             paired: false,
+            exchange: None,
         };
-        Self {
+        let mut stream = Self {
             summary,
             request_reader: MessageReader::default(),
             response_reader: MessageReader::default(),
             request_ended: end_stream,
             response_ended: false,
-            grpc,
+            request_framing: framing,
+            response_framing: framing,
+            plain,
+            held,
             path_untold: false,
+        };
+        if end_stream && let Some(plain) = stream.plain.as_mut() {
+            plain.request_end();
         }
+        stream
     }
 
     /// Reads top-level field `number` of the request's first message as it passes: the request
     /// id an engine's gRPC method carries (however far into the message: token ids or text may
     /// come first).
     pub(super) fn scan_request_id(&mut self, number: u32) {
-        if self.grpc {
+        if self.request_framing != BodyFraming::Plain {
+            self.request_framing = BodyFraming::Grpc;
             self.request_reader.scan_first(number, MAX_ID_BYTES);
         }
     }
@@ -321,9 +383,11 @@ impl Stream {
     /// From now on, each message (both ways) is handed over as it ends, with its head: the
     /// stream carries one call per request message.
     pub(super) fn pair_messages(&mut self) {
-        if !self.grpc {
+        if self.request_framing == BodyFraming::Plain {
             return;
         }
+        self.request_framing = BodyFraming::Grpc;
+        self.response_framing = BodyFraming::Grpc;
         self.summary.paired = true;
         self.path_untold = true;
         self.request_reader = MessageReader::with_heads(PAIRED_HEAD_BYTES);
@@ -332,8 +396,11 @@ impl Stream {
 
     /// A server header block: the response head, an informational head, or trailers.
     pub(super) fn server_headers(&mut self, fields: Fields, end_stream: bool, ts_ns: u64) {
-        let s = &mut self.summary;
         let informational = matches!(fields.status, Value::Known(100..=199));
+        if self.summary.response_ts_ns.is_none() && !informational {
+            self.read_response_as(&fields.content_type);
+        }
+        let s = &mut self.summary;
         if s.response_ts_ns.is_none() && !informational {
             s.response_ts_ns = Some(ts_ns);
             s.status = fields.status;
@@ -355,6 +422,71 @@ impl Stream {
         }
     }
 
+    /// The response's head says how its DATA is framed: gRPC messages only where its
+    /// content-type says gRPC (or says nothing and the request did).
+    fn read_response_as(&mut self, content_type: &Value<String>) {
+        if self.summary.paired {
+            return;
+        }
+        if *content_type != Value::Absent {
+            self.response_framing = BodyFraming::of(content_type);
+        }
+        if self.response_framing == BodyFraming::Plain {
+            self.plain_bodies().response_head(content_type);
+        }
+    }
+
+    fn plain_bodies(&mut self) -> &mut PlainBodies {
+        let held = &self.held;
+        let request_type = &self.summary.content_type;
+        self.plain
+            .get_or_insert_with(|| Box::new(PlainBodies::new(request_type, held.clone())))
+    }
+
+    /// Whether `side`'s DATA is gRPC messages.
+    fn grpc_on(&self, side: Side) -> bool {
+        let framing = match side {
+            Side::Client => self.request_framing,
+            Side::Server => self.response_framing,
+        };
+        framing == BodyFraming::Grpc
+    }
+
+    /// A side whose content-type is unknown: framed as its first DATA bytes say, if these are
+    /// its first (bytes after a loss say nothing: the body is then plain and opaque).
+    fn sniff(&mut self, side: Side, bytes: &[u8]) {
+        let (framing, msgs) = match side {
+            Side::Client => (self.request_framing, &self.summary.request),
+            Side::Server => (self.response_framing, &self.summary.response),
+        };
+        if framing != BodyFraming::Sniff || bytes.is_empty() {
+            return;
+        }
+        let at_start = msgs.data_bytes == 0 && !msgs.data_lost;
+        let grpc = at_start && matches!(bytes.first(), Some(0 | 1));
+        let decided = if grpc {
+            BodyFraming::Grpc
+        } else {
+            BodyFraming::Plain
+        };
+        match side {
+            Side::Client => self.request_framing = decided,
+            Side::Server => {
+                self.response_framing = decided;
+                if !grpc {
+                    let first = if at_start { bytes } else { &[] };
+                    self.plain_bodies().response_sniffed(first);
+                }
+            }
+        }
+        if !grpc && side == Side::Client {
+            let plain = self.plain_bodies();
+            if !at_start {
+                plain.request_data(&[], 1);
+            }
+        }
+    }
+
     /// DATA bytes from `side` (see [`Piece`]). Messages of a paired stream go to `paired` as
     /// they end; `names_a_call` lets such a stream whose message boundaries were lost take up
     /// again at a DATA frame that begins a call's message. Whether it did.
@@ -371,7 +503,8 @@ impl Stream {
             at,
             starts_frame,
         } = piece;
-        let grpc = self.grpc;
+        self.sniff(side, bytes);
+        let grpc = self.grpc_on(side);
         let mut resynced = false;
         if starts_frame
             && self.summary.paired
@@ -385,15 +518,23 @@ impl Stream {
         }
         let pair = self.summary.paired;
         let mut ended = Vec::new();
-        let (reader, msgs) = self.side(side);
+        let plain = self.plain.as_deref_mut().filter(|_| !grpc);
+        let (reader, msgs) = match side {
+            Side::Client => (&mut self.request_reader, &mut self.summary.request),
+            Side::Server => (&mut self.response_reader, &mut self.summary.response),
+        };
         msgs.data_bytes = msgs.data_bytes.saturating_add(bytes.len() as u64);
-        if grpc {
-            reader.data(bytes, ts_ns, at, &mut |m| {
+        match (plain, side) {
+            (None, _) => reader.data(bytes, ts_ns, at, &mut |m| {
                 msgs.add(&m);
                 if pair {
                     ended.push(m);
                 }
-            });
+            }),
+            (Some(plain), Side::Client) => plain.request_data(bytes, 0),
+            (Some(plain), Side::Server) => {
+                plain.response_data(bytes, ts_ns, &mut |ts| msgs.add_event(ts))
+            }
         }
         self.hand_over(side, ended, paired);
         resynced
@@ -406,7 +547,13 @@ impl Stream {
         ts_ns: u64,
         paired: &mut Vec<StreamMessage>,
     ) {
-        let grpc = self.grpc;
+        let grpc = self.grpc_on(side);
+        if !grpc && let Some(plain) = self.plain.as_mut() {
+            match side {
+                Side::Client => plain.request_data(&[], len),
+                Side::Server => plain.response_lost(),
+            }
+        }
         let pair = self.summary.paired;
         let mut ended = Vec::new();
         let (reader, msgs) = self.side(side);
@@ -447,19 +594,51 @@ impl Stream {
 
     /// The connection's framing was lost on `side`: this stream's data is no longer followed.
     pub(super) fn abandon(&mut self, side: Side) {
+        if !self.grpc_on(side)
+            && let Some(plain) = self.plain.as_mut()
+        {
+            match side {
+                Side::Client => plain.request_data(&[], 1),
+                Side::Server => plain.response_lost(),
+            }
+        }
         let (reader, msgs) = self.side(side);
         reader.abandon();
         msgs.framing_lost = true;
         msgs.data_lost = true;
     }
 
+    /// A DATA frame from `side` ended (not the stream).
+    pub(super) fn data_frame_end(&mut self, side: Side, ts_ns: u64) {
+        if side == Side::Server
+            && !self.grpc_on(Side::Server)
+            && let Some(plain) = self.plain.as_mut()
+        {
+            let tokens = &mut self.summary.response;
+            plain.response_frame_end(ts_ns, &mut |ts| tokens.add_event(ts));
+        }
+    }
+
     pub(super) fn end(&mut self, side: Side, ts_ns: u64) {
+        let grpc = self.grpc_on(side);
+        let plain = self.plain.as_deref_mut().filter(|_| !grpc);
         match side {
             Side::Client => {
+                if !self.request_ended
+                    && let Some(plain) = plain
+                {
+                    plain.request_end();
+                }
                 self.request_ended = true;
                 self.summary.request_end_ts_ns.get_or_insert(ts_ns);
             }
             Side::Server => {
+                if !self.response_ended
+                    && let Some(plain) = plain
+                {
+                    let tokens = &mut self.summary.response;
+                    plain.response_end(ts_ns, &mut |ts| tokens.add_event(ts));
+                }
                 self.response_ended = true;
                 self.summary.response_end_ts_ns.get_or_insert(ts_ns);
             }
@@ -476,12 +655,14 @@ impl Stream {
 
     /// Whether the stream carried gRPC messages whose boundaries were lost.
     pub(super) fn grpc_framing_lost(&self) -> bool {
-        self.grpc && (self.summary.request.framing_lost || self.summary.response.framing_lost)
+        (self.grpc_on(Side::Client) && self.summary.request.framing_lost)
+            || (self.grpc_on(Side::Server) && self.summary.response.framing_lost)
     }
 
     pub(super) fn finish(mut self, ended_by: EndedBy, ts_ns: u64) -> StreamSummary {
         self.summary.ended_by = ended_by;
         self.summary.end_ts_ns = ts_ns;
+        self.summary.exchange = self.plain.take().map(|plain| Box::new(plain.finish()));
         self.summary.request_id = match self.request_reader.first_field() {
             None => MessageId::NotAsked,
             Some(Some(id)) => match std::str::from_utf8(id) {
