@@ -183,6 +183,7 @@ fn check(
     calls: &[Value],
     server: &HashMap<String, (u64, Vec<u64>)>,
     joined: bool,
+    tls: bool,
 ) -> Vec<f64> {
     let mut span_errors = Vec::new();
     for call in calls {
@@ -246,8 +247,19 @@ fn check(
     }
     span_errors.sort_by(f64::total_cmp);
     let median = span_errors[span_errors.len() / 2];
+    // The server's stamp is taken before its app hands the event over. Over TLS hypercorn's
+    // encrypting writer runs behind its app when many streams start at once: up to 3 ms on
+    // fresh connections under a parallel test, 1 to 6 ms when every stream of the joined
+    // connections starts together (measured: the client still read each first token 1 to 2 ms
+    // after the agent's stamp). There the stamps and the client's reads bound the agent's
+    // times (checked above, per token) but do not pin them to a millisecond.
+    let bound = match (tls, joined) {
+        (false, _) => 1.0,
+        (true, false) => 3.0,
+        (true, true) => 8.0,
+    };
     assert!(
-        median < 1.0,
+        median < bound,
         "token span vs the server's, median |error| {median} ms: {span_errors:?}"
     );
     span_errors
@@ -296,7 +308,7 @@ fn every_stream_is_timed(server: Server, tls: bool, name: &str) {
         32
     );
     assert_eq!(paths.iter().filter(|p| **p == "/api/generate").count(), 12);
-    check(&records, &calls, &server_log(&run.log), false);
+    check(&records, &calls, &server_log(&run.log), false, tls);
     let counters = Counters::beside(&log);
     assert_eq!(counters.get("http2_connections"), 6);
     zero_losses(&counters);
@@ -322,8 +334,19 @@ fn sse_and_json_lines_over_h2c_on_granian() {
 /// them is recorded whole, and the connections are said to predate the agent.
 #[test]
 fn http2_connections_older_than_the_agent_keep_their_token_streams() {
-    let dir = test_dir("h2-sse-live");
-    let run = start(Server::Hypercorn, false, &dir);
+    connections_older_than_the_agent(false, "h2-sse-live");
+}
+
+/// The same over TLS: the connections' `SSL*` are tied at their next read, and their plaintext
+/// is whole HTTP/2 frames from there.
+#[test]
+fn http2_over_tls_connections_older_than_the_agent_keep_their_token_streams() {
+    connections_older_than_the_agent(true, "h2-sse-live-tls");
+}
+
+fn connections_older_than_the_agent(tls: bool, name: &str) {
+    let dir = test_dir(name);
+    let run = start(Server::Hypercorn, tls, &dir);
     let pid = run.listener_pid();
     let mut child = client(&run, 4, 4, "chat", true);
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
@@ -360,8 +383,9 @@ fn http2_connections_older_than_the_agent_keep_their_token_streams() {
     assert_eq!(records.len(), 16, "{records:#?}");
     for r in &records {
         assert_eq!(r["connection_preexisting"], true, "{r}");
+        assert_eq!(r["tls"], tls, "{r}");
     }
-    check(&records, &after, &server_log(&run.log), true);
+    check(&records, &after, &server_log(&run.log), true, tls);
     let counters = Counters::beside(&log);
     // The four client connections, and the server's own readiness probe if it still holds it.
     assert!((4..=5).contains(&counters.get("connections_preexisting")));
