@@ -63,6 +63,33 @@ pub const DEVICE_OUTLIER_SHARE: f64 = 0.5;
 /// prompts did not grow by PROMPT_GROWTH_RATIO): the scheduler splits prefills more finely.
 pub const PREFILL_STEPS_RATIO: f64 = 2.0;
 
+/// The other profiles regress by the same ratio and share of requests as TTFT
+/// (TTFT_REGRESSION_RATIO, TTFT_REGRESSED_SHARE), and by at least this many ms at P99: time per
+/// output token...
+pub const TPOT_REGRESSION_MIN_MS: f64 = 5.0;
+/// ...a request's worst gap between two tokens (inter-token latency)...
+pub const ITL_REGRESSION_MIN_MS: f64 = 20.0;
+/// ...and arrival to end.
+pub const E2E_REGRESSION_MIN_MS: f64 = 100.0;
+/// The success rate regressed: it fell by at least this much (0..1)...
+pub const SUCCESS_RATE_DROP: f64 = 0.02;
+/// ...or fell below this (production vLLM below ~98 % is a critical state)...
+pub const SUCCESS_RATE_CRITICAL: f64 = 0.98;
+/// ...with at least this many failed requests in the window.
+pub const FAILED_REQUESTS_MIN: usize = 3;
+/// TPOT: the requests in a decode step (during the window's requests' decode) grew by this
+/// ratio while the step's cost per request did not grow by DEVICE_SLOWDOWN_RATIO: batch growth.
+pub const DECODE_BATCH_GROWTH_RATIO: f64 = 1.5;
+/// TPOT: the share of a request's decode steps that also carried other requests' prefill grew
+/// by this much (0..1) to at least PREFILL_INTERFERENCE_SHARE_MIN, and such steps took
+/// PREFILL_INTERFERENCE_STRETCH times a decode-only step: prefill interference.
+pub const PREFILL_INTERFERENCE_SHARE_RISE: f64 = 0.2;
+pub const PREFILL_INTERFERENCE_SHARE_MIN: f64 = 0.3;
+pub const PREFILL_INTERFERENCE_STRETCH: f64 = 1.2;
+/// TPOT: the share of the window's requests preempted during their decode, at least this and
+/// PREEMPTION_RATE_RATIO times the baseline's: KV pressure.
+pub const PREEMPTED_SHARE_MIN: f64 = 0.1;
+
 /// Requests per window for full confidence.
 pub const CONFIDENT_REQUESTS: usize = 30;
 

@@ -11,9 +11,7 @@ use clap::Args;
 use tracing::warn;
 
 use super::progress::{self, Progress};
-use crate::diagnose::{
-    self, Cause, Inputs, ReadStats, Timeline, parse_window, read_jsonl, read_steps,
-};
+use crate::diagnose::{self, Inputs, ReadStats, Timeline, parse_window, read_jsonl, read_steps};
 
 /// Exit statuses, for scripts and alerting.
 pub(super) const EXIT_NO_REGRESSION: u8 = 0;
@@ -29,8 +27,8 @@ Times: CLOCK_MONOTONIC nanoseconds (the records' *_mono_ns), RFC 3339 (2026-11-3
 recording's start/end (e.g. --baseline ..+5m --window -2m..). A bare duration is also accepted:
 --window 5m is the recording's last 5 minutes, --baseline 30m the 30 minutes before the window.
 
-Exit status: 0 no TTFT regression; 3 regression with a named cause; 4 regression that no
-measured signal explains; 5 too few requests in a window to decide; 1 error (unreadable file,
+Exit status: 0 no profile regressed (TTFT, TPOT, ITL, E2E, success rate); 3 a regression whose
+every branch named a cause; 4 a regression that no measured signal explains; 5 too few requests in a window to decide; 1 error (unreadable file,
 bad window); 2 bad command line.")]
 pub(super) struct DiagnoseArgs {
     /// Request records from `inferscope record --out` (JSON Lines). Without it, ask the running
@@ -145,8 +143,8 @@ fn run(args: DiagnoseArgs) -> anyhow::Result<u8> {
     }
     Ok(exit_status(
         d.requests.baseline.min(d.requests.window),
-        d.regression,
-        d.cause == Cause::None,
+        d.any_regression,
+        d.unexplained,
     ))
 }
 
@@ -192,8 +190,13 @@ fn run_live(args: &DiagnoseArgs) -> anyhow::Result<u8> {
     let count = |k: &str| json["requests"][k].as_u64().unwrap_or(0) as usize;
     Ok(exit_status(
         count("baseline").min(count("window")),
-        json["regression"].as_bool().unwrap_or(false),
-        json["cause"].as_str() == Some("none"),
+        json["any_regression"]
+            .as_bool()
+            .or(json["regression"].as_bool())
+            .unwrap_or(false),
+        json["unexplained"]
+            .as_bool()
+            .unwrap_or(json["cause"].as_str() == Some("none")),
     ))
 }
 

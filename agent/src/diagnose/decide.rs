@@ -6,14 +6,14 @@ use super::{
     TimeWindow, Timeline, WindowSignals, human_ns,
 };
 
-fn ratio(b: Option<f64>, w: Option<f64>) -> Option<f64> {
+pub(super) fn ratio(b: Option<f64>, w: Option<f64>) -> Option<f64> {
     match (b, w) {
         (Some(b), Some(w)) if b > 0.0 => Some(w / b),
         _ => None,
     }
 }
 
-fn line(
+pub(super) fn line(
     signal: &'static str,
     unit: &'static str,
     b: Option<f64>,
@@ -768,6 +768,11 @@ pub(super) fn decide(
     let mut d = Diagnosis {
         baseline_window,
         incident_window,
+        profiles: Vec::new(),
+        any_regression: false,
+        unexplained: false,
+        tpot: None,
+        errors: None,
         requests: Pair {
             baseline: b.requests,
             window: w.requests,

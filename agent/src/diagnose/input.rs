@@ -37,6 +37,32 @@ pub struct RequestSample {
     /// The client connection that carried it, unique per engine process (0: unknown, as in
     /// records written without it): the clients of a closed loop that keep their connections.
     pub connection_id: u64,
+    /// The profiles besides TTFT: time per output token, the request's worst gap between
+    /// tokens, arrival to end.
+    pub tpot_ms: Option<f64>,
+    pub itl_max_ms: Option<f64>,
+    pub e2e_ms: Option<f64>,
+    pub last_token_mono_ns: Option<u64>,
+    /// How it ended, for the success rate: the HTTP status, who ended it (`complete`,
+    /// `client`, `server`, `unknown`), why the agent could not follow it, the gRPC status.
+    pub status: Option<u16>,
+    pub ended_by: String,
+    pub incomplete: Option<String>,
+    pub http2: Option<Http2Sample>,
+}
+
+/// What the diagnosis reads of a record's `http2` view.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct Http2Sample {
+    pub grpc_status: Option<u32>,
+}
+
+impl RequestSample {
+    /// The gRPC status where the stream carried one.
+    pub fn grpc_status(&self) -> Option<u32> {
+        self.http2.as_ref().and_then(|h| h.grpc_status)
+    }
 }
 
 /// What the diagnosis reads of a record's `disagg` view.
@@ -71,6 +97,16 @@ impl From<&RequestRecord> for RequestSample {
                 kv_transfer_wait_ms: d.kv_transfer_wait_ms,
             }),
             connection_id: r.connection_id,
+            tpot_ms: r.tpot_ms,
+            itl_max_ms: r.itl_max_ms,
+            e2e_ms: Some(r.e2e_ms),
+            last_token_mono_ns: r.last_token_mono_ns,
+            status: r.status,
+            ended_by: r.ended_by.as_str().to_owned(),
+            incomplete: r.incomplete.clone(),
+            http2: r.http2.as_deref().map(|h| Http2Sample {
+                grpc_status: h.grpc_status,
+            }),
         }
     }
 }

@@ -10,12 +10,17 @@
 //!
 //! Where this stage sits and what it may import: `docs/src/architecture.md`.
 mod decide;
+#[cfg(test)]
+mod decode_tests;
 mod evidence;
 pub(crate) mod history;
 pub(crate) mod input;
+mod outcome;
+mod profiles;
 pub(crate) mod report;
 #[cfg(test)]
 mod tests;
+mod tpot;
 pub(crate) mod watch;
 pub(crate) mod window;
 
@@ -24,8 +29,11 @@ pub(crate) use input::{
     DeviceSample, EngineConfigSample, EngineSample, Inputs, ReadStats, RequestSample, StepSample,
     read_jsonl, read_steps,
 };
+pub(crate) use outcome::{ErrorBranch, ErrorCause};
+pub(crate) use profiles::{Profile, ProfileChange};
 pub(crate) use report::render;
 use serde::Serialize;
+pub(crate) use tpot::TpotBranch;
 pub(crate) use window::{TimeWindow, Timeline, human_ns, parse_window};
 
 /// The phase of TTFT that grew the most.
@@ -47,6 +55,10 @@ pub enum Cause {
     PromptGrowth,
     DegradedDevice,
     SchedulerConfig,
+    /// TPOT: more requests per decode step at the same step cost per request.
+    BatchGrowth,
+    /// TPOT: decode steps also carried other requests' prefill (chunked prefill).
+    PrefillInterference,
     None,
 }
 
@@ -59,6 +71,8 @@ impl Cause {
             Cause::PromptGrowth => "prompt_growth",
             Cause::DegradedDevice => "degraded_device",
             Cause::SchedulerConfig => "scheduler_config",
+            Cause::BatchGrowth => "batch_growth",
+            Cause::PrefillInterference => "prefill_interference",
             Cause::None => "none",
         }
     }
@@ -140,6 +154,17 @@ pub struct ConfigChange {
 pub struct Diagnosis {
     pub baseline_window: TimeWindow,
     pub incident_window: TimeWindow,
+    /// The first question: which of TTFT, TPOT, ITL, E2E and the success rate regressed.
+    pub profiles: Vec<ProfileChange>,
+    /// Some profile regressed (the fields below `requests` explain TTFT; `tpot` and `errors`
+    /// the others).
+    pub any_regression: bool,
+    /// A regressed profile whose branch named no cause.
+    pub unexplained: bool,
+    /// Why TPOT or ITL regressed, where one did.
+    pub tpot: Option<TpotBranch>,
+    /// Why the success rate fell, where it did.
+    pub errors: Option<ErrorBranch>,
     /// Requests with a TTFT that arrived in each window.
     pub requests: Pair<usize>,
     pub ttft_p99_ms: Pair<Option<f64>>,
@@ -178,10 +203,38 @@ pub struct Diagnosis {
     pub notes: Vec<String>,
 }
 
-/// Compares the incident window with the baseline window.
+/// Compares the incident window with the baseline window: which profiles regressed, then each
+/// regressed one's branch.
 pub fn diagnose(inputs: &Inputs, baseline: TimeWindow, window: TimeWindow) -> Diagnosis {
     let b = evidence::measure(inputs, &baseline);
     let w = evidence::measure(inputs, &window);
     let coverage = decide::Coverage::of(inputs);
-    decide::decide(&b, &w, baseline, window, &coverage)
+    let mut d = decide::decide(&b, &w, baseline, window, &coverage);
+    d.profiles = profiles::compare(inputs, &baseline, &window, d.regression);
+    let regressed = |p: Profile| d.profiles.iter().any(|c| c.profile == p && c.regressed);
+    let decode: Vec<&str> = [Profile::Tpot, Profile::Itl]
+        .into_iter()
+        .filter(|p| regressed(*p))
+        .map(Profile::as_str)
+        .collect();
+    if !decode.is_empty() {
+        let mut steps = inputs.steps.clone();
+        steps.sort_by_key(|s| s.start_mono_ns);
+        let (bd, wd) = (
+            tpot::measure(inputs, &steps, &baseline),
+            tpot::measure(inputs, &steps, &window),
+        );
+        d.tpot = Some(tpot::explain(&bd, &wd, &d.evidence, &decode.join(" and ")));
+    }
+    if regressed(Profile::SuccessRate) {
+        d.errors = Some(outcome::explain(inputs, &baseline, &window));
+    }
+    d.any_regression = d.profiles.iter().any(|p| p.regressed);
+    d.unexplained = (d.regression && d.cause == Cause::None)
+        || d.tpot.as_ref().is_some_and(|t| t.cause == Cause::None)
+        || d.errors
+            .as_ref()
+            .is_some_and(|e| e.cause == ErrorCause::None);
+    d.summary = profiles::headline(&d.profiles, &d.summary, d.tpot.as_ref(), d.errors.as_ref());
+    d
 }

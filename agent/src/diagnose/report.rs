@@ -23,7 +23,124 @@ fn meaning(c: Cause) -> &'static str {
         Cause::SchedulerConfig => {
             "the scheduler's settings cut capacity: prefills take more engine steps at unchanged prompt sizes (a smaller batch / token budget splits them), or steps carry fewer requests while others wait (fewer slots / sequences)"
         }
+        Cause::BatchGrowth => {
+            "each decode step carried more requests (more running at once), so every request waits longer between its tokens though the step cost per request did not grow"
+        }
+        Cause::PrefillInterference => {
+            "the requests' decode steps also ran other requests' prefill (chunked prefill mixed into decode), and those steps took longer: the scheduler's trade of TTFT for TPOT"
+        }
         Cause::None => "no measured signal explains it",
+    }
+}
+
+/// The first question's table: every profile in both windows.
+fn profiles_table(out: &mut String, d: &Diagnosis) {
+    if d.profiles.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "  {:<14}{:>20}{:>20}",
+        "Profile", "baseline P50 / P99", "incident P50 / P99"
+    );
+    for p in &d.profiles {
+        let cell = |a: Option<f64>, b: Option<f64>| match p.profile {
+            super::Profile::SuccessRate => {
+                a.map_or("?".to_owned(), |v| format!("{:.1}%", v * 100.0))
+            }
+            _ => format!("{} / {}", ms(a), ms(b)),
+        };
+        let _ = writeln!(
+            out,
+            "  {:<14}{:>20}{:>20}   {}",
+            p.profile.as_str(),
+            cell(p.p50.baseline, p.p99.baseline),
+            cell(p.p50.window, p.p99.window),
+            if p.regressed { "REGRESSED" } else { "" }
+        );
+    }
+    let _ = writeln!(out);
+}
+
+fn evidence_lines(out: &mut String, evidence: &[super::Evidence]) {
+    for e in evidence {
+        let mark = match (e.test, e.crossed) {
+            (Test::Context, _) => "[.]",
+            (_, true) => "[x]",
+            (_, false) => "[ ]",
+        };
+        let ratio = e.ratio.map_or(String::new(), |r| format!("x{r:.2}"));
+        let rule = match (e.test, e.threshold) {
+            (Test::Ratio, Some(th)) => format!("needs x{th}"),
+            (Test::AtLeast, Some(th)) => format!("needs >= {th}"),
+            (Test::RatioAtMost, Some(th)) => format!("needs <= x{th}"),
+            _ => String::new(),
+        };
+        let points = if e.points_to == Cause::None {
+            String::new()
+        } else {
+            format!(" -> {}", e.points_to.as_str())
+        };
+        let _ = writeln!(
+            out,
+            "  {mark} {:<32}{:>9} -> {:<9}{:<9}{:<7} {:<14}{points}",
+            e.signal,
+            fmt_num(e.baseline),
+            fmt_num(e.window),
+            e.unit,
+            ratio,
+            rule
+        );
+        if let Some(detail) = &e.detail {
+            let _ = writeln!(out, "      {detail}");
+        }
+    }
+}
+
+/// The TPOT / ITL branch and the error branch, where they ran.
+fn other_branches(out: &mut String, d: &Diagnosis) {
+    if let Some(t) = &d.tpot {
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "TPOT / ITL: {} - {}",
+            t.cause.as_str(),
+            meaning(t.cause)
+        );
+        evidence_lines(out, &t.evidence);
+        if !t.slowest_requests.is_empty() {
+            let _ = writeln!(
+                out,
+                "  slowest requests (TPOT; decode steps, requests per step, share with prefill, preemptions, longest step):"
+            );
+            for r in &t.slowest_requests {
+                let _ = writeln!(
+                    out,
+                    "    {} {} ms; {} steps, {} req/step, {} with prefill, {} preempted, longest {} ms",
+                    r.request_id,
+                    fmt_num(r.tpot_ms),
+                    r.decode_steps,
+                    fmt_num(r.batch_mean),
+                    fmt_num(r.prefill_share),
+                    r.preemptions.map_or("?".to_owned(), |p| p.to_string()),
+                    fmt_num(r.longest_step_ms)
+                );
+            }
+        }
+    }
+    if let Some(e) = &d.errors {
+        let _ = writeln!(out);
+        let _ = writeln!(out, "Errors: {}", e.summary);
+        for f in &e.failures {
+            let _ = writeln!(
+                out,
+                "  {:<16}{:>6} -> {:<6} {}",
+                format!("{:?}", f.kind).to_lowercase(),
+                f.count.baseline,
+                f.count.window,
+                f.requests.join(", ")
+            );
+        }
     }
 }
 
@@ -56,6 +173,7 @@ pub fn render(d: &Diagnosis) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "{}", d.summary);
     let _ = writeln!(out);
+    profiles_table(&mut out, d);
     let _ = writeln!(
         out,
         "  {:<18}{:>12}{:>12}   change",
@@ -136,45 +254,18 @@ pub fn render(d: &Diagnosis) -> String {
             );
         }
     } else {
-        let _ = writeln!(out, "Cause:     none (confidence {:.2})", d.confidence);
+        let _ = writeln!(
+            out,
+            "Cause:     none - P99 TTFT did not regress (confidence {:.2})",
+            d.confidence
+        );
     }
     let _ = writeln!(out);
     let _ = writeln!(
         out,
         "Evidence (baseline -> incident; [x] crossed its threshold, [ ] did not, [.] context only):"
     );
-    for e in &d.evidence {
-        let mark = match (e.test, e.crossed) {
-            (Test::Context, _) => "[.]",
-            (_, true) => "[x]",
-            (_, false) => "[ ]",
-        };
-        let ratio = e.ratio.map_or(String::new(), |r| format!("x{r:.2}"));
-        let rule = match (e.test, e.threshold) {
-            (Test::Ratio, Some(th)) => format!("needs x{th}"),
-            (Test::AtLeast, Some(th)) => format!("needs >= {th}"),
-            (Test::RatioAtMost, Some(th)) => format!("needs <= x{th}"),
-            _ => String::new(),
-        };
-        let points = if e.points_to == Cause::None {
-            String::new()
-        } else {
-            format!(" -> {}", e.points_to.as_str())
-        };
-        let _ = writeln!(
-            out,
-            "  {mark} {:<32}{:>9} -> {:<9}{:<9}{:<7} {:<14}{points}",
-            e.signal,
-            fmt_num(e.baseline),
-            fmt_num(e.window),
-            e.unit,
-            ratio,
-            rule
-        );
-        if let Some(detail) = &e.detail {
-            let _ = writeln!(out, "      {detail}");
-        }
-    }
+    evidence_lines(&mut out, &d.evidence);
     if d.preempted_count > 0 {
         let _ = writeln!(
             out,
@@ -198,6 +289,7 @@ pub fn render(d: &Diagnosis) -> String {
             .collect();
         let _ = writeln!(out, "Engine config (command line): {}", parts.join(", "));
     }
+    other_branches(&mut out, d);
     for n in &d.notes {
         let _ = writeln!(out, "Note: {n}");
     }

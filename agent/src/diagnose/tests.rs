@@ -73,6 +73,7 @@ fn add(inputs: &mut Inputs, t0: u64, load: Load) {
             } else {
                 i % load.clients
             },
+            ..Default::default()
         });
     }
     for i in 0..200 {
@@ -465,7 +466,8 @@ fn the_report_shows_the_split_the_cause_and_the_evidence() {
     });
     let text = render(&d);
     let lines: Vec<&str> = text.lines().collect();
-    assert!(lines[0].starts_with("P99 TTFT regressed"), "{text}");
+    assert!(lines[0].starts_with("Regressed: TTFT P99"), "{text}");
+    assert!(lines[0].contains("P99 TTFT regressed"), "{text}");
     for needle in [
         "  TTFT ",
         "    queue wait ",
