@@ -125,6 +125,12 @@ pub(crate) struct Clients {
 pub(crate) enum Load {
     Open(Phase),
     Closed(Clients),
+    /// Open-loop chat requests whose clients give up (close the connection) when no byte came
+    /// for `patience`, as users and gateways with timeouts do.
+    Impatient {
+        phase: Phase,
+        patience: Duration,
+    },
 }
 
 impl Load {
@@ -132,6 +138,7 @@ impl Load {
         match self {
             Load::Open(p) => p.requests,
             Load::Closed(c) => c.clients * c.requests_each,
+            Load::Impatient { phase, .. } => phase.requests,
         }
     }
 }
@@ -179,7 +186,34 @@ fn send_load(to: &'static dyn Launcher, port: u16, load: Load, seed0: u64) -> Sp
     match load {
         Load::Open(p) => send_to(to, port, p, seed0),
         Load::Closed(c) => send_closed(to, port, c, seed0),
+        Load::Impatient { phase, patience } => send_impatient(port, phase, patience, seed0),
     }
+}
+
+/// Sends an open-loop phase of OpenAI chat requests whose clients give up after `patience`
+/// without a byte; returns when every client finished or gave up.
+fn send_impatient(port: u16, phase: Phase, patience: Duration, seed0: u64) -> Span {
+    let start = SystemTime::now();
+    let t0 = Instant::now();
+    let mut clients = Vec::new();
+    for i in 0..phase.requests {
+        let at = t0 + phase.every * i as u32;
+        if let Some(wait) = at.checked_duration_since(Instant::now()) {
+            thread::sleep(wait);
+        }
+        let seed = seed0 + i as u64;
+        clients.push(thread::spawn(move || {
+            let mut c = Client::connect(port);
+            c.set_read_timeout(patience);
+            c.chat(&prompt(seed, phase.prompt_words), phase.max_tokens, None)
+        }));
+    }
+    let end = SystemTime::now() + phase.every.min(Duration::from_millis(200));
+    for c in clients {
+        let s = c.join().expect("client thread");
+        assert!(s.completed || s.timed_out, "{s:?}");
+    }
+    Span { start, end }
 }
 
 /// Engine settings in the engines' common terms; each launcher spells them with its own flags.

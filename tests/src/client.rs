@@ -15,6 +15,8 @@ pub struct ClientStream {
     pub client_ttft_ms: Option<f64>,
     pub content_chunks: u64,
     pub completed: bool,
+    /// The client gave up: no byte came within its read timeout, and it closed the connection.
+    pub timed_out: bool,
 }
 
 pub struct Client {
@@ -36,6 +38,14 @@ impl Client {
             port,
             headers: Vec::new(),
         }
+    }
+
+    /// How long a read may wait before the client gives up and closes the connection (an
+    /// impatient client; 180 s by default).
+    pub fn set_read_timeout(&mut self, timeout: Duration) {
+        self.stream
+            .set_read_timeout(Some(timeout))
+            .expect("read timeout");
     }
 
     /// Sends this header with every following request (replacing an earlier value).
@@ -70,7 +80,20 @@ impl Client {
         let mut scanned = 0usize;
         let mut buf = [0u8; 16384];
         loop {
-            let n = self.stream.read(&mut buf).expect("reading the response");
+            let n = match self.stream.read(&mut buf) {
+                Ok(n) => n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    result.timed_out = true;
+                    let _ = self.stream.shutdown(std::net::Shutdown::Both);
+                    return result;
+                }
+                Err(e) => panic!("reading the response: {e}"),
+            };
             assert!(n > 0, "server closed the connection mid-response");
             let now_ms = start.elapsed().as_secs_f64() * 1e3;
             raw.extend_from_slice(&buf[..n]);

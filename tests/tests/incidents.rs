@@ -28,6 +28,9 @@ fn no_regression_when_the_same_load_runs_twice() {
     assert_eq!(d["cause"], "none", "{}", o.report);
     assert_eq!(d["dominant_phase"], "none", "{}", o.report);
     assert_eq!(d["regression"], false, "{}", o.report);
+    // The control of every branch: no profile regressed (TPOT, ITL, E2E, success rate too).
+    assert_eq!(d["any_regression"], false, "{}", o.report);
+    assert!(d["tpot"].is_null() && d["errors"].is_null(), "{}", o.report);
     assert_eq!(o.exit_code, Some(0), "{}", o.report);
     incidents::check_recorded(&o, BASELINE.requests, BASELINE.requests);
     // Same schedule, same prompt sizes: the workload signals agree.
@@ -232,6 +235,60 @@ fn prompt_growth_prompts_several_times_longer() {
     }
 }
 
+/// Clients that give up: the baseline's load, then a burst of long answers (64 tokens, 16
+/// requests 100 ms apart on 2 slots) whose clients close the connection after 2 s without a
+/// byte. The success rate falls, and the error branch names clients leaving after long queue
+/// waits, with their request ids.
+#[test]
+fn client_timeouts_after_queue_waits() {
+    let burst = Phase {
+        requests: 16,
+        every: Duration::from_millis(100),
+        max_tokens: 64,
+        ..BASELINE
+    };
+    let s = Scenario::new(
+        "client_timeouts",
+        Load::Impatient {
+            phase: burst,
+            patience: Duration::from_secs(2),
+        },
+    );
+    let o = run_scenario(s);
+    let d = &o.diagnosis;
+    let success = d["profiles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["profile"] == "success_rate")
+        .unwrap();
+    assert_eq!(success["regressed"], true, "{}", o.report);
+    assert_eq!(success["p50"]["baseline"], 1.0, "{}", o.report);
+    let errors = &d["errors"];
+    assert_eq!(
+        errors["cause"], "client_timeouts_after_queue_waits",
+        "{}",
+        o.report
+    );
+    let timeouts = errors["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["kind"] == "client_timeout")
+        .unwrap_or_else(|| panic!("no client timeouts: {}", o.report));
+    assert!(
+        timeouts["count"]["window"].as_u64().unwrap() >= 3,
+        "{}",
+        o.report
+    );
+    assert!(!timeouts["requests"].as_array().unwrap().is_empty());
+    assert!(
+        o.report.contains("Errors: Success rate 100.0%"),
+        "{}",
+        o.report
+    );
+}
+
 #[test]
 fn degraded_device_engine_cpu_throttled_by_a_cgroup() {
     // 20% of one CPU in 10 ms periods: every step runs about 5x slower, prompts unchanged.
@@ -245,6 +302,15 @@ fn degraded_device_engine_cpu_throttled_by_a_cgroup() {
     let e = evidence(d, "decode_step_ms_p50");
     assert_eq!(e["crossed"], true, "{}", o.report);
     assert!(ratio(e) >= 2.0, "{}", o.report);
+    // Decoding slowed with every step: TPOT regressed too, and its branch names the device.
+    let tpot = d["profiles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["profile"] == "tpot")
+        .unwrap();
+    assert_eq!(tpot["regressed"], true, "{}", o.report);
+    assert_eq!(d["tpot"]["cause"], "degraded_device", "{}", o.report);
     assert_eq!(
         evidence(d, "prompt_tokens_p99")["crossed"],
         false,

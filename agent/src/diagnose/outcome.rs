@@ -27,6 +27,18 @@ pub enum Failure {
     BadRequest,
 }
 
+impl Failure {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Failure::Overload => "overload",
+            Failure::ClientTimeout => "client_timeout",
+            Failure::ClientAbort => "client_abort",
+            Failure::EngineError => "engine_error",
+            Failure::BadRequest => "bad_request",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Outcome {
     Success,

@@ -135,7 +135,7 @@ fn other_branches(out: &mut String, d: &Diagnosis) {
             let _ = writeln!(
                 out,
                 "  {:<16}{:>6} -> {:<6} {}",
-                format!("{:?}", f.kind).to_lowercase(),
+                f.kind.as_str(),
                 f.count.baseline,
                 f.count.window,
                 f.requests.join(", ")
