@@ -89,7 +89,9 @@ pub struct RequestRecord {
     pub output_chunks: u64,
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
-    /// Prompt tokens the engine found in its prefix cache (SGLang's IPC says).
+    /// Prompt tokens the engine served from its prefix cache: SGLang's IPC, or the response's
+    /// `usage.prompt_tokens_details.cached_tokens` (vLLM, SGLang, llama.cpp; llama.cpp's
+    /// `timings.cache_n` where usage lacks it).
     pub cached_tokens: Option<u64>,
     /// The engine's own prefill and decode times, where its final chunk reports them.
     pub engine_prompt_ms: Option<f64>,
@@ -158,6 +160,12 @@ pub struct RequestRecord {
 }
 
 impl RequestRecord {
+    /// Prompt tokens the engine computed in prefill: the prompt less what its prefix cache
+    /// served, where both are known.
+    pub fn prefill_tokens_computed(&self) -> Option<u64> {
+        Some(self.prompt_tokens?.saturating_sub(self.cached_tokens?))
+    }
+
     /// Stamps the engine's admission of the request and the two phases it bounds: the queue
     /// wait since arrival, and prefill up to the first token (where that came after it).
     pub fn set_admitted(&mut self, admitted_mono_ns: u64) {

@@ -51,6 +51,10 @@ pub const PREEMPTION_RATE_MIN_PER_S: f64 = 0.1;
 pub const PREEMPTION_RATE_RATIO: f64 = 2.0;
 /// P99 prompt tokens (prompt bytes when tokens are unknown) grew by this ratio: prompt growth.
 pub const PROMPT_GROWTH_RATIO: f64 = 1.5;
+/// The median prompt tokens a request's engine computed in prefill (its prompt less what the
+/// prefix cache served) grew by this ratio while prompts did not grow by PROMPT_GROWTH_RATIO:
+/// prefix-cache misses.
+pub const PREFIX_CACHE_MISS_RATIO: f64 = 1.5;
 /// The median decode step at the same batch size (or, without step records, the median
 /// prefill time per prompt token) grew by this ratio: the device got slower.
 pub const DEVICE_SLOWDOWN_RATIO: f64 = 1.5;

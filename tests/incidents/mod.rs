@@ -131,6 +131,14 @@ pub(crate) enum Load {
         phase: Phase,
         patience: Duration,
     },
+    /// Open-loop chat requests whose prompts open with `prefix_words` words before their own
+    /// `phase.prompt_words`: one prefix shared by every request (`shared`: the engine's prefix
+    /// cache serves it), or a prefix of the same length distinct per request.
+    Prefixed {
+        phase: Phase,
+        prefix_words: usize,
+        shared: bool,
+    },
 }
 
 impl Load {
@@ -138,7 +146,7 @@ impl Load {
         match self {
             Load::Open(p) => p.requests,
             Load::Closed(c) => c.clients * c.requests_each,
-            Load::Impatient { phase, .. } => phase.requests,
+            Load::Impatient { phase, .. } | Load::Prefixed { phase, .. } => phase.requests,
         }
     }
 }
@@ -187,7 +195,39 @@ fn send_load(to: &'static dyn Launcher, port: u16, load: Load, seed0: u64) -> Sp
         Load::Open(p) => send_to(to, port, p, seed0),
         Load::Closed(c) => send_closed(to, port, c, seed0),
         Load::Impatient { phase, patience } => send_impatient(port, phase, patience, seed0),
+        Load::Prefixed {
+            phase,
+            prefix_words,
+            shared,
+        } => send_prefixed(port, phase, prefix_words, shared, seed0),
     }
+}
+
+/// Sends an open-loop phase of OpenAI chat requests with a long prefix before each prompt (see
+/// [`Load::Prefixed`]) and waits for every answer.
+fn send_prefixed(port: u16, phase: Phase, prefix_words: usize, shared: bool, seed0: u64) -> Span {
+    let start = SystemTime::now();
+    let t0 = Instant::now();
+    let mut clients = Vec::new();
+    for i in 0..phase.requests {
+        let at = t0 + phase.every * i as u32;
+        if let Some(wait) = at.checked_duration_since(Instant::now()) {
+            thread::sleep(wait);
+        }
+        let seed = seed0 + i as u64;
+        // The same digits' count in both forms, so prompts tokenize to the same length.
+        let prefix = prompt(if shared { 900_000 } else { 900_000 + seed }, prefix_words);
+        let text = format!("{prefix} {}", prompt(seed, phase.prompt_words));
+        clients.push(thread::spawn(move || {
+            let s = Client::connect(port).chat(&text, phase.max_tokens, None);
+            assert!(s.completed, "a request did not complete: {s:?}");
+        }));
+    }
+    let end = SystemTime::now() + phase.every.min(Duration::from_millis(200));
+    for c in clients {
+        c.join().expect("client thread");
+    }
+    Span { start, end }
 }
 
 /// Sends an open-loop phase of OpenAI chat requests whose clients give up after `patience`

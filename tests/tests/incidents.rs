@@ -289,6 +289,52 @@ fn client_timeouts_after_queue_waits() {
     );
 }
 
+/// Prefix-cache misses: every prompt opens with the same 150 words in the baseline (llama.cpp's
+/// slots keep them cached), and with 150 words of its own in the incident: the same prompt
+/// tokens, many times the tokens to compute. The control (the shared prefix twice) is `none`.
+#[test]
+fn prefix_cache_misses_at_the_same_prompt_length() {
+    let phase = Phase {
+        requests: 10,
+        every: Duration::from_millis(1200),
+        prompt_words: 4,
+        max_tokens: 4,
+    };
+    let prefixed = |shared| Load::Prefixed {
+        phase,
+        prefix_words: 150,
+        shared,
+    };
+    let mut s = Scenario::new("prefix_cache_miss", prefixed(false));
+    s.baseline = prefixed(true);
+    let o = run_scenario(s);
+    let d = &o.diagnosis;
+    // Prefill grew, and so did queue wait: llama.cpp runs one slot's long prefill as one step,
+    // which the other slot's next request waits behind. Either phase may carry more.
+    assert_eq!(d["cause"], "prefix_cache_miss", "{}", o.report);
+    let e = evidence(d, "prefill_tokens_computed_p50");
+    assert_eq!(e["crossed"], true, "{}", o.report);
+    assert!(ratio(e) >= 3.0, "{}", o.report);
+    assert_eq!(
+        evidence(d, "prompt_tokens_p99")["crossed"],
+        false,
+        "{}",
+        o.report
+    );
+
+    let mut control = Scenario::new("prefix_cache_hits_twice", prefixed(true));
+    control.baseline = prefixed(true);
+    let o = run_scenario(control);
+    let d = &o.diagnosis;
+    assert_eq!(d["cause"], "none", "{}", o.report);
+    assert_eq!(
+        evidence(d, "prefill_tokens_computed_p50")["crossed"],
+        false,
+        "{}",
+        o.report
+    );
+}
+
 #[test]
 fn degraded_device_engine_cpu_throttled_by_a_cgroup() {
     // 20% of one CPU in 10 ms periods: every step runs about 5x slower, prompts unchanged.

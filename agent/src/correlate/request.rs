@@ -153,6 +153,7 @@ impl RequestProgress {
         };
         let completion_tokens = self.usage.as_ref().and_then(|u| u.completion_tokens);
         let prompt_tokens = self.usage.as_ref().and_then(|u| u.prompt_tokens);
+        let cached_tokens = self.usage.as_ref().and_then(|u| u.cached_tokens);
         let tpot_ms = self.tpot_ms(completion_tokens);
         let prefill_ms = self.prefill_ms();
         let mut gaps: Vec<f64> = self.gaps_ns.iter().map(|&g| ns_to_ms(g)).collect();
@@ -215,6 +216,7 @@ impl RequestProgress {
             output_chunks: self.output_chunks,
             prompt_tokens,
             completion_tokens,
+            cached_tokens,
             engine_prompt_ms: self.timings.as_ref().and_then(|t| t.prompt_ms),
             engine_predicted_ms: self.timings.as_ref().and_then(|t| t.predicted_ms),
             request_bytes: self.request_bytes,

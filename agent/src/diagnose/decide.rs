@@ -267,6 +267,22 @@ fn evidence(b: &WindowSignals, w: &WindowSignals) -> Vec<Evidence> {
     };
     let prompts_grew = prompt.crossed;
     ev.push(prompt);
+    let mut computed = line(
+        "prefill_tokens_computed_p50",
+        "tokens",
+        b.computed_tokens_p50,
+        w.computed_tokens_p50,
+        Test::Ratio,
+        Some(t::PREFIX_CACHE_MISS_RATIO),
+        Cause::PrefixCacheMiss,
+    );
+    computed.crossed &= !prompts_grew;
+    computed.detail = Some(format!(
+        "prompt tokens the engine computed (less its prefix cache's), per request; counts only while prompts did not grow; cached share of the prompts {} -> {}",
+        fmt_num(b.cached_share),
+        fmt_num(w.cached_share)
+    ));
+    ev.push(computed);
     if let Some(e) = decode_step_line(b, w) {
         ev.push(e);
     }
@@ -486,11 +502,12 @@ fn gate_concurrency(ev: &mut [Evidence]) {
 /// The order causes are tried in, given the phase that grew: changes in the workload (more
 /// requests, longer prompts) before changes in capacity (memory, device, scheduler), because a
 /// heavier workload also slows steps and fills memory; within that, the phase's own causes first.
-fn order(phase: Phase) -> [Cause; 6] {
+fn order(phase: Phase) -> [Cause; 7] {
     use Cause::*;
     match phase {
         Phase::Prefill => [
             PromptGrowth,
+            PrefixCacheMiss,
             DegradedDevice,
             SchedulerConfig,
             TrafficSpike,
@@ -500,6 +517,7 @@ fn order(phase: Phase) -> [Cause; 6] {
         Phase::Queue | Phase::None => [
             TrafficSpike,
             PromptGrowth,
+            PrefixCacheMiss,
             KvTransfer,
             KvPressure,
             DegradedDevice,
@@ -654,9 +672,11 @@ fn rank(
     };
     let weight = |c: Cause, queue: bool| -> f64 {
         let f = match (c, queue) {
-            (Cause::PromptGrowth, true) => raw("engine_time_per_request_ms")
-                .unwrap_or(1.1)
-                .min(signal_factor(c)),
+            (Cause::PromptGrowth | Cause::PrefixCacheMiss, true) => {
+                raw("engine_time_per_request_ms")
+                    .unwrap_or(1.1)
+                    .min(signal_factor(c))
+            }
             (Cause::SchedulerConfig, true) => {
                 let slots = ev
                     .iter()
@@ -693,7 +713,12 @@ fn rank(
         })
         .collect();
     let mut explained = 0.0;
-    let workload = |c: Cause| matches!(c, Cause::TrafficSpike | Cause::PromptGrowth);
+    let workload = |c: Cause| {
+        matches!(
+            c,
+            Cause::TrafficSpike | Cause::PromptGrowth | Cause::PrefixCacheMiss
+        )
+    };
     for (amount, queue) in [(q, true), (p, false)] {
         let lengthens = |c: Cause| if queue { phases(c).0 } else { phases(c).1 };
         // A heavier workload also slows steps and fills memory: where a workload cause

@@ -54,6 +54,11 @@ pub(crate) struct WindowSignals {
     /// The scheduler settings of the processes that served the window's requests.
     pub engine_settings: BTreeMap<String, String>,
     pub prompt_tokens_p99: Option<f64>,
+    /// Prompt tokens the engine computed in prefill (prompt less its prefix cache's share),
+    /// the median per request, where the engine reports cached tokens.
+    pub computed_tokens_p50: Option<f64>,
+    /// The prefix cache's share of the window's prompt tokens.
+    pub cached_share: Option<f64>,
     pub prompt_bytes_p99: Option<f64>,
     pub prefill_ms_per_token_p50: Option<f64>,
     pub prefill_steps_p50: Option<f64>,
@@ -85,6 +90,11 @@ fn sorted(mut v: Vec<f64>) -> Vec<f64> {
 
 fn p(v: Vec<f64>, q: f64) -> Option<f64> {
     percentile(&sorted(v), q)
+}
+
+/// The prompt tokens a request's engine computed: its prompt less the prefix cache's part.
+fn computed(r: &super::RequestSample) -> Option<f64> {
+    Some(r.prompt_tokens?.saturating_sub(r.cached_tokens?) as f64)
 }
 
 pub(super) fn measure(inputs: &Inputs, w: &TimeWindow) -> WindowSignals {
@@ -131,12 +141,22 @@ pub(super) fn measure(inputs: &Inputs, w: &TimeWindow) -> WindowSignals {
                 .collect(),
             0.99,
         ),
+        computed_tokens_p50: p(served.iter().filter_map(|r| computed(r)).collect(), 0.5),
+        cached_share: {
+            let (cached, prompt) = served
+                .iter()
+                .filter_map(|r| Some((r.cached_tokens?, r.prompt_tokens?)))
+                .fold((0u64, 0u64), |(c, p), (rc, rp)| (c + rc.min(rp), p + rp));
+            (prompt > 0).then(|| cached as f64 / prompt as f64)
+        },
+        // Per computed token where the engine says what its cache served: a cache miss makes
+        // more tokens to compute, not a slower device.
         prefill_ms_per_token_p50: p(
             served
                 .iter()
-                .filter_map(|r| match (r.prefill_ms, r.prompt_tokens) {
-                    (Some(ms), Some(t)) if t > 0 => Some(ms / t as f64),
-                    _ => None,
+                .filter_map(|r| {
+                    let tokens = computed(r).or(r.prompt_tokens.map(|t| t as f64))?;
+                    (tokens > 0.0).then_some(r.prefill_ms? / tokens)
                 })
                 .collect(),
             0.5,

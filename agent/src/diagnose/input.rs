@@ -26,6 +26,8 @@ pub struct RequestSample {
     pub prefill_ms: Option<f64>,
     pub prefill_steps: Option<u64>,
     pub prompt_tokens: Option<u64>,
+    /// Prompt tokens its engine served from the prefix cache, where the engine says.
+    pub cached_tokens: Option<u64>,
     pub prompt_bytes: Option<u64>,
     pub preemptions: Option<u64>,
     /// The first token on the wire: with the admission, bounds the steps a request prefilled in
@@ -89,6 +91,7 @@ impl From<&RequestRecord> for RequestSample {
             prefill_ms: r.prefill_ms,
             prefill_steps: r.prefill_steps,
             prompt_tokens: r.prompt_tokens,
+            cached_tokens: r.cached_tokens,
             prompt_bytes: r.prompt_bytes,
             preemptions: r.preemptions,
             first_token_mono_ns: r.first_token_mono_ns,

@@ -53,6 +53,10 @@ pub enum Cause {
     KvTransfer,
     TrafficSpike,
     PromptGrowth,
+    /// Prompts unchanged, but the engine's prefix cache served less of them: more prompt tokens
+    /// to compute per request (a router change sent requests away from the replica that held
+    /// their prefix, an eviction, a changed system prompt).
+    PrefixCacheMiss,
     DegradedDevice,
     SchedulerConfig,
     /// TPOT: more requests per decode step at the same step cost per request.
@@ -69,6 +73,7 @@ impl Cause {
             Cause::KvTransfer => "kv_transfer",
             Cause::TrafficSpike => "traffic_spike",
             Cause::PromptGrowth => "prompt_growth",
+            Cause::PrefixCacheMiss => "prefix_cache_miss",
             Cause::DegradedDevice => "degraded_device",
             Cause::SchedulerConfig => "scheduler_config",
             Cause::BatchGrowth => "batch_growth",

@@ -17,6 +17,9 @@ fn meaning(c: Cause) -> &'static str {
             "disaggregated serving: the decode server waited longer for the prefill server's KV cache (the transfer, or the decode server's queue before it could start it), so the first token came later though each server's own work did not grow"
         }
         Cause::PromptGrowth => "prompts got longer, so each prefill takes longer",
+        Cause::PrefixCacheMiss => {
+            "prompts did not grow, but the engine's prefix cache served less of them, so each prefill computes more tokens: requests moved away from the replica holding their prefix (a routing change), the cache was evicted (memory pressure), or the shared prefix changed"
+        }
         Cause::DegradedDevice => {
             "the same work runs slower on the device (steps of the same size take longer): a throttled, contended or faulty device"
         }

@@ -21,6 +21,8 @@ struct Load {
     /// Clients keeping their connections: request i on connection i % clients; 0: a connection
     /// per request.
     clients: u64,
+    /// Prompt tokens the engine's prefix cache served per request.
+    cached_tokens: Option<u64>,
 }
 
 impl Default for Load {
@@ -36,6 +38,7 @@ impl Default for Load {
             batch: 2,
             kv_wait_ms: None,
             clients: 2,
+            cached_tokens: None,
         }
     }
 }
@@ -61,6 +64,7 @@ fn add(inputs: &mut Inputs, t0: u64, load: Load) {
             prefill_ms: Some(p),
             prefill_steps: Some(load.prefill_steps),
             prompt_tokens: Some(load.prompt_tokens + i % 7),
+            cached_tokens: load.cached_tokens,
             prompt_bytes: Some(load.prompt_tokens * 4),
             preemptions: Some(if i % 4 == 0 { load.preemptions } else { 0 }),
             first_token_mono_ns: None,
@@ -1123,4 +1127,67 @@ fn records_without_a_connection_id_read_as_unknown() {
     let (v, _): (Vec<RequestSample>, _) =
         input::read_jsonl(&br#"{"arrival_mono_ns":5,"end_mono_ns":9}"#[..]).unwrap();
     assert_eq!(v[0].connection_id, 0);
+}
+
+/// Prompts of the same length, but the engine's prefix cache stopped serving them (a router
+/// sent requests away from the replica holding their prefix): ten times the prompt tokens to
+/// compute, so prefill grew. Prefix-cache misses, not prompt growth and not a slower device.
+#[test]
+fn fewer_cached_prompt_tokens_at_the_same_prompt_size_are_prefix_cache_misses() {
+    let cached = Load {
+        prompt_tokens: 500,
+        cached_tokens: Some(450),
+        ..Default::default()
+    };
+    let missed = Load {
+        prompt_tokens: 500,
+        cached_tokens: Some(0),
+        prefill_ms: 400.0,
+        ..Default::default()
+    };
+    let d = run_from(cached, missed);
+    assert_eq!(d.dominant_phase, Phase::Prefill, "{}", render(&d));
+    assert_eq!(d.cause, Cause::PrefixCacheMiss, "{}", render(&d));
+    assert!(crossed(&d, "prefill_tokens_computed_p50"));
+    assert!(!crossed(&d, "prompt_tokens_p99"));
+    let e = d
+        .evidence
+        .iter()
+        .find(|e| e.signal == "prefill_tokens_computed_p50")
+        .unwrap();
+    assert!(e.ratio.unwrap() > 5.0, "{e:?}");
+    // The control: the same cache hits twice.
+    let same = run_from(
+        Load {
+            prompt_tokens: 500,
+            cached_tokens: Some(450),
+            ..Default::default()
+        },
+        Load {
+            prompt_tokens: 500,
+            cached_tokens: Some(450),
+            ..Default::default()
+        },
+    );
+    assert_eq!(same.cause, Cause::None);
+    assert!(!crossed(&same, "prefill_tokens_computed_p50"));
+}
+
+/// Longer prompts also mean more tokens to compute: prompt growth, never a cache miss.
+#[test]
+fn longer_prompts_with_the_same_cache_hits_are_prompt_growth() {
+    let d = run_from(
+        Load {
+            cached_tokens: Some(10),
+            ..Default::default()
+        },
+        Load {
+            prompt_tokens: 400,
+            cached_tokens: Some(10),
+            prefill_ms: 400.0,
+            ..Default::default()
+        },
+    );
+    assert_eq!(d.cause, Cause::PromptGrowth, "{}", render(&d));
+    assert!(!crossed(&d, "prefill_tokens_computed_p50"));
 }

@@ -162,6 +162,8 @@ struct OtelInstruments {
     queue_wait: OtelHistogram<f64>,
     prefill: OtelHistogram<f64>,
     prompt_tokens: OtelHistogram<u64>,
+    prompt_tokens_cached: OtelHistogram<u64>,
+    prefill_tokens_computed: OtelHistogram<u64>,
     step_duration: OtelHistogram<f64>,
     requests: OtelCounter<u64>,
     admitted: OtelCounter<u64>,
@@ -193,6 +195,12 @@ impl OtelInstruments {
         if let Some(tokens) = r.prompt_tokens {
             self.prompt_tokens.record(tokens, attrs);
         }
+        if let Some(tokens) = r.cached_tokens {
+            self.prompt_tokens_cached.record(tokens, attrs);
+        }
+        if let Some(tokens) = r.prefill_tokens_computed() {
+            self.prefill_tokens_computed.record(tokens, attrs);
+        }
         let mut outcome_attrs = attrs.to_vec();
         outcome_attrs.push(KeyValue::new("inferscope.outcome", outcome));
         self.requests.add(1, &outcome_attrs);
@@ -214,6 +222,8 @@ pub(crate) struct Metrics {
     queue_wait: HistFamily<RequestLabels>,
     prefill: HistFamily<RequestLabels>,
     prompt_tokens: HistFamily<RequestLabels>,
+    prompt_tokens_cached: HistFamily<RequestLabels>,
+    prefill_tokens_computed: HistFamily<RequestLabels>,
     step_duration: HistFamily<EngineLabels>,
     requests: Family<OutcomeLabels, Counter>,
     admitted: Family<EngineLabels, Counter>,
@@ -253,6 +263,10 @@ impl Metrics {
         let queue_wait: HistFamily<RequestLabels> = Family::new_with_constructor(ttft_histogram);
         let prefill: HistFamily<RequestLabels> = Family::new_with_constructor(ttft_histogram);
         let prompt_tokens: HistFamily<RequestLabels> =
+            Family::new_with_constructor(token_histogram);
+        let prompt_tokens_cached: HistFamily<RequestLabels> =
+            Family::new_with_constructor(token_histogram);
+        let prefill_tokens_computed: HistFamily<RequestLabels> =
             Family::new_with_constructor(token_histogram);
         let step_duration: HistFamily<EngineLabels> = Family::new_with_constructor(tpot_histogram);
         registry.register_with_unit(
@@ -295,6 +309,16 @@ impl Metrics {
             "inferscope_prompt_tokens",
             "Prompt tokens per request, where the engine reports them",
             prompt_tokens.clone(),
+        );
+        registry.register(
+            "inferscope_prompt_tokens_cached",
+            "Prompt tokens per request the engine served from its prefix cache, where it says",
+            prompt_tokens_cached.clone(),
+        );
+        registry.register(
+            "inferscope_prefill_tokens_computed",
+            "Prompt tokens per request the engine computed in prefill (prompt minus cached)",
+            prefill_tokens_computed.clone(),
         );
         registry.register_with_unit(
             "inferscope_engine_step_duration",
@@ -408,6 +432,8 @@ impl Metrics {
             queue_wait,
             prefill,
             prompt_tokens,
+            prompt_tokens_cached,
+            prefill_tokens_computed,
             step_duration,
             requests,
             admitted,
@@ -496,6 +522,16 @@ impl Metrics {
         }
         if let Some(tokens) = r.prompt_tokens {
             self.prompt_tokens
+                .get_or_create(&labels)
+                .observe(tokens as f64);
+        }
+        if let Some(tokens) = r.cached_tokens {
+            self.prompt_tokens_cached
+                .get_or_create(&labels)
+                .observe(tokens as f64);
+        }
+        if let Some(tokens) = r.prefill_tokens_computed() {
+            self.prefill_tokens_computed
                 .get_or_create(&labels)
                 .observe(tokens as f64);
         }
@@ -849,6 +885,16 @@ fn otel_instruments(meter: &Meter, agent: Arc<Mutex<Vec<(AgentCounter, u64)>>>) 
         ),
         prompt_tokens: meter
             .u64_histogram("inferscope.prompt_tokens")
+            .with_unit("{token}")
+            .with_boundaries(TOKEN_BUCKETS.to_vec())
+            .build(),
+        prompt_tokens_cached: meter
+            .u64_histogram("inferscope.prompt_tokens.cached")
+            .with_unit("{token}")
+            .with_boundaries(TOKEN_BUCKETS.to_vec())
+            .build(),
+        prefill_tokens_computed: meter
+            .u64_histogram("inferscope.prefill_tokens.computed")
             .with_unit("{token}")
             .with_boundaries(TOKEN_BUCKETS.to_vec())
             .build(),

@@ -135,6 +135,10 @@ fn optional_attributes(r: &RequestRecord, a: &mut Vec<KeyValue>) {
     opt_i("inferscope.prompt_bytes", r.prompt_bytes);
     opt_i("inferscope.preemptions", r.preemptions);
     opt_i("gen_ai.usage.cache_read.input_tokens", r.cached_tokens);
+    opt_i(
+        "inferscope.prefill_tokens_computed",
+        r.prefill_tokens_computed(),
+    );
     opt_i("inferscope.prefill_steps", r.prefill_steps);
     opt_i("inferscope.decode_steps", r.decode_steps);
     opt_i(

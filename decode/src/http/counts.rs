@@ -9,6 +9,10 @@ pub struct Usage {
     pub prompt_tokens: Option<u64>,
     /// Generated tokens.
     pub completion_tokens: Option<u64>,
+    /// Prompt tokens the engine served from its prefix cache
+    /// (`usage.prompt_tokens_details.cached_tokens`: vLLM, SGLang, llama.cpp; llama.cpp's
+    /// `timings.cache_n` and native `tokens_cached` where usage lacks it).
+    pub cached_tokens: Option<u64>,
 }
 
 /// llama.cpp's own prefill/decode measurements, to compare with what the

@@ -528,6 +528,13 @@ struct UsageWire {
     prompt_tokens: LenientU64,
     #[serde(default)]
     completion_tokens: LenientU64,
+    prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+#[derive(Deserialize)]
+struct PromptTokensDetails {
+    #[serde(default)]
+    cached_tokens: LenientU64,
 }
 
 #[derive(Deserialize)]
@@ -540,6 +547,9 @@ struct TimingsWire {
     predicted_n: LenientU64,
     #[serde(default)]
     predicted_ms: LenientF64,
+    /// llama.cpp: prompt tokens reused from the slot's cache.
+    #[serde(default)]
+    cache_n: LenientU64,
 }
 
 #[derive(Deserialize)]
@@ -559,6 +569,8 @@ struct CompletionWire<'a> {
     tokens_predicted: LenientU64,
     #[serde(default)]
     tokens_evaluated: LenientU64,
+    #[serde(default)]
+    tokens_cached: LenientU64,
     /// A vLLM prefill server's hand-off for the decode server.
     #[serde(default)]
     kv_transfer_params: super::handoff::Handoff,
@@ -601,11 +613,13 @@ pub(crate) fn parse_completion(data: &[u8]) -> Option<CompletionFields<'_>> {
         .then_some(Usage {
             prompt_tokens: w.tokens_evaluated.0,
             completion_tokens: w.tokens_predicted.0,
+            cached_tokens: w.tokens_cached.0,
         });
     let ollama_usage =
         (w.eval_count.0.is_some() || w.prompt_eval_count.0.is_some()).then_some(Usage {
             prompt_tokens: w.prompt_eval_count.0,
             completion_tokens: w.eval_count.0,
+            cached_tokens: None,
         });
     let ns_to_ms = |ns: Option<u64>| ns.map(|ns| ns as f64 / 1e6);
     let ollama_timings = (w.eval_duration.0.is_some() || w.prompt_eval_duration.0.is_some())
@@ -615,6 +629,7 @@ pub(crate) fn parse_completion(data: &[u8]) -> Option<CompletionFields<'_>> {
             predicted_n: w.eval_count.0,
             predicted_ms: ns_to_ms(w.eval_duration.0),
         });
+    let cache_n = w.timings.as_ref().and_then(|t| t.cache_n.0);
     Some(CompletionFields {
         id: w.id.0,
         content: choices.content
@@ -627,6 +642,10 @@ pub(crate) fn parse_completion(data: &[u8]) -> Option<CompletionFields<'_>> {
             .map(|u| Usage {
                 prompt_tokens: u.prompt_tokens.0,
                 completion_tokens: u.completion_tokens.0,
+                cached_tokens: u
+                    .prompt_tokens_details
+                    .and_then(|d| d.cached_tokens.0)
+                    .or(cache_n),
             })
             .or(native_usage)
             .or(ollama_usage),
@@ -675,7 +694,8 @@ mod tests {
             f.usage,
             Some(Usage {
                 prompt_tokens: Some(9),
-                completion_tokens: Some(8)
+                completion_tokens: Some(8),
+                cached_tokens: None,
             })
         );
         assert_eq!(f.timings.unwrap().prompt_ms, Some(4.5));
@@ -750,7 +770,8 @@ mod tests {
             f.usage,
             Some(Usage {
                 prompt_tokens: Some(20),
-                completion_tokens: Some(8)
+                completion_tokens: Some(8),
+                cached_tokens: None,
             })
         );
         assert_eq!(
@@ -804,11 +825,30 @@ mod tests {
             last.usage,
             Some(Usage {
                 prompt_tokens: Some(26),
-                completion_tokens: Some(290)
+                completion_tokens: Some(290),
+                cached_tokens: None,
             })
         );
         let t = last.timings.unwrap();
         assert_eq!((t.prompt_n, t.predicted_n), (Some(26), Some(290)));
         assert!((t.prompt_ms.unwrap() - 130.079).abs() < 1e-9);
+    }
+
+    /// llama.cpp's last event (as its server sends it): the prefix cache's share of the prompt
+    /// in `usage.prompt_tokens_details` and again in `timings.cache_n`.
+    #[test]
+    fn cached_prompt_tokens() {
+        let last = br#"{"choices":[],"id":"chatcmpl-4n","object":"chat.completion.chunk","usage":{"completion_tokens":4,"prompt_tokens":201,"total_tokens":205,"prompt_tokens_details":{"cached_tokens":194}},"timings":{"cache_n":194,"prompt_n":7,"prompt_ms":64.942,"predicted_n":4,"predicted_ms":62.136}}"#;
+        let u = parse_completion(last).unwrap().usage.unwrap();
+        assert_eq!((u.prompt_tokens, u.cached_tokens), (Some(201), Some(194)));
+        let timings_only =
+            br#"{"usage":{"prompt_tokens":50,"completion_tokens":2},"timings":{"cache_n":40}}"#;
+        let u = parse_completion(timings_only).unwrap().usage.unwrap();
+        assert_eq!(u.cached_tokens, Some(40));
+        let none = br#"{"usage":{"prompt_tokens":50,"completion_tokens":2}}"#;
+        assert_eq!(
+            parse_completion(none).unwrap().usage.unwrap().cached_tokens,
+            None
+        );
     }
 }

@@ -697,7 +697,8 @@ mod tests {
             events[3].usage,
             Some(Usage {
                 prompt_tokens: Some(2),
-                completion_tokens: Some(3)
+                completion_tokens: Some(3),
+                cached_tokens: None,
             })
         );
         assert!(matches!(out.last(), Some(ResponseEvent::End { .. })));
@@ -743,7 +744,8 @@ mod tests {
             s[3].usage,
             Some(Usage {
                 prompt_tokens: Some(20),
-                completion_tokens: Some(8)
+                completion_tokens: Some(8),
+                cached_tokens: None,
             })
         );
         assert_eq!(s[3].timings.and_then(|t| t.predicted_ms), Some(100.1));
@@ -825,6 +827,7 @@ mod tests {
             usage: Some(Usage {
                 prompt_tokens: Some(9),
                 completion_tokens: Some(3),
+                cached_tokens: None,
             }),
             timings: None,
             kv_transfer_params: None,

@@ -164,7 +164,8 @@ fn sse_inside_data_frames_gives_every_token_however_it_is_cut() {
             exchange.response.usage,
             Some(Usage {
                 prompt_tokens: Some(9),
-                completion_tokens: Some(7)
+                completion_tokens: Some(7),
+                cached_tokens: None,
             })
         );
         assert_eq!(exchange.request.model.as_deref(), Some("m1"));
@@ -251,7 +252,8 @@ fn json_lines_and_one_json_document_are_read_too() {
             e.response.usage,
             Some(Usage {
                 prompt_tokens: Some(3),
-                completion_tokens: Some(4)
+                completion_tokens: Some(4),
+                cached_tokens: None,
             })
         );
         assert_eq!(e.request.model.as_deref(), Some("m2"));

@@ -436,7 +436,7 @@ impl IpcState {
         if record.completion_tokens.is_none() && state.outputs > 0 {
             record.completion_tokens = Some(state.output_tokens);
         }
-        record.cached_tokens = state.cached_tokens;
+        record.cached_tokens = state.cached_tokens.or(record.cached_tokens);
         let aborted = record.aborted || state.aborted;
         // SGLang ships the retraction count with each output: an aborted request may have
         // been retracted after its last one.
