@@ -22,11 +22,17 @@ use crate::{
     join::{EngineMetricsRecord, RequestTimeline},
 };
 
-const TTFT_BUCKETS: [f64; 16] = [
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+/// 1 ms to 60 s (issue 46's bar for fleet P99s read from Prometheus), finer where interactive
+/// serving's P99s sit: bounds at most x1.5 apart from 100 ms to 60 s, x2.5 below.
+const TTFT_BUCKETS: [f64; 28] = [
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.25, 0.35, 0.5, 0.75, 1.0,
+    1.5, 2.0, 2.5, 3.5, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0,
 ];
-const TPOT_BUCKETS: [f64; 13] = [
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+/// 1 ms to 1 s (and 2.5 s for stalls), bounds at most x1.5 apart from 5 ms up: decode steps of
+/// small and large models alike.
+const TPOT_BUCKETS: [f64; 20] = [
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.035, 0.05, 0.075, 0.1, 0.15, 0.2,
+    0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
 ];
 const DURATION_BUCKETS: [f64; 14] = [
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
@@ -906,6 +912,27 @@ fn otel_instruments(meter: &Meter, agent: Arc<Mutex<Vec<(AgentCounter, u64)>>>) 
 
 #[cfg(test)]
 mod tests {
+    /// The fleet diagnosis reads P99s from these buckets: they span what users see (TTFT 1 ms
+    /// to 60 s, TPOT 1 ms to 1 s) and no two neighbours are far apart where P99s sit.
+    #[test]
+    fn latency_buckets_cover_the_range_finely() {
+        let spread = |b: &[f64], from: f64| {
+            b.windows(2)
+                .filter(|w| w[0] >= from)
+                .map(|w| w[1] / w[0])
+                .fold(0.0_f64, f64::max)
+        };
+        assert_eq!(
+            (super::TTFT_BUCKETS[0], *super::TTFT_BUCKETS.last().unwrap()),
+            (0.001, 60.0)
+        );
+        assert!(spread(&super::TTFT_BUCKETS, 0.1) <= 1.5);
+        assert!(spread(&super::TTFT_BUCKETS, 0.0) <= 2.5);
+        assert_eq!(super::TPOT_BUCKETS[0], 0.001);
+        assert!(super::TPOT_BUCKETS.contains(&1.0));
+        assert!(spread(&super::TPOT_BUCKETS[..19], 0.005) <= 1.5);
+    }
+
     use inferscope_model::RequestRecord;
 
     use super::*;
