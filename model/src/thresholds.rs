@@ -94,6 +94,10 @@ pub const PREFILL_INTERFERENCE_STRETCH: f64 = 1.2;
 /// PREEMPTION_RATE_RATIO times the baseline's: KV pressure.
 pub const PREEMPTED_SHARE_MIN: f64 = 0.1;
 
+/// Fleet-wide: a regression is concentrated on one replica when it moved by the regression's
+/// ratio and every other replica's ratio stayed under this.
+pub const CONCENTRATION_PEERS_MAX: f64 = 1.25;
+
 /// Requests per window for full confidence.
 pub const CONFIDENT_REQUESTS: usize = 30;
 

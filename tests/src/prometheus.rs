@@ -50,6 +50,37 @@ impl Prometheus {
         Prometheus { child, port }
     }
 
+    /// Scraping several agents (one job, one target each: Prometheus labels each series with
+    /// its target's `instance`), every second.
+    pub fn start_targets(dir: &Path, target_ports: &[u16]) -> Prometheus {
+        let port = crate::free_port();
+        let config = dir.join("prometheus.yml");
+        let targets: Vec<String> = target_ports
+            .iter()
+            .map(|p| format!("'127.0.0.1:{p}'"))
+            .collect();
+        fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: inferscope\n    static_configs:\n      - targets: [{}]\n",
+                targets.join(", ")
+            ),
+        )
+        .expect("writing prometheus.yml");
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(dir.join("prometheus.log")).expect("prometheus log"))
+            .spawn()
+            .expect("starting prometheus (apt-get install prometheus; scripts/setup.sh does)");
+        Prometheus { child, port }
+    }
+
     /// The value of an instant query returning one series, once it exists.
     pub fn query_value(&self, query: &str, timeout: Duration) -> Option<f64> {
         let deadline = Instant::now() + timeout;

@@ -35,6 +35,12 @@ pub(super) struct DiagnoseArgs {
     /// agent (`--connect`) about what it has seen.
     #[arg(long)]
     pub records: Option<PathBuf>,
+    /// Diagnose the whole fleet from the Prometheus that scrapes the agents (http://host:port):
+    /// PromQL over their histograms and counters, the regressed profiles and the replica they
+    /// sit on. Windows are wall-clock: RFC 3339, a bare duration (--window 5m: the last 5
+    /// minutes), or -DURATION before now.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["records", "connect", "steps", "engine_metrics", "devices", "engine_config"])]
+    pub prometheus: Option<String>,
     /// The running agent's gRPC address (without --records): unix:///path, http(s)://host:port.
     #[arg(long, env = "INFERSCOPE_CONNECT", conflicts_with_all = ["steps", "engine_metrics", "devices", "engine_config"])]
     pub connect: Option<String>,
@@ -124,6 +130,9 @@ fn load(args: &DiagnoseArgs, records: &Path) -> anyhow::Result<Inputs> {
 fn run(args: DiagnoseArgs) -> anyhow::Result<u8> {
     let baseline = parse_window(&args.baseline).context("--baseline")?;
     let window = parse_window(&args.window).context("--window")?;
+    if let Some(url) = &args.prometheus {
+        return run_fleet(&args, url, baseline, window);
+    }
     let Some(records) = &args.records else {
         return run_live(&args);
     };
@@ -158,6 +167,44 @@ fn exit_status(fewest_requests: usize, regression: bool, unexplained: bool) -> u
     } else {
         EXIT_REGRESSION
     }
+}
+
+/// Asks Prometheus about every agent it scrapes. The windows are wall-clock times: the
+/// "recording" is the 30 days up to now.
+fn run_fleet(
+    args: &DiagnoseArgs,
+    url: &str,
+    baseline: diagnose::window::WindowSpec,
+    window: diagnose::window::WindowSpec,
+) -> anyhow::Result<u8> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .context("the system clock is before 1970")?
+        .as_nanos() as u64;
+    let wall = Timeline {
+        start_mono_ns: now.saturating_sub(30 * 24 * 3600 * 1_000_000_000),
+        end_mono_ns: now,
+        unix_minus_mono_ns: Some(0),
+    };
+    let (base, win) = wall.windows(baseline, window)?;
+    let prometheus = super::prometheus_query::Prometheus::new(url)?;
+    let d = diagnose::fleet::diagnose(&prometheus, base, win)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&d)?);
+    } else {
+        print!("{}", diagnose::fleet::render(&d));
+    }
+    let regressed = d.profiles.iter().any(|p| p.regressed);
+    let enough = d
+        .requests
+        .baseline
+        .zip(d.requests.window)
+        .map_or(0, |(b, w)| b.min(w) as usize);
+    Ok(exit_status(
+        enough,
+        regressed,
+        d.cause == diagnose::Cause::None,
+    ))
 }
 
 /// Asks the running agent, which diagnoses what it has kept.

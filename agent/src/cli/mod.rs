@@ -10,6 +10,7 @@ mod gpu;
 mod inspect;
 mod install_shim;
 mod progress;
+mod prometheus_query;
 mod record;
 mod run;
 mod shutdown;

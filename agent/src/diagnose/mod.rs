@@ -13,6 +13,7 @@ mod decide;
 #[cfg(test)]
 mod decode_tests;
 mod evidence;
+pub(crate) mod fleet;
 pub(crate) mod history;
 pub(crate) mod input;
 mod outcome;
