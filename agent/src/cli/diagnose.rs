@@ -194,7 +194,10 @@ fn run_fleet(
     } else {
         print!("{}", diagnose::fleet::render(&d));
     }
-    let regressed = d.profiles.iter().any(|p| p.regressed);
+    let regressed = d
+        .profiles
+        .iter()
+        .any(|p| p.regressed || p.concentrated_on.is_some());
     let enough = d
         .requests
         .baseline

@@ -69,10 +69,13 @@ pub(crate) struct FleetProfile {
     pub profile: Profile,
     /// P99 (ms) fleet-wide; the success rate (0..1) for `success_rate`.
     pub fleet: Pair<Option<f64>>,
+    /// Regressed fleet-wide.
     pub regressed: bool,
     /// Each replica's value in both windows, worst incident first.
     pub places: Vec<PlaceValue>,
-    /// The replica the regression sits on, where one moved and the rest did not.
+    /// The one replica that regressed (by the profile's own rule) while every other stayed
+    /// under CONCENTRATION_PEERS_MAX: where a fleet-wide regression sits, or, in a fleet large
+    /// enough that one replica does not move the fleet's P99, the replica that did regress.
     pub concentrated_on: Option<String>,
 }
 
@@ -172,6 +175,7 @@ fn places(
     b: BTreeMap<String, f64>,
     w: BTreeMap<String, f64>,
     worse_is_lower: bool,
+    min_delta: f64,
 ) -> (Vec<PlaceValue>, Option<String>) {
     let mut names: Vec<&String> = b.keys().chain(w.keys()).collect();
     names.sort();
@@ -203,7 +207,13 @@ fn places(
     out.sort_by(|a, b| b.ratio.unwrap_or(0.0).total_cmp(&a.ratio.unwrap_or(0.0)));
     let concentrated = match out.as_slice() {
         [top, rest @ ..] if !rest.is_empty() => {
-            let moved = top.ratio.is_some_and(|r| r >= t::TTFT_REGRESSION_RATIO);
+            let delta = match (top.value.baseline, top.value.window) {
+                (Some(b), Some(w)) if worse_is_lower => b - w,
+                (Some(b), Some(w)) => w - b,
+                _ => 0.0,
+            };
+            let moved =
+                top.ratio.is_some_and(|r| r >= t::TTFT_REGRESSION_RATIO) && delta >= min_delta;
             let others_still = rest
                 .iter()
                 .all(|p| p.ratio.is_none_or(|r| r < t::CONCENTRATION_PEERS_MAX));
@@ -254,12 +264,13 @@ pub(crate) fn diagnose(
             by_place(bw.quantile(0.99, metric, &by)?, 1e3),
             by_place(ww.quantile(0.99, metric, &by)?, 1e3),
             false,
+            min_ms,
         );
         profiles.push(FleetProfile {
             profile,
             fleet,
             regressed,
-            concentrated_on: concentrated_on.filter(|_| regressed),
+            concentrated_on: concentrated_on.filter(|_| enough(requests)),
             places,
         });
     }
@@ -328,12 +339,13 @@ fn success(
         by_place(rate(bw, PLACE_LABELS)?, 1.0),
         by_place(rate(ww, PLACE_LABELS)?, 1.0),
         true,
+        t::SUCCESS_RATE_DROP,
     );
     Ok(FleetProfile {
         profile: Profile::SuccessRate,
         fleet,
         regressed,
-        concentrated_on: concentrated_on.filter(|_| regressed),
+        concentrated_on: concentrated_on.filter(|_| enough(requests)),
         places,
     })
 }
@@ -416,7 +428,8 @@ fn decide(profiles: &[FleetProfile], signals: &[FleetSignal]) -> (super::Cause, 
     let hit = |s: &str| signals.iter().any(|x| x.signal == s && x.crossed);
     let latency = profiles
         .iter()
-        .filter(|p| p.regressed && p.profile != Profile::SuccessRate)
+        .filter(|p| p.profile != Profile::SuccessRate)
+        .filter(|p| p.regressed || p.concentrated_on.is_some())
         .collect::<Vec<_>>();
     if latency.is_empty() {
         let errors = profiles
@@ -461,7 +474,28 @@ fn summary(profiles: &[FleetProfile], cause: super::Cause, place: Option<&str>) 
         })
         .collect();
     if regressed.is_empty() {
-        return "No profile regressed fleet-wide (TTFT, TPOT, E2E, success rate).".to_owned();
+        let on_one: Vec<String> = profiles
+            .iter()
+            .filter_map(|p| {
+                let place = p.concentrated_on.as_deref()?;
+                let v = p.places.iter().find(|x| x.place == place)?;
+                Some(format!(
+                    "{} {} -> {} (x{})",
+                    p.profile.as_str(),
+                    fmt_num(v.value.baseline),
+                    fmt_num(v.value.window),
+                    fmt_num(v.ratio)
+                ))
+            })
+            .collect();
+        return match place {
+            Some(place) if !on_one.is_empty() => format!(
+                "No profile regressed fleet-wide, but one replica did: {place}: {} while the others did not move; cause: {}.",
+                on_one.join(", "),
+                cause.as_str()
+            ),
+            _ => "No profile regressed fleet-wide (TTFT, TPOT, E2E, success rate).".to_owned(),
+        };
     }
     let at = place.map_or(" across the fleet".to_owned(), |p| {
         format!(" concentrated on {p} (the other replicas did not move)")
@@ -472,6 +506,9 @@ fn summary(profiles: &[FleetProfile], cause: super::Cause, place: Option<&str>) 
         cause.as_str()
     )
 }
+
+/// Replicas listed per regressed profile (the worst first); the JSON has them all.
+const MAX_PLACES_SHOWN: usize = 10;
 
 /// The fleet report for people.
 pub(crate) fn render(d: &FleetDiagnosis) -> String {
@@ -499,8 +536,8 @@ pub(crate) fn render(d: &FleetDiagnosis) -> String {
             fmt_num(p.fleet.window),
             if p.regressed { "   REGRESSED" } else { "" }
         );
-        if p.regressed {
-            for place in &p.places {
+        if p.regressed || p.concentrated_on.is_some() {
+            for place in p.places.iter().take(MAX_PLACES_SHOWN) {
                 let _ = writeln!(
                     out,
                     "      {:<28}{:>10} -> {:<10} x{}{}",
@@ -623,6 +660,28 @@ mod tests {
         assert_eq!(d.cause, super::super::Cause::DegradedDevice);
         assert!(render(&d).contains("<- here"));
         assert!(d.missing.iter().all(|m| !m.contains("time_to_first_token")));
+    }
+
+    /// In a large fleet one slowed replica does not move the fleet's P99: it is still named.
+    #[test]
+    fn one_regressed_replica_is_named_when_the_fleet_does_not_move() {
+        let (b, w) = windows();
+        let mut window = steady();
+        window[1] = ("time_to_first_token", 0.2, [0.2, 0.9, 0.21]);
+        let q = Fleet {
+            baseline_end: 1060.0,
+            baseline: steady(),
+            window,
+        };
+        let d = diagnose(&q, b, w).unwrap();
+        assert!(!d.profiles[0].regressed);
+        assert_eq!(d.place.as_deref(), Some("b:9464"), "{}", render(&d));
+        assert!(
+            d.summary.contains("one replica did: b:9464"),
+            "{}",
+            d.summary
+        );
+        assert_eq!(d.cause, super::super::Cause::DegradedDevice);
     }
 
     #[test]
