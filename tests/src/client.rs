@@ -92,6 +92,8 @@ impl Client {
                     let _ = self.stream.shutdown(std::net::Shutdown::Both);
                     return result;
                 }
+                // A signal to the test process (a child's exit) interrupted the read: read again.
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => panic!("reading the response: {e}"),
             };
             assert!(n > 0, "server closed the connection mid-response");
@@ -174,7 +176,11 @@ impl Client {
         let mut raw: Vec<u8> = Vec::new();
         let mut buf = [0u8; 16384];
         loop {
-            let n = self.stream.read(&mut buf).expect("reading the response");
+            let n = match self.stream.read(&mut buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => panic!("reading the response: {e}"),
+            };
             assert!(n > 0, "server closed the connection mid-response");
             raw.extend_from_slice(&buf[..n]);
             let Some(head_end) = find(&raw, b"\r\n\r\n") else {
