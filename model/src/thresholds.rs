@@ -84,9 +84,9 @@ pub const FAILED_REQUESTS_MIN: usize = 3;
 /// TPOT: the requests in a decode step (during the window's requests' decode) grew by this
 /// ratio while the step's cost per request did not grow by DEVICE_SLOWDOWN_RATIO: batch growth.
 pub const DECODE_BATCH_GROWTH_RATIO: f64 = 1.5;
-/// TPOT: the share of a request's decode steps that also carried other requests' prefill grew
-/// by this much (0..1) to at least PREFILL_INTERFERENCE_SHARE_MIN, and such steps took
-/// PREFILL_INTERFERENCE_STRETCH times a decode-only step: prefill interference.
+/// TPOT: the share of the requests' decode time spent in steps that also carried other requests'
+/// prefill grew by this much (0..1) to at least PREFILL_INTERFERENCE_SHARE_MIN, and such steps
+/// took PREFILL_INTERFERENCE_STRETCH times a decode-only step: prefill interference.
 pub const PREFILL_INTERFERENCE_SHARE_RISE: f64 = 0.2;
 pub const PREFILL_INTERFERENCE_SHARE_MIN: f64 = 0.3;
 pub const PREFILL_INTERFERENCE_STRETCH: f64 = 1.2;

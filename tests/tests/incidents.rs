@@ -312,6 +312,12 @@ fn prefix_cache_misses_at_the_same_prompt_length() {
     // Prefill grew, and so did queue wait: llama.cpp runs one slot's long prefill as one step,
     // which the other slot's next request waits behind. Either phase may carry more.
     assert_eq!(d["cause"], "prefix_cache_miss", "{}", o.report);
+    // Those long prefill steps also stretch the other slot's decode: where TPOT regressed, the
+    // TPOT branch names prefill interference (the requests' decode time in steps that also
+    // prefilled).
+    if d["tpot"].is_object() {
+        assert_eq!(d["tpot"]["cause"], "prefill_interference", "{}", o.report);
+    }
     let e = evidence(d, "prefill_tokens_computed_p50");
     assert_eq!(e["crossed"], true, "{}", o.report);
     assert!(ratio(e) >= 3.0, "{}", o.report);

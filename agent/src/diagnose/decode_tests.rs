@@ -234,7 +234,7 @@ fn prefill_mixed_into_decode_steps_is_interference() {
     let e = t
         .evidence
         .iter()
-        .find(|e| e.signal == "decode_steps_with_prefill_share")
+        .find(|e| e.signal == "decode_time_in_prefill_steps_share")
         .unwrap();
     assert!(e.crossed && e.window.unwrap() > 0.45, "{e:?}");
     assert!(t.slowest_requests[0].prefill_share.unwrap() > 0.4);

@@ -114,7 +114,7 @@ fn other_branches(out: &mut String, d: &Diagnosis) {
         if !t.slowest_requests.is_empty() {
             let _ = writeln!(
                 out,
-                "  slowest requests (TPOT; decode steps, requests per step, share with prefill, preemptions, longest step):"
+                "  slowest requests (TPOT; decode steps, requests per step, share of decode time with prefill, preemptions, longest step):"
             );
             for r in &t.slowest_requests {
                 let _ = writeln!(

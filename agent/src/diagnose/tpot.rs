@@ -21,7 +21,9 @@ struct DecodeSteps {
     steps: usize,
     batch_sum: f64,
     per_request_ms_sum: f64,
-    with_prefill: usize,
+    /// Its decode steps' time, and the part spent in steps that also prefilled others.
+    ms_sum: f64,
+    mixed_ms_sum: f64,
     mixed_ms: Vec<f64>,
     decode_only_ms: Vec<f64>,
 }
@@ -49,7 +51,7 @@ pub struct SlowRequest {
     pub decode_steps: usize,
     /// Requests per step, averaged over its decode steps.
     pub batch_mean: Option<f64>,
-    /// Share of its decode steps that also prefilled other requests.
+    /// Share of its decode time spent in steps that also prefilled others.
     pub prefill_share: Option<f64>,
     pub preemptions: Option<u64>,
     /// Its longest decode step.
@@ -83,11 +85,12 @@ fn of_request(r: &RequestSample, steps: &[StepSample]) -> DecodeSteps {
     };
     for s in iter {
         let batch = (s.prefill_requests + s.decode_requests).max(1);
+        d.ms_sum += s.duration_ms;
         d.steps += 1;
         d.batch_sum += f64::from(batch);
         d.per_request_ms_sum += s.duration_ms / f64::from(batch);
         if s.prefill_requests > 0 && s.decode_requests > 0 {
-            d.with_prefill += 1;
+            d.mixed_ms_sum += s.duration_ms;
             d.mixed_ms.push(s.duration_ms);
         } else {
             d.decode_only_ms.push(s.duration_ms);
@@ -112,7 +115,8 @@ pub(super) fn measure(inputs: &Inputs, steps: &[StepSample], w: &TimeWindow) -> 
         requests: decoding.len(),
         ..DecodeSignals::default()
     };
-    let (mut steps_n, mut batch, mut per_request, mut mixed) = (0usize, 0.0, 0.0, 0usize);
+    let (mut steps_n, mut batch, mut per_request) = (0usize, 0.0, 0.0);
+    let (mut ms, mut mixed) = (0.0, 0.0);
     let (mut mixed_ms, mut decode_ms) = (Vec::new(), Vec::new());
     let mut slowest = Vec::new();
     for r in &decoding {
@@ -120,7 +124,8 @@ pub(super) fn measure(inputs: &Inputs, steps: &[StepSample], w: &TimeWindow) -> 
         steps_n += d.steps;
         batch += d.batch_sum;
         per_request += d.per_request_ms_sum;
-        mixed += d.with_prefill;
+        ms += d.ms_sum;
+        mixed += d.mixed_ms_sum;
         let longest = d
             .mixed_ms
             .iter()
@@ -133,7 +138,7 @@ pub(super) fn measure(inputs: &Inputs, steps: &[StepSample], w: &TimeWindow) -> 
             itl_max_ms: r.itl_max_ms,
             decode_steps: d.steps,
             batch_mean: (d.steps > 0).then(|| round2(d.batch_sum / d.steps as f64)),
-            prefill_share: (d.steps > 0).then(|| round2(d.with_prefill as f64 / d.steps as f64)),
+            prefill_share: (d.ms_sum > 0.0).then(|| round2(d.mixed_ms_sum / d.ms_sum)),
             preemptions: r.preemptions,
             longest_step_ms: longest.map(round2),
         });
@@ -144,7 +149,7 @@ pub(super) fn measure(inputs: &Inputs, steps: &[StepSample], w: &TimeWindow) -> 
         let n = steps_n as f64;
         s.batch_mean = Some(batch / n);
         s.step_ms_per_request = Some(per_request / n);
-        s.prefill_share = Some(mixed as f64 / n);
+        s.prefill_share = (ms > 0.0).then(|| mixed / ms);
     }
     s.mixed_stretch = ratio(median(decode_ms), median(mixed_ms));
     let with_counts: Vec<&&RequestSample> = decoding
@@ -229,7 +234,7 @@ pub(super) fn explain(
     );
     cost.detail = Some("a decode step's time over the requests it carried".to_owned());
     let mut interference = line(
-        "decode_steps_with_prefill_share",
+        "decode_time_in_prefill_steps_share",
         "fraction",
         b.prefill_share,
         w.prefill_share,
@@ -243,7 +248,7 @@ pub(super) fn explain(
         .is_some_and(|s| s >= t::PREFILL_INTERFERENCE_STRETCH);
     interference.crossed &= rise >= t::PREFILL_INTERFERENCE_SHARE_RISE && stretched;
     interference.detail = Some(format!(
-        "share of the requests' decode steps that also prefilled others: +{rise:.2} (needs +{}); such a step took x{} a decode-only one (needs x{})",
+        "share of the requests' decode time spent in steps that also prefilled others: +{rise:.2} (needs +{}); such a step took x{} a decode-only one (needs x{})",
         t::PREFILL_INTERFERENCE_SHARE_RISE,
         fmt_num(w.mixed_stretch),
         t::PREFILL_INTERFERENCE_STRETCH
