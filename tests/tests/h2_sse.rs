@@ -247,16 +247,17 @@ fn check(
     }
     span_errors.sort_by(f64::total_cmp);
     let median = span_errors[span_errors.len() / 2];
-    // The server's stamp is taken before its app hands the event over. Over TLS hypercorn's
-    // encrypting writer runs behind its app when many streams start at once: up to 3 ms on
-    // fresh connections under a parallel test, 1 to 6 ms when every stream of the joined
-    // connections starts together (measured: the client still read each first token 1 to 2 ms
-    // after the agent's stamp). There the stamps and the client's reads bound the agent's
-    // times (checked above, per token) but do not pin them to a millisecond.
+    // The server's stamp is taken before its app hands the event over, and hypercorn's writer
+    // runs behind its app when many streams start at once: over TLS up to 3 ms on fresh
+    // connections under a parallel test; when every stream of the joined connections starts
+    // together, 1 to 6 ms (TLS, quiet machine) and 4 to 5 ms (h2c, beside the rest of the suite)
+    // — measured: the client still read each first token 1 to 2 ms after the agent's stamp.
+    // There the stamps and the client's reads bound the agent's times (checked above, per
+    // token) but do not pin them to a millisecond.
     let bound = match (tls, joined) {
-        (false, _) => 1.0,
+        (false, false) => 1.0,
         (true, false) => 3.0,
-        (true, true) => 8.0,
+        (_, true) => 8.0,
     };
     assert!(
         median < bound,
