@@ -127,3 +127,24 @@ fn dechunk(mut body: &str) -> String {
     }
     out
 }
+
+/// A self-signed certificate and key for 127.0.0.1 in `dir` (Debian's `openssl`), for the HTTPS
+/// and HTTP/2-over-TLS test servers.
+pub fn self_signed_certificate(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    use std::process::{Command, Stdio};
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let status = Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args(["-subj", "/CN=127.0.0.1", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("running openssl (Debian's openssl package)");
+    assert!(status.success(), "openssl req failed");
+    (cert, key)
+}

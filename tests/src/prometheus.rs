@@ -21,38 +21,24 @@ impl Prometheus {
     /// [`Prometheus::start`] with target labels added the way a Kubernetes scrape config's
     /// relabelling adds them (e.g. `node` from `__meta_kubernetes_pod_node_name`).
     pub fn start_with_labels(dir: &Path, target_port: u16, labels: &[(&str, &str)]) -> Prometheus {
-        let port = crate::free_port();
-        let config = dir.join("prometheus.yml");
         let labels: String = if labels.is_empty() {
             String::new()
         } else {
             let pairs: Vec<String> = labels.iter().map(|(k, v)| format!("{k}: '{v}'")).collect();
             format!("        labels: {{{}}}\n", pairs.join(", "))
         };
-        fs::write(
-            &config,
-            format!(
-                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: inferscope\n    static_configs:\n      - targets: ['127.0.0.1:{target_port}']\n{labels}"
-            ),
-        )
-        .expect("writing prometheus.yml");
-        let child = Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("tsdb").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(dir.join("prometheus.log")).expect("prometheus log"))
-            .spawn()
-            .expect("starting prometheus (apt-get install prometheus; scripts/setup.sh does)");
-        Prometheus { child, port }
+        Self::scraping(dir, &[target_port], &labels)
     }
 
     /// Scraping several agents (one job, one target each: Prometheus labels each series with
     /// its target's `instance`), every second.
     pub fn start_targets(dir: &Path, target_ports: &[u16]) -> Prometheus {
+        Self::scraping(dir, target_ports, "")
+    }
+
+    /// Prometheus scraping `target_ports` every second (one job; `labels`: the static config's
+    /// labels line, or empty), its data and log in `dir`.
+    fn scraping(dir: &Path, target_ports: &[u16], labels: &str) -> Prometheus {
         let port = crate::free_port();
         let config = dir.join("prometheus.yml");
         let targets: Vec<String> = target_ports
@@ -62,7 +48,7 @@ impl Prometheus {
         fs::write(
             &config,
             format!(
-                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: inferscope\n    static_configs:\n      - targets: [{}]\n",
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: inferscope\n    static_configs:\n      - targets: [{}]\n{labels}",
                 targets.join(", ")
             ),
         )

@@ -86,7 +86,7 @@ fn start(server: Server, tls: bool, dir: &Path) -> Running {
         .args([mode, &port.to_string()])
         .arg(&log);
     if tls {
-        let (cert, key) = certificate(dir);
+        let (cert, key) = inferscope_integration_tests::self_signed_certificate(dir);
         command.args([cert, key]);
     }
     let mut child = command
@@ -105,25 +105,6 @@ fn start(server: Server, tls: bool, dir: &Path) -> Running {
         log,
         tls,
     }
-}
-
-/// A self-signed certificate and key for 127.0.0.1.
-fn certificate(dir: &Path) -> (PathBuf, PathBuf) {
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    let status = Command::new("openssl")
-        .args([
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-        ])
-        .args(["-subj", "/CN=127.0.0.1", "-keyout"])
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .expect("running openssl (Debian's openssl package)");
-    assert!(status.success(), "openssl req failed");
-    (cert, key)
 }
 
 /// The client: `conns` HTTP/2 connections with `streams` concurrent streams each, on `route`

@@ -70,25 +70,6 @@ fn script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("engine/tls_sse.py")
 }
 
-/// A self-signed certificate and key for 127.0.0.1.
-fn certificate(dir: &Path) -> (PathBuf, PathBuf) {
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    let status = Command::new("openssl")
-        .args([
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-        ])
-        .args(["-subj", "/CN=127.0.0.1", "-keyout"])
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .expect("running openssl (Debian's openssl package)");
-    assert!(status.success(), "openssl req failed");
-    (cert, key)
-}
-
 struct Running {
     server: KillOnDrop,
     port: u16,
@@ -97,7 +78,7 @@ struct Running {
 }
 
 fn start(kind: Server, dir: &Path) -> Running {
-    let (cert, key) = certificate(dir);
+    let (cert, key) = inferscope_integration_tests::self_signed_certificate(dir);
     let port = free_port();
     let log = dir.join("server.jsonl");
     let python = kind.python();
@@ -436,7 +417,7 @@ fn without_the_tls_probes_https_is_counted_as_undecoded() {
 #[test]
 fn vllm_over_https_is_joined_to_its_scheduler() {
     let dir = test_dir("tls-vllm");
-    let (cert, key) = certificate(&dir);
+    let (cert, key) = inferscope_integration_tests::self_signed_certificate(&dir);
     let port = free_port();
     let path = |p: &Path| p.to_string_lossy().into_owned();
     let opts = VllmOptions {
@@ -506,7 +487,7 @@ fn vllm_over_https_is_joined_to_its_scheduler() {
 /// The HTTP/2-over-TLS server (`tests/engine/h2_tls.py`): the process, its port and its log of
 /// streams.
 fn start_h2_tls(dir: &Path) -> (KillOnDrop, u16, PathBuf) {
-    let (cert, key) = certificate(dir);
+    let (cert, key) = inferscope_integration_tests::self_signed_certificate(dir);
     let port = free_port();
     let log = dir.join("server.jsonl");
     let mut child = Command::new(engine::python())
@@ -754,7 +735,7 @@ fn h2_over_tls_streams_arrive_at_their_own_segments() {
 fn a_copy_of_openssl_loaded_after_attach_is_probed_too() {
     const REQUESTS: u64 = 6;
     let dir = test_dir("tls-second-copy");
-    let (cert, key) = certificate(&dir);
+    let (cert, key) = inferscope_integration_tests::self_signed_certificate(&dir);
     let port = free_port();
     let log = dir.join("server.jsonl");
     let copy = dir.join("libssl-bundled.so.3");
