@@ -400,20 +400,27 @@ fn signals(bw: &Windowed<'_>, ww: &Windowed<'_>) -> Result<Vec<FleetSignal>, Que
                 crossed: crossed(r, value),
             }
         };
-    let grew = |r: Option<f64>, _: Pair<Option<f64>>| r.is_some_and(|r| r >= 1.5);
     Ok(vec![
-        line("arrival_rate_per_s", rate, grew),
-        line("queue_wait_p99_ms", quantile(QUEUE_WAIT, 0.99, 1e3)?, grew),
-        line("prefill_p99_ms", quantile(PREFILL, 0.99, 1e3)?, grew),
+        line("arrival_rate_per_s", rate, |r, _| {
+            r.is_some_and(|r| r >= t::ARRIVAL_RATE_RATIO)
+        }),
+        line(
+            "queue_wait_p99_ms",
+            quantile(QUEUE_WAIT, 0.99, 1e3)?,
+            |r, _| r.is_some_and(|r| r >= t::TTFT_REGRESSION_RATIO),
+        ),
+        line("prefill_p99_ms", quantile(PREFILL, 0.99, 1e3)?, |r, _| {
+            r.is_some_and(|r| r >= t::TTFT_REGRESSION_RATIO)
+        }),
         line(
             "prompt_tokens_p99",
             quantile(PROMPT_TOKENS, 0.99, 1.0)?,
-            grew,
+            |r, _| r.is_some_and(|r| r >= t::PROMPT_GROWTH_RATIO),
         ),
         line(
             "prefill_tokens_computed_p50",
             quantile(COMPUTED_TOKENS, 0.5, 1.0)?,
-            grew,
+            |r, _| r.is_some_and(|r| r >= t::PREFIX_CACHE_MISS_RATIO),
         ),
         line("kv_cache_usage_max", kv, |_, v| {
             v.window.is_some_and(|w| w >= t::KV_USAGE_HIGH)
