@@ -466,19 +466,7 @@ fn summary(profiles: &[FleetProfile], cause: super::Cause, place: Option<&str>) 
     let regressed: Vec<String> = profiles
         .iter()
         .filter(|p| p.regressed)
-        .map(|p| match p.profile {
-            Profile::SuccessRate => format!(
-                "success rate {} -> {}",
-                fmt_num(p.fleet.baseline),
-                fmt_num(p.fleet.window)
-            ),
-            _ => format!(
-                "{} P99 {} -> {} ms",
-                p.profile.as_str(),
-                fmt_num(p.fleet.baseline),
-                fmt_num(p.fleet.window)
-            ),
-        })
+        .map(|p| super::profiles::change_text(p.profile, p.fleet))
         .collect();
     if regressed.is_empty() {
         let on_one: Vec<String> = profiles

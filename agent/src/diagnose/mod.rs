@@ -224,8 +224,15 @@ pub fn diagnose(inputs: &Inputs, baseline: TimeWindow, window: TimeWindow) -> Di
         .map(Profile::as_str)
         .collect();
     if !decode.is_empty() {
-        let mut steps = inputs.steps.clone();
-        steps.sort_by_key(|s| s.start_mono_ns);
+        // Recorded steps come in start order; only out-of-order inputs pay for a sorted copy.
+        let steps: std::borrow::Cow<'_, [StepSample]> =
+            if inputs.steps.is_sorted_by_key(|s| s.start_mono_ns) {
+                std::borrow::Cow::Borrowed(&inputs.steps)
+            } else {
+                let mut sorted = inputs.steps.clone();
+                sorted.sort_by_key(|s| s.start_mono_ns);
+                std::borrow::Cow::Owned(sorted)
+            };
         let (bd, wd) = (
             tpot::measure(inputs, &steps, &baseline),
             tpot::measure(inputs, &steps, &window),

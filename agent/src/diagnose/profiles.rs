@@ -197,18 +197,13 @@ pub(super) fn headline(
     let regressed: Vec<String> = profiles
         .iter()
         .filter(|p| p.regressed)
-        .map(|p| match p.profile {
-            Profile::SuccessRate => format!(
-                "success rate {} -> {}",
-                percent(p.p50.baseline),
-                percent(p.p50.window)
-            ),
-            _ => format!(
-                "{} P99 {} -> {}",
-                p.profile.as_str(),
-                inferscope_model::clock::ms_text(p.p99.baseline, 0, "?"),
-                inferscope_model::clock::ms_text(p.p99.window, 0, "?")
-            ),
+        .map(|p| {
+            let value = if p.profile == Profile::SuccessRate {
+                p.p50
+            } else {
+                p.p99
+            };
+            change_text(p.profile, value)
         })
         .collect();
     if regressed.is_empty() {
@@ -224,6 +219,23 @@ pub(super) fn headline(
     parts.extend(tpot.map(|t| t.summary.clone()));
     parts.extend(errors.map(|e| e.summary.clone()));
     parts.join(" ")
+}
+
+/// A regressed profile in words: P99 in ms for latencies, percent for the success rate.
+pub(super) fn change_text(profile: Profile, value: Pair<Option<f64>>) -> String {
+    match profile {
+        Profile::SuccessRate => format!(
+            "success rate {} -> {}",
+            percent(value.baseline),
+            percent(value.window)
+        ),
+        _ => format!(
+            "{} P99 {} -> {}",
+            profile.as_str(),
+            inferscope_model::clock::ms_text(value.baseline, 0, "?"),
+            inferscope_model::clock::ms_text(value.window, 0, "?")
+        ),
+    }
 }
 
 fn percent(v: Option<f64>) -> String {

@@ -143,39 +143,36 @@ impl PlainBodies {
 
     /// The response's head: its content-type says how to read the body.
     pub(super) fn response_head(&mut self, content_type: &Value<String>) {
-        self.exchange.response_plain = true;
-        let Value::Known(ct) = content_type else {
-            self.response = Response::Opaque;
-            return;
-        };
-        self.response = if let Some(format) = EventFormat::of_content_type(ct.as_bytes()) {
-            self.exchange.streamed = true;
-            Response::Events {
-                framer: EventFramer::new(format),
-                held: 0,
+        match content_type {
+            Value::Known(ct) => {
+                self.read_response_as(EventFormat::of_content_type(ct.as_bytes()), is_json(ct))
             }
-        } else if is_json(ct) {
-            Response::Document(Vec::new())
-        } else {
-            Response::Opaque
-        };
+            Value::Absent | Value::Unknown => self.read_response_as(None, false),
+        }
     }
 
     /// The response's head did not say its content-type (an HPACK entry never seen): its first
     /// bytes do, if these are its first (`first` empty: they are not).
     pub(super) fn response_sniffed(&mut self, first: &[u8]) {
-        self.exchange.response_plain = true;
         let text = first.trim_ascii_start();
         let sse = [&b"data:"[..], b"event:", b"id:", b"retry:", b":"]
             .iter()
             .any(|field| text.starts_with(field));
+        let json = text.starts_with(b"{");
         let format = if sse {
             Some(EventFormat::Sse)
-        } else if text.starts_with(b"{") && self.exchange.request.stream == Some(true) {
+        } else if json && self.exchange.request.stream == Some(true) {
             Some(EventFormat::Lines)
         } else {
             None
         };
+        self.read_response_as(format, json);
+    }
+
+    /// From now on the response is a token stream of `format`, else one JSON document
+    /// (`json`), else counted only.
+    fn read_response_as(&mut self, format: Option<EventFormat>, json: bool) {
+        self.exchange.response_plain = true;
         self.response = match format {
             Some(format) => {
                 self.exchange.streamed = true;
@@ -184,7 +181,7 @@ impl PlainBodies {
                     held: 0,
                 }
             }
-            None if text.starts_with(b"{") => Response::Document(Vec::new()),
+            None if json => Response::Document(Vec::new()),
             None => Response::Opaque,
         };
     }
